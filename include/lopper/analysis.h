@@ -1,0 +1,46 @@
+// What a model costs: parameters, nonzero parameters and multiply-accumulates, per prunable layer
+// and in total. Shapes come from running the model once on zeros (exact for every op).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+
+namespace lopper {
+
+struct LayerCost {
+  std::string name;      // node name
+  std::string op;        // Conv, ConvTranspose, Gemm, MatMul
+  std::string weight;    // initializer name
+  std::vector<int64_t> weight_shape;
+  int64_t params = 0;
+  int64_t nonzero = 0;
+  int64_t macs = 0;
+};
+
+struct ModelCost {
+  int64_t params = 0;    // float initializers, BatchNorm running statistics excluded
+  int64_t nonzero = 0;
+  int64_t macs = 0;      // every op with a MAC rule (convolutions, matmuls, attention ...)
+  std::vector<LayerCost> layers;
+  std::map<std::string, std::vector<int64_t>> input_shapes;  // what was fed
+};
+
+/// Input shapes to use: `overrides` by name (or the single input when the name is empty), else the
+/// declared dims with every dynamic dim set to `dynamic_dim`.
+std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
+    const ir::Model& model, const std::map<std::string, std::vector<int64_t>>& overrides,
+    int64_t dynamic_dim = 1);
+
+/// A prunable layer's weight: the initializer feeding a Conv/ConvTranspose/Gemm/MatMul (directly or
+/// through a Transpose), or nullptr.
+const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n);
+
+/// Costs of `model` at the given input shapes (see resolve_input_shapes).
+ModelCost analyze(const ir::Model& model,
+                  const std::map<std::string, std::vector<int64_t>>& input_shapes);
+
+}  // namespace lopper

@@ -1,0 +1,71 @@
+// Runs an ir::Model with ATen on the CPU or a CUDA device, for inference or under autograd.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lopper/graph.h"
+
+namespace lopper {
+
+struct ExecOptions {
+  /// "cpu", "cuda" or "cuda:N".
+  std::string device = "cpu";
+  /// Training mode: BatchNormalization uses batch statistics, Dropout drops, and autograd records
+  /// the graph (float initializers are leaves that require grad). Inference mode otherwise.
+  bool training = false;
+  /// Fold nodes whose inputs are all constant at load (inference only).
+  bool fold_constants = true;
+};
+
+/// Configures ATen's thread pools: `threads` intra-op threads (0 = one per core) and one inter-op
+/// thread, so the OpenMP and MKL pools never oversubscribe the cores.
+void configure_threads(int threads);
+
+/// True when the linked libtorch has CUDA and a GPU is present.
+bool cuda_available();
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Executor {
+ public:
+  /// Plans `model` (kept by reference: it must outlive the executor). Throws lopper::Error naming
+  /// the node and op for any op lopper does not support.
+  Executor(const ir::Model& model, ExecOptions opts = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Runs the graph. Inputs are checked against the graph's declared types and static dims.
+  /// Returns the graph outputs in declaration order.
+  std::vector<at::Tensor> run(const NamedTensors& inputs);
+
+  /// Names and declared types of the inputs a caller must feed.
+  const std::vector<const ir::ValueInfo*>& inputs() const;
+  std::vector<std::string> output_names() const;
+
+  /// Called after every node with its outputs (e.g. to record shapes). Off by default.
+  std::function<void(const ir::Node&, const std::vector<at::Tensor>& in,
+                     const std::vector<at::Tensor>& out)>
+      on_node;
+
+  /// The executor's own copy of each initializer (on its device). In training mode float ones
+  /// require grad.
+  NamedTensors parameters() const;
+
+  const at::Device& device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Parses "cpu" / "cuda" / "cuda:N", checking that CUDA is available for the latter.
+at::Device parse_device(const std::string& spec);
+
+}  // namespace lopper

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one list of lopper's dependencies. Idempotent: installs only what is missing.
+#   Debian packages (apt-get, as root) and the project venv (.venv) from scripts/requirements.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debs=(
+  cmake ninja-build ccache g++ pkg-config
+  libprotobuf-dev protobuf-compiler     # ONNX's protobuf classes (protoc on the onnx package's onnx.proto)
+  libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev              # libFuzzer target for the importer
+  libonnx-testdata                      # ONNX's conformance cases (pytorch-converted, pytorch-operator)
+  python3-venv
+)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[install-deps] apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The venv: re-installed only when the requirements file changes.
+req=scripts/requirements.txt
+stamp=.venv/.requirements.sha256
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[install-deps] creating .venv from $req (torch is several GB the first time)"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install --progress-bar off -q -r "$req"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,121 @@
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/analysis.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+#include "ops/op.h"
+
+namespace lopper {
+
+std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
+    const ir::Model& model, const std::map<std::string, std::vector<int64_t>>& overrides,
+    int64_t dynamic_dim) {
+  auto inputs = model.graph.real_inputs();
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, dims] : overrides) {
+    std::string key = name;
+    if (key.empty()) {
+      LOPPER_CHECK(inputs.size() == 1, "[shape] the model has ", inputs.size(),
+                   " inputs: name the one the shape is for (NAME=1x3x224x224)");
+      key = inputs[0]->name;
+    }
+    bool known = false;
+    for (const auto* v : inputs) known |= v->name == key;
+    LOPPER_CHECK(known, "[shape] the model has no input named '", key, "'");
+    out[key] = dims;
+  }
+  for (const auto* v : inputs) {
+    if (out.count(v->name)) continue;
+    LOPPER_CHECK(v->type.is_tensor() && v->type.has_shape, "[shape] input '", v->name,
+                 "' has no declared shape: give one with --shape ", v->name, "=...");
+    std::vector<int64_t> dims;
+    for (const auto& d : v->type.dims) dims.push_back(d.is_static() ? d.value : dynamic_dim);
+    out[v->name] = dims;
+  }
+  return out;
+}
+
+const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
+  if (!n.domain.empty()) return nullptr;
+  if (n.op_type != "Conv" && n.op_type != "ConvTranspose" && n.op_type != "Gemm" &&
+      n.op_type != "MatMul")
+    return nullptr;
+  if (n.inputs.size() < 2) return nullptr;
+  const std::string& w = n.inputs[1];
+  if (const auto* init = g.find_initializer(w)) return init;
+  // A weight used through a Transpose (how exporters write some Linear layers).
+  for (const auto& p : g.nodes)
+    if (p.op_type == "Transpose" && p.outputs.size() == 1 && p.outputs[0] == w && !p.inputs.empty())
+      return g.find_initializer(p.inputs[0]);
+  return nullptr;
+}
+
+ModelCost analyze(const ir::Model& model,
+                  const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  const ir::Graph& g = model.graph;
+  ModelCost cost;
+  cost.input_shapes = input_shapes;
+
+  // Parameters: float initializers, except BatchNorm running statistics (buffers, not weights).
+  std::unordered_set<std::string> buffers;
+  for (const auto& n : g.nodes)
+    if (n.op_type == "BatchNormalization" && n.domain.empty())
+      for (size_t k = 3; k < n.inputs.size() && k < 5; ++k) buffers.insert(n.inputs[k]);
+  for (const auto& t : g.initializers) {
+    if (!t.value.is_floating_point() || buffers.count(t.name)) continue;
+    cost.params += t.value.numel();
+    cost.nonzero += t.value.count_nonzero().item<int64_t>();
+  }
+
+  // Shapes of every node's inputs and outputs, from one run on zeros.
+  std::unordered_map<const ir::Node*, std::pair<std::vector<std::vector<int64_t>>,
+                                                std::vector<std::vector<int64_t>>>> seen;
+  {
+    Executor exec(model, {"cpu", false, false});
+    exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
+                       const std::vector<at::Tensor>& out) {
+      auto& rec = seen[&n];
+      for (const auto& t : in) rec.first.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+      for (const auto& t : out) rec.second.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+    };
+    NamedTensors feeds;
+    for (const auto* v : exec.inputs()) {
+      auto it = input_shapes.find(v->name);
+      LOPPER_ASSERT(it != input_shapes.end(), "no shape for ", v->name);
+      auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
+                                                             : onnx::to_scalar_type(v->type.elem_type);
+      feeds.emplace_back(v->name, at::zeros(it->second, at::TensorOptions().dtype(type)));
+    }
+    exec.run(feeds);
+  }
+
+  const auto& table = ops::OpTable::global();
+  for (const auto& n : g.nodes) {
+    auto it = seen.find(&n);
+    int64_t macs = 0;
+    const ops::OpDef* op = table.find(n.domain, n.op_type);
+    if (it != seen.end() && op && op->macs) {
+      ops::MacContext mc(n, it->second.first, it->second.second);
+      macs = op->macs(mc);
+    }
+    cost.macs += macs;
+    if (const ir::Initializer* w = layer_weight(g, n)) {
+      LayerCost l;
+      l.name = n.label();
+      l.op = n.op_type;
+      l.weight = w->name;
+      l.weight_shape = w->value.sizes().vec();
+      l.params = w->value.numel();
+      l.nonzero = w->value.count_nonzero().item<int64_t>();
+      l.macs = macs;
+      cost.layers.push_back(std::move(l));
+    }
+  }
+  return cost;
+}
+
+}  // namespace lopper

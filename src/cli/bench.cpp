@@ -1,0 +1,103 @@
+// lopper bench MODEL [--batch N] [--threads T] [--device cpu|cuda] [--warmup W] [--iters K] [--json]
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "lopper/analysis.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+
+
+namespace lopper::cli {
+
+Action add_bench(CLI::App& app) {
+  struct Opts {
+    std::string model, device = "cpu";
+    std::vector<std::string> shapes;
+    int64_t batch = 1;
+    int threads = 0, warmup = 10, iters = 50;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
+  cmd->add_option("model", o->model, "the ONNX model")->required();
+  cmd->add_option("--batch", o->batch, "batch size (first dim of every input)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
+  cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--warmup", o->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
+  cmd->add_option("--iters", o->iters, "timed runs")->check(CLI::Range(1, 1000000));
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  return [o]() {
+    configure_threads(o->threads);
+    std::map<std::string, std::vector<int64_t>> overrides;
+    for (const auto& s : o->shapes) {
+      auto [name, dims] = parse_shape_spec(s);
+      overrides[name] = dims;
+    }
+    ir::Model model = onnx::load_model(o->model);
+    auto shapes = resolve_input_shapes(model, overrides);
+    Executor exec(model, {o->device});
+    NamedTensors feeds;
+    at::manual_seed(0);
+    for (const auto* v : exec.inputs()) {
+      auto dims = shapes.at(v->name);
+      if (!dims.empty() && !overrides.count(v->name)) dims[0] = o->batch;
+      auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
+                                                             : onnx::to_scalar_type(v->type.elem_type);
+      at::Tensor t = at::isFloatingType(type) ? at::randn(dims).to(type)
+                                              : at::zeros(dims, at::TensorOptions().dtype(type));
+      feeds.emplace_back(v->name, t.to(exec.device()));
+    }
+    auto sync = [&] {
+      if (exec.device().is_cuda()) at::empty({1}, at::TensorOptions().device(exec.device())).cpu();
+    };
+    for (int i = 0; i < o->warmup; ++i) exec.run(feeds);
+    sync();
+    std::vector<double> ms;
+    for (int i = 0; i < o->iters; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto outs = exec.run(feeds);
+      if (exec.device().is_cuda())
+        for (auto& t : outs) t.cpu();
+      auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    auto pct = [&](double p) {
+      size_t idx = static_cast<size_t>(p * (sorted.size() - 1) + 0.5);
+      return sorted[std::min(idx, sorted.size() - 1)];
+    };
+    double median = pct(0.5), p90 = pct(0.9), mean = 0;
+    for (double v : ms) mean += v;
+    mean /= ms.size();
+    int64_t batch = feeds.empty() || feeds[0].second.dim() == 0 ? 1 : feeds[0].second.size(0);
+    double throughput = batch * 1000.0 / median;
+    int threads = at::get_num_threads();
+    if (o->json) {
+      nlohmann::json j{{"model", o->model}, {"device", o->device}, {"batch", batch},
+                       {"threads", threads}, {"iters", o->iters}, {"median_ms", median},
+                       {"p90_ms", p90}, {"mean_ms", mean}, {"min_ms", sorted.front()},
+                       {"throughput_per_s", throughput}};
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << fmt::format("{}  device {}  batch {}  threads {}  iters {}\n", o->model,
+                               o->device, batch, threads, o->iters)
+                << fmt::format("median {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   {:.1f} samples/s\n",
+                               median, p90, sorted.front(), throughput);
+    }
+    return 0;
+  };
+}
+
+}  // namespace lopper::cli

@@ -1,0 +1,56 @@
+#include "cli/common.h"
+
+#include <ATen/ATen.h>
+
+#include "lopper/error.h"
+#include "lopper/npy.h"
+#include "lopper/onnx_io.h"
+
+namespace lopper::cli {
+
+std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec) {
+  size_t eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw UsageError("[run] --input expects NAME=FILE, got '" + spec + "'");
+  std::string name = spec.substr(0, eq), file = spec.substr(eq + 1);
+  auto ends = [&](const char* s) {
+    std::string e(s);
+    return file.size() >= e.size() && file.compare(file.size() - e.size(), e.size(), e) == 0;
+  };
+  if (ends(".npy")) return {name, load_npy(file)};
+  if (ends(".pb")) return {name, onnx::load_tensor_pb(file)};
+  throw UsageError("[run] input file '" + file + "' must be .npy or .pb");
+}
+
+std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec) {
+  size_t eq = spec.rfind('=');
+  std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
+  std::string dims = eq == std::string::npos ? spec : spec.substr(eq + 1);
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= dims.size()) {
+    size_t j = dims.find_first_of("x,", i);
+    if (j == std::string::npos) j = dims.size();
+    std::string d = dims.substr(i, j - i);
+    if (d.empty() || d.find_first_not_of("0123456789") != std::string::npos || d.size() > 12)
+      throw UsageError("[shape] bad shape '" + spec + "' (expected NAME=1x3x224x224)");
+    out.push_back(std::stoll(d));
+    i = j + 1;
+  }
+  return {name, out};
+}
+
+std::string safe_file_name(const std::string& name) {
+  std::string out;
+  for (char c : name) out += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+  if (out.empty() || out[0] == '.') out = "_" + out;
+  return out;
+}
+
+std::string shape_string(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace lopper::cli

@@ -1,0 +1,20 @@
+// Helpers shared by the subcommands.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lopper::cli {
+
+/// "NAME=FILE" -> (NAME, tensor from .npy or TensorProto .pb).
+std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
+/// "NAME=1x3x224x224" -> (NAME, dims).
+std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec);
+/// A value name made safe as a file name ('/' and other odd characters become '_').
+std::string safe_file_name(const std::string& name);
+std::string shape_string(at::IntArrayRef shape);
+
+}  // namespace lopper::cli

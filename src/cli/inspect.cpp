@@ -1,0 +1,94 @@
+// lopper inspect MODEL [--shape NAME=1x3x224x224] [--json]
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "lopper/analysis.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+
+namespace lopper::cli {
+
+namespace {
+std::string human(double v) {
+  if (v >= 1e9) return fmt::format("{:.2f} G", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f} M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f} K", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+}  // namespace
+
+Action add_inspect(CLI::App& app) {
+  struct Opts {
+    std::string model;
+    std::vector<std::string> shapes;
+    bool json = false;
+    int threads = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("inspect", "per-layer parameters, nonzeros and MACs of a model");
+  cmd->add_option("model", o->model, "the ONNX model")->required();
+  cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)");
+  return [o]() {
+    configure_threads(o->threads);
+    std::map<std::string, std::vector<int64_t>> overrides;
+    for (const auto& s : o->shapes) {
+      auto [name, dims] = parse_shape_spec(s);
+      overrides[name] = dims;
+    }
+    ir::Model model = onnx::load_model(o->model);
+    auto shapes = resolve_input_shapes(model, overrides);
+    ModelCost cost = analyze(model, shapes);
+    struct stat st {};
+    int64_t file_bytes = ::stat(o->model.c_str(), &st) == 0 ? st.st_size : 0;
+
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = o->model;
+      j["params"] = cost.params;
+      j["nonzero"] = cost.nonzero;
+      j["macs"] = cost.macs;
+      j["file_bytes"] = file_bytes;
+      j["inputs"] = cost.input_shapes;
+      j["layers"] = nlohmann::json::array();
+      for (const auto& l : cost.layers)
+        j["layers"].push_back({{"name", l.name}, {"op", l.op}, {"weight", l.weight},
+                               {"shape", l.weight_shape}, {"params", l.params},
+                               {"nonzero", l.nonzero}, {"macs", l.macs}});
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    size_t w = 4;
+    for (const auto& l : cost.layers) w = std::max(w, l.name.size());
+    w = std::min<size_t>(w, 48);
+    std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>9} {:>14}\n", "layer", w, "op",
+                             "weight", "params", "nonzero", "sparsity", "MACs");
+    for (const auto& l : cost.layers) {
+      std::string shape = shape_string(l.weight_shape);
+      double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
+      std::string name = l.name.size() > w ? "…" + l.name.substr(l.name.size() - w + 1) : l.name;
+      std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w, l.op,
+                               shape, l.params, l.nonzero, sp, l.macs);
+    }
+    double sp = cost.params ? 100.0 * (1.0 - double(cost.nonzero) / double(cost.params)) : 0.0;
+    std::cout << "\ninputs:";
+    for (const auto& [n, d] : cost.input_shapes) std::cout << " " << n << "=" << shape_string(d);
+    std::cout << "\n"
+              << fmt::format("params   {:>14}  ({})\n", cost.params, human(cost.params))
+              << fmt::format("nonzero  {:>14}  ({}, sparsity {:.1f}%)\n", cost.nonzero,
+                             human(cost.nonzero), sp)
+              << fmt::format("MACs     {:>14}  ({})\n", cost.macs, human(cost.macs))
+              << fmt::format("file     {:>14}  ({}B)\n", file_bytes, human(file_bytes));
+    return 0;
+  };
+}
+
+}  // namespace lopper::cli

@@ -1,0 +1,347 @@
+#include "lopper/executor.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/error.h"
+#include "lopper/onnx_io.h"
+#include "ops/op.h"
+
+namespace lopper {
+
+void configure_threads(int threads) {
+  int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  // NOTE: one intra-op pool (OpenMP, which MKL and oneDNN share in the torch wheel) sized to the
+  // cores, and a single inter-op thread: two pools of full size oversubscribe small machines.
+  at::set_num_threads(n);
+  try {
+    at::set_num_interop_threads(1);
+  } catch (const std::exception&) {
+    // Already set (it may only be set once per process); keep the first setting.
+  }
+}
+
+bool cuda_available() { return at::hasCUDA() && at::globalContext().hasCUDA(); }
+
+at::Device parse_device(const std::string& spec) {
+  if (spec == "cpu") return at::Device(at::kCPU);
+  if (spec.rfind("cuda", 0) == 0) {
+    int index = 0;
+    if (spec.size() > 4) {
+      LOPPER_CHECK(spec[4] == ':' && spec.size() > 5 &&
+                       spec.find_first_not_of("0123456789", 5) == std::string::npos &&
+                       spec.size() < 9,
+                   "[device] bad device '", spec, "' (expected cpu, cuda or cuda:N)");
+      index = std::stoi(spec.substr(5));
+    }
+    LOPPER_CHECK(cuda_available(), "[device] '", spec,
+                 "' requested, but no CUDA GPU is available (or libtorch was built without CUDA)");
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  throw Error(detail::concat("[device] bad device '", spec, "' (expected cpu, cuda or cuda:N)"));
+}
+
+namespace {
+
+struct Step {
+  const ir::Node* node = nullptr;
+  const ops::OpDef* op = nullptr;
+  int64_t opset = 0;
+  std::vector<int> in;   // -1: omitted optional input
+  std::vector<int> out;  // -1: omitted optional output
+  std::vector<int> release;  // slots whose last reader is this step
+  std::shared_ptr<void> state;
+};
+
+struct Plan {
+  std::vector<Step> steps;
+  std::unordered_map<std::string, int> slot_of;
+  std::vector<at::Tensor> constants;   // by slot; defined for initializers and folded values
+  std::vector<std::pair<std::string, int>> outer;  // names read from enclosing scopes
+  std::vector<int> input_slots;        // graph inputs in order (initializer-backed ones included)
+  std::vector<int> output_slots;
+  int num_slots = 0;
+};
+
+struct Env {
+  const Plan* plan;
+  std::vector<at::Tensor> vals;
+  const Env* parent;
+  const at::Tensor* lookup(const std::string& name) const {
+    for (const Env* e = this; e; e = e->parent) {
+      auto it = e->plan->slot_of.find(name);
+      if (it != e->plan->slot_of.end() && e->vals[it->second].defined()) return &e->vals[it->second];
+    }
+    return nullptr;
+  }
+};
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string shape_str(const std::vector<ir::Dim>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    out += (i ? "," : "") + (dims[i].is_static() ? std::to_string(dims[i].value)
+                                                 : (dims[i].param.empty() ? "?" : dims[i].param));
+  return out + "]";
+}
+
+}  // namespace
+
+struct Executor::Impl {
+  const ir::Model& model;
+  ExecOptions opts;
+  at::Device device{at::kCPU};
+  std::unordered_map<const ir::Graph*, std::unique_ptr<Plan>> plans;
+  std::vector<const ir::ValueInfo*> real_inputs;
+  NamedTensors params;
+
+  Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {}
+
+  const Plan& plan_for(const ir::Graph& g, bool top) {
+    auto it = plans.find(&g);
+    if (it != plans.end()) return *it->second;
+    auto plan = std::make_unique<Plan>();
+    build(g, *plan, top);
+    return *plans.emplace(&g, std::move(plan)).first->second;
+  }
+
+  int slot(Plan& p, const std::string& name) {
+    auto it = p.slot_of.find(name);
+    if (it != p.slot_of.end()) return it->second;
+    p.slot_of[name] = p.num_slots;
+    return p.num_slots++;
+  }
+
+  void build(const ir::Graph& g, Plan& p, bool top) {
+    const auto& table = ops::OpTable::global();
+    std::unordered_set<std::string> local;
+    for (const auto& v : g.inputs) local.insert(v.name);
+    for (const auto& t : g.initializers) local.insert(t.name);
+    for (const auto& n : g.nodes)
+      for (const auto& o : n.outputs)
+        if (!o.empty()) local.insert(o);
+    std::vector<std::string> outer_names;
+    for (const auto& n : g.nodes)
+      for (const auto& r : ir::node_reads(n))
+        if (!local.count(r)) outer_names.push_back(r);
+    LOPPER_CHECK(top ? outer_names.empty() : true, "[exec] node reads '",
+                 outer_names.empty() ? "" : outer_names[0], "', which nothing produces");
+    auto order = g.topological_order(outer_names);
+
+    for (const auto& v : g.inputs) p.input_slots.push_back(slot(p, v.name));
+    for (const auto& t : g.initializers) {
+      int s = slot(p, t.name);
+      at::Tensor v = t.value.to(device);
+      if (opts.training && v.is_floating_point()) {
+        v = v.detach().clone().requires_grad_(true);
+      }
+      if (top) params.emplace_back(t.name, v);
+      if (static_cast<int>(p.constants.size()) <= s) p.constants.resize(s + 1);
+      p.constants[s] = v;
+    }
+    std::unordered_set<std::string> outer_set(outer_names.begin(), outer_names.end());
+    for (const auto& name : outer_set) p.outer.emplace_back(name, slot(p, name));
+
+    for (size_t idx : order) {
+      const ir::Node& n = g.nodes[idx];
+      Step st;
+      st.node = &n;
+      st.op = table.find(n.domain, n.op_type);
+      LOPPER_CHECK(st.op, "[exec] node '", n.label(), "': unsupported op '",
+                   n.domain.empty() ? "" : n.domain + ".", n.op_type, "'");
+      st.opset = model.opset(n.domain);
+      for (const auto& i : n.inputs) st.in.push_back(i.empty() ? -1 : slot(p, i));
+      for (const auto& o : n.outputs) st.out.push_back(o.empty() ? -1 : slot(p, o));
+      p.steps.push_back(std::move(st));
+    }
+    for (const auto& v : g.outputs) {
+      auto it = p.slot_of.find(v.name);
+      LOPPER_CHECK(it != p.slot_of.end(), "[exec] graph output '", v.name,
+                   "' is not produced by any node");
+      p.output_slots.push_back(it->second);
+    }
+    p.constants.resize(p.num_slots);
+
+    if (!opts.training && opts.fold_constants) fold(p);
+    plan_releases(p);
+  }
+
+  // Runs, once, every node whose inputs are all constant; its outputs become constants.
+  void fold(Plan& p) {
+    c10::InferenceMode guard;
+    std::vector<Step> kept;
+    for (auto& st : p.steps) {
+      bool foldable = st.op->deterministic;
+      for (const auto& a : st.node->attrs)
+        if (a.g || !a.graphs.empty()) foldable = false;
+      for (int s : st.in)
+        if (s >= 0 && !p.constants[s].defined()) foldable = false;
+      if (!foldable) {
+        kept.push_back(std::move(st));
+        continue;
+      }
+      std::vector<at::Tensor> outs = execute(st, [&](int s) { return p.constants[s]; }, nullptr);
+      for (size_t k = 0; k < st.out.size(); ++k)
+        if (st.out[k] >= 0) p.constants[st.out[k]] = outs[k];
+    }
+    p.steps = std::move(kept);
+  }
+
+  void plan_releases(Plan& p) {
+    std::vector<int> last(p.num_slots, -1);
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      for (int s : p.steps[i].in)
+        if (s >= 0) last[s] = static_cast<int>(i);
+      for (const auto& r : ir::node_reads(*p.steps[i].node)) last[p.slot_of.at(r)] = static_cast<int>(i);
+    }
+    std::unordered_set<int> keep(p.output_slots.begin(), p.output_slots.end());
+    for (int s = 0; s < p.num_slots; ++s)
+      if (last[s] >= 0 && !keep.count(s) && !p.constants[s].defined())
+        p.steps[last[s]].release.push_back(s);
+  }
+
+  template <typename Get>
+  std::vector<at::Tensor> execute(Step& st, Get&& get, const Env* env) {
+    ops::OpContext ctx(*st.node, st.opset, opts.training, device);
+    ctx.inputs_.resize(st.in.size());
+    ctx.constant_.resize(st.in.size());
+    for (size_t k = 0; k < st.in.size(); ++k) {
+      if (st.in[k] < 0) continue;
+      ctx.inputs_[k] = get(st.in[k]);
+      ctx.constant_[k] = env ? env->plan->constants[st.in[k]].defined() : true;
+    }
+    ctx.outputs_.resize(st.out.size());
+    ctx.wanted_.resize(st.out.size());
+    for (size_t k = 0; k < st.out.size(); ++k) ctx.wanted_[k] = st.out[k] >= 0;
+    ctx.state_ = &st.state;
+    ctx.grad_mode_ = opts.training;
+    ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
+      return run_graph(g, in, env);
+    };
+    try {
+      st.op->forward(ctx);
+    } catch (const Error&) {
+      throw;
+    } catch (const c10::Error& e) {
+      throw Error(detail::concat("[exec] node '", st.node->label(), "' (", st.node->op_type,
+                                 "): ", e.what_without_backtrace()));
+    }
+    for (size_t k = 0; k < st.out.size(); ++k)
+      if (st.out[k] >= 0 && !ctx.outputs_[k].defined())
+        throw Error(detail::concat("[exec] node '", st.node->label(), "' (", st.node->op_type,
+                                   "): output ", k, " was not produced"));
+    if (on_node_) on_node_(*st.node, ctx.inputs_, ctx.outputs_);
+    return std::move(ctx.outputs_);
+  }
+
+  std::vector<at::Tensor> run_graph(const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                                    const Env* parent) {
+    const Plan& p = plan_for(g, parent == nullptr);
+    Env env{&p, std::vector<at::Tensor>(p.constants), parent};
+    LOPPER_CHECK(inputs.size() <= p.input_slots.size(), "[exec] graph '", g.name, "' takes ",
+                 p.input_slots.size(), " inputs, got ", inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined()) env.vals[p.input_slots[i]] = inputs[i];
+    for (const auto& [name, s] : p.outer) {
+      const at::Tensor* t = parent ? parent->lookup(name) : nullptr;
+      LOPPER_CHECK(t, "[exec] subgraph '", g.name, "' reads '", name, "', which is not defined");
+      env.vals[s] = *t;
+    }
+    for (const Step& cst : p.steps) {
+      Step& st = const_cast<Step&>(cst);
+      auto outs = execute(st, [&](int s) -> const at::Tensor& {
+        if (!env.vals[s].defined()) {
+          std::string name;
+          for (const auto& [n, slot] : p.slot_of)
+            if (slot == s) name = n;
+          throw Error(detail::concat("[exec] node '", st.node->label(), "': input '", name,
+                                     "' has no value"));
+        }
+        return env.vals[s];
+      }, &env);
+      for (size_t k = 0; k < st.out.size(); ++k)
+        if (st.out[k] >= 0) env.vals[st.out[k]] = std::move(outs[k]);
+      for (int s : st.release) env.vals[s].reset();
+    }
+    std::vector<at::Tensor> out;
+    for (int s : p.output_slots) out.push_back(env.vals[s]);
+    return out;
+  }
+
+  std::function<void(const ir::Node&, const std::vector<at::Tensor>&,
+                     const std::vector<at::Tensor>&)>
+      on_node_;
+};
+
+Executor::Executor(const ir::Model& model, ExecOptions opts)
+    : impl_(std::make_unique<Impl>(model, std::move(opts))) {
+  impl_->device = parse_device(impl_->opts.device);
+  impl_->real_inputs = model.graph.real_inputs();
+  impl_->plan_for(model.graph, true);
+}
+
+Executor::~Executor() = default;
+
+const std::vector<const ir::ValueInfo*>& Executor::inputs() const { return impl_->real_inputs; }
+
+std::vector<std::string> Executor::output_names() const {
+  std::vector<std::string> out;
+  for (const auto& v : impl_->model.graph.outputs) out.push_back(v.name);
+  return out;
+}
+
+NamedTensors Executor::parameters() const { return impl_->params; }
+const at::Device& Executor::device() const { return impl_->device; }
+
+std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
+  const ir::Graph& g = impl_->model.graph;
+  std::unordered_map<std::string, at::Tensor> given;
+  for (const auto& [name, t] : inputs) {
+    bool known = false;
+    for (const auto& v : g.inputs) known |= v.name == name;
+    LOPPER_CHECK(known, "[run] the model has no input named '", name, "'");
+    given[name] = t;
+  }
+  std::vector<at::Tensor> ordered;
+  for (const auto& v : g.inputs) {
+    auto it = given.find(v.name);
+    if (it == given.end()) {
+      LOPPER_CHECK(g.find_initializer(v.name), "[run] missing input '", v.name, "'");
+      ordered.emplace_back();  // initializer default
+      continue;
+    }
+    at::Tensor t = it->second;
+    if (v.type.is_tensor() && v.type.elem_type != ir::DType::kUndefined) {
+      auto want = onnx::to_scalar_type(v.type.elem_type);
+      LOPPER_CHECK(t.scalar_type() == want, "[run] input '", v.name, "': expected ",
+                   ir::dtype_name(v.type.elem_type), ", got ",
+                   ir::dtype_name(onnx::to_dtype(t.scalar_type())));
+    }
+    if (v.type.is_tensor() && v.type.has_shape) {
+      const auto& dims = v.type.dims;
+      bool ok = static_cast<int64_t>(dims.size()) == t.dim();
+      for (size_t d = 0; ok && d < dims.size(); ++d)
+        ok = !dims[d].is_static() || dims[d].value == t.size(d);
+      LOPPER_CHECK(ok, "[run] input '", v.name, "': expected shape ", shape_str(dims), ", got ",
+                   shape_str(t.sizes()));
+    }
+    ordered.push_back(t.to(impl_->device));
+  }
+  impl_->on_node_ = on_node;
+  if (impl_->opts.training) return impl_->run_graph(g, ordered, nullptr);
+  c10::InferenceMode guard;
+  return impl_->run_graph(g, ordered, nullptr);
+}
+
+}  // namespace lopper

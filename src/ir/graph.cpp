@@ -1,0 +1,170 @@
+#include "lopper/graph.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/error.h"
+
+namespace lopper {
+namespace detail {
+void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {
+  throw std::logic_error(concat("internal error (a lopper bug): ", cond, " at ", file, ":", line,
+                                msg.empty() ? "" : ": ", msg));
+}
+}  // namespace detail
+
+namespace ir {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat: return "float32";
+    case DType::kUInt8: return "uint8";
+    case DType::kInt8: return "int8";
+    case DType::kUInt16: return "uint16";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kString: return "string";
+    case DType::kBool: return "bool";
+    case DType::kFloat16: return "float16";
+    case DType::kDouble: return "float64";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kComplex64: return "complex64";
+    case DType::kComplex128: return "complex128";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat8E4M3FN: return "float8e4m3fn";
+    case DType::kFloat8E4M3FNUZ: return "float8e4m3fnuz";
+    case DType::kFloat8E5M2: return "float8e5m2";
+    case DType::kFloat8E5M2FNUZ: return "float8e5m2fnuz";
+    case DType::kUInt4: return "uint4";
+    case DType::kInt4: return "int4";
+    case DType::kFloat4E2M1: return "float4e2m1";
+    default: return "undefined";
+  }
+}
+
+const Attribute* Node::attr(const std::string& key) const {
+  for (const auto& a : attrs)
+    if (a.name == key) return &a;
+  return nullptr;
+}
+
+std::string Node::label() const {
+  if (!name.empty()) return name;
+  for (const auto& o : outputs)
+    if (!o.empty()) return op_type + "->" + o;
+  return op_type;
+}
+
+const Initializer* Graph::find_initializer(const std::string& key) const {
+  for (const auto& t : initializers)
+    if (t.name == key) return &t;
+  return nullptr;
+}
+
+Initializer* Graph::find_initializer(const std::string& key) {
+  for (auto& t : initializers)
+    if (t.name == key) return &t;
+  return nullptr;
+}
+
+std::vector<const ValueInfo*> Graph::real_inputs() const {
+  std::unordered_set<std::string> init;
+  for (const auto& t : initializers) init.insert(t.name);
+  std::vector<const ValueInfo*> out;
+  for (const auto& v : inputs)
+    if (!init.count(v.name)) out.push_back(&v);
+  return out;
+}
+
+// Names a node reads, including those its subgraphs read from the enclosing scope.
+static void collect_reads(const Node& n, std::vector<std::string>& out) {
+  for (const auto& i : n.inputs)
+    if (!i.empty()) out.push_back(i);
+  for (const auto& a : n.attrs) {
+    std::vector<const Graph*> subs;
+    if (a.g) subs.push_back(a.g.get());
+    for (const auto& g : a.graphs) subs.push_back(g.get());
+    for (const Graph* g : subs) {
+      std::unordered_set<std::string> local;
+      for (const auto& v : g->inputs) local.insert(v.name);
+      for (const auto& t : g->initializers) local.insert(t.name);
+      for (const auto& sn : g->nodes)
+        for (const auto& o : sn.outputs) local.insert(o);
+      for (const auto& sn : g->nodes) {
+        std::vector<std::string> inner;
+        collect_reads(sn, inner);
+        for (auto& r : inner)
+          if (!local.count(r)) out.push_back(r);
+      }
+    }
+  }
+}
+
+std::vector<std::string> node_reads(const Node& node) {
+  std::vector<std::string> out;
+  collect_reads(node, out);
+  return out;
+}
+
+std::vector<size_t> Graph::topological_order(const std::vector<std::string>& outer_scope) const {
+  std::unordered_set<std::string> available(outer_scope.begin(), outer_scope.end());
+  for (const auto& v : inputs) available.insert(v.name);
+  for (const auto& t : initializers) available.insert(t.name);
+
+  std::unordered_map<std::string, size_t> producer;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const auto& o : nodes[i].outputs) {
+      if (o.empty()) continue;
+      LOPPER_CHECK(!producer.count(o), "[graph] value '", o, "' is produced twice (node '",
+                   nodes[i].label(), "')");
+      producer[o] = i;
+    }
+
+  std::vector<size_t> pending(nodes.size(), 0);
+  std::vector<std::vector<size_t>> users(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<std::string> reads;
+    collect_reads(nodes[i], reads);
+    std::unordered_set<size_t> deps;
+    for (const auto& r : reads) {
+      auto it = producer.find(r);
+      if (it != producer.end()) {
+        if (it->second != i) deps.insert(it->second);
+        continue;
+      }
+      LOPPER_CHECK(available.count(r), "[graph] node '", nodes[i].label(), "' reads '", r,
+                   "', which nothing produces");
+    }
+    pending[i] = deps.size();
+    for (size_t d : deps) users[d].push_back(i);
+  }
+  // Kahn's algorithm, taking ready nodes in file order so that the order is stable.
+  std::priority_queue<size_t, std::vector<size_t>, std::greater<size_t>> ready;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (pending[i] == 0) ready.push(i);
+  std::vector<size_t> order;
+  order.reserve(nodes.size());
+  while (!ready.empty()) {
+    size_t i = ready.top();
+    ready.pop();
+    order.push_back(i);
+    for (size_t u : users[i])
+      if (--pending[u] == 0) ready.push(u);
+  }
+  LOPPER_CHECK(order.size() == nodes.size(), "[graph] the graph '", name, "' has a cycle");
+  return order;
+}
+
+}  // namespace ir
+
+int64_t ir::Model::opset(const std::string& d) const {
+  auto norm = [](const std::string& s) { return s == "ai.onnx" ? std::string() : s; };
+  for (const auto& o : opset_import)
+    if (norm(o.domain) == norm(d)) return o.version;
+  return 0;
+}
+
+}  // namespace lopper

@@ -1,0 +1,226 @@
+// ir::Model -> ONNX ModelProto, written atomically (with external data when needed).
+#include <ATen/ATen.h>
+
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "lopper/error.h"
+#include "lopper/files.h"
+#include "lopper/onnx_io.h"
+#include "onnx.pb.h"
+#include "onnx/tensor_proto.h"
+
+namespace lopper::onnx {
+namespace {
+
+using namespace lopper_onnx;
+
+void fill_type(const ir::TypeInfo& t, TypeProto* p) {
+  if (!t.is_tensor()) {
+    if (!(t.raw.size() == 1 && t.raw[0] == '\0')) p->ParseFromString(t.raw);
+    return;
+  }
+  auto* tt = p->mutable_tensor_type();
+  if (t.elem_type != ir::DType::kUndefined) tt->set_elem_type(static_cast<int32_t>(t.elem_type));
+  if (t.has_shape) {
+    auto* shape = tt->mutable_shape();
+    for (const auto& d : t.dims) {
+      auto* pd = shape->add_dim();
+      if (d.is_static()) pd->set_dim_value(d.value);
+      else if (!d.param.empty()) pd->set_dim_param(d.param);
+    }
+  }
+  if (!t.denotation.empty()) p->set_denotation(t.denotation);
+}
+
+void fill_value_info(const ir::ValueInfo& v, ValueInfoProto* p) {
+  p->set_name(v.name);
+  if (!v.doc_string.empty()) p->set_doc_string(v.doc_string);
+  if (v.type.elem_type != ir::DType::kUndefined || v.type.has_shape || !v.type.is_tensor())
+    fill_type(v.type, p->mutable_type());
+}
+
+template <typename Repeated>
+void fill_props(const std::vector<std::pair<std::string, std::string>>& props, Repeated* out) {
+  for (const auto& [k, v] : props) {
+    auto* e = out->Add();
+    e->set_key(k);
+    e->set_value(v);
+  }
+}
+
+struct Writer {
+  SaveOptions opts;
+  bool sparse_all() const { return opts.sparse == SaveOptions::Sparse::kAll; }
+  bool sparse_none() const { return opts.sparse == SaveOptions::Sparse::kNone; }
+
+  void fill_graph(const ir::Graph& g, GraphProto* p) {
+    p->set_name(g.name);
+    if (!g.doc_string.empty()) p->set_doc_string(g.doc_string);
+    fill_props(g.metadata_props, p->mutable_metadata_props());
+    for (const auto& v : g.inputs) fill_value_info(v, p->add_input());
+    for (const auto& v : g.outputs) fill_value_info(v, p->add_output());
+    for (const auto& v : g.value_info) fill_value_info(v, p->add_value_info());
+    for (const auto& init : g.initializers) {
+      bool sparse = !sparse_none() && (init.sparse || sparse_all()) &&
+                    init.value.is_floating_point() && init.value.numel() > 0;
+      if (sparse && sparse_all() && !init.sparse) {
+        // Only worth it when at least half the values are zero (values + int64 indices).
+        int64_t nnz = init.value.count_nonzero().item<int64_t>();
+        sparse = nnz * 2 <= init.value.numel();
+      }
+      if (sparse) {
+        auto* s = p->add_sparse_initializer();
+        tensor_to_sparse_proto(init.value, init.name, s);
+        if (!init.doc_string.empty()) s->mutable_values()->set_doc_string(init.doc_string);
+      } else {
+        auto* t = p->add_initializer();
+        tensor_to_proto(init.value, t);
+        t->set_name(init.name);
+        if (!init.doc_string.empty()) t->set_doc_string(init.doc_string);
+      }
+    }
+    for (const auto& n : g.nodes) {
+      auto* pn = p->add_node();
+      for (const auto& i : n.inputs) pn->add_input(i);
+      for (const auto& o : n.outputs) pn->add_output(o);
+      if (!n.name.empty()) pn->set_name(n.name);
+      pn->set_op_type(n.op_type);
+      if (!n.domain.empty()) pn->set_domain(n.domain);
+      if (!n.doc_string.empty()) pn->set_doc_string(n.doc_string);
+      fill_props(n.metadata_props, pn->mutable_metadata_props());
+      for (const auto& a : n.attrs) fill_attribute(a, pn->add_attribute());
+    }
+  }
+
+  void fill_attribute(const ir::Attribute& a, AttributeProto* p) {
+    if (!a.raw.empty()) {
+      p->ParseFromString(a.raw);
+      return;
+    }
+    p->set_name(a.name);
+    if (!a.ref_attr_name.empty()) p->set_ref_attr_name(a.ref_attr_name);
+    if (!a.doc_string.empty()) p->set_doc_string(a.doc_string);
+    p->set_type(static_cast<AttributeProto::AttributeType>(a.type));
+    switch (a.type) {
+      case ir::AttrType::kFloat: p->set_f(a.f); break;
+      case ir::AttrType::kInt: p->set_i(a.i); break;
+      case ir::AttrType::kString: p->set_s(a.s); break;
+      case ir::AttrType::kTensor: tensor_to_proto(a.t, p->mutable_t()); break;
+      case ir::AttrType::kGraph: fill_graph(*a.g, p->mutable_g()); break;
+      case ir::AttrType::kFloats: for (float f : a.floats) p->add_floats(f); break;
+      case ir::AttrType::kInts: for (int64_t i : a.ints) p->add_ints(i); break;
+      case ir::AttrType::kStrings: for (const auto& s : a.strings) p->add_strings(s); break;
+      case ir::AttrType::kTensors:
+        for (const auto& t : a.tensors) tensor_to_proto(t, p->add_tensors());
+        break;
+      case ir::AttrType::kGraphs:
+        for (const auto& g : a.graphs) fill_graph(*g, p->add_graphs());
+        break;
+      default: break;
+    }
+  }
+
+  void fill_model(const ir::Model& m, ModelProto* p) {
+    p->set_ir_version(m.ir_version);
+    for (const auto& o : m.opset_import) {
+      auto* op = p->add_opset_import();
+      if (!o.domain.empty()) op->set_domain(o.domain);
+      op->set_version(o.version);
+    }
+    if (!m.producer_name.empty()) p->set_producer_name(m.producer_name);
+    if (!m.producer_version.empty()) p->set_producer_version(m.producer_version);
+    if (!m.domain.empty()) p->set_domain(m.domain);
+    if (m.model_version) p->set_model_version(m.model_version);
+    if (!m.doc_string.empty()) p->set_doc_string(m.doc_string);
+    fill_props(m.metadata_props, p->mutable_metadata_props());
+    for (const auto& f : m.functions) p->add_functions()->ParseFromString(f);
+    for (const auto& t : m.training_info) p->add_training_info()->ParseFromString(t);
+    fill_graph(m.graph, p->mutable_graph());
+  }
+};
+
+// Moves every large dense initializer's bytes (in this graph and its subgraphs) into `data`.
+void externalize(GraphProto* g, const std::string& location, size_t min_bytes, std::ofstream& data,
+                 uint64_t& offset) {
+  auto move_out = [&](TensorProto* t) {
+    if (!t->has_raw_data() || t->raw_data().size() < min_bytes) return;
+    // NOTE: 4 KiB alignment lets runtimes mmap tensors directly (ONNX Runtime does).
+    uint64_t aligned = (offset + 4095) / 4096 * 4096;
+    if (aligned > offset) {
+      std::string pad(aligned - offset, '\0');
+      data.write(pad.data(), static_cast<std::streamsize>(pad.size()));
+    }
+    const std::string& raw = t->raw_data();
+    data.write(raw.data(), static_cast<std::streamsize>(raw.size()));
+    auto add = [&](const char* k, const std::string& v) {
+      auto* e = t->add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    };
+    add("location", location);
+    add("offset", std::to_string(aligned));
+    add("length", std::to_string(raw.size()));
+    offset = aligned + raw.size();
+    t->clear_raw_data();
+    t->set_data_location(TensorProto::EXTERNAL);
+  };
+  for (auto& t : *g->mutable_initializer()) move_out(&t);
+  for (auto& n : *g->mutable_node())
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_g()) externalize(a.mutable_g(), location, min_bytes, data, offset);
+      for (auto& sg : *a.mutable_graphs()) externalize(&sg, location, min_bytes, data, offset);
+    }
+}
+
+}  // namespace
+
+std::string serialize_model(const ir::Model& model) {
+  ModelProto p;
+  Writer{}.fill_model(model, &p);
+  LOPPER_CHECK(p.ByteSizeLong() <= static_cast<size_t>(INT_MAX),
+               "[export] model is over 2 GB; save it with external data");
+  return p.SerializeAsString();
+}
+
+void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts) {
+  ModelProto p;
+  Writer{opts}.fill_model(model, &p);
+  // NOTE: protobuf refuses messages over 2 GB; leave headroom for the graph itself.
+  constexpr size_t kLimit = size_t(1) << 30 | size_t(1) << 29 | size_t(1) << 28;  // 1.75 GiB
+  bool external = opts.external_data || p.ByteSizeLong() > kLimit;
+  std::string data_tmp, data_path;
+  if (external) {
+    std::filesystem::path mp(path);
+    std::string location = mp.filename().string() + ".data";
+    data_path = (mp.parent_path() / location).string();
+    data_tmp = temp_path_beside(data_path);
+    std::ofstream data(data_tmp, std::ios::binary | std::ios::trunc);
+    LOPPER_CHECK(data.good(), "[export] cannot write '", data_path, "'");
+    uint64_t offset = 0;
+    externalize(p.mutable_graph(), location, opts.external_min_bytes, data, offset);
+    data.flush();
+    if (!data.good()) {
+      std::remove(data_tmp.c_str());
+      throw Error(detail::concat("[export] cannot write '", data_path, "'"));
+    }
+  }
+  if (p.ByteSizeLong() > static_cast<size_t>(INT_MAX)) {
+    if (!data_tmp.empty()) std::remove(data_tmp.c_str());
+    throw Error("[export] the graph alone is over 2 GB");
+  }
+  std::string bytes = p.SerializeAsString();
+  if (!data_tmp.empty()) commit_temp(data_tmp, data_path);
+  write_file_atomic(path, bytes);
+}
+
+void save_tensor_pb(const at::Tensor& t, const std::string& path, const std::string& name) {
+  TensorProto p;
+  tensor_to_proto(t, &p);
+  if (!name.empty()) p.set_name(name);
+  write_file_atomic(path, p.SerializeAsString());
+}
+
+}  // namespace lopper::onnx

@@ -1,0 +1,187 @@
+// ONNX ModelProto -> ir::Model.
+#include <ATen/ATen.h>
+
+#include <climits>
+#include <filesystem>
+
+#include "lopper/error.h"
+#include "lopper/files.h"
+#include "lopper/onnx_io.h"
+#include "onnx.pb.h"
+#include "onnx/tensor_proto.h"
+
+namespace lopper::onnx {
+namespace {
+
+using namespace lopper_onnx;
+
+ir::TypeInfo convert_type(const TypeProto& t) {
+  ir::TypeInfo out;
+  if (t.has_tensor_type()) {
+    const auto& tt = t.tensor_type();
+    out.elem_type = static_cast<ir::DType>(tt.elem_type());
+    out.has_shape = tt.has_shape();
+    for (const auto& d : tt.shape().dim()) {
+      ir::Dim dim;
+      if (d.has_dim_value()) dim.value = d.dim_value();
+      else if (d.has_dim_param()) dim.param = d.dim_param();
+      out.dims.push_back(dim);
+    }
+    out.denotation = t.denotation();
+  } else {
+    out.raw = t.SerializeAsString();
+    if (out.raw.empty()) out.raw = std::string(1, '\0');  // an empty TypeProto, kept as such
+  }
+  return out;
+}
+
+ir::ValueInfo convert_value_info(const ValueInfoProto& v) {
+  ir::ValueInfo out;
+  out.name = v.name();
+  out.doc_string = v.doc_string();
+  if (v.has_type()) out.type = convert_type(v.type());
+  return out;
+}
+
+template <typename Repeated>
+std::vector<std::pair<std::string, std::string>> convert_props(const Repeated& props) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& kv : props) out.emplace_back(kv.key(), kv.value());
+  return out;
+}
+
+ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int depth);
+
+ir::Attribute convert_attribute(const AttributeProto& a, const ExternalDataContext& ctx,
+                                const std::string& where, int depth) {
+  ir::Attribute out;
+  out.name = a.name();
+  out.ref_attr_name = a.ref_attr_name();
+  out.doc_string = a.doc_string();
+  auto type = static_cast<ir::AttrType>(a.type());
+  if (type == ir::AttrType::kUndefined) {  // IR version 1 models: infer from the field that is set
+    if (a.has_f()) type = ir::AttrType::kFloat;
+    else if (a.has_i()) type = ir::AttrType::kInt;
+    else if (a.has_s()) type = ir::AttrType::kString;
+    else if (a.has_t()) type = ir::AttrType::kTensor;
+    else if (a.has_g()) type = ir::AttrType::kGraph;
+    else if (a.floats_size()) type = ir::AttrType::kFloats;
+    else if (a.ints_size()) type = ir::AttrType::kInts;
+    else if (a.strings_size()) type = ir::AttrType::kStrings;
+    else if (a.tensors_size()) type = ir::AttrType::kTensors;
+    else if (a.graphs_size()) type = ir::AttrType::kGraphs;
+  }
+  out.type = type;
+  std::string what = where + " attribute '" + a.name() + "'";
+  switch (type) {
+    case ir::AttrType::kFloat: out.f = a.f(); break;
+    case ir::AttrType::kInt: out.i = a.i(); break;
+    case ir::AttrType::kString: out.s = a.s(); break;
+    case ir::AttrType::kTensor: out.t = tensor_from_proto(a.t(), ctx, what); break;
+    case ir::AttrType::kGraph:
+      out.g = std::make_shared<ir::Graph>(convert_graph(a.g(), ctx, depth + 1));
+      break;
+    case ir::AttrType::kFloats: out.floats.assign(a.floats().begin(), a.floats().end()); break;
+    case ir::AttrType::kInts: out.ints.assign(a.ints().begin(), a.ints().end()); break;
+    case ir::AttrType::kStrings: out.strings.assign(a.strings().begin(), a.strings().end()); break;
+    case ir::AttrType::kTensors:
+      for (const auto& t : a.tensors()) out.tensors.push_back(tensor_from_proto(t, ctx, what));
+      break;
+    case ir::AttrType::kGraphs:
+      for (const auto& g : a.graphs())
+        out.graphs.push_back(std::make_shared<ir::Graph>(convert_graph(g, ctx, depth + 1)));
+      break;
+    default:  // sparse tensors, type protos, or an attribute that sets nothing: kept verbatim
+      out.raw = a.SerializeAsString();
+      break;
+  }
+  return out;
+}
+
+ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int depth) {
+  LOPPER_CHECK(depth < 64, "[import] subgraphs nested too deeply");
+  ir::Graph out;
+  out.name = g.name();
+  out.doc_string = g.doc_string();
+  out.metadata_props = convert_props(g.metadata_props());
+  for (const auto& v : g.input()) out.inputs.push_back(convert_value_info(v));
+  for (const auto& v : g.output()) out.outputs.push_back(convert_value_info(v));
+  for (const auto& v : g.value_info()) out.value_info.push_back(convert_value_info(v));
+  for (const auto& t : g.initializer()) {
+    LOPPER_CHECK(!t.name().empty(), "[import] graph '", g.name(), "' has an unnamed initializer");
+    out.initializers.push_back(
+        {t.name(), tensor_from_proto(t, ctx, "initializer '" + t.name() + "'"), t.doc_string(),
+         false});
+  }
+  for (const auto& s : g.sparse_initializer()) {
+    const std::string& name = s.values().name();
+    LOPPER_CHECK(!name.empty(), "[import] graph '", g.name(),
+                 "' has an unnamed sparse initializer");
+    out.initializers.push_back(
+        {name, tensor_from_sparse_proto(s, ctx, "sparse initializer '" + name + "'"),
+         s.values().doc_string(), true});
+  }
+  for (const auto& n : g.node()) {
+    ir::Node node;
+    node.name = n.name();
+    node.op_type = n.op_type();
+    node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    node.doc_string = n.doc_string();
+    node.inputs.assign(n.input().begin(), n.input().end());
+    node.outputs.assign(n.output().begin(), n.output().end());
+    node.metadata_props = convert_props(n.metadata_props());
+    LOPPER_CHECK(!node.op_type.empty(), "[import] node '", node.name, "' has no op type");
+    std::string where = "node '" + node.label() + "'";
+    for (const auto& a : n.attribute()) node.attrs.push_back(convert_attribute(a, ctx, where, depth));
+    out.nodes.push_back(std::move(node));
+  }
+  return out;
+}
+
+}  // namespace
+
+ir::Model parse_model(const void* data, size_t size, const std::string& base_dir) {
+  LOPPER_CHECK(size <= static_cast<size_t>(INT_MAX), "[import] model is over 2 GB; ONNX stores "
+               "weights of such models as external data");
+  ModelProto m;
+  LOPPER_CHECK(m.ParseFromArray(data, static_cast<int>(size)),
+               "[import] not a valid ONNX model (protobuf parse failed: truncated or corrupt)");
+  LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
+  LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
+  ExternalDataContext ctx{base_dir};
+  ir::Model out;
+  out.ir_version = m.ir_version();
+  for (const auto& o : m.opset_import()) out.opset_import.push_back({o.domain(), o.version()});
+  out.producer_name = m.producer_name();
+  out.producer_version = m.producer_version();
+  out.domain = m.domain();
+  out.model_version = m.model_version();
+  out.doc_string = m.doc_string();
+  out.metadata_props = convert_props(m.metadata_props());
+  for (const auto& f : m.functions()) out.functions.push_back(f.SerializeAsString());
+  for (const auto& t : m.training_info()) out.training_info.push_back(t.SerializeAsString());
+  out.graph = convert_graph(m.graph(), ctx, 0);
+  if (out.opset_import.empty()) out.opset_import.push_back({"", 1});  // as ONNX specifies
+  return out;
+}
+
+ir::Model load_model(const std::string& path) {
+  std::string bytes = read_file(path);
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  try {
+    return parse_model(bytes.data(), bytes.size(), dir);
+  } catch (const Error& e) {
+    throw Error(detail::concat(e.what(), " (", path, ")"));
+  }
+}
+
+at::Tensor load_tensor_pb(const std::string& path) {
+  std::string bytes = read_file(path);
+  TensorProto t;
+  LOPPER_CHECK(t.ParseFromString(bytes), "[import] '", path, "' is not a TensorProto file");
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return tensor_from_proto(t, {dir.empty() ? "." : dir}, "tensor file '" + path + "'");
+}
+
+}  // namespace lopper::onnx

@@ -1,0 +1,333 @@
+#include "onnx/tensor_proto.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "lopper/error.h"
+#include "lopper/onnx_io.h"
+
+namespace lopper::onnx {
+namespace fs = std::filesystem;
+using ir::DType;
+
+c10::ScalarType to_scalar_type(DType t) {
+  switch (t) {
+    case DType::kFloat: return at::kFloat;
+    case DType::kUInt8: return at::kByte;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt16: return at::kUInt16;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt64: return at::kLong;
+    case DType::kBool: return at::kBool;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kDouble: return at::kDouble;
+    case DType::kUInt32: return at::kUInt32;
+    case DType::kUInt64: return at::kUInt64;
+    case DType::kComplex64: return at::kComplexFloat;
+    case DType::kComplex128: return at::kComplexDouble;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat8E4M3FN: return at::kFloat8_e4m3fn;
+    case DType::kFloat8E4M3FNUZ: return at::kFloat8_e4m3fnuz;
+    case DType::kFloat8E5M2: return at::kFloat8_e5m2;
+    case DType::kFloat8E5M2FNUZ: return at::kFloat8_e5m2fnuz;
+    default:
+      throw Error(detail::concat("[onnx] tensors of type ", ir::dtype_name(t), " (",
+                                 static_cast<int>(t), ") are not supported"));
+  }
+}
+
+DType to_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat;
+    case at::kByte: return DType::kUInt8;
+    case at::kChar: return DType::kInt8;
+    case at::kUInt16: return DType::kUInt16;
+    case at::kShort: return DType::kInt16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kBool: return DType::kBool;
+    case at::kHalf: return DType::kFloat16;
+    case at::kDouble: return DType::kDouble;
+    case at::kUInt32: return DType::kUInt32;
+    case at::kUInt64: return DType::kUInt64;
+    case at::kComplexFloat: return DType::kComplex64;
+    case at::kComplexDouble: return DType::kComplex128;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat8_e4m3fn: return DType::kFloat8E4M3FN;
+    case at::kFloat8_e4m3fnuz: return DType::kFloat8E4M3FNUZ;
+    case at::kFloat8_e5m2: return DType::kFloat8E5M2;
+    case at::kFloat8_e5m2fnuz: return DType::kFloat8E5M2FNUZ;
+    default:
+      throw Error(detail::concat("[onnx] ATen type ", c10::toString(t), " has no ONNX type"));
+  }
+}
+
+namespace {
+
+// Largest tensor we accept: well past any real model, small enough that sizes never overflow.
+constexpr int64_t kMaxElements = int64_t(1) << 40;
+
+std::vector<int64_t> checked_dims(const google::protobuf::RepeatedField<int64_t>& dims,
+                                  const std::string& what, int64_t* numel) {
+  std::vector<int64_t> out(dims.begin(), dims.end());
+  int64_t n = 1;
+  for (int64_t d : out) {
+    LOPPER_CHECK(d >= 0, "[import] ", what, ": negative dimension ", d);
+    LOPPER_CHECK(d == 0 || n <= kMaxElements / d, "[import] ", what, ": too many elements");
+    n *= d;
+  }
+  *numel = n;
+  return out;
+}
+
+// Resolves an external-data location inside base_dir, refusing anything that escapes it.
+std::string resolve_external(const std::string& base_dir, const std::string& location,
+                             const std::string& what) {
+  LOPPER_CHECK(!base_dir.empty(), "[import] ", what,
+               ": external data is not allowed for a model read from memory");
+  LOPPER_CHECK(!location.empty(), "[import] ", what, ": external data without a location");
+  LOPPER_CHECK(location.find('\0') == std::string::npos, "[import] ", what,
+               ": external data location contains a NUL byte");
+  LOPPER_CHECK(location[0] != '/' && location[0] != '\\' &&
+                   !(location.size() > 1 && location[1] == ':'),
+               "[import] ", what, ": external data location '", location,
+               "' is an absolute path (refused: data must stay inside the model's folder)");
+  size_t start = 0;
+  while (start <= location.size()) {
+    size_t end = location.find_first_of("/\\", start);
+    if (end == std::string::npos) end = location.size();
+    LOPPER_CHECK(location.compare(start, end - start, "..") != 0, "[import] ", what,
+                 ": external data location '", location,
+                 "' leaves the model's folder (refused)");
+    start = end + 1;
+  }
+  std::error_code ec;
+  fs::path base = fs::weakly_canonical(fs::path(base_dir), ec);
+  LOPPER_CHECK(!ec, "[import] ", what, ": cannot resolve model folder '", base_dir, "'");
+  fs::path full = fs::weakly_canonical(base / location, ec);
+  LOPPER_CHECK(!ec, "[import] ", what, ": cannot resolve external data '", location, "'");
+  auto b = base.string(), f = full.string();
+  if (b.empty() || b.back() != '/') b += '/';
+  LOPPER_CHECK(f.compare(0, b.size(), b) == 0, "[import] ", what, ": external data '", location,
+               "' resolves outside the model's folder (refused)");
+  return f;
+}
+
+void read_external(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                   const std::string& what, void* dst, size_t nbytes) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    const std::string& k = kv.key();
+    auto parse_int = [&](const std::string& v) {
+      LOPPER_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
+                       v.size() < 19,
+                   "[import] ", what, ": external data ", k, " '", v, "' is not a number");
+      return static_cast<int64_t>(std::stoll(v));
+    };
+    if (k == "location") location = kv.value();
+    else if (k == "offset") offset = parse_int(kv.value());
+    else if (k == "length") length = parse_int(kv.value());
+  }
+  std::string path = resolve_external(ctx.base_dir, location, what);
+  if (length >= 0)
+    LOPPER_CHECK(static_cast<size_t>(length) == nbytes, "[import] ", what, ": external data length ",
+                 length, " does not match its shape and type (", nbytes, " bytes)");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOPPER_CHECK(fd >= 0, "[import] ", what, ": cannot open external data '", location, "': ",
+               std::strerror(errno));
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (!ok) ::close(fd);
+  LOPPER_CHECK(ok, "[import] ", what, ": external data '", location, "' is not a regular file");
+  if (static_cast<uint64_t>(offset) > static_cast<uint64_t>(st.st_size) ||
+      nbytes > static_cast<uint64_t>(st.st_size) - static_cast<uint64_t>(offset)) {
+    ::close(fd);
+    throw Error(detail::concat("[import] ", what, ": external data '", location, "' has ",
+                               st.st_size, " bytes, but the tensor needs ", nbytes,
+                               " bytes at offset ", offset));
+  }
+  size_t done = 0;
+  auto* out = static_cast<char*>(dst);
+  while (done < nbytes) {
+    ssize_t r = ::pread(fd, out + done, nbytes - done, offset + static_cast<off_t>(done));
+    if (r <= 0) {
+      ::close(fd);
+      throw Error(detail::concat("[import] ", what, ": cannot read external data '", location, "'"));
+    }
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+}
+
+template <typename Src, typename Dst>
+void copy_typed(const google::protobuf::RepeatedField<Src>& src, at::Tensor& t) {
+  auto* d = static_cast<Dst*>(t.data_ptr());
+  for (int i = 0; i < src.size(); ++i) d[i] = static_cast<Dst>(src.Get(i));
+}
+
+}  // namespace
+
+at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                             const std::string& what) {
+  LOPPER_CHECK(!p.has_segment(), "[import] ", what, ": segmented tensors are not supported");
+  auto dt = static_cast<DType>(p.data_type());
+  LOPPER_CHECK(p.data_type() != 0, "[import] ", what, ": tensor has no data type");
+  LOPPER_CHECK(dt != DType::kString, "[import] ", what, ": string tensors are not supported");
+  at::ScalarType st;
+  try {
+    st = to_scalar_type(dt);
+  } catch (const Error& e) {
+    throw Error(detail::concat("[import] ", what, ": type ", ir::dtype_name(dt), " (",
+                               p.data_type(), ") is not supported"));
+  }
+  int64_t numel = 0;
+  auto dims = checked_dims(p.dims(), what, &numel);
+  size_t elem = c10::elementSize(st);
+  size_t nbytes = static_cast<size_t>(numel) * elem;
+  at::Tensor t = at::empty(dims, at::TensorOptions().dtype(st));
+
+  if (p.data_location() == lopper_onnx::TensorProto::EXTERNAL) {
+    if (nbytes) read_external(p, ctx, what, t.data_ptr(), nbytes);
+    return t;
+  }
+  if (p.has_raw_data()) {
+    LOPPER_CHECK(p.raw_data().size() == nbytes, "[import] ", what, ": raw data has ",
+                 p.raw_data().size(), " bytes, but shape and type need ", nbytes);
+    if (nbytes) std::memcpy(t.data_ptr(), p.raw_data().data(), nbytes);
+    return t;
+  }
+  auto expect = [&](int64_t have, int64_t want) {
+    LOPPER_CHECK(have == want, "[import] ", what, ": has ", have, " values, but its shape needs ",
+                 want);
+  };
+  switch (dt) {
+    case DType::kFloat:
+      expect(p.float_data_size(), numel);
+      copy_typed<float, float>(p.float_data(), t);
+      break;
+    case DType::kComplex64:
+      expect(p.float_data_size(), 2 * numel);
+      copy_typed<float, float>(p.float_data(), t);
+      break;
+    case DType::kDouble:
+      expect(p.double_data_size(), numel);
+      copy_typed<double, double>(p.double_data(), t);
+      break;
+    case DType::kComplex128:
+      expect(p.double_data_size(), 2 * numel);
+      copy_typed<double, double>(p.double_data(), t);
+      break;
+    case DType::kInt64:
+      expect(p.int64_data_size(), numel);
+      copy_typed<int64_t, int64_t>(p.int64_data(), t);
+      break;
+    case DType::kUInt32:
+      expect(p.uint64_data_size(), numel);
+      copy_typed<uint64_t, uint32_t>(p.uint64_data(), t);
+      break;
+    case DType::kUInt64:
+      expect(p.uint64_data_size(), numel);
+      copy_typed<uint64_t, uint64_t>(p.uint64_data(), t);
+      break;
+    case DType::kInt32:
+      expect(p.int32_data_size(), numel);
+      copy_typed<int32_t, int32_t>(p.int32_data(), t);
+      break;
+    case DType::kInt16:
+      expect(p.int32_data_size(), numel);
+      copy_typed<int32_t, int16_t>(p.int32_data(), t);
+      break;
+    case DType::kUInt16: case DType::kFloat16: case DType::kBFloat16:
+      // float16/bfloat16 travel as their bit patterns in int32_data.
+      expect(p.int32_data_size(), numel);
+      copy_typed<int32_t, uint16_t>(p.int32_data(), t);
+      break;
+    case DType::kInt8:
+      expect(p.int32_data_size(), numel);
+      copy_typed<int32_t, int8_t>(p.int32_data(), t);
+      break;
+    case DType::kUInt8: case DType::kBool: case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ:
+      expect(p.int32_data_size(), numel);
+      copy_typed<int32_t, uint8_t>(p.int32_data(), t);
+      break;
+    default:
+      throw Error(detail::concat("[import] ", what, ": unsupported tensor type"));
+  }
+  return t;
+}
+
+at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
+                                    const ExternalDataContext& ctx, const std::string& what) {
+  int64_t numel = 0;
+  auto dims = checked_dims(p.dims(), what, &numel);
+  at::Tensor values = tensor_from_proto(p.values(), ctx, what + " (values)");
+  at::Tensor indices = tensor_from_proto(p.indices(), ctx, what + " (indices)");
+  LOPPER_CHECK(values.dim() == 1, "[import] ", what, ": sparse values must be 1-D");
+  int64_t nnz = values.size(0);
+  LOPPER_CHECK(indices.scalar_type() == at::kLong, "[import] ", what,
+               ": sparse indices must be int64");
+  at::Tensor dense = at::zeros(dims, values.options());
+  if (nnz == 0) return dense;
+  at::Tensor linear;
+  if (indices.dim() == 1) {
+    LOPPER_CHECK(indices.size(0) == nnz, "[import] ", what, ": ", indices.size(0),
+                 " indices for ", nnz, " values");
+    linear = indices;
+  } else {
+    int64_t rank = static_cast<int64_t>(dims.size());
+    LOPPER_CHECK(indices.dim() == 2 && indices.size(0) == nnz && indices.size(1) == rank,
+                 "[import] ", what, ": sparse indices must be [", nnz, "] or [", nnz, ", ", rank,
+                 "]");
+    auto acc = indices.accessor<int64_t, 2>();
+    linear = at::empty({nnz}, at::kLong);
+    auto* l = linear.data_ptr<int64_t>();
+    for (int64_t i = 0; i < nnz; ++i) {
+      int64_t off = 0;
+      for (int64_t d = 0; d < rank; ++d) {
+        int64_t v = acc[i][d];
+        LOPPER_CHECK(v >= 0 && v < dims[d], "[import] ", what, ": sparse index ", v,
+                     " out of range for dimension ", d, " of size ", dims[d]);
+        off = off * dims[d] + v;
+      }
+      l[i] = off;
+    }
+  }
+  const int64_t* l = linear.data_ptr<int64_t>();
+  for (int64_t i = 0; i < nnz; ++i)
+    LOPPER_CHECK(l[i] >= 0 && l[i] < numel, "[import] ", what, ": sparse index ", l[i],
+                 " out of range (", numel, " elements)");
+  dense.view({-1}).index_put_({linear}, values);
+  return dense;
+}
+
+void tensor_to_proto(const at::Tensor& t, lopper_onnx::TensorProto* p) {
+  at::Tensor c = t.detach().cpu().contiguous();
+  p->set_data_type(static_cast<int32_t>(to_dtype(c.scalar_type())));
+  p->clear_dims();
+  for (int64_t d : c.sizes()) p->add_dims(d);
+  p->set_raw_data(std::string(static_cast<const char*>(c.data_ptr()), c.nbytes()));
+}
+
+void tensor_to_sparse_proto(const at::Tensor& t, const std::string& name,
+                            lopper_onnx::SparseTensorProto* p) {
+  at::Tensor c = t.detach().cpu().contiguous();
+  at::Tensor flat = c.view({-1});
+  at::Tensor idx = flat.nonzero().view({-1});
+  at::Tensor vals = flat.index_select(0, idx);
+  p->clear_dims();
+  for (int64_t d : c.sizes()) p->add_dims(d);
+  tensor_to_proto(vals, p->mutable_values());
+  p->mutable_values()->set_name(name);
+  tensor_to_proto(idx, p->mutable_indices());
+}
+
+}  // namespace lopper::onnx

@@ -1,0 +1,169 @@
+// The op table: every ONNX op lopper understands is described once, in src/ops/<family>.cpp, and
+// registered by name with its forward (ATen calls; works under autograd and on any device) and its
+// MAC count. Internal header.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lopper/error.h"
+#include "lopper/graph.h"
+
+namespace lopper::ops {
+
+/// Typed access to a node's attributes; errors name the node.
+class AttrReader {
+ public:
+  explicit AttrReader(const ir::Node& node) : node_(&node) {}
+  const ir::Node& node() const { return *node_; }
+
+  bool has_attr(const char* name) const { return node_->attr(name) != nullptr; }
+  int64_t attr_int(const char* name) const;  // required
+  int64_t attr_int(const char* name, int64_t def) const;
+  float attr_float(const char* name, float def) const;
+  std::string attr_string(const char* name, const std::string& def) const;
+  std::vector<int64_t> attr_ints(const char* name, std::vector<int64_t> def = {}) const;
+  std::vector<float> attr_floats(const char* name, std::vector<float> def = {}) const;
+  std::vector<std::string> attr_strings(const char* name) const;
+  at::Tensor attr_tensor(const char* name) const;  // required
+  const ir::Graph& attr_graph(const char* name) const;  // required
+
+  /// Throws lopper::Error "[op] node 'N' (Op): <msg>".
+  template <typename... Args>
+  [[noreturn]] void fail(const Args&... args) const {
+    throw Error(detail::concat("[op] node '", node_->label(), "' (", node_->op_type, "): ", args...));
+  }
+  template <typename... Args>
+  void check(bool cond, const Args&... args) const {
+    if (!cond) fail(args...);
+  }
+
+ protected:
+  const ir::Attribute* find(const char* name, ir::AttrType type) const;
+  const ir::Node* node_;
+};
+
+class OpContext;
+/// Runs a subgraph (If/Loop/Scan bodies) with the given inputs; provided by the executor.
+using SubgraphRunner = std::function<std::vector<at::Tensor>(
+    const ir::Graph& graph, const std::vector<at::Tensor>& inputs)>;
+
+/// What an op's forward sees: inputs, attributes, outputs, and a per-node state slot for weights
+/// prepacked at the first run (only used in inference, where initializers never change).
+class OpContext : public AttrReader {
+ public:
+  OpContext(const ir::Node& node, int64_t opset, bool training, const at::Device& device)
+      : AttrReader(node), opset_(opset), training_(training), device_(device) {}
+
+  int64_t opset() const { return opset_; }
+  /// True when running for training (BatchNorm uses batch statistics, Dropout drops).
+  bool training() const { return training_; }
+  /// True when autograd is on: prepacked state must not be used, it would cut the gradient.
+  bool grad_mode() const { return grad_mode_; }
+  const at::Device& device() const { return device_; }
+
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].defined(); }
+  const at::Tensor& input(size_t i) const {
+    if (!has_input(i)) fail("missing required input ", i);
+    return inputs_[i];
+  }
+  /// Input i is an initializer: the same tensor on every run of this executor.
+  bool is_constant(size_t i) const { return i < constant_.size() && constant_[i]; }
+
+  size_t num_outputs() const { return outputs_.size(); }
+  bool wants_output(size_t i) const { return i < wanted_.size() && wanted_[i]; }
+  void set_output(size_t i, at::Tensor t) {
+    if (i >= outputs_.size()) fail("produces output ", i, " but the node names only ", outputs_.size());
+    outputs_[i] = std::move(t);
+  }
+
+  /// Per-node cache; T is created on first use. Invalidate by the caller when weights change.
+  template <typename T>
+  T& state() {
+    if (!(*state_)) *state_ = std::make_shared<T>();
+    return *static_cast<T*>(state_->get());
+  }
+  bool has_state() const { return state_ && *state_; }
+
+  std::vector<at::Tensor> run_subgraph(const ir::Graph& g, const std::vector<at::Tensor>& in) const {
+    if (!subgraph_runner_) fail("subgraphs are not available here");
+    return subgraph_runner_(g, in);
+  }
+
+  // Set by the executor.
+  std::vector<at::Tensor> inputs_;
+  std::vector<bool> constant_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<bool> wanted_;
+  std::shared_ptr<void>* state_ = nullptr;
+  SubgraphRunner subgraph_runner_;
+  bool grad_mode_ = false;
+
+ private:
+  int64_t opset_;
+  bool training_;
+  at::Device device_;
+};
+
+/// Shapes seen at one node, for MAC counting.
+struct MacContext : AttrReader {
+  MacContext(const ir::Node& n, std::vector<std::vector<int64_t>> in,
+             std::vector<std::vector<int64_t>> out)
+      : AttrReader(n), in_shapes(std::move(in)), out_shapes(std::move(out)) {}
+  std::vector<std::vector<int64_t>> in_shapes;   // empty vector for a missing input
+  std::vector<std::vector<int64_t>> out_shapes;
+};
+
+using Forward = std::function<void(OpContext&)>;
+using MacCount = std::function<int64_t(const MacContext&)>;
+
+struct OpDef {
+  std::string domain;  // "" for ai.onnx
+  std::string op_type;
+  Forward forward;
+  MacCount macs;           // empty: the op costs no multiply-accumulates worth counting
+  bool deterministic = true;  // false for random ops (never constant-folded)
+};
+
+class OpTable {
+ public:
+  static const OpTable& global();
+  void add(OpDef def);
+  const OpDef* find(const std::string& domain, const std::string& op_type) const;
+  std::vector<const OpDef*> all() const;
+
+ private:
+  std::unordered_map<std::string, OpDef> ops_;
+};
+
+// One registration function per family (src/ops/<family>.cpp).
+void register_elementwise(OpTable& t);
+void register_activation(OpTable& t);
+void register_reduce(OpTable& t);
+void register_shape(OpTable& t);
+void register_tensor(OpTable& t);
+void register_conv(OpTable& t);
+void register_gemm(OpTable& t);
+void register_norm(OpTable& t);
+void register_pool(OpTable& t);
+void register_misc(OpTable& t);
+void register_control(OpTable& t);
+
+// --- helpers shared by op files -------------------------------------------------------------
+/// A 1-D (or scalar) integer tensor as a vector (copies to the CPU when needed).
+std::vector<int64_t> to_int_vector(const at::Tensor& t);
+/// A numeric scalar tensor's value as double.
+double to_double(const at::Tensor& t);
+/// Normalises a possibly negative axis for a tensor of `rank` dims; fails on out of range.
+int64_t normalize_axis(const AttrReader& ctx, int64_t axis, int64_t rank);
+/// ONNX TensorProto data type code -> ATen scalar type (fails naming the node).
+at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
+/// Product of dims.
+int64_t numel_of(const std::vector<int64_t>& shape);
+
+}  // namespace lopper::ops

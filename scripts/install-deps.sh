@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 debs=(
   cmake ninja-build ccache g++ pkg-config
   libprotobuf-dev protobuf-compiler     # ONNX's protobuf classes (protoc on the onnx package's onnx.proto)
-  libcli11-dev nlohmann-json3-dev libfmt-dev libyaml-cpp-dev
+  libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev              # libFuzzer target for the importer
   libonnx-testdata                      # ONNX's conformance cases (pytorch-converted, pytorch-operator)

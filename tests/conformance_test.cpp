@@ -1,7 +1,8 @@
 // ONNX's own backend conformance cases (model.onnx + test_data_set_*/{input,output}_*.pb), for every
 // op lopper registers: the node cases inside the onnx package (current opsets) and Debian's
 // libonnx-testdata (pytorch-converted, pytorch-operator). Expected failures live in
-// tests/conformance_xfail.txt with a reason each; an expected failure that passes is an error too.
+// tests/conformance_xfail*.txt (one file per op family) with a
+// reason each; an expected failure that passes is an error too.
 //
 // LOPPER_CONFORMANCE_FILTER=substring runs a subset; LOPPER_CONFORMANCE_VERBOSE=1 prints each case.
 #include <ATen/ATen.h>
@@ -75,8 +76,13 @@ struct Xfail {
 
 Xfail load_xfail() {
   Xfail x;
-  std::ifstream f(std::string(LOPPER_SOURCE_DIR) + "/tests/conformance_xfail.txt");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(std::string(LOPPER_SOURCE_DIR) + "/tests"))
+    if (e.path().filename().string().rfind("conformance_xfail", 0) == 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
   std::string line;
+  for (const auto& file : files) {
+  std::ifstream f(file);
   while (std::getline(f, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream is(line);
@@ -88,6 +94,7 @@ Xfail load_xfail() {
         << "conformance_xfail.txt: '" << name << "' has no reason";
     if (name.rfind("op:", 0) == 0) x.uncovered_ops.insert(name.substr(3));
     else x.cases[name] = reason;
+  }
   }
   return x;
 }

@@ -1,5 +1,6 @@
 // lopper bench MODEL [--batch N] [--threads T] [--device cpu|cuda] [--warmup W] [--iters K] [--json]
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <algorithm>

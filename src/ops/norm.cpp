@@ -1,7 +1,226 @@
+// Normalisation ops: BatchNormalization, InstanceNormalization, LayerNormalization,
+// GroupNormalization, LpNormalization, MeanVarianceNormalization, RMSNormalization, LRN.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <numeric>
+
 #include "ops/op.h"
 
 namespace lopper::ops {
 
-void register_norm(OpTable& t) {}
+namespace {
+
+// Shape [1, C, 1, ...] for a per-channel vector against an input of `rank` dims.
+std::vector<int64_t> channel_shape(int64_t rank, int64_t c) {
+  std::vector<int64_t> s(static_cast<size_t>(std::max<int64_t>(rank, 2)), 1);
+  s[1] = c;
+  return s;
+}
+
+// Compute type for statistics: at least float32 (stash_type 1), the input's own otherwise.
+at::ScalarType stash_type_of(const OpContext& c, const at::Tensor& x) {
+  int64_t stash = c.attr_int("stash_type", 1);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  if (stash == 1) return at::promote_types(x.scalar_type(), at::kFloat);
+  if (stash == 0 || stash == 16 || stash == 10 || stash == 11) {
+    // 0: not given in old opsets; otherwise an explicit float type.
+    return stash == 0 ? x.scalar_type() : at::promote_types(x.scalar_type(), scalar_type_of(c, stash));
+  }
+  c.fail("unsupported stash_type ", stash);
+}
+
+void check_vec(const OpContext& c, const at::Tensor& t, int64_t n, const char* what) {
+  c.check(t.numel() == n, what, " must have ", n, " elements, got ", t.numel());
+}
+
+void batch_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.dim() >= 2, "input must have rank >= 2, got ", x.dim());
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  int64_t ch = x.size(1);
+  double eps = c.attr_float("epsilon", 1e-5f);
+  double momentum = c.attr_float("momentum", 0.9f);
+  bool training = c.training();
+  if (c.opset() >= 14) training = training || c.attr_int("training_mode", 0) != 0;
+  // Opsets < 14 list the running statistics as outputs of training-mode graphs.
+  if (c.opset() < 14)
+    for (size_t i = 1; i < c.num_outputs(); ++i) training = training || c.wants_output(i);
+  at::ScalarType ct = at::promote_types(x.scalar_type(), c.input(1).scalar_type());
+  auto shape = channel_shape(x.dim(), ch);
+  at::Tensor scale = c.input(1), bias = c.input(2), mean = c.input(3), var = c.input(4);
+  check_vec(c, scale, ch, "scale");
+  check_vec(c, bias, ch, "B");
+  check_vec(c, mean, ch, "mean");
+  check_vec(c, var, ch, "var");
+  at::Tensor xc = x.to(ct);
+  at::Tensor use_mean = mean, use_var = var;
+  at::Tensor batch_mean, batch_var;
+  if (training) {
+    std::vector<int64_t> dims = {0};
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    auto [v, m] = at::var_mean(xc, dims, /*correction=*/0, /*keepdim=*/false);
+    batch_mean = m;
+    batch_var = v;
+    use_mean = m;
+    use_var = v;
+  }
+  at::Tensor inv = at::rsqrt(use_var.to(ct).reshape(shape) + eps);
+  at::Tensor y = (xc - use_mean.to(ct).reshape(shape)) * inv * scale.to(ct).reshape(shape) +
+                 bias.to(ct).reshape(shape);
+  c.set_output(0, y.to(x.scalar_type()));
+  if (training) {
+    // NOTE: ONNX's momentum weighs the *old* running value (PyTorch's weighs the new one).
+    at::ScalarType st = mean.scalar_type();
+    if (c.wants_output(1))
+      c.set_output(1, (mean.to(ct) * momentum + batch_mean * (1.0 - momentum)).to(st));
+    if (c.wants_output(2))
+      c.set_output(2, (var.to(ct) * momentum + batch_var * (1.0 - momentum)).to(var.scalar_type()));
+    if (c.wants_output(3)) c.set_output(3, batch_mean.to(st));
+    if (c.wants_output(4)) c.set_output(4, batch_var.to(var.scalar_type()));
+  } else {
+    for (size_t i = 1; i < c.num_outputs(); ++i)
+      if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
+  }
+}
+
+void instance_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.dim() >= 3, "input must have rank >= 3, got ", x.dim());
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  int64_t ch = x.size(1);
+  check_vec(c, c.input(1), ch, "scale");
+  check_vec(c, c.input(2), ch, "B");
+  double eps = c.attr_float("epsilon", 1e-5f);
+  at::ScalarType ct = at::promote_types(x.scalar_type(), at::kFloat);
+  std::vector<int64_t> dims;
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  at::Tensor xc = x.to(ct);
+  auto [v, m] = at::var_mean(xc, dims, 0, true);
+  auto shape = channel_shape(x.dim(), ch);
+  at::Tensor y = (xc - m) * at::rsqrt(v + eps) * c.input(1).to(ct).reshape(shape) +
+                 c.input(2).to(ct).reshape(shape);
+  c.set_output(0, y.to(x.scalar_type()));
+}
+
+void layer_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::ScalarType ct = stash_type_of(c, x);
+  int64_t rank = x.dim();
+  c.check(rank >= 1, "input must have rank >= 1");
+  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
+  double eps = c.attr_float("epsilon", 1e-5f);
+  std::vector<int64_t> dims;
+  for (int64_t d = axis; d < rank; ++d) dims.push_back(d);
+  at::Tensor xc = x.to(ct);
+  auto [v, m] = at::var_mean(xc, dims, 0, true);
+  at::Tensor inv = at::rsqrt(v + eps);
+  at::Tensor y = ((xc - m) * inv).to(x.scalar_type()) * c.input(1);
+  if (c.has_input(2)) y = y + c.input(2);
+  c.set_output(0, y.to(x.scalar_type()));
+  if (c.wants_output(1)) c.set_output(1, m);
+  if (c.wants_output(2)) c.set_output(2, inv);
+}
+
+void group_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.dim() >= 2, "input must have rank >= 2, got ", x.dim());
+  at::ScalarType ct = c.opset() >= 21 ? stash_type_of(c, x)
+                                      : at::promote_types(x.scalar_type(), at::kFloat);
+  int64_t groups = c.attr_int("num_groups");
+  int64_t ch = x.size(1);
+  c.check(groups > 0 && ch % groups == 0, "num_groups ", groups, " must divide the ", ch,
+          " channels");
+  double eps = c.attr_float("epsilon", 1e-5f);
+  at::Tensor scale = c.input(1), bias = c.input(2);
+  if (c.opset() >= 21) {
+    check_vec(c, scale, ch, "scale");
+    check_vec(c, bias, ch, "bias");
+  } else {
+    // Opset 18: one scale and bias per group.
+    check_vec(c, scale, groups, "scale");
+    check_vec(c, bias, groups, "bias");
+    scale = scale.reshape({groups}).repeat_interleave(ch / groups);
+    bias = bias.reshape({groups}).repeat_interleave(ch / groups);
+  }
+  int64_t n = x.size(0);
+  at::Tensor xg = x.to(ct).reshape({n, groups, -1});
+  auto [v, m] = at::var_mean(xg, {2}, 0, true);
+  at::Tensor norm = ((xg - m) * at::rsqrt(v + eps)).reshape(x.sizes());
+  auto shape = channel_shape(x.dim(), ch);
+  at::Tensor y = norm * scale.to(ct).reshape(shape) + bias.to(ct).reshape(shape);
+  c.set_output(0, y.to(x.scalar_type()));
+}
+
+void lp_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), x.dim());
+  int64_t p = c.attr_int("p", 2);
+  c.check(p == 1 || p == 2, "p must be 1 or 2, got ", p);
+  if (x.dim() == 0) {
+    c.set_output(0, at::where(x == 0, at::zeros_like(x), x / x.abs()));
+    return;
+  }
+  at::Tensor norm = p == 1 ? x.abs().sum({axis}, true) : x.square().sum({axis}, true).sqrt();
+  // Zero vectors stay zero (0/0 would be NaN).
+  at::Tensor safe = at::where(norm == 0, at::ones_like(norm), norm);
+  c.set_output(0, at::where(norm == 0, at::zeros_like(x), x / safe));
+}
+
+void mvn(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  auto axes = c.attr_ints("axes", {0, 2, 3});
+  std::vector<int64_t> dims;
+  for (int64_t a : axes) dims.push_back(normalize_axis(c, a, x.dim()));
+  at::Tensor mean = x.mean(dims, true);
+  at::Tensor var = (x.square().mean(dims, true) - mean.square()).clamp_min(0);
+  c.set_output(0, (x - mean) / (var.sqrt() + 1e-9));
+}
+
+void rms_norm(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::ScalarType ct = stash_type_of(c, x);
+  int64_t rank = x.dim();
+  c.check(rank >= 1, "input must have rank >= 1");
+  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
+  double eps = c.attr_float("epsilon", 1e-5f);
+  std::vector<int64_t> dims;
+  for (int64_t d = axis; d < rank; ++d) dims.push_back(d);
+  at::Tensor xc = x.to(ct);
+  at::Tensor y = xc * at::rsqrt(xc.square().mean(dims, true) + eps);
+  c.set_output(0, (y.to(x.scalar_type()) * c.input(1)).to(x.scalar_type()));
+}
+
+void lrn(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.dim() >= 2, "input must have rank >= 2, got ", x.dim());
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  int64_t size = c.attr_int("size");
+  c.check(size >= 1, "size must be >= 1, got ", size);
+  double alpha = c.attr_float("alpha", 1e-4f);
+  double beta = c.attr_float("beta", 0.75f);
+  double bias = c.attr_float("bias", 1.0f);
+  int64_t before = (size - 1) / 2, after = size - 1 - before;
+  // Sum of squares over a window of channels: pad the channel dim, then slide.
+  at::Tensor sq = x.square().transpose(1, -1);
+  at::Tensor padded = at::constant_pad_nd(sq, {before, after}, 0);
+  at::Tensor sum = padded.unfold(-1, size, 1).sum(-1).transpose(1, -1);
+  c.set_output(0, x / at::pow(sum * (alpha / static_cast<double>(size)) + bias, beta));
+}
+
+}  // namespace
+
+void register_norm(OpTable& t) {
+  t.add({"", "BatchNormalization", batch_norm});
+  t.add({"", "InstanceNormalization", instance_norm});
+  t.add({"", "LayerNormalization", layer_norm});
+  t.add({"", "GroupNormalization", group_norm});
+  t.add({"", "LpNormalization", lp_norm});
+  t.add({"", "MeanVarianceNormalization", mvn});
+  t.add({"", "RMSNormalization", rms_norm});
+  t.add({"", "LRN", lrn});
+}
 
 }  // namespace lopper::ops

@@ -1,7 +1,182 @@
+// Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
 #include "ops/op.h"
 
 namespace lopper::ops {
+namespace {
 
-void register_conv(OpTable& t) {}
+struct ConvGeometry {
+  std::vector<int64_t> kernel, strides, dilations, pads_begin, pads_end;
+  int64_t group = 1;
+};
+
+// Reads the shared attributes; `in_spatial` are the input's spatial sizes.
+ConvGeometry read_geometry(const AttrReader& c, const at::Tensor& w, at::IntArrayRef in_spatial,
+                           bool transposed) {
+  size_t n = in_spatial.size();
+  ConvGeometry g;
+  g.kernel = c.attr_ints("kernel_shape", {});
+  if (g.kernel.empty())
+    for (size_t i = 0; i < n; ++i) g.kernel.push_back(w.size(2 + i));
+  c.check(g.kernel.size() == n, "kernel_shape has ", g.kernel.size(), " dims, input has ", n,
+          " spatial dims");
+  for (size_t i = 0; i < n; ++i)
+    c.check(g.kernel[i] == w.size(2 + i), "kernel_shape ", g.kernel[i], " != weight dim ",
+            w.size(2 + i));
+  g.strides = c.attr_ints("strides", std::vector<int64_t>(n, 1));
+  g.dilations = c.attr_ints("dilations", std::vector<int64_t>(n, 1));
+  g.group = c.attr_int("group", 1);
+  c.check(g.strides.size() == n && g.dilations.size() == n, "strides/dilations need ", n,
+          " values");
+  for (size_t i = 0; i < n; ++i)
+    c.check(g.strides[i] > 0 && g.dilations[i] > 0, "strides and dilations must be positive");
+  c.check(g.group > 0, "group must be positive, got ", g.group);
+  auto pads = c.attr_ints("pads", std::vector<int64_t>(2 * n, 0));
+  c.check(pads.size() == 2 * n, "pads needs ", 2 * n, " values, got ", pads.size());
+  for (int64_t p : pads) c.check(p >= 0, "negative pads are not allowed");
+  g.pads_begin.assign(pads.begin(), pads.begin() + n);
+  g.pads_end.assign(pads.begin() + n, pads.end());
+  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  if (auto_pad == "VALID") {
+    std::fill(g.pads_begin.begin(), g.pads_begin.end(), 0);
+    std::fill(g.pads_end.begin(), g.pads_end.end(), 0);
+  } else if ((auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") && !transposed) {
+    for (size_t i = 0; i < n; ++i) {
+      int64_t out = (in_spatial[i] + g.strides[i] - 1) / g.strides[i];
+      int64_t eff = (g.kernel[i] - 1) * g.dilations[i] + 1;
+      int64_t total = std::max<int64_t>(0, (out - 1) * g.strides[i] + eff - in_spatial[i]);
+      int64_t small = total / 2, large = total - small;
+      g.pads_begin[i] = auto_pad == "SAME_UPPER" ? small : large;
+      g.pads_end[i] = auto_pad == "SAME_UPPER" ? large : small;
+    }
+  } else if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER") {
+    c.fail("unknown auto_pad '", auto_pad, "'");
+  }
+  return g;
+}
+
+// ATen's constant_pad_nd takes pads for the last dim first.
+at::Tensor pad_spatial(const at::Tensor& x, const std::vector<int64_t>& begin,
+                       const std::vector<int64_t>& end) {
+  std::vector<int64_t> p;
+  for (size_t i = begin.size(); i-- > 0;) {
+    p.push_back(begin[i]);
+    p.push_back(end[i]);
+  }
+  return at::constant_pad_nd(x, p, 0);
+}
+
+void conv_forward(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& w = c.input(1);
+  c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
+  c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
+  at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
+  auto g = read_geometry(c, w, x.sizes().slice(2), false);
+  c.check(x.size(1) == w.size(1) * g.group, "input has ", x.size(1), " channels, weight expects ",
+          w.size(1) * g.group, " (", w.size(1), " x group ", g.group, ")");
+  c.check(w.size(0) % g.group == 0, "output channels ", w.size(0), " not divisible by group ",
+          g.group);
+  if (b.defined()) c.check(b.dim() == 1 && b.size(0) == w.size(0), "bias must be [", w.size(0), "]");
+  at::Tensor in = x;
+  std::vector<int64_t> padding = g.pads_begin;
+  if (g.pads_begin != g.pads_end) {
+    in = pad_spatial(x, g.pads_begin, g.pads_end);
+    std::fill(padding.begin(), padding.end(), 0);
+  }
+  c.set_output(0, at::convolution(in, w, b, g.strides, padding, g.dilations, false,
+                                  std::vector<int64_t>(padding.size(), 0), g.group));
+}
+
+int64_t conv_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 2 || m.out_shapes.empty() || m.out_shapes[0].size() < 3) return 0;
+  const auto& w = m.in_shapes[1];  // [Cout, Cin/group, k...]
+  const auto& y = m.out_shapes[0];  // [N, Cout, out...]
+  int64_t per_output = 1;
+  for (size_t i = 1; i < w.size(); ++i) per_output *= w[i];
+  return numel_of(y) * per_output;
+}
+
+void conv_transpose_forward(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& w = c.input(1);  // [Cin, Cout/group, k...]
+  c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
+  c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
+  at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
+  auto in_spatial = x.sizes().slice(2);
+  size_t n = in_spatial.size();
+  auto g = read_geometry(c, w, in_spatial, true);
+  c.check(x.size(1) == w.size(0), "input has ", x.size(1), " channels, weight expects ", w.size(0));
+  c.check(w.size(0) % g.group == 0, "input channels ", w.size(0), " not divisible by group ",
+          g.group);
+  int64_t out_channels = w.size(1) * g.group;
+  if (b.defined())
+    c.check(b.dim() == 1 && b.size(0) == out_channels, "bias must be [", out_channels, "]");
+  auto output_padding = c.attr_ints("output_padding", std::vector<int64_t>(n, 0));
+  c.check(output_padding.size() == n, "output_padding needs ", n, " values");
+  auto output_shape = c.attr_ints("output_shape", {});
+  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  if (output_shape.size() == n + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
+  c.check(output_shape.empty() || output_shape.size() == n, "output_shape needs ", n, " values");
+
+  std::vector<int64_t> full(n);  // output size with no padding
+  for (size_t i = 0; i < n; ++i)
+    full[i] = (in_spatial[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] + 1;
+  if (!output_shape.empty() || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t i = 0; i < n; ++i) {
+      int64_t target = !output_shape.empty() ? output_shape[i] : in_spatial[i] * g.strides[i];
+      int64_t total = full[i] + output_padding[i] - target;
+      // NOTE: floor division, as ONNX's reference computes it; a negative total (an output larger
+      // than the kernel's reach) then zero-extends the end.
+      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      if (auto_pad == "SAME_UPPER") {
+        g.pads_begin[i] = half;
+        g.pads_end[i] = total - half;
+      } else {
+        g.pads_begin[i] = total - half;
+        g.pads_end[i] = half;
+      }
+    }
+  }
+  bool simple = true;
+  for (size_t i = 0; i < n; ++i)
+    simple &= g.pads_begin[i] == g.pads_end[i] && g.pads_begin[i] >= 0 &&
+              output_padding[i] < std::max(g.strides[i], g.dilations[i]);
+  if (simple) {
+    c.set_output(0, at::convolution(x, w, b, g.strides, g.pads_begin, g.dilations, true,
+                                    output_padding, g.group));
+    return;
+  }
+  // General case: the full output, then crop (or zero-extend) each side, then the bias.
+  at::Tensor y = at::convolution(x, w, {}, g.strides, std::vector<int64_t>(n, 0), g.dilations, true,
+                                 std::vector<int64_t>(n, 0), g.group);
+  std::vector<int64_t> p;
+  for (size_t i = n; i-- > 0;) {
+    p.push_back(-g.pads_begin[i]);
+    p.push_back(-g.pads_end[i] + output_padding[i]);
+  }
+  y = at::constant_pad_nd(y, p, 0);
+  if (b.defined()) {
+    std::vector<int64_t> shape(x.dim(), 1);
+    shape[1] = out_channels;
+    y = y + b.view(shape);
+  }
+  c.set_output(0, y);
+}
+
+int64_t conv_transpose_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 2 || m.in_shapes[0].size() < 3) return 0;
+  const auto& x = m.in_shapes[0];  // [N, Cin, in...]
+  const auto& w = m.in_shapes[1];  // [Cin, Cout/group, k...]
+  int64_t per_input = 1;
+  for (size_t i = 1; i < w.size(); ++i) per_input *= w[i];
+  return numel_of(x) * per_input;
+}
+
+}  // namespace
+
+void register_conv(OpTable& t) {
+  t.add({"", "Conv", conv_forward, conv_macs});
+  t.add({"", "ConvTranspose", conv_transpose_forward, conv_transpose_macs});
+}
 
 }  // namespace lopper::ops

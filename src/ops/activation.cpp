@@ -1,7 +1,118 @@
+// Activations and the softmax family.
+#include <ATen/ATen.h>
+
 #include "ops/op.h"
 
 namespace lopper::ops {
 
-void register_activation(OpTable& t) {}
+namespace {
+
+// Runs `fn(x2d_or_x, dim)` with ONNX's axis rule: before opset 13 the input is seen as 2-D
+// [prod(dims before axis), prod(dims from axis)] (default axis 1); from 13 it works on one axis
+// (default -1).
+at::Tensor along_axis(const OpContext& c, const at::Tensor& x,
+                      at::Tensor (*fn)(const at::Tensor&, int64_t)) {
+  int64_t rank = x.dim();
+  if (c.opset() < 13) {
+    int64_t axis = c.attr_int("axis", 1);
+    if (rank == 0) return fn(x.reshape({1, 1}), 1).reshape({});
+    axis = normalize_axis(c, axis, rank);
+    int64_t outer = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= x.size(i);
+    int64_t inner = 1;
+    for (int64_t i = axis; i < rank; ++i) inner *= x.size(i);
+    return fn(x.reshape({outer, inner}), 1).reshape(x.sizes());
+  }
+  int64_t axis = c.attr_int("axis", -1);
+  if (rank == 0) return fn(x.reshape({1}), 0).reshape({});
+  return fn(x, normalize_axis(c, axis, rank));
+}
+
+at::Tensor hardmax(const at::Tensor& x, int64_t dim) {
+  if (x.numel() == 0) return at::zeros_like(x);
+  // argmax returns the first maximal index, as ONNX asks.
+  at::Tensor idx = at::argmax(x, dim, /*keepdim=*/true);
+  return at::zeros_like(x).scatter(dim, idx, 1);
+}
+
+void unary(OpTable& t, const char* name, std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
+  t.add({"", name, [fn](OpContext& c) { c.set_output(0, fn(c, c.input(0))); }});
+}
+
+}  // namespace
+
+void register_activation(OpTable& t) {
+  unary(t, "Relu", [](OpContext&, const at::Tensor& x) { return at::relu(x); });
+  unary(t, "LeakyRelu", [](OpContext& c, const at::Tensor& x) {
+    return at::leaky_relu(x, c.attr_float("alpha", 0.01f));
+  });
+  t.add({"", "PRelu", [](OpContext& c) {
+           const at::Tensor& x = c.input(0);
+           at::Tensor slope = c.input(1);
+           if (c.opset() < 7 && slope.dim() == 1 && x.dim() >= 2 && slope.size(0) == x.size(1) &&
+               slope.size(0) != 1) {
+             // PRelu-6: a 1-D slope is per channel (axis 1).
+             std::vector<int64_t> shape(x.dim() - 1, 1);
+             shape[0] = slope.size(0);
+             slope = slope.reshape(shape);
+           }
+           // NOTE: ONNX broadcasts the slope numpy-style (at::prelu wants it per channel).
+           at::Tensor r = at::where(x < 0, x * slope, x);
+           c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
+         }});
+  unary(t, "Sigmoid", [](OpContext&, const at::Tensor& x) { return at::sigmoid(x); });
+  unary(t, "HardSigmoid", [](OpContext& c, const at::Tensor& x) {
+    double alpha = c.attr_float("alpha", 0.2f), beta = c.attr_float("beta", 0.5f);
+    return at::clamp(x * alpha + beta, 0.0, 1.0);
+  });
+  unary(t, "HardSwish", [](OpContext&, const at::Tensor& x) {
+    return x * at::clamp(x * (1.0 / 6.0) + 0.5, 0.0, 1.0);
+  });
+  unary(t, "Tanh", [](OpContext&, const at::Tensor& x) { return at::tanh(x); });
+  unary(t, "Softplus", [](OpContext&, const at::Tensor& x) {
+    // log(1 + exp(x)), stable for large |x|.
+    return at::clamp_min(x, 0) + at::log1p(at::exp(-at::abs(x)));
+  });
+  unary(t, "Softsign", [](OpContext&, const at::Tensor& x) { return x / (at::abs(x) + 1); });
+  unary(t, "Elu", [](OpContext& c, const at::Tensor& x) {
+    double alpha = c.attr_float("alpha", 1.0f);
+    return at::elu(x, alpha);
+  });
+  unary(t, "Selu", [](OpContext& c, const at::Tensor& x) {
+    double alpha = c.attr_float("alpha", 1.67326319217681884765625f);
+    double gamma = c.attr_float("gamma", 1.05070102214813232421875f);
+    return at::elu(x, alpha, gamma);
+  });
+  unary(t, "Celu", [](OpContext& c, const at::Tensor& x) {
+    double alpha = c.attr_float("alpha", 1.0f);
+    return at::celu(x, alpha);
+  });
+  unary(t, "Gelu", [](OpContext& c, const at::Tensor& x) {
+    std::string approx = c.attr_string("approximate", "none");
+    c.check(approx == "none" || approx == "tanh", "approximate must be none or tanh, got '",
+            approx, "'");
+    return at::gelu(x, approx);
+  });
+  unary(t, "Mish", [](OpContext&, const at::Tensor& x) {
+    return at::mish(x);
+  });
+  unary(t, "ThresholdedRelu", [](OpContext& c, const at::Tensor& x) {
+    double alpha = c.attr_float("alpha", 1.0f);
+    return at::where(x > alpha, x, at::zeros({}, x.options()));
+  });
+  unary(t, "Shrink", [](OpContext& c, const at::Tensor& x) {
+    double bias = c.attr_float("bias", 0.0f), lambd = c.attr_float("lambd", 0.5f);
+    at::Tensor zero = at::zeros({}, x.options());
+    at::Tensor r = at::where(x < -lambd, x + bias, at::where(x > lambd, x - bias, zero));
+    return r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type());
+  });
+  unary(t, "Softmax", [](OpContext& c, const at::Tensor& x) {
+    return along_axis(c, x, [](const at::Tensor& v, int64_t d) { return at::softmax(v, d); });
+  });
+  unary(t, "LogSoftmax", [](OpContext& c, const at::Tensor& x) {
+    return along_axis(c, x, [](const at::Tensor& v, int64_t d) { return at::log_softmax(v, d); });
+  });
+  unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });
+}
 
 }  // namespace lopper::ops

@@ -1,7 +1,624 @@
+// Miscellaneous ops: Resize, Upsample, Einsum, Attention and the random generators.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+
 #include "ops/op.h"
 
 namespace lopper::ops {
 
-void register_misc(OpTable& t) {}
+namespace {
+
+// --- Resize ---------------------------------------------------------------------------------
+
+enum class Interp { kNearest, kLinear, kCubic };
+
+struct ResizeOpts {
+  Interp mode = Interp::kNearest;
+  std::string coord = "half_pixel";
+  std::string nearest = "round_prefer_floor";  // "simple": opset < 11 / Upsample
+  double cubic_a = -0.75;
+  bool exclude_outside = false;
+  bool antialias = false;
+  double extrapolation = 0.0;
+};
+
+// Source coordinate of output index y along one axis; sets `outside` for tf_crop_and_resize.
+double source_coord(const OpContext& c, const ResizeOpts& o, double y, double scale, int64_t in,
+                    int64_t out, double roi_lo, double roi_hi, bool& outside) {
+  double out_w = scale * static_cast<double>(in);
+  outside = false;
+  const std::string& m = o.coord;
+  if (m == "half_pixel") return (y + 0.5) / scale - 0.5;
+  if (m == "asymmetric") return y / scale;
+  if (m == "align_corners") return out_w == 1 ? 0.0 : y * (in - 1) / (out_w - 1);
+  if (m == "pytorch_half_pixel") return out_w == 1 ? -0.5 : (y + 0.5) / scale - 0.5;
+  if (m == "half_pixel_symmetric") {
+    double adjustment = static_cast<double>(out) / out_w;
+    double offset = in / 2.0 * (1 - adjustment);
+    return offset + (y + 0.5) / scale - 0.5;
+  }
+  if (m == "tf_crop_and_resize") {
+    double x = out_w == 1 ? (roi_hi - roi_lo) * (in - 1) / 2.0
+                          : y * (roi_hi - roi_lo) * (in - 1) / (out_w - 1);
+    x += roi_lo * (in - 1);
+    outside = x < 0 || x > in - 1;
+    return x;
+  }
+  c.fail("unknown coordinate_transformation_mode '", m, "'");
+}
+
+std::vector<double> resize_coeffs(const ResizeOpts& o, double ratio, double scale) {
+  if (o.mode == Interp::kNearest) {
+    if (ratio == std::floor(ratio)) return {0, 1};
+    if (o.nearest == "round_prefer_floor") return {double(ratio <= 0.5), double(ratio > 0.5)};
+    if (o.nearest == "round_prefer_ceil") return {double(ratio < 0.5), double(ratio >= 0.5)};
+    if (o.nearest == "floor") return {1, 0};
+    return {0, 1};  // ceil
+  }
+  if (o.mode == Interp::kLinear) {
+    if (!o.antialias) return {1 - ratio, ratio};
+    double s = std::min(scale, 1.0);
+    int64_t start = static_cast<int64_t>(std::floor(-1 / s) + 1);
+    int64_t n = 2 - 2 * start;
+    std::vector<double> w;
+    double sum = 0;
+    for (int64_t i = start; i < start + n; ++i) {
+      double v = std::clamp(1 - std::abs((i - ratio) * s), 0.0, 1.0);
+      w.push_back(v);
+      sum += v;
+    }
+    for (double& v : w) v /= sum;
+    return w;
+  }
+  double a = o.cubic_a;
+  auto kernel = [a](double x) {
+    x = std::abs(x);
+    if (x <= 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+    if (x < 2) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+    return 0.0;
+  };
+  if (!o.antialias) return {kernel(ratio + 1), kernel(ratio), kernel(1 - ratio), kernel(2 - ratio)};
+  double s = std::min(scale, 1.0);
+  int64_t start = static_cast<int64_t>(std::floor(-2 / s) + 1);
+  int64_t end = 2 - start;
+  std::vector<double> w;
+  double sum = 0;
+  for (int64_t i = start; i < end; ++i) {
+    double v = kernel(s * (i - ratio));
+    w.push_back(v);
+    sum += v;
+  }
+  for (double& v : w) v /= sum;
+  return w;
+}
+
+// Resizes one axis of x (already in a floating compute type, or any type for nearest).
+at::Tensor resize_axis(const OpContext& c, const ResizeOpts& o, const at::Tensor& x, int64_t axis,
+                       double scale, int64_t out, double roi_lo, double roi_hi) {
+  int64_t in = x.size(axis);
+  if (out == 0 || in == 0) {
+    auto shape = x.sizes().vec();
+    shape[axis] = out;
+    c.check(out == 0, "cannot resize an empty axis to ", out);
+    return at::empty(shape, x.options());
+  }
+  std::vector<int64_t> idx;
+  std::vector<double> coef;
+  std::vector<uint8_t> outside_flags;
+  bool any_outside = false;
+  int64_t n = 0;
+  for (int64_t y = 0; y < out; ++y) {
+    bool outside = false;
+    double xo = source_coord(c, o, static_cast<double>(y), scale, in, out, roi_lo, roi_hi, outside);
+    any_outside |= outside;
+    outside_flags.push_back(outside);
+    if (o.nearest == "simple") {
+      // Upsample and Resize-10: floor when enlarging, ceil when shrinking.
+      int64_t i = static_cast<int64_t>(scale < 1 ? std::ceil(xo) : std::floor(xo));
+      idx.push_back(std::clamp<int64_t>(i, 0, in - 1));
+      coef.push_back(1);
+      n = 1;
+      continue;
+    }
+    double xf = std::floor(xo);
+    double ratio = xo == xf ? 1.0 : xo - xf;
+    std::vector<double> w = resize_coeffs(o, ratio, scale);
+    int64_t k = static_cast<int64_t>(w.size());
+    c.check(n == 0 || n == k, "inconsistent resize footprint");
+    n = k;
+    // NOTE: the neighbourhood of x: for an even footprint it starts floor(x) - k/2 + 1, except
+    // at integral x where it starts one lower (its ratio is then 1, not 0).
+    int64_t pw = (k + 1) / 2;
+    double xp = xo + pw;
+    double p = std::floor(xp);
+    double frac = xp - p;
+    int64_t off;
+    if (k % 2 == 0) off = frac == 0 ? -(k / 2) : -(k / 2) + 1;
+    else off = frac <= 0.5 ? -((k - 1) / 2) : -((k - 1) / 2) + 1;
+    int64_t start = static_cast<int64_t>(p) + off - pw;
+    if (o.exclude_outside) {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t at = start + j;
+        if (at < 0 || at >= in) w[j] = 0;
+        sum += w[j];
+      }
+      if (sum != 0)
+        for (double& v : w) v /= sum;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      idx.push_back(std::clamp<int64_t>(start + j, 0, in - 1));
+      coef.push_back(w[j]);
+    }
+  }
+  at::Tensor result;
+  auto cpu_long = at::TensorOptions().dtype(at::kLong);
+  if (o.mode == Interp::kNearest) {
+    std::vector<int64_t> pick(static_cast<size_t>(out));
+    for (int64_t y = 0; y < out; ++y) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < n; ++j)
+        if (coef[y * n + j] > coef[y * n + best]) best = j;
+      pick[y] = idx[y * n + best];
+    }
+    at::Tensor it = at::tensor(pick, cpu_long).to(x.device());
+    result = x.index_select(axis, it);
+  } else {
+    at::Tensor it = at::tensor(idx, cpu_long).to(x.device());
+    at::Tensor g = x.index_select(axis, it);
+    auto shape = x.sizes().vec();
+    shape[axis] = out;
+    shape.insert(shape.begin() + axis + 1, n);
+    g = g.view(shape);
+    std::vector<int64_t> wshape(shape.size(), 1);
+    wshape[axis] = out;
+    wshape[axis + 1] = n;
+    at::Tensor w = at::tensor(coef, at::TensorOptions().dtype(at::kDouble))
+                       .to(x.device(), x.scalar_type())
+                       .view(wshape);
+    result = (g * w).sum(axis + 1);
+  }
+  if (any_outside) {
+    std::vector<int64_t> mshape(static_cast<size_t>(x.dim()), 1);
+    mshape[axis] = out;
+    at::Tensor mask = at::tensor(std::vector<int64_t>(outside_flags.begin(), outside_flags.end()),
+                                 cpu_long)
+                          .to(x.device())
+                          .ne(0)
+                          .view(mshape);
+    result = at::where(mask, at::scalar_tensor(o.extrapolation, result.options()), result);
+  }
+  return result;
+}
+
+// Resizes x given per-axis scales/sizes for every dim.
+at::Tensor resize_core(const OpContext& c, const ResizeOpts& o, const at::Tensor& x,
+                       const std::vector<double>& scales, const std::vector<int64_t>& sizes,
+                       const std::vector<double>& roi) {
+  int64_t r = x.dim();
+  bool nearest = o.mode == Interp::kNearest;
+  at::ScalarType ct = x.scalar_type();
+  if (!nearest) {
+    c.check(x.scalar_type() != at::kBool, "linear/cubic resize of bool is not supported");
+    ct = x.is_floating_point() ? at::promote_types(x.scalar_type(), at::kFloat) : at::kFloat;
+  }
+  at::Tensor y = x.to(ct);
+  for (int64_t a = 0; a < r; ++a) {
+    double lo = roi.empty() ? 0.0 : roi[a], hi = roi.empty() ? 1.0 : roi[a + r];
+    bool tf = o.coord == "tf_crop_and_resize";
+    if (std::abs(scales[a] - 1.0) < 1e-9 && sizes[a] == x.size(a) &&
+        (!tf || (std::abs(lo) < 1e-9 && std::abs(hi - 1.0) < 1e-9)))
+      continue;
+    c.check(scales[a] > 0, "scales must be positive, got ", scales[a]);
+    y = resize_axis(c, o, y, a, scales[a], sizes[a], lo, hi);
+  }
+  if (ct != x.scalar_type()) {
+    if (at::isIntegralType(x.scalar_type(), false)) y = y.round();
+    y = y.to(x.scalar_type());
+  }
+  return y;
+}
+
+ResizeOpts resize_opts(const OpContext& c, bool legacy) {
+  ResizeOpts o;
+  std::string mode = c.attr_string("mode", "nearest");
+  if (mode == "nearest") o.mode = Interp::kNearest;
+  else if (mode == "linear" || mode == "bilinear" || mode == "trilinear") o.mode = Interp::kLinear;
+  else if (mode == "cubic" && !legacy) o.mode = Interp::kCubic;
+  else c.fail("unsupported mode '", mode, "'");
+  if (legacy) {
+    o.coord = "asymmetric";
+    o.nearest = "simple";
+    return o;
+  }
+  o.coord = c.attr_string("coordinate_transformation_mode", "half_pixel");
+  o.nearest = c.attr_string("nearest_mode", "round_prefer_floor");
+  if (o.nearest != "round_prefer_floor" && o.nearest != "round_prefer_ceil" &&
+      o.nearest != "floor" && o.nearest != "ceil")
+    c.fail("unknown nearest_mode '", o.nearest, "'");
+  o.cubic_a = c.attr_float("cubic_coeff_a", -0.75f);
+  o.exclude_outside = c.attr_int("exclude_outside", 0) != 0;
+  o.antialias = c.opset() >= 18 && c.attr_int("antialias", 0) != 0;
+  o.extrapolation = c.attr_float("extrapolation_value", 0.0f);
+  if (o.antialias) c.check(o.mode != Interp::kNearest, "antialias is not defined for nearest");
+  return o;
+}
+
+std::vector<double> to_double_vector(const at::Tensor& t) {
+  at::Tensor d = t.detach().to(at::kCPU).to(at::kDouble).contiguous().view({-1});
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+void resize(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  int64_t r = x.dim();
+  c.check(r >= 1, "input must have rank >= 1");
+  bool legacy = c.opset() < 11;
+  ResizeOpts o = resize_opts(c, legacy);
+  std::vector<double> scales_in, roi_in;
+  std::vector<int64_t> sizes_in;
+  if (legacy) {
+    scales_in = to_double_vector(c.input(1));
+  } else {
+    if (c.has_input(1)) roi_in = to_double_vector(c.input(1));
+    if (c.has_input(2)) scales_in = to_double_vector(c.input(2));
+    if (c.has_input(3)) sizes_in = to_int_vector(c.input(3));
+  }
+  c.check(scales_in.empty() != sizes_in.empty(), "exactly one of scales and sizes must be given");
+  std::vector<int64_t> axes;
+  if (c.opset() >= 18 && c.has_attr("axes")) {
+    for (int64_t a : c.attr_ints("axes")) axes.push_back(normalize_axis(c, a, r));
+    for (size_t i = 0; i < axes.size(); ++i)
+      for (size_t j = 0; j < i; ++j) c.check(axes[i] != axes[j], "axes has duplicates");
+  } else {
+    for (int64_t a = 0; a < r; ++a) axes.push_back(a);
+  }
+  size_t na = axes.size();
+  std::vector<double> scales(static_cast<size_t>(r), 1.0);
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  std::vector<double> roi;
+  if (o.coord == "tf_crop_and_resize") {
+    c.check(roi_in.size() == 2 * na, "roi must have ", 2 * na, " values, got ", roi_in.size());
+    roi.assign(static_cast<size_t>(2 * r), 0.0);
+    for (int64_t a = 0; a < r; ++a) roi[a + r] = 1.0;
+    for (size_t i = 0; i < na; ++i) {
+      roi[axes[i]] = roi_in[i];
+      roi[axes[i] + r] = roi_in[i + na];
+    }
+  }
+  if (!scales_in.empty()) {
+    c.check(scales_in.size() == na, "scales must have ", na, " values, got ", scales_in.size());
+    for (size_t i = 0; i < na; ++i) {
+      c.check(scales_in[i] > 0, "scales must be positive");
+      scales[axes[i]] = scales_in[i];
+      sizes[axes[i]] = static_cast<int64_t>(std::floor(scales_in[i] * x.size(axes[i])));
+    }
+  } else {
+    c.check(sizes_in.size() == na, "sizes must have ", na, " values, got ", sizes_in.size());
+    for (size_t i = 0; i < na; ++i) {
+      c.check(sizes_in[i] >= 0, "sizes must be >= 0");
+      c.check(x.size(axes[i]) > 0 || sizes_in[i] == 0, "cannot resize an empty axis");
+      sizes[axes[i]] = sizes_in[i];
+      scales[axes[i]] = x.size(axes[i]) ? double(sizes_in[i]) / x.size(axes[i]) : 1.0;
+    }
+    std::string policy = c.opset() >= 18 ? c.attr_string("keep_aspect_ratio_policy", "stretch")
+                                         : "stretch";
+    if (policy != "stretch") {
+      c.check(policy == "not_larger" || policy == "not_smaller", "unknown keep_aspect_ratio_policy '",
+              policy, "'");
+      double s = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
+      for (int64_t a : axes) s = policy == "not_larger" ? std::min(s, scales[a]) : std::max(s, scales[a]);
+      for (int64_t a : axes) {
+        scales[a] = s;
+        sizes[a] = static_cast<int64_t>(s * x.size(a) + 0.5);
+      }
+    }
+  }
+  c.set_output(0, resize_core(c, o, x, scales, sizes, roi));
+}
+
+void upsample(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  ResizeOpts o = resize_opts(c, true);
+  std::vector<double> scales;
+  if (c.has_input(1)) scales = to_double_vector(c.input(1));
+  else for (float f : c.attr_floats("scales")) scales.push_back(f);
+  c.check(scales.size() == static_cast<size_t>(x.dim()), "scales must have ", x.dim(),
+          " values, got ", scales.size());
+  std::vector<int64_t> sizes;
+  for (int64_t a = 0; a < x.dim(); ++a) {
+    c.check(scales[a] >= 1, "Upsample scales must be >= 1, got ", scales[a]);
+    sizes.push_back(static_cast<int64_t>(std::floor(scales[a] * x.size(a))));
+  }
+  c.set_output(0, resize_core(c, o, x, scales, sizes, {}));
+}
+
+// --- Einsum ---------------------------------------------------------------------------------
+
+std::string strip_spaces(const std::string& s) {
+  std::string out;
+  for (char ch : s)
+    if (ch != ' ') out += ch;
+  return out;
+}
+
+void einsum(OpContext& c) {
+  std::string eq = strip_spaces(c.attr_string("equation", ""));
+  c.check(!eq.empty(), "missing required attribute 'equation'");
+  std::vector<at::Tensor> ins;
+  for (size_t i = 0; i < c.num_inputs(); ++i) ins.push_back(c.input(i));
+  c.check(!ins.empty(), "needs at least one input");
+  at::Tensor y = at::einsum(eq, ins);
+  c.set_output(0, y.to(ins[0].scalar_type()));
+}
+
+int64_t einsum_macs(const MacContext& m) {
+  std::string eq = strip_spaces(m.attr_string("equation", ""));
+  std::string lhs = eq.substr(0, eq.find("->"));
+  std::map<char, int64_t> dims;
+  std::vector<int64_t> ell;  // broadcast of the "..." parts, right-aligned
+  size_t term = 0, start = 0;
+  while (start <= lhs.size() && term < m.in_shapes.size()) {
+    size_t end = lhs.find(',', start);
+    if (end == std::string::npos) end = lhs.size();
+    std::string t = lhs.substr(start, end - start);
+    const auto& shape = m.in_shapes[term];
+    size_t letters = 0;
+    for (char ch : t)
+      if (std::isalpha(static_cast<unsigned char>(ch))) ++letters;
+    size_t ell_rank = shape.size() >= letters ? shape.size() - letters : 0;
+    size_t d = 0;
+    for (size_t i = 0; i < t.size() && d <= shape.size(); ++i) {
+      if (t[i] == '.') {
+        if (t.compare(i, 3, "...") == 0) {
+          std::vector<int64_t> part(shape.begin() + d, shape.begin() + d + ell_rank);
+          if (part.size() > ell.size()) ell.insert(ell.begin(), part.size() - ell.size(), 1);
+          for (size_t k = 0; k < part.size(); ++k) {
+            int64_t& e = ell[ell.size() - part.size() + k];
+            e = std::max(e, part[k]);
+          }
+          d += ell_rank;
+          i += 2;
+        }
+        continue;
+      }
+      if (d < shape.size()) dims[t[i]] = std::max(dims[t[i]], shape[d]);
+      ++d;
+    }
+    ++term;
+    start = end + 1;
+  }
+  int64_t macs = numel_of(ell);
+  for (const auto& [ch, n] : dims) macs *= n;
+  return macs;
+}
+
+// --- Attention ------------------------------------------------------------------------------
+
+void attention(OpContext& c) {
+  at::Tensor q = c.input(0), k = c.input(1), v = c.input(2);
+  c.check(q.is_floating_point(), "Q must be a floating-point tensor");
+  c.check(q.dim() == k.dim() && q.dim() == v.dim() && (q.dim() == 3 || q.dim() == 4),
+          "Q, K and V must all be 3-D or all 4-D");
+  at::ScalarType qt = q.scalar_type();
+  bool rank3 = q.dim() == 3;
+  int64_t batch = q.size(0);
+  if (rank3) {
+    int64_t hq = c.attr_int("q_num_heads"), hkv = c.attr_int("kv_num_heads");
+    c.check(hq > 0 && hkv > 0, "q_num_heads and kv_num_heads must be positive");
+    c.check(q.size(2) % hq == 0 && k.size(2) % hkv == 0 && v.size(2) % hkv == 0,
+            "hidden sizes must be divisible by the head counts");
+    q = q.view({batch, q.size(1), hq, -1}).transpose(1, 2);
+    k = k.view({batch, k.size(1), hkv, -1}).transpose(1, 2);
+    v = v.view({batch, v.size(1), hkv, -1}).transpose(1, 2);
+  }
+  c.check(k.size(0) == batch && v.size(0) == batch, "batch sizes differ");
+  c.check(q.size(3) == k.size(3), "Q and K head sizes differ");
+  c.check(k.size(1) == v.size(1) && k.size(2) == v.size(2), "K and V shapes do not match");
+  bool has_past = c.has_input(4) || c.has_input(5);
+  if (has_past) {
+    c.check(c.has_input(4) && c.has_input(5), "past_key and past_value must be given together");
+    k = at::cat({c.input(4), k}, 2);
+    v = at::cat({c.input(5), v}, 2);
+  }
+  if (c.wants_output(1)) c.set_output(1, k);
+  if (c.wants_output(2)) c.set_output(2, v);
+  int64_t past_len = has_past ? c.input(4).size(2) : 0;
+  int64_t sq = q.size(2), skv = k.size(2);
+  int64_t hq = q.size(1), hk = k.size(1);
+  c.check(hq % hk == 0, "query heads (", hq, ") must be a multiple of key/value heads (", hk, ")");
+  if (hq != hk) {
+    k = k.repeat_interleave(hq / hk, 1);
+    v = v.repeat_interleave(hq / hk, 1);
+  }
+  // Compute in at least float32; outputs return to Q's type.
+  at::ScalarType ct = at::promote_types(qt, at::kFloat);
+  at::Tensor qc = q.to(ct), kc = k.to(ct), vc = v.to(ct);
+  double scale = c.has_attr("scale") ? c.attr_float("scale", 0.f)
+                                     : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  auto opts = at::TensorOptions().dtype(ct).device(qc.device());
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+  // Additive bias [.., sq, skv]: mask, causal, sliding window, key padding.
+  std::optional<at::Tensor> bias;
+  if (c.has_input(3)) {
+    at::Tensor mask = c.input(3);
+    int64_t pad = skv - mask.size(-1);
+    c.check(pad >= 0, "attn_mask is longer (", mask.size(-1), ") than the key sequence (", skv, ")");
+    if (mask.scalar_type() == at::kBool) {
+      if (pad > 0) mask = at::constant_pad_nd(mask.to(at::kByte), {0, pad}, 0).to(at::kBool);
+      bias = at::where(mask, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
+    } else {
+      at::Tensor m = mask.to(ct);
+      if (pad > 0) m = at::constant_pad_nd(m, {0, pad}, kNegInf);
+      bias = m;
+    }
+  }
+  at::Tensor offset;  // per-batch frontier for the external cache, else scalar offsets
+  bool per_batch = false;
+  if (c.has_input(6)) {
+    c.check(!has_past, "nonpad_kv_seqlen cannot be combined with past_key/past_value");
+    at::Tensor lens = c.input(6).to(at::kLong).view({-1, 1, 1, 1});
+    at::Tensor j = at::arange(skv, lens.options()).view({1, 1, 1, skv});
+    at::Tensor keep = j < lens;
+    at::Tensor padb = at::where(keep, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
+    offset = lens - sq;
+    per_batch = true;
+    bias = bias ? *bias + padb : padb;
+  }
+  at::Tensor i_idx = at::arange(sq, at::TensorOptions().dtype(at::kLong).device(qc.device()))
+                         .view({sq, 1});
+  at::Tensor j_idx = at::arange(skv, i_idx.options()).view({1, skv});
+  at::Tensor diff = per_batch ? (i_idx + offset) - j_idx : i_idx + past_len - j_idx;
+  if (c.attr_int("is_causal", 0)) {
+    at::Tensor cb = at::where(diff >= 0, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
+    bias = bias ? *bias + cb : cb;
+  }
+  int64_t left = c.attr_int("left_window_size", -1), right = c.attr_int("right_window_size", -1);
+  c.check(left >= -1 && right >= -1, "window sizes must be -1 or non-negative");
+  if (left >= 0 || right >= 0) {
+    at::Tensor allowed = at::ones_like(diff, diff.options().dtype(at::kBool));
+    if (left >= 0) allowed = allowed & (diff <= left);
+    if (right >= 0) allowed = allowed & (-diff <= right);
+    at::Tensor wb = at::where(allowed, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
+    bias = bias ? *bias + wb : wb;
+  }
+
+  double root = std::sqrt(scale);
+  at::Tensor qk = at::matmul(qc * root, (kc * root).transpose(-1, -2));
+  double softcap = c.attr_float("softcap", 0.f);
+  if (softcap > 0) qk = at::tanh(qk / softcap) * softcap;
+  int64_t mode = c.attr_int("qk_matmul_output_mode", 0);
+  c.check(mode >= 0 && mode <= 3, "qk_matmul_output_mode must be 0..3, got ", mode);
+  at::Tensor scores = bias ? qk + *bias : qk;
+  if (c.has_attr("softmax_precision")) {
+    at::ScalarType sp = scalar_type_of(c, c.attr_int("softmax_precision"));
+    c.check(at::isFloatingType(sp), "softmax_precision must be a floating type");
+    scores = scores.to(sp).to(ct);
+  }
+  // NOTE: rows masked out entirely give zeros (a plain softmax would give NaN).
+  at::Tensor mx = scores.amax(-1, true);
+  at::Tensor safe_max = at::where(at::isinf(mx) & (mx < 0), at::zeros_like(mx), mx);
+  at::Tensor e = at::exp(scores - safe_max.detach());
+  at::Tensor s = e.sum(-1, true);
+  at::Tensor probs = e / at::where(s == 0, at::ones_like(s), s);
+  if (bias) {
+    at::Tensor bmax = bias->amax(-1, true);
+    at::Tensor dead = at::isinf(bmax) & (bmax < 0);
+    probs = at::where(dead, at::zeros_like(probs), probs);
+  }
+  if (c.wants_output(3)) {
+    at::Tensor qo = mode == 2 ? scores : (mode == 3 ? probs : qk);
+    c.set_output(3, qo.to(qt));
+  }
+  at::Tensor y = at::matmul(probs.to(qt).to(ct), vc);
+  if (rank3) y = y.transpose(1, 2).reshape({batch, sq, -1});
+  c.set_output(0, y.to(qt));
+}
+
+int64_t attention_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 3) return 0;
+  const auto& q = m.in_shapes[0];
+  const auto& k = m.in_shapes[1];
+  const auto& v = m.in_shapes[2];
+  if (q.size() != k.size() || q.size() != v.size()) return 0;
+  int64_t past = m.in_shapes.size() > 4 && m.in_shapes[4].size() == 4 ? m.in_shapes[4][2] : 0;
+  if (q.size() == 4) {
+    int64_t skv = k[2] + past;
+    return q[0] * q[1] * q[2] * skv * (q[3] + v[3]);
+  }
+  if (q.size() == 3) {
+    int64_t hq = m.attr_int("q_num_heads", 1), hkv = m.attr_int("kv_num_heads", 1);
+    if (hkv <= 0) return 0;
+    int64_t skv = k[1] + past;
+    return q[0] * q[1] * skv * (q[2] + v[2] * hq / hkv);
+  }
+  return 0;
+}
+
+// --- Random generators ----------------------------------------------------------------------
+
+std::optional<at::Generator> seeded(const OpContext& c) {
+  if (!c.has_attr("seed")) return std::nullopt;
+  float seed = c.attr_float("seed", 0.f);
+  return at::detail::createCPUGenerator(static_cast<uint64_t>(static_cast<int64_t>(seed)));
+}
+
+at::ScalarType random_dtype(const OpContext& c, at::ScalarType def) {
+  at::ScalarType t = c.has_attr("dtype") ? scalar_type_of(c, c.attr_int("dtype")) : def;
+  c.check(at::isFloatingType(t), "dtype must be a floating type");
+  return t;
+}
+
+// Draws on the CPU (where a seed is honoured) in double, then casts and moves.
+at::Tensor draw(const OpContext& c, bool normal, at::IntArrayRef shape, at::ScalarType t) {
+  auto gen = seeded(c);
+  auto cpu = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor r;
+  if (normal) {
+    double mean = c.attr_float("mean", 0.f), sd = c.attr_float("scale", 1.f);
+    r = at::normal(mean, sd, shape, gen, cpu);
+  } else {
+    double lo = c.attr_float("low", 0.f), hi = c.attr_float("high", 1.f);
+    c.check(hi >= lo, "high must be >= low");
+    r = at::empty(shape, cpu).uniform_(lo, hi, gen);
+  }
+  return r.to(c.device(), t);
+}
+
+std::vector<int64_t> random_shape(const OpContext& c) {
+  auto shape = c.attr_ints("shape");
+  c.check(c.has_attr("shape"), "missing required attribute 'shape'");
+  for (int64_t d : shape) c.check(d >= 0, "shape must be non-negative");
+  return shape;
+}
+
+void bernoulli(OpContext& c) {
+  const at::Tensor& p = c.input(0);
+  c.check(p.is_floating_point(), "input must be a floating-point tensor");
+  at::ScalarType t = c.has_attr("dtype") ? scalar_type_of(c, c.attr_int("dtype")) : p.scalar_type();
+  auto gen = seeded(c);
+  at::Tensor u = at::empty(p.sizes(), at::TensorOptions().dtype(at::kDouble)).uniform_(0, 1, gen);
+  at::Tensor pc = p.detach().to(at::kCPU, at::kDouble);
+  c.set_output(0, (u < pc).to(c.device(), t));
+}
+
+}  // namespace
+
+void register_misc(OpTable& t) {
+  t.add({"", "Resize", resize});
+  t.add({"", "Upsample", upsample});
+  t.add({"", "Einsum", einsum, einsum_macs});
+  t.add({"", "Attention", attention, attention_macs});
+  t.add({"", "RandomNormal",
+         [](OpContext& c) {
+           c.set_output(0, draw(c, true, random_shape(c), random_dtype(c, at::kFloat)));
+         },
+         {}, false});
+  t.add({"", "RandomUniform",
+         [](OpContext& c) {
+           c.set_output(0, draw(c, false, random_shape(c), random_dtype(c, at::kFloat)));
+         },
+         {}, false});
+  t.add({"", "RandomNormalLike",
+         [](OpContext& c) {
+           const at::Tensor& x = c.input(0);
+           c.set_output(0, draw(c, true, x.sizes(), random_dtype(c, x.scalar_type())));
+         },
+         {}, false});
+  t.add({"", "RandomUniformLike",
+         [](OpContext& c) {
+           const at::Tensor& x = c.input(0);
+           c.set_output(0, draw(c, false, x.sizes(), random_dtype(c, x.scalar_type())));
+         },
+         {}, false});
+  t.add({"", "Bernoulli", bernoulli, {}, false});
+}
 
 }  // namespace lopper::ops

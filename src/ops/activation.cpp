@@ -35,6 +35,32 @@ at::Tensor hardmax(const at::Tensor& x, int64_t dim) {
   return at::zeros_like(x).scatter(dim, idx, 1);
 }
 
+// NOTE: on 16-bit floats ONNX's reference rounds after every step (x - max, exp, sum, divide),
+// where at::softmax rounds once; the stepwise form matches it to the last bit. Its float16 sum
+// accumulates in float32 (numpy's pairwise sum), its bfloat16 sum adds one element at a time with
+// rounding (ml_dtypes), so bfloat16 rows are summed that way here.
+at::Tensor sum16(const at::Tensor& e, int64_t dim) {
+  if (e.scalar_type() != at::kBFloat16 || e.size(dim) == 0) return at::sum(e, dim, true);
+  at::Tensor acc = e.narrow(dim, 0, 1);
+  for (int64_t i = 1; i < e.size(dim); ++i) acc = acc + e.narrow(dim, i, 1);
+  return acc;
+}
+
+bool is_float16(const at::Tensor& v) {
+  return v.scalar_type() == at::kHalf || v.scalar_type() == at::kBFloat16;
+}
+
+at::Tensor softmax_fn(const at::Tensor& v, int64_t d) {
+  if (!is_float16(v) || v.numel() == 0) return at::softmax(v, d);
+  at::Tensor e = at::exp(v - std::get<0>(at::max(v, d, true)).detach());
+  return e / sum16(e, d);
+}
+at::Tensor log_softmax_fn(const at::Tensor& v, int64_t d) {
+  if (!is_float16(v) || v.numel() == 0) return at::log_softmax(v, d);
+  at::Tensor shifted = v - std::get<0>(at::max(v, d, true)).detach();
+  return shifted - at::log(sum16(at::exp(shifted), d));
+}
+
 void unary(OpTable& t, const char* name, std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
   t.add({"", name, [fn](OpContext& c) { c.set_output(0, fn(c, c.input(0))); }});
 }
@@ -107,10 +133,10 @@ void register_activation(OpTable& t) {
     return r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type());
   });
   unary(t, "Softmax", [](OpContext& c, const at::Tensor& x) {
-    return along_axis(c, x, [](const at::Tensor& v, int64_t d) { return at::softmax(v, d); });
+    return along_axis(c, x, softmax_fn);
   });
   unary(t, "LogSoftmax", [](OpContext& c, const at::Tensor& x) {
-    return along_axis(c, x, [](const at::Tensor& v, int64_t d) { return at::log_softmax(v, d); });
+    return along_axis(c, x, log_softmax_fn);
   });
   unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });
 }

@@ -542,6 +542,35 @@ int64_t attention_macs(const MacContext& m) {
   return 0;
 }
 
+// --- GridSample -----------------------------------------------------------------------------
+
+void grid_sample(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& grid = c.input(1);
+  c.check(x.is_floating_point(), "X must be a floating-point tensor");
+  c.check(x.dim() == 4 || x.dim() == 5, "only 2-D and 3-D spatial inputs are supported, got rank ",
+          x.dim());
+  c.check(grid.dim() == x.dim() && grid.size(0) == x.size(0) && grid.size(-1) == x.dim() - 2,
+          "grid must have shape [N, out..., ", x.dim() - 2, "]");
+  std::string mode = c.attr_string("mode", c.opset() >= 20 ? "linear" : "bilinear");
+  int64_t interp;
+  if (mode == "bilinear" || mode == "linear") interp = 0;
+  else if (mode == "nearest") interp = 1;
+  else if (mode == "bicubic" || mode == "cubic") interp = 2;
+  else c.fail("unknown mode '", mode, "'");
+  c.check(interp != 2 || x.dim() == 4, "cubic mode is supported for 2-D inputs only");
+  std::string pad = c.attr_string("padding_mode", "zeros");
+  int64_t padding;
+  if (pad == "zeros") padding = 0;
+  else if (pad == "border") padding = 1;
+  else if (pad == "reflection") padding = 2;
+  else c.fail("unknown padding_mode '", pad, "'");
+  bool align = c.attr_int("align_corners", 0) != 0;
+  at::ScalarType ct = at::promote_types(x.scalar_type(), at::kFloat);
+  at::Tensor y = at::grid_sampler(x.to(ct), grid.to(ct), interp, padding, align);
+  c.set_output(0, y.to(x.scalar_type()));
+}
+
 // --- Random generators ----------------------------------------------------------------------
 
 std::optional<at::Generator> seeded(const OpContext& c) {
@@ -595,6 +624,7 @@ void register_misc(OpTable& t) {
   t.add({"", "Resize", resize});
   t.add({"", "Upsample", upsample});
   t.add({"", "Einsum", einsum, einsum_macs});
+  t.add({"", "GridSample", grid_sample});
   t.add({"", "Attention", attention, attention_macs});
   t.add({"", "RandomNormal",
          [](OpContext& c) {

@@ -347,15 +347,17 @@ void register_tensor_ops(OpTable& t) {
       ratio = c.attr_float("ratio", 0.5f);
     }
     c.check(ratio >= 0 && ratio <= 1, "ratio must be in [0, 1], got ", ratio);
+    // NOTE: the mask is bool from opset 10; before, it has the input's type.
+    auto mask_type = c.opset() >= 10 ? at::kBool : x.scalar_type();
     if (!train || ratio == 0) {
       c.set_output(0, x);
-      if (c.wants_output(1))
-        c.set_output(1, at::ones(x.sizes(), x.options().dtype(at::kBool)));
+      if (c.wants_output(1)) c.set_output(1, at::ones(x.sizes(), x.options().dtype(mask_type)));
       return;
     }
+    c.check(x.is_floating_point(), "training dropout needs floating-point input");
     auto [y, mask] = at::native_dropout(x, ratio, true);
     c.set_output(0, y);
-    if (c.wants_output(1)) c.set_output(1, mask);
+    if (c.wants_output(1)) c.set_output(1, mask.to(mask_type));
   }});
 }
 

@@ -133,6 +133,20 @@ bool all_one(const std::vector<int64_t>& v) {
   return true;
 }
 
+// The padding is symmetric, needs no ceil overhang or trimming, and fits ATen's limit (at most
+// half the window): ATen's pooling can pad by itself, saving a padded copy of the input.
+bool aten_pads(const PoolGeom& g, std::vector<int64_t>& pads) {
+  pads.clear();
+  for (int64_t i = 0; i < g.nd; ++i) {
+    int64_t win = (g.kernel[i] - 1) * g.dilations[i] + 1;
+    if (g.pad_begin[i] != g.pad_end[i] || g.extra_end[i] || g.trim_end[i] ||
+        g.pad_begin[i] * 2 > win || g.pad_begin[i] * 2 > g.kernel[i])
+      return false;
+    pads.push_back(g.pad_begin[i]);
+  }
+  return g.nd >= 1 && g.nd <= 3;
+}
+
 // Windows of a padded tensor as trailing dims: [N, C, out..., k...].
 at::Tensor windows(const at::Tensor& x, const PoolGeom& g) {
   at::Tensor y = x;
@@ -184,6 +198,15 @@ void max_pool(OpContext& c) {
   c.check(storage_order == 0 || storage_order == 1, "storage_order must be 0 or 1");
   c.check(x.scalar_type() != at::kBool, "bool input is not supported");
   at::Tensor xf = x.to(float_type(x));
+  std::vector<int64_t> ap;
+  if (!c.wants_output(1) && aten_pads(g, ap)) {
+    at::Tensor y;
+    if (g.nd == 1) y = at::max_pool1d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    else if (g.nd == 2) y = at::max_pool2d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    else y = at::max_pool3d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    c.set_output(0, y.to(x.scalar_type()));
+    return;
+  }
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   at::Tensor xp = pad_spatial(xf, g, kNegInf, kNegInf);
   if (!c.wants_output(1)) {
@@ -235,6 +258,15 @@ void average_pool(OpContext& c) {
   c.check(x.is_floating_point(), "input must be a floating-point tensor");
   PoolGeom g = pool_geometry(c, x, c.opset() >= 19, c.opset() >= 10);
   bool include_pad = c.attr_int("count_include_pad", 0) != 0;
+  std::vector<int64_t> ap;
+  if (all_one(g.dilations) && aten_pads(g, ap)) {
+    at::Tensor y;
+    if (g.nd == 1) y = at::avg_pool1d(x, g.kernel, g.strides, ap, false, include_pad);
+    else if (g.nd == 2) y = at::avg_pool2d(x, g.kernel, g.strides, ap, false, include_pad);
+    else y = at::avg_pool3d(x, g.kernel, g.strides, ap, false, include_pad);
+    c.set_output(0, y);
+    return;
+  }
   at::Tensor sum = window_sum(pad_spatial(x, g, 0, 0), g);
   // Divisor per output position: the window's cells that are input (or counted padding).
   std::vector<int64_t> mshape(static_cast<size_t>(x.dim()), 1);

@@ -236,8 +236,6 @@ void register_tensor_ops(OpTable& t) {
       if (!b && !e) continue;
       int64_t dim = y.size(a);
       c.check(dim > 0, "cannot pad an empty axis in ", mode, " mode");
-      c.check(mode != "reflect" || (b < dim && e < dim) || dim == 1,
-              "reflect pads must be smaller than the axis");
       y = at::index_select(y, a, pad_index(mode, dim, b, e, long_on(y)));
     }
     c.set_output(0, y);

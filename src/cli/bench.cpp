@@ -22,14 +22,14 @@ Action add_bench(CLI::App& app) {
   struct Opts {
     std::string model, device = "cpu";
     std::vector<std::string> shapes;
-    int64_t batch = 1;
+    int64_t batch = 0;
     int threads = 0, warmup = 10, iters = 50;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
   cmd->add_option("model", o->model, "the ONNX model")->required();
-  cmd->add_option("--batch", o->batch, "batch size (first dim of every input)")
+  cmd->add_option("--batch", o->batch, "batch size: first dim of every input (default: the model's, 1 if dynamic)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)")
@@ -52,7 +52,13 @@ Action add_bench(CLI::App& app) {
     at::manual_seed(0);
     for (const auto* v : exec.inputs()) {
       auto dims = shapes.at(v->name);
-      if (!dims.empty() && !overrides.count(v->name)) dims[0] = o->batch;
+      if (!dims.empty() && !overrides.count(v->name) && o->batch > 0) {
+        const auto& d0 = v->type.dims.empty() ? ir::Dim{} : v->type.dims[0];
+        LOPPER_CHECK(!d0.is_static() || d0.value == o->batch, "[bench] input '", v->name,
+                     "' has a fixed batch of ", d0.value, "; --batch ", o->batch,
+                     " needs a model exported with a dynamic batch");
+        dims[0] = o->batch;
+      }
       auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
                                                              : onnx::to_scalar_type(v->type.elem_type);
       at::Tensor t = at::isFloatingType(type) ? at::randn(dims).to(type)

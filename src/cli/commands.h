@@ -11,5 +11,6 @@ using Action = std::function<int()>;
 Action add_inspect(CLI::App& app);
 Action add_run(CLI::App& app);
 Action add_bench(CLI::App& app);
+Action add_convert(CLI::App& app);
 
 }  // namespace lopper::cli

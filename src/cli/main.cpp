@@ -19,6 +19,19 @@ int main(int argc, char** argv) {
   add(lopper::cli::add_inspect);
   add(lopper::cli::add_run);
   add(lopper::cli::add_bench);
+  add(lopper::cli::add_convert);
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (auto& [sub, action] : commands) {
+      known |= sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::cerr << "lopper: unknown command '" << argv[1] << "' (commands: " << names << ")\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -85,7 +85,7 @@ void compare(OpTable& t, const char* name, at::Tensor (*fn)(const at::Tensor&, c
 at::Tensor cast_to(const at::Tensor& x, at::ScalarType to, bool saturate) {
   bool f8 = to == at::kFloat8_e4m3fn || to == at::kFloat8_e4m3fnuz || to == at::kFloat8_e5m2 ||
             to == at::kFloat8_e5m2fnuz;
-  if (!f8 || !at::isFloatingType(x.scalar_type())) return x.to(to);
+  if (!f8 || x.scalar_type() == at::kBool || at::isComplexType(x.scalar_type())) return x.to(to);
   at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   double maxv = 0;
   switch (to) {

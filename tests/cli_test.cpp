@@ -1,0 +1,182 @@
+// The lopper command line: exit codes, one-line errors, no partial output, and the JSON of inspect
+// and bench.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lopper/executor.h"
+#include "lopper/npy.h"
+#include "lopper/onnx_io.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+Result lopper_cli(const std::string& args) {
+  static int n = 0;
+  std::string base = "/tmp/lopper_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
+           slurp(base + ".err")};
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/lopper_cli_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
+
+// Expects a failure with exit code `code` and one line on stderr containing `needle`.
+void expect_error(const Result& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+TEST(Cli, VersionAndHelp) {
+  auto r = lopper_cli("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("lopper "), std::string::npos);
+  for (const char* sub : {"inspect", "run", "bench", "convert"}) {
+    r = lopper_cli(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("--"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  expect_error(lopper_cli("inspect --no-such-flag x.onnx"), 2, "no-such-flag");
+  expect_error(lopper_cli("frobnicate"), 2, "frobnicate");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --batch 0"), 2, "batch");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input nofile --out /tmp/x"), 2,
+               "NAME=FILE");
+}
+
+TEST(Cli, BadModelsExitOne) {
+  TempDir d;
+  expect_error(lopper_cli("inspect " + d / "missing.onnx"), 1, "cannot open");
+  { std::ofstream(d / "junk.onnx") << "this is not a model"; }
+  expect_error(lopper_cli("inspect " + d / "junk.onnx"), 1, "junk.onnx");
+  std::string bytes = slurp(fixture("resnet18.ts.onnx"));
+  ASSERT_GT(bytes.size(), 1000u);
+  { std::ofstream(d / "cut.onnx", std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
+  expect_error(lopper_cli("bench " + d / "cut.onnx"), 1, "cut.onnx");
+}
+
+TEST(Cli, RunWritesOutputsAndRefusesBadInputs) {
+  TempDir d;
+  auto r = lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + fixture("mlp.input_0.npy") +
+                      " --out " + d / "out");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d.path / "out")) {
+    ++files;
+    at::Tensor got = load_npy(e.path().string());
+    at::Tensor want = load_npy(fixture("mlp.expected_0.npy"));
+    EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
+  }
+  EXPECT_EQ(files, 1);
+
+  save_npy(at::zeros({4, 1, 14, 14}), d / "small.npy");
+  r = lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "small.npy" + " --out " +
+                 d / "bad");
+  expect_error(r, 1, "expected shape");
+  EXPECT_FALSE(fs::exists(d.path / "bad")) << "no partial output on failure";
+  save_npy(at::zeros({4, 1, 28, 28}, at::kDouble), d / "f64.npy");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "f64.npy" +
+                          " --out " + d / "bad"),
+               1, "expected float32");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input nosuch=" + d / "f64.npy" +
+                          " --out " + d / "bad"),
+               1, "no input named 'nosuch'");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --out " + d / "bad"), 1,
+               "missing input 'input'");
+  { std::ofstream(d / "junk.npy") << "garbage"; }
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "junk.npy" +
+                          " --out " + d / "bad"),
+               1, "not a .npy file");
+  EXPECT_FALSE(fs::exists(d.path / "bad"));
+}
+
+TEST(Cli, InspectCountsParamsAndMacs) {
+  auto r = lopper_cli("inspect " + fixture("mlp.ts.onnx") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  // 784*256+256 + 256*128+128 + 128*10+10; the fixture's input is [4, 1, 28, 28].
+  EXPECT_EQ(j["params"].get<int64_t>(), 235146);
+  EXPECT_EQ(j["nonzero"].get<int64_t>(), 235146);
+  EXPECT_EQ(j["macs"].get<int64_t>(), 4 * (784 * 256 + 256 * 128 + 128 * 10));
+  ASSERT_EQ(j["layers"].size(), 3u);
+  EXPECT_EQ(j["layers"][0]["params"].get<int64_t>(), 784 * 256);
+  EXPECT_EQ(j["layers"][0]["op"], "Gemm");
+
+  // torchvision resnet18 with BatchNorm kept: 11,689,512 parameters, 1.82 GMACs at 1x3x224x224.
+  r = lopper_cli("inspect " + fixture("resnet18.preserve.onnx") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params"].get<int64_t>(), 11689512);
+  EXPECT_NEAR(j["macs"].get<double>() / 1e9, 1.82, 0.01);
+  EXPECT_EQ(j["layers"].size(), 21u);  // 20 convolutions + fc
+}
+
+TEST(Cli, BenchReportsLatency) {
+  auto r = lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 5 --warmup 1 --threads 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["median_ms"].get<double>(), 0.0);
+  EXPECT_GE(j["p90_ms"].get<double>(), j["median_ms"].get<double>());
+  EXPECT_EQ(j["batch"].get<int64_t>(), 4);  // the model's static batch
+  if (!cuda_available())
+    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device cuda:0"), 1, "CUDA");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 1, "bad device");
+}
+
+TEST(Cli, ConvertRoundTrips) {
+  TempDir d;
+  auto r = lopper_cli("convert " + fixture("small_cnn.ts.onnx") + " -o " + d / "out.onnx");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ir::Model a = onnx::load_model(fixture("small_cnn.ts.onnx"));
+  ir::Model b = onnx::load_model(d / "out.onnx");
+  EXPECT_EQ(a.graph.nodes.size(), b.graph.nodes.size());
+  // Refuses to overwrite its input.
+  r = lopper_cli("convert " + d / "out.onnx" + " -o " + d / "out.onnx");
+  expect_error(r, 2, "input");
+}

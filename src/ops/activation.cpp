@@ -61,7 +61,8 @@ at::Tensor log_softmax_fn(const at::Tensor& v, int64_t d) {
   return shifted - at::log(sum16(at::exp(shifted), d));
 }
 
-void unary(OpTable& t, const char* name, std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
+void unary(OpTable& t, const char* name,
+           std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
   t.add({"", name, [fn](OpContext& c) { c.set_output(0, fn(c, c.input(0))); }});
 }
 
@@ -115,13 +116,11 @@ void register_activation(OpTable& t) {
   });
   unary(t, "Gelu", [](OpContext& c, const at::Tensor& x) {
     std::string approx = c.attr_string("approximate", "none");
-    c.check(approx == "none" || approx == "tanh", "approximate must be none or tanh, got '",
-            approx, "'");
+    c.check(approx == "none" || approx == "tanh", "approximate must be none or tanh, got '", approx,
+            "'");
     return at::gelu(x, approx);
   });
-  unary(t, "Mish", [](OpContext&, const at::Tensor& x) {
-    return at::mish(x);
-  });
+  unary(t, "Mish", [](OpContext&, const at::Tensor& x) { return at::mish(x); });
   unary(t, "ThresholdedRelu", [](OpContext& c, const at::Tensor& x) {
     double alpha = c.attr_float("alpha", 1.0f);
     return at::where(x > alpha, x, at::zeros({}, x.options()));
@@ -132,12 +131,10 @@ void register_activation(OpTable& t) {
     at::Tensor r = at::where(x < -lambd, x + bias, at::where(x > lambd, x - bias, zero));
     return r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type());
   });
-  unary(t, "Softmax", [](OpContext& c, const at::Tensor& x) {
-    return along_axis(c, x, softmax_fn);
-  });
-  unary(t, "LogSoftmax", [](OpContext& c, const at::Tensor& x) {
-    return along_axis(c, x, log_softmax_fn);
-  });
+  unary(t, "Softmax",
+        [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, softmax_fn); });
+  unary(t, "LogSoftmax",
+        [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, log_softmax_fn); });
   unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });
 }
 

@@ -17,7 +17,9 @@ bool is_wide_unsigned(at::ScalarType t) {
 
 // NOTE: ATen implements few kernels for uint16/32/64. Add, Sub, Mul, bitwise ops and shifts give
 // the same low bits when done in int64, so those run there and convert back (which wraps).
-at::Tensor widen(const at::Tensor& t) { return is_wide_unsigned(t.scalar_type()) ? t.to(at::kLong) : t; }
+at::Tensor widen(const at::Tensor& t) {
+  return is_wide_unsigned(t.scalar_type()) ? t.to(at::kLong) : t;
+}
 
 // An int64 key with the same order as the values (uint64: flip the sign bit).
 at::Tensor order_key(const at::Tensor& t) {
@@ -52,7 +54,8 @@ bool any_high_bit(const at::Tensor& t) {
 at::Tensor int_div(const OpContext& c, const at::Tensor& a, const at::Tensor& b) {
   at::ScalarType st = a.scalar_type();
   if (st == at::kUInt64 && (any_high_bit(a) || any_high_bit(b))) return u64_divmod(a, b, true, c);
-  if (at::isIntegralType(st, true) && widen(b).eq(0).any().item<bool>()) c.fail("integer division by zero");
+  if (at::isIntegralType(st, true) && widen(b).eq(0).any().item<bool>())
+    c.fail("integer division by zero");
   return at::div(widen(a), widen(b), "trunc").to(st);
 }
 
@@ -89,9 +92,15 @@ at::Tensor cast_to(const at::Tensor& x, at::ScalarType to, bool saturate) {
   at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   double maxv = 0;
   switch (to) {
-    case at::kFloat8_e4m3fn: maxv = 448.0; break;
-    case at::kFloat8_e4m3fnuz: maxv = 240.0; break;
-    default: maxv = 57344.0; break;
+    case at::kFloat8_e4m3fn:
+      maxv = 448.0;
+      break;
+    case at::kFloat8_e4m3fnuz:
+      maxv = 240.0;
+      break;
+    default:
+      maxv = 57344.0;
+      break;
   }
   if (saturate) {
     return at::clamp(xf, -maxv, maxv).to(to);
@@ -126,8 +135,8 @@ at::Tensor bitshift(const OpContext& c, const at::Tensor& a, const at::Tensor& b
     if (st == at::kUInt64) {
       // Logical shift: clear the bits the arithmetic shift filled in.
       at::Tensor ones = at::full({}, -1, x.options());
-      at::Tensor mask = at::bitwise_not(
-          at::bitwise_left_shift(at::bitwise_left_shift(ones, 63 - sc), 1));
+      at::Tensor mask =
+          at::bitwise_not(at::bitwise_left_shift(at::bitwise_left_shift(ones, 63 - sc), 1));
       shifted = at::bitwise_and(shifted, mask);
     }
     r = at::where(oor, zero, shifted);
@@ -239,10 +248,14 @@ void register_elementwise(OpTable& t) {
            const at::Tensor& x = c.input(0);
            bool neg = c.attr_int("detect_negative", 1) != 0;
            bool pos = c.attr_int("detect_positive", 1) != 0;
-           if (neg && pos) c.set_output(0, at::isinf(x));
-           else if (neg) c.set_output(0, at::isneginf(x));
-           else if (pos) c.set_output(0, at::isposinf(x));
-           else c.set_output(0, at::zeros(x.sizes(), x.options().dtype(at::kBool)));
+           if (neg && pos)
+             c.set_output(0, at::isinf(x));
+           else if (neg)
+             c.set_output(0, at::isneginf(x));
+           else if (pos)
+             c.set_output(0, at::isposinf(x));
+           else
+             c.set_output(0, at::zeros(x.sizes(), x.options().dtype(at::kBool)));
          }});
 
   // --- comparison (bool outputs) ---
@@ -254,9 +267,11 @@ void register_elementwise(OpTable& t) {
           [](const at::Tensor& a, const at::Tensor& b) { return at::ge(a, b); });
 
   // --- logic ---
-  t.add({"", "And", [](OpContext& c) { c.set_output(0, at::logical_and(c.input(0), c.input(1))); }});
+  t.add(
+      {"", "And", [](OpContext& c) { c.set_output(0, at::logical_and(c.input(0), c.input(1))); }});
   t.add({"", "Or", [](OpContext& c) { c.set_output(0, at::logical_or(c.input(0), c.input(1))); }});
-  t.add({"", "Xor", [](OpContext& c) { c.set_output(0, at::logical_xor(c.input(0), c.input(1))); }});
+  t.add(
+      {"", "Xor", [](OpContext& c) { c.set_output(0, at::logical_xor(c.input(0), c.input(1))); }});
   t.add({"", "Not", [](OpContext& c) { c.set_output(0, at::logical_not(c.input(0))); }});
 
   // --- bitwise ---
@@ -284,24 +299,26 @@ void register_elementwise(OpTable& t) {
            c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
          }});
   t.add({"", "Max", [](OpContext& c) {
-           c.set_output(0, variadic(c, [](const at::Tensor& a, const at::Tensor& b) {
-                          return at::maximum(a, b);
-                        }, true));
+           c.set_output(
+               0, variadic(
+                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); },
+                      true));
          }});
   t.add({"", "Min", [](OpContext& c) {
-           c.set_output(0, variadic(c, [](const at::Tensor& a, const at::Tensor& b) {
-                          return at::minimum(a, b);
-                        }, true));
+           c.set_output(
+               0, variadic(
+                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); },
+                      true));
          }});
   t.add({"", "Sum", [](OpContext& c) {
-           c.set_output(0, variadic(c, [](const at::Tensor& a, const at::Tensor& b) {
-                          return at::add(a, b);
-                        }, false));
+           c.set_output(
+               0, variadic(
+                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); },
+                      false));
          }});
   t.add({"", "Mean", [](OpContext& c) {
-           at::Tensor s = variadic(c, [](const at::Tensor& a, const at::Tensor& b) {
-             return at::add(a, b);
-           }, false);
+           at::Tensor s = variadic(
+               c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false);
            at::ScalarType st = s.scalar_type();
            at::Tensor r = at::isFloatingType(st)
                               ? at::div(s, static_cast<double>(c.num_inputs()))

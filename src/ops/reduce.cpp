@@ -30,15 +30,21 @@ at::Tensor from_key(const at::Tensor& k, at::ScalarType st) {
 
 at::Scalar int_limit(at::ScalarType st, bool max) {
   switch (st) {
-    case at::kBool: return at::Scalar(max);
-    case at::kByte: return at::Scalar(int64_t{max ? 255 : 0});
-    case at::kChar: return at::Scalar(int64_t{max ? 127 : -128});
-    case at::kShort: return at::Scalar(int64_t{max ? 32767 : -32768});
-    case at::kUInt16: return at::Scalar(int64_t{max ? 65535 : 0});
+    case at::kBool:
+      return at::Scalar(max);
+    case at::kByte:
+      return at::Scalar(int64_t{max ? 255 : 0});
+    case at::kChar:
+      return at::Scalar(int64_t{max ? 127 : -128});
+    case at::kShort:
+      return at::Scalar(int64_t{max ? 32767 : -32768});
+    case at::kUInt16:
+      return at::Scalar(int64_t{max ? 65535 : 0});
     case at::kInt:
-      return at::Scalar(int64_t{max ? std::numeric_limits<int32_t>::max()
-                                    : std::numeric_limits<int32_t>::min()});
-    case at::kUInt32: return at::Scalar(int64_t{max ? 4294967295LL : 0});
+      return at::Scalar(
+          int64_t{max ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int32_t>::min()});
+    case at::kUInt32:
+      return at::Scalar(int64_t{max ? 4294967295LL : 0});
     case at::kUInt64:
       return max ? at::Scalar(std::numeric_limits<uint64_t>::max()) : at::Scalar(int64_t{0});
     default:
@@ -54,13 +60,19 @@ at::Tensor empty_value(Reduce kind, const at::Tensor& x, at::IntArrayRef shape) 
   bool fp = at::isFloatingType(st);
   double inf = std::numeric_limits<double>::infinity();
   switch (kind) {
-    case Reduce::kMax: return fp ? at::full(shape, -inf, opts) : at::full(shape, int_limit(st, false), opts);
-    case Reduce::kMin: return fp ? at::full(shape, inf, opts) : at::full(shape, int_limit(st, true), opts);
-    case Reduce::kProd: return at::ones(shape, opts);
-    case Reduce::kMean: return at::full(shape, std::numeric_limits<double>::quiet_NaN(), opts);
+    case Reduce::kMax:
+      return fp ? at::full(shape, -inf, opts) : at::full(shape, int_limit(st, false), opts);
+    case Reduce::kMin:
+      return fp ? at::full(shape, inf, opts) : at::full(shape, int_limit(st, true), opts);
+    case Reduce::kProd:
+      return at::ones(shape, opts);
+    case Reduce::kMean:
+      return at::full(shape, std::numeric_limits<double>::quiet_NaN(), opts);
     case Reduce::kLogSum:
-    case Reduce::kLogSumExp: return at::full(shape, -inf, opts);
-    default: return at::zeros(shape, opts);
+    case Reduce::kLogSumExp:
+      return at::full(shape, -inf, opts);
+    default:
+      return at::zeros(shape, opts);
   }
 }
 
@@ -72,8 +84,10 @@ at::Tensor reduce_dims(Reduce kind, const at::Tensor& x, std::vector<int64_t> di
   for (int64_t d = 0; d < x.dim(); ++d) {
     bool r = std::find(dims.begin(), dims.end(), d) != dims.end();
     if (r && x.size(d) == 0) empty_reduced = true;
-    if (!r) out_shape.push_back(x.size(d));
-    else if (keep) out_shape.push_back(1);
+    if (!r)
+      out_shape.push_back(x.size(d));
+    else if (keep)
+      out_shape.push_back(1);
   }
   if (empty_reduced) return empty_value(kind, x, out_shape);
 
@@ -81,13 +95,16 @@ at::Tensor reduce_dims(Reduce kind, const at::Tensor& x, std::vector<int64_t> di
   // Integer math that ATen would promote (or not support) runs in int64 / double, then comes back.
   bool to_double = kind == Reduce::kMean || kind == Reduce::kL2 || kind == Reduce::kLogSum ||
                    kind == Reduce::kLogSumExp;
-  at::Tensor v = fp ? x
-                    : (to_double ? x.to(at::kDouble)
-                                 : (is_wide_unsigned(st) ? x.to(at::kLong) : x));
+  at::Tensor v =
+      fp ? x : (to_double ? x.to(at::kDouble) : (is_wide_unsigned(st) ? x.to(at::kLong) : x));
   at::Tensor r;
   switch (kind) {
-    case Reduce::kSum: r = at::sum(v, dims, keep); break;
-    case Reduce::kMean: r = at::mean(v, dims, keep); break;
+    case Reduce::kSum:
+      r = at::sum(v, dims, keep);
+      break;
+    case Reduce::kMean:
+      r = at::mean(v, dims, keep);
+      break;
     case Reduce::kMax:
       r = from_key(at::amax(order_key(x), dims, keep), st);
       break;
@@ -100,11 +117,21 @@ at::Tensor reduce_dims(Reduce kind, const at::Tensor& x, std::vector<int64_t> di
       for (int64_t d : dims) r = at::prod(r, d, keep);
       break;
     }
-    case Reduce::kL1: r = at::sum(at::abs(v), dims, keep); break;
-    case Reduce::kL2: r = at::sqrt(at::sum(v * v, dims, keep)); break;
-    case Reduce::kLogSum: r = at::log(at::sum(v, dims, keep)); break;
-    case Reduce::kLogSumExp: r = at::logsumexp(v, dims, keep); break;
-    case Reduce::kSumSquare: r = at::sum(v * v, dims, keep); break;
+    case Reduce::kL1:
+      r = at::sum(at::abs(v), dims, keep);
+      break;
+    case Reduce::kL2:
+      r = at::sqrt(at::sum(v * v, dims, keep));
+      break;
+    case Reduce::kLogSum:
+      r = at::log(at::sum(v, dims, keep));
+      break;
+    case Reduce::kLogSumExp:
+      r = at::logsumexp(v, dims, keep);
+      break;
+    case Reduce::kSumSquare:
+      r = at::sum(v * v, dims, keep);
+      break;
   }
   return r.scalar_type() == st ? r : r.to(st);
 }
@@ -232,8 +259,8 @@ void register_reduce(OpTable& t) {
            // as ONNX asks (at::topk does not promise that).
            auto [sorted, idx] = at::sort(v, /*stable=*/true, axis, /*descending=*/largest);
            idx = idx.narrow(axis, 0, k);
-           at::Tensor vals = keyed ? from_key(sorted.narrow(axis, 0, k), st)
-                                   : at::gather(x, axis, idx);
+           at::Tensor vals =
+               keyed ? from_key(sorted.narrow(axis, 0, k), st) : at::gather(x, axis, idx);
            c.set_output(0, vals);
            if (c.num_outputs() > 1) c.set_output(1, idx);
          }});

@@ -153,6 +153,10 @@ void register_norm(OpTable& t);
 void register_pool(OpTable& t);
 void register_misc(OpTable& t);
 void register_control(OpTable& t);
+void register_rnn(OpTable& t);
+void register_loss(OpTable& t);
+void register_quant(OpTable& t);
+void register_signal(OpTable& t);
 
 // --- helpers shared by op files -------------------------------------------------------------
 /// A 1-D (or scalar) integer tensor as a vector (copies to the CPU when needed).

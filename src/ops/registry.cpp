@@ -68,6 +68,10 @@ const OpTable& OpTable::global() {
     register_pool(t);
     register_misc(t);
     register_control(t);
+    register_rnn(t);
+    register_loss(t);
+    register_quant(t);
+    register_signal(t);
     return t;
   }();
   return table;

@@ -1,0 +1,119 @@
+"""lopper vs ONNX Runtime vs PyTorch eager: the same models, the same machine, the same run.
+
+Each model is exported once (TorchScript exporter, dynamic batch); ONNX Runtime runs it in-process
+(intra-op threads = T, inter-op 1, all graph optimizations), PyTorch eager runs the nn.Module under
+inference_mode with T threads, lopper runs `lopper bench --json` on the same .onnx file. The table
+is median latency (ms) and lopper's ratio to ONNX Runtime (lower is better; the target is <= 1.1).
+
+Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32]
+       [--models resnet18,resnet50,mobilenet_v2,bert_encoder] [--out docs/bench-runtimes.json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import numpy as np
+import onnxruntime as ort
+import torch
+import torch.nn as nn
+import torchvision
+
+
+def bert_encoder():
+    """A 4-layer BERT-base-sized encoder: d_model 768, 12 heads, FFN 3072, GELU, sequence 128."""
+    layer = nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, activation="gelu", batch_first=True)
+    return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False), (128, 768)
+
+
+MODELS = {
+    "resnet18": lambda: (torchvision.models.resnet18(), (3, 224, 224)),
+    "resnet50": lambda: (torchvision.models.resnet50(), (3, 224, 224)),
+    "mobilenet_v2": lambda: (torchvision.models.mobilenet_v2(), (3, 224, 224)),
+    "bert_encoder": bert_encoder,
+}
+
+
+def median_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def iters_for(batch):
+    return (3, 20) if batch <= 4 else (1, 5)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lopper", default="build/lopper")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="lopper_bench_")
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model, shape = MODELS[name]()
+        model.eval()
+        path = os.path.join(tmp, name + ".onnx")
+        torch.onnx.export(model, (torch.randn(1, *shape),), path, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = args.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        for batch in batches:
+            warmup, iters = iters_for(batch)
+            x = torch.randn(batch, *shape)
+            xn = x.numpy()
+            t_ort = median_ms(lambda: sess.run(None, {"x": xn}), warmup, iters)
+            with torch.inference_mode():
+                t_torch = median_ms(lambda: model(x), warmup, iters)
+            out = subprocess.run(
+                [args.lopper, "bench", path, "--batch", str(batch), "--threads", str(args.threads),
+                 "--warmup", str(warmup), "--iters", str(iters), "--json"],
+                capture_output=True, text=True, check=True)
+            t_lopper = json.loads(out.stdout)["median_ms"]
+            row = {"model": name, "batch": batch, "lopper_ms": round(t_lopper, 2),
+                   "ort_ms": round(t_ort, 2), "torch_ms": round(t_torch, 2),
+                   "lopper_over_ort": round(t_lopper / t_ort, 3)}
+            rows.append(row)
+            print(f"{name:14s} batch {batch:3d}  lopper {t_lopper:9.2f} ms  onnxruntime {t_ort:9.2f} ms"
+                  f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f}", flush=True)
+    meta = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "threads": args.threads, "onnxruntime": ort.__version__, "torch": torch.__version__}
+    print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['batch']} | {r['lopper_ms']} | {r['ort_ms']} | {r['torch_ms']} |"
+              f" {r['lopper_over_ort']} |")
+    print(f"\n{meta}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+#include "ops/op.h"
+
+namespace lopper::ops {
+
+void register_rnn(OpTable& t) {}
+
+}  // namespace lopper::ops

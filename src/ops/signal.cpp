@@ -1,0 +1,7 @@
+#include "ops/op.h"
+
+namespace lopper::ops {
+
+void register_signal(OpTable& t) {}
+
+}  // namespace lopper::ops

@@ -1,7 +1,455 @@
+// Quantization and related ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+// MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv; plus CumProd, Swish, SwiGLU,
+// RotaryEmbedding, BitCast.
+#include <ATen/ATen.h>
+
+#include <limits>
+
 #include "ops/op.h"
 
 namespace lopper::ops {
 
-void register_quant(OpTable& t) {}
+namespace {
+
+// Integer range of a quantized type; false when `t` is not an integer quantized type.
+bool int_range(at::ScalarType t, double& lo, double& hi) {
+  switch (t) {
+    case at::kByte: lo = 0; hi = 255; return true;
+    case at::kChar: lo = -128; hi = 127; return true;
+    case at::kUInt16: lo = 0; hi = 65535; return true;
+    case at::kShort: lo = -32768; hi = 32767; return true;
+    case at::kInt: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); return true;
+    case at::kUInt32: lo = 0; hi = std::numeric_limits<uint32_t>::max(); return true;
+    default: return false;
+  }
+}
+
+bool is_float8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e4m3fnuz || t == at::kFloat8_e5m2 ||
+         t == at::kFloat8_e5m2fnuz;
+}
+
+double float8_max(at::ScalarType t) {
+  if (t == at::kFloat8_e4m3fn) return 448.0;
+  if (t == at::kFloat8_e4m3fnuz) return 240.0;
+  return 57344.0;  // e5m2, e5m2fnuz
+}
+
+// Scale or zero point made broadcastable to `shape` (per tensor, per axis, or blocked).
+at::Tensor qparam(const OpContext& c, const at::Tensor& v, at::IntArrayRef shape, int64_t axis_attr,
+                  int64_t block, const char* what) {
+  if (v.dim() == 0) return v;
+  if (v.numel() == 1 && block == 0) return v.reshape({});
+  int64_t rank = static_cast<int64_t>(shape.size());
+  c.check(rank > 0, what, " must be a scalar for a 0-d input");
+  int64_t axis = normalize_axis(c, axis_attr, rank);
+  if (block == 0) {
+    c.check(v.dim() == 1 && v.size(0) == shape[axis], what, " must be a scalar or have ",
+            shape[axis], " elements along axis ", axis, ", got shape ", v.sizes());
+    std::vector<int64_t> dims(static_cast<size_t>(rank), 1);
+    dims[axis] = v.size(0);
+    return v.reshape(dims);
+  }
+  c.check(block > 0, "block_size must be positive, got ", block);
+  c.check(v.dim() == rank, what, " must have rank ", rank, " for blocked quantization");
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d == axis)
+      c.check(v.size(d) == (shape[d] + block - 1) / block, what, " has ", v.size(d),
+              " blocks along axis ", axis, ", expected ", (shape[d] + block - 1) / block);
+    else
+      c.check(v.size(d) == shape[d], what, " shape ", v.sizes(), " does not match input ", shape);
+  }
+  return v.repeat_interleave(block, axis).narrow(axis, 0, shape[axis]);
+}
+
+void quantize_linear(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& scale = c.input(1);
+  at::Tensor zp = c.has_input(2) ? c.input(2) : at::Tensor();
+  int64_t axis = c.attr_int("axis", 1);
+  int64_t block = c.attr_int("block_size", 0);
+  at::ScalarType out = at::kByte;
+  int64_t odt = c.attr_int("output_dtype", 0);
+  if (odt != 0) out = scalar_type_of(c, odt);
+  if (zp.defined()) {
+    c.check(odt == 0 || zp.scalar_type() == out, "output_dtype does not match y_zero_point's type");
+    out = zp.scalar_type();
+  }
+  c.check(scale.is_floating_point() || scale.scalar_type() == at::kInt,
+          "y_scale must be a floating-point tensor");
+  at::ScalarType ct = at::promote_types(x.scalar_type(), scale.scalar_type());
+  if (!at::isFloatingType(ct)) ct = at::kFloat;
+  int64_t precision = c.attr_int("precision", 0);
+  if (precision != 0) ct = scalar_type_of(c, precision);
+  at::Tensor s = qparam(c, scale, x.sizes(), axis, block, "y_scale").to(ct);
+  at::Tensor q = x.to(ct) / s;
+  double lo = 0, hi = 0;
+  if (int_range(out, lo, hi)) {
+    at::Tensor r = at::round(q).to(at::kDouble);
+    if (zp.defined()) r = r + qparam(c, zp, x.sizes(), axis, block, "y_zero_point").to(at::kDouble);
+    c.set_output(0, at::clamp(r, lo, hi).to(out));
+  } else if (is_float8(out)) {
+    at::Tensor f = q.to(at::kFloat);
+    if (c.attr_int("saturate", 1) != 0) f = at::clamp(f, -float8_max(out), float8_max(out));
+    c.set_output(0, f.to(out));
+  } else {
+    c.fail("unsupported output type ", c10::toString(out));
+  }
+}
+
+void dequantize_linear(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& scale = c.input(1);
+  int64_t axis = c.attr_int("axis", 1);
+  int64_t block = c.attr_int("block_size", 0);
+  c.check(scale.is_floating_point(), "x_scale must be a floating-point tensor");
+  at::ScalarType out = scale.scalar_type();
+  int64_t odt = c.attr_int("output_dtype", 0);
+  if (odt != 0) out = scalar_type_of(c, odt);
+  double lo = 0, hi = 0;
+  c.check(int_range(x.scalar_type(), lo, hi) || is_float8(x.scalar_type()),
+          "unsupported input type ", c10::toString(x.scalar_type()));
+  at::ScalarType ct = at::promote_types(at::kFloat, scale.scalar_type());
+  at::Tensor dx = x.to(ct);
+  if (c.has_input(2) && !is_float8(x.scalar_type())) {
+    const at::Tensor& zp = c.input(2);
+    c.check(zp.scalar_type() == x.scalar_type(), "x_zero_point's type differs from x's");
+    dx = dx - qparam(c, zp, x.sizes(), axis, block, "x_zero_point").to(ct);
+  }
+  at::Tensor y = dx * qparam(c, scale, x.sizes(), axis, block, "x_scale").to(ct);
+  c.set_output(0, y.to(out));
+}
+
+void dynamic_quantize_linear(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "x must be a floating-point tensor");
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor zero = at::zeros({}, xf.options());
+  at::Tensor mx = x.numel() ? at::maximum(xf.max(), zero) : zero;
+  at::Tensor mn = x.numel() ? at::minimum(xf.min(), zero) : zero;
+  at::Tensor range = at::where(mx == mn, at::ones({}, xf.options()), mx - mn);
+  at::Tensor scale = range / 255.0f;
+  at::Tensor zp = at::round(at::clamp(-mn / scale, 0, 255));
+  at::Tensor y = at::clamp(at::round(xf / scale) + zp, 0, 255);
+  c.set_output(0, y.to(at::kByte));
+  if (c.wants_output(1)) c.set_output(1, scale.to(x.scalar_type()));
+  if (c.wants_output(2)) c.set_output(2, zp.to(at::kByte));
+}
+
+void check_int8(const OpContext& c, const at::Tensor& t, const char* what) {
+  c.check(t.scalar_type() == at::kByte || t.scalar_type() == at::kChar, what,
+          " must be int8 or uint8, got ", c10::toString(t.scalar_type()));
+}
+
+// Zero point / scale of the left matrix operand: a vector of M values is per row.
+at::Tensor row_param(const at::Tensor& v, const at::Tensor& a) {
+  if (v.dim() == 1 && v.numel() > 1 && a.dim() >= 2 && v.size(0) == a.size(-2))
+    return v.unsqueeze(-1);
+  return v;
+}
+
+// NOTE: integer products are accumulated in float64: exact for 8-bit operands (|sum| < 2^53) and
+// available on every device, unlike integer matmul/convolution on CUDA.
+void matmul_integer(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  check_int8(c, a, "A");
+  check_int8(c, b, "B");
+  c.check(a.dim() >= 1 && b.dim() >= 1, "inputs must be at least 1-D");
+  int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
+  at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  if (c.has_input(2)) ad = ad - row_param(c.input(2), a).to(at::kDouble);
+  if (c.has_input(3)) bd = bd - c.input(3).to(at::kDouble);
+  c.set_output(0, at::matmul(ad, bd).to(at::kInt));
+}
+
+void qlinear_matmul(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(3);
+  check_int8(c, a, "a");
+  check_int8(c, b, "b");
+  c.check(a.dim() >= 1 && b.dim() >= 1, "inputs must be at least 1-D");
+  int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
+  at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  if (c.has_input(2)) ad = ad - row_param(c.input(2), a).to(at::kDouble);
+  if (c.has_input(5)) bd = bd - c.input(5).to(at::kDouble);
+  at::Tensor acc = at::matmul(ad, bd);
+  at::ScalarType st = c.input(1).scalar_type();
+  c.check(at::isFloatingType(st), "a_scale must be a floating-point tensor");
+  at::Tensor mult = row_param(c.input(1), a).to(st) * c.input(4).to(st) / c.input(6).to(st);
+  at::Tensor r = acc * mult.to(at::kDouble);
+  at::ScalarType out = a.scalar_type();
+  if (c.has_input(7)) {
+    out = c.input(7).scalar_type();
+    r = r + c.input(7).to(at::kDouble);
+  }
+  double lo = 0, hi = 0;
+  c.check(int_range(out, lo, hi), "unsupported output type ", c10::toString(out));
+  c.set_output(0, at::clamp(at::round(r), lo, hi).to(out));
+}
+
+struct Geometry {
+  std::vector<int64_t> strides, dilations, pads_begin, pads_end;
+  int64_t group = 1;
+};
+
+Geometry conv_geometry(const OpContext& c, const at::Tensor& x, const at::Tensor& w) {
+  c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
+  c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
+  size_t n = static_cast<size_t>(x.dim() - 2);
+  Geometry g;
+  auto kernel = c.attr_ints("kernel_shape", {});
+  for (size_t i = 0; i < kernel.size() && i < n; ++i)
+    c.check(kernel[i] == w.size(2 + i), "kernel_shape ", kernel[i], " != weight dim ",
+            w.size(2 + i));
+  c.check(kernel.empty() || kernel.size() == n, "kernel_shape needs ", n, " values");
+  g.strides = c.attr_ints("strides", std::vector<int64_t>(n, 1));
+  g.dilations = c.attr_ints("dilations", std::vector<int64_t>(n, 1));
+  g.group = c.attr_int("group", 1);
+  c.check(g.strides.size() == n && g.dilations.size() == n, "strides/dilations need ", n,
+          " values");
+  for (size_t i = 0; i < n; ++i)
+    c.check(g.strides[i] > 0 && g.dilations[i] > 0, "strides and dilations must be positive");
+  c.check(g.group > 0 && x.size(1) == w.size(1) * g.group && w.size(0) % g.group == 0,
+          "channels do not match: input ", x.size(1), ", weight ", w.sizes(), ", group ", g.group);
+  auto pads = c.attr_ints("pads", std::vector<int64_t>(2 * n, 0));
+  c.check(pads.size() == 2 * n, "pads needs ", 2 * n, " values, got ", pads.size());
+  for (int64_t p : pads) c.check(p >= 0, "negative pads are not allowed");
+  g.pads_begin.assign(pads.begin(), pads.begin() + n);
+  g.pads_end.assign(pads.begin() + n, pads.end());
+  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  if (auto_pad == "VALID") {
+    std::fill(g.pads_begin.begin(), g.pads_begin.end(), 0);
+    std::fill(g.pads_end.begin(), g.pads_end.end(), 0);
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t i = 0; i < n; ++i) {
+      int64_t in = x.size(2 + i);
+      int64_t out = (in + g.strides[i] - 1) / g.strides[i];
+      int64_t eff = (w.size(2 + i) - 1) * g.dilations[i] + 1;
+      int64_t total = std::max<int64_t>(0, (out - 1) * g.strides[i] + eff - in);
+      int64_t small = total / 2, large = total - small;
+      g.pads_begin[i] = auto_pad == "SAME_UPPER" ? small : large;
+      g.pads_end[i] = auto_pad == "SAME_UPPER" ? large : small;
+    }
+  } else if (auto_pad != "NOTSET") {
+    c.fail("unknown auto_pad '", auto_pad, "'");
+  }
+  return g;
+}
+
+// Convolution of (x - x_zp) and (w - w_zp) in float64; padding holds zeros after the shift.
+at::Tensor int_conv(const OpContext& c, const at::Tensor& x, const at::Tensor& w,
+                    const at::Tensor& xzp, const at::Tensor& wzp, const at::Tensor& bias) {
+  check_int8(c, x, "x");
+  check_int8(c, w, "w");
+  Geometry g = conv_geometry(c, x, w);
+  at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble);
+  if (xzp.defined()) {
+    c.check(xzp.numel() == 1, "x_zero_point must be a scalar");
+    xd = xd - xzp.reshape({}).to(at::kDouble);
+  }
+  if (wzp.defined()) {
+    if (wzp.numel() == 1) {
+      wd = wd - wzp.reshape({}).to(at::kDouble);
+    } else {
+      c.check(wzp.dim() == 1 && wzp.size(0) == w.size(0), "w_zero_point must be a scalar or have ",
+              w.size(0), " elements");
+      std::vector<int64_t> shape(static_cast<size_t>(w.dim()), 1);
+      shape[0] = w.size(0);
+      wd = wd - wzp.to(at::kDouble).reshape(shape);
+    }
+  }
+  std::vector<int64_t> p;
+  for (size_t i = g.pads_begin.size(); i-- > 0;) {
+    p.push_back(g.pads_begin[i]);
+    p.push_back(g.pads_end[i]);
+  }
+  at::Tensor in = at::constant_pad_nd(xd, p, 0);
+  at::Tensor b;
+  if (bias.defined()) {
+    c.check(bias.dim() == 1 && bias.size(0) == w.size(0), "bias must be [", w.size(0), "]");
+    b = bias.to(at::kDouble);
+  }
+  std::vector<int64_t> zeros(g.strides.size(), 0);
+  return at::convolution(in, wd, b, g.strides, zeros, g.dilations, false, zeros, g.group);
+}
+
+void conv_integer(OpContext& c) {
+  at::Tensor xzp = c.has_input(2) ? c.input(2) : at::Tensor();
+  at::Tensor wzp = c.has_input(3) ? c.input(3) : at::Tensor();
+  c.set_output(0, int_conv(c, c.input(0), c.input(1), xzp, wzp, at::Tensor()).to(at::kInt));
+}
+
+void qlinear_conv(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& w = c.input(3);
+  at::Tensor xzp = c.has_input(2) ? c.input(2) : at::Tensor();
+  at::Tensor wzp = c.has_input(5) ? c.input(5) : at::Tensor();
+  at::Tensor bias = c.has_input(8) ? c.input(8) : at::Tensor();
+  at::Tensor acc = int_conv(c, x, w, xzp, wzp, bias);
+  at::ScalarType st = c.input(1).scalar_type();
+  c.check(at::isFloatingType(st), "x_scale must be a floating-point tensor");
+  at::Tensor ws = c.input(4).to(st);
+  if (ws.numel() > 1) {
+    c.check(ws.dim() == 1 && ws.size(0) == w.size(0), "w_scale must be a scalar or have ",
+            w.size(0), " elements");
+    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+    shape[1] = w.size(0);
+    ws = ws.reshape(shape);
+  } else {
+    ws = ws.reshape({});
+  }
+  at::Tensor mult = c.input(1).to(st).reshape({}) * ws / c.input(6).to(st).reshape({});
+  at::Tensor r = acc * mult.to(at::kDouble);
+  at::ScalarType out = x.scalar_type();
+  if (c.has_input(7)) {
+    out = c.input(7).scalar_type();
+    r = r + c.input(7).reshape({}).to(at::kDouble);
+  }
+  double lo = 0, hi = 0;
+  c.check(int_range(out, lo, hi), "unsupported output type ", c10::toString(out));
+  c.set_output(0, at::clamp(at::round(r), lo, hi).to(out));
+}
+
+void cum_prod(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& ax = c.input(1);
+  c.check(ax.numel() == 1, "axis must be a scalar");
+  c.check(x.dim() >= 1, "input must have rank >= 1");
+  int64_t axis = normalize_axis(c, to_int_vector(ax)[0], x.dim());
+  bool exclusive = c.attr_int("exclusive", 0) != 0;
+  bool reverse = c.attr_int("reverse", 0) != 0;
+  at::Tensor v = reverse ? x.flip({axis}) : x;
+  int64_t n = v.size(axis);
+  if (exclusive && n > 0) {
+    at::Tensor ones = at::ones_like(v.narrow(axis, 0, 1));
+    v = at::cat({ones, v.narrow(axis, 0, n - 1)}, axis);
+  }
+  at::Tensor y = at::cumprod(v, axis, x.scalar_type());
+  if (reverse) y = y.flip({axis});
+  c.set_output(0, y);
+}
+
+void swish(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  double alpha = c.attr_float("alpha", 1.0f);
+  c.set_output(0, x * at::sigmoid(x * alpha));
+}
+
+void swiglu(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  c.check(a.is_floating_point(), "inputs must be floating-point tensors");
+  c.check(a.sizes() == b.sizes(), "A and B must have the same shape, got ", a.sizes(), " and ",
+          b.sizes());
+  c.check(a.scalar_type() == b.scalar_type(), "A and B must have the same type");
+  double alpha = c.attr_float("alpha", 1.0f);
+  c.set_output(0, a * at::sigmoid(a * alpha) * b);
+}
+
+void rotary_embedding(OpContext& c) {
+  const at::Tensor& input = c.input(0);
+  at::Tensor cosc = c.input(1), sinc = c.input(2);
+  c.check(input.dim() == 3 || input.dim() == 4, "input must be 3-D or 4-D, got ", input.dim(), "-D");
+  bool interleaved = c.attr_int("interleaved", 0) != 0;
+  int64_t rot = c.attr_int("rotary_embedding_dim", 0);
+  int64_t heads = c.attr_int("num_heads", 0);
+  at::Tensor x;  // [B, S, heads, head]
+  if (input.dim() == 4) {
+    x = input.transpose(1, 2);
+  } else {
+    c.check(heads > 0 && input.size(2) % heads == 0,
+            "num_heads must be given and divide the hidden size for 3-D input");
+    x = input.reshape({input.size(0), input.size(1), heads, input.size(2) / heads});
+  }
+  int64_t bsz = x.size(0), seq = x.size(1), head = x.size(3);
+  if (rot == 0) rot = head;
+  c.check(rot > 0 && rot <= head && rot % 2 == 0, "rotary_embedding_dim ", rot,
+          " must be even and at most the head size ", head);
+  if (c.has_input(3)) {
+    at::Tensor pos = c.input(3).to(cosc.device(), at::kLong);
+    c.check(cosc.dim() == 2 && sinc.dim() == 2, "caches must be 2-D when position_ids is given");
+    if (pos.numel() > 0) {
+      int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
+      c.check(lo >= 0 && hi < cosc.size(0) && hi < sinc.size(0), "position_ids out of range");
+    }
+    cosc = at::embedding(cosc, pos);
+    sinc = at::embedding(sinc, pos);
+  }
+  c.check(cosc.dim() == 3 && sinc.dim() == 3 && cosc.size(0) == bsz && cosc.size(1) == seq &&
+              sinc.sizes() == cosc.sizes(),
+          "caches must be [batch, seq, rotary_dim/2]");
+  c.check(cosc.size(2) == rot / 2, "last dim of the caches (", cosc.size(2),
+          ") != rotary_embedding_dim/2 (", rot / 2, ")");
+  at::Tensor cs = cosc.unsqueeze(2).to(x.scalar_type()), sn = sinc.unsqueeze(2).to(x.scalar_type());
+  at::Tensor xr = x.narrow(3, 0, rot), xp = x.narrow(3, rot, head - rot);
+  at::Tensor x1, x2;
+  if (interleaved) {
+    at::Tensor pairs = xr.reshape({bsz, seq, x.size(2), rot / 2, 2});
+    x1 = pairs.select(4, 0);
+    x2 = pairs.select(4, 1);
+  } else {
+    x1 = xr.narrow(3, 0, rot / 2);
+    x2 = xr.narrow(3, rot / 2, rot / 2);
+  }
+  at::Tensor real = cs * x1 - sn * x2;
+  at::Tensor imag = sn * x1 + cs * x2;
+  at::Tensor rotated = interleaved ? at::stack({real, imag}, -1).reshape(xr.sizes())
+                                   : at::cat({real, imag}, -1);
+  at::Tensor y = at::cat({rotated, xp}, -1);
+  y = input.dim() == 4 ? y.transpose(1, 2).contiguous() : y.reshape(input.sizes());
+  c.set_output(0, y);
+}
+
+void bitcast(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::ScalarType to = scalar_type_of(c, c.attr_int("to"));
+  c.check(c10::elementSize(to) == c10::elementSize(x.scalar_type()),
+          "BitCast needs types of the same width: ", c10::toString(x.scalar_type()), " -> ",
+          c10::toString(to));
+  c.set_output(0, x.contiguous().view(to).clone());
+}
+
+int64_t matmul_integer_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 2 || m.out_shapes.empty() || m.in_shapes[0].empty()) return 0;
+  return numel_of(m.out_shapes[0]) * m.in_shapes[0].back();
+}
+
+int64_t qlinear_matmul_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 4 || m.out_shapes.empty() || m.in_shapes[0].empty()) return 0;
+  return numel_of(m.out_shapes[0]) * m.in_shapes[0].back();
+}
+
+int64_t conv_macs_at(const MacContext& m, size_t w_index) {
+  if (m.in_shapes.size() <= w_index || m.out_shapes.empty() || m.out_shapes[0].size() < 3)
+    return 0;
+  const auto& w = m.in_shapes[w_index];
+  int64_t per_output = 1;
+  for (size_t i = 1; i < w.size(); ++i) per_output *= w[i];
+  return numel_of(m.out_shapes[0]) * per_output;
+}
+
+int64_t conv_integer_macs(const MacContext& m) { return conv_macs_at(m, 1); }
+int64_t qlinear_conv_macs(const MacContext& m) { return conv_macs_at(m, 3); }
+
+}  // namespace
+
+void register_quant(OpTable& t) {
+  t.add({"", "QuantizeLinear", quantize_linear});
+  t.add({"", "DequantizeLinear", dequantize_linear});
+  t.add({"", "DynamicQuantizeLinear", dynamic_quantize_linear});
+  t.add({"", "MatMulInteger", matmul_integer, matmul_integer_macs});
+  t.add({"", "ConvInteger", conv_integer, conv_integer_macs});
+  t.add({"", "QLinearMatMul", qlinear_matmul, qlinear_matmul_macs});
+  t.add({"", "QLinearConv", qlinear_conv, qlinear_conv_macs});
+  t.add({"", "CumProd", cum_prod});
+  t.add({"", "Swish", swish});
+  t.add({"", "SwiGLU", swiglu});
+  t.add({"", "RotaryEmbedding", rotary_embedding});
+  t.add({"", "BitCast", bitcast});
+}
 
 }  // namespace lopper::ops

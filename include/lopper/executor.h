@@ -21,6 +21,9 @@ struct ExecOptions {
   bool training = false;
   /// Fold nodes whose inputs are all constant at load (inference only).
   bool fold_constants = true;
+  /// Rewrite a private copy of the graph for speed (inference only): BatchNorm folded into Conv,
+  /// activations and residual adds fused into the convolution.
+  bool fuse = true;
 };
 
 /// Configures ATen's thread pools: `threads` intra-op threads (0 = one per core) and one inter-op

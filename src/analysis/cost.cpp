@@ -75,7 +75,10 @@ ModelCost analyze(const ir::Model& model,
   std::unordered_map<const ir::Node*, std::pair<std::vector<std::vector<int64_t>>,
                                                 std::vector<std::vector<int64_t>>>> seen;
   {
-    Executor exec(model, {"cpu", false, false});
+    ExecOptions opts;
+    opts.fold_constants = false;
+    opts.fuse = false;  // MACs are counted per node of the model as it is
+    Executor exec(model, opts);
     exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
                        const std::vector<at::Tensor>& out) {
       auto& rec = seen[&n];

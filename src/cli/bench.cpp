@@ -24,7 +24,7 @@ Action add_bench(CLI::App& app) {
     std::vector<std::string> shapes;
     int64_t batch = 0;
     int threads = 0, warmup = 10, iters = 50;
-    bool json = false;
+    bool json = false, profile = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
@@ -38,6 +38,7 @@ Action add_bench(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
   cmd->add_option("--iters", o->iters, "timed runs")->check(CLI::Range(1, 1000000));
   cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_flag("--profile", o->profile, "time per op type (after the timed runs)");
   return [o]() {
     configure_threads(o->threads);
     std::map<std::string, std::vector<int64_t>> overrides;
@@ -79,6 +80,23 @@ Action add_bench(CLI::App& app) {
       auto t1 = std::chrono::steady_clock::now();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
+    std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
+    if (o->profile) {
+      auto last = std::chrono::steady_clock::now();
+      exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>&,
+                         const std::vector<at::Tensor>&) {
+        auto now = std::chrono::steady_clock::now();
+        auto& e = per_op[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type];
+        e.first += std::chrono::duration<double, std::milli>(now - last).count();
+        e.second += 1;
+        last = now;
+      };
+      for (int i = 0; i < o->iters; ++i) {
+        last = std::chrono::steady_clock::now();
+        exec.run(feeds);
+      }
+      exec.on_node = nullptr;
+    }
     std::vector<double> sorted = ms;
     std::sort(sorted.begin(), sorted.end());
     auto pct = [&](double p) {
@@ -91,17 +109,30 @@ Action add_bench(CLI::App& app) {
     int64_t batch = feeds.empty() || feeds[0].second.dim() == 0 ? 1 : feeds[0].second.size(0);
     double throughput = batch * 1000.0 / median;
     int threads = at::get_num_threads();
+    std::vector<std::pair<std::string, std::pair<double, int64_t>>> ops(per_op.begin(), per_op.end());
+    std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
     if (o->json) {
       nlohmann::json j{{"model", o->model}, {"device", o->device}, {"batch", batch},
                        {"threads", threads}, {"iters", o->iters}, {"median_ms", median},
                        {"p90_ms", p90}, {"mean_ms", mean}, {"min_ms", sorted.front()},
                        {"throughput_per_s", throughput}};
+      if (o->profile) {
+        nlohmann::json p = nlohmann::json::array();
+        for (const auto& [op, v] : ops)
+          p.push_back({{"op", op}, {"ms_per_run", v.first / o->iters}, {"calls_per_run", v.second / o->iters}});
+        j["profile"] = p;
+      }
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << fmt::format("{}  device {}  batch {}  threads {}  iters {}\n", o->model,
                                o->device, batch, threads, o->iters)
                 << fmt::format("median {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   {:.1f} samples/s\n",
                                median, p90, sorted.front(), throughput);
+      if (o->profile) {
+        std::cout << fmt::format("\n{:<28} {:>10} {:>8}\n", "op", "ms/run", "calls");
+        for (const auto& [op, v] : ops)
+          std::cout << fmt::format("{:<28} {:>10.3f} {:>8}\n", op, v.first / o->iters, v.second / o->iters);
+      }
     }
     return 0;
   };

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "exec/fuse.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
@@ -105,8 +106,10 @@ struct Executor::Impl {
   std::unordered_map<const ir::Graph*, std::unique_ptr<Plan>> plans;
   std::vector<const ir::ValueInfo*> real_inputs;
   NamedTensors params;
+  std::unique_ptr<ir::Graph> fused;  // the rewritten top graph (inference), else null
 
   Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {}
+  const ir::Graph& top() const { return fused ? *fused : model.graph; }
 
   const Plan& plan_for(const ir::Graph& g, bool top) {
     auto it = plans.find(&g);
@@ -288,7 +291,9 @@ Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
   impl_->real_inputs = model.graph.real_inputs();
-  impl_->plan_for(model.graph, true);
+  if (!impl_->opts.training && impl_->opts.fuse)
+    impl_->fused = std::make_unique<ir::Graph>(exec::fuse_for_inference(model.graph, model.opset()));
+  impl_->plan_for(impl_->top(), true);
 }
 
 Executor::~Executor() = default;
@@ -339,9 +344,13 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
     ordered.push_back(t.to(impl_->device));
   }
   impl_->on_node_ = on_node;
-  if (impl_->opts.training) return impl_->run_graph(g, ordered, nullptr);
+  if (impl_->opts.training) return impl_->run_graph(impl_->top(), ordered, nullptr);
   c10::InferenceMode guard;
-  return impl_->run_graph(g, ordered, nullptr);
+  auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
+  // Kernels may hand back channels-last tensors; callers get the standard layout.
+  for (auto& t : outs)
+    if (t.defined() && !t.is_contiguous()) t = t.contiguous();
+  return outs;
 }
 
 }  // namespace lopper

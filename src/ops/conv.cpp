@@ -1,4 +1,5 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
+#include "ops/onednn.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -65,12 +66,51 @@ at::Tensor pad_spatial(const at::Tensor& x, const std::vector<int64_t>& begin,
   return at::constant_pad_nd(x, p, 0);
 }
 
+// The activation a FusedConv node applies (lopper's own op, made by the executor's fusion pass).
+onednn::PostOp read_post_op(const AttrReader& c) {
+  onednn::PostOp p;
+  std::string act = c.attr_string("activation", "");
+  if (act.empty()) return p;
+  if (act == "Relu") {
+    p.attr = "relu";
+  } else if (act == "Clip") {
+    p.attr = "hardtanh";
+    p.scalars = {c.attr_float("activation_min", -INFINITY), c.attr_float("activation_max", INFINITY)};
+  } else if (act == "LeakyRelu") {
+    p.attr = "leaky_relu";
+    p.scalars = {c.attr_float("activation_alpha", 0.01f)};
+  } else if (act == "Sigmoid") {
+    p.attr = "sigmoid";
+  } else if (act == "Tanh") {
+    p.attr = "tanh";
+  } else {
+    c.fail("unknown fused activation '", act, "'");
+  }
+  return p;
+}
+
+at::Tensor apply_post_op(at::Tensor y, const onednn::PostOp& p) {
+  if (p.attr == "relu") return at::relu(y);
+  if (p.attr == "hardtanh") return at::clamp(y, p.scalars[0], p.scalars[1]);
+  if (p.attr == "leaky_relu") return at::leaky_relu(y, p.scalars[0]);
+  if (p.attr == "sigmoid") return at::sigmoid(y);
+  if (p.attr == "tanh") return at::tanh(y);
+  return y;
+}
+
+struct ConvState {
+  at::Tensor packed;  // oneDNN weight, reordered for the first input shape seen
+};
+
+// Conv, and FusedConv = activation(Conv(X, W, B) + Other) with inputs X, W, B?, Other?.
 void conv_forward(OpContext& c) {
   const at::Tensor& x = c.input(0);
   const at::Tensor& w = c.input(1);
   c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
   c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
   at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
+  at::Tensor other = c.has_input(3) ? c.input(3) : at::Tensor();
+  auto post = read_post_op(c);
   auto g = read_geometry(c, w, x.sizes().slice(2), false);
   c.check(x.size(1) == w.size(1) * g.group, "input has ", x.size(1), " channels, weight expects ",
           w.size(1) * g.group, " (", w.size(1), " x group ", g.group, ")");
@@ -83,8 +123,38 @@ void conv_forward(OpContext& c) {
     in = pad_spatial(x, g.pads_begin, g.pads_end);
     std::fill(padding.begin(), padding.end(), 0);
   }
-  c.set_output(0, at::convolution(in, w, b, g.strides, padding, g.dilations, false,
-                                  std::vector<int64_t>(padding.size(), 0), g.group));
+  // NOTE: inference on the CPU runs oneDNN with the weight reordered once and the activations in
+  // channels-last layout (kept from one convolution to the next), the layout its kernels read
+  // without reorders; the activation and residual add are fused into the kernel.
+  if (x.dim() == 4 && !c.grad_mode() && c.is_constant(1) && (!b.defined() || c.is_constant(2)) &&
+      onednn::usable(x) && onednn::usable(w)) {
+    auto& st = c.state<ConvState>();
+    in = in.contiguous(at::MemoryFormat::ChannelsLast);
+    if (!st.packed.defined())
+      st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
+    if (other.defined()) {
+      std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
+      for (size_t i = 0; i < 2; ++i)
+        out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
+                                g.strides[i] + 1);
+      if (other.sizes() == at::IntArrayRef(out_shape) && onednn::usable(other)) {
+        c.set_output(0, onednn::conv2d_add(in, other.contiguous(at::MemoryFormat::ChannelsLast),
+                                           st.packed, b, padding, g.strides, g.dilations, g.group,
+                                           post));
+        return;
+      }
+      // A broadcasting add: the convolution alone, then the add and the activation.
+      at::Tensor y = onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, {});
+      c.set_output(0, apply_post_op(y + other, post));
+      return;
+    }
+    c.set_output(0, onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, post));
+    return;
+  }
+  at::Tensor y = at::convolution(in, w, b, g.strides, padding, g.dilations, false,
+                                 std::vector<int64_t>(padding.size(), 0), g.group);
+  if (other.defined()) y = y + other;
+  c.set_output(0, apply_post_op(y, post));
 }
 
 int64_t conv_macs(const MacContext& m) {
@@ -177,6 +247,7 @@ int64_t conv_transpose_macs(const MacContext& m) {
 void register_conv(OpTable& t) {
   t.add({"", "Conv", conv_forward, conv_macs});
   t.add({"", "ConvTranspose", conv_transpose_forward, conv_transpose_macs});
+  t.add({"ai.lopper", "FusedConv", conv_forward, conv_macs});
 }
 
 }  // namespace lopper::ops

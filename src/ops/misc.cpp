@@ -175,7 +175,7 @@ at::Tensor resize_axis(const OpContext& c, const ResizeOpts& o, const at::Tensor
     auto shape = x.sizes().vec();
     shape[axis] = out;
     shape.insert(shape.begin() + axis + 1, n);
-    g = g.view(shape);
+    g = g.reshape(shape);
     std::vector<int64_t> wshape(shape.size(), 1);
     wshape[axis] = out;
     wshape[axis + 1] = n;
@@ -414,9 +414,9 @@ void attention(OpContext& c) {
     c.check(hq > 0 && hkv > 0, "q_num_heads and kv_num_heads must be positive");
     c.check(q.size(2) % hq == 0 && k.size(2) % hkv == 0 && v.size(2) % hkv == 0,
             "hidden sizes must be divisible by the head counts");
-    q = q.view({batch, q.size(1), hq, -1}).transpose(1, 2);
-    k = k.view({batch, k.size(1), hkv, -1}).transpose(1, 2);
-    v = v.view({batch, v.size(1), hkv, -1}).transpose(1, 2);
+    q = q.reshape({batch, q.size(1), hq, -1}).transpose(1, 2);
+    k = k.reshape({batch, k.size(1), hkv, -1}).transpose(1, 2);
+    v = v.reshape({batch, v.size(1), hkv, -1}).transpose(1, 2);
   }
   c.check(k.size(0) == batch && v.size(0) == batch, "batch sizes differ");
   c.check(q.size(3) == k.size(3), "Q and K head sizes differ");

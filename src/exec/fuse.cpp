@@ -1,0 +1,243 @@
+#include "exec/fuse.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace lopper::exec {
+namespace {
+
+struct Uses {
+  std::unordered_map<std::string, int> count;  // readers of each value; graph outputs count too
+  void build(const ir::Graph& g, const std::vector<bool>& removed) {
+    count.clear();
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (removed[i]) continue;
+      for (const auto& r : ir::node_reads(g.nodes[i])) ++count[r];
+    }
+    for (const auto& o : g.outputs) count[o.name] += 2;  // never fused away
+  }
+  bool single(const std::string& v) const {
+    auto it = count.find(v);
+    return it != count.end() && it->second == 1;
+  }
+};
+
+bool is(const ir::Node& n, const char* op) { return n.domain.empty() && n.op_type == op; }
+
+int outputs_used(const ir::Node& n) {
+  int k = 0;
+  for (const auto& o : n.outputs) k += !o.empty();
+  return k;
+}
+
+const ir::Attribute* find_attr(const ir::Node& n, const char* name) { return n.attr(name); }
+
+ir::Attribute make_attr(const std::string& name, const std::string& s) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kString;
+  a.s = s;
+  return a;
+}
+ir::Attribute make_attr(const std::string& name, float f) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kFloat;
+  a.f = f;
+  return a;
+}
+
+// The scalar value of an initializer, if `name` is one with a single element.
+std::optional<float> scalar_initializer(const ir::Graph& g, const std::string& name) {
+  const auto* t = g.find_initializer(name);
+  if (!t || t->value.numel() != 1 || !t->value.is_floating_point()) return std::nullopt;
+  return t->value.to(at::kFloat).item<float>();
+}
+
+// Activation attributes for a FusedConv when `n` is an activation lopper can fuse.
+std::optional<std::vector<ir::Attribute>> activation_of(const ir::Graph& g, const ir::Node& n,
+                                                        int64_t opset) {
+  if (n.inputs.empty() || outputs_used(n) != 1) return std::nullopt;
+  if (is(n, "Relu") || is(n, "Sigmoid") || is(n, "Tanh"))
+    return std::vector<ir::Attribute>{make_attr("activation", n.op_type)};
+  if (is(n, "LeakyRelu")) {
+    const auto* a = find_attr(n, "alpha");
+    return std::vector<ir::Attribute>{make_attr("activation", "LeakyRelu"),
+                                      make_attr("activation_alpha", a ? a->f : 0.01f)};
+  }
+  if (is(n, "Clip")) {
+    float lo = -INFINITY, hi = INFINITY;
+    if (opset < 11) {
+      if (const auto* a = find_attr(n, "min")) lo = a->f;
+      if (const auto* a = find_attr(n, "max")) hi = a->f;
+    } else {
+      if (n.inputs.size() > 1 && !n.inputs[1].empty()) {
+        auto v = scalar_initializer(g, n.inputs[1]);
+        if (!v) return std::nullopt;
+        lo = *v;
+      }
+      if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
+        auto v = scalar_initializer(g, n.inputs[2]);
+        if (!v) return std::nullopt;
+        hi = *v;
+      }
+    }
+    return std::vector<ir::Attribute>{make_attr("activation", "Clip"),
+                                      make_attr("activation_min", lo),
+                                      make_attr("activation_max", hi)};
+  }
+  return std::nullopt;
+}
+
+// Folds BatchNormalization(Conv(x)) into the Conv's weight and bias. Returns true if it did.
+bool fold_batchnorm(ir::Graph& g, size_t conv_i, size_t bn_i) {
+  ir::Node& conv = g.nodes[conv_i];
+  const ir::Node& bn = g.nodes[bn_i];
+  if (bn.inputs.size() < 5 || outputs_used(bn) != 1 || bn.outputs[0].empty()) return false;
+  if (const auto* tm = find_attr(bn, "training_mode"); tm && tm->i) return false;
+  const auto* w = g.find_initializer(conv.inputs[1]);
+  const auto* b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? g.find_initializer(conv.inputs[2])
+                                                                     : nullptr;
+  if (!w || (conv.inputs.size() > 2 && !conv.inputs[2].empty() && !b)) return false;
+  const ir::Initializer* p[4];
+  for (int k = 0; k < 4; ++k)
+    if (!(p[k] = g.find_initializer(bn.inputs[1 + k]))) return false;
+  int64_t cout = w->value.size(0);
+  for (int k = 0; k < 4; ++k)
+    if (p[k]->value.dim() != 1 || p[k]->value.size(0) != cout) return false;
+  if (!w->value.is_floating_point()) return false;
+  const auto* eps_attr = find_attr(bn, "epsilon");
+  double eps = eps_attr ? eps_attr->f : 1e-5;
+  at::Tensor scale = p[0]->value.to(at::kDouble), shift = p[1]->value.to(at::kDouble);
+  at::Tensor mean = p[2]->value.to(at::kDouble), var = p[3]->value.to(at::kDouble);
+  at::Tensor k = scale / at::sqrt(var + eps);
+  std::vector<int64_t> shape(w->value.dim(), 1);
+  shape[0] = cout;
+  at::Tensor new_w = (w->value.to(at::kDouble) * k.view(shape)).to(w->value.scalar_type());
+  at::Tensor old_b = b ? b->value.to(at::kDouble) : at::zeros({cout}, at::kDouble);
+  at::Tensor new_b = ((old_b - mean) * k + shift).to(w->value.scalar_type());
+  std::string base = conv.outputs[0] + "/bn_folded";
+  g.initializers.push_back({base + "/W", new_w.contiguous(), "", false});
+  g.initializers.push_back({base + "/B", new_b.contiguous(), "", false});
+  conv.inputs.resize(3);
+  conv.inputs[1] = base + "/W";
+  conv.inputs[2] = base + "/B";
+  conv.outputs[0] = bn.outputs[0];
+  return true;
+}
+
+}  // namespace
+
+// Constant nodes become initializers, so the passes below (and the executor) see them as constants.
+void constants_to_initializers(ir::Graph& g) {
+  std::vector<ir::Node> kept;
+  for (auto& n : g.nodes) {
+    at::Tensor v;
+    if (is(n, "Constant") && n.outputs.size() == 1 && n.attrs.size() == 1) {
+      const ir::Attribute& a = n.attrs[0];
+      if (a.name == "value" && a.type == ir::AttrType::kTensor) v = a.t;
+      else if (a.name == "value_float") v = at::scalar_tensor(a.f, at::kFloat);
+      else if (a.name == "value_int") v = at::scalar_tensor(a.i, at::kLong);
+      else if (a.name == "value_floats") v = at::tensor(a.floats, at::kFloat);
+      else if (a.name == "value_ints") v = at::tensor(a.ints, at::kLong);
+    }
+    if (v.defined()) g.initializers.push_back({n.outputs[0], v, "", false});
+    else kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
+}
+
+ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
+  ir::Graph g = src;
+  constants_to_initializers(g);
+  std::vector<bool> removed(g.nodes.size(), false);
+  std::unordered_map<std::string, size_t> producer;
+  auto index = [&] {
+    producer.clear();
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (!removed[i])
+        for (const auto& o : g.nodes[i].outputs)
+          if (!o.empty()) producer[o] = i;
+  };
+  Uses uses;
+  // Each value's single reader (only meaningful when uses.single(v)).
+  auto reader_of = [&](const std::string& v) -> std::optional<size_t> {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (removed[i]) continue;
+      for (const auto& in : g.nodes[i].inputs)
+        if (in == v) return i;
+    }
+    return std::nullopt;
+  };
+
+  // 1. BatchNormalization after a Conv whose output nothing else reads.
+  index();
+  uses.build(g, removed);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (removed[i] || !is(g.nodes[i], "BatchNormalization") || g.nodes[i].inputs.empty()) continue;
+    auto it = producer.find(g.nodes[i].inputs[0]);
+    if (it == producer.end()) continue;
+    ir::Node& conv = g.nodes[it->second];
+    if (!is(conv, "Conv") || conv.inputs.size() < 2 || outputs_used(conv) != 1 ||
+        !uses.single(conv.outputs[0]))
+      continue;
+    if (fold_batchnorm(g, it->second, i)) {
+      removed[i] = true;
+      index();
+    }
+  }
+
+  // 2. Conv [+ Add] [+ activation] -> FusedConv.
+  uses.build(g, removed);
+  index();
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& conv = g.nodes[i];
+    if (removed[i] || !is(conv, "Conv") || outputs_used(conv) != 1 || conv.outputs[0].empty())
+      continue;
+    std::string out = conv.outputs[0];
+    std::string other;
+    std::vector<ir::Attribute> act;
+    std::vector<size_t> absorbed;
+    if (uses.single(out)) {
+      size_t r = *reader_of(out);
+      ir::Node& next = g.nodes[r];
+      if (is(next, "Add") && next.inputs.size() == 2 && outputs_used(next) == 1 &&
+          next.inputs[0] != next.inputs[1]) {
+        other = next.inputs[0] == out ? next.inputs[1] : next.inputs[0];
+        absorbed.push_back(r);
+        out = next.outputs[0];
+        if (uses.single(out)) {
+          size_t r2 = *reader_of(out);
+          if (auto a = activation_of(g, g.nodes[r2], opset)) {
+            act = *a;
+            absorbed.push_back(r2);
+            out = g.nodes[r2].outputs[0];
+          }
+        }
+      } else if (auto a = activation_of(g, next, opset)) {
+        act = *a;
+        absorbed.push_back(r);
+        out = next.outputs[0];
+      }
+    }
+    if (absorbed.empty()) continue;
+    conv.domain = "ai.lopper";
+    conv.op_type = "FusedConv";
+    conv.inputs.resize(3);
+    if (!other.empty()) conv.inputs.push_back(other);
+    conv.outputs[0] = out;
+    for (auto& a : act) conv.attrs.push_back(a);
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+  }
+
+  std::vector<ir::Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+  return g;
+}
+
+}  // namespace lopper::exec

@@ -1,0 +1,73 @@
+#include "ops/onednn.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace lopper::ops::onednn {
+namespace {
+
+// NOTE: the mkldnn:: ops are called boxed: their C++ signatures have changed across libtorch
+// releases, the schemas have not; the boxing costs a few microseconds per call.
+c10::OperatorHandle op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+c10::IValue opt_tensor(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
+
+c10::IValue scalars(const std::vector<double>& v) {
+  c10::List<std::optional<at::Scalar>> l;
+  for (double d : v) l.push_back(at::Scalar(d));
+  return c10::IValue(l);
+}
+
+c10::IValue algorithm(const PostOp& p) {
+  return p.algorithm.empty() ? c10::IValue() : c10::IValue(p.algorithm);
+}
+
+at::Tensor call(const c10::OperatorHandle& h, torch::jit::Stack stack) {
+  h.callBoxed(stack);
+  return stack.back().toTensor();
+}
+
+}  // namespace
+
+bool usable(const at::Tensor& x) {
+  return at::hasMKLDNN() && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+         !x.requires_grad();
+}
+
+at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::IntArrayRef stride,
+                              at::IntArrayRef dilation, int64_t groups, at::IntArrayRef input_size) {
+  return at::mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
+                                          groups, input_size);
+}
+
+at::Tensor conv2d(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
+                  at::IntArrayRef padding, at::IntArrayRef stride, at::IntArrayRef dilation,
+                  int64_t groups, const PostOp& post) {
+  static const c10::OperatorHandle h = op("mkldnn::_convolution_pointwise", "");
+  return call(h, {x, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(), groups,
+                  post.attr, scalars(post.scalars), algorithm(post)});
+}
+
+at::Tensor conv2d_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
+                      const at::Tensor& bias, at::IntArrayRef padding, at::IntArrayRef stride,
+                      at::IntArrayRef dilation, int64_t groups, const PostOp& post) {
+  static const c10::OperatorHandle h = op("mkldnn::_convolution_pointwise", "binary");
+  return call(h, {x, other, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(),
+                  groups, std::string("add"), c10::IValue(),
+                  post.attr == "none" ? c10::IValue() : c10::IValue(post.attr),
+                  scalars(post.scalars), algorithm(post)});
+}
+
+at::Tensor pack_linear_weight(const at::Tensor& w, int64_t batch) {
+  static const c10::OperatorHandle h = op("mkldnn::_reorder_linear_weight", "");
+  return call(h, {w.contiguous(), batch});
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
+                  const PostOp& post) {
+  static const c10::OperatorHandle h = op("mkldnn::_linear_pointwise", "");
+  return call(h, {x, packed_w, opt_tensor(bias), post.attr, scalars(post.scalars), algorithm(post)});
+}
+
+}  // namespace lopper::ops::onednn

@@ -1,0 +1,41 @@
+// oneDNN (through libtorch's mkldnn ops) for inference: weights reordered once into the layout the
+// kernel reads, and the following activation (or a residual add) fused into the convolution.
+// Internal header; every call is CPU + float32 only, callers check `usable()`.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace lopper::ops::onednn {
+
+/// An activation applied to the kernel's output inside the kernel ("none", "relu", "hardtanh" with
+/// scalars {min, max}, "leaky_relu" {slope}, "gelu" with algorithm "none"|"tanh", "sigmoid", "tanh").
+struct PostOp {
+  std::string attr = "none";
+  std::vector<double> scalars;
+  std::string algorithm;
+};
+
+/// True when libtorch has oneDNN and `x` is a float32 CPU tensor that does not require grad.
+bool usable(const at::Tensor& x);
+
+at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::IntArrayRef stride,
+                              at::IntArrayRef dilation, int64_t groups, at::IntArrayRef input_size);
+/// y = post(conv(x, w) + b)
+at::Tensor conv2d(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
+                  at::IntArrayRef padding, at::IntArrayRef stride, at::IntArrayRef dilation,
+                  int64_t groups, const PostOp& post);
+/// y = post(conv(x, w) + b + other); `other` has y's shape.
+at::Tensor conv2d_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
+                      const at::Tensor& bias, at::IntArrayRef padding, at::IntArrayRef stride,
+                      at::IntArrayRef dilation, int64_t groups, const PostOp& post);
+
+/// w is [N, K]; `batch` is the expected number of rows (a layout hint).
+at::Tensor pack_linear_weight(const at::Tensor& w, int64_t batch);
+/// y = post(x @ w^T + b) for 2-D x.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
+                  const PostOp& post);
+
+}  // namespace lopper::ops::onednn

@@ -1,6 +1,6 @@
 // Parity with PyTorch on real models: every model tests/fixtures/make_models.py exported (both
 // exporters, BatchNorm folded and kept) runs in lopper with max |diff| <= 1e-4 * max |reference|,
-// and import -> export -> import gives bitwise-identical outputs.
+// and import -> export -> import is stable.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -61,14 +61,17 @@ TEST_P(Parity, MatchesPyTorch) {
     EXPECT_LE(rel, 1e-4) << stem << " output " << k << ": max|diff|/max|ref| = " << rel;
   }
 
-  // Import -> export -> import is the identity on outputs.
+  // Import -> export -> import is the identity: the second export is byte for byte the first,
+  // and the outputs agree (to rounding: each executor picks its kernels by timing them).
   std::string bytes = onnx::serialize_model(model);
   ir::Model again = onnx::parse_model(bytes.data(), bytes.size(), dir.string());
+  EXPECT_EQ(onnx::serialize_model(again), bytes) << stem << ": export is not stable";
   Executor exec2(again);
   auto outs2 = exec2.run(feeds);
   ASSERT_EQ(outs2.size(), outs.size());
   for (size_t k = 0; k < outs.size(); ++k)
-    EXPECT_TRUE(at::equal(outs[k], outs2[k])) << stem << ": output " << k << " changed after export";
+    EXPECT_LE(test::relative_max_diff(outs2[k], outs[k]), 1e-6)
+        << stem << ": output " << k << " changed after export";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::ValuesIn(fixture_models()),

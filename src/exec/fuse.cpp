@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -62,6 +63,11 @@ std::optional<std::vector<ir::Attribute>> activation_of(const ir::Graph& g, cons
   if (n.inputs.empty() || outputs_used(n) != 1) return std::nullopt;
   if (is(n, "Relu") || is(n, "Sigmoid") || is(n, "Tanh"))
     return std::vector<ir::Attribute>{make_attr("activation", n.op_type)};
+  if (is(n, "Gelu")) {
+    const auto* a = find_attr(n, "approximate");
+    return std::vector<ir::Attribute>{make_attr("activation", "Gelu"),
+                                      make_attr("activation_approximate", a ? a->s : "none")};
+  }
   if (is(n, "LeakyRelu")) {
     const auto* a = find_attr(n, "alpha");
     return std::vector<ir::Attribute>{make_attr("activation", "LeakyRelu"),
@@ -130,12 +136,15 @@ bool fold_batchnorm(ir::Graph& g, size_t conv_i, size_t bn_i) {
 
 }  // namespace
 
-// Constant nodes become initializers, so the passes below (and the executor) see them as constants.
+// Constant nodes, and Identity nodes of initializers (how exporters share deduplicated weights),
+// become initializers, so the passes below (and the executor) see them as constants.
 void constants_to_initializers(ir::Graph& g) {
   std::vector<ir::Node> kept;
   for (auto& n : g.nodes) {
     at::Tensor v;
-    if (is(n, "Constant") && n.outputs.size() == 1 && n.attrs.size() == 1) {
+    if (is(n, "Identity") && n.inputs.size() == 1 && n.outputs.size() == 1) {
+      if (const auto* t = g.find_initializer(n.inputs[0])) v = t->value;  // shares the storage
+    } else if (is(n, "Constant") && n.outputs.size() == 1 && n.attrs.size() == 1) {
       const ir::Attribute& a = n.attrs[0];
       if (a.name == "value" && a.type == ir::AttrType::kTensor) v = a.t;
       else if (a.name == "value_float") v = at::scalar_tensor(a.f, at::kFloat);
@@ -229,6 +238,116 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     if (!other.empty()) conv.inputs.push_back(other);
     conv.outputs[0] = out;
     for (auto& a : act) conv.attrs.push_back(a);
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+  }
+
+  // 3. GELU written out with Erf (what the TorchScript exporter emits before opset 20):
+  //    Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5) -> Gelu(x).
+  uses.build(g, removed);
+  index();
+  auto scalar_is = [&](const std::string& v, double want) {
+    auto s = scalar_initializer(g, v);
+    return s && std::abs(*s - want) < 1e-4 * std::abs(want);
+  };
+  auto other_input = [](const ir::Node& n, const std::string& v) -> std::string {
+    if (n.inputs.size() != 2) return "";
+    return n.inputs[0] == v ? n.inputs[1] : (n.inputs[1] == v ? n.inputs[0] : "");
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (removed[i] || !is(g.nodes[i], "Erf") || g.nodes[i].inputs.size() != 1) continue;
+    auto div_it = producer.find(g.nodes[i].inputs[0]);
+    if (div_it == producer.end()) continue;
+    const ir::Node& div = g.nodes[div_it->second];
+    if (!is(div, "Div") || div.inputs.size() != 2 || !scalar_is(div.inputs[1], std::sqrt(2.0)) ||
+        !uses.single(div.outputs[0]))
+      continue;
+    const std::string x = div.inputs[0];
+    const std::string erf_out = g.nodes[i].outputs[0];
+    if (!uses.single(erf_out)) continue;
+    size_t add_i = *reader_of(erf_out);
+    const ir::Node& add = g.nodes[add_i];
+    if (!is(add, "Add") || !scalar_is(other_input(add, erf_out), 1.0) || !uses.single(add.outputs[0]))
+      continue;
+    size_t mul1_i = *reader_of(add.outputs[0]);
+    const ir::Node& mul1 = g.nodes[mul1_i];
+    if (!is(mul1, "Mul") || other_input(mul1, add.outputs[0]) != x || !uses.single(mul1.outputs[0]))
+      continue;
+    size_t mul2_i = *reader_of(mul1.outputs[0]);
+    ir::Node& mul2 = g.nodes[mul2_i];
+    if (!is(mul2, "Mul") || !scalar_is(other_input(mul2, mul1.outputs[0]), 0.5)) continue;
+    ir::Node gelu;
+    gelu.name = mul2.name.empty() ? mul2.outputs[0] + "/gelu" : mul2.name;
+    gelu.op_type = "Gelu";
+    gelu.inputs = {x};
+    gelu.outputs = {mul2.outputs[0]};
+    mul2 = gelu;
+    removed[div_it->second] = removed[i] = removed[add_i] = removed[mul1_i] = true;
+    uses.build(g, removed);
+    index();
+  }
+
+  // 4. MatMul by a constant 2-D weight (or Gemm as a Linear layer) [+ bias Add] [+ activation]
+  //    -> FusedMatMul.
+  uses.build(g, removed);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& mm = g.nodes[i];
+    if (removed[i] || outputs_used(mm) != 1 || mm.inputs.size() < 2) continue;
+    const ir::Initializer* w = g.find_initializer(mm.inputs[1]);
+    if (!w || w->value.dim() != 2 || !w->value.is_floating_point()) continue;
+    bool trans_b = false;
+    std::string bias;
+    if (is(mm, "Gemm")) {
+      auto iattr = [&](const char* k, int64_t d) { auto* a = find_attr(mm, k); return a ? a->i : d; };
+      auto fattr = [&](const char* k, float d) { auto* a = find_attr(mm, k); return a ? a->f : d; };
+      if (iattr("transA", 0) || fattr("alpha", 1.0f) != 1.0f || fattr("beta", 1.0f) != 1.0f) continue;
+      trans_b = iattr("transB", 0) != 0;
+      if (mm.inputs.size() > 2 && !mm.inputs[2].empty()) {
+        const auto* b = g.find_initializer(mm.inputs[2]);
+        int64_t n = trans_b ? w->value.size(0) : w->value.size(1);
+        if (!b || b->value.numel() != n) continue;
+        bias = mm.inputs[2];
+      }
+    } else if (!is(mm, "MatMul")) {
+      continue;
+    }
+    int64_t n = trans_b ? w->value.size(0) : w->value.size(1);
+    std::string out = mm.outputs[0];
+    std::vector<size_t> absorbed;
+    std::vector<ir::Attribute> act;
+    if (bias.empty() && uses.single(out)) {
+      size_t r = *reader_of(out);
+      const ir::Node& add = g.nodes[r];
+      std::string b = other_input(add, out);
+      const auto* bt = b.empty() ? nullptr : g.find_initializer(b);
+      if (is(add, "Add") && bt && bt->value.dim() == 1 && bt->value.size(0) == n &&
+          bt->value.scalar_type() == w->value.scalar_type()) {
+        bias = b;
+        absorbed.push_back(r);
+        out = add.outputs[0];
+      }
+    }
+    if (uses.single(out)) {
+      size_t r = *reader_of(out);
+      if (auto a = activation_of(g, g.nodes[r], opset)) {
+        act = *a;
+        absorbed.push_back(r);
+        out = g.nodes[r].outputs[0];
+      }
+    }
+    if (absorbed.empty()) continue;
+    mm.domain = "ai.lopper";
+    mm.op_type = "FusedMatMul";
+    mm.inputs = {mm.inputs[0], mm.inputs[1], bias};
+    mm.outputs = {out};
+    mm.attrs = act;
+    if (trans_b) {
+      ir::Attribute tb;
+      tb.name = "transB";
+      tb.type = ir::AttrType::kInt;
+      tb.i = 1;
+      mm.attrs.push_back(tb);
+    }
     for (size_t r : absorbed) removed[r] = true;
     uses.build(g, removed);
   }

@@ -149,6 +149,7 @@ ir::Model parse_model(const void* data, size_t size, const std::string& base_dir
   LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
   ExternalDataContext ctx{base_dir};
+  ctx.sparse_budget = sparse_budget_for(size);
   ir::Model out;
   out.ir_version = m.ir_version();
   for (const auto& o : m.opset_import()) out.opset_import.push_back({o.domain(), o.version()});

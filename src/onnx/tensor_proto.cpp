@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -120,8 +121,11 @@ std::string resolve_external(const std::string& base_dir, const std::string& loc
   return f;
 }
 
-void read_external(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
-                   const std::string& what, void* dst, size_t nbytes) {
+// Reads the tensor's bytes from its external file. Everything is checked (location, length, the
+// file's size) before the tensor is allocated, so a small model cannot make us allocate a huge one.
+at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                         const std::string& what, const std::vector<int64_t>& dims,
+                         at::ScalarType type, size_t nbytes) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto& kv : p.external_data()) {
@@ -154,8 +158,15 @@ void read_external(const lopper_onnx::TensorProto& p, const ExternalDataContext&
                                st.st_size, " bytes, but the tensor needs ", nbytes,
                                " bytes at offset ", offset));
   }
+  at::Tensor t;
+  try {
+    t = at::empty(dims, at::TensorOptions().dtype(type));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   size_t done = 0;
-  auto* out = static_cast<char*>(dst);
+  auto* out = static_cast<char*>(t.data_ptr());
   while (done < nbytes) {
     ssize_t r = ::pread(fd, out + done, nbytes - done, offset + static_cast<off_t>(done));
     if (r <= 0) {
@@ -165,6 +176,7 @@ void read_external(const lopper_onnx::TensorProto& p, const ExternalDataContext&
     done += static_cast<size_t>(r);
   }
   ::close(fd);
+  return t;
 }
 
 template <typename Src, typename Dst>
@@ -192,21 +204,26 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
   auto dims = checked_dims(p.dims(), what, &numel);
   size_t elem = c10::elementSize(st);
   size_t nbytes = static_cast<size_t>(numel) * elem;
-  at::Tensor t = at::empty(dims, at::TensorOptions().dtype(st));
+  // NOTE: the tensor is allocated only once its bytes are known to be present: dims alone may ask
+  // for terabytes (found by bench/fuzz).
+  auto allocate = [&] { return at::empty(dims, at::TensorOptions().dtype(st)); };
 
   if (p.data_location() == lopper_onnx::TensorProto::EXTERNAL) {
-    if (nbytes) read_external(p, ctx, what, t.data_ptr(), nbytes);
-    return t;
+    if (nbytes == 0) return allocate();
+    return read_external(p, ctx, what, dims, st, nbytes);
   }
   if (p.has_raw_data()) {
     LOPPER_CHECK(p.raw_data().size() == nbytes, "[import] ", what, ": raw data has ",
                  p.raw_data().size(), " bytes, but shape and type need ", nbytes);
+    at::Tensor t = allocate();
     if (nbytes) std::memcpy(t.data_ptr(), p.raw_data().data(), nbytes);
     return t;
   }
+  at::Tensor t;
   auto expect = [&](int64_t have, int64_t want) {
     LOPPER_CHECK(have == want, "[import] ", what, ": has ", have, " values, but its shape needs ",
                  want);
+    t = allocate();
   };
   switch (dt) {
     case DType::kFloat:
@@ -265,6 +282,14 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
   return t;
 }
 
+int64_t sparse_budget_for(size_t model_bytes) {
+  constexpr int64_t kFloor = int64_t(1) << 30;
+  constexpr uint64_t kRatio = 1024;
+  uint64_t b = static_cast<uint64_t>(model_bytes);
+  if (b > (uint64_t(1) << 44) / kRatio) return int64_t(1) << 44;
+  return std::max<int64_t>(kFloor, static_cast<int64_t>(b * kRatio));
+}
+
 at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
                                     const ExternalDataContext& ctx, const std::string& what) {
   int64_t numel = 0;
@@ -275,6 +300,14 @@ at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
   int64_t nnz = values.size(0);
   LOPPER_CHECK(indices.scalar_type() == at::kLong, "[import] ", what,
                ": sparse indices must be int64");
+  // NOTE: the dense form is not backed by bytes in the file; it draws on a model-wide budget
+  // (found by bench/fuzz: a 30-byte sparse initializer asked for terabytes of zeros).
+  const int64_t elem = static_cast<int64_t>(values.element_size());
+  const int64_t dense_bytes = numel * elem;  // numel <= 2^40, elem <= 16
+  LOPPER_CHECK(dense_bytes <= ctx.sparse_budget, "[import] ", what, ": dense form of ",
+               dense_bytes, " bytes is too large for a model of this size (sparse tensors may "
+               "expand to at most 1024 times the model's size, or 1 GiB)");
+  ctx.sparse_budget -= dense_bytes;
   at::Tensor dense = at::zeros(dims, values.options());
   if (nnz == 0) return dense;
   at::Tensor linear;
@@ -305,7 +338,11 @@ at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
   for (int64_t i = 0; i < nnz; ++i)
     LOPPER_CHECK(l[i] >= 0 && l[i] < numel, "[import] ", what, ": sparse index ", l[i],
                  " out of range (", numel, " elements)");
-  dense.view({-1}).index_put_({linear}, values);
+  // A byte copy per value: works for every element type (ATen's index_put_ lacks some, e.g. the
+  // unsigned and float8 types); a repeated index keeps the last value, as index_put_ would.
+  auto* dst = static_cast<char*>(dense.data_ptr());
+  const auto* src = static_cast<const char*>(values.data_ptr());
+  for (int64_t i = 0; i < nnz; ++i) std::memcpy(dst + l[i] * elem, src + i * elem, elem);
   return dense;
 }
 

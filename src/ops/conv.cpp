@@ -66,38 +66,6 @@ at::Tensor pad_spatial(const at::Tensor& x, const std::vector<int64_t>& begin,
   return at::constant_pad_nd(x, p, 0);
 }
 
-// The activation a FusedConv node applies (lopper's own op, made by the executor's fusion pass).
-onednn::PostOp read_post_op(const AttrReader& c) {
-  onednn::PostOp p;
-  std::string act = c.attr_string("activation", "");
-  if (act.empty()) return p;
-  if (act == "Relu") {
-    p.attr = "relu";
-  } else if (act == "Clip") {
-    p.attr = "hardtanh";
-    p.scalars = {c.attr_float("activation_min", -INFINITY), c.attr_float("activation_max", INFINITY)};
-  } else if (act == "LeakyRelu") {
-    p.attr = "leaky_relu";
-    p.scalars = {c.attr_float("activation_alpha", 0.01f)};
-  } else if (act == "Sigmoid") {
-    p.attr = "sigmoid";
-  } else if (act == "Tanh") {
-    p.attr = "tanh";
-  } else {
-    c.fail("unknown fused activation '", act, "'");
-  }
-  return p;
-}
-
-at::Tensor apply_post_op(at::Tensor y, const onednn::PostOp& p) {
-  if (p.attr == "relu") return at::relu(y);
-  if (p.attr == "hardtanh") return at::clamp(y, p.scalars[0], p.scalars[1]);
-  if (p.attr == "leaky_relu") return at::leaky_relu(y, p.scalars[0]);
-  if (p.attr == "sigmoid") return at::sigmoid(y);
-  if (p.attr == "tanh") return at::tanh(y);
-  return y;
-}
-
 struct ConvState {
   at::Tensor packed;  // oneDNN weight, reordered for the first input shape seen
 };
@@ -110,7 +78,7 @@ void conv_forward(OpContext& c) {
   c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
   at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
   at::Tensor other = c.has_input(3) ? c.input(3) : at::Tensor();
-  auto post = read_post_op(c);
+  auto post = onednn::post_op_of(c);
   auto g = read_geometry(c, w, x.sizes().slice(2), false);
   c.check(x.size(1) == w.size(1) * g.group, "input has ", x.size(1), " channels, weight expects ",
           w.size(1) * g.group, " (", w.size(1), " x group ", g.group, ")");
@@ -145,7 +113,7 @@ void conv_forward(OpContext& c) {
       }
       // A broadcasting add: the convolution alone, then the add and the activation.
       at::Tensor y = onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, {});
-      c.set_output(0, apply_post_op(y + other, post));
+      c.set_output(0, onednn::apply_unfused(y + other, post));
       return;
     }
     c.set_output(0, onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, post));
@@ -154,7 +122,7 @@ void conv_forward(OpContext& c) {
   at::Tensor y = at::convolution(in, w, b, g.strides, padding, g.dilations, false,
                                  std::vector<int64_t>(padding.size(), 0), g.group);
   if (other.defined()) y = y + other;
-  c.set_output(0, apply_post_op(y, post));
+  c.set_output(0, onednn::apply_unfused(y, post));
 }
 
 int64_t conv_macs(const MacContext& m) {

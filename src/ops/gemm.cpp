@@ -1,13 +1,51 @@
-// Gemm and MatMul. Constant weights are prepacked at the first inference run into the layout
-// at::linear reads directly ([N, K] contiguous).
+// Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
+// kernel (ATen's BLAS or oneDNN with a reordered weight) is chosen by timing both on the layer's
+// real shape, once.
+#include <chrono>
+
+#include "ops/onednn.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
 namespace {
 
-struct PackedWeight {
+struct LinearState {
   at::Tensor weight;  // [N, K] contiguous
+  at::Tensor packed;  // oneDNN's layout of the same weight
+  enum class Kernel { kUndecided, kAten, kOnednn } kernel = Kernel::kUndecided;
 };
+
+double time_ms(const std::function<void()>& f) {
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference).
+at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
+                      const onednn::PostOp& post = {}) {
+  if (!onednn::usable(x) || !onednn::usable(st.weight) || (bias.defined() && !onednn::usable(bias)))
+    return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  if (st.kernel == LinearState::Kernel::kUndecided) {
+    st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
+    double aten = time_ms([&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); });
+    double dnn = time_ms([&] { onednn::linear(x2, st.packed, bias, post); });
+    st.kernel = dnn < aten ? LinearState::Kernel::kOnednn : LinearState::Kernel::kAten;
+    if (st.kernel == LinearState::Kernel::kAten) st.packed.reset();
+  }
+  if (st.kernel == LinearState::Kernel::kAten)
+    return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  at::Tensor y = onednn::linear(x2.contiguous(), st.packed, bias, post);
+  if (x.dim() == 2) return y;
+  auto shape = x.sizes().vec();
+  shape.back() = st.weight.size(0);
+  return y.view(shape);
+}
 
 void gemm_forward(OpContext& c) {
   at::Tensor a = c.input(0), b = c.input(1);
@@ -19,22 +57,22 @@ void gemm_forward(OpContext& c) {
   int64_t k = a.size(1), kb = trans_b ? b.size(1) : b.size(0);
   c.check(k == kb, "A is ", a.size(0), "x", k, " but B has ", kb, " rows (after transposes)");
   at::Tensor bias = c.has_input(2) ? c.input(2) : at::Tensor();
+  int64_t n = trans_b ? b.size(0) : b.size(1);
+  bool row_bias = !bias.defined() || beta == 0.0f || (bias.dim() == 1 && bias.size(0) == n) ||
+                  (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == n);
 
-  // Weight as [N, K]: already so when transB, else transposed once (prepacked when constant).
-  at::Tensor w;
-  if (trans_b) {
-    w = b;
-  } else if (c.is_constant(1) && !c.grad_mode()) {
-    auto& st = c.state<PackedWeight>();
-    if (!st.weight.defined()) st.weight = b.t().contiguous();
-    w = st.weight;
-  } else {
-    w = b.t();
+  // The common case, a Linear layer: constant weight, bias per output, alpha = beta = 1.
+  if (c.is_constant(1) && (!bias.defined() || c.is_constant(2)) && !c.grad_mode() &&
+      a.is_floating_point() && alpha == 1.0f && (beta == 1.0f || !bias.defined()) && row_bias) {
+    auto& st = c.state<LinearState>();
+    if (!st.weight.defined()) st.weight = trans_b ? b.contiguous() : b.t().contiguous();
+    c.set_output(0, run_linear(c, a, st, bias.defined() ? bias.reshape({n}) : bias));
+    return;
   }
-  int64_t n = w.size(0);
+  at::Tensor w = trans_b ? b : b.t();  // [N, K]
   if (bias.defined() && beta != 0.0f) {
-    bool row_bias = bias.dim() == 1 && bias.size(0) == n;
-    if (alpha == 1.0f && beta == 1.0f && row_bias && a.is_floating_point()) {
+    if (alpha == 1.0f && beta == 1.0f && bias.dim() == 1 && bias.size(0) == n &&
+        a.is_floating_point()) {
       c.set_output(0, at::linear(a, w, bias));
       return;
     }
@@ -61,13 +99,37 @@ void matmul_forward(OpContext& c) {
   int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
   if (b.dim() == 2 && a.dim() >= 2 && a.is_floating_point() && c.is_constant(1) && !c.grad_mode()) {
-    // A constant [K, N] weight: prepack as [N, K] once and run as a linear layer.
-    auto& st = c.state<PackedWeight>();
+    // A constant [K, N] weight: a linear layer with the weight prepacked as [N, K].
+    auto& st = c.state<LinearState>();
     if (!st.weight.defined()) st.weight = b.t().contiguous();
-    c.set_output(0, at::linear(a, st.weight));
+    c.set_output(0, run_linear(c, a, st, {}));
     return;
   }
   c.set_output(0, at::matmul(a, b));
+}
+
+// FusedMatMul = activation(X @ W + B) (lopper's own op, made by the executor's fusion pass from
+// MatMul/Gemm, a bias Add and an activation). W is [K, N], or [N, K] with transB = 1.
+void fused_matmul_forward(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& w = c.input(1);
+  at::Tensor bias = c.has_input(2) ? c.input(2) : at::Tensor();
+  bool trans_b = c.attr_int("transB", 0) != 0;
+  auto post = onednn::post_op_of(c);
+  c.check(w.dim() == 2 && x.dim() >= 1, "W must be 2-D");
+  int64_t k = trans_b ? w.size(1) : w.size(0), n = trans_b ? w.size(0) : w.size(1);
+  c.check(x.size(-1) == k, "inner dimensions differ: ", x.size(-1), " vs ", k);
+  if (bias.defined()) c.check(bias.numel() == n, "bias must have ", n, " elements");
+  if (x.dim() >= 2 && x.is_floating_point() && c.is_constant(1) &&
+      (!bias.defined() || c.is_constant(2)) && !c.grad_mode()) {
+    auto& st = c.state<LinearState>();
+    if (!st.weight.defined()) st.weight = trans_b ? w.contiguous() : w.t().contiguous();
+    c.set_output(0, run_linear(c, x, st, bias.defined() ? bias.reshape({n}) : bias, post));
+    return;
+  }
+  at::Tensor y = at::matmul(x, trans_b ? w.t() : w);
+  if (bias.defined()) y = y + bias.reshape({n});
+  c.set_output(0, onednn::apply_unfused(y, post));
 }
 
 int64_t matmul_macs(const MacContext& m) {
@@ -81,6 +143,7 @@ int64_t matmul_macs(const MacContext& m) {
 void register_gemm(OpTable& t) {
   t.add({"", "Gemm", gemm_forward, gemm_macs});
   t.add({"", "MatMul", matmul_forward, matmul_macs});
+  t.add({"ai.lopper", "FusedMatMul", fused_matmul_forward, matmul_macs});
 }
 
 }  // namespace lopper::ops

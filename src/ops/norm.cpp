@@ -112,6 +112,22 @@ void layer_norm(OpContext& c) {
   double eps = c.attr_float("epsilon", 1e-5f);
   std::vector<int64_t> dims;
   for (int64_t d = axis; d < rank; ++d) dims.push_back(d);
+  at::IntArrayRef normalized = x.sizes().slice(axis);
+  const at::Tensor& scale = c.input(1);
+  at::Tensor bias = c.has_input(2) ? c.input(2) : at::Tensor();
+  if (ct == x.scalar_type() && scale.sizes() == normalized &&
+      (!bias.defined() || bias.sizes() == normalized)) {
+    // One fused kernel when scale and bias have the normalized shape (what exporters write).
+    if (!c.wants_output(1) && !c.wants_output(2)) {
+      c.set_output(0, at::layer_norm(x, normalized, scale, bias, eps));
+      return;
+    }
+    auto [y, mean, rstd] = at::native_layer_norm(x, normalized, scale, bias, eps);
+    c.set_output(0, y);
+    if (c.wants_output(1)) c.set_output(1, mean);
+    if (c.wants_output(2)) c.set_output(2, rstd);
+    return;
+  }
   at::Tensor xc = x.to(ct);
   auto [v, m] = at::var_mean(xc, dims, 0, true);
   at::Tensor inv = at::rsqrt(v + eps);

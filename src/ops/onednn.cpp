@@ -30,6 +30,41 @@ at::Tensor call(const c10::OperatorHandle& h, torch::jit::Stack stack) {
 
 }  // namespace
 
+PostOp post_op_of(const AttrReader& c) {
+  PostOp p;
+  std::string act = c.attr_string("activation", "");
+  if (act.empty()) return p;
+  if (act == "Relu") {
+    p.attr = "relu";
+  } else if (act == "Clip") {
+    p.attr = "hardtanh";
+    p.scalars = {c.attr_float("activation_min", -INFINITY), c.attr_float("activation_max", INFINITY)};
+  } else if (act == "LeakyRelu") {
+    p.attr = "leaky_relu";
+    p.scalars = {c.attr_float("activation_alpha", 0.01f)};
+  } else if (act == "Sigmoid") {
+    p.attr = "sigmoid";
+  } else if (act == "Tanh") {
+    p.attr = "tanh";
+  } else if (act == "Gelu") {
+    p.attr = "gelu";
+    p.algorithm = c.attr_string("activation_approximate", "none");
+  } else {
+    c.fail("unknown fused activation '", act, "'");
+  }
+  return p;
+}
+
+at::Tensor apply_unfused(const at::Tensor& y, const PostOp& p) {
+  if (p.attr == "relu") return at::relu(y);
+  if (p.attr == "hardtanh") return at::clamp(y, p.scalars[0], p.scalars[1]);
+  if (p.attr == "leaky_relu") return at::leaky_relu(y, p.scalars[0]);
+  if (p.attr == "sigmoid") return at::sigmoid(y);
+  if (p.attr == "tanh") return at::tanh(y);
+  if (p.attr == "gelu") return at::gelu(y, p.algorithm);
+  return y;
+}
+
 bool usable(const at::Tensor& x) {
   return at::hasMKLDNN() && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
          !x.requires_grad();

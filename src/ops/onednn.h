@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/op.h"
+
 namespace lopper::ops::onednn {
 
 /// An activation applied to the kernel's output inside the kernel ("none", "relu", "hardtanh" with
@@ -17,6 +19,13 @@ struct PostOp {
   std::vector<double> scalars;
   std::string algorithm;
 };
+
+/// The activation a fused node (ai.lopper.FusedConv / FusedMatMul) carries in its attributes:
+/// activation = Relu | Clip (activation_min/max) | LeakyRelu (activation_alpha) | Sigmoid | Tanh |
+/// Gelu (activation_approximate = none | tanh); none when absent.
+PostOp post_op_of(const AttrReader& node);
+/// The same activation with plain ATen ops (any device, autograd).
+at::Tensor apply_unfused(const at::Tensor& y, const PostOp& post);
 
 /// True when libtorch has oneDNN and `x` is a float32 CPU tensor that does not require grad.
 bool usable(const at::Tensor& x);

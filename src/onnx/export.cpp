@@ -68,7 +68,11 @@ struct Writer {
                     init.value.is_floating_point() && init.value.numel() > 0;
       if (sparse && sparse_all() && !init.sparse) {
         // Only worth it when at least half the values are zero (values + int64 indices).
-        int64_t nnz = init.value.count_nonzero().item<int64_t>();
+        // (ATen's count_nonzero lacks the float8 types; their bytes tell zero from nonzero.)
+        const at::Tensor& v = init.value;
+        int64_t nnz = (at::isFloat8Type(v.scalar_type()) ? v.contiguous().view(at::kByte) : v)
+                          .count_nonzero()
+                          .item<int64_t>();
         sparse = nnz * 2 <= init.value.numel();
       }
       if (sparse) {

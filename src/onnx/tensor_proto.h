@@ -15,10 +15,10 @@ struct ExternalDataContext {
   /// Bytes that sparse tensors may still expand to, model-wide: a sparse tensor's dims are not
   /// backed by bytes in the file, so without a budget a few bytes could ask for terabytes of zeros.
   /// parse_model sets it from the model's size; tensor_from_sparse_proto spends it.
-  mutable int64_t sparse_budget = int64_t(1) << 30;
+  mutable int64_t sparse_budget = int64_t(1) << 28;
 };
 
-/// The sparse budget of a model of `model_bytes` bytes: 1 GiB, or 1024 times the model's size
+/// The sparse budget of a model of `model_bytes` bytes: 256 MiB, or 1024 times the model's size
 /// (a 99.9%-sparse tensor in COO form expands ~333 times) when that is larger.
 int64_t sparse_budget_for(size_t model_bytes);
 

@@ -16,9 +16,11 @@ namespace lopper {
 struct ExecOptions {
   /// "cpu", "cuda" or "cuda:N".
   std::string device = "cpu";
-  /// Training mode: BatchNormalization uses batch statistics, Dropout drops, and autograd records
-  /// the graph (float initializers are leaves that require grad). Inference mode otherwise.
+  /// Training semantics: BatchNormalization uses batch statistics, Dropout drops. Implies autograd.
   bool training = false;
+  /// Autograd records the graph: float initializers are leaves that require grad (see
+  /// parameters()), nothing is prepacked, fused or folded. Off: inference mode.
+  bool autograd = false;
   /// Fold nodes whose inputs are all constant at load (inference only).
   bool fold_constants = true;
   /// Rewrite a private copy of the graph for speed (inference only): BatchNorm folded into Conv,
@@ -57,7 +59,7 @@ class Executor {
                      const std::vector<at::Tensor>& out)>
       on_node;
 
-  /// The executor's own copy of each initializer (on its device). In training mode float ones
+  /// The executor's own copy of each initializer (on its device). With autograd, float ones
   /// require grad.
   NamedTensors parameters() const;
 

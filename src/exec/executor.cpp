@@ -108,7 +108,9 @@ struct Executor::Impl {
   NamedTensors params;
   std::unique_ptr<ir::Graph> fused;  // the rewritten top graph (inference), else null
 
-  Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {}
+  Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {
+    opts.autograd = opts.autograd || opts.training;
+  }
   const ir::Graph& top() const { return fused ? *fused : model.graph; }
 
   const Plan& plan_for(const ir::Graph& g, bool top) {
@@ -146,7 +148,7 @@ struct Executor::Impl {
     for (const auto& t : g.initializers) {
       int s = slot(p, t.name);
       at::Tensor v = t.value.to(device);
-      if (opts.training && v.is_floating_point()) {
+      if (opts.autograd && v.is_floating_point()) {
         v = v.detach().clone().requires_grad_(true);
       }
       if (top) params.emplace_back(t.name, v);
@@ -176,7 +178,7 @@ struct Executor::Impl {
     }
     p.constants.resize(p.num_slots);
 
-    if (!opts.training && opts.fold_constants) fold(p);
+    if (!opts.autograd && opts.fold_constants) fold(p);
     plan_releases(p);
   }
 
@@ -228,7 +230,7 @@ struct Executor::Impl {
     ctx.wanted_.resize(st.out.size());
     for (size_t k = 0; k < st.out.size(); ++k) ctx.wanted_[k] = st.out[k] >= 0;
     ctx.state_ = &st.state;
-    ctx.grad_mode_ = opts.training;
+    ctx.grad_mode_ = opts.autograd;
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
     };
@@ -291,7 +293,7 @@ Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
   impl_->real_inputs = model.graph.real_inputs();
-  if (!impl_->opts.training && impl_->opts.fuse)
+  if (!impl_->opts.autograd && impl_->opts.fuse)
     impl_->fused = std::make_unique<ir::Graph>(exec::fuse_for_inference(model.graph, model.opset()));
   impl_->plan_for(impl_->top(), true);
 }
@@ -344,7 +346,7 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
     ordered.push_back(t.to(impl_->device));
   }
   impl_->on_node_ = on_node;
-  if (impl_->opts.training) return impl_->run_graph(impl_->top(), ordered, nullptr);
+  if (impl_->opts.autograd) return impl_->run_graph(impl_->top(), ordered, nullptr);
   c10::InferenceMode guard;
   auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
   // Kernels may hand back channels-last tensors; callers get the standard layout.

@@ -1,4 +1,6 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
+#include <chrono>
+
 #include "ops/onednn.h"
 #include "ops/op.h"
 
@@ -67,8 +69,20 @@ at::Tensor pad_spatial(const at::Tensor& x, const std::vector<int64_t>& begin,
 }
 
 struct ConvState {
-  at::Tensor packed;  // oneDNN weight, reordered for the first input shape seen
+  at::Tensor packed;         // oneDNN convolution weight, reordered for the first input shape
+  at::Tensor packed_linear;  // for 1x1 convolutions: the weight as a oneDNN linear layer's
+  enum class Kernel { kUndecided, kConv, kLinear } kernel = Kernel::kUndecided;
 };
+
+double best_of_3_ms(const std::function<void()>& f) {
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
 
 // Conv, and FusedConv = activation(Conv(X, W, B) + Other) with inputs X, W, B?, Other?.
 void conv_forward(OpContext& c) {
@@ -98,25 +112,55 @@ void conv_forward(OpContext& c) {
       onednn::usable(x) && onednn::usable(w)) {
     auto& st = c.state<ConvState>();
     in = in.contiguous(at::MemoryFormat::ChannelsLast);
-    if (!st.packed.defined())
+    std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
+    for (size_t i = 0; i < 2; ++i)
+      out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
+                              g.strides[i] + 1);
+    bool fused_add = other.defined() && other.sizes() == at::IntArrayRef(out_shape) &&
+                     onednn::usable(other);
+    if (!st.packed.defined() && st.kernel != ConvState::Kernel::kLinear)
       st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
-    if (other.defined()) {
-      std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
-      for (size_t i = 0; i < 2; ++i)
-        out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
-                                g.strides[i] + 1);
-      if (other.sizes() == at::IntArrayRef(out_shape) && onednn::usable(other)) {
-        c.set_output(0, onednn::conv2d_add(in, other.contiguous(at::MemoryFormat::ChannelsLast),
-                                           st.packed, b, padding, g.strides, g.dilations, g.group,
-                                           post));
-        return;
-      }
+    if (other.defined() && !fused_add) {
       // A broadcasting add: the convolution alone, then the add and the activation.
       at::Tensor y = onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, {});
       c.set_output(0, onednn::apply_unfused(y + other, post));
       return;
     }
-    c.set_output(0, onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, post));
+    at::Tensor other_cl = fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
+    auto as_conv = [&] {
+      return fused_add ? onednn::conv2d_add(in, other_cl, st.packed, b, padding, g.strides,
+                                            g.dilations, g.group, post)
+                       : onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group,
+                                        post);
+    };
+    // NOTE: a 1x1 convolution over channels-last data is a matrix product of the [N*H*W, C_in]
+    // view; oneDNN's GEMM is sometimes faster than its convolution on it. Timed once, per layer.
+    bool pointwise = g.group == 1 && out_shape[2] == in.size(2) && out_shape[3] == in.size(3);
+    for (size_t i = 0; i < 2; ++i)
+      pointwise = pointwise && g.kernel[i] == 1 && g.strides[i] == 1 && padding[i] == 0;
+    pointwise = pointwise && (!fused_add || post.attr == "none");
+    int64_t rows = in.size(0) * in.size(2) * in.size(3);
+    auto as_linear = [&] {
+      at::Tensor x2 = in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
+      at::Tensor y2 =
+          fused_add ? onednn::linear_add(x2, other_cl.permute({0, 2, 3, 1}).reshape({rows, w.size(0)}),
+                                         st.packed_linear, b)
+                    : onednn::linear(x2, st.packed_linear, b, post);
+      return y2.view({in.size(0), in.size(2), in.size(3), w.size(0)}).permute({0, 3, 1, 2});
+    };
+    if (st.kernel == ConvState::Kernel::kUndecided) {
+      st.kernel = ConvState::Kernel::kConv;
+      if (pointwise) {
+        st.packed_linear = onednn::pack_linear_weight(w.reshape({w.size(0), w.size(1)}), rows);
+        if (best_of_3_ms(as_linear) < best_of_3_ms(as_conv)) {
+          st.kernel = ConvState::Kernel::kLinear;
+          st.packed.reset();
+        } else {
+          st.packed_linear.reset();
+        }
+      }
+    }
+    c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;
   }
   at::Tensor y = at::convolution(in, w, b, g.strides, padding, g.dilations, false,

@@ -99,6 +99,12 @@ at::Tensor pack_linear_weight(const at::Tensor& w, int64_t batch) {
   return call(h, {w.contiguous(), batch});
 }
 
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
+                      const at::Tensor& bias) {
+  static const c10::OperatorHandle h = op("mkldnn::_linear_pointwise", "binary");
+  return call(h, {x, other, packed_w, opt_tensor(bias), std::string("add")});
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
                   const PostOp& post) {
   static const c10::OperatorHandle h = op("mkldnn::_linear_pointwise", "");

@@ -43,6 +43,9 @@ at::Tensor conv2d_add(const at::Tensor& x, const at::Tensor& other, const at::Te
 
 /// w is [N, K]; `batch` is the expected number of rows (a layout hint).
 at::Tensor pack_linear_weight(const at::Tensor& w, int64_t batch);
+/// y = x @ w^T + b + other for 2-D x and other.
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
+                      const at::Tensor& bias);
 /// y = post(x @ w^T + b) for 2-D x.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
                   const PostOp& post);

@@ -217,7 +217,8 @@ TEST(Conformance, OnnxBackendCases) {
     ADD_FAILURE() << name << ": " << r.reason;
   }
   std::cout << "conformance: " << pass << " passed, " << fail << " failed, " << xfailed
-            << " expected failures, " << unsupported << " use ops lopper does not register\n";
+            << " expected failures, " << unsupported << " use ops lopper does not register ("
+            << ops::OpTable::global().all().size() << " ops registered)\n";
   if (filter) return;
   for (const auto& [name, reason] : xfail.cases)
     EXPECT_TRUE(seen_names.count(name)) << "conformance_xfail.txt names unknown case " << name;

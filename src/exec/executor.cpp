@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
@@ -292,6 +293,7 @@ struct Executor::Impl {
 Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
+  exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();
   if (!impl_->opts.autograd && impl_->opts.fuse)
     impl_->fused = std::make_unique<ir::Graph>(exec::fuse_for_inference(model.graph, model.opset()));

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/pool.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -200,6 +201,11 @@ void max_pool(OpContext& c) {
   at::Tensor xf = x.to(float_type(x));
   std::vector<int64_t> ap;
   if (!c.wants_output(1) && aten_pads(g, ap)) {
+    if (g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && !c.grad_mode() &&
+        x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+      c.set_output(0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, ap, g.dilations));
+      return;
+    }
     at::Tensor y;
     if (g.nd == 1) y = at::max_pool1d(xf, g.kernel, g.strides, ap, g.dilations, false);
     else if (g.nd == 2) y = at::max_pool2d(xf, g.kernel, g.strides, ap, g.dilations, false);

@@ -1,0 +1,86 @@
+#include "exec/allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace lopper::exec {
+namespace {
+
+constexpr size_t kAlignment = 64;                  // what ATen's own CPU allocator guarantees
+constexpr size_t kMinCached = size_t(1) << 20;     // smaller blocks: malloc is fine
+constexpr size_t kMaxCachedTotal = size_t(4) << 30;  // never hold more than this unused
+
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    void* p = nullptr;
+    if (n >= kMinCached) {
+      n = (n + 4095) / 4096 * 4096;
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(n);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cached_ -= n;
+      }
+    }
+    if (!p && n > 0) {
+      if (posix_memalign(&p, kAlignment, n) != 0) throw std::bad_alloc();
+    }
+    if (n >= kMinCached) {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_of_[p] = n;
+    }
+    return {p, p, &CachingCpuAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CachingCpuAllocator::release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  static CachingCpuAllocator& instance() {
+    static CachingCpuAllocator* a = new CachingCpuAllocator();  // outlives every tensor
+    return *a;
+  }
+
+ private:
+  static void release(void* p) {
+    if (!p) return;
+    auto& self = instance();
+    {
+      std::lock_guard<std::mutex> lock(self.mu_);
+      auto it = self.size_of_.find(p);
+      if (it != self.size_of_.end()) {
+        size_t n = it->second;
+        self.size_of_.erase(it);
+        if (self.cached_ + n <= kMaxCachedTotal) {
+          self.free_[n].push_back(p);
+          self.cached_ += n;
+          return;
+        }
+      }
+    }
+    std::free(p);
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;  // size -> unused blocks
+  std::unordered_map<void*, size_t> size_of_;            // live cached-size blocks
+  size_t cached_ = 0;
+};
+
+}  // namespace
+
+void install_caching_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] { c10::SetCPUAllocator(&CachingCpuAllocator::instance(), 1); });
+}
+
+}  // namespace lopper::exec

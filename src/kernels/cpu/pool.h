@@ -1,0 +1,15 @@
+// Own CPU pooling kernels (internal).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace lopper::kernels::cpu {
+
+/// 2-D max pooling of a float32 channels-last [N, C, H, W] tensor, padding counted as -inf,
+/// floor output sizes; the result is channels-last too. NaN propagates as in ONNX's reference.
+/// NOTE: ATen's CPU max_pool2d always computes the argmax indices as well, which costs it 4-5x on
+/// the large early layers of CNNs; inference needs only the values.
+at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::IntArrayRef dilation);
+
+}  // namespace lopper::kernels::cpu

@@ -38,7 +38,8 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
             // (v != v) is NaN: it propagates, as in ONNX's reference; written so that it vectorizes.
             for (int64_t k = 0; k < c; ++k) {
               const float v = p[k], m = o[k];
-              o[k] = (v > m || v != v) ? v : m;
+              const bool take = (v > m) | (v != v);
+              o[k] = take ? v : m;
             }
           }
         }

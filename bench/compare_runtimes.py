@@ -5,7 +5,7 @@ Each model is exported once (TorchScript exporter, dynamic batch); ONNX Runtime 
 inference_mode with T threads, lopper runs `lopper bench --json` on the same .onnx file. The table
 is median latency (ms) and lopper's ratio to ONNX Runtime (lower is better; the target is <= 1.1).
 
-Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32]
+Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32] [--rounds 3]
        [--models resnet18,resnet50,mobilenet_v2,bert_encoder] [--out docs/bench-runtimes.json]
 """
 
@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -88,14 +89,19 @@ def main():
             warmup, iters = iters_for(batch)
             x = torch.randn(batch, *shape)
             xn = x.numpy()
-            t_ort = median_ms(lambda: sess.run(None, {"x": xn}), warmup, iters)
-            with torch.inference_mode():
-                t_torch = median_ms(lambda: model(x), warmup, iters)
-            out = subprocess.run(
-                [args.lopper, "bench", path, "--batch", str(batch), "--threads", str(args.threads),
-                 "--warmup", str(warmup), "--iters", str(iters), "--json"],
-                capture_output=True, text=True, check=True)
-            t_lopper = json.loads(out.stdout)["median_ms"]
+            # NOTE: the three runtimes take turns, round after round, and each reports the median
+            # of its round medians: a slow spell of the machine then hits all three alike.
+            ort_r, torch_r, lopper_r = [], [], []
+            for _ in range(args.rounds):
+                ort_r.append(median_ms(lambda: sess.run(None, {"x": xn}), warmup, iters))
+                with torch.inference_mode():
+                    torch_r.append(median_ms(lambda: model(x), warmup, iters))
+                out = subprocess.run(
+                    [args.lopper, "bench", path, "--batch", str(batch), "--threads",
+                     str(args.threads), "--warmup", str(warmup), "--iters", str(iters), "--json"],
+                    capture_output=True, text=True, check=True)
+                lopper_r.append(json.loads(out.stdout)["median_ms"])
+            t_ort, t_torch, t_lopper = (statistics.median(r) for r in (ort_r, torch_r, lopper_r))
             row = {"model": name, "batch": batch, "lopper_ms": round(t_lopper, 2),
                    "ort_ms": round(t_ort, 2), "torch_ms": round(t_torch, 2),
                    "lopper_over_ort": round(t_lopper / t_ort, 3)}

@@ -81,14 +81,17 @@ Action add_bench(CLI::App& app) {
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
+    std::map<std::string, double> per_node;                     // "node (op)" -> ms
     if (o->profile) {
       auto last = std::chrono::steady_clock::now();
       exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>&,
                          const std::vector<at::Tensor>&) {
         auto now = std::chrono::steady_clock::now();
         auto& e = per_op[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type];
-        e.first += std::chrono::duration<double, std::milli>(now - last).count();
+        double dt = std::chrono::duration<double, std::milli>(now - last).count();
+        e.first += dt;
         e.second += 1;
+        per_node[n.label() + " (" + n.op_type + ")"] += dt;
         last = now;
       };
       for (int i = 0; i < o->iters; ++i) {
@@ -132,6 +135,13 @@ Action add_bench(CLI::App& app) {
         std::cout << fmt::format("\n{:<28} {:>10} {:>8}\n", "op", "ms/run", "calls");
         for (const auto& [op, v] : ops)
           std::cout << fmt::format("{:<28} {:>10.3f} {:>8}\n", op, v.first / o->iters, v.second / o->iters);
+        std::vector<std::pair<double, std::string>> nodes;
+        for (const auto& [n, t] : per_node) nodes.emplace_back(t, n);
+        std::sort(nodes.rbegin(), nodes.rend());
+        std::cout << fmt::format("\n{:<60} {:>10}\n", "slowest nodes", "ms/run");
+        for (size_t i = 0; i < nodes.size() && i < 15; ++i)
+          std::cout << fmt::format("{:<60} {:>10.3f}\n", nodes[i].second.substr(0, 60),
+                                   nodes[i].first / o->iters);
       }
     }
     return 0;

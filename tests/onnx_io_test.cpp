@@ -155,6 +155,7 @@ TEST(OnnxIo, SparseInitializersShrinkTheFile) {
   at::Tensor big = at::randn({256, 256});
   big = big * (at::rand({256, 256}) < 0.1).to(at::kFloat);  // ~90% zeros
   m.graph.initializers.push_back({"big", big, "", false});
+  m.graph.initializers.push_back({"zero", at::scalar_tensor(0.0f), "", false});  // rank 0: stays dense
   onnx::save_model(m, d / "dense.onnx");
   onnx::SaveOptions o;
   o.sparse = onnx::SaveOptions::Sparse::kAll;
@@ -165,6 +166,7 @@ TEST(OnnxIo, SparseInitializersShrinkTheFile) {
   ASSERT_TRUE(t);
   EXPECT_TRUE(t->sparse);
   EXPECT_TRUE(at::equal(t->value, big));
+  EXPECT_FALSE(back.graph.find_initializer("zero")->sparse);
   // kKeep writes it sparse again; kNone makes it dense.
   onnx::save_model(back, d / "again.onnx");
   EXPECT_TRUE(onnx::load_model(d / "again.onnx").graph.find_initializer("big")->sparse);

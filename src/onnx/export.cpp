@@ -64,8 +64,9 @@ struct Writer {
     for (const auto& v : g.outputs) fill_value_info(v, p->add_output());
     for (const auto& v : g.value_info) fill_value_info(v, p->add_value_info());
     for (const auto& init : g.initializers) {
+      // ONNX sparse tensors need rank >= 1.
       bool sparse = !sparse_none() && (init.sparse || sparse_all()) &&
-                    init.value.is_floating_point() && init.value.numel() > 0;
+                    init.value.is_floating_point() && init.value.numel() > 0 && init.value.dim() > 0;
       if (sparse && sparse_all() && !init.sparse) {
         // Only worth it when at least half the values are zero (values + int64 indices).
         // (ATen's count_nonzero lacks the float8 types; their bytes tell zero from nonzero.)

@@ -50,15 +50,7 @@ int lines(const std::string& s) {
   return n;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/lopper_cli_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
-};
+using test::TempDir;
 
 std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
 

@@ -11,21 +11,14 @@
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx.pb.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/lopper_test_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
-};
+using test::TempDir;
 
 ir::Model small_model() {
   ir::Model m;

@@ -41,11 +41,7 @@ Action add_bench(CLI::App& app) {
   cmd->add_flag("--profile", o->profile, "time per op type (after the timed runs)");
   return [o]() {
     configure_threads(o->threads);
-    std::map<std::string, std::vector<int64_t>> overrides;
-    for (const auto& s : o->shapes) {
-      auto [name, dims] = parse_shape_spec(s);
-      overrides[name] = dims;
-    }
+    auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
     auto shapes = resolve_input_shapes(model, overrides);
     Executor exec(model, {o->device});

@@ -40,6 +40,15 @@ std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string&
   return {name, out};
 }
 
+std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vector<std::string>& specs) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& s : specs) {
+    auto [name, dims] = parse_shape_spec(s);
+    out[name] = dims;
+  }
+  return out;
+}
+
 std::string safe_file_name(const std::string& name) {
   std::string out;
   for (char c : name) out += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';

@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,8 @@ namespace lopper::cli {
 std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
 /// "NAME=1x3x224x224" -> (NAME, dims).
 std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec);
+/// Every --shape NAME=DIMS given, by input name ("" when the name is left out).
+std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vector<std::string>& specs);
 /// A value name made safe as a file name ('/' and other odd characters become '_').
 std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);

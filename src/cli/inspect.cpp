@@ -39,11 +39,7 @@ Action add_inspect(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)");
   return [o]() {
     configure_threads(o->threads);
-    std::map<std::string, std::vector<int64_t>> overrides;
-    for (const auto& s : o->shapes) {
-      auto [name, dims] = parse_shape_spec(s);
-      overrides[name] = dims;
-    }
+    auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
     auto shapes = resolve_input_shapes(model, overrides);
     ModelCost cost = analyze(model, shapes);

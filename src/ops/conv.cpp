@@ -1,20 +1,12 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
-#include <chrono>
-
+#include "ops/conv_geometry.h"
 #include "ops/onednn.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
-namespace {
 
-struct ConvGeometry {
-  std::vector<int64_t> kernel, strides, dilations, pads_begin, pads_end;
-  int64_t group = 1;
-};
-
-// Reads the shared attributes; `in_spatial` are the input's spatial sizes.
-ConvGeometry read_geometry(const AttrReader& c, const at::Tensor& w, at::IntArrayRef in_spatial,
-                           bool transposed) {
+ConvGeometry read_conv_geometry(const AttrReader& c, const at::Tensor& w,
+                                at::IntArrayRef in_spatial, bool transposed) {
   size_t n = in_spatial.size();
   ConvGeometry g;
   g.kernel = c.attr_ints("kernel_shape", {});
@@ -68,21 +60,13 @@ at::Tensor pad_spatial(const at::Tensor& x, const std::vector<int64_t>& begin,
   return at::constant_pad_nd(x, p, 0);
 }
 
+namespace {
+
 struct ConvState {
   at::Tensor packed;         // oneDNN convolution weight, reordered for the first input shape
   at::Tensor packed_linear;  // for 1x1 convolutions: the weight as a oneDNN linear layer's
   enum class Kernel { kUndecided, kConv, kLinear } kernel = Kernel::kUndecided;
 };
-
-double best_of_3_ms(const std::function<void()>& f) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // Conv, and FusedConv = activation(Conv(X, W, B) + Other) with inputs X, W, B?, Other?.
 void conv_forward(OpContext& c) {
@@ -93,7 +77,7 @@ void conv_forward(OpContext& c) {
   at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
   at::Tensor other = c.has_input(3) ? c.input(3) : at::Tensor();
   auto post = onednn::post_op_of(c);
-  auto g = read_geometry(c, w, x.sizes().slice(2), false);
+  auto g = read_conv_geometry(c, w, x.sizes().slice(2), false);
   c.check(x.size(1) == w.size(1) * g.group, "input has ", x.size(1), " channels, weight expects ",
           w.size(1) * g.group, " (", w.size(1), " x group ", g.group, ")");
   c.check(w.size(0) % g.group == 0, "output channels ", w.size(0), " not divisible by group ",
@@ -186,7 +170,7 @@ void conv_transpose_forward(OpContext& c) {
   at::Tensor b = c.has_input(2) ? c.input(2) : at::Tensor();
   auto in_spatial = x.sizes().slice(2);
   size_t n = in_spatial.size();
-  auto g = read_geometry(c, w, in_spatial, true);
+  auto g = read_conv_geometry(c, w, in_spatial, true);
   c.check(x.size(1) == w.size(0), "input has ", x.size(1), " channels, weight expects ", w.size(0));
   c.check(w.size(0) % g.group == 0, "input channels ", w.size(0), " not divisible by group ",
           g.group);

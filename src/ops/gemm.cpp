@@ -1,8 +1,6 @@
 // Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
 // kernel (ATen's BLAS or oneDNN with a reordered weight) is chosen by timing both on the layer's
 // real shape, once.
-#include <chrono>
-
 #include "ops/onednn.h"
 #include "ops/op.h"
 
@@ -15,16 +13,6 @@ struct LinearState {
   enum class Kernel { kUndecided, kAten, kOnednn } kernel = Kernel::kUndecided;
 };
 
-double time_ms(const std::function<void()>& f) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference).
 at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
                       const onednn::PostOp& post = {}) {
@@ -33,8 +21,8 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
   if (st.kernel == LinearState::Kernel::kUndecided) {
     st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
-    double aten = time_ms([&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); });
-    double dnn = time_ms([&] { onednn::linear(x2, st.packed, bias, post); });
+    double aten = best_of_3_ms([&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); });
+    double dnn = best_of_3_ms([&] { onednn::linear(x2, st.packed, bias, post); });
     st.kernel = dnn < aten ? LinearState::Kernel::kOnednn : LinearState::Kernel::kAten;
     if (st.kernel == LinearState::Kernel::kAten) st.packed.reset();
   }

@@ -169,5 +169,8 @@ int64_t normalize_axis(const AttrReader& ctx, int64_t axis, int64_t rank);
 at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
 /// Product of dims.
 int64_t numel_of(const std::vector<int64_t>& shape);
+/// The fastest of three runs of `f`, in milliseconds: how candidate kernels are compared on a
+/// layer's real shape before one is kept.
+double best_of_3_ms(const std::function<void()>& f);
 
 }  // namespace lopper::ops

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "ops/conv_geometry.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -190,61 +191,16 @@ void qlinear_matmul(OpContext& c) {
   c.set_output(0, at::clamp(at::round(r), lo, hi).to(out));
 }
 
-struct Geometry {
-  std::vector<int64_t> strides, dilations, pads_begin, pads_end;
-  int64_t group = 1;
-};
-
-Geometry conv_geometry(const OpContext& c, const at::Tensor& x, const at::Tensor& w) {
-  c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
-  c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
-  size_t n = static_cast<size_t>(x.dim() - 2);
-  Geometry g;
-  auto kernel = c.attr_ints("kernel_shape", {});
-  for (size_t i = 0; i < kernel.size() && i < n; ++i)
-    c.check(kernel[i] == w.size(2 + i), "kernel_shape ", kernel[i], " != weight dim ",
-            w.size(2 + i));
-  c.check(kernel.empty() || kernel.size() == n, "kernel_shape needs ", n, " values");
-  g.strides = c.attr_ints("strides", std::vector<int64_t>(n, 1));
-  g.dilations = c.attr_ints("dilations", std::vector<int64_t>(n, 1));
-  g.group = c.attr_int("group", 1);
-  c.check(g.strides.size() == n && g.dilations.size() == n, "strides/dilations need ", n,
-          " values");
-  for (size_t i = 0; i < n; ++i)
-    c.check(g.strides[i] > 0 && g.dilations[i] > 0, "strides and dilations must be positive");
-  c.check(g.group > 0 && x.size(1) == w.size(1) * g.group && w.size(0) % g.group == 0,
-          "channels do not match: input ", x.size(1), ", weight ", w.sizes(), ", group ", g.group);
-  auto pads = c.attr_ints("pads", std::vector<int64_t>(2 * n, 0));
-  c.check(pads.size() == 2 * n, "pads needs ", 2 * n, " values, got ", pads.size());
-  for (int64_t p : pads) c.check(p >= 0, "negative pads are not allowed");
-  g.pads_begin.assign(pads.begin(), pads.begin() + n);
-  g.pads_end.assign(pads.begin() + n, pads.end());
-  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
-  if (auto_pad == "VALID") {
-    std::fill(g.pads_begin.begin(), g.pads_begin.end(), 0);
-    std::fill(g.pads_end.begin(), g.pads_end.end(), 0);
-  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    for (size_t i = 0; i < n; ++i) {
-      int64_t in = x.size(2 + i);
-      int64_t out = (in + g.strides[i] - 1) / g.strides[i];
-      int64_t eff = (w.size(2 + i) - 1) * g.dilations[i] + 1;
-      int64_t total = std::max<int64_t>(0, (out - 1) * g.strides[i] + eff - in);
-      int64_t small = total / 2, large = total - small;
-      g.pads_begin[i] = auto_pad == "SAME_UPPER" ? small : large;
-      g.pads_end[i] = auto_pad == "SAME_UPPER" ? large : small;
-    }
-  } else if (auto_pad != "NOTSET") {
-    c.fail("unknown auto_pad '", auto_pad, "'");
-  }
-  return g;
-}
-
 // Convolution of (x - x_zp) and (w - w_zp) in float64; padding holds zeros after the shift.
 at::Tensor int_conv(const OpContext& c, const at::Tensor& x, const at::Tensor& w,
                     const at::Tensor& xzp, const at::Tensor& wzp, const at::Tensor& bias) {
   check_int8(c, x, "x");
   check_int8(c, w, "w");
-  Geometry g = conv_geometry(c, x, w);
+  c.check(x.dim() >= 3 && x.dim() <= 5, "input must be 3-D to 5-D, got ", x.dim(), "-D");
+  c.check(w.dim() == x.dim(), "weight rank ", w.dim(), " != input rank ", x.dim());
+  ConvGeometry g = read_conv_geometry(c, w, x.sizes().slice(2), false);
+  c.check(x.size(1) == w.size(1) * g.group && w.size(0) % g.group == 0,
+          "channels do not match: input ", x.size(1), ", weight ", w.sizes(), ", group ", g.group);
   at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble);
   if (xzp.defined()) {
     c.check(xzp.numel() == 1, "x_zero_point must be a scalar");
@@ -261,12 +217,7 @@ at::Tensor int_conv(const OpContext& c, const at::Tensor& x, const at::Tensor& w
       wd = wd - wzp.to(at::kDouble).reshape(shape);
     }
   }
-  std::vector<int64_t> p;
-  for (size_t i = g.pads_begin.size(); i-- > 0;) {
-    p.push_back(g.pads_begin[i]);
-    p.push_back(g.pads_end[i]);
-  }
-  at::Tensor in = at::constant_pad_nd(xd, p, 0);
+  at::Tensor in = pad_spatial(xd, g.pads_begin, g.pads_end);
   at::Tensor b;
   if (bias.defined()) {
     c.check(bias.dim() == 1 && bias.size(0) == w.size(0), "bias must be [", w.size(0), "]");

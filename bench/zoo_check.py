@@ -48,23 +48,12 @@ def tv_models():
 
 
 def randomize(model):
-    """Every parameter and buffer gets non-trivial values (torchvision zero-inits some heads)."""
-    import torch
+    """The parity fixtures' randomization (torchvision zero-inits some heads), shared."""
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+    sys.path.insert(0, fixtures)
+    from make_models import randomize as fixture_randomize
 
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if "weight" in name else 0.0))
-        for name, b in model.named_buffers():
-            if name.endswith("running_mean"):
-                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
-            elif name.endswith("running_var"):
-                b.copy_(torch.rand(b.shape, generator=g) * 0.5 + 0.75)
-    return model
+    return fixture_randomize(model)
 
 
 def hf_build(name):

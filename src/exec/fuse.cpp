@@ -198,6 +198,18 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     }
   }
 
+  // When the only reader of `out` is an activation lopper fuses: absorb it.
+  auto absorb_activation = [&](std::string& out, std::vector<size_t>& absorbed,
+                               std::vector<ir::Attribute>& act) {
+    if (!uses.single(out)) return;
+    size_t r = *reader_of(out);
+    if (auto a = activation_of(g, g.nodes[r], opset)) {
+      act = *a;
+      absorbed.push_back(r);
+      out = g.nodes[r].outputs[0];
+    }
+  };
+
   // 2. Conv [+ Add] [+ activation] -> FusedConv.
   uses.build(g, removed);
   index();
@@ -211,26 +223,15 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     std::vector<size_t> absorbed;
     if (uses.single(out)) {
       size_t r = *reader_of(out);
-      ir::Node& next = g.nodes[r];
+      const ir::Node& next = g.nodes[r];
       if (is(next, "Add") && next.inputs.size() == 2 && outputs_used(next) == 1 &&
           next.inputs[0] != next.inputs[1]) {
         other = next.inputs[0] == out ? next.inputs[1] : next.inputs[0];
         absorbed.push_back(r);
         out = next.outputs[0];
-        if (uses.single(out)) {
-          size_t r2 = *reader_of(out);
-          if (auto a = activation_of(g, g.nodes[r2], opset)) {
-            act = *a;
-            absorbed.push_back(r2);
-            out = g.nodes[r2].outputs[0];
-          }
-        }
-      } else if (auto a = activation_of(g, next, opset)) {
-        act = *a;
-        absorbed.push_back(r);
-        out = next.outputs[0];
       }
     }
+    absorb_activation(out, absorbed, act);
     if (absorbed.empty()) continue;
     conv.domain = "ai.lopper";
     conv.op_type = "FusedConv";
@@ -327,14 +328,7 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
         out = add.outputs[0];
       }
     }
-    if (uses.single(out)) {
-      size_t r = *reader_of(out);
-      if (auto a = activation_of(g, g.nodes[r], opset)) {
-        act = *a;
-        absorbed.push_back(r);
-        out = g.nodes[r].outputs[0];
-      }
-    }
+    absorb_activation(out, absorbed, act);
     if (absorbed.empty()) continue;
     mm.domain = "ai.lopper";
     mm.op_type = "FusedMatMul";

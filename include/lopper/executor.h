@@ -47,7 +47,9 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   /// Runs the graph. Inputs are checked against the graph's declared types and static dims.
-  /// Returns the graph outputs in declaration order.
+  /// Returns the graph outputs in declaration order. The first inference run also prepacks
+  /// weights and times candidate kernels per layer, so it is slower than the ones after it.
+  /// One run at a time per executor (runs update per-node state).
   std::vector<at::Tensor> run(const NamedTensors& inputs);
 
   /// Names and declared types of the inputs a caller must feed.

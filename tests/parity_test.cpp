@@ -62,7 +62,9 @@ TEST_P(Parity, MatchesPyTorch) {
   }
 
   // Import -> export -> import is the identity: the second export is byte for byte the first,
-  // and the outputs agree (to rounding: each executor picks its kernels by timing them).
+  // and the outputs agree to rounding: each executor picks its kernels by timing them, and BLAS and
+  // oneDNN sum a 25088-long dot product (vgg's first linear layer) in different orders (seen:
+  // 1.1e-6 relative).
   std::string bytes = onnx::serialize_model(model);
   ir::Model again = onnx::parse_model(bytes.data(), bytes.size(), dir.string());
   EXPECT_EQ(onnx::serialize_model(again), bytes) << stem << ": export is not stable";
@@ -70,7 +72,7 @@ TEST_P(Parity, MatchesPyTorch) {
   auto outs2 = exec2.run(feeds);
   ASSERT_EQ(outs2.size(), outs.size());
   for (size_t k = 0; k < outs.size(); ++k)
-    EXPECT_LE(test::relative_max_diff(outs2[k], outs[k]), 1e-6)
+    EXPECT_LE(test::relative_max_diff(outs2[k], outs[k]), 1e-5)
         << stem << ": output " << k << " changed after export";
 }
 

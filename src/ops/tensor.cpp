@@ -85,11 +85,23 @@ void register_tensor_ops(OpTable& t) {
     const at::Tensor& ind = c.input(1);
     c.check(x.dim() >= 1, "data must be at least 1-D");
     int64_t axis = normalize_axis(c, c.attr_int("axis", 0), x.dim());
-    at::Tensor idx = wrap_indices(ind, x.size(axis));
-    check_range(c, idx, x.size(axis));
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().begin() + axis);
     for (int64_t d : ind.sizes()) shape.push_back(d);
     for (int64_t i = axis + 1; i < x.dim(); ++i) shape.push_back(x.size(i));
+    at::Tensor idx;
+    if (ind.device().is_cpu() && ind.numel() <= 64 && !at::isFloatingType(ind.scalar_type())) {
+      // NOTE: the shape arithmetic exporters emit (Shape -> Gather of one dim) runs every
+      // inference; checking a few indices here takes one ATen call instead of ten.
+      std::vector<int64_t> v = to_int_vector(ind);
+      for (int64_t& i : v) {
+        if (i < 0) i += x.size(axis);
+        c.check(i >= 0 && i < x.size(axis), "index out of range for a dim of size ", x.size(axis));
+      }
+      idx = at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(x.device());
+    } else {
+      idx = wrap_indices(ind, x.size(axis));
+      check_range(c, idx, x.size(axis));
+    }
     c.set_output(0, at::index_select(x, axis, idx.reshape({-1})).reshape(shape));
   }});
 

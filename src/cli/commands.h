@@ -12,5 +12,6 @@ Action add_inspect(CLI::App& app);
 Action add_run(CLI::App& app);
 Action add_bench(CLI::App& app);
 Action add_convert(CLI::App& app);
+Action add_prune(CLI::App& app);
 
 }  // namespace lopper::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   add(lopper::cli::add_run);
   add(lopper::cli::add_bench);
   add(lopper::cli::add_convert);
+  add(lopper::cli::add_prune);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

@@ -1,0 +1,261 @@
+// prune(): which weights are prunable, which axis is a row, a column and the reduction, and the
+// masks applied to a model.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <regex>
+#include <unordered_set>
+
+#include "lopper/analysis.h"
+#include "lopper/error.h"
+#include "lopper/prune.h"
+
+namespace lopper {
+
+namespace {
+
+struct Target {
+  const ir::Node* node = nullptr;
+  ir::Initializer* init = nullptr;
+  int64_t in_axis = -1, out_axis = -1;  // axes of the initializer, -1 when there is none
+  size_t report = 0;                    // index in PruneReport::layers
+};
+
+// The initializer axes that hold the layer's output units and input (reduction) units. A weight
+// read through a Transpose has its axes mapped back through the permutation.
+void find_axes(const ir::Graph& g, const ir::Node& n, Target& t) {
+  int64_t rank = t.init->value.dim();
+  int64_t in = -1, out = -1;
+  if (n.op_type == "Conv") {
+    out = 0, in = 1;
+  } else if (n.op_type == "ConvTranspose") {
+    in = 0, out = 1;
+  } else if (n.op_type == "Gemm") {
+    const ir::Attribute* a = n.attr("transB");
+    bool trans_b = a && a->i != 0;
+    out = trans_b ? 0 : 1, in = trans_b ? 1 : 0;
+  } else if (rank >= 2) {  // MatMul: B is [..., K, N]
+    in = rank - 2, out = rank - 1;
+  }
+  if (rank < 2) in = out = -1;
+  std::vector<int64_t> perm(rank);
+  for (int64_t i = 0; i < rank; ++i) perm[i] = i;
+  if (!g.find_initializer(n.inputs[1])) {
+    for (const auto& p : g.nodes)
+      if (p.op_type == "Transpose" && p.outputs.size() == 1 && p.outputs[0] == n.inputs[1]) {
+        const ir::Attribute* pa = p.attr("perm");
+        if (pa && int64_t(pa->ints.size()) == rank)
+          perm = pa->ints;
+        else
+          std::reverse(perm.begin(), perm.end());
+      }
+  }
+  t.in_axis = in >= 0 ? perm[in] : -1;
+  t.out_axis = out >= 0 ? perm[out] : -1;
+}
+
+std::string nm_name(const PruneOptions& o) {
+  return std::to_string(o.n) + ":" + std::to_string(o.m);
+}
+
+void check_options(const PruneOptions& o) {
+  if (o.method == PruneMethod::kAbs) {
+    LOPPER_CHECK(o.threshold >= 0 && std::isfinite(o.threshold),
+                 "[prune] threshold must be >= 0, got ", o.threshold);
+    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured,
+                 "[prune] --method abs removes single weights: use --pattern unstructured");
+  } else if (o.pattern != PrunePattern::kNM) {
+    if (o.amount.is_count)
+      LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ", o.amount.value);
+    else
+      LOPPER_CHECK(o.amount.value >= 0 && o.amount.value <= 1,
+                   "[prune] amount must be in [0, 1], got ", o.amount.value);
+  }
+  if (o.pattern == PrunePattern::kNM) {
+    LOPPER_CHECK(o.n >= 1 && o.m >= 2 && o.n < o.m, "[prune] N:M needs 1 <= N < M, got ",
+                 nm_name(o));
+    LOPPER_CHECK(o.method == PruneMethod::kL1,
+                 "[prune] N:M keeps the largest |w| of each group: use --method l1");
+  }
+  if (o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn)
+    LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
+  LOPPER_CHECK(o.scope == PruneScope::kLocal || o.pattern == PrunePattern::kUnstructured,
+               "[prune] --scope global ranks single weights: use --pattern unstructured");
+}
+
+std::string method_string(const PruneOptions& o) {
+  std::string s = method_name(o.method);
+  if (o.scope == PruneScope::kGlobal && o.method != PruneMethod::kAbs) s += " global";
+  switch (o.pattern) {
+    case PrunePattern::kUnstructured: break;
+    case PrunePattern::kNM: s += " " + nm_name(o); break;
+    case PrunePattern::kRow: s += " row"; break;
+    case PrunePattern::kColumn: s += " column"; break;
+  }
+  if ((o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn) &&
+      o.method == PruneMethod::kL1)
+    s += " L" + std::to_string(o.norm);
+  return s;
+}
+
+std::string amount_string(const PruneOptions& o) {
+  if (o.method == PruneMethod::kAbs) {
+    std::ostringstream os;
+    os << "|w| < " << o.threshold;
+    return os.str();
+  }
+  if (o.pattern == PrunePattern::kNM) return "";
+  return o.amount.str();
+}
+
+}  // namespace
+
+PruneReport prune(ir::Model& model, const PruneOptions& opts) {
+  check_options(opts);
+  ir::Graph& g = model.graph;
+  PruneReport report;
+
+  // The prunable weights, once each (a weight shared by two layers is pruned once).
+  std::vector<Target> all;
+  std::unordered_set<std::string> seen;
+  for (const auto& n : g.nodes) {
+    const ir::Initializer* w = layer_weight(g, n);
+    if (!w || !seen.insert(w->name).second) continue;
+    Target t;
+    t.node = &n;
+    t.init = g.find_initializer(w->name);
+    find_axes(g, n, t);
+    t.report = report.layers.size();
+    PruneLayerReport l;
+    l.name = n.label();
+    l.op = n.op_type;
+    l.weight = w->name;
+    l.shape = w->value.sizes().vec();
+    l.params = w->value.numel();
+    l.nonzero_before = l.nonzero_after = w->value.count_nonzero().item<int64_t>();
+    report.layers.push_back(std::move(l));
+    all.push_back(t);
+  }
+  LOPPER_CHECK(!all.empty(),
+               "[prune] the model has no prunable weights (Conv, ConvTranspose, Gemm or MatMul "
+               "with a weight initializer)");
+
+  std::optional<std::regex> exclude;
+  if (!opts.exclude.empty()) {
+    try {
+      exclude.emplace(opts.exclude);
+    } catch (const std::regex_error& e) {
+      throw Error("[prune] --exclude '" + opts.exclude + "' is not a valid regex: " + e.what());
+    }
+  }
+  bool excluded_any = false;
+  std::vector<Target> targets;
+  for (size_t i = 0; i < all.size(); ++i) {
+    Target& t = all[i];
+    PruneLayerReport& l = report.layers[t.report];
+    if (!t.init->value.is_floating_point()) {
+      l.skipped = "not a float tensor";
+    } else if (exclude && (std::regex_search(l.name, *exclude) || std::regex_search(l.weight, *exclude))) {
+      l.skipped = "excluded (--exclude)";
+      excluded_any = true;
+    } else if (opts.skip_first_last && i == 0) {
+      l.skipped = "first layer (--skip-first-last)";
+    } else if (opts.skip_first_last && i + 1 == all.size()) {
+      l.skipped = "last layer (--skip-first-last)";
+    } else if (opts.pattern == PrunePattern::kNM) {
+      int64_t k = t.in_axis < 0 ? 0
+                  : t.node->op_type == "Conv" ? t.init->value.numel() / t.init->value.size(0)
+                                              : t.init->value.size(t.in_axis);
+      if (t.in_axis < 0 || k % opts.m != 0)
+        l.skipped = "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(opts.m);
+    } else if ((opts.pattern == PrunePattern::kRow && t.out_axis < 0) ||
+               (opts.pattern == PrunePattern::kColumn && t.in_axis < 0)) {
+      l.skipped = "no row/column axis (1-D weight)";
+    }
+    if (l.skipped.empty()) targets.push_back(t);
+  }
+  if (exclude && !excluded_any)
+    report.warnings.push_back("--exclude '" + opts.exclude + "' matched no layer");
+  LOPPER_CHECK(!targets.empty(), "[prune] nothing left to prune: every prunable layer was skipped (",
+               report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
+
+  // Every mask first, so that an error leaves the model as it was.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
+  std::vector<at::Tensor> keep;
+  if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
+    std::vector<at::Tensor> scores, alive;
+    int64_t total = 0;
+    for (const auto& t : targets) {
+      scores.push_back(t.init->value.abs());
+      alive.push_back(t.init->value.ne(0));
+      total += report.layers[t.report].nonzero_before;
+    }
+    int64_t k = opts.amount.count_of(total, "all prunable layers");
+    std::vector<at::Tensor> removed;
+    if (opts.method == PruneMethod::kL1) {
+      removed = smallest_k(scores, alive, k);
+    } else {
+      // The k smallest of one uniform draw per alive weight: a uniformly random k-subset.
+      std::vector<at::Tensor> draws;
+      for (const auto& a : alive) draws.push_back(at::rand(a.sizes(), gen));
+      removed = smallest_k(draws, alive, k);
+    }
+    for (size_t i = 0; i < targets.size(); ++i) keep.push_back(alive[i] & removed[i].logical_not());
+  } else {
+    for (const auto& t : targets) {
+      const at::Tensor& w = t.init->value;
+      const std::string& where = report.layers[t.report].name;
+      switch (opts.pattern) {
+        case PrunePattern::kUnstructured:
+          if (opts.method == PruneMethod::kAbs) {
+            keep.push_back(w.abs().ge(opts.threshold) & w.ne(0));
+          } else {
+            at::Tensor alive = w.ne(0);
+            int64_t k = opts.amount.count_of(alive.sum().item<int64_t>(), where);
+            if (opts.method == PruneMethod::kL1) {
+              keep.push_back(alive & smallest_k({w.abs()}, {alive}, k)[0].logical_not());
+            } else {
+              keep.push_back(random_mask(w, PruneAmount{double(k), true}, gen));
+            }
+          }
+          break;
+        case PrunePattern::kNM: {
+          if (t.node->op_type == "Conv") {
+            keep.push_back(nm_mask(w.reshape({w.size(0), -1}), opts.n, opts.m).reshape(w.sizes()));
+          } else {
+            at::Tensor moved = w.movedim(t.in_axis, -1);
+            keep.push_back(nm_mask(moved, opts.n, opts.m).movedim(-1, t.in_axis));
+          }
+          break;
+        }
+        case PrunePattern::kRow:
+        case PrunePattern::kColumn: {
+          int64_t axis = opts.pattern == PrunePattern::kRow ? t.out_axis : t.in_axis;
+          // Counted here first so that an error names the layer.
+          (void)opts.amount.count_of(w.size(axis), where);
+          keep.push_back(channel_mask(w, axis, opts.amount,
+                                      opts.method == PruneMethod::kRandom ? 0 : opts.norm, &gen));
+          break;
+        }
+      }
+    }
+  }
+
+  std::string method = method_string(opts), amount = amount_string(opts);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    ir::Initializer& init = *targets[i].init;
+    init.value = init.value.masked_fill(keep[i].logical_not(), 0).contiguous();
+    PruneLayerReport& l = report.layers[targets[i].report];
+    l.nonzero_after = init.value.count_nonzero().item<int64_t>();
+    l.method = method;
+    l.amount = amount;
+  }
+  for (const auto& l : report.layers) {
+    report.params += l.params;
+    report.nonzero_before += l.nonzero_before;
+    report.nonzero_after += l.nonzero_after;
+  }
+  return report;
+}
+
+}  // namespace lopper

@@ -1,0 +1,146 @@
+// lopper prune on the command line: the output and its report, and bad input -> one line, the
+// right exit code, no output file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lopper/onnx_io.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+Result lopper_cli(const std::string& args) {
+  static int n = 0;
+  std::string base = "/tmp/lopper_prune_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
+           slurp(base + ".err")};
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
+
+}  // namespace
+
+TEST(PruneCli, WritesTheModelAndItsReport) {
+  test::TempDir tmp;
+  std::string out = tmp / "p.onnx";
+  auto r = lopper_cli("prune " + fixture("mlp.ts.onnx") + " -o " + out +
+                      " --method l1 --amount 0.5 --scope global");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("sparsity"), std::string::npos);
+  auto j = nlohmann::json::parse(slurp(out + ".report.json"));
+  EXPECT_EQ(j["params"].get<int64_t>(), 234752);
+  EXPECT_EQ(j["nonzero"].get<int64_t>(), 117376);
+  EXPECT_EQ(j["layers"].size(), 3u);
+  EXPECT_GT(j["file_bytes_before"].get<int64_t>(), 0);
+  EXPECT_GT(j["file_bytes_after"].get<int64_t>(), 0);
+  ir::Model m = onnx::load_model(out);
+  int64_t nz = 0;
+  for (const auto& l : j["layers"])
+    nz += m.graph.find_initializer(l["weight"].get<std::string>())->value.count_nonzero().item<int64_t>();
+  EXPECT_EQ(nz, 117376);
+}
+
+TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  } cases[] = {
+      {"--method l1 --amount 1.5", 1, "amount must be in [0, 1]"},
+      {"--method l1 --amount -0.2", 1, "amount"},
+      {"--method l1 --amount 1000000", 1, "more than"},
+      {"--method abs --threshold -1", 1, "threshold must be >= 0"},
+      {"--method l1 --pattern 4:4", 1, "N:M"},
+      {"--method l1 --pattern 2:3", 1, "nothing left to prune"},  // no K divides by 3
+      {"--method frob --amount 0.1", 1, "unknown method"},
+      {"--method l1 --amount 0.1 --pattern diagonal", 1, "unknown pattern"},
+      {"--method l1 --amount 0.1 --scope galactic", 1, "unknown scope"},
+      {"--method grad --amount 0.1", 2, "not implemented yet"},
+      {"--method taylor --amount 0.1", 2, "not implemented yet"},
+      {"--method l1 --amount 0.1 --recipe r.yaml", 2, "not implemented yet"},
+      {"--method l1", 2, "needs --amount"},
+      {"--method abs", 2, "needs --threshold"},
+  };
+  for (const auto& c : cases) {
+    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
+  }
+}
+
+TEST(PruneCli, RefusesToOverwriteItsInput) {
+  test::TempDir tmp;
+  std::string in = tmp / "m.onnx";
+  fs::copy_file(fixture("mlp.ts.onnx"), in);
+  auto before = slurp(in);
+  auto r = lopper_cli("prune " + in + " -o " + in + " --method l1 --amount 0.5");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(slurp(in), before);
+}
+
+TEST(PruneCli, NothingPrunableIsAnError) {
+  test::TempDir tmp;
+  // An Add-only model: no Conv/Gemm/MatMul weight.
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::ValueInfo x;
+  x.name = "x";
+  x.type.elem_type = ir::DType::kFloat;
+  x.type.has_shape = true;
+  x.type.dims = {ir::Dim{3, ""}};
+  m.graph.inputs = {x};
+  ir::ValueInfo y = x;
+  y.name = "y";
+  m.graph.outputs = {y};
+  ir::Node add;
+  add.op_type = "Add";
+  add.inputs = {"x", "c"};
+  add.outputs = {"y"};
+  m.graph.nodes = {add};
+  m.graph.initializers = {{"c", at::ones({3})}};
+  onnx::save_model(m, tmp / "add.onnx");
+  auto r = lopper_cli("prune " + (tmp / "add.onnx") + " -o " + (tmp / "o.onnx") +
+                      " --method l1 --amount 0.5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("no prunable weights"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "o.onnx"));
+}

@@ -1,0 +1,279 @@
+// Pruning masks and prune() on small tensors and hand-built models: counts, cumulative behaviour,
+// N:M layout, rows/columns, ties, and the errors of bad options.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "lopper/error.h"
+#include "lopper/prune.h"
+
+using namespace lopper;
+
+namespace {
+
+PruneAmount frac(double v) { return PruneAmount{v, false}; }
+PruneAmount count(int64_t v) { return PruneAmount{double(v), true}; }
+
+// x -> Gemm(w1, transB=1) -> MatMul(w2) -> y, and a bias that must never be pruned.
+ir::Model two_layers(at::Tensor w1, at::Tensor w2) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Node gemm;
+  gemm.name = "fc1";
+  gemm.op_type = "Gemm";
+  gemm.inputs = {"x", "w1", "b1"};
+  gemm.outputs = {"h"};
+  ir::Attribute tb;
+  tb.name = "transB";
+  tb.type = ir::AttrType::kInt;
+  tb.i = 1;
+  gemm.attrs.push_back(tb);
+  ir::Node mm;
+  mm.name = "fc2";
+  mm.op_type = "MatMul";
+  mm.inputs = {"h", "w2"};
+  mm.outputs = {"y"};
+  m.graph.nodes = {gemm, mm};
+  int64_t out1 = w1.size(0);
+  m.graph.initializers = {{"w1", w1}, {"b1", at::full({out1}, 0.001f)}, {"w2", w2}};
+  return m;
+}
+
+at::Tensor init(const ir::Model& m, const std::string& name) {
+  return m.graph.find_initializer(name)->value;
+}
+
+// at::tensor has no bool overload: 0/1 -> a bool tensor.
+at::Tensor bools(std::vector<int64_t> v) { return at::tensor(v).to(at::kBool); }
+
+int64_t nnz(const at::Tensor& t) { return t.count_nonzero().item<int64_t>(); }
+
+}  // namespace
+
+TEST(PruneAmount, ParseAndCount) {
+  EXPECT_TRUE(PruneAmount::parse("40").is_count);
+  EXPECT_FALSE(PruneAmount::parse("0.4").is_count);
+  EXPECT_FALSE(PruneAmount::parse("1.0").is_count);  // torch: 1.0 is all, 1 is one weight
+  EXPECT_EQ(PruneAmount::parse("1.0").count_of(10), 10);
+  EXPECT_EQ(PruneAmount::parse("1").count_of(10), 1);
+  // Python's round: half to even.
+  EXPECT_EQ(frac(0.5).count_of(5), 2);
+  EXPECT_EQ(frac(0.5).count_of(7), 4);
+  EXPECT_EQ(frac(0.25).count_of(10), 2);
+  EXPECT_THROW(PruneAmount::parse("1.5"), Error);
+  EXPECT_THROW(PruneAmount::parse("-0.1"), Error);
+  EXPECT_THROW(PruneAmount::parse("-3"), Error);
+  EXPECT_THROW(PruneAmount::parse("half"), Error);
+  EXPECT_THROW(count(11).count_of(10), Error);
+}
+
+TEST(PruneMask, L1RemovesTheSmallestAndCountsFromWhatIsLeft) {
+  at::Tensor w = at::tensor({0.5f, -0.1f, 0.0f, 0.3f, -0.7f, 0.2f});
+  at::Tensor keep = l1_mask(w, frac(0.4));  // 5 alive -> round(2.0) = 2 go: -0.1 and 0.2
+  EXPECT_TRUE(at::equal(keep, bools({1, 0, 0, 1, 1, 0})));
+  // A count: 1 more goes from the 5 alive, the zero stays pruned.
+  keep = l1_mask(w, count(1));
+  EXPECT_TRUE(at::equal(keep, bools({1, 0, 0, 1, 1, 1})));
+  EXPECT_THROW(l1_mask(w, count(6)), Error);  // only 5 are left
+  EXPECT_EQ(l1_mask(w, frac(1.0)).sum().item<int64_t>(), 0);
+  EXPECT_EQ(l1_mask(w, frac(0.0)).sum().item<int64_t>(), 5);
+}
+
+TEST(PruneMask, TiesFollowTorchTopk) {
+  // Eight equal weights, three go: whichever at::topk(largest=False) picks, which is what
+  // torch.nn.utils.prune picks on the same values.
+  at::Tensor w = at::full({8}, 0.25f);
+  at::Tensor keep = l1_mask(w, count(3));
+  at::Tensor idx = std::get<1>(at::topk(w.abs(), 3, 0, false, true));
+  at::Tensor want = at::ones({8}, at::kBool).index_fill_(0, idx, false);
+  EXPECT_TRUE(at::equal(keep, want));
+}
+
+TEST(PruneMask, GlobalSelectionMatchesASortAcrossTensors) {
+  at::manual_seed(0);
+  std::vector<at::Tensor> ws = {at::randn({37, 11}), at::randn({5, 3, 3, 3}), at::randn({64})};
+  std::vector<at::Tensor> scores, alive;
+  for (auto& w : ws) {
+    w.masked_fill_(w.abs() < 0.1, 0);  // some already pruned
+    scores.push_back(w.abs());
+    alive.push_back(w.ne(0));
+  }
+  at::Tensor all = at::cat({scores[0].flatten().masked_select(alive[0].flatten()),
+                            scores[1].flatten().masked_select(alive[1].flatten()),
+                            scores[2].flatten().masked_select(alive[2].flatten())});
+  int64_t k = all.numel() / 3;
+  double t = std::get<0>(all.sort()).index({k - 1}).item<double>();
+  auto removed = smallest_k(scores, alive, k);
+  int64_t total = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    EXPECT_TRUE(at::equal(removed[i], scores[i].le(t) & alive[i]));
+    total += removed[i].sum().item<int64_t>();
+  }
+  EXPECT_EQ(total, k);
+}
+
+TEST(PruneMask, NMKeepsNOfEveryMAlongTheLastDim) {
+  at::Tensor w = at::tensor({1.f, -4.f, 3.f, 2.f, 0.5f, 0.1f, -0.2f, 0.3f}).reshape({1, 8});
+  at::Tensor keep = nm_mask(w, 2, 4);
+  EXPECT_TRUE(at::equal(keep, bools({0, 1, 1, 0, 1, 0, 0, 1})
+                                  .reshape({1, 8})));
+  at::manual_seed(1);
+  at::Tensor big = at::randn({16, 64});
+  at::Tensor k = nm_mask(big, 2, 4).reshape({16, 16, 4}).sum(-1);
+  EXPECT_TRUE(k.eq(2).all().item<bool>());
+  EXPECT_THROW(nm_mask(at::randn({4, 6}), 2, 4), Error);
+  EXPECT_THROW(nm_mask(big, 4, 4), Error);
+}
+
+TEST(PruneMask, RowsAndColumnsByNorm) {
+  at::Tensor w = at::tensor({1.f, 1.f, 1.f, 0.1f, 0.1f, 0.1f, 3.f, 0.f, 0.f}).reshape({3, 3});
+  // Rows: L1 norms 3, 0.3, 3 -> the middle goes.
+  at::Tensor keep = channel_mask(w, 0, count(1), 1, nullptr);
+  EXPECT_TRUE(at::equal(keep.any(1), bools({1, 0, 1})));
+  // L2 norms 1.73, 0.17, 3: same; two rows go -> only the last stays.
+  keep = channel_mask(w, 0, count(2), 2, nullptr);
+  EXPECT_TRUE(at::equal(keep.any(1), bools({0, 0, 1})));
+  // Columns: L1 4.1, 1.1, 1.1 -> a 0.34 fraction of 3 = 1 column goes (one of the tied two).
+  keep = channel_mask(w, 1, frac(0.34), 1, nullptr);
+  EXPECT_EQ(keep.any(0).sum().item<int64_t>(), 2);
+  EXPECT_TRUE(keep.any(0)[0].item<bool>());
+  // Cumulative: a zero row no longer counts; 50% of the two rows left = 1 more.
+  at::Tensor w2 = w.clone();
+  w2[1].zero_();
+  keep = channel_mask(w2, 0, frac(0.5), 1, nullptr);
+  EXPECT_EQ(keep.any(1).sum().item<int64_t>(), 1);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  keep = channel_mask(w, 0, count(1), 0, &gen);  // random_structured
+  EXPECT_EQ(keep.any(1).sum().item<int64_t>(), 2);
+}
+
+TEST(PruneModel, LocalL1PrunesEachWeightNeverTheBias) {
+  at::manual_seed(2);
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  PruneOptions o;
+  o.amount = frac(0.5);
+  PruneReport r = prune(m, o);
+  ASSERT_EQ(r.layers.size(), 2u);
+  EXPECT_EQ(r.layers[0].name, "fc1");
+  EXPECT_EQ(r.layers[0].nonzero_after, 64);
+  EXPECT_EQ(r.layers[1].nonzero_after, 16);
+  EXPECT_EQ(nnz(init(m, "w1")), 64);
+  EXPECT_EQ(nnz(init(m, "b1")), 8);
+  EXPECT_EQ(r.params, 160);
+  EXPECT_EQ(r.nonzero_after, 80);
+  EXPECT_DOUBLE_EQ(r.layers[0].sparsity(), 0.5);
+  // Again: half of what is left.
+  r = prune(m, o);
+  EXPECT_EQ(r.layers[0].nonzero_before, 64);
+  EXPECT_EQ(r.layers[0].nonzero_after, 32);
+}
+
+TEST(PruneModel, GlobalRanksAllWeightsTogether) {
+  // fc1's weights are all small, fc2's all large: a global 50% takes fc1 first.
+  ir::Model m = two_layers(at::full({4, 4}, 0.01f), at::full({4, 4}, 1.0f));
+  PruneOptions o;
+  o.scope = PruneScope::kGlobal;
+  o.amount = frac(0.5);
+  PruneReport r = prune(m, o);
+  EXPECT_EQ(r.layers[0].nonzero_after, 0);
+  EXPECT_EQ(r.layers[1].nonzero_after, 16);
+}
+
+TEST(PruneModel, AbsThresholdAndRandomCounts) {
+  ir::Model m = two_layers(at::tensor({0.1f, -0.2f, 0.3f, -0.4f}).reshape({2, 2}),
+                           at::tensor({0.05f, 0.5f, -0.6f, 0.0f}).reshape({2, 2}));
+  PruneOptions o;
+  o.method = PruneMethod::kAbs;
+  o.threshold = 0.3;  // |w| < 0.3 goes, 0.3 stays
+  prune(m, o);
+  EXPECT_TRUE(at::equal(init(m, "w1"), at::tensor({0.f, 0.f, 0.3f, -0.4f}).reshape({2, 2})));
+  EXPECT_EQ(nnz(init(m, "w2")), 2);
+
+  at::manual_seed(3);
+  ir::Model a = two_layers(at::randn({10, 10}), at::randn({10, 10}));
+  ir::Model b = two_layers(init(a, "w1").clone(), init(a, "w2").clone());
+  PruneOptions ro;
+  ro.method = PruneMethod::kRandom;
+  ro.amount = frac(0.3);
+  ro.seed = 9;
+  PruneReport r = prune(a, ro);
+  EXPECT_EQ(r.layers[0].nonzero_after, 70);
+  prune(b, ro);
+  EXPECT_TRUE(at::equal(init(a, "w1"), init(b, "w1")));  // the seed decides
+}
+
+TEST(PruneModel, NMAlongTheReductionDimAndSkipsWhatDoesNotDivide) {
+  at::manual_seed(4);
+  // fc1: Gemm transB=1, w1 [out=8, K=16]: groups along dim 1. fc2: MatMul, w2 [K=8, N=6]: groups
+  // along dim 0.
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 6}));
+  PruneOptions o;
+  o.pattern = PrunePattern::kNM;
+  o.n = 2, o.m = 4;
+  PruneReport r = prune(m, o);
+  EXPECT_TRUE(init(m, "w1").ne(0).reshape({8, 4, 4}).sum(-1).eq(2).all().item<bool>());
+  EXPECT_TRUE(init(m, "w2").ne(0).t().reshape({6, 2, 4}).sum(-1).eq(2).all().item<bool>());
+  EXPECT_TRUE(r.layers[1].skipped.empty());
+
+  ir::Model odd = two_layers(at::randn({8, 16}), at::randn({6, 3}));  // K=6 for 4 -> skipped
+  r = prune(odd, o);
+  EXPECT_NE(r.layers[1].skipped.find("not divisible"), std::string::npos);
+  EXPECT_EQ(r.layers[1].nonzero_after, 18);
+}
+
+TEST(PruneModel, ExcludeAndSkipFirstLast) {
+  at::manual_seed(5);
+  ir::Model m = two_layers(at::randn({4, 4}), at::randn({4, 4}));
+  PruneOptions o;
+  o.amount = frac(0.5);
+  o.exclude = "^fc2$";
+  PruneReport r = prune(m, o);
+  EXPECT_EQ(r.layers[0].nonzero_after, 8);
+  EXPECT_EQ(r.layers[1].nonzero_after, 16);
+  EXPECT_FALSE(r.layers[1].skipped.empty());
+  EXPECT_TRUE(r.warnings.empty());
+
+  o.exclude = "nothing-like-this";
+  r = prune(m, o);
+  EXPECT_EQ(r.warnings.size(), 1u);
+
+  o.exclude = "";
+  o.skip_first_last = true;  // two layers: both are first or last
+  EXPECT_THROW(prune(m, o), Error);
+}
+
+TEST(PruneModel, BadOptionsAreErrorsAndLeaveTheModelAlone) {
+  at::manual_seed(6);
+  ir::Model m = two_layers(at::randn({4, 4}), at::randn({4, 4}));
+  at::Tensor before = init(m, "w1").clone();
+  PruneOptions o;
+  o.amount = frac(1.5);
+  EXPECT_THROW(prune(m, o), Error);
+  o.amount = frac(-0.1);
+  EXPECT_THROW(prune(m, o), Error);
+  o.amount = count(17);  // each tensor has 16
+  EXPECT_THROW(prune(m, o), Error);
+  o.amount = frac(0.5);
+  o.method = PruneMethod::kAbs;
+  o.threshold = -1;
+  EXPECT_THROW(prune(m, o), Error);
+  o.method = PruneMethod::kL1;
+  o.pattern = PrunePattern::kNM;
+  o.n = 4, o.m = 4;
+  EXPECT_THROW(prune(m, o), Error);
+  o.pattern = PrunePattern::kRow;
+  o.norm = 3;
+  EXPECT_THROW(prune(m, o), Error);
+  o.norm = 1;
+  o.scope = PruneScope::kGlobal;
+  EXPECT_THROW(prune(m, o), Error);
+  o.pattern = PrunePattern::kUnstructured;
+  o.exclude = "(";
+  EXPECT_THROW(prune(m, o), Error);
+  EXPECT_TRUE(at::equal(init(m, "w1"), before));
+
+  ir::Model none;
+  none.graph.initializers = {{"b", at::ones({3})}};
+  EXPECT_THROW(prune(none, PruneOptions{}), Error);
+}

@@ -31,8 +31,10 @@ std::string slurp(const std::string& p) {
 
 Result lopper_cli(const std::string& args) {
   static int n = 0;
-  std::string base = "/tmp/lopper_prune_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
-  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  std::string base =
+      "/tmp/lopper_prune_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  std::string cmd =
+      std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
   int status = std::system(cmd.c_str());
   Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
            slurp(base + ".err")};
@@ -67,7 +69,9 @@ TEST(PruneCli, WritesTheModelAndItsReport) {
   ir::Model m = onnx::load_model(out);
   int64_t nz = 0;
   for (const auto& l : j["layers"])
-    nz += m.graph.find_initializer(l["weight"].get<std::string>())->value.count_nonzero().item<int64_t>();
+    nz += m.graph.find_initializer(l["weight"].get<std::string>())
+              ->value.count_nonzero()
+              .item<int64_t>();
   EXPECT_EQ(nz, 117376);
 }
 

@@ -1,11 +1,12 @@
 // Pruning masks and prune() on small tensors and hand-built models: counts, cumulative behaviour,
 // N:M layout, rows/columns, ties, and the errors of bad options.
+#include "lopper/prune.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "lopper/error.h"
-#include "lopper/prune.h"
 
 using namespace lopper;
 
@@ -116,8 +117,7 @@ TEST(PruneMask, GlobalSelectionMatchesASortAcrossTensors) {
 TEST(PruneMask, NMKeepsNOfEveryMAlongTheLastDim) {
   at::Tensor w = at::tensor({1.f, -4.f, 3.f, 2.f, 0.5f, 0.1f, -0.2f, 0.3f}).reshape({1, 8});
   at::Tensor keep = nm_mask(w, 2, 4);
-  EXPECT_TRUE(at::equal(keep, bools({0, 1, 1, 0, 1, 0, 0, 1})
-                                  .reshape({1, 8})));
+  EXPECT_TRUE(at::equal(keep, bools({0, 1, 1, 0, 1, 0, 0, 1}).reshape({1, 8})));
   at::manual_seed(1);
   at::Tensor big = at::randn({16, 64});
   at::Tensor k = nm_mask(big, 2, 4).reshape({16, 16, 4}).sum(-1);

@@ -1,6 +1,8 @@
 // lopper prune MODEL -o OUT --method abs|l1|random [--threshold T] [--amount A] [--seed S]
 //   [--scope local|global] [--pattern unstructured|N:M|row|column] [--norm 1|2] [--exclude REGEX]
 //   [--skip-first-last] [--sparse-initializers] [--json]
+#include "lopper/prune.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -14,7 +16,6 @@
 #include "cli/common.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
-#include "lopper/prune.h"
 
 namespace lopper::cli {
 
@@ -25,7 +26,8 @@ PruneMethod parse_method(const std::string& s) {
   if (s == "l1") return PruneMethod::kL1;
   if (s == "random") return PruneMethod::kRandom;
   if (s == "grad" || s == "taylor")
-    throw UsageError("[prune] --method " + s + " is not implemented yet (methods: abs, l1, random)");
+    throw UsageError("[prune] --method " + s +
+                     " is not implemented yet (methods: abs, l1, random)");
   throw Error("[prune] unknown method '" + s + "' (methods: abs, l1, random)");
 }
 
@@ -43,7 +45,8 @@ void parse_pattern(const std::string& s, PruneOptions& o) {
     o.n = std::stoll(m[1]);
     o.m = std::stoll(m[2]);
   } else {
-    throw Error("[prune] unknown pattern '" + s + "' (patterns: unstructured, N:M such as 2:4, row, column)");
+    throw Error("[prune] unknown pattern '" + s +
+                "' (patterns: unstructured, N:M such as 2:4, row, column)");
   }
 }
 
@@ -51,7 +54,8 @@ int64_t file_bytes(const std::string& p) {
   std::error_code ec;
   auto n = std::filesystem::file_size(p, ec);
   int64_t total = ec ? 0 : int64_t(n);
-  if (std::filesystem::exists(p + ".data", ec)) total += int64_t(std::filesystem::file_size(p + ".data", ec));
+  if (std::filesystem::exists(p + ".data", ec))
+    total += int64_t(std::filesystem::file_size(p + ".data", ec));
   return total;
 }
 
@@ -60,14 +64,15 @@ int64_t file_bytes(const std::string& p) {
 Action add_prune(CLI::App& app) {
   struct Opts {
     std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
-        recipe, data;
+                                            recipe, data;
     double threshold = -1;
     uint64_t seed = 0;
     int norm = 1;
     bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
+  auto* cmd =
+      app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
   cmd->add_option("--method", o->method, "abs | l1 | random")->required();
@@ -76,12 +81,13 @@ Action add_prune(CLI::App& app) {
                   "l1, random: a fraction in [0, 1] of the weights left, or an integer count");
   cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
   cmd->add_option("--scope", o->scope, "local (per tensor, default) | global (one ranking)");
-  cmd->add_option("--pattern", o->pattern, "unstructured (default) | N:M (e.g. 2:4) | row | column");
+  cmd->add_option("--pattern", o->pattern,
+                  "unstructured (default) | N:M (e.g. 2:4) | row | column");
   cmd->add_option("--norm", o->norm, "row/column with l1: rank by the L1 or L2 norm (1 | 2)");
   cmd->add_option("--exclude", o->exclude, "leave layers whose node or weight name matches REGEX");
   cmd->add_flag("--skip-first-last", o->skip_first_last, "leave the first and last layers");
   cmd->add_flag("--sparse-initializers", o->sparse,
-                "store weights that are at least half zeros as sparse_initializer");
+                "store pruned weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
   cmd->add_option("--recipe", o->recipe, "per-layer rules (not implemented yet)");
   cmd->add_option("--data", o->data, "calibration data for grad/taylor (not implemented yet)");
@@ -90,7 +96,8 @@ Action add_prune(CLI::App& app) {
     PruneOptions po;
     po.method = parse_method(o->method);
     if (!o->recipe.empty()) throw UsageError("[prune] --recipe is not implemented yet");
-    if (!o->data.empty()) throw UsageError("[prune] --data is for grad/taylor, which are not implemented yet");
+    if (!o->data.empty())
+      throw UsageError("[prune] --data is for grad/taylor, which are not implemented yet");
     if (o->scope == "local")
       po.scope = PruneScope::kLocal;
     else if (o->scope == "global")
@@ -100,11 +107,13 @@ Action add_prune(CLI::App& app) {
     parse_pattern(o->pattern, po);
     if (po.method == PruneMethod::kAbs) {
       if (th->count() == 0) throw UsageError("[prune] --method abs needs --threshold T");
-      if (!o->amount.empty()) throw UsageError("[prune] --method abs takes --threshold, not --amount");
+      if (!o->amount.empty())
+        throw UsageError("[prune] --method abs takes --threshold, not --amount");
       po.threshold = o->threshold;
     } else if (po.pattern != PrunePattern::kNM) {
       if (o->amount.empty())
-        throw UsageError(std::string("[prune] --method ") + method_name(po.method) + " needs --amount A");
+        throw UsageError(std::string("[prune] --method ") + method_name(po.method) +
+                         " needs --amount A");
       po.amount = PruneAmount::parse(o->amount);
     }
     po.seed = o->seed;
@@ -117,9 +126,18 @@ Action add_prune(CLI::App& app) {
       throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
     ir::Model model = onnx::load_model(o->model);
     PruneReport r = prune(model, po);
-    onnx::SaveOptions so;
-    if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;
-    onnx::save_model(model, o->out, so);
+    if (o->sparse) {
+      // NOTE: chosen here per weight rather than with SaveOptions::Sparse::kAll, whose rule (at
+      // least half zeros) grows fp32 files: an ONNX sparse tensor costs the value plus an int64
+      // index per nonzero, so it only pays when nnz * (element + 8 bytes) < numel * element.
+      for (const auto& l : r.layers) {
+        ir::Initializer* init = model.graph.find_initializer(l.weight);
+        if (!init || !init->value.is_floating_point() || init->value.dim() == 0) continue;
+        int64_t esize = int64_t(init->value.element_size());
+        init->sparse = l.nonzero_after * (esize + 8) < l.params * esize;
+      }
+    }
+    onnx::save_model(model, o->out, onnx::SaveOptions{});
     for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 
     nlohmann::json j;
@@ -134,10 +152,16 @@ Action add_prune(CLI::App& app) {
     j["warnings"] = r.warnings;
     j["layers"] = nlohmann::json::array();
     for (const auto& l : r.layers) {
-      nlohmann::json jl = {{"name", l.name}, {"op", l.op}, {"weight", l.weight},
-                           {"shape", l.shape}, {"params", l.params},
-                           {"nonzero_before", l.nonzero_before}, {"nonzero", l.nonzero_after},
-                           {"sparsity", l.sparsity()}, {"method", l.method}, {"amount", l.amount}};
+      nlohmann::json jl = {{"name", l.name},
+                           {"op", l.op},
+                           {"weight", l.weight},
+                           {"shape", l.shape},
+                           {"params", l.params},
+                           {"nonzero_before", l.nonzero_before},
+                           {"nonzero", l.nonzero_after},
+                           {"sparsity", l.sparsity()},
+                           {"method", l.method},
+                           {"amount", l.amount}};
       if (!l.skipped.empty()) jl["skipped"] = l.skipped;
       j["layers"].push_back(jl);
     }
@@ -163,14 +187,16 @@ Action add_prune(CLI::App& app) {
       std::string name = l.name.size() > w ? "…" + l.name.substr(l.name.size() - w + 1) : l.name;
       std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
       std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", name, w, l.op,
-                               l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(), how);
+                               l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(),
+                               how);
     }
-    std::cout << fmt::format("\nprunable params {:>14}\nnonzero         {:>14}  (was {}, sparsity {:.1f}%)\n",
-                             r.params, r.nonzero_after, r.nonzero_before,
-                             100.0 * j["sparsity"].get<double>())
-              << fmt::format("file            {:>14} bytes (was {})\n", j["file_bytes_after"].get<int64_t>(),
-                             j["file_bytes_before"].get<int64_t>())
-              << "report          " << report_path << "\n";
+    std::cout
+        << fmt::format(
+               "\nprunable params {:>14}\nnonzero         {:>14}  (was {}, sparsity {:.1f}%)\n",
+               r.params, r.nonzero_after, r.nonzero_before, 100.0 * j["sparsity"].get<double>())
+        << fmt::format("file            {:>14} bytes (was {})\n",
+                       j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>())
+        << "report          " << report_path << "\n";
     return 0;
   };
 }

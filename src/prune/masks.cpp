@@ -49,9 +49,12 @@ std::string PruneAmount::str() const {
 
 const char* method_name(PruneMethod m) {
   switch (m) {
-    case PruneMethod::kAbs: return "abs";
-    case PruneMethod::kL1: return "l1";
-    case PruneMethod::kRandom: return "random";
+    case PruneMethod::kAbs:
+      return "abs";
+    case PruneMethod::kL1:
+      return "l1";
+    case PruneMethod::kRandom:
+      return "random";
   }
   return "?";
 }
@@ -76,7 +79,8 @@ std::vector<at::Tensor> scatter_alive(const std::vector<at::Tensor>& alive,
   return out;
 }
 
-at::Tensor alive_values(const std::vector<at::Tensor>& scores, const std::vector<at::Tensor>& alive) {
+at::Tensor alive_values(const std::vector<at::Tensor>& scores,
+                        const std::vector<at::Tensor>& alive) {
   std::vector<at::Tensor> parts;
   for (size_t i = 0; i < scores.size(); ++i)
     parts.push_back(scores[i].reshape(-1).masked_select(alive[i].reshape(-1)));

@@ -1,5 +1,7 @@
 // prune(): which weights are prunable, which axis is a row, a column and the reduction, and the
 // masks applied to a model.
+#include "lopper/prune.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -8,7 +10,6 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
-#include "lopper/prune.h"
 
 namespace lopper {
 
@@ -66,7 +67,8 @@ void check_options(const PruneOptions& o) {
                  "[prune] --method abs removes single weights: use --pattern unstructured");
   } else if (o.pattern != PrunePattern::kNM) {
     if (o.amount.is_count)
-      LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ", o.amount.value);
+      LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ",
+                   o.amount.value);
     else
       LOPPER_CHECK(o.amount.value >= 0 && o.amount.value <= 1,
                    "[prune] amount must be in [0, 1], got ", o.amount.value);
@@ -87,10 +89,17 @@ std::string method_string(const PruneOptions& o) {
   std::string s = method_name(o.method);
   if (o.scope == PruneScope::kGlobal && o.method != PruneMethod::kAbs) s += " global";
   switch (o.pattern) {
-    case PrunePattern::kUnstructured: break;
-    case PrunePattern::kNM: s += " " + nm_name(o); break;
-    case PrunePattern::kRow: s += " row"; break;
-    case PrunePattern::kColumn: s += " column"; break;
+    case PrunePattern::kUnstructured:
+      break;
+    case PrunePattern::kNM:
+      s += " " + nm_name(o);
+      break;
+    case PrunePattern::kRow:
+      s += " row";
+      break;
+    case PrunePattern::kColumn:
+      s += " column";
+      break;
   }
   if ((o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn) &&
       o.method == PruneMethod::kL1)
@@ -155,7 +164,8 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
     PruneLayerReport& l = report.layers[t.report];
     if (!t.init->value.is_floating_point()) {
       l.skipped = "not a float tensor";
-    } else if (exclude && (std::regex_search(l.name, *exclude) || std::regex_search(l.weight, *exclude))) {
+    } else if (exclude &&
+               (std::regex_search(l.name, *exclude) || std::regex_search(l.weight, *exclude))) {
       l.skipped = "excluded (--exclude)";
       excluded_any = true;
     } else if (opts.skip_first_last && i == 0) {
@@ -163,11 +173,12 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
     } else if (opts.skip_first_last && i + 1 == all.size()) {
       l.skipped = "last layer (--skip-first-last)";
     } else if (opts.pattern == PrunePattern::kNM) {
-      int64_t k = t.in_axis < 0 ? 0
+      int64_t k = t.in_axis < 0               ? 0
                   : t.node->op_type == "Conv" ? t.init->value.numel() / t.init->value.size(0)
                                               : t.init->value.size(t.in_axis);
       if (t.in_axis < 0 || k % opts.m != 0)
-        l.skipped = "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(opts.m);
+        l.skipped =
+            "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(opts.m);
     } else if ((opts.pattern == PrunePattern::kRow && t.out_axis < 0) ||
                (opts.pattern == PrunePattern::kColumn && t.in_axis < 0)) {
       l.skipped = "no row/column axis (1-D weight)";
@@ -176,7 +187,8 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
   }
   if (exclude && !excluded_any)
     report.warnings.push_back("--exclude '" + opts.exclude + "' matched no layer");
-  LOPPER_CHECK(!targets.empty(), "[prune] nothing left to prune: every prunable layer was skipped (",
+  LOPPER_CHECK(!targets.empty(),
+               "[prune] nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
   // Every mask first, so that an error leaves the model as it was.

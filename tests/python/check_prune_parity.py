@@ -145,6 +145,22 @@ def cases(lopper, src, tmp, stem, row_col):
         else:
             assert sum(got) == sum(want), f"random global: kept {sum(got)}, torch {sum(want)}"
 
+    def sparse():
+        dense = os.path.join(tmp, f"{stem}.dense.onnx")
+        packed = os.path.join(tmp, f"{stem}.sparse.onnx")
+        lopper_prune(lopper, src, dense, "--method", "l1", "--amount", "0.9")
+        report = lopper_prune(lopper, src, packed, "--method", "l1", "--amount", "0.9",
+                              "--sparse-initializers")
+        assert onnx.load(packed).graph.sparse_initializer, "no sparse_initializer written"
+        assert report["file_bytes_after"] < report["file_bytes_before"], "the file did not shrink"
+        w = {t.name: numpy_helper.to_array(t) for t in onnx.load(dense).graph.initializer}
+        for t in onnx.load(packed).graph.sparse_initializer:
+            v = numpy_helper.to_array(t.values)
+            i = numpy_helper.to_array(t.indices)
+            got = np.zeros(int(np.prod(t.dims)), v.dtype)
+            got[i.reshape(-1) if i.ndim == 1 else np.ravel_multi_index(i.T, t.dims)] = v
+            assert np.array_equal(got.reshape(tuple(t.dims)), w[t.values.name]), t.values.name
+
     yield "l1 local 0.3", lambda: local("0.3")
     yield "l1 local 0.5", lambda: local("0.5")
     yield "l1 local count 40", lambda: local("40")
@@ -155,6 +171,7 @@ def cases(lopper, src, tmp, stem, row_col):
         for pattern in ("row", "column"):
             for norm in (1, 2):
                 yield f"{pattern} L{norm} 0.4", lambda p=pattern, n=norm: structured(p, n)
+    yield "sparse initializers (0.9)", sparse
     yield "random local (counts)", lambda: random("local")
     yield "random global (count)", lambda: random("global")
 

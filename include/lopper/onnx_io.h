@@ -20,7 +20,8 @@ ir::Model parse_model(const void* data, size_t size, const std::string& base_dir
 struct SaveOptions {
   enum class Sparse { kKeep, kAll, kNone };
   /// kKeep writes tensors that came as sparse_initializer the same way; kAll stores every
-  /// initializer that is at least half zeros as sparse_initializer; kNone stores all dense.
+  /// initializer that is smaller that way (values + int64 indices: past 2/3 zeros for fp32) as
+  /// sparse_initializer; kNone stores all dense.
   Sparse sparse = Sparse::kKeep;
   /// Write initializers to "<model file>.data" beside the model. Forced on when the initializers
   /// would push the model past protobuf's 2 GB limit.

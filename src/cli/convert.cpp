@@ -20,7 +20,7 @@ Action add_convert(CLI::App& app) {
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the model")->required();
   auto* sp = cmd->add_flag("--sparse-initializers", o->sparse,
-                           "store weights that are at least half zeros as sparse_initializer");
+                           "store weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--dense", o->dense, "store every initializer dense")->excludes(sp);
   cmd->add_flag("--external-data", o->external, "weights in OUT.data beside the model");
   return [o]() {

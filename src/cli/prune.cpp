@@ -126,18 +126,9 @@ Action add_prune(CLI::App& app) {
       throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
     ir::Model model = onnx::load_model(o->model);
     PruneReport r = prune(model, po);
-    if (o->sparse) {
-      // NOTE: chosen here per weight rather than with SaveOptions::Sparse::kAll, whose rule (at
-      // least half zeros) grows fp32 files: an ONNX sparse tensor costs the value plus an int64
-      // index per nonzero, so it only pays when nnz * (element + 8 bytes) < numel * element.
-      for (const auto& l : r.layers) {
-        ir::Initializer* init = model.graph.find_initializer(l.weight);
-        if (!init || !init->value.is_floating_point() || init->value.dim() == 0) continue;
-        int64_t esize = int64_t(init->value.element_size());
-        init->sparse = l.nonzero_after * (esize + 8) < l.params * esize;
-      }
-    }
-    onnx::save_model(model, o->out, onnx::SaveOptions{});
+    onnx::SaveOptions so;
+    if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
+    onnx::save_model(model, o->out, so);
     for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 
     nlohmann::json j;

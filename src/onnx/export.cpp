@@ -68,13 +68,15 @@ struct Writer {
       bool sparse = !sparse_none() && (init.sparse || sparse_all()) &&
                     init.value.is_floating_point() && init.value.numel() > 0 && init.value.dim() > 0;
       if (sparse && sparse_all() && !init.sparse) {
-        // Only worth it when at least half the values are zero (values + int64 indices).
+        // Only when it makes the file smaller: each nonzero costs its value plus an int64 index
+        // (fp32: worth it past 2/3 zeros).
         // (ATen's count_nonzero lacks the float8 types; their bytes tell zero from nonzero.)
         const at::Tensor& v = init.value;
         int64_t nnz = (at::isFloat8Type(v.scalar_type()) ? v.contiguous().view(at::kByte) : v)
                           .count_nonzero()
                           .item<int64_t>();
-        sparse = nnz * 2 <= init.value.numel();
+        int64_t elem = static_cast<int64_t>(v.element_size());
+        sparse = nnz * (elem + 8) < v.numel() * elem;
       }
       if (sparse) {
         auto* s = p->add_sparse_initializer();

@@ -67,7 +67,7 @@ TEST(Cli, VersionAndHelp) {
   auto r = lopper_cli("--version");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("lopper "), std::string::npos);
-  for (const char* sub : {"inspect", "run", "bench", "convert"}) {
+  for (const char* sub : {"inspect", "run", "bench", "convert", "prune"}) {
     r = lopper_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("--"), std::string::npos) << sub;

@@ -17,45 +17,17 @@
 
 namespace fs = std::filesystem;
 using namespace lopper;
+using test::fixture;
+using test::lines;
+using test::lopper_cli;
+using test::slurp;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-Result lopper_cli(const std::string& args) {
-  static int n = 0;
-  std::string base = "/tmp/lopper_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
-  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
-           slurp(base + ".err")};
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 using test::TempDir;
 
-std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
-
 // Expects a failure with exit code `code` and one line on stderr containing `needle`.
-void expect_error(const Result& r, int code, const std::string& needle) {
+void expect_error(const test::CliResult& r, int code, const std::string& needle) {
   EXPECT_EQ(r.code, code) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;

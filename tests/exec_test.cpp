@@ -14,10 +14,12 @@
 
 namespace fs = std::filesystem;
 using namespace lopper;
+using test::fixture;
+using test::lines;
+using test::lopper_cli;
+using test::slurp;
 
 namespace {
-
-std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
 
 ir::Attribute int_attr(const char* name, int64_t v) {
   ir::Attribute a;

@@ -14,44 +14,10 @@
 
 namespace fs = std::filesystem;
 using namespace lopper;
-
-namespace {
-
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-Result lopper_cli(const std::string& args) {
-  static int n = 0;
-  std::string base =
-      "/tmp/lopper_prune_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
-  std::string cmd =
-      std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
-           slurp(base + ".err")};
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
-std::string fixture(const std::string& f) { return test::fixtures_dir() + "/" + f; }
-
-}  // namespace
+using test::fixture;
+using test::lines;
+using test::lopper_cli;
+using test::slurp;
 
 TEST(PruneCli, WritesTheModelAndItsReport) {
   test::TempDir tmp;

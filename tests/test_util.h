@@ -4,14 +4,54 @@
 #include <ATen/ATen.h>
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace lopper::test {
 
 /// Folder of the models made by tests/fixtures/make_models.py (in the build tree).
 inline std::string fixtures_dir() { return LOPPER_FIXTURES_DIR; }
+/// A file in that folder.
+inline std::string fixture(const std::string& f) { return fixtures_dir() + "/" + f; }
+
+/// A whole file as a string ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// Number of newline-terminated lines.
+inline int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+/// What a run of the lopper binary gave back.
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+/// Runs `lopper ARGS` (the build's binary) and captures its exit code, stdout and stderr.
+inline CliResult lopper_cli(const std::string& args) {
+  static int n = 0;
+  std::string base = "/tmp/lopper_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  CliResult r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
+              slurp(base + ".out"), slurp(base + ".err")};
+  std::filesystem::remove(base + ".out");
+  std::filesystem::remove(base + ".err");
+  return r;
+}
 
 /// A fresh folder under /tmp, removed with everything in it at the end of the scope.
 struct TempDir {

@@ -2,13 +2,10 @@
 // and bench.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "lopper/executor.h"
 #include "lopper/npy.h"

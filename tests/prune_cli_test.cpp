@@ -1,13 +1,9 @@
 // lopper prune on the command line: the output and its report, and bad input -> one line, the
 // right exit code, no output file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "lopper/onnx_io.h"
 #include "test_util.h"

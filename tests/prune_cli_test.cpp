@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "lopper/onnx_io.h"
@@ -56,7 +58,7 @@ TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
       {"--method l1 --amount 0.1 --scope galactic", 1, "unknown scope"},
       {"--method grad --amount 0.1", 2, "not implemented yet"},
       {"--method taylor --amount 0.1", 2, "not implemented yet"},
-      {"--method l1 --amount 0.1 --recipe r.yaml", 2, "not implemented yet"},
+      {"--method l1 --amount 0.1 --recipe r.yaml", 2, "--recipe"},
       {"--method l1", 2, "needs --amount"},
       {"--method abs", 2, "needs --threshold"},
   };
@@ -109,4 +111,74 @@ TEST(PruneCli, NothingPrunableIsAnError) {
   EXPECT_EQ(lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("no prunable weights"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp / "o.onnx"));
+}
+
+TEST(PruneCli, RecipeExamplePrunesEachLayerByItsRule) {
+  test::TempDir tmp;
+  std::string out = tmp / "p.onnx";
+  std::string src = LOPPER_SOURCE_DIR;
+  auto r = lopper_cli("prune " + src + "/examples/cnn_small.onnx -o " + out + " --recipe " + src +
+                      "/examples/recipe.yaml");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("rules[2]"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(slurp(out + ".report.json"));
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& l : j["layers"]) by[l["name"].get<std::string>()] = l;
+  ASSERT_EQ(by.size(), 4u);
+  EXPECT_DOUBLE_EQ(by["/0/Conv"]["sparsity"].get<double>(), 0.0);
+  EXPECT_TRUE(by["/0/Conv"].contains("skipped"));
+  EXPECT_DOUBLE_EQ(by["/4/Conv"]["sparsity"].get<double>(), 0.5);
+  EXPECT_EQ(by["/4/Conv"]["method"], "l1");
+  EXPECT_EQ(by["/4/Conv"]["rule"], "defaults");
+  EXPECT_DOUBLE_EQ(by["/9/Gemm"]["sparsity"].get<double>(), 0.5);
+  EXPECT_EQ(by["/9/Gemm"]["method"], "l1 2:4");
+  EXPECT_DOUBLE_EQ(by["/11/Gemm"]["sparsity"].get<double>(), 0.25);
+  EXPECT_EQ(by["/11/Gemm"]["method"], "random");
+  // The model agrees with the report: 2:4 along K of the [128x3136] Gemm weight.
+  ir::Model m = onnx::load_model(out);
+  at::Tensor w = m.graph.find_initializer(by["/9/Gemm"]["weight"].get<std::string>())->value;
+  EXPECT_TRUE(w.ne(0).reshape({128, -1, 4}).sum(-1).eq(2).all().item<bool>());
+}
+
+TEST(PruneCli, BadRecipesAreOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string in = std::string(LOPPER_SOURCE_DIR) + "/examples/cnn_small.onnx",
+              out = tmp / "p.onnx", ok = std::string(LOPPER_SOURCE_DIR) + "/examples/recipe.yaml";
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(tmp / name) << text;
+    return tmp / name;
+  };
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  } cases[] = {
+      {"--recipe " + write("a.yaml", "rules: [\n  {match: a\n"), 1, "a.yaml:"},
+      {"--recipe " + write("b.yaml", "defaults: {method: l1, amount: 0.5, speed: 2}\n"), 1,
+       "defaults.speed: unknown key"},
+      {"--recipe " + write("c.yaml", "rules:\n  - {match: \"[\", skip: true}\n"), 1,
+       "rules[0].match"},
+      {"--recipe " + write("d.yaml", "rules:\n  - {match: Conv|Gemm, skip: true}\n"), 1,
+       "nothing left to prune"},
+      {"--recipe " + tmp / "missing.yaml", 1, "cannot read recipe"},
+      {"--recipe " + ok + " --scope global", 2, "--scope global"},
+      {"--recipe " + ok + " --method l1", 2, "drop --method"},
+      {"", 2, "needs --method"},
+  };
+  for (const auto& c : cases) {
+    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
+  }
+  // A rule that matches nothing: a warning on stderr, the rest pruned.
+  auto r = lopper_cli(
+      "prune " + in + " -o " + out + " --recipe " +
+      write("w.yaml",
+            "defaults: {method: l1, amount: 0.5}\nrules:\n  - {match: Nope, skip: true}\n"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Nope"), std::string::npos) << r.err;
 }

@@ -277,3 +277,109 @@ TEST(PruneModel, BadOptionsAreErrorsAndLeaveTheModelAlone) {
   none.graph.initializers = {{"b", at::ones({3})}};
   EXPECT_THROW(prune(none, PruneOptions{}), Error);
 }
+
+namespace {
+
+// The message of the lopper::Error `f` throws ("" when it throws none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(PruneRecipe, FirstMatchWinsSkipAndDefaults) {
+  at::manual_seed(7);
+  // fc1 (w1) and fc2 (w2): the first rule that matches decides, the weight name matches too.
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  PruneRecipe r = parse_prune_recipe(R"(
+defaults: {method: l1, amount: 0.5}
+rules:
+  - {match: "^w2$", method: l1, amount: 0.25}
+  - {match: "fc", skip: true}
+)",
+                                     "t.yaml");
+  PruneReport rep = prune(m, r);
+  EXPECT_EQ(rep.layers[0].nonzero_after, 128);  // fc1: rule 1 skips it
+  EXPECT_NE(rep.layers[0].skipped.find("skip"), std::string::npos);
+  EXPECT_EQ(rep.layers[1].nonzero_after, 24);  // fc2: rule 0, 25% of 32
+  EXPECT_EQ(rep.layers[1].method, "l1");
+  EXPECT_EQ(rep.layers[1].amount, "0.25");
+  EXPECT_TRUE(rep.warnings.empty());
+
+  // Unmatched layers take the defaults; a rule that matches nothing is a warning.
+  ir::Model d = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  rep = prune(d, parse_prune_recipe(R"(
+defaults: {method: l1, amount: 0.5}
+rules:
+  - {match: "^fc2$", pattern: "2:4"}
+  - {match: "nothing-like-this", skip: true}
+)",
+                                    "t.yaml"));
+  EXPECT_EQ(rep.layers[0].nonzero_after, 64);
+  EXPECT_EQ(rep.layers[0].rule, "defaults");
+  EXPECT_EQ(rep.layers[1].method, "l1 2:4");
+  EXPECT_TRUE(init(d, "w2").ne(0).t().reshape({4, 2, 4}).sum(-1).eq(2).all().item<bool>());
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  EXPECT_NE(rep.warnings[0].find("nothing-like-this"), std::string::npos);
+
+  // No method in the defaults: unmatched layers are left alone.
+  ir::Model n = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  rep = prune(
+      n, parse_prune_recipe("rules:\n  - {match: fc2, method: abs, threshold: 0.5}\n", "t.yaml"));
+  EXPECT_EQ(rep.layers[0].nonzero_after, 128);
+  EXPECT_FALSE(rep.layers[0].skipped.empty());
+  EXPECT_EQ(rep.layers[1].nonzero_after, init(n, "w2").ne(0).sum().item<int64_t>());
+  EXPECT_TRUE(init(n, "w2").eq(0).logical_or(init(n, "w2").abs().ge(0.5)).all().item<bool>());
+}
+
+TEST(PruneRecipe, ErrorsNameTheFileTheKeyAndTheLine) {
+  struct Case {
+    std::string yaml, needle;
+  } cases[] = {
+      {"rules: [\n  {match: a\n", "bad.yaml:"},  // does not parse
+      {"defaults: {method: l1, amount: 0.5}\nfrobs: 1\n", "bad.yaml:2: frobs: unknown key"},
+      {"defaults:\n  method: l1\n  amount: 0.5\n  colour: red\n", "bad.yaml:4: defaults.colour"},
+      {"rules:\n  - {match: a, method: l1, amount: 0.5, depth: 3}\n", "rules[0].depth"},
+      {"defaults: {method: abs, threshold: lots}\n", "defaults.threshold: must be a number"},
+      {"defaults: {method: l1, amount: [1, 2]}\n", "defaults.amount"},
+      {"defaults: {method: l1, amount: 1.5}\n", "amount must be in [0, 1]"},
+      {"defaults: {method: frob, amount: 0.5}\n", "unknown method"},
+      {"defaults: {method: l1, amount: 0.5, pattern: diagonal}\n", "unknown pattern"},
+      {"defaults: {method: l1}\n", "needs amount"},
+      {"defaults: {method: abs}\n", "needs threshold"},
+      {"rules:\n  - {match: \"(\", skip: true}\n", "bad.yaml:2: rules[0].match"},
+      {"rules:\n  - {skip: true}\n", "needs 'match'"},
+      {"rules:\n  - {match: a}\n", "needs 'skip: true' or a method"},
+      {"rules:\n  - {match: a, skip: maybe}\n", "rules[0].skip"},
+      {"rules:\n  - {match: a, skip: true, amount: 0.5}\n", "skip: true takes no"},
+      {"rules: 3\n", "rules: must be a list"},
+      {"- 1\n- 2\n", "must be a map"},
+  };
+  for (const auto& c : cases) {
+    std::string msg = error_of([&] { parse_prune_recipe(c.yaml, "bad.yaml"); });
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << c.yaml << " -> " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("[prune] recipe bad.yaml", 0), 0u) << msg;
+  }
+  EXPECT_NE(error_of([] { load_prune_recipe("/nonexistent/r.yaml"); }).find("/nonexistent/r.yaml"),
+            std::string::npos);
+
+  // Nothing left to prune: an error, the model untouched.
+  at::manual_seed(8);
+  ir::Model m = two_layers(at::randn({4, 4}), at::randn({4, 4}));
+  at::Tensor before = init(m, "w1").clone();
+  std::string msg = error_of(
+      [&] { prune(m, parse_prune_recipe("rules:\n  - {match: fc, skip: true}\n", "s.yaml")); });
+  EXPECT_NE(msg.find("nothing left to prune"), std::string::npos) << msg;
+  // A count above a layer's weights: an error naming the layer, the model untouched.
+  msg = error_of(
+      [&] { prune(m, parse_prune_recipe("defaults: {method: l1, amount: 17}\n", "c.yaml")); });
+  EXPECT_FALSE(msg.empty());
+  EXPECT_TRUE(at::equal(init(m, "w1"), before));
+}

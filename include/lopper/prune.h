@@ -34,18 +34,61 @@ struct PruneAmount {
   std::string str() const;
 };
 
-struct PruneOptions {
+/// How one layer is pruned: what `--method/--amount/--threshold/--pattern/--norm/--seed` set on the
+/// command line, and what one rule of a recipe sets.
+struct PruneLayerOptions {
   PruneMethod method = PruneMethod::kL1;
-  PruneScope scope = PruneScope::kLocal;
   PrunePattern pattern = PrunePattern::kUnstructured;
   double threshold = -1;  // kAbs: remove |w| < threshold (required, >= 0)
   PruneAmount amount;     // kL1, kRandom
   uint64_t seed = 0;      // kRandom
   int64_t n = 2, m = 4;   // kNM: keep n of every m consecutive weights along the reduction dim
   int norm = 1;           // kRow / kColumn with kL1: the Ln norm ranking rows or columns (1 or 2)
-  std::string exclude;    // ECMAScript regex on the layer (node) name or the weight name
+};
+
+struct PruneOptions : PruneLayerOptions {
+  PruneScope scope = PruneScope::kLocal;
+  std::string exclude;  // ECMAScript regex on the layer (node) name or the weight name
   bool skip_first_last = false;
 };
+
+/// Throws lopper::Error ("[prune] ...") when `o` cannot prune any layer (amount outside [0, 1],
+/// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random).
+void check_layer_options(const PruneLayerOptions& o);
+/// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" into o.pattern (and o.n, o.m); throws
+/// lopper::Error on anything else.
+void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
+
+// --- Recipes: per-layer rules (local scope), read from YAML. ------------------------------------
+//
+//   defaults: {method: l1, amount: 0.5}     # optional; without a method, unmatched layers stay
+//   rules:                                   # first match wins
+//     - {match: "^/0/Conv$", skip: true}
+//     - {match: "Gemm", method: l1, pattern: "2:4"}
+//
+// Keys of `defaults` and of a rule: method (abs | l1 | random), amount (fraction or count),
+// threshold, pattern, norm, seed; a rule also has match (required; ECMAScript regex searched in
+// the layer (node) name and the weight name) and skip (bool). A rule's keys override the defaults.
+
+struct PruneRule {
+  std::string match;          // ECMAScript regex on the node name or the weight name
+  bool skip = false;          // leave the matching layers alone
+  PruneLayerOptions options;  // the defaults with the rule's own keys on top
+  std::string where;          // "rules[1] (line 7)", for messages and the report
+};
+
+struct PruneRecipe {
+  std::string source;         // the file, for messages
+  bool has_defaults = false;  // false: layers that no rule matches are left alone
+  PruneLayerOptions defaults;
+  std::vector<PruneRule> rules;
+};
+
+/// Parses a recipe. Throws lopper::Error, one line naming `source`, the key and the line, on YAML
+/// that does not parse, unknown keys, wrong types, bad values and bad regexes.
+PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& source);
+/// Reads and parses the recipe in `path`.
+PruneRecipe load_prune_recipe(const std::string& path);
 
 struct PruneLayerReport {
   std::string name;    // node name
@@ -58,6 +101,7 @@ struct PruneLayerReport {
   std::string method;   // "l1", "abs", "random" (+ pattern), empty when skipped
   std::string amount;   // the amount or threshold as given
   std::string skipped;  // why the layer was left alone, empty when pruned
+  std::string rule;  // recipes: the rule that chose method/amount ("rules[1] (line 7)", "defaults")
   double sparsity() const { return params ? 1.0 - double(nonzero_after) / double(params) : 0.0; }
 };
 
@@ -70,6 +114,9 @@ struct PruneReport {
 /// Prunes `model`'s prunable weights in place and reports per layer. Throws lopper::Error ("[prune]
 /// ...") on bad options and when nothing is left to prune; the model is untouched then.
 PruneReport prune(ir::Model& model, const PruneOptions& opts);
+/// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
+/// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).
+PruneReport prune(ir::Model& model, const PruneRecipe& recipe);
 
 // --- Masks (true = keep). Each keeps the weights that are already zero at zero. ------------------
 

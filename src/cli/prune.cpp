@@ -1,6 +1,7 @@
 // lopper prune MODEL -o OUT --method abs|l1|random [--threshold T] [--amount A] [--seed S]
 //   [--scope local|global] [--pattern unstructured|N:M|row|column] [--norm 1|2] [--exclude REGEX]
 //   [--skip-first-last] [--sparse-initializers] [--json]
+// lopper prune MODEL -o OUT --recipe FILE.yaml [--sparse-initializers] [--json]
 #include "lopper/prune.h"
 
 #include <ATen/ATen.h>
@@ -31,25 +32,6 @@ PruneMethod parse_method(const std::string& s) {
   throw Error("[prune] unknown method '" + s + "' (methods: abs, l1, random)");
 }
 
-void parse_pattern(const std::string& s, PruneOptions& o) {
-  static const std::regex nm("([0-9]+):([0-9]+)");
-  std::smatch m;
-  if (s == "unstructured") {
-    o.pattern = PrunePattern::kUnstructured;
-  } else if (s == "row") {
-    o.pattern = PrunePattern::kRow;
-  } else if (s == "column") {
-    o.pattern = PrunePattern::kColumn;
-  } else if (std::regex_match(s, m, nm) && m[1].length() < 9 && m[2].length() < 9) {
-    o.pattern = PrunePattern::kNM;
-    o.n = std::stoll(m[1]);
-    o.m = std::stoll(m[2]);
-  } else {
-    throw Error("[prune] unknown pattern '" + s +
-                "' (patterns: unstructured, N:M such as 2:4, row, column)");
-  }
-}
-
 int64_t file_bytes(const std::string& p) {
   std::error_code ec;
   auto n = std::filesystem::file_size(p, ec);
@@ -75,57 +57,81 @@ Action add_prune(CLI::App& app) {
       app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
-  cmd->add_option("--method", o->method, "abs | l1 | random")->required();
+  auto* method = cmd->add_option("--method", o->method, "abs | l1 | random (or --recipe)");
   auto* th = cmd->add_option("--threshold", o->threshold, "abs: remove every |w| < T");
-  cmd->add_option("--amount", o->amount,
-                  "l1, random: a fraction in [0, 1] of the weights left, or an integer count");
-  cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
-  cmd->add_option("--scope", o->scope, "local (per tensor, default) | global (one ranking)");
-  cmd->add_option("--pattern", o->pattern,
-                  "unstructured (default) | N:M (e.g. 2:4) | row | column");
-  cmd->add_option("--norm", o->norm, "row/column with l1: rank by the L1 or L2 norm (1 | 2)");
-  cmd->add_option("--exclude", o->exclude, "leave layers whose node or weight name matches REGEX");
-  cmd->add_flag("--skip-first-last", o->skip_first_last, "leave the first and last layers");
+  auto* amount =
+      cmd->add_option("--amount", o->amount,
+                      "l1, random: a fraction in [0, 1] of the weights left, or an integer count");
+  auto* seed = cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
+  auto* scope =
+      cmd->add_option("--scope", o->scope, "local (per tensor, default) | global (one ranking)");
+  auto* pattern = cmd->add_option("--pattern", o->pattern,
+                                  "unstructured (default) | N:M (e.g. 2:4) | row | column");
+  auto* norm =
+      cmd->add_option("--norm", o->norm, "row/column with l1: rank by the L1 or L2 norm (1 | 2)");
+  auto* exclude = cmd->add_option("--exclude", o->exclude,
+                                  "leave layers whose node or weight name matches REGEX");
+  auto* sfl =
+      cmd->add_flag("--skip-first-last", o->skip_first_last, "leave the first and last layers");
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
-  cmd->add_option("--recipe", o->recipe, "per-layer rules (not implemented yet)");
+  cmd->add_option(
+      "--recipe", o->recipe,
+      "per-layer rules from YAML, first match wins (examples/recipe.yaml); local scope");
   cmd->add_option("--data", o->data, "calibration data for grad/taylor (not implemented yet)");
-  return [o, th]() {
+  std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
+  return [o, th, scope, per_layer]() {
     namespace fs = std::filesystem;
+    std::optional<PruneRecipe> recipe;
     PruneOptions po;
-    po.method = parse_method(o->method);
-    if (!o->recipe.empty()) throw UsageError("[prune] --recipe is not implemented yet");
+    if (!o->recipe.empty()) {
+      for (const auto* opt : per_layer)
+        if (opt->count() > 0)
+          throw UsageError("[prune] --recipe sets each layer's pruning: drop " + opt->get_name() +
+                           " (put it in the recipe)");
+      if (scope->count() > 0 && o->scope != "local")
+        throw UsageError("[prune] --recipe prunes layer by layer: --scope " + o->scope +
+                         " does not go with it");
+    } else if (o->method.empty()) {
+      throw UsageError("[prune] needs --method abs|l1|random or --recipe FILE.yaml");
+    } else {
+      po.method = parse_method(o->method);
+    }
     if (!o->data.empty())
       throw UsageError("[prune] --data is for grad/taylor, which are not implemented yet");
-    if (o->scope == "local")
-      po.scope = PruneScope::kLocal;
-    else if (o->scope == "global")
-      po.scope = PruneScope::kGlobal;
-    else
-      throw Error("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
-    parse_pattern(o->pattern, po);
-    if (po.method == PruneMethod::kAbs) {
-      if (th->count() == 0) throw UsageError("[prune] --method abs needs --threshold T");
-      if (!o->amount.empty())
-        throw UsageError("[prune] --method abs takes --threshold, not --amount");
-      po.threshold = o->threshold;
-    } else if (po.pattern != PrunePattern::kNM) {
-      if (o->amount.empty())
-        throw UsageError(std::string("[prune] --method ") + method_name(po.method) +
-                         " needs --amount A");
-      po.amount = PruneAmount::parse(o->amount);
+    if (!o->recipe.empty()) {
+      recipe = load_prune_recipe(o->recipe);
+    } else {
+      if (o->scope == "local")
+        po.scope = PruneScope::kLocal;
+      else if (o->scope == "global")
+        po.scope = PruneScope::kGlobal;
+      else
+        throw Error("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
+      parse_prune_pattern(o->pattern, po);
+      if (po.method == PruneMethod::kAbs) {
+        if (th->count() == 0) throw UsageError("[prune] --method abs needs --threshold T");
+        if (!o->amount.empty())
+          throw UsageError("[prune] --method abs takes --threshold, not --amount");
+        po.threshold = o->threshold;
+      } else if (po.pattern != PrunePattern::kNM) {
+        if (o->amount.empty())
+          throw UsageError(std::string("[prune] --method ") + method_name(po.method) +
+                           " needs --amount A");
+        po.amount = PruneAmount::parse(o->amount);
+      }
+      po.seed = o->seed;
+      po.norm = o->norm;
+      po.exclude = o->exclude;
+      po.skip_first_last = o->skip_first_last;
     }
-    po.seed = o->seed;
-    po.norm = o->norm;
-    po.exclude = o->exclude;
-    po.skip_first_last = o->skip_first_last;
 
     std::error_code ec;
     if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
       throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
     ir::Model model = onnx::load_model(o->model);
-    PruneReport r = prune(model, po);
+    PruneReport r = recipe ? prune(model, *recipe) : prune(model, po);
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
     onnx::save_model(model, o->out, so);
@@ -140,6 +146,7 @@ Action add_prune(CLI::App& app) {
     j["sparsity"] = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
     j["file_bytes_before"] = file_bytes(o->model);
     j["file_bytes_after"] = file_bytes(o->out);
+    if (recipe) j["recipe"] = o->recipe;
     j["warnings"] = r.warnings;
     j["layers"] = nlohmann::json::array();
     for (const auto& l : r.layers) {
@@ -154,6 +161,7 @@ Action add_prune(CLI::App& app) {
                            {"method", l.method},
                            {"amount", l.amount}};
       if (!l.skipped.empty()) jl["skipped"] = l.skipped;
+      if (!l.rule.empty()) jl["rule"] = l.rule;
       j["layers"].push_back(jl);
     }
     // The report beside the model, written like the model: a temporary name, then a rename.
@@ -177,6 +185,7 @@ Action add_prune(CLI::App& app) {
     for (const auto& l : r.layers) {
       std::string name = l.name.size() > w ? "…" + l.name.substr(l.name.size() - w + 1) : l.name;
       std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
+      if (l.skipped.empty() && !l.rule.empty()) how += "  [" + l.rule + "]";
       std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", name, w, l.op,
                                l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(),
                                how);

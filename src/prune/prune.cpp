@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <map>
+#include <optional>
 #include <regex>
+#include <sstream>
 #include <unordered_set>
 
 #include "lopper/analysis.h"
@@ -55,11 +58,13 @@ void find_axes(const ir::Graph& g, const ir::Node& n, Target& t) {
   t.out_axis = out >= 0 ? perm[out] : -1;
 }
 
-std::string nm_name(const PruneOptions& o) {
+std::string nm_name(const PruneLayerOptions& o) {
   return std::to_string(o.n) + ":" + std::to_string(o.m);
 }
 
-void check_options(const PruneOptions& o) {
+}  // namespace
+
+void check_layer_options(const PruneLayerOptions& o) {
   if (o.method == PruneMethod::kAbs) {
     LOPPER_CHECK(o.threshold >= 0 && std::isfinite(o.threshold),
                  "[prune] threshold must be >= 0, got ", o.threshold);
@@ -81,13 +86,38 @@ void check_options(const PruneOptions& o) {
   }
   if (o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn)
     LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
+}
+
+void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
+  static const std::regex nm("([0-9]+):([0-9]+)");
+  std::smatch m;
+  if (s == "unstructured") {
+    o.pattern = PrunePattern::kUnstructured;
+  } else if (s == "row") {
+    o.pattern = PrunePattern::kRow;
+  } else if (s == "column") {
+    o.pattern = PrunePattern::kColumn;
+  } else if (std::regex_match(s, m, nm) && m[1].length() < 9 && m[2].length() < 9) {
+    o.pattern = PrunePattern::kNM;
+    o.n = std::stoll(m[1]);
+    o.m = std::stoll(m[2]);
+  } else {
+    throw Error("[prune] unknown pattern '" + s +
+                "' (patterns: unstructured, N:M such as 2:4, row, column)");
+  }
+}
+
+namespace {
+
+void check_options(const PruneOptions& o) {
+  check_layer_options(o);
   LOPPER_CHECK(o.scope == PruneScope::kLocal || o.pattern == PrunePattern::kUnstructured,
                "[prune] --scope global ranks single weights: use --pattern unstructured");
 }
 
-std::string method_string(const PruneOptions& o) {
+std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
   std::string s = method_name(o.method);
-  if (o.scope == PruneScope::kGlobal && o.method != PruneMethod::kAbs) s += " global";
+  if (scope == PruneScope::kGlobal && o.method != PruneMethod::kAbs) s += " global";
   switch (o.pattern) {
     case PrunePattern::kUnstructured:
       break;
@@ -107,7 +137,7 @@ std::string method_string(const PruneOptions& o) {
   return s;
 }
 
-std::string amount_string(const PruneOptions& o) {
+std::string amount_string(const PruneLayerOptions& o) {
   if (o.method == PruneMethod::kAbs) {
     std::ostringstream os;
     os << "|w| < " << o.threshold;
@@ -117,14 +147,9 @@ std::string amount_string(const PruneOptions& o) {
   return o.amount.str();
 }
 
-}  // namespace
-
-PruneReport prune(ir::Model& model, const PruneOptions& opts) {
-  check_options(opts);
-  ir::Graph& g = model.graph;
-  PruneReport report;
-
-  // The prunable weights, once each (a weight shared by two layers is pruned once).
+// The prunable weights, once each (a weight shared by two layers is pruned once), and their rows
+// in the report.
+std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
   std::vector<Target> all;
   std::unordered_set<std::string> seen;
   for (const auto& n : g.nodes) {
@@ -148,15 +173,86 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
   LOPPER_CHECK(!all.empty(),
                "[prune] the model has no prunable weights (Conv, ConvTranspose, Gemm or MatMul "
                "with a weight initializer)");
+  return all;
+}
 
-  std::optional<std::regex> exclude;
-  if (!opts.exclude.empty()) {
-    try {
-      exclude.emplace(opts.exclude);
-    } catch (const std::regex_error& e) {
-      throw Error("[prune] --exclude '" + opts.exclude + "' is not a valid regex: " + e.what());
+// Why `o` cannot prune this layer (its pattern does not fit the weight), or "".
+std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
+  if (o.pattern == PrunePattern::kNM) {
+    int64_t k = t.in_axis < 0               ? 0
+                : t.node->op_type == "Conv" ? t.init->value.numel() / t.init->value.size(0)
+                                            : t.init->value.size(t.in_axis);
+    if (t.in_axis < 0 || k % o.m != 0)
+      return "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(o.m);
+  } else if ((o.pattern == PrunePattern::kRow && t.out_axis < 0) ||
+             (o.pattern == PrunePattern::kColumn && t.in_axis < 0)) {
+    return "no row/column axis (1-D weight)";
+  }
+  return "";
+}
+
+// One layer's keep-mask (true = keep) under `o`, local scope. `where` names the layer in errors.
+at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,
+                      const std::string& where) {
+  const at::Tensor& w = t.init->value;
+  switch (o.pattern) {
+    case PrunePattern::kUnstructured:
+      if (o.method == PruneMethod::kAbs) return w.abs().ge(o.threshold) & w.ne(0);
+      {
+        at::Tensor alive = w.ne(0);
+        int64_t k = o.amount.count_of(alive.sum().item<int64_t>(), where);
+        if (o.method == PruneMethod::kL1)
+          return alive & smallest_k({w.abs()}, {alive}, k)[0].logical_not();
+        return random_mask(w, PruneAmount{double(k), true}, gen);
+      }
+    case PrunePattern::kNM:
+      if (t.node->op_type == "Conv")
+        return nm_mask(w.reshape({w.size(0), -1}), o.n, o.m).reshape(w.sizes());
+      return nm_mask(w.movedim(t.in_axis, -1), o.n, o.m).movedim(-1, t.in_axis);
+    case PrunePattern::kRow:
+    case PrunePattern::kColumn: {
+      int64_t axis = o.pattern == PrunePattern::kRow ? t.out_axis : t.in_axis;
+      // Counted here first so that an error names the layer.
+      (void)o.amount.count_of(w.size(axis), where);
+      return channel_mask(w, axis, o.amount, o.method == PruneMethod::kRandom ? 0 : o.norm, &gen);
     }
   }
+  throw Error("[prune] unknown pattern");
+}
+
+// Writes the masks (every one computed before, so that an error leaves the model as it was) and
+// fills in the report's counts.
+void apply_masks(const std::vector<Target>& targets, const std::vector<at::Tensor>& keep,
+                 PruneReport& report) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    ir::Initializer& init = *targets[i].init;
+    init.value = init.value.masked_fill(keep[i].logical_not(), 0).contiguous();
+    report.layers[targets[i].report].nonzero_after = init.value.count_nonzero().item<int64_t>();
+  }
+  for (const auto& l : report.layers) {
+    report.params += l.params;
+    report.nonzero_before += l.nonzero_before;
+    report.nonzero_after += l.nonzero_after;
+  }
+}
+
+std::regex compile_regex(const std::string& re, const std::string& what) {
+  try {
+    return std::regex(re);
+  } catch (const std::regex_error& e) {
+    throw Error("[prune] " + what + " '" + re + "' is not a valid regex: " + e.what());
+  }
+}
+
+}  // namespace
+
+PruneReport prune(ir::Model& model, const PruneOptions& opts) {
+  check_options(opts);
+  PruneReport report;
+  std::vector<Target> all = find_targets(model.graph, report);
+
+  std::optional<std::regex> exclude;
+  if (!opts.exclude.empty()) exclude = compile_regex(opts.exclude, "--exclude");
   bool excluded_any = false;
   std::vector<Target> targets;
   for (size_t i = 0; i < all.size(); ++i) {
@@ -172,16 +268,8 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
       l.skipped = "first layer (--skip-first-last)";
     } else if (opts.skip_first_last && i + 1 == all.size()) {
       l.skipped = "last layer (--skip-first-last)";
-    } else if (opts.pattern == PrunePattern::kNM) {
-      int64_t k = t.in_axis < 0               ? 0
-                  : t.node->op_type == "Conv" ? t.init->value.numel() / t.init->value.size(0)
-                                              : t.init->value.size(t.in_axis);
-      if (t.in_axis < 0 || k % opts.m != 0)
-        l.skipped =
-            "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(opts.m);
-    } else if ((opts.pattern == PrunePattern::kRow && t.out_axis < 0) ||
-               (opts.pattern == PrunePattern::kColumn && t.in_axis < 0)) {
-      l.skipped = "no row/column axis (1-D weight)";
+    } else {
+      l.skipped = layer_skip_reason(t, opts);
     }
     if (l.skipped.empty()) targets.push_back(t);
   }
@@ -191,7 +279,6 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
                "[prune] nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
-  // Every mask first, so that an error leaves the model as it was.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   std::vector<at::Tensor> keep;
   if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
@@ -214,59 +301,101 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
     }
     for (size_t i = 0; i < targets.size(); ++i) keep.push_back(alive[i] & removed[i].logical_not());
   } else {
-    for (const auto& t : targets) {
-      const at::Tensor& w = t.init->value;
-      const std::string& where = report.layers[t.report].name;
-      switch (opts.pattern) {
-        case PrunePattern::kUnstructured:
-          if (opts.method == PruneMethod::kAbs) {
-            keep.push_back(w.abs().ge(opts.threshold) & w.ne(0));
-          } else {
-            at::Tensor alive = w.ne(0);
-            int64_t k = opts.amount.count_of(alive.sum().item<int64_t>(), where);
-            if (opts.method == PruneMethod::kL1) {
-              keep.push_back(alive & smallest_k({w.abs()}, {alive}, k)[0].logical_not());
-            } else {
-              keep.push_back(random_mask(w, PruneAmount{double(k), true}, gen));
-            }
-          }
-          break;
-        case PrunePattern::kNM: {
-          if (t.node->op_type == "Conv") {
-            keep.push_back(nm_mask(w.reshape({w.size(0), -1}), opts.n, opts.m).reshape(w.sizes()));
-          } else {
-            at::Tensor moved = w.movedim(t.in_axis, -1);
-            keep.push_back(nm_mask(moved, opts.n, opts.m).movedim(-1, t.in_axis));
-          }
-          break;
-        }
-        case PrunePattern::kRow:
-        case PrunePattern::kColumn: {
-          int64_t axis = opts.pattern == PrunePattern::kRow ? t.out_axis : t.in_axis;
-          // Counted here first so that an error names the layer.
-          (void)opts.amount.count_of(w.size(axis), where);
-          keep.push_back(channel_mask(w, axis, opts.amount,
-                                      opts.method == PruneMethod::kRandom ? 0 : opts.norm, &gen));
-          break;
-        }
-      }
+    for (const auto& t : targets)
+      keep.push_back(layer_keep(t, opts, gen, report.layers[t.report].name));
+  }
+
+  std::string method = method_string(opts, opts.scope), amount = amount_string(opts);
+  for (const auto& t : targets) {
+    report.layers[t.report].method = method;
+    report.layers[t.report].amount = amount;
+  }
+  apply_masks(targets, keep, report);
+  return report;
+}
+
+PruneReport prune(ir::Model& model, const PruneRecipe& recipe) {
+  auto in_recipe = [&](const std::string& where, const std::string& msg) {
+    return "[prune] recipe " + recipe.source + ": " + where + ": " + msg;
+  };
+  // Options are checked when the recipe is parsed; a hand-built recipe is checked here as well.
+  auto check = [&](const PruneLayerOptions& o, const std::string& where) {
+    try {
+      check_layer_options(o);
+    } catch (const Error& e) {
+      std::string m = e.what();
+      if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
+      throw Error(in_recipe(where, m));
+    }
+  };
+  if (recipe.has_defaults) check(recipe.defaults, "defaults");
+  std::vector<std::regex> res;
+  for (const auto& r : recipe.rules) {
+    if (!r.skip) check(r.options, r.where);
+    try {
+      res.emplace_back(r.match);
+    } catch (const std::regex_error& e) {
+      throw Error(in_recipe(r.where, "match '" + r.match + "' is not a valid regex: " + e.what()));
     }
   }
 
-  std::string method = method_string(opts), amount = amount_string(opts);
+  PruneReport report;
+  std::vector<Target> all = find_targets(model.graph, report);
+  std::vector<bool> matched(recipe.rules.size(), false);
+  std::vector<Target> targets;
+  std::vector<const PruneLayerOptions*> how;
+  std::vector<size_t> gen_of;  // rules.size() = the defaults
+  for (auto& t : all) {
+    PruneLayerReport& l = report.layers[t.report];
+    size_t rule = recipe.rules.size();
+    for (size_t i = 0; i < res.size(); ++i)
+      if (std::regex_search(l.name, res[i]) || std::regex_search(l.weight, res[i])) {
+        rule = i;
+        matched[i] = true;
+        break;
+      }
+    const PruneLayerOptions* o = nullptr;
+    if (rule < recipe.rules.size()) {
+      l.rule = recipe.rules[rule].where;
+      if (recipe.rules[rule].skip)
+        l.skipped = "recipe " + l.rule + ": skip";
+      else
+        o = &recipe.rules[rule].options;
+    } else if (recipe.has_defaults) {
+      l.rule = "defaults";
+      o = &recipe.defaults;
+    } else {
+      l.skipped = "no recipe rule matches (the defaults have no method)";
+    }
+    if (o && !t.init->value.is_floating_point()) l.skipped = "not a float tensor";
+    if (o && l.skipped.empty()) l.skipped = layer_skip_reason(t, *o);
+    if (!l.skipped.empty()) continue;
+    targets.push_back(t);
+    how.push_back(o);
+    gen_of.push_back(rule);
+  }
+  for (size_t i = 0; i < matched.size(); ++i)
+    if (!matched[i])
+      report.warnings.push_back("recipe " + recipe.rules[i].where + ": match '" +
+                                recipe.rules[i].match + "' matched no layer");
+  LOPPER_CHECK(!targets.empty(), "[prune] recipe ", recipe.source,
+               ": nothing left to prune: every prunable layer was skipped (",
+               report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
+
+  // One generator per rule (and one for the defaults), seeded with that rule's seed and drawn in
+  // layer order, so a rule's random layers are the same whatever the other rules say.
+  std::map<size_t, at::Generator> gens;
+  std::vector<at::Tensor> keep;
   for (size_t i = 0; i < targets.size(); ++i) {
-    ir::Initializer& init = *targets[i].init;
-    init.value = init.value.masked_fill(keep[i].logical_not(), 0).contiguous();
+    auto it = gens.find(gen_of[i]);
+    if (it == gens.end())
+      it = gens.emplace(gen_of[i], at::make_generator<at::CPUGeneratorImpl>(how[i]->seed)).first;
     PruneLayerReport& l = report.layers[targets[i].report];
-    l.nonzero_after = init.value.count_nonzero().item<int64_t>();
-    l.method = method;
-    l.amount = amount;
+    keep.push_back(layer_keep(targets[i], *how[i], it->second, l.name));
+    l.method = method_string(*how[i], PruneScope::kLocal);
+    l.amount = amount_string(*how[i]);
   }
-  for (const auto& l : report.layers) {
-    report.params += l.params;
-    report.nonzero_before += l.nonzero_before;
-    report.nonzero_after += l.nonzero_after;
-  }
+  apply_masks(targets, keep, report);
   return report;
 }
 

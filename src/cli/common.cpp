@@ -63,3 +63,17 @@ std::string shape_string(at::IntArrayRef shape) {
 }
 
 }  // namespace lopper::cli
+
+namespace lopper::cli {
+
+size_t name_column_width(const std::vector<std::string>& names, size_t min) {
+  size_t w = min;
+  for (const auto& n : names) w = std::max(w, n.size());
+  return std::min<size_t>(w, 48);
+}
+
+std::string fit_name(const std::string& name, size_t width) {
+  return name.size() > width ? "…" + name.substr(name.size() - width + 1) : name;
+}
+
+}  // namespace lopper::cli

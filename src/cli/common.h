@@ -19,5 +19,9 @@ std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vec
 /// A value name made safe as a file name ('/' and other odd characters become '_').
 std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);
+/// Width of a table's layer-name column: the longest name, at least `min`, at most 48.
+size_t name_column_width(const std::vector<std::string>& names, size_t min);
+/// `name` cut to `width` from the left ("…" + its end) when longer.
+std::string fit_name(const std::string& name, size_t width);
 
 }  // namespace lopper::cli

@@ -62,15 +62,15 @@ Action add_inspect(CLI::App& app) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    size_t w = 4;
-    for (const auto& l : cost.layers) w = std::max(w, l.name.size());
-    w = std::min<size_t>(w, 48);
+    std::vector<std::string> names;
+    for (const auto& l : cost.layers) names.push_back(l.name);
+    size_t w = name_column_width(names, 4);
     std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>9} {:>14}\n", "layer", w, "op",
                              "weight", "params", "nonzero", "sparsity", "MACs");
     for (const auto& l : cost.layers) {
       std::string shape = shape_string(l.weight_shape);
       double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
-      std::string name = l.name.size() > w ? "…" + l.name.substr(l.name.size() - w + 1) : l.name;
+      std::string name = fit_name(l.name, w);
       std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w, l.op,
                                shape, l.params, l.nonzero, sp, l.macs);
     }

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -16,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 
 namespace lopper::cli {
@@ -165,25 +165,20 @@ Action add_prune(CLI::App& app) {
       j["layers"].push_back(jl);
     }
     // The report beside the model, written like the model: a temporary name, then a rename.
-    std::string report_path = o->out + ".report.json", tmp = report_path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << j.dump(2) << "\n";
-      LOPPER_CHECK(f.good(), "[prune] cannot write ", tmp);
-    }
-    fs::rename(tmp, report_path);
+    std::string report_path = o->out + ".report.json";
+    write_file_atomic(report_path, j.dump(2) + "\n");
 
     if (o->json) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    size_t w = 5;
-    for (const auto& l : r.layers) w = std::max(w, l.name.size());
-    w = std::min<size_t>(w, 48);
+    std::vector<std::string> names;
+    for (const auto& l : r.layers) names.push_back(l.name);
+    size_t w = name_column_width(names, 5);
     std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>9}  {}\n", "layer", w, "op",
                              "params", "nonzero was", "nonzero", "sparsity", "method");
     for (const auto& l : r.layers) {
-      std::string name = l.name.size() > w ? "…" + l.name.substr(l.name.size() - w + 1) : l.name;
+      std::string name = fit_name(l.name, w);
       std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
       if (l.skipped.empty() && !l.rule.empty()) how += "  [" + l.rule + "]";
       std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", name, w, l.op,

@@ -11,6 +11,10 @@ debs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev              # libFuzzer target for the importer
   libonnx-testdata                      # ONNX's conformance cases (pytorch-converted, pytorch-operator)
+  dataset-fashion-mnist                 # real data: gzipped IDX files in /usr/share/datasets/fashion-mnist
+  libpng-dev                            # PNG images of folder: datasets
+  libjpeg62-turbo-dev                   # JPEG images of folder: datasets
+  zlib1g-dev                            # gzipped IDX files
   python3-venv
 )
 

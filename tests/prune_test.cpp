@@ -6,6 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "lopper/error.h"
 
 using namespace lopper;
@@ -382,4 +384,121 @@ TEST(PruneRecipe, ErrorsNameTheFileTheKeyAndTheLine) {
       [&] { prune(m, parse_prune_recipe("defaults: {method: l1, amount: 17}\n", "c.yaml")); });
   EXPECT_FALSE(msg.empty());
   EXPECT_TRUE(at::equal(init(m, "w1"), before));
+}
+
+// The radix select against a sort, on signed values (absolute and not), with a NaN that torch.topk
+// ranks last and ties between tensors.
+TEST(PruneMask, RadixSelectMatchesASort) {
+  at::manual_seed(2);
+  std::vector<at::Tensor> ws = {at::randn({300, 17}), at::randn({4000}), at::randn({9, 3, 5})};
+  ws[1].index_put_({0}, std::numeric_limits<float>::quiet_NaN());
+  ws[2].index_put_({0, 0, 0}, ws[0].index({0, 0}).item<float>());  // a tie across tensors
+  for (bool absolute : {true, false}) {
+    std::vector<at::Tensor> flat, none(ws.size());
+    for (auto& w : ws) flat.push_back((absolute ? w.abs() : w).flatten());
+    at::Tensor all = at::cat(flat);
+    for (int64_t k : {int64_t(1), int64_t(777), all.numel() - 1}) {
+      auto removed = smallest_k(ws, none, k, absolute);
+      at::Tensor idx = std::get<1>(at::topk(all, k, 0, /*largest=*/false));
+      at::Tensor want = at::zeros({all.numel()}, at::kBool).index_fill_(0, idx, true);
+      std::vector<at::Tensor> got;
+      for (auto& r : removed) got.push_back(r.flatten());
+      EXPECT_TRUE(at::equal(at::cat(got), want)) << "absolute " << absolute << " k " << k;
+    }
+  }
+}
+
+// Past 2^24 alive scores a tie at the threshold is broken by order, not by torch.topk.
+TEST(PruneMask, TiesBeyondTheExactLimitGoFirstInOrder) {
+  int64_t n = (int64_t(1) << 24) + 100;
+  at::Tensor a = at::ones({n / 2}), b = at::ones({n - n / 2});
+  a.index_put_({0}, 0.5f);
+  auto removed = smallest_k({a, b}, {at::Tensor(), at::Tensor()}, n / 2 + 10, /*absolute=*/true);
+  EXPECT_EQ(removed[0].sum().item<int64_t>(), n / 2);
+  EXPECT_EQ(removed[1].sum().item<int64_t>(), 10);
+  EXPECT_TRUE(removed[1].slice(0, 0, 10).all().item<bool>());
+  EXPECT_FALSE(removed[1].slice(0, 10).any().item<bool>());
+}
+
+// grad and taylor rank by the Saliency they are given: local, global, N:M and rows.
+TEST(PruneModel, GradAndTaylorRankByTheirSaliency) {
+  at::manual_seed(3);
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  Saliency s;
+  // Scores that disagree with |w|: pruning by them must not be pruning by magnitude.
+  s.grad["w1"] = at::arange(128, at::kFloat).reshape({8, 16});
+  s.grad["w2"] = at::arange(32, at::kFloat).flip(0).reshape({8, 4});
+  s.taylor["w1"] = s.grad["w1"].flip(1);
+  s.taylor["w2"] = s.grad["w2"];
+
+  PruneOptions o;
+  o.method = PruneMethod::kGrad;
+  o.amount = frac(0.25);
+  ir::Model a = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  prune(a, o, &s);
+  // The 32 smallest grad scores of w1 are its first two rows; of w2 the last 8 entries.
+  EXPECT_EQ(nnz(init(a, "w1").slice(0, 0, 2)), 0);
+  EXPECT_EQ(nnz(init(a, "w1").slice(0, 2)), 96);
+  EXPECT_EQ(nnz(init(a, "w2").flatten().slice(0, 24)), 0);
+
+  o.method = PruneMethod::kTaylor;
+  o.scope = PruneScope::kGlobal;
+  ir::Model g = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  PruneReport r = prune(g, o, &s);
+  EXPECT_EQ(r.nonzero_after, 160 - 40);
+  EXPECT_EQ(r.layers[0].method, "taylor global");
+
+  o = PruneOptions();
+  o.method = PruneMethod::kGrad;
+  o.pattern = PrunePattern::kNM;
+  ir::Model nm = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  prune(nm, o, &s);
+  // 2:4 along w1's input dim keeps the two largest scores of each group: its last two columns.
+  at::Tensor groups = init(nm, "w1").reshape({8, 4, 4}).ne(0);
+  EXPECT_TRUE(groups.select(2, 2).all().item<bool>() && groups.select(2, 3).all().item<bool>());
+  EXPECT_FALSE(groups.select(2, 0).any().item<bool>() || groups.select(2, 1).any().item<bool>());
+
+  o = PruneOptions();
+  o.method = PruneMethod::kGrad;
+  o.pattern = PrunePattern::kRow;
+  o.amount = count(3);
+  ir::Model rows = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  prune(rows, o, &s);
+  EXPECT_EQ(nnz(init(rows, "w1").slice(0, 0, 3)), 0);  // the rows with the smallest score sums
+  EXPECT_EQ(nnz(init(rows, "w1").slice(0, 3)), 80);
+}
+
+TEST(PruneModel, GradWithoutItsSaliencyIsAnError) {
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  at::Tensor before = init(m, "w1").clone();
+  PruneOptions o;
+  o.method = PruneMethod::kTaylor;
+  o.amount = frac(0.5);
+  try {
+    prune(m, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--data"), std::string::npos) << e.what();
+  }
+  Saliency s;
+  s.taylor["w1"] = at::ones({8, 16});
+  s.taylor["w2"] = at::ones({4, 8});  // the wrong shape
+  try {
+    prune(m, o, &s);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(init(m, "w1"), before));
+}
+
+TEST(PruneModel, WeightsSharedWithACopyAreNotWrittenThrough) {
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 4}));
+  ir::Model copy = m;  // shares the tensors
+  at::Tensor before = init(m, "w1").clone();
+  PruneOptions o;
+  o.amount = frac(0.5);
+  prune(copy, o);
+  EXPECT_TRUE(at::equal(init(m, "w1"), before));
+  EXPECT_EQ(nnz(init(copy, "w1")), 64);
 }

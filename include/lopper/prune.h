@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +19,13 @@
 
 namespace lopper {
 
-enum class PruneMethod { kAbs, kL1, kRandom };
+enum class PruneMethod {
+  kAbs,     // |w| < threshold
+  kL1,      // the smallest |w|
+  kRandom,  // uniformly at random
+  kGrad,    // the smallest mean |dL/dw| over calibration batches (needs a Saliency)
+  kTaylor,  // the smallest first-order Taylor saliency sum |w * dL/dw| (needs a Saliency)
+};
 enum class PruneScope { kLocal, kGlobal };
 enum class PrunePattern { kUnstructured, kNM, kRow, kColumn };
 
@@ -37,13 +45,14 @@ struct PruneAmount {
 /// How one layer is pruned: what `--method/--amount/--threshold/--pattern/--norm/--seed` set on the
 /// command line, and what one rule of a recipe sets.
 struct PruneLayerOptions {
-  PruneMethod method = PruneMethod::kL1;
+  PruneMethod method = PruneMethod::kL1;  // kGrad, kTaylor: rank by a Saliency instead of |w|
   PrunePattern pattern = PrunePattern::kUnstructured;
   double threshold = -1;  // kAbs: remove |w| < threshold (required, >= 0)
   PruneAmount amount;     // kL1, kRandom
   uint64_t seed = 0;      // kRandom
   int64_t n = 2, m = 4;   // kNM: keep n of every m consecutive weights along the reduction dim
   int norm = 1;           // kRow / kColumn with kL1: the Ln norm ranking rows or columns (1 or 2)
+                          // (grad/taylor rank a row or column by the sum of its saliencies)
 };
 
 struct PruneOptions : PruneLayerOptions {
@@ -54,7 +63,10 @@ struct PruneOptions : PruneLayerOptions {
 
 /// Throws lopper::Error ("[prune] ...") when `o` cannot prune any layer (amount outside [0, 1],
 /// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random).
+/// grad/taylor take an amount like l1; their Saliency is checked when pruning.
 void check_layer_options(const PruneLayerOptions& o);
+/// "abs" | "l1" | "random" | "grad" | "taylor"; throws lopper::Error on anything else.
+PruneMethod parse_prune_method(const std::string& s);
 /// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" into o.pattern (and o.n, o.m); throws
 /// lopper::Error on anything else.
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
@@ -66,7 +78,7 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 //     - {match: "^/0/Conv$", skip: true}
 //     - {match: "Gemm", method: l1, pattern: "2:4"}
 //
-// Keys of `defaults` and of a rule: method (abs | l1 | random), amount (fraction or count),
+// Keys of `defaults` and of a rule: method (abs | l1 | random | grad | taylor), amount (fraction or count),
 // threshold, pattern, norm, seed; a rule also has match (required; ECMAScript regex searched in
 // the layer (node) name and the weight name) and skip (bool). A rule's keys override the defaults.
 
@@ -111,30 +123,62 @@ struct PruneReport {
   int64_t params = 0, nonzero_before = 0, nonzero_after = 0;  // over the prunable layers
 };
 
-/// Prunes `model`'s prunable weights in place and reports per layer. Throws lopper::Error ("[prune]
-/// ...") on bad options and when nothing is left to prune; the model is untouched then.
-PruneReport prune(ir::Model& model, const PruneOptions& opts);
+// --- Data-driven importance (grad, taylor). --------------------------------------------------
+
+/// Per prunable weight (by initializer name), scores >= 0 of the weight's shape, on the CPU.
+struct Saliency {
+  std::map<std::string, at::Tensor> grad;    // mean over the batches of |dL/dw|
+  std::map<std::string, at::Tensor> taylor;  // sum over the batches of |w * dL/dw|
+  int64_t batches = 0, samples = 0;
+  double loss = 0;  // mean loss over the batches
+};
+
+struct CalibrationOptions {
+  int64_t batches = 32;  // at most this many batches (fewer when an epoch has fewer)
+  std::string device = "cpu";
+  /// Called after each batch (1-based) with the running mean loss.
+  std::function<void(int64_t batch, int64_t of, double loss)> progress;
+};
+
+class DataLoader;  // lopper/data.h
+
+/// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's
+/// gradient saliencies. The loss is cross-entropy between the model's first output (logits; a
+/// final Softmax or LogSoftmax is taken into account) and the labels. Throws lopper::Error when
+/// the model's output does not fit the labels (e.g. fewer classes than the dataset has).
+Saliency compute_saliency(const ir::Model& model, DataLoader& data, const CalibrationOptions& opts);
+
+/// Prunes `model`'s prunable weights and reports per layer. A weight that no other ir::Model copy
+/// shares is written in place; a shared one is replaced. Throws lopper::Error ("[prune] ...") on bad
+/// options, when grad/taylor have no `saliency`, and when nothing is left to prune; the model is
+/// untouched then.
+PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency = nullptr);
 /// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
 /// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).
-PruneReport prune(ir::Model& model, const PruneRecipe& recipe);
+PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency = nullptr);
 
 // --- Masks (true = keep). Each keeps the weights that are already zero at zero. ------------------
 
-/// Removes the `k` smallest values of `scores` (concatenated in order, only where `alive`), with
-/// torch.topk(largest=False)'s choice among ties. One flag tensor per input, true = removed.
-/// NOTE: finds the threshold by selection (std::nth_element), never a full sort; see prune.cpp.
+/// Removes the `k` smallest values of `scores` (|scores| when `absolute`; concatenated in order,
+/// only where `alive`, or where the score is nonzero for an undefined `alive`), with
+/// torch.topk(largest=False)'s choice among ties up to 2^24 alive scores and the first tied
+/// entries beyond. One flag tensor per input, true = removed.
+/// NOTE: finds the threshold by a radix select in two streaming passes, never a sort; masks.cpp.
 std::vector<at::Tensor> smallest_k(const std::vector<at::Tensor>& scores,
-                                   const std::vector<at::Tensor>& alive, int64_t k);
+                                   const std::vector<at::Tensor>& alive, int64_t k,
+                                   bool absolute = false);
 /// torch's l1_unstructured on one tensor, counted from its nonzero weights.
 at::Tensor l1_mask(const at::Tensor& w, const PruneAmount& amount);
 /// random_unstructured: `amount` of the nonzero weights, drawn with `gen`.
 at::Tensor random_mask(const at::Tensor& w, const PruneAmount& amount, at::Generator& gen);
-/// Keeps the n largest |w| of every m consecutive weights along the last dim (size % m == 0).
-at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m);
+/// Keeps the n largest |w| (or, given, the n largest `score`) of every m consecutive weights along
+/// the last dim (size % m == 0).
+at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m, const at::Tensor& score = {});
 /// ln_structured (norm 1 or 2) or random_structured (norm 0, with `gen`) along `dim`, counted from
-/// the slices that still have a nonzero weight.
+/// the slices that still have a nonzero weight. Given a `score` (>= 0, w's shape), slices are
+/// ranked by the sum of their scores instead.
 at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amount, int norm,
-                        at::Generator* gen);
+                        at::Generator* gen, const at::Tensor& score = {});
 
 const char* method_name(PruneMethod m);
 

@@ -1,7 +1,9 @@
-// lopper prune MODEL -o OUT --method abs|l1|random [--threshold T] [--amount A] [--seed S]
-//   [--scope local|global] [--pattern unstructured|N:M|row|column] [--norm 1|2] [--exclude REGEX]
-//   [--skip-first-last] [--sparse-initializers] [--json]
-// lopper prune MODEL -o OUT --recipe FILE.yaml [--sparse-initializers] [--json]
+// lopper prune MODEL -o OUT --method abs|l1|random|grad|taylor [--threshold T] [--amount A]
+//   [--seed S] [--scope local|global] [--pattern unstructured|N:M|row|column] [--norm 1|2]
+//   [--exclude REGEX] [--skip-first-last] [--sparse-initializers] [--json]
+//   grad/taylor: --data SPEC [--split train|test] [--calib-batches N] [--batch-size B]
+//   [--device cpu|cuda] [--normalize MEAN,STD] [--resize HxW]
+// lopper prune MODEL -o OUT --recipe FILE.yaml [--data SPEC ...] [--sparse-initializers] [--json]
 #include "lopper/prune.h"
 
 #include <ATen/ATen.h>
@@ -14,23 +16,16 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 
 namespace lopper::cli {
 
 namespace {
-
-PruneMethod parse_method(const std::string& s) {
-  if (s == "abs") return PruneMethod::kAbs;
-  if (s == "l1") return PruneMethod::kL1;
-  if (s == "random") return PruneMethod::kRandom;
-  if (s == "grad" || s == "taylor")
-    throw UsageError("[prune] --method " + s +
-                     " is not implemented yet (methods: abs, l1, random)");
-  throw Error("[prune] unknown method '" + s + "' (methods: abs, l1, random)");
-}
 
 int64_t file_bytes(const std::string& p) {
   std::error_code ec;
@@ -46,10 +41,12 @@ int64_t file_bytes(const std::string& p) {
 Action add_prune(CLI::App& app) {
   struct Opts {
     std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
-                                            recipe, data;
+                                            recipe, data, split = "train", device = "cpu",
+                                            normalize, resize;
     double threshold = -1;
     uint64_t seed = 0;
     int norm = 1;
+    int64_t calib_batches = 32, batch_size = 32;
     bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
   };
   auto o = std::make_shared<Opts>();
@@ -57,12 +54,15 @@ Action add_prune(CLI::App& app) {
       app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
-  auto* method = cmd->add_option("--method", o->method, "abs | l1 | random (or --recipe)");
+  auto* method =
+      cmd->add_option("--method", o->method, "abs | l1 | random | grad | taylor (or --recipe)");
   auto* th = cmd->add_option("--threshold", o->threshold, "abs: remove every |w| < T");
   auto* amount =
       cmd->add_option("--amount", o->amount,
-                      "l1, random: a fraction in [0, 1] of the weights left, or an integer count");
-  auto* seed = cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
+                      "l1, random, grad, taylor: a fraction in [0, 1] of the weights left, or an "
+                      "integer count");
+  auto* seed = cmd->add_option("--seed", o->seed,
+                               "random: the seed; grad/taylor: the data's shuffling (default 0)");
   auto* scope =
       cmd->add_option("--scope", o->scope, "local (per tensor, default) | global (one ranking)");
   auto* pattern = cmd->add_option("--pattern", o->pattern,
@@ -79,9 +79,22 @@ Action add_prune(CLI::App& app) {
   cmd->add_option(
       "--recipe", o->recipe,
       "per-layer rules from YAML, first match wins (examples/recipe.yaml); local scope");
-  cmd->add_option("--data", o->data, "calibration data for grad/taylor (not implemented yet)");
+  auto* data = cmd->add_option("--data", o->data,
+                               "grad, taylor: calibration data (fashion-mnist, idx:DIR, "
+                               "cifar10:DIR, folder:DIR, npy:X.npy,Y.npy)");
+  std::vector<CLI::Option*> data_opts = {
+      cmd->add_option("--split", o->split, "the data's split: train (default) | test"),
+      cmd->add_option("--calib-batches", o->calib_batches, "grad, taylor: batches (default 32)"),
+      cmd->add_option("--batch-size", o->batch_size,
+                      "grad, taylor: samples per batch (default 32; a model with a fixed batch "
+                      "dimension sets it)"),
+      cmd->add_option("--device", o->device, "grad, taylor: cpu (default) | cuda | cuda:N"),
+      cmd->add_option("--normalize", o->normalize,
+                      "grad, taylor: subtract MEAN and divide by STD (one value or one per "
+                      "channel: M1,M2,M3,S1,S2,S3) after scaling pixels to [0, 1]"),
+      cmd->add_option("--resize", o->resize, "grad, taylor: resize images to HxW")};
   std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
-  return [o, th, scope, per_layer]() {
+  return [o, th, scope, data, data_opts, per_layer]() {
     namespace fs = std::filesystem;
     std::optional<PruneRecipe> recipe;
     PruneOptions po;
@@ -94,15 +107,33 @@ Action add_prune(CLI::App& app) {
         throw UsageError("[prune] --recipe prunes layer by layer: --scope " + o->scope +
                          " does not go with it");
     } else if (o->method.empty()) {
-      throw UsageError("[prune] needs --method abs|l1|random or --recipe FILE.yaml");
+      throw UsageError(
+          "[prune] needs --method abs|l1|random|grad|taylor or --recipe FILE.yaml");
     } else {
-      po.method = parse_method(o->method);
+      po.method = parse_prune_method(o->method);
     }
-    if (!o->data.empty())
-      throw UsageError("[prune] --data is for grad/taylor, which are not implemented yet");
+    bool needs_data = false;
     if (!o->recipe.empty()) {
       recipe = load_prune_recipe(o->recipe);
+      auto by_data = [](const PruneLayerOptions& l) {
+        return l.method == PruneMethod::kGrad || l.method == PruneMethod::kTaylor;
+      };
+      needs_data = recipe->has_defaults && by_data(recipe->defaults);
+      for (const auto& r : recipe->rules) needs_data = needs_data || (!r.skip && by_data(r.options));
     } else {
+      needs_data = po.method == PruneMethod::kGrad || po.method == PruneMethod::kTaylor;
+    }
+    if (needs_data && o->data.empty())
+      throw UsageError("[prune] grad and taylor rank weights by their gradients on data: give "
+                       "--data SPEC (e.g. --data fashion-mnist)");
+    if (!needs_data) {
+      std::vector<CLI::Option*> given = data_opts;
+      given.insert(given.begin(), data);
+      for (const auto* opt : given)
+        if (opt->count() > 0)
+          throw UsageError("[prune] " + opt->get_name() + " is for grad and taylor only");
+    }
+    if (o->recipe.empty()) {
       if (o->scope == "local")
         po.scope = PruneScope::kLocal;
       else if (o->scope == "global")
@@ -131,7 +162,36 @@ Action add_prune(CLI::App& app) {
     if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
       throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
     ir::Model model = onnx::load_model(o->model);
-    PruneReport r = recipe ? prune(model, *recipe) : prune(model, po);
+    std::optional<Saliency> saliency;
+    if (needs_data) {
+      LoaderOptions lo;
+      lo.batch_size = o->batch_size;
+      lo.seed = o->seed;
+      lo.drop_last = true;  // every calibration batch the same size
+      if (!o->normalize.empty()) parse_normalize(o->normalize, lo);
+      if (!o->resize.empty()) parse_resize(o->resize, lo);
+      LOPPER_CHECK(o->batch_size > 0, "[prune] --batch-size must be > 0, got ", o->batch_size);
+      // A model whose batch dimension is fixed takes batches of exactly that size.
+      const auto& in = model.graph.inputs;
+      for (const auto& v : in) {
+        if (model.graph.find_initializer(v.name)) continue;
+        if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0)
+          lo.batch_size = v.type.dims[0].value;
+        break;
+      }
+      DataLoader loader(open_dataset(o->data, o->split), lo);
+      CalibrationOptions co;
+      co.batches = o->calib_batches;
+      co.device = o->device;
+      Progress bar("calibrate", std::min<int64_t>(co.batches, loader.batches_per_epoch()));
+      co.progress = [&](int64_t b, int64_t of, double loss) {
+        bar.update(b, fmt::format("loss {:.4f}", loss));
+      };
+      saliency = compute_saliency(model, loader, co);
+      bar.finish();
+    }
+    const Saliency* sal = saliency ? &*saliency : nullptr;
+    PruneReport r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
     onnx::save_model(model, o->out, so);

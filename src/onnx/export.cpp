@@ -2,6 +2,8 @@
 #include <ATen/ATen.h>
 
 #include <climits>
+#include <cstring>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,12 +53,22 @@ void fill_props(const std::vector<std::pair<std::string, std::string>>& props, R
   }
 }
 
+// A top-level initializer written after the rest of the graph: its TensorProto without the bytes,
+// and the tensor the bytes are streamed from (undefined when the proto holds them).
+struct TailInit {
+  TensorProto meta;
+  at::Tensor data;
+};
+
 struct Writer {
   SaveOptions opts;
+  // Set: the top graph's initializers go here instead of into the GraphProto (save_model streams
+  // them), so no second copy of the weights is ever made.
+  std::vector<TailInit>* tail = nullptr;
   bool sparse_all() const { return opts.sparse == SaveOptions::Sparse::kAll; }
   bool sparse_none() const { return opts.sparse == SaveOptions::Sparse::kNone; }
 
-  void fill_graph(const ir::Graph& g, GraphProto* p) {
+  void fill_graph(const ir::Graph& g, GraphProto* p, bool top = false) {
     p->set_name(g.name);
     if (!g.doc_string.empty()) p->set_doc_string(g.doc_string);
     fill_props(g.metadata_props, p->mutable_metadata_props());
@@ -82,6 +94,18 @@ struct Writer {
         auto* s = p->add_sparse_initializer();
         tensor_to_sparse_proto(init.value, init.name, s);
         if (!init.doc_string.empty()) s->mutable_values()->set_doc_string(init.doc_string);
+      } else if (top && tail) {
+        TailInit ti;
+        at::Tensor c = init.value.detach().cpu().contiguous();
+        if (c.nbytes() >= 4096) {
+          tensor_meta_to_proto(c, &ti.meta);
+          ti.data = c;
+        } else {
+          tensor_to_proto(c, &ti.meta);
+        }
+        ti.meta.set_name(init.name);
+        if (!init.doc_string.empty()) ti.meta.set_doc_string(init.doc_string);
+        tail->push_back(std::move(ti));
       } else {
         auto* t = p->add_initializer();
         tensor_to_proto(init.value, t);
@@ -145,34 +169,40 @@ struct Writer {
     fill_props(m.metadata_props, p->mutable_metadata_props());
     for (const auto& f : m.functions) p->add_functions()->ParseFromString(f);
     for (const auto& t : m.training_info) p->add_training_info()->ParseFromString(t);
-    fill_graph(m.graph, p->mutable_graph());
+    fill_graph(m.graph, p->mutable_graph(), /*top=*/true);
   }
 };
+
+// Appends `n` bytes to the external data file at the next 4 KiB boundary and points `t` at them.
+void write_external(TensorProto* t, const void* bytes, size_t n, const std::string& location,
+                    std::ofstream& data, uint64_t& offset) {
+  // NOTE: 4 KiB alignment lets runtimes mmap tensors directly (ONNX Runtime does).
+  uint64_t aligned = (offset + 4095) / 4096 * 4096;
+  if (aligned > offset) {
+    std::string pad(aligned - offset, '\0');
+    data.write(pad.data(), static_cast<std::streamsize>(pad.size()));
+  }
+  data.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+  auto add = [&](const char* k, const std::string& v) {
+    auto* e = t->add_external_data();
+    e->set_key(k);
+    e->set_value(v);
+  };
+  add("location", location);
+  add("offset", std::to_string(aligned));
+  add("length", std::to_string(n));
+  offset = aligned + n;
+  t->clear_raw_data();
+  t->set_data_location(TensorProto::EXTERNAL);
+}
 
 // Moves every large dense initializer's bytes (in this graph and its subgraphs) into `data`.
 void externalize(GraphProto* g, const std::string& location, size_t min_bytes, std::ofstream& data,
                  uint64_t& offset) {
   auto move_out = [&](TensorProto* t) {
     if (!t->has_raw_data() || t->raw_data().size() < min_bytes) return;
-    // NOTE: 4 KiB alignment lets runtimes mmap tensors directly (ONNX Runtime does).
-    uint64_t aligned = (offset + 4095) / 4096 * 4096;
-    if (aligned > offset) {
-      std::string pad(aligned - offset, '\0');
-      data.write(pad.data(), static_cast<std::streamsize>(pad.size()));
-    }
-    const std::string& raw = t->raw_data();
-    data.write(raw.data(), static_cast<std::streamsize>(raw.size()));
-    auto add = [&](const char* k, const std::string& v) {
-      auto* e = t->add_external_data();
-      e->set_key(k);
-      e->set_value(v);
-    };
-    add("location", location);
-    add("offset", std::to_string(aligned));
-    add("length", std::to_string(raw.size()));
-    offset = aligned + raw.size();
-    t->clear_raw_data();
-    t->set_data_location(TensorProto::EXTERNAL);
+    std::string raw = std::move(*t->mutable_raw_data());
+    write_external(t, raw.data(), raw.size(), location, data, offset);
   };
   for (auto& t : *g->mutable_initializer()) move_out(&t);
   for (auto& n : *g->mutable_node())
@@ -180,6 +210,31 @@ void externalize(GraphProto* g, const std::string& location, size_t min_bytes, s
       if (a.has_g()) externalize(a.mutable_g(), location, min_bytes, data, offset);
       for (auto& sg : *a.mutable_graphs()) externalize(&sg, location, min_bytes, data, offset);
     }
+}
+
+size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) v >>= 7, ++n;
+  return n;
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// Protobuf wire format: field number and wire type 2 (length-delimited).
+constexpr uint8_t kModelGraph = 7 << 3 | 2, kGraphInitializer = 5 << 3 | 2,
+                  kTensorRawData = 9 << 3 | 2;
+
+// Bytes of one tail initializer as a GraphProto.initializer entry's payload.
+size_t tail_size(const TailInit& t) {
+  size_t n = t.meta.ByteSizeLong();
+  if (t.data.defined()) n += 1 + varint_size(t.data.nbytes()) + t.data.nbytes();
+  return n;
 }
 
 }  // namespace
@@ -192,12 +247,20 @@ std::string serialize_model(const ir::Model& model) {
   return p.SerializeAsString();
 }
 
+// NOTE: the model is streamed to the file, never serialized into one buffer: the model proto
+// without the top graph's initializers, then the graph field, whose payload is the rest of the
+// graph followed by each initializer, its bytes written straight from the tensor. Protobuf parsers
+// accept fields in any order, so this is the same message SerializeAsString would give, with the
+// initializers after the nodes. Peak memory stays at the model itself (bench/prune_speed.py).
 void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts) {
   ModelProto p;
-  Writer{opts}.fill_model(model, &p);
+  std::vector<TailInit> tail;
+  Writer{opts, &tail}.fill_model(model, &p);
   // NOTE: protobuf refuses messages over 2 GB; leave headroom for the graph itself.
   constexpr size_t kLimit = size_t(1) << 30 | size_t(1) << 29 | size_t(1) << 28;  // 1.75 GiB
-  bool external = opts.external_data || p.ByteSizeLong() > kLimit;
+  size_t total = p.ByteSizeLong();
+  for (const auto& t : tail) total += 1 + varint_size(tail_size(t)) + tail_size(t);
+  bool external = opts.external_data || total > kLimit;
   std::string data_tmp, data_path;
   if (external) {
     std::filesystem::path mp(path);
@@ -207,6 +270,15 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
     std::ofstream data(data_tmp, std::ios::binary | std::ios::trunc);
     LOPPER_CHECK(data.good(), "[export] cannot write '", data_path, "'");
     uint64_t offset = 0;
+    for (auto& t : tail) {
+      if (t.data.defined() && t.data.nbytes() >= opts.external_min_bytes) {
+        write_external(&t.meta, t.data.data_ptr(), t.data.nbytes(), location, data, offset);
+        t.data = at::Tensor();
+      } else if (!t.data.defined() && t.meta.raw_data().size() >= opts.external_min_bytes) {
+        std::string raw = std::move(*t.meta.mutable_raw_data());
+        write_external(&t.meta, raw.data(), raw.size(), location, data, offset);
+      }
+    }
     externalize(p.mutable_graph(), location, opts.external_min_bytes, data, offset);
     data.flush();
     if (!data.good()) {
@@ -214,13 +286,51 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
       throw Error(detail::concat("[export] cannot write '", data_path, "'"));
     }
   }
-  if (p.ByteSizeLong() > static_cast<size_t>(INT_MAX)) {
+  std::unique_ptr<GraphProto> graph(p.release_graph());
+  std::string head = p.SerializeAsString(), body = graph->SerializeAsString();
+  size_t graph_len = body.size();
+  for (const auto& t : tail) graph_len += 1 + varint_size(tail_size(t)) + tail_size(t);
+  if (head.size() + graph_len > static_cast<size_t>(INT_MAX)) {
     if (!data_tmp.empty()) std::remove(data_tmp.c_str());
     throw Error("[export] the graph alone is over 2 GB");
   }
-  std::string bytes = p.SerializeAsString();
+  std::string tmp = temp_path_beside(path);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out.good()) {
+      if (!data_tmp.empty()) std::remove(data_tmp.c_str());
+      throw Error(detail::concat("[export] cannot write '", path, "': ", std::strerror(errno)));
+    }
+    auto put = [&](const void* b, size_t n) {
+      out.write(static_cast<const char*>(b), static_cast<std::streamsize>(n));
+    };
+    std::string buf = head;
+    buf.push_back(static_cast<char>(kModelGraph));
+    put_varint(buf, graph_len);
+    buf += body;
+    put(buf.data(), buf.size());
+    for (const auto& t : tail) {
+      buf.clear();
+      buf.push_back(static_cast<char>(kGraphInitializer));
+      put_varint(buf, tail_size(t));
+      t.meta.AppendToString(&buf);
+      if (t.data.defined()) {
+        buf.push_back(static_cast<char>(kTensorRawData));
+        put_varint(buf, t.data.nbytes());
+      }
+      put(buf.data(), buf.size());
+      if (t.data.defined()) put(t.data.data_ptr(), t.data.nbytes());
+    }
+    out.flush();
+    if (!out.good()) {
+      out.close();
+      std::remove(tmp.c_str());
+      if (!data_tmp.empty()) std::remove(data_tmp.c_str());
+      throw Error(detail::concat("[export] cannot write '", path, "': ", std::strerror(errno)));
+    }
+  }
   if (!data_tmp.empty()) commit_temp(data_tmp, data_path);
-  write_file_atomic(path, bytes);
+  commit_temp(tmp, path);
 }
 
 void save_tensor_pb(const at::Tensor& t, const std::string& path, const std::string& name) {

@@ -1,7 +1,14 @@
 // ONNX ModelProto -> ir::Model.
 #include <ATen/ATen.h>
 
+#include <fcntl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <filesystem>
 
 #include "lopper/error.h"
@@ -50,9 +57,10 @@ std::vector<std::pair<std::string, std::string>> convert_props(const Repeated& p
   return out;
 }
 
-ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int depth);
 
-ir::Attribute convert_attribute(const AttributeProto& a, const ExternalDataContext& ctx,
+ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth);
+
+ir::Attribute convert_attribute(AttributeProto& a, const ExternalDataContext& ctx,
                                 const std::string& where, int depth) {
   ir::Attribute out;
   out.name = a.name();
@@ -79,7 +87,7 @@ ir::Attribute convert_attribute(const AttributeProto& a, const ExternalDataConte
     case ir::AttrType::kString: out.s = a.s(); break;
     case ir::AttrType::kTensor: out.t = tensor_from_proto(a.t(), ctx, what); break;
     case ir::AttrType::kGraph:
-      out.g = std::make_shared<ir::Graph>(convert_graph(a.g(), ctx, depth + 1));
+      out.g = std::make_shared<ir::Graph>(convert_graph(*a.mutable_g(), ctx, depth + 1));
       break;
     case ir::AttrType::kFloats: out.floats.assign(a.floats().begin(), a.floats().end()); break;
     case ir::AttrType::kInts: out.ints.assign(a.ints().begin(), a.ints().end()); break;
@@ -88,7 +96,7 @@ ir::Attribute convert_attribute(const AttributeProto& a, const ExternalDataConte
       for (const auto& t : a.tensors()) out.tensors.push_back(tensor_from_proto(t, ctx, what));
       break;
     case ir::AttrType::kGraphs:
-      for (const auto& g : a.graphs())
+      for (auto& g : *a.mutable_graphs())
         out.graphs.push_back(std::make_shared<ir::Graph>(convert_graph(g, ctx, depth + 1)));
       break;
     default:  // sparse tensors, type protos, or an attribute that sets nothing: kept verbatim
@@ -98,7 +106,7 @@ ir::Attribute convert_attribute(const AttributeProto& a, const ExternalDataConte
   return out;
 }
 
-ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int depth) {
+ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth) {
   LOPPER_CHECK(depth < 64, "[import] subgraphs nested too deeply");
   ir::Graph out;
   out.name = g.name();
@@ -107,11 +115,11 @@ ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int
   for (const auto& v : g.input()) out.inputs.push_back(convert_value_info(v));
   for (const auto& v : g.output()) out.outputs.push_back(convert_value_info(v));
   for (const auto& v : g.value_info()) out.value_info.push_back(convert_value_info(v));
-  for (const auto& t : g.initializer()) {
+  for (auto& t : *g.mutable_initializer()) {
     LOPPER_CHECK(!t.name().empty(), "[import] graph '", g.name(), "' has an unnamed initializer");
     out.initializers.push_back(
-        {t.name(), tensor_from_proto(t, ctx, "initializer '" + t.name() + "'"), t.doc_string(),
-         false});
+        {t.name(), take_tensor_from_proto(t, ctx, "initializer '" + t.name() + "'"),
+         t.doc_string(), false});
   }
   for (const auto& s : g.sparse_initializer()) {
     const std::string& name = s.values().name();
@@ -121,7 +129,7 @@ ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int
         {name, tensor_from_sparse_proto(s, ctx, "sparse initializer '" + name + "'"),
          s.values().doc_string(), true});
   }
-  for (const auto& n : g.node()) {
+  for (auto& n : *g.mutable_node()) {
     ir::Node node;
     node.name = n.name();
     node.op_type = n.op_type();
@@ -132,7 +140,7 @@ ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int
     node.metadata_props = convert_props(n.metadata_props());
     LOPPER_CHECK(!node.op_type.empty(), "[import] node '", node.name, "' has no op type");
     std::string where = "node '" + node.label() + "'";
-    for (const auto& a : n.attribute()) node.attrs.push_back(convert_attribute(a, ctx, where, depth));
+    for (auto& a : *n.mutable_attribute()) node.attrs.push_back(convert_attribute(a, ctx, where, depth));
     out.nodes.push_back(std::move(node));
   }
   return out;
@@ -140,12 +148,10 @@ ir::Graph convert_graph(const GraphProto& g, const ExternalDataContext& ctx, int
 
 }  // namespace
 
-ir::Model parse_model(const void* data, size_t size, const std::string& base_dir) {
-  LOPPER_CHECK(size <= static_cast<size_t>(INT_MAX), "[import] model is over 2 GB; ONNX stores "
-               "weights of such models as external data");
-  ModelProto m;
-  LOPPER_CHECK(m.ParseFromArray(data, static_cast<int>(size)),
-               "[import] not a valid ONNX model (protobuf parse failed: truncated or corrupt)");
+namespace {
+
+// The model's own fields; its graph's initializers take over the parsed bytes (`m` is consumed).
+ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir) {
   LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
   ExternalDataContext ctx{base_dir};
@@ -161,17 +167,66 @@ ir::Model parse_model(const void* data, size_t size, const std::string& base_dir
   out.metadata_props = convert_props(m.metadata_props());
   for (const auto& f : m.functions()) out.functions.push_back(f.SerializeAsString());
   for (const auto& t : m.training_info()) out.training_info.push_back(t.SerializeAsString());
-  out.graph = convert_graph(m.graph(), ctx, 0);
+  out.graph = convert_graph(*m.mutable_graph(), ctx, 0);
   if (out.opset_import.empty()) out.opset_import.push_back({"", 1});  // as ONNX specifies
   return out;
 }
 
+constexpr const char* kTooBig =
+    "[import] model is over 2 GB; ONNX stores weights of such models as external data";
+constexpr const char* kCorrupt =
+    "[import] not a valid ONNX model (protobuf parse failed: truncated or corrupt)";
+
+// read(2) on a file, for protobuf's stream parser.
+class FdInput : public google::protobuf::io::CopyingInputStream {
+ public:
+  explicit FdInput(int fd) : fd_(fd) {}
+  int Read(void* buffer, int size) override {
+    for (;;) {
+      ssize_t n = ::read(fd_, buffer, static_cast<size_t>(size));
+      if (n >= 0) return static_cast<int>(n);
+      if (errno != EINTR) return -1;
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+ir::Model parse_model(const void* data, size_t size, const std::string& base_dir) {
+  LOPPER_CHECK(size <= static_cast<size_t>(INT_MAX), kTooBig);
+  ModelProto m;
+  LOPPER_CHECK(m.ParseFromArray(data, static_cast<int>(size)), kCorrupt);
+  return convert_model(m, size, base_dir);
+}
+
 ir::Model load_model(const std::string& path) {
-  std::string bytes = read_file(path);
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
+  // NOTE: parsed straight from the file, never read into one buffer first: with the initializers
+  // adopting the parsed bytes, a model's weights are in memory once while it loads.
+  struct stat st {};
+  LOPPER_CHECK(::stat(path.c_str(), &st) == 0, "[io] cannot open '", path, "': ",
+               std::strerror(errno));
+  LOPPER_CHECK(!S_ISDIR(st.st_mode), "[io] '", path, "' is a directory, not a file");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOPPER_CHECK(fd >= 0, "[io] cannot open '", path, "': ", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  size_t size = static_cast<size_t>(st.st_size);
   try {
-    return parse_model(bytes.data(), bytes.size(), dir);
+    LOPPER_CHECK(size <= static_cast<size_t>(INT_MAX), kTooBig);
+    ModelProto m;
+    {
+      FdInput in(fd);
+      google::protobuf::io::CopyingInputStreamAdaptor stream(&in, 1 << 20);
+      LOPPER_CHECK(m.ParseFromZeroCopyStream(&stream), kCorrupt);
+    }
+    return convert_model(m, size, dir);
   } catch (const Error& e) {
     throw Error(detail::concat(e.what(), " (", path, ")"));
   }

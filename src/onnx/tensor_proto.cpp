@@ -185,10 +185,26 @@ void copy_typed(const google::protobuf::RepeatedField<Src>& src, at::Tensor& t) 
   for (int i = 0; i < src.size(); ++i) d[i] = static_cast<Dst>(src.Get(i));
 }
 
+// `take_raw` (p itself, or null): adopt its raw bytes instead of copying them.
+at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                             const std::string& what, lopper_onnx::TensorProto* take_raw);
+
 }  // namespace
 
 at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
                              const std::string& what) {
+  return tensor_from_proto(p, ctx, what, nullptr);
+}
+
+at::Tensor take_tensor_from_proto(lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                                  const std::string& what) {
+  return tensor_from_proto(p, ctx, what, &p);
+}
+
+namespace {
+
+at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                             const std::string& what, lopper_onnx::TensorProto* take_raw) {
   LOPPER_CHECK(!p.has_segment(), "[import] ", what, ": segmented tensors are not supported");
   auto dt = static_cast<DType>(p.data_type());
   LOPPER_CHECK(p.data_type() != 0, "[import] ", what, ": tensor has no data type");
@@ -215,6 +231,15 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
   if (p.has_raw_data()) {
     LOPPER_CHECK(p.raw_data().size() == nbytes, "[import] ", what, ": raw data has ",
                  p.raw_data().size(), " bytes, but shape and type need ", nbytes);
+    if (take_raw && nbytes >= 4096) {
+      // NOTE: the tensor adopts the parsed bytes instead of copying them: a model's weights are
+      // held once, not twice, while it loads (bench/prune_speed.py measures the peak).
+      auto* owner = new std::string(std::move(*take_raw->mutable_raw_data()));
+      take_raw->clear_raw_data();
+      return at::from_blob(
+          owner->data(), dims, [owner](void*) { delete owner; },
+          at::TensorOptions().dtype(st));
+    }
     at::Tensor t = allocate();
     if (nbytes) std::memcpy(t.data_ptr(), p.raw_data().data(), nbytes);
     return t;
@@ -282,6 +307,8 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
   return t;
 }
 
+}  // namespace
+
 int64_t sparse_budget_for(size_t model_bytes) {
   constexpr int64_t kFloor = int64_t(1) << 28;
   constexpr uint64_t kRatio = 1024;
@@ -346,11 +373,15 @@ at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
   return dense;
 }
 
+void tensor_meta_to_proto(const at::Tensor& t, lopper_onnx::TensorProto* p) {
+  p->set_data_type(static_cast<int32_t>(to_dtype(t.scalar_type())));
+  p->clear_dims();
+  for (int64_t d : t.sizes()) p->add_dims(d);
+}
+
 void tensor_to_proto(const at::Tensor& t, lopper_onnx::TensorProto* p) {
   at::Tensor c = t.detach().cpu().contiguous();
-  p->set_data_type(static_cast<int32_t>(to_dtype(c.scalar_type())));
-  p->clear_dims();
-  for (int64_t d : c.sizes()) p->add_dims(d);
+  tensor_meta_to_proto(c, p);
   p->set_raw_data(std::string(static_cast<const char*>(c.data_ptr()), c.nbytes()));
 }
 

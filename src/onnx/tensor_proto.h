@@ -26,6 +26,12 @@ int64_t sparse_budget_for(size_t model_bytes);
 /// `what` names the tensor in errors ("initializer 'w'").
 at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
                              const std::string& what);
+/// The same, but a large tensor takes over p's raw_data buffer instead of copying it (p's raw data
+/// is left empty).
+at::Tensor take_tensor_from_proto(lopper_onnx::TensorProto& p, const ExternalDataContext& ctx,
+                                  const std::string& what);
+/// Fills `p`'s dims and data_type from a tensor, no data.
+void tensor_meta_to_proto(const at::Tensor& t, lopper_onnx::TensorProto* p);
 
 /// Converts a SparseTensorProto to a dense CPU tensor.
 at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,

@@ -1,8 +1,12 @@
 // The masks: which weights of a tensor (or of all tensors) go.
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <mutex>
 #include <regex>
 
 #include "lopper/error.h"
@@ -55,6 +59,10 @@ const char* method_name(PruneMethod m) {
       return "l1";
     case PruneMethod::kRandom:
       return "random";
+    case PruneMethod::kGrad:
+      return "grad";
+    case PruneMethod::kTaylor:
+      return "taylor";
   }
   return "?";
 }
@@ -94,52 +102,201 @@ T kth_smallest(at::Tensor& v, int64_t k) {
   return p[k];
 }
 
+// A float32's bits mapped to an unsigned key with the same order as the values (NaN last, as
+// torch.topk ranks it). `absolute` drops the sign first: the order of |x|.
+inline uint32_t order_key(uint32_t bits, bool absolute) {
+  if (absolute) bits &= 0x7fffffffu;
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+// A float32 that is not +0 or -0 (an alive weight when no alive mask is given).
+inline bool nonzero_bits(uint32_t bits) { return (bits & 0x7fffffffu) != 0; }
+
+// Counts, over the alive entries of all tensors, the keys in each of 65536 bins: bin = key >> 16
+// (level 0), or key & 0xffff among the keys whose high half is `high` (level 1).
+std::vector<int64_t> key_histogram(const std::vector<at::Tensor>& scores,
+                                   const std::vector<at::Tensor>& alive, bool absolute, int level,
+                                   uint32_t high) {
+  std::vector<int64_t> hist(65536, 0);
+  std::mutex mu;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const auto* w = static_cast<const uint32_t*>(scores[i].const_data_ptr());
+    const bool* a = alive[i].defined() ? alive[i].const_data_ptr<bool>() : nullptr;
+    at::parallel_for(0, scores[i].numel(), 1 << 20, [&](int64_t b, int64_t e) {
+      std::vector<int64_t> local(65536, 0);
+      for (int64_t j = b; j < e; ++j) {
+        if (!(a ? a[j] : nonzero_bits(w[j]))) continue;
+        uint32_t key = order_key(w[j], absolute);
+        if (level == 0)
+          ++local[key >> 16];
+        else if ((key >> 16) == high)
+          ++local[key & 0xffffu];
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      for (size_t h = 0; h < local.size(); ++h) hist[h] += local[h];
+    });
+  }
+  return hist;
+}
+
+// The bin holding the k-th smallest (0-based) and how many keys lie in the bins before it.
+std::pair<uint32_t, int64_t> bin_of(const std::vector<int64_t>& hist, int64_t k) {
+  int64_t before = 0;
+  for (uint32_t b = 0; b < hist.size(); ++b) {
+    if (before + hist[b] > k) return {b, before};
+    before += hist[b];
+  }
+  LOPPER_ASSERT(false, "k ", k, " beyond the histogram's ", before);
+  return {0, 0};
+}
+
+// The value whose order key is `key`.
+float value_of_key(uint32_t key) {
+  uint32_t bits = (key & 0x80000000u) ? key & 0x7fffffffu : ~key;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Flags the alive entries of one float32 tensor whose key is below `cut`, and those equal to it:
+// all of them (take < 0), or only the first `take` in order.
+at::Tensor flag_below(const at::Tensor& s, const at::Tensor& alive, bool absolute, uint32_t cut,
+                      int64_t take) {
+  at::Tensor out = at::empty(s.sizes(), at::kBool);
+  const auto* w = static_cast<const uint32_t*>(s.const_data_ptr());
+  const bool* a = alive.defined() ? alive.const_data_ptr<bool>() : nullptr;
+  bool* o = out.data_ptr<bool>();
+  auto flag = [&](int64_t j, bool with_ties) {
+    if (!(a ? a[j] : nonzero_bits(w[j]))) return false;
+    uint32_t key = order_key(w[j], absolute);
+    return key < cut || (with_ties && key == cut);
+  };
+  if (take <= 0) {
+    at::parallel_for(0, s.numel(), 1 << 20, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) o[j] = flag(j, take < 0);
+    });
+    return out;
+  }
+  for (int64_t j = 0, n = s.numel(); j < n; ++j) {
+    o[j] = flag(j, take > 0);
+    if (o[j] && order_key(w[j], absolute) == cut) --take;
+  }
+  return out;
+}
+
+// Up to this many alive scores, ties at the threshold are broken exactly as torch.topk breaks them
+// (by calling it on the same values); beyond, the first tied entries in order go.
+constexpr int64_t kExactTieLimit = int64_t(1) << 24;
+
 }  // namespace
 
-// NOTE: selection, not sorting. The k-th smallest alive score t is found with std::nth_element
-// (linear time, on one copy of the alive scores). Everything below t goes; when the scores equal
-// to t are exactly the ones still needed to reach k, they all go too and the result is the only
-// possible one, so it is torch's. Only when the values tied at t straddle the cut does the choice
-// among them matter: then lopper calls at::topk(largest=False) on the same concatenated alive
-// scores that torch.nn.utils.prune hands to torch.topk, so it removes the very same tied weights
-// (same libtorch kernel, same input).
-std::vector<at::Tensor> smallest_k(const std::vector<at::Tensor>& scores,
-                                   const std::vector<at::Tensor>& alive, int64_t k) {
-  LOPPER_ASSERT(scores.size() == alive.size());
-  int64_t total = 0;
-  for (const auto& a : alive) total += a.sum().item<int64_t>();
-  LOPPER_ASSERT(k >= 0 && k <= total, "k ", k, " of ", total);
+// NOTE: selection, not sorting, and no copy of the scores. For float32 scores (every weight type
+// lopper prunes in practice) the k-th smallest alive score t is found by a two-level radix select
+// on the float's bits mapped to an order-preserving unsigned key: one pass counts the high 16 bits
+// into 65536 bins, a second pass counts the low 16 bits inside the bin that holds the k-th — two
+// streaming passes, no sort, memory independent of the model's size. Other types take one copy of
+// the alive scores and std::nth_element. Everything below t goes; when the scores equal to t are
+// exactly the ones still needed to reach k, they all go too and the result is the only possible
+// one, so it is torch's. Only when the values tied at t straddle the cut does the choice among them
+// matter: then, up to kExactTieLimit alive scores, lopper calls at::topk(largest=False) on the same
+// concatenated alive scores that torch.nn.utils.prune hands to torch.topk, so it removes the very
+// same tied weights (same libtorch kernel, same input); above that size torch's choice among exact
+// ties costs a full top-k over the whole model (torch itself needs a minute and 15x the weights'
+// memory for 1 GB of weights), so lopper removes the first tied weights in layer order instead.
+std::vector<at::Tensor> smallest_k(const std::vector<at::Tensor>& scores_in,
+                                   const std::vector<at::Tensor>& alive_in, int64_t k,
+                                   bool absolute) {
+  LOPPER_ASSERT(scores_in.size() == alive_in.size());
+  std::vector<at::Tensor> scores, alive;
+  bool f32 = true;
+  for (size_t i = 0; i < scores_in.size(); ++i) {
+    scores.push_back(scores_in[i].contiguous());
+    alive.push_back(alive_in[i].defined() ? alive_in[i].to(at::kBool).contiguous() : at::Tensor());
+    f32 = f32 && scores.back().scalar_type() == at::kFloat && scores.back().is_cpu();
+  }
+  auto alive_of = [&](size_t i) {
+    if (alive[i].defined()) return alive[i];
+    return scores[i].ne(0);
+  };
+  auto score_of = [&](size_t i) { return absolute ? scores[i].abs() : scores[i]; };
   std::vector<at::Tensor> out;
   if (k == 0) {
-    for (const auto& a : alive) out.push_back(at::zeros(a.sizes(), at::kBool));
+    for (const auto& s : scores) out.push_back(at::zeros(s.sizes(), at::kBool));
     return out;
   }
-  at::Tensor v = alive_values(scores, alive);
-  if (v.scalar_type() != at::kFloat) v = v.to(at::kDouble);
-  v = v.contiguous();
-  double t = v.scalar_type() == at::kFloat ? double(kth_smallest<float>(v, k - 1))
-                                           : kth_smallest<double>(v, k - 1);
-  v.reset();
-  int64_t below = 0, tied = 0;
-  for (size_t i = 0; i < scores.size(); ++i) {
-    below += (scores[i].lt(t) & alive[i]).sum().item<int64_t>();
-    tied += (scores[i].eq(t) & alive[i]).sum().item<int64_t>();
+
+  int64_t total = 0, below = 0, tied = 0;
+  double t = 0;
+  uint32_t cut = 0;  // f32: the order key of t
+  if (f32) {
+    std::vector<int64_t> h0 = key_histogram(scores, alive, absolute, 0, 0);
+    for (int64_t c : h0) total += c;
+    LOPPER_ASSERT(k >= 0 && k <= total, "k ", k, " of ", total);
+    auto [high, before_high] = bin_of(h0, k - 1);
+    std::vector<int64_t> h1 = key_histogram(scores, alive, absolute, 1, high);
+    auto [low, before_low] = bin_of(h1, k - 1 - before_high);
+    below = before_high + before_low;
+    tied = h1[low];
+    cut = high << 16 | low;
+    t = value_of_key(cut);
+  } else {
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < scores.size(); ++i)
+      parts.push_back(score_of(i).reshape(-1).masked_select(alive_of(i).reshape(-1)));
+    at::Tensor v = at::cat(parts).to(at::kDouble).contiguous();
+    total = v.numel();
+    LOPPER_ASSERT(k >= 0 && k <= total, "k ", k, " of ", total);
+    t = kth_smallest<double>(v, k - 1);
+    v.reset();
+    for (size_t i = 0; i < scores.size(); ++i) {
+      at::Tensor s = score_of(i), a = alive_of(i);
+      below += (s.lt(t) & a).sum().item<int64_t>();
+      tied += (s.eq(t) & a).sum().item<int64_t>();
+    }
   }
+  bool nan_cut = std::isnan(t);
   if (below + tied == k) {
-    for (size_t i = 0; i < scores.size(); ++i) out.push_back(scores[i].le(t) & alive[i]);
+    for (size_t i = 0; i < scores.size(); ++i)
+      out.push_back(f32 ? flag_below(scores[i], alive[i], absolute, cut, -1)
+                        : (nan_cut ? at::ones_like(scores[i], at::kBool) : score_of(i).le(t)) &
+                              alive_of(i));
     return out;
   }
-  at::Tensor all = alive_values(scores, alive);
-  at::Tensor idx = std::get<1>(at::topk(all, k, 0, /*largest=*/false, /*sorted=*/true));
-  at::Tensor removed = at::zeros({all.numel()}, at::kBool);
-  removed.index_fill_(0, idx, true);
-  return scatter_alive(alive, removed);
+  if (total <= kExactTieLimit) {
+    std::vector<at::Tensor> parts, alives;
+    for (size_t i = 0; i < scores.size(); ++i) {
+      alives.push_back(alive_of(i));
+      parts.push_back(score_of(i).reshape(-1).masked_select(alives.back().reshape(-1)));
+    }
+    at::Tensor all = at::cat(parts);
+    at::Tensor idx = std::get<1>(at::topk(all, k, 0, /*largest=*/false, /*sorted=*/true));
+    at::Tensor removed = at::zeros({all.numel()}, at::kBool);
+    removed.index_fill_(0, idx, true);
+    return scatter_alive(alives, removed);
+  }
+  int64_t need = k - below;  // tied entries still to remove, the first ones in order
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (f32) {
+      std::vector<int64_t> h = key_histogram({scores[i]}, {alive[i]}, absolute, 1, cut >> 16);
+      int64_t here = h[cut & 0xffffu];
+      out.push_back(flag_below(scores[i], alive[i], absolute, cut, need >= here ? -1 : need));
+      need -= std::min(need, here);
+      continue;
+    }
+    at::Tensor s = score_of(i), a = alive_of(i);
+    at::Tensor tie = (nan_cut ? s.isnan() : s.eq(t)) & a;
+    at::Tensor rank = tie.reshape(-1).cumsum(0, at::kLong).reshape(s.sizes());
+    out.push_back(((nan_cut ? s.isnan().logical_not() : s.lt(t)) & a) | (tie & rank.le(need)));
+    need -= std::min<int64_t>(need, tie.sum().item<int64_t>());
+  }
+  return out;
 }
 
 at::Tensor l1_mask(const at::Tensor& w, const PruneAmount& amount) {
   at::Tensor alive = w.ne(0);
   int64_t k = amount.count_of(alive.sum().item<int64_t>());
-  return alive & smallest_k({w.abs()}, {alive}, k)[0].logical_not();
+  return alive & smallest_k({w}, {at::Tensor()}, k, /*absolute=*/true)[0].logical_not();
 }
 
 at::Tensor random_mask(const at::Tensor& w, const PruneAmount& amount, at::Generator& gen) {
@@ -151,11 +308,11 @@ at::Tensor random_mask(const at::Tensor& w, const PruneAmount& amount, at::Gener
   return alive & scatter_alive({alive}, removed)[0].logical_not();
 }
 
-at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m) {
+at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m, const at::Tensor& score) {
   LOPPER_CHECK(n >= 1 && m >= 1 && n < m, "[prune] N:M needs 1 <= N < M, got ", n, ":", m);
   LOPPER_CHECK(w.dim() >= 1 && w.size(-1) % m == 0, "[prune] N:M: the reduction dimension (",
                w.dim() ? w.size(-1) : 0, ") is not divisible by M=", m);
-  at::Tensor groups = w.abs().reshape({-1, m});
+  at::Tensor groups = (score.defined() ? score : w.abs()).reshape({-1, m});
   at::Tensor idx = std::get<1>(at::topk(groups, n, 1, /*largest=*/true, /*sorted=*/false));
   at::Tensor keep = at::zeros(groups.sizes(), at::kBool).scatter_(1, idx, true);
   return keep.reshape(w.sizes()) & w.ne(0);
@@ -164,7 +321,7 @@ at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m) {
 // torch's ln_structured / random_structured inside a PruningContainer: only the slices along `dim`
 // that still hold a nonzero weight are ranked, and the amount counts from them.
 at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amount, int norm,
-                        at::Generator* gen) {
+                        at::Generator* gen, const at::Tensor& score) {
   dim = at::maybe_wrap_dim(dim, w.dim());
   std::vector<int64_t> others;
   for (int64_t d = 0; d < w.dim(); ++d)
@@ -182,8 +339,10 @@ at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amo
       LOPPER_ASSERT(gen != nullptr);
       kept = at::randperm(r, *gen, at::kLong).slice(0, 0, r - k);
     } else {
-      at::Tensor sub = w.index_select(dim, alive_idx);
-      at::Tensor norms = others.empty() ? sub.abs() : at::linalg_vector_norm(sub, norm, others);
+      at::Tensor sub = (score.defined() ? score : w).index_select(dim, alive_idx);
+      at::Tensor norms = others.empty()      ? sub.abs()
+                         : score.defined() ? sub.sum(others)
+                                           : at::linalg_vector_norm(sub, norm, others);
       kept = std::get<1>(at::topk(norms, r - k, 0, /*largest=*/true, /*sorted=*/true));
     }
     keep_ch.index_fill_(0, alive_idx.index_select(0, kept), true);

@@ -81,11 +81,19 @@ void check_layer_options(const PruneLayerOptions& o) {
   if (o.pattern == PrunePattern::kNM) {
     LOPPER_CHECK(o.n >= 1 && o.m >= 2 && o.n < o.m, "[prune] N:M needs 1 <= N < M, got ",
                  nm_name(o));
-    LOPPER_CHECK(o.method == PruneMethod::kL1,
-                 "[prune] N:M keeps the largest |w| of each group: use --method l1");
+    LOPPER_CHECK(o.method != PruneMethod::kRandom,
+                 "[prune] N:M keeps the most important weights of each group: use --method l1, "
+                 "grad or taylor");
   }
   if (o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn)
     LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
+}
+
+PruneMethod parse_prune_method(const std::string& s) {
+  for (PruneMethod m : {PruneMethod::kAbs, PruneMethod::kL1, PruneMethod::kRandom,
+                        PruneMethod::kGrad, PruneMethod::kTaylor})
+    if (s == method_name(m)) return m;
+  throw Error("[prune] unknown method '" + s + "' (methods: abs, l1, random, grad, taylor)");
 }
 
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
@@ -191,9 +199,27 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
   return "";
 }
 
+bool uses_saliency(PruneMethod m) { return m == PruneMethod::kGrad || m == PruneMethod::kTaylor; }
+
+// The data-driven scores of a layer's weight for grad/taylor (undefined for the other methods).
+at::Tensor layer_score(const Target& t, PruneMethod m, const Saliency* saliency) {
+  if (!uses_saliency(m)) return {};
+  LOPPER_CHECK(saliency != nullptr, "[prune] --method ", method_name(m),
+               " ranks weights by their gradients: give calibration data (--data)");
+  const auto& scores = m == PruneMethod::kGrad ? saliency->grad : saliency->taylor;
+  auto it = scores.find(t.init->name);
+  LOPPER_CHECK(it != scores.end(), "[prune] no ", method_name(m), " saliency for weight '",
+               t.init->name, "'");
+  LOPPER_CHECK(it->second.sizes() == t.init->value.sizes(), "[prune] the ", method_name(m),
+               " saliency of '", t.init->name, "' has shape ", it->second.sizes(),
+               ", the weight ", t.init->value.sizes());
+  return it->second.to(at::kFloat).contiguous();
+}
+
 // One layer's keep-mask (true = keep) under `o`, local scope. `where` names the layer in errors.
+// `score`: grad/taylor saliencies ranking the weights instead of |w|.
 at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,
-                      const std::string& where) {
+                      const std::string& where, const at::Tensor& score) {
   const at::Tensor& w = t.init->value;
   switch (o.pattern) {
     case PrunePattern::kUnstructured:
@@ -201,32 +227,47 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
       {
         at::Tensor alive = w.ne(0);
         int64_t k = o.amount.count_of(alive.sum().item<int64_t>(), where);
-        if (o.method == PruneMethod::kL1)
-          return alive & smallest_k({w.abs()}, {alive}, k)[0].logical_not();
-        return random_mask(w, PruneAmount{double(k), true}, gen);
+        if (o.method == PruneMethod::kRandom) return random_mask(w, PruneAmount{double(k), true}, gen);
+        if (score.defined()) return alive & smallest_k({score}, {alive}, k)[0].logical_not();
+        return alive & smallest_k({w}, {alive}, k, /*absolute=*/true)[0].logical_not();
       }
-    case PrunePattern::kNM:
-      if (t.node->op_type == "Conv")
-        return nm_mask(w.reshape({w.size(0), -1}), o.n, o.m).reshape(w.sizes());
-      return nm_mask(w.movedim(t.in_axis, -1), o.n, o.m).movedim(-1, t.in_axis);
+    case PrunePattern::kNM: {
+      at::Tensor keep;
+      if (t.node->op_type == "Conv") {
+        auto flat = [&](const at::Tensor& x) { return x.defined() ? x.reshape({w.size(0), -1}) : x; };
+        keep = nm_mask(flat(w), o.n, o.m, flat(score)).reshape(w.sizes());
+      } else {
+        auto last = [&](const at::Tensor& x) { return x.defined() ? x.movedim(t.in_axis, -1) : x; };
+        keep = nm_mask(last(w), o.n, o.m, last(score)).movedim(-1, t.in_axis);
+      }
+      return keep & w.ne(0);
+    }
     case PrunePattern::kRow:
     case PrunePattern::kColumn: {
       int64_t axis = o.pattern == PrunePattern::kRow ? t.out_axis : t.in_axis;
       // Counted here first so that an error names the layer.
       (void)o.amount.count_of(w.size(axis), where);
-      return channel_mask(w, axis, o.amount, o.method == PruneMethod::kRandom ? 0 : o.norm, &gen);
+      return channel_mask(w, axis, o.amount, o.method == PruneMethod::kRandom ? 0 : o.norm, &gen,
+                          score);
     }
   }
   throw Error("[prune] unknown pattern");
 }
 
-// Writes the masks (every one computed before, so that an error leaves the model as it was) and
-// fills in the report's counts.
-void apply_masks(const std::vector<Target>& targets, const std::vector<at::Tensor>& keep,
+// Zeroes the weights each `drop` mask flags (every one computed before, so that an error leaves
+// the model as it was) and fills in the report's counts.
+void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& drop,
                  PruneReport& report) {
   for (size_t i = 0; i < targets.size(); ++i) {
     ir::Initializer& init = *targets[i].init;
-    init.value = init.value.masked_fill(keep[i].logical_not(), 0).contiguous();
+    // In place when nothing else holds the weight (a copy would double a big layer's memory);
+    // a tensor shared with another model copy is replaced, never written through.
+    at::Tensor& v = init.value;
+    if (v.is_contiguous() && v.use_count() == 1 && v.storage().use_count() == 1)
+      v.masked_fill_(drop[i], 0);
+    else
+      v = v.masked_fill(drop[i], 0).contiguous();
+    drop[i].reset();
     report.layers[targets[i].report].nonzero_after = init.value.count_nonzero().item<int64_t>();
   }
   for (const auto& l : report.layers) {
@@ -246,7 +287,7 @@ std::regex compile_regex(const std::string& re, const std::string& what) {
 
 }  // namespace
 
-PruneReport prune(ir::Model& model, const PruneOptions& opts) {
+PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
   check_options(opts);
   PruneReport report;
   std::vector<Target> all = find_targets(model.graph, report);
@@ -280,29 +321,40 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
-  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> drop;
   if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
-    std::vector<at::Tensor> scores, alive;
+    // NOTE: one pass over the weights themselves: no copy of the scores (|w| is taken inside the
+    // selection), so a model of any size is pruned in little more than its own memory.
+    std::vector<at::Tensor> weights, alive;
     int64_t total = 0;
     for (const auto& t : targets) {
-      scores.push_back(t.init->value.abs());
-      alive.push_back(t.init->value.ne(0));
+      weights.push_back(t.init->value);
       total += report.layers[t.report].nonzero_before;
     }
     int64_t k = opts.amount.count_of(total, "all prunable layers");
-    std::vector<at::Tensor> removed;
-    if (opts.method == PruneMethod::kL1) {
-      removed = smallest_k(scores, alive, k);
+    if (uses_saliency(opts.method)) {
+      std::vector<at::Tensor> scores;
+      for (const auto& t : targets) {
+        scores.push_back(layer_score(t, opts.method, saliency));
+        alive.push_back(t.init->value.ne(0));
+      }
+      drop = smallest_k(scores, alive, k);
+    } else if (opts.method == PruneMethod::kL1) {
+      drop = smallest_k(weights, std::vector<at::Tensor>(weights.size()), k, /*absolute=*/true);
     } else {
       // The k smallest of one uniform draw per alive weight: a uniformly random k-subset.
       std::vector<at::Tensor> draws;
-      for (const auto& a : alive) draws.push_back(at::rand(a.sizes(), gen));
-      removed = smallest_k(draws, alive, k);
+      for (const auto& w : weights) {
+        alive.push_back(w.ne(0));
+        draws.push_back(at::rand(w.sizes(), gen));
+      }
+      drop = smallest_k(draws, alive, k);
     }
-    for (size_t i = 0; i < targets.size(); ++i) keep.push_back(alive[i] & removed[i].logical_not());
   } else {
     for (const auto& t : targets)
-      keep.push_back(layer_keep(t, opts, gen, report.layers[t.report].name));
+      drop.push_back(layer_keep(t, opts, gen, report.layers[t.report].name,
+                                layer_score(t, opts.method, saliency))
+                         .logical_not());
   }
 
   std::string method = method_string(opts, opts.scope), amount = amount_string(opts);
@@ -310,11 +362,11 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts) {
     report.layers[t.report].method = method;
     report.layers[t.report].amount = amount;
   }
-  apply_masks(targets, keep, report);
+  apply_masks(targets, drop, report);
   return report;
 }
 
-PruneReport prune(ir::Model& model, const PruneRecipe& recipe) {
+PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency) {
   auto in_recipe = [&](const std::string& where, const std::string& msg) {
     return "[prune] recipe " + recipe.source + ": " + where + ": " + msg;
   };
@@ -385,17 +437,19 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe) {
   // One generator per rule (and one for the defaults), seeded with that rule's seed and drawn in
   // layer order, so a rule's random layers are the same whatever the other rules say.
   std::map<size_t, at::Generator> gens;
-  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> drop;
   for (size_t i = 0; i < targets.size(); ++i) {
     auto it = gens.find(gen_of[i]);
     if (it == gens.end())
       it = gens.emplace(gen_of[i], at::make_generator<at::CPUGeneratorImpl>(how[i]->seed)).first;
     PruneLayerReport& l = report.layers[targets[i].report];
-    keep.push_back(layer_keep(targets[i], *how[i], it->second, l.name));
+    drop.push_back(layer_keep(targets[i], *how[i], it->second, l.name,
+                              layer_score(targets[i], how[i]->method, saliency))
+                       .logical_not());
     l.method = method_string(*how[i], PruneScope::kLocal);
     l.amount = amount_string(*how[i]);
   }
-  apply_masks(targets, keep, report);
+  apply_masks(targets, drop, report);
   return report;
 }
 

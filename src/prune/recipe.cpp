@@ -58,17 +58,7 @@ struct Parser {
       }
       try {
         if (name == "method") {
-          std::string m = scalar(v, key);
-          if (m == "abs")
-            o.method = PruneMethod::kAbs;
-          else if (m == "l1")
-            o.method = PruneMethod::kL1;
-          else if (m == "random")
-            o.method = PruneMethod::kRandom;
-          else if (m == "grad" || m == "taylor")
-            fail(v, key, "method " + m + " is not implemented yet (methods: abs, l1, random)");
-          else
-            fail(v, key, "unknown method '" + m + "' (methods: abs, l1, random)");
+          o.method = parse_prune_method(scalar(v, key));
           has_method = true;
         } else if (name == "amount") {
           o.amount = PruneAmount::parse(scalar(v, key));

@@ -4,8 +4,12 @@ For fixture models (and a small model whose weights are full of ties and zeros),
 and computes PyTorch's masks with torch.nn.utils.prune on the weights read from the same input file:
 l1 local (l1_unstructured), l1 global (global_unstructured with L1Unstructured), a second round on
 lopper's own output (PruningContainer: the amount counts from what is left), counts, row/column
-(ln_structured with dim 0 / 1), and the counts of random (random_unstructured). Compares element by
-element, checks that ONNX Runtime loads each output, prints "N passed, N failed".
+(ln_structured with dim 0 / 1), the counts of random (random_unstructured), and a YAML recipe
+(each layer as its rule says). grad and taylor: a small MLP exported by torch is calibrated on the
+same batch in both; PyTorch's gradients of the same cross-entropy give the scores that
+l1_unstructured / global_unstructured / ln_structured take as importance_scores. Compares element by
+element (for grad/taylor, a weight may differ only where its score ties the threshold to float
+rounding), checks that ONNX Runtime loads each output, prints "N passed, N failed".
 Usage: check_prune_parity.py LOPPER FIXTURES_DIR
 """
 
@@ -176,6 +180,85 @@ def cases(lopper, src, tmp, stem, row_col):
     yield "random global (count)", lambda: random("global")
 
 
+def recipe_case(lopper, src, tmp):
+    """A recipe: the first layer skipped, the last layer by l1 0.6, the rest by the defaults
+    (row L2 0.25); each compared with the torch call that rule stands for."""
+    recipe = os.path.join(tmp, "recipe.yaml")
+    with open(recipe, "w") as f:
+        f.write("defaults: {method: l1, amount: 0.25, pattern: row, norm: 2}\n"
+                "rules:\n"
+                "  - {match: '^/1/Gemm$', skip: true}\n"
+                "  - {match: '^/5/Gemm$', amount: 0.6, pattern: unstructured}\n")
+    out = os.path.join(tmp, "recipe.onnx")
+    report = lopper_prune(lopper, src, out, "--recipe", recipe)
+    layers = {l["name"]: l for l in report["layers"]}
+    assert set(layers) == {"/1/Gemm", "/3/Gemm", "/5/Gemm"}, f"layers {sorted(layers)}"
+    assert layers["/1/Gemm"].get("skipped", "").endswith("skip"), layers["/1/Gemm"]
+    names = [layers[n]["weight"] for n in ("/1/Gemm", "/3/Gemm", "/5/Gemm")]
+    mods = modules(src, names)
+    prune.ln_structured(mods[1], "weight", amount=0.25, n=2, dim=0)
+    prune.l1_unstructured(mods[2], "weight", amount=0.6)
+    check("recipe", lopper_mask(out, names), [torch_mask(m) for m in mods])
+
+
+class Saliency:
+    """A torch MLP exported to ONNX, a calibration batch in .npy, and PyTorch's own scores."""
+
+    def __init__(self, tmp):
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(48, 40), torch.nn.ReLU(), torch.nn.Linear(40, 24),
+                                       torch.nn.ReLU(), torch.nn.Linear(24, 10))
+        self.src = os.path.join(tmp, "calib_mlp.onnx")
+        torch.onnx.export(self.net, (torch.randn(2, 48),), self.src, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["logits"],
+                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(96, 48, generator=g)
+        self.y = torch.randint(0, 10, (96,), generator=g)
+        self.data = "npy:" + os.path.join(tmp, "x.npy") + "," + os.path.join(tmp, "y.npy")
+        np.save(os.path.join(tmp, "x.npy"), self.x.numpy())
+        np.save(os.path.join(tmp, "y.npy"), self.y.numpy())
+        loss = torch.nn.functional.cross_entropy(self.net(self.x), self.y)
+        loss.backward()
+        self.scores = {}
+        for name, p in self.net.named_parameters():
+            if name.endswith("weight"):
+                self.scores[name] = {"grad": p.grad.abs(), "taylor": (p.detach() * p.grad).abs()}
+
+    def case(self, lopper, tmp, method, scope, pattern="unstructured"):
+        out = os.path.join(tmp, f"calib.{method}.{scope}.{pattern}.onnx")
+        # One batch holding every sample: the batch does not depend on the shuffling order.
+        report = lopper_prune(lopper, self.src, out, "--method", method, "--amount", "0.4", "--scope",
+                              scope, "--pattern", pattern, "--data", self.data, "--batch-size", "96",
+                              "--calib-batches", "1")
+        names = [l["weight"] for l in report["layers"]]
+        assert sorted(names) == sorted(self.scores), f"weights {names}"
+        mods = modules(self.src, names)
+        scores = [self.scores[n][method] for n in names]
+        if scope == "global":
+            prune.global_unstructured([(m, "weight") for m in mods], pruning_method=prune.L1Unstructured,
+                                      amount=0.4, importance_scores={(m, "weight"): s for m, s in zip(mods, scores)})
+        elif pattern == "unstructured":
+            for m, s in zip(mods, scores):
+                prune.l1_unstructured(m, "weight", amount=0.4, importance_scores=s)
+        else:
+            for m, s in zip(mods, scores):
+                prune.ln_structured(m, "weight", amount=0.4, n=1, dim=0 if pattern == "row" else 1,
+                                    importance_scores=s)
+        got, want = lopper_mask(out, names), [torch_mask(m) for m in mods]
+        kept = [s[torch.from_numpy(w)] for s, w in zip(scores, want)]
+        for i, (g, w) in enumerate(zip(got, want)):
+            diff = g != w
+            if not diff.any():
+                continue
+            # Only near-ties may differ: lopper's and PyTorch's gradients agree to float rounding.
+            assert pattern == "unstructured", f"{method} {pattern}: layer {i}: {int(diff.sum())} differ"
+            cut = float(min(k.min() for k in kept)) if scope == "global" else float(kept[i].min())
+            near = np.abs(scores[i].numpy()[diff] - cut) <= 1e-5 * max(cut, 1e-12)
+            assert near.all(), f"{method} {scope}: layer {i}: {int(diff.sum())} weights differ, " \
+                               f"{int((~near).sum())} not near the threshold"
+
+
 def main():
     lopper, fixtures = sys.argv[1], sys.argv[2]
     passed = failed = 0
@@ -196,6 +279,25 @@ def main():
                     failed += 1
                     msg = getattr(e, "stderr", None) or str(e)
                     print(f"FAIL {what}: {msg.strip()}")
+        extra = [("mlp.ts: recipe (skip, l1 0.6, row L2 defaults)",
+                  lambda: recipe_case(lopper, os.path.join(fixtures, "mlp.ts.onnx"), tmp))]
+        calib = Saliency(tmp)
+        for method in ("grad", "taylor"):
+            for scope in ("local", "global"):
+                extra.append((f"calib_mlp: {method} {scope} 0.4",
+                              lambda m=method, sc=scope: calib.case(lopper, tmp, m, sc)))
+            for pattern in ("row", "column"):
+                extra.append((f"calib_mlp: {method} {pattern} 0.4",
+                              lambda m=method, p=pattern: calib.case(lopper, tmp, m, "local", p)))
+        for what, fn in extra:
+            try:
+                fn()
+                passed += 1
+                print(f"ok   {what}")
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                failed += 1
+                msg = getattr(e, "stderr", None) or str(e)
+                print(f"FAIL {what}: {msg.strip()}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

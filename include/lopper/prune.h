@@ -61,6 +61,16 @@ struct PruneOptions : PruneLayerOptions {
   bool skip_first_last = false;
 };
 
+/// A prunable weight (Conv, ConvTranspose, Gemm, MatMul weight initializer) and the axes of its
+/// output units (rows) and input units (the reduction dim), -1 when it has none.
+struct PrunableWeight {
+  const ir::Node* node = nullptr;  // the first node that reads it
+  std::string weight;              // initializer name
+  int64_t in_axis = -1, out_axis = -1;
+};
+/// The prunable weights of `g`, once each (a weight shared by two layers once), in node order.
+std::vector<PrunableWeight> prunable_weights(const ir::Graph& g);
+
 /// Throws lopper::Error ("[prune] ...") when `o` cannot prune any layer (amount outside [0, 1],
 /// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random).
 /// grad/taylor take an amount like l1; their Saliency is checked when pruning.

@@ -13,5 +13,8 @@ Action add_run(CLI::App& app);
 Action add_bench(CLI::App& app);
 Action add_convert(CLI::App& app);
 Action add_prune(CLI::App& app);
+Action add_train(CLI::App& app);
+Action add_finetune(CLI::App& app);
+Action add_eval(CLI::App& app);
 
 }  // namespace lopper::cli

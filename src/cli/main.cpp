@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
   add(lopper::cli::add_bench);
   add(lopper::cli::add_convert);
   add(lopper::cli::add_prune);
+  add(lopper::cli::add_train);
+  add(lopper::cli::add_finetune);
+  add(lopper::cli::add_eval);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

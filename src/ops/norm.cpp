@@ -1,6 +1,7 @@
 // Normalisation ops: BatchNormalization, InstanceNormalization, LayerNormalization,
 // GroupNormalization, LpNormalization, MeanVarianceNormalization, RMSNormalization, LRN.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 #include <numeric>
@@ -78,6 +79,19 @@ void batch_norm(OpContext& c) {
       c.set_output(2, (var.to(ct) * momentum + batch_var * (1.0 - momentum)).to(var.scalar_type()));
     if (c.wants_output(3)) c.set_output(3, batch_mean.to(st));
     if (c.wants_output(4)) c.set_output(4, batch_var.to(var.scalar_type()));
+    // Training through lopper (not a training-mode graph that outputs the statistics): update the
+    // running statistics in place, as nn.BatchNorm does, so that they are written back to the
+    // model. NOTE: PyTorch's semantics, not ONNX's: the running variance takes the unbiased batch
+    // variance (n / (n - 1)), and the momentum attribute is 1 - torch's momentum, as exported.
+    if (c.training() && !c.wants_output(1) && !c.wants_output(2) && mean.is_floating_point() &&
+        var.is_floating_point()) {
+      c10::NoGradGuard no_grad;
+      int64_t n = x.numel() / ch;
+      double unbias = n > 1 ? double(n) / double(n - 1) : 1.0;
+      at::Tensor m = mean, v = var;  // the executor's own tensors for the initializers
+      m.mul_(momentum).add_(batch_mean.detach().to(m.scalar_type()), 1.0 - momentum);
+      v.mul_(momentum).add_(batch_var.detach().to(v.scalar_type()), (1.0 - momentum) * unbias);
+    }
   } else {
     for (size_t i = 1; i < c.num_outputs(); ++i)
       if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");

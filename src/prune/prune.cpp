@@ -27,8 +27,9 @@ struct Target {
 
 // The initializer axes that hold the layer's output units and input (reduction) units. A weight
 // read through a Transpose has its axes mapped back through the permutation.
-void find_axes(const ir::Graph& g, const ir::Node& n, Target& t) {
-  int64_t rank = t.init->value.dim();
+void find_axes(const ir::Graph& g, const ir::Node& n, const at::Tensor& weight, int64_t& in_axis,
+               int64_t& out_axis) {
+  int64_t rank = weight.dim();
   int64_t in = -1, out = -1;
   if (n.op_type == "Conv") {
     out = 0, in = 1;
@@ -54,8 +55,8 @@ void find_axes(const ir::Graph& g, const ir::Node& n, Target& t) {
           std::reverse(perm.begin(), perm.end());
       }
   }
-  t.in_axis = in >= 0 ? perm[in] : -1;
-  t.out_axis = out >= 0 ? perm[out] : -1;
+  in_axis = in >= 0 ? perm[in] : -1;
+  out_axis = out >= 0 ? perm[out] : -1;
 }
 
 std::string nm_name(const PruneLayerOptions& o) {
@@ -87,6 +88,19 @@ void check_layer_options(const PruneLayerOptions& o) {
   }
   if (o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn)
     LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
+}
+
+std::vector<PrunableWeight> prunable_weights(const ir::Graph& g) {
+  std::vector<PrunableWeight> out;
+  std::unordered_set<std::string> seen;
+  for (const auto& n : g.nodes) {
+    const ir::Initializer* w = layer_weight(g, n);
+    if (!w || !seen.insert(w->name).second) continue;
+    PrunableWeight p{&n, w->name};
+    find_axes(g, n, w->value, p.in_axis, p.out_axis);
+    out.push_back(p);
+  }
+  return out;
 }
 
 PruneMethod parse_prune_method(const std::string& s) {
@@ -166,7 +180,7 @@ std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
     Target t;
     t.node = &n;
     t.init = g.find_initializer(w->name);
-    find_axes(g, n, t);
+    find_axes(g, n, t.init->value, t.in_axis, t.out_axis);
     t.report = report.layers.size();
     PruneLayerReport l;
     l.name = n.label();

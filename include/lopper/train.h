@@ -1,0 +1,115 @@
+// Training the ONNX graph itself through the executor under autograd: fine-tuning with pruning
+// masks held, sparsity regularisers (L1, BatchNorm-γ L1, group lasso), progressive pruning
+// (iterative rounds, Zhu & Gupta's AGP), evaluation, and data parallelism over c10d.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+#include "lopper/prune.h"
+
+namespace lopper {
+
+class DataLoader;
+class Distributed;
+
+enum class PruneSchedule { kNone, kIterative, kAgp };
+
+struct TrainOptions {
+  int64_t epochs = 10;
+  std::string optimizer = "sgd";  // sgd | adam | adamw (PyTorch's semantics, defaults)
+  double lr = 0.01;
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
+  double weight_decay = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+  std::string lr_schedule = "constant";            // constant | step | cosine (per epoch)
+  int64_t lr_step_epochs = 0;  // step: multiply by lr_gamma every this many epochs (0: epochs/3)
+  double lr_gamma = 0.1;
+  double warmup_epochs = 0;  // linear warmup, per step, from ~0 to lr
+  double grad_clip = 0;      // clip the global gradient norm to this (0: off)
+  std::string loss = "cross-entropy";  // cross-entropy | mse (against one-hot labels)
+  uint64_t seed = 0;                   // shuffling and random pruning
+  std::string device = "cpu";
+  /// Float initializers whose name matches are not trained (ECMAScript regex; empty: none).
+  std::string freeze;
+
+  // Joint training: penalties added to the loss.
+  double l1 = 0;           // λ Σ|w| over the prunable weights
+  double bn_l1 = 0;        // λ Σ|γ| over BatchNormalization scales (network slimming)
+  double group_lasso = 0;  // λ Σ_c ||w_c||_2 over each prunable weight's output channels
+
+  // Progressive pruning during training; `prune` holds method, final amount, scope, pattern.
+  PruneSchedule schedule = PruneSchedule::kNone;
+  PruneOptions prune;
+  int64_t rounds = 0, epochs_per_round = 0;  // iterative: epochs = rounds * epochs_per_round
+  int64_t start_epoch = 0, end_epoch = 0;    // agp: the ramp, in epochs (end exclusive of training)
+  int64_t every_epochs = 1;                  // agp: prune every this many epochs ...
+  int64_t every_steps = 0;                   // ... or, when > 0, every this many steps
+
+  /// Checkpoint after every epoch into this folder (model.onnx + state); empty: none.
+  std::string checkpoint_dir;
+  /// Resume from a checkpoint folder written by an earlier run with the same options.
+  std::string resume;
+};
+
+struct EpochStats {
+  int64_t epoch = 0;  // 1-based
+  double loss = 0;    // mean training loss (without the regularisers)
+  double accuracy = 0;
+  double samples_per_s = 0;
+  double lr = 0;
+  double sparsity = 0;  // of the prunable weights, after the epoch
+  double seconds = 0;
+};
+
+struct TrainResult {
+  std::vector<EpochStats> epochs;
+  std::vector<std::string> notes;  // pruning events ("epoch 3: pruned to 61.2% (agp)")
+};
+
+struct TrainCallbacks {
+  /// After every step (1-based within the epoch) with the running mean loss and accuracy.
+  std::function<void(int64_t epoch, int64_t step, int64_t steps, double loss, double acc,
+                     double lr)>
+      step;
+  /// After every epoch.
+  std::function<void(const EpochStats&)> epoch;
+  /// A pruning event or a checkpoint: one line for the user.
+  std::function<void(const std::string&)> note;
+};
+
+/// Trains `model`'s float initializers in place on `data` (BatchNorm running statistics updated
+/// and written back). Weights that are zero when training starts, or that the schedule prunes,
+/// stay exactly zero: their gradients and optimiser state are masked. With `dist` (world > 1),
+/// gradients are averaged over ranks after every backward pass and every rank ends with the same
+/// weights; `data` must then be sharded (LoaderOptions::rank/world). Throws lopper::Error on bad
+/// options, data that does not fit the model, or a non-finite loss.
+TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
+                  const TrainCallbacks& cb = {}, Distributed* dist = nullptr);
+
+struct EvalResult {
+  int64_t samples = 0;
+  double top1 = 0, top5 = 0, loss = 0;
+  std::vector<double> per_class;  // accuracy of each class (NaN when the class has no sample)
+  std::vector<int64_t> per_class_count;
+};
+
+/// Evaluates `model` (inference, the executor's fast path) on every batch of `data`.
+EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device = "cpu",
+                    const std::function<void(int64_t batch, int64_t of)>& progress = {});
+
+/// The prunable weights' sparsity (zeros / params), as `lopper inspect` counts it.
+double prunable_sparsity(const ir::Model& model);
+
+/// AGP's target sparsity at time t (Zhu & Gupta 2017): s_f + (s_i - s_f)(1 - (t - t0)/(t1 - t0))^3,
+/// s_i before t0 and s_f from t1 on.
+double agp_sparsity(double s_i, double s_f, double t, double t0, double t1);
+
+}  // namespace lopper

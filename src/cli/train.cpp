@@ -1,0 +1,317 @@
+// lopper train MODEL --data D -o OUT [optimiser, schedule, regularisers, progressive pruning]
+// lopper finetune MODEL --data D -o OUT   (train with fine-tuning defaults: lr 0.001, 3 epochs)
+// lopper eval MODEL --data D [--split test] [--json]
+// Data parallel like torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "lopper/data.h"
+#include "lopper/distributed.h"
+#include "lopper/error.h"
+#include "lopper/files.h"
+#include "lopper/onnx_io.h"
+#include "lopper/progress.h"
+#include "lopper/train.h"
+
+namespace lopper::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Data options shared by train and eval.
+struct DataFlags {
+  std::string data, split, normalize, resize;
+  int64_t batch_size = 64;
+  void add(CLI::App* cmd, const std::string& default_split) {
+    split = default_split;
+    cmd->add_option("--data", data,
+                    "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy")
+        ->required();
+    cmd->add_option("--split", split, "train | test (default " + default_split + ")");
+    cmd->add_option("--batch-size", batch_size,
+                    "samples per batch (default 64; a model with a fixed batch dim sets it)");
+    cmd->add_option("--normalize", normalize,
+                    "subtract MEAN, divide by STD after scaling pixels to [0, 1] (one value or "
+                    "one per channel: M1,M2,M3,S1,S2,S3)");
+    cmd->add_option("--resize", resize, "resize images to HxW");
+  }
+  // Loader options for `model` (a fixed batch dim wins over --batch-size).
+  LoaderOptions loader(const ir::Model& model, bool& fixed_batch) const {
+    LOPPER_CHECK(batch_size > 0, "[data] --batch-size must be > 0, got ", batch_size);
+    LoaderOptions lo;
+    lo.batch_size = batch_size;
+    fixed_batch = false;
+    for (const auto& v : model.graph.inputs) {
+      if (model.graph.find_initializer(v.name)) continue;
+      if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0) {
+        lo.batch_size = v.type.dims[0].value;
+        fixed_batch = true;
+      }
+      break;
+    }
+    if (!normalize.empty()) parse_normalize(normalize, lo);
+    if (!resize.empty()) parse_resize(resize, lo);
+    return lo;
+  }
+};
+
+PruneSchedule parse_schedule(const std::string& s) {
+  if (s == "none") return PruneSchedule::kNone;
+  if (s == "iterative") return PruneSchedule::kIterative;
+  if (s == "agp") return PruneSchedule::kAgp;
+  throw Error("[train] unknown --schedule '" + s + "' (schedules: none, iterative, agp)");
+}
+
+// "2" (epochs) or "100steps" / "100s".
+void parse_every(const std::string& s, TrainOptions& o) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  LOPPER_CHECK(used > 0 && v > 0 && (unit.empty() || unit == "steps" || unit == "s"),
+               "[train] --every takes a number of epochs (2) or steps (100steps), got '", s, "'");
+  if (unit.empty()) {
+    o.every_epochs = v;
+    o.every_steps = 0;
+  } else {
+    o.every_steps = v;
+  }
+}
+
+void print_table_row(const std::string& what, const std::string& value) {
+  std::cout << fmt::format("{:<18}{}\n", what, value);
+}
+
+}  // namespace
+
+Action add_train_command(CLI::App& app, bool finetune) {
+  struct Opts {
+    std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
+                            prune_pattern = "unstructured", every = "1", eval_split = "test";
+    DataFlags data;
+    TrainOptions t;
+    bool no_eval = false;
+  };
+  auto o = std::make_shared<Opts>();
+  if (finetune) {
+    o->t.lr = 0.001;
+    o->t.epochs = 3;
+  }
+  auto* cmd = app.add_subcommand(
+      finetune ? "finetune" : "train",
+      finetune ? "train with fine-tuning defaults (lr 0.001, 3 epochs), pruned weights held at zero"
+               : "train the model's weights on data (masks held, regularisers, progressive "
+                 "pruning, data parallel)");
+  cmd->add_option("model", o->model, "the ONNX model")->required();
+  cmd->add_option("-o,--out", o->out, "where to write the trained model")->required();
+  o->data.add(cmd, "train");
+  TrainOptions& t = o->t;
+  cmd->add_option("--epochs", t.epochs, fmt::format("epochs (default {})", t.epochs));
+  cmd->add_option("--optimizer", t.optimizer, "sgd (default) | adam | adamw");
+  cmd->add_option("--lr", t.lr, fmt::format("learning rate (default {})", t.lr));
+  cmd->add_option("--momentum", t.momentum, "sgd momentum (default 0.9)");
+  cmd->add_flag("--nesterov", t.nesterov, "sgd: Nesterov momentum");
+  cmd->add_option("--weight-decay", t.weight_decay, "L2 (sgd, adam) or decoupled (adamw); 0");
+  cmd->add_option("--lr-schedule", t.lr_schedule, "constant (default) | step | cosine, per epoch");
+  cmd->add_option("--lr-step-epochs", t.lr_step_epochs, "step: every N epochs (default epochs/3)");
+  cmd->add_option("--lr-gamma", t.lr_gamma, "step: multiply the lr by this (default 0.1)");
+  cmd->add_option("--warmup-epochs", t.warmup_epochs, "linear warmup, per step (default 0)");
+  cmd->add_option("--grad-clip", t.grad_clip, "clip the gradient norm to this (default off)");
+  cmd->add_option("--loss", t.loss, "cross-entropy (default) | mse (one-hot labels)");
+  cmd->add_option("--seed", t.seed, "shuffling and random pruning (default 0)");
+  cmd->add_option("--device", t.device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--freeze", t.freeze, "do not train initializers whose name matches REGEX");
+  cmd->add_option("--l1", t.l1, "joint training: lambda * sum |w| over prunable weights");
+  cmd->add_option("--bn-l1", t.bn_l1, "joint training: lambda * sum |gamma| of BatchNorm scales");
+  cmd->add_option("--group-lasso", t.group_lasso,
+                  "joint training: lambda * sum of output-channel L2 norms");
+  cmd->add_option("--schedule", o->schedule, "progressive pruning: none (default) | iterative | agp");
+  cmd->add_option("--prune-method", o->prune_method, "l1 | random | grad | taylor");
+  cmd->add_option("--prune-amount", o->prune_amount, "the final sparsity, a fraction in [0, 1)");
+  cmd->add_option("--prune-scope", o->prune_scope, "global (default) | local");
+  cmd->add_option("--prune-pattern", o->prune_pattern, "unstructured (default) | N:M | row | column");
+  cmd->add_option("--rounds", t.rounds, "iterative: rounds (prune, then retrain)");
+  cmd->add_option("--epochs-per-round", t.epochs_per_round, "iterative: epochs after each prune");
+  cmd->add_option("--start-epoch", t.start_epoch, "agp: the ramp starts (0-based epoch)");
+  cmd->add_option("--end-epoch", t.end_epoch, "agp: the ramp reaches the final amount");
+  cmd->add_option("--every", o->every, "agp: prune every N epochs (2) or steps (100steps)");
+  cmd->add_option("--checkpoint-dir", t.checkpoint_dir, "checkpoint after every epoch here");
+  cmd->add_option("--resume", t.resume, "resume from a checkpoint folder");
+  cmd->add_option("--eval-split", o->eval_split, "evaluate on this split after training (test)");
+  cmd->add_flag("--no-eval", o->no_eval, "skip the evaluation after training");
+  return [o]() {
+    TrainOptions& t = o->t;
+    std::error_code ec;
+    if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
+      throw UsageError("[train] -o names the input model; lopper never overwrites its input");
+    t.schedule = parse_schedule(o->schedule);
+    if (t.schedule != PruneSchedule::kNone) {
+      if (o->prune_method.empty() || o->prune_amount.empty())
+        throw UsageError("[train] --schedule " + o->schedule +
+                         " needs --prune-method M and --prune-amount A");
+      t.prune.method = parse_prune_method(o->prune_method);
+      t.prune.amount = PruneAmount::parse(o->prune_amount);
+      if (o->prune_scope == "global")
+        t.prune.scope = PruneScope::kGlobal;
+      else if (o->prune_scope == "local")
+        t.prune.scope = PruneScope::kLocal;
+      else
+        throw Error("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
+      parse_prune_pattern(o->prune_pattern, t.prune);
+      if (t.prune.pattern != PrunePattern::kUnstructured) t.prune.scope = PruneScope::kLocal;
+      t.prune.seed = t.seed;
+      parse_every(o->every, t);
+      if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)
+        t.epochs = t.rounds * t.epochs_per_round;
+    } else if (!o->prune_method.empty() || !o->prune_amount.empty()) {
+      throw UsageError("[train] --prune-method/--prune-amount need --schedule iterative|agp");
+    }
+
+    DistOptions dopt = dist_options_from_env(t.device);
+    std::unique_ptr<Distributed> dist;
+    if (dopt.world > 1) dist = std::make_unique<Distributed>(dopt);
+    bool main_rank = !dist || dist->is_main();
+
+    ir::Model model = onnx::load_model(o->model);
+    bool fixed = false;
+    LoaderOptions lo = o->data.loader(model, fixed);
+    lo.seed = t.seed;
+    lo.drop_last = fixed;  // a fixed batch dim takes only full batches
+    if (dist) {
+      lo.rank = dist->rank();
+      lo.world = dist->world();
+    }
+    DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
+
+    std::unique_ptr<Progress> bar;
+    TrainCallbacks cb;
+    bool tty = ::isatty(2) != 0;  // off a terminal, the epoch line below is the only progress
+    cb.step = [&](int64_t epoch, int64_t step, int64_t steps, double loss, double acc, double lr) {
+      if (!tty) return;
+      if (!bar || step == 1)
+        bar = std::make_unique<Progress>(fmt::format("epoch {}/{}", epoch, t.epochs), steps, 1);
+      bar->update(step, fmt::format("loss {:.4f}  acc {:.2f}%  lr {:.3g}", loss, 100 * acc, lr));
+    };
+    cb.epoch = [&](const EpochStats& s) {
+      if (bar) bar->finish();
+      bar.reset();
+      std::cerr << fmt::format(
+          "epoch {}/{}  loss {:.4f}  acc {:.2f}%  {:.0f} samples/s  lr {:.3g}  sparsity {:.1f}%  "
+          "{:.1f}s\n",
+          s.epoch, t.epochs, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr, 100 * s.sparsity,
+          s.seconds);
+    };
+    cb.note = [&](const std::string& s) {
+      if (bar) bar->finish();
+      std::cerr << s << "\n";
+    };
+    if (main_rank)
+      std::cerr << fmt::format("train {} on {} ({} samples/epoch{}, batch {}, {} epochs)\n",
+                               o->model, loader.dataset().name(), loader.samples_per_epoch(),
+                               dist ? fmt::format(" on rank 0 of {}", dist->world()) : "",
+                               lo.batch_size, t.epochs);
+    TrainResult r = train(model, loader, t, cb, dist.get());
+    if (dist) dist->barrier();
+    if (!main_rank) return 0;
+    onnx::save_model(model, o->out);
+
+    nlohmann::json j;
+    j["model"] = o->model;
+    j["out"] = o->out;
+    j["data"] = o->data.data;
+    j["sparsity"] = prunable_sparsity(model);
+    j["epochs"] = nlohmann::json::array();
+    for (const auto& e : r.epochs)
+      j["epochs"].push_back({{"epoch", e.epoch},
+                             {"loss", e.loss},
+                             {"accuracy", e.accuracy},
+                             {"samples_per_s", e.samples_per_s},
+                             {"lr", e.lr},
+                             {"sparsity", e.sparsity},
+                             {"seconds", e.seconds}});
+    j["notes"] = r.notes;
+    if (!o->no_eval && o->data.data.rfind("npy:", 0) != 0) {
+      LoaderOptions eo = lo;
+      eo.shuffle = false;
+      eo.rank = 0;
+      eo.world = 1;
+      DataLoader test(open_dataset(o->data.data, o->eval_split), eo);
+      EvalResult ev = evaluate(model, test, t.device);
+      j["eval"] = {{"split", o->eval_split}, {"top1", ev.top1}, {"top5", ev.top5},
+                   {"loss", ev.loss}, {"samples", ev.samples}};
+      std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",
+                               o->eval_split, 100 * ev.top1, 100 * ev.top5, ev.loss, ev.samples);
+    }
+    write_file_atomic(o->out + ".train.json", j.dump(2) + "\n");
+    print_table_row("wrote", o->out);
+    print_table_row("sparsity", fmt::format("{:.1f}%", 100 * j["sparsity"].get<double>()));
+    return 0;
+  };
+}
+
+Action add_train(CLI::App& app) { return add_train_command(app, false); }
+Action add_finetune(CLI::App& app) { return add_train_command(app, true); }
+
+Action add_eval(CLI::App& app) {
+  struct Opts {
+    std::string model, device = "cpu";
+    DataFlags data;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("eval", "accuracy of a classifier on a dataset: top-1, top-5, "
+                                         "loss, per class");
+  cmd->add_option("model", o->model, "the ONNX model")->required();
+  o->data.add(cmd, "test");
+  cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
+  cmd->add_flag("--json", o->json, "print JSON (top1, top5, loss, samples, per_class)");
+  return [o]() {
+    ir::Model model = onnx::load_model(o->model);
+    bool fixed = false;
+    LoaderOptions lo = o->data.loader(model, fixed);
+    lo.shuffle = false;
+    lo.drop_last = fixed;
+    DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
+    Progress bar("eval", loader.batches_per_epoch(), 1);
+    EvalResult r = evaluate(model, loader, o->device, [&](int64_t b, int64_t) { bar.update(b); });
+    bar.finish();
+    if (o->json) {
+      nlohmann::json j = {{"model", o->model},   {"data", o->data.data}, {"split", o->data.split},
+                          {"samples", r.samples}, {"top1", r.top1},        {"top5", r.top5},
+                          {"loss", r.loss}};
+      j["per_class"] = nlohmann::json::array();
+      for (size_t c = 0; c < r.per_class.size(); ++c)
+        j["per_class"].push_back(
+            {{"class", c},
+             {"samples", r.per_class_count[c]},
+             {"accuracy", std::isnan(r.per_class[c]) ? nlohmann::json() : nlohmann::json(r.per_class[c])}});
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    std::cout << fmt::format("{} on {} ({}): {} samples\n", o->model, o->data.data, o->data.split,
+                             r.samples)
+              << fmt::format("top-1   {:.2f}%\ntop-5   {:.2f}%\nloss    {:.4f}\n", 100 * r.top1,
+                             100 * r.top5, r.loss)
+              << "class   samples  accuracy\n";
+    for (size_t c = 0; c < r.per_class.size(); ++c)
+      std::cout << fmt::format("{:<7} {:>7}  {}\n", c, r.per_class_count[c],
+                               std::isnan(r.per_class[c])
+                                   ? std::string("-")
+                                   : fmt::format("{:.2f}%", 100 * r.per_class[c]));
+    return 0;
+  };
+}
+
+}  // namespace lopper::cli

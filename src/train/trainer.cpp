@@ -1,0 +1,629 @@
+// The training loop: the executor in training mode (autograd, BatchNorm on batch statistics,
+// Dropout active), PyTorch-style optimisers, masks that keep pruned weights at zero, regularisers,
+// progressive pruning, checkpoints, and gradient averaging over c10d ranks.
+#include "lopper/train.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/data.h"
+#include "lopper/distributed.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/files.h"
+#include "lopper/loss.h"
+#include "lopper/npy.h"
+#include "lopper/onnx_io.h"
+#include "train/optimizer.h"
+
+namespace lopper {
+
+double agp_sparsity(double s_i, double s_f, double t, double t0, double t1) {
+  if (t <= t0) return s_i;
+  if (t >= t1) return s_f;
+  double r = 1.0 - (t - t0) / (t1 - t0);
+  return s_f + (s_i - s_f) * r * r * r;
+}
+
+double prunable_sparsity(const ir::Model& model) {
+  int64_t params = 0, nonzero = 0;
+  for (const auto& p : prunable_weights(model.graph)) {
+    const at::Tensor& w = model.graph.find_initializer(p.weight)->value;
+    params += w.numel();
+    nonzero += w.count_nonzero().item<int64_t>();
+  }
+  return params ? 1.0 - double(nonzero) / double(params) : 0.0;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The graph input batches feed, its dims (-1 dynamic), and the op producing the first output.
+struct ModelIO {
+  std::string input;
+  std::vector<int64_t> dims;
+  std::string out_op;
+};
+
+ModelIO model_io(const ir::Model& model, const Executor& ex) {
+  LOPPER_CHECK(!ex.inputs().empty(), "[train] the model has no input to feed data to");
+  ModelIO io;
+  io.input = ex.inputs()[0]->name;
+  for (const auto& d : ex.inputs()[0]->type.dims) io.dims.push_back(d.is_static() ? d.value : -1);
+  if (io.dims.empty()) io.dims.push_back(-1);
+  for (const auto& n : model.graph.nodes)
+    for (const auto& o : n.outputs)
+      if (o == model.graph.outputs.at(0).name) io.out_op = n.op_type;
+  return io;
+}
+
+at::Tensor loss_of(const std::string& kind, const at::Tensor& out, const at::Tensor& y,
+                   const std::string& out_op) {
+  if (kind == "cross-entropy") return classification_loss(out, y, out_op);
+  at::Tensor o = out.reshape({out.size(0), -1});
+  LOPPER_CHECK(y.numel() == 0 || y.max().item<int64_t>() < o.size(1), "[loss] the model has ",
+               o.size(1), " outputs per sample, but the data has label ", y.max().item<int64_t>());
+  return at::mse_loss(o.to(at::kFloat), at::one_hot(y, o.size(1)).to(at::kFloat));
+}
+
+int64_t correct_of(const at::Tensor& out, const at::Tensor& y) {
+  return out.reshape({out.size(0), -1}).argmax(1).eq(y).sum().item<int64_t>();
+}
+
+// One trained initializer.
+struct Param {
+  std::string name;
+  at::Tensor value;  // the executor's leaf
+  at::Tensor keep;   // prunable weights with zeros: true where the weight is alive (else undefined)
+  bool prunable = false, bn_scale = false;
+  int64_t out_axis = -1;
+  at::Tensor grad_sum, taylor_sum;  // saliency since the last pruning event (grad/taylor)
+};
+
+// NOTE: PyTorch's exporter stores equal initializers once and reads the copies through Identity
+// nodes (a fresh BatchNorm's running_var is Identity(weight): both all ones). Trained as they
+// are, those tensors would be one parameter, and the running-statistics update would write the
+// scale. Each such Identity becomes an initializer of its own before training.
+void untie_identity_initializers(ir::Graph& g) {
+  std::unordered_set<std::string> outputs;
+  for (const auto& o : g.outputs) outputs.insert(o.name);
+  std::vector<ir::Node> kept;
+  for (auto& n : g.nodes) {
+    const ir::Initializer* src =
+        n.op_type == "Identity" && n.inputs.size() == 1 && n.outputs.size() == 1
+            ? g.find_initializer(n.inputs[0])
+            : nullptr;
+    if (src && !outputs.count(n.outputs[0]) && !g.find_initializer(n.outputs[0])) {
+      g.initializers.push_back({n.outputs[0], src->value.clone(), "", false});
+      continue;
+    }
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
+}
+
+class Trainer {
+ public:
+  Trainer(ir::Model& model, DataLoader& data, const TrainOptions& o, const TrainCallbacks& cb,
+          Distributed* dist)
+      : model_(model), data_(data), o_(o), cb_(cb), dist_(dist) {
+    check_options();
+    untie_identity_initializers(model_.graph);
+    ExecOptions eo;
+    eo.device = o.device;
+    eo.training = true;
+    ex_ = std::make_unique<Executor>(model, eo);
+    io_ = model_io(model, *ex_);
+    collect_params();
+    std::vector<at::Tensor> leaves;
+    for (auto& p : params_) leaves.push_back(p.value);
+    optim::OptimizerConfig oc;
+    oc.kind = o.optimizer;
+    oc.momentum = o.momentum;
+    oc.nesterov = o.nesterov;
+    oc.weight_decay = o.weight_decay;
+    oc.beta1 = o.beta1;
+    oc.beta2 = o.beta2;
+    oc.eps = o.eps;
+    opt_ = std::make_unique<optim::Optimizer>(oc, leaves);
+  }
+
+  TrainResult run() {
+    if (!o_.resume.empty()) resume();
+    if (dist_ && dist_->world() > 1) {
+      // Every rank starts from rank 0's weights (and running statistics).
+      std::vector<at::Tensor> all;
+      for (const auto& [name, t] : ex_->parameters()) all.push_back(t.detach());
+      dist_->broadcast(all);
+      refresh_masks();
+    }
+    steps_per_epoch_ = data_.batches_per_epoch();
+    LOPPER_CHECK(steps_per_epoch_ > 0, "[train] ", data_.dataset().name(),
+                 " gives no batch per epoch (batch size ", data_.options().batch_size, ")");
+    s_initial_ = sparsity_now();
+    for (int64_t e = first_epoch_; e < o_.epochs; ++e) run_epoch(e);
+    write_back(model_);
+    return result_;
+  }
+
+ private:
+  void check_options() {
+    LOPPER_CHECK(o_.epochs > 0, "[train] --epochs must be > 0, got ", o_.epochs);
+    LOPPER_CHECK(o_.lr > 0 && std::isfinite(o_.lr), "[train] --lr must be > 0, got ", o_.lr);
+    LOPPER_CHECK(o_.lr_schedule == "constant" || o_.lr_schedule == "step" ||
+                     o_.lr_schedule == "cosine",
+                 "[train] unknown --lr-schedule '", o_.lr_schedule,
+                 "' (schedules: constant, step, cosine)");
+    LOPPER_CHECK(o_.loss == "cross-entropy" || o_.loss == "mse", "[train] unknown --loss '",
+                 o_.loss, "' (losses: cross-entropy, mse)");
+    LOPPER_CHECK(o_.warmup_epochs >= 0 && o_.warmup_epochs <= double(o_.epochs),
+                 "[train] --warmup-epochs must be in [0, epochs], got ", o_.warmup_epochs);
+    LOPPER_CHECK(o_.grad_clip >= 0, "[train] --grad-clip must be >= 0, got ", o_.grad_clip);
+    LOPPER_CHECK(o_.l1 >= 0 && o_.bn_l1 >= 0 && o_.group_lasso >= 0,
+                 "[train] regulariser strengths must be >= 0");
+    LOPPER_CHECK(o_.lr_gamma > 0, "[train] --lr-gamma must be > 0, got ", o_.lr_gamma);
+    if (o_.schedule == PruneSchedule::kNone) return;
+    check_layer_options(o_.prune);
+    LOPPER_CHECK(o_.prune.method != PruneMethod::kAbs,
+                 "[train] a pruning schedule ramps an amount: use --prune-method l1, random, grad "
+                 "or taylor");
+    LOPPER_CHECK(!o_.prune.amount.is_count,
+                 "[train] --prune-amount is the final sparsity, a fraction in [0, 1)");
+    LOPPER_CHECK(o_.prune.amount.value < 1, "[train] --prune-amount must be < 1, got ",
+                 o_.prune.amount.value);
+    if (o_.schedule == PruneSchedule::kIterative) {
+      LOPPER_CHECK(o_.rounds > 0 && o_.epochs_per_round > 0,
+                   "[train] --schedule iterative needs --rounds R and --epochs-per-round E > 0");
+      LOPPER_CHECK(o_.epochs == o_.rounds * o_.epochs_per_round, "[train] --schedule iterative "
+                   "trains rounds x epochs-per-round = ", o_.rounds * o_.epochs_per_round,
+                   " epochs, but --epochs is ", o_.epochs);
+    } else {
+      LOPPER_CHECK(o_.start_epoch >= 0 && o_.end_epoch > o_.start_epoch &&
+                       o_.end_epoch <= o_.epochs,
+                   "[train] --schedule agp needs 0 <= --start-epoch < --end-epoch <= --epochs, got ",
+                   o_.start_epoch, ", ", o_.end_epoch, " of ", o_.epochs);
+      LOPPER_CHECK(o_.every_epochs > 0 || o_.every_steps > 0, "[train] --every must be > 0");
+    }
+  }
+
+  void collect_params() {
+    std::unordered_set<std::string> bn_stats, bn_scales;
+    for (const auto& n : model_.graph.nodes)
+      if (n.op_type == "BatchNormalization" && n.inputs.size() >= 5) {
+        bn_scales.insert(n.inputs[1]);
+        bn_stats.insert(n.inputs[3]);
+        bn_stats.insert(n.inputs[4]);
+      }
+    std::unordered_map<std::string, int64_t> prunable;
+    for (const auto& w : prunable_weights(model_.graph)) prunable[w.weight] = w.out_axis;
+    std::optional<std::regex> freeze;
+    if (!o_.freeze.empty()) {
+      try {
+        freeze.emplace(o_.freeze);
+      } catch (const std::regex_error& e) {
+        throw Error("[train] --freeze '" + o_.freeze + "' is not a valid regex: " + e.what());
+      }
+    }
+    for (auto& [name, t] : ex_->parameters()) {
+      // NOTE: scalars are constants the exporter kept as initializers (epsilons, attention
+      // scales), not parameters; BatchNorm's running statistics are updated by the op itself.
+      if (!t.requires_grad() || t.numel() <= 1 || bn_stats.count(name)) continue;
+      if (freeze && std::regex_search(name, *freeze)) continue;
+      Param p;
+      p.name = name;
+      p.value = t;
+      auto it = prunable.find(name);
+      p.prunable = it != prunable.end();
+      p.out_axis = p.prunable ? it->second : -1;
+      p.bn_scale = bn_scales.count(name) > 0;
+      params_.push_back(std::move(p));
+    }
+    LOPPER_CHECK(!params_.empty(), "[train] the model has no float parameters to train");
+    refresh_masks();
+  }
+
+  // Masks from the zeros the prunable weights hold now.
+  void refresh_masks() {
+    for (auto& p : params_) {
+      if (!p.prunable) continue;
+      at::Tensor keep = p.value.detach().ne(0);
+      p.keep = keep.all().item<bool>() ? at::Tensor() : keep;
+    }
+  }
+
+  double sparsity_now() const {
+    int64_t n = 0, nz = 0;
+    for (const auto& p : params_)
+      if (p.prunable) {
+        n += p.value.numel();
+        nz += p.value.detach().count_nonzero().item<int64_t>();
+      }
+    return n ? 1.0 - double(nz) / double(n) : 0.0;
+  }
+
+  double lr_at(int64_t epoch, int64_t step) const {
+    double lr = o_.lr;
+    if (o_.lr_schedule == "cosine") {
+      lr = o_.lr * 0.5 * (1 + std::cos(M_PI * double(epoch) / double(o_.epochs)));
+    } else if (o_.lr_schedule == "step") {
+      int64_t every = o_.lr_step_epochs > 0 ? o_.lr_step_epochs : std::max<int64_t>(1, o_.epochs / 3);
+      lr = o_.lr * std::pow(o_.lr_gamma, double(epoch / every));
+    }
+    double warm = o_.warmup_epochs * double(steps_per_epoch_);
+    double t = double(epoch * steps_per_epoch_ + step + 1);
+    if (warm > 0 && t <= warm) lr *= t / warm;
+    return lr;
+  }
+
+  at::Tensor regularisers() {
+    at::Tensor r;
+    auto add = [&](const at::Tensor& t) { r = r.defined() ? r + t : t; };
+    for (auto& p : params_) {
+      if (p.prunable && o_.l1 > 0) add(p.value.abs().sum() * o_.l1);
+      if (p.bn_scale && o_.bn_l1 > 0) add(p.value.abs().sum() * o_.bn_l1);
+      if (p.prunable && o_.group_lasso > 0 && p.out_axis >= 0) {
+        std::vector<int64_t> others;
+        for (int64_t d = 0; d < p.value.dim(); ++d)
+          if (d != p.out_axis) others.push_back(d);
+        // NOTE: a small epsilon keeps the gradient of a channel norm finite once it reaches 0.
+        add((p.value.square().sum(others) + 1e-12).sqrt().sum() * o_.group_lasso);
+      }
+    }
+    return r;
+  }
+
+  bool needs_saliency() const {
+    return o_.schedule != PruneSchedule::kNone &&
+           (o_.prune.method == PruneMethod::kGrad || o_.prune.method == PruneMethod::kTaylor);
+  }
+
+  // Forward and backward on one batch; returns (loss, correct). Gradients are averaged over
+  // ranks and masked.
+  std::pair<double, int64_t> forward_backward(const Batch& b) {
+    at::Tensor x = fit_to_input(b.x, io_.dims, io_.input).to(ex_->device());
+    at::Tensor y = b.y.to(ex_->device());
+    std::vector<at::Tensor> out = ex_->run({{io_.input, x}});
+    at::Tensor loss = loss_of(o_.loss, out.at(0), y, io_.out_op);
+    double lv = loss.item<double>();
+    LOPPER_CHECK(std::isfinite(lv), "[train] the loss is ", lv,
+                 ": lower --lr or clip gradients (--grad-clip)");
+    at::Tensor total = loss;
+    if (at::Tensor r = regularisers(); r.defined()) total = total + r;
+    for (auto& p : params_) p.value.mutable_grad().reset();
+    total.backward();
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    for (auto& p : params_) {
+      if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
+      grads.push_back(p.value.mutable_grad());
+    }
+    if (dist_ && dist_->world() > 1) dist_->allreduce_mean(grads);
+    for (auto& p : params_) {
+      if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
+      if (needs_saliency() && p.prunable) {
+        const at::Tensor& g = p.value.grad();
+        if (!p.grad_sum.defined()) {
+          p.grad_sum = at::zeros_like(g);
+          p.taylor_sum = at::zeros_like(g);
+        }
+        p.grad_sum.add_(g.abs());
+        p.taylor_sum.add_((p.value.detach() * g).abs());
+      }
+    }
+    ++saliency_batches_;
+    return {lv, correct_of(out.at(0).detach(), y)};
+  }
+
+  void clip_gradients() {
+    if (o_.grad_clip <= 0) return;
+    c10::NoGradGuard no_grad;
+    at::Tensor sq;
+    for (auto& p : params_) {
+      at::Tensor s = p.value.grad().to(at::kFloat).square().sum();
+      sq = sq.defined() ? sq + s : s;
+    }
+    double norm = std::sqrt(sq.item<double>());
+    double scale = o_.grad_clip / (norm + 1e-6);
+    if (scale < 1)
+      for (auto& p : params_) p.value.mutable_grad().mul_(scale);
+  }
+
+  void apply_masks() {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].keep.defined()) continue;
+      params_[i].value.detach().mul_(params_[i].keep);
+      opt_->mask_state(i, params_[i].keep);
+    }
+  }
+
+  // The current weights into `m`'s initializers (CPU copies).
+  void write_back(ir::Model& m) {
+    c10::NoGradGuard no_grad;
+    for (const auto& [name, t] : ex_->parameters())
+      if (ir::Initializer* init = m.graph.find_initializer(name))
+        init->value = t.detach().to(at::kCPU).clone();
+  }
+
+  // Prunes to `target` sparsity of the prunable weights (counted from what is left, like
+  // prune()), then resets the masks. Every rank computes the same masks from the same weights and
+  // (all-reduced) saliencies.
+  void prune_to(double target, const std::string& why) {
+    double now = sparsity_now();
+    if (target <= now + 1e-12) return;
+    if (needs_saliency() && saliency_batches_ == 0) calibrate();
+    ir::Model snap = model_;
+    write_back(snap);
+    PruneOptions po = o_.prune;
+    po.amount = PruneAmount{std::clamp(1.0 - (1.0 - target) / (1.0 - now), 0.0, 1.0), false};
+    Saliency sal;
+    if (needs_saliency())
+      for (auto& p : params_)
+        if (p.prunable && p.grad_sum.defined()) {
+          sal.grad[p.name] = (p.grad_sum / double(saliency_batches_)).cpu();
+          sal.taylor[p.name] = p.taylor_sum.cpu();
+        }
+    PruneReport r = prune(snap, po, needs_saliency() ? &sal : nullptr);
+    {
+      c10::NoGradGuard no_grad;
+      for (auto& p : params_)
+        if (p.prunable)
+          p.value.detach().copy_(snap.graph.find_initializer(p.name)->value.to(ex_->device()));
+    }
+    refresh_masks();
+    apply_masks();
+    reset_saliency();
+    double got = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
+    note(fmt::format("{}: pruned to {:.1f}% sparsity ({} {}, target {:.1f}%)", why, 100 * got,
+                     method_name(o_.prune.method),
+                     o_.prune.scope == PruneScope::kGlobal ? "global" : "local", 100 * target));
+  }
+
+  // grad/taylor before any training step: accumulate gradients over up to 32 batches.
+  void calibrate() {
+    data_.start_epoch(0);
+    Batch b;
+    for (int i = 0; i < 32 && data_.next(b); ++i) forward_backward(b);
+  }
+
+  void reset_saliency() {
+    saliency_batches_ = 0;
+    for (auto& p : params_) p.grad_sum = p.taylor_sum = at::Tensor();
+  }
+
+  void note(const std::string& s) {
+    result_.notes.push_back(s);
+    if (cb_.note && (!dist_ || dist_->is_main())) cb_.note(s);
+  }
+
+  double final_sparsity() const { return o_.prune.amount.value; }
+
+  // Schedule points at the start of epoch e (and, for agp by steps, at global step g).
+  void maybe_prune_epoch(int64_t e) {
+    if (o_.schedule == PruneSchedule::kIterative && e % o_.epochs_per_round == 0) {
+      int64_t r = e / o_.epochs_per_round + 1;
+      // The same share of what is left every round; the final amount in the last round.
+      double keep_total = (1 - final_sparsity()) / (1 - s_initial_);
+      double target = 1 - (1 - s_initial_) * std::pow(keep_total, double(r) / double(o_.rounds));
+      prune_to(target, fmt::format("round {}/{} (epoch {})", r, o_.rounds, e + 1));
+    } else if (o_.schedule == PruneSchedule::kAgp && o_.every_steps == 0 && e >= o_.start_epoch &&
+               e <= o_.end_epoch && (e - o_.start_epoch) % o_.every_epochs == 0) {
+      double target = agp_sparsity(s_initial_, final_sparsity(), double(e), double(o_.start_epoch),
+                                   double(o_.end_epoch));
+      prune_to(target, fmt::format("agp epoch {}", e + 1));
+    }
+  }
+
+  void maybe_prune_step(int64_t e, int64_t step) {
+    if (o_.schedule != PruneSchedule::kAgp || o_.every_steps == 0) return;
+    int64_t g = e * steps_per_epoch_ + step;
+    int64_t g0 = o_.start_epoch * steps_per_epoch_, g1 = o_.end_epoch * steps_per_epoch_;
+    if (g < g0 || g > g1 || (g - g0) % o_.every_steps != 0) return;
+    prune_to(agp_sparsity(s_initial_, final_sparsity(), double(g), double(g0), double(g1)),
+             fmt::format("agp step {}", g));
+  }
+
+  void run_epoch(int64_t e) {
+    maybe_prune_epoch(e);
+    auto t0 = std::chrono::steady_clock::now();
+    data_.start_epoch(e);
+    Batch b;
+    double loss_sum = 0;
+    int64_t correct = 0, samples = 0, step = 0;
+    double lr = o_.lr;
+    while (data_.next(b)) {
+      maybe_prune_step(e, step);
+      lr = lr_at(e, step);
+      auto [lv, c] = forward_backward(b);
+      clip_gradients();
+      opt_->step(lr);
+      apply_masks();
+      int64_t n = b.y.size(0);
+      loss_sum += lv * double(n);
+      correct += c;
+      samples += n;
+      ++step;
+      if (cb_.step && (!dist_ || dist_->is_main()))
+        cb_.step(e + 1, step, steps_per_epoch_, loss_sum / double(samples),
+                 double(correct) / double(samples), lr);
+    }
+    if (o_.schedule == PruneSchedule::kAgp && e + 1 == o_.epochs &&
+        o_.end_epoch == o_.epochs)  // the ramp ends with training: reach s_f now
+      prune_to(final_sparsity(), fmt::format("agp end (epoch {})", e + 1));
+    EpochStats s;
+    if (dist_ && dist_->world() > 1) {
+      std::vector<at::Tensor> m = {at::tensor({loss_sum, double(correct), double(samples)},
+                                              at::kDouble)};
+      dist_->allreduce_sum(m);
+      loss_sum = m[0][0].item<double>();
+      correct = int64_t(m[0][1].item<double>());
+      samples = int64_t(m[0][2].item<double>());
+    }
+    s.epoch = e + 1;
+    s.loss = samples ? loss_sum / double(samples) : 0;
+    s.accuracy = samples ? double(correct) / double(samples) : 0;
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.samples_per_s = s.seconds > 0 ? double(samples) / s.seconds : 0;
+    s.lr = lr;
+    s.sparsity = sparsity_now();
+    result_.epochs.push_back(s);
+    if (cb_.epoch && (!dist_ || dist_->is_main())) cb_.epoch(s);
+    if (!o_.checkpoint_dir.empty()) checkpoint(e + 1);
+  }
+
+  // model.onnx (the weights now) + state.json + one .npy per optimiser state tensor, written to a
+  // temporary folder and swapped in, so a crash mid-write leaves the previous checkpoint.
+  void checkpoint(int64_t epochs_done) {
+    if (dist_ && !dist_->is_main()) return;
+    fs::path dir(o_.checkpoint_dir);
+    fs::path tmp = dir.string() + ".tmp";
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint folder '", tmp.string(), "': ",
+                 ec.message());
+    ir::Model snap = model_;
+    write_back(snap);
+    onnx::save_model(snap, (tmp / "model.onnx").string());
+    nlohmann::json j;
+    j["epochs_done"] = epochs_done;
+    j["optimizer"] = o_.optimizer;
+    j["optimizer_steps"] = opt_->steps();
+    j["params"] = nlohmann::json::array();
+    auto& state = opt_->state();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      nlohmann::json jp = {{"name", params_[i].name}, {"state", state[i].size()}};
+      for (size_t k = 0; k < state[i].size(); ++k)
+        save_npy(state[i][k].detach().cpu(), (tmp / fmt::format("state_{}_{}.npy", i, k)).string());
+      j["params"].push_back(jp);
+    }
+    write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
+    fs::path old = dir.string() + ".old";
+    fs::remove_all(old, ec);
+    if (fs::exists(dir)) fs::rename(dir, old, ec);
+    fs::rename(tmp, dir, ec);
+    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint '", dir.string(), "': ", ec.message());
+    fs::remove_all(old, ec);
+    note(fmt::format("checkpoint {} (epoch {})", dir.string(), epochs_done));
+  }
+
+  void resume() {
+    fs::path dir(o_.resume);
+    LOPPER_CHECK(fs::exists(dir / "state.json") && fs::exists(dir / "model.onnx"),
+                 "[train] --resume '", dir.string(),
+                 "' is not a checkpoint folder (model.onnx and state.json)");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file((dir / "state.json").string()));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("[train] checkpoint '" + dir.string() + "': state.json: " + e.what());
+    }
+    LOPPER_CHECK(j.value("optimizer", "") == o_.optimizer, "[train] checkpoint '", dir.string(),
+                 "' was written with --optimizer ", j.value("optimizer", "?"), ", not ",
+                 o_.optimizer);
+    ir::Model ck = onnx::load_model((dir / "model.onnx").string());
+    {
+      c10::NoGradGuard no_grad;
+      for (const auto& [name, t] : ex_->parameters()) {
+        const ir::Initializer* init = ck.graph.find_initializer(name);
+        LOPPER_CHECK(init && init->value.sizes() == t.sizes(), "[train] checkpoint '",
+                     dir.string(), "' does not match the model: initializer '", name, "'");
+        t.detach().copy_(init->value.to(t.device()));
+      }
+    }
+    const auto& jp = j.at("params");
+    LOPPER_CHECK(jp.size() == params_.size(), "[train] checkpoint '", dir.string(),
+                 "' has state for ", jp.size(), " parameters, the model trains ", params_.size());
+    auto& state = opt_->state();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      LOPPER_CHECK(jp[i].at("name").get<std::string>() == params_[i].name, "[train] checkpoint '",
+                   dir.string(), "': parameter ", i, " is '", jp[i].at("name").get<std::string>(),
+                   "', the model's is '", params_[i].name, "'");
+      state[i].clear();
+      for (size_t k = 0; k < jp[i].at("state").get<size_t>(); ++k)
+        state[i].push_back(
+            load_npy((dir / fmt::format("state_{}_{}.npy", i, k)).string()).to(ex_->device()));
+    }
+    opt_->steps() = j.at("optimizer_steps").get<int64_t>();
+    first_epoch_ = j.at("epochs_done").get<int64_t>();
+    LOPPER_CHECK(first_epoch_ <= o_.epochs, "[train] checkpoint '", dir.string(), "' is past epoch ",
+                 first_epoch_, " of --epochs ", o_.epochs);
+    refresh_masks();
+    note(fmt::format("resumed from {} after epoch {}", dir.string(), first_epoch_));
+  }
+
+  ir::Model& model_;
+  DataLoader& data_;
+  const TrainOptions& o_;
+  const TrainCallbacks& cb_;
+  Distributed* dist_;
+  std::unique_ptr<Executor> ex_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  ModelIO io_;
+  std::vector<Param> params_;
+  TrainResult result_;
+  int64_t steps_per_epoch_ = 0, first_epoch_ = 0, saliency_batches_ = 0;
+  double s_initial_ = 0;
+};
+
+}  // namespace
+
+TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
+                  const TrainCallbacks& cb, Distributed* dist) {
+  return Trainer(model, data, opts, cb, dist).run();
+}
+
+EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device,
+                    const std::function<void(int64_t, int64_t)>& progress) {
+  ExecOptions eo;
+  eo.device = device;
+  Executor ex(model, eo);
+  ModelIO io = model_io(model, ex);
+  EvalResult r;
+  int64_t classes = data.dataset().num_classes();
+  std::vector<int64_t> hit(classes, 0);
+  r.per_class_count.assign(classes, 0);
+  double loss_sum = 0, top1 = 0, top5 = 0;
+  data.start_epoch(0);
+  Batch b;
+  int64_t batch = 0, of = data.batches_per_epoch();
+  while (data.next(b)) {
+    at::Tensor x = fit_to_input(b.x, io.dims, io.input).to(ex.device());
+    at::Tensor out = ex.run({{io.input, x}}).at(0).reshape({b.x.size(0), -1}).to(at::kCPU);
+    at::Tensor y = b.y;
+    loss_sum += classification_loss(out, y, io.out_op).item<double>() * double(y.size(0));
+    int64_t k = std::min<int64_t>(5, out.size(1));
+    at::Tensor best = std::get<1>(out.topk(k, 1));
+    at::Tensor first = best.select(1, 0).eq(y);
+    top1 += double(first.sum().item<int64_t>());
+    top5 += double(best.eq(y.unsqueeze(1)).any(1).sum().item<int64_t>());
+    auto yc = y.accessor<int64_t, 1>();
+    auto fc = first.accessor<bool, 1>();
+    for (int64_t i = 0; i < y.size(0); ++i) {
+      ++r.per_class_count[yc[i]];
+      hit[yc[i]] += fc[i];
+    }
+    r.samples += y.size(0);
+    if (progress) progress(++batch, of);
+  }
+  LOPPER_CHECK(r.samples > 0, "[eval] ", data.dataset().name(), " gave no sample");
+  r.top1 = top1 / double(r.samples);
+  r.top5 = top5 / double(r.samples);
+  r.loss = loss_sum / double(r.samples);
+  for (int64_t c = 0; c < classes; ++c)
+    r.per_class.push_back(r.per_class_count[c] ? double(hit[c]) / double(r.per_class_count[c])
+                                               : std::nan(""));
+  return r;
+}
+
+}  // namespace lopper

@@ -1,0 +1,248 @@
+// Training: the pruning schedules land where they say, checkpoints resume to the same weights,
+// regularisers shrink what they target, evaluation counts right; and `lopper train`/`eval` on the
+// command line, bad input included. (Step-for-step parity with PyTorch: tests/python/check_training.py.)
+#include "lopper/train.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/npy.h"
+#include "lopper/onnx_io.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+using test::fixture;
+using test::lines;
+using test::lopper_cli;
+using test::slurp;
+
+namespace {
+
+// 64 random 1x28x28 samples with labels 0-9, as npy files in `tmp`; returns the spec.
+std::string npy_data(const test::TempDir& tmp, int64_t n = 64) {
+  at::manual_seed(11);
+  save_npy(at::rand({n, 1, 28, 28}), tmp / "x.npy");
+  save_npy(at::randint(0, 10, {n}, at::kLong), tmp / "y.npy");
+  return "npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy");
+}
+
+std::unique_ptr<DataLoader> loader(const std::string& spec, int64_t batch = 4) {
+  LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.seed = 5;
+  return std::make_unique<DataLoader>(open_dataset(spec), lo);
+}
+
+}  // namespace
+
+TEST(TrainSchedule, AgpFollowsTheCubicRamp) {
+  EXPECT_DOUBLE_EQ(agp_sparsity(0, 0.8, 0, 0, 3), 0);
+  EXPECT_NEAR(agp_sparsity(0, 0.8, 1, 0, 3), 0.8 * (1 - std::pow(2.0 / 3, 3)), 1e-12);
+  EXPECT_DOUBLE_EQ(agp_sparsity(0.1, 0.8, 5, 0, 3), 0.8);
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  TrainOptions o;
+  o.epochs = 4;
+  o.lr = 0.01;
+  o.schedule = PruneSchedule::kAgp;
+  o.prune.method = PruneMethod::kL1;
+  o.prune.scope = PruneScope::kGlobal;
+  o.prune.amount = PruneAmount{0.8, false};
+  o.start_epoch = 0;
+  o.end_epoch = 3;
+  auto dl = loader(data);
+  TrainResult r = train(m, *dl, o);
+  ASSERT_EQ(r.epochs.size(), 4u);
+  // Pruned at the start of epochs 1, 2, 3 (0-based) to the ramp's value there.
+  EXPECT_NEAR(r.epochs[0].sparsity, 0.0, 1e-9);
+  EXPECT_NEAR(r.epochs[1].sparsity, agp_sparsity(0, 0.8, 1, 0, 3), 1e-4);
+  EXPECT_NEAR(r.epochs[2].sparsity, agp_sparsity(0, 0.8, 2, 0, 3), 1e-4);
+  EXPECT_NEAR(r.epochs[3].sparsity, 0.8, 1e-4);
+  EXPECT_NEAR(prunable_sparsity(m), 0.8, 1e-4);
+  EXPECT_EQ(r.notes.size(), 3u);
+}
+
+TEST(TrainSchedule, IterativePrunesTheSameShareEachRound) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  for (PruneMethod method : {PruneMethod::kL1, PruneMethod::kTaylor}) {
+    ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+    TrainOptions o;
+    o.epochs = 2;
+    o.lr = 0.01;
+    o.schedule = PruneSchedule::kIterative;
+    o.rounds = 2;
+    o.epochs_per_round = 1;
+    o.prune.method = method;
+    o.prune.scope = PruneScope::kGlobal;
+    o.prune.amount = PruneAmount{0.75, false};
+    auto dl = loader(data);
+    TrainResult r = train(m, *dl, o);
+    EXPECT_NEAR(r.epochs[0].sparsity, 0.5, 1e-4) << method_name(method);  // 1 - 0.25^(1/2)
+    EXPECT_NEAR(r.epochs[1].sparsity, 0.75, 1e-4) << method_name(method);
+  }
+}
+
+TEST(TrainCheckpoint, ResumingGivesTheSameWeights) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  TrainOptions o;
+  o.epochs = 3;
+  o.lr = 0.02;
+  o.optimizer = "adam";
+  ir::Model straight = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  auto dl = loader(data);
+  train(straight, *dl, o);
+
+  ir::Model first = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  TrainOptions two = o;
+  two.epochs = 2;
+  two.checkpoint_dir = tmp / "ckpt";
+  dl = loader(data);
+  train(first, *dl, two);
+  ASSERT_TRUE(fs::exists(tmp / "ckpt/model.onnx"));
+  EXPECT_FALSE(fs::exists(tmp / "ckpt.tmp"));
+
+  ir::Model resumed = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  TrainOptions rest = o;
+  rest.resume = tmp / "ckpt";
+  dl = loader(data);
+  TrainResult r = train(resumed, *dl, rest);
+  ASSERT_EQ(r.epochs.size(), 1u);
+  EXPECT_EQ(r.epochs[0].epoch, 3);
+  for (const auto& init : straight.graph.initializers) {
+    const ir::Initializer* other = resumed.graph.find_initializer(init.name);
+    ASSERT_NE(other, nullptr) << init.name;
+    EXPECT_TRUE(at::allclose(init.value, other->value, 1e-6, 1e-7)) << init.name;
+  }
+  // A checkpoint written with another optimiser is refused.
+  rest.optimizer = "sgd";
+  dl = loader(data);
+  ir::Model again = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  EXPECT_THROW(train(again, *dl, rest), Error);
+}
+
+TEST(TrainRegularisers, ShrinkWhatTheyTarget) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  auto run = [&](double l1, double bn_l1, double group) {
+    ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+    TrainOptions o;
+    o.epochs = 2;
+    o.lr = 0.02;
+    o.l1 = l1;
+    o.bn_l1 = bn_l1;
+    o.group_lasso = group;
+    auto dl = loader(data);
+    train(m, *dl, o);
+    return m;
+  };
+  auto sum_abs = [](const ir::Model& m, const std::string& name) {
+    return m.graph.find_initializer(name)->value.abs().sum().item<double>();
+  };
+  ir::Model plain = run(0, 0, 0), l1 = run(1e-3, 0, 0), bn = run(0, 1e-2, 0), gl = run(0, 0, 1e-2);
+  EXPECT_LT(sum_abs(l1, "9.weight"), sum_abs(plain, "9.weight"));
+  EXPECT_LT(sum_abs(bn, "1.weight"), sum_abs(plain, "1.weight"));   // BatchNorm gamma
+  EXPECT_NEAR(sum_abs(bn, "9.weight"), sum_abs(plain, "9.weight"),
+              0.05 * sum_abs(plain, "9.weight"));  // bn-l1 leaves the weights mostly alone
+  auto row_norms = [](const ir::Model& m) {
+    return m.graph.find_initializer("9.weight")->value.norm(2, {1}).sum().item<double>();
+  };
+  EXPECT_LT(row_norms(gl), row_norms(plain));
+}
+
+TEST(TrainEval, CountsTopOneTopFiveAndPerClass) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp, 40);
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  LoaderOptions lo;
+  lo.batch_size = 4;
+  lo.shuffle = false;
+  DataLoader dl(open_dataset(data), lo);
+  EvalResult r = evaluate(m, dl);
+  EXPECT_EQ(r.samples, 40);
+  EXPECT_GE(r.top5, r.top1);
+  int64_t counted = 0;
+  double hits = 0;
+  for (size_t c = 0; c < r.per_class.size(); ++c) {
+    counted += r.per_class_count[c];
+    if (r.per_class_count[c]) hits += r.per_class[c] * double(r.per_class_count[c]);
+  }
+  EXPECT_EQ(counted, 40);
+  EXPECT_NEAR(hits / 40, r.top1, 1e-9);
+}
+
+TEST(TrainCli, TrainsFinetunesAndEvaluates) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  std::string out = tmp / "t.onnx";
+  auto r = lopper_cli("train " + fixture("mlp.ts.onnx") + " --data " + data + " -o " + out +
+                      " --epochs 2 --schedule agp --prune-method l1 --prune-amount 0.5"
+                      " --start-epoch 0 --end-epoch 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(lines(r.err), 4) << r.err;  // header, a pruning event, one line per epoch
+  EXPECT_EQ(r.err.find('\r'), std::string::npos);
+  auto j = nlohmann::json::parse(slurp(out + ".train.json"));
+  EXPECT_NEAR(j["sparsity"].get<double>(), 0.5, 1e-3);
+  EXPECT_EQ(j["epochs"].size(), 2u);
+  auto f = lopper_cli("finetune " + out + " --data " + data + " -o " + (tmp / "f.onnx"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  auto fj = nlohmann::json::parse(slurp(tmp / "f.onnx.train.json"));
+  EXPECT_EQ(fj["epochs"].size(), 3u);                       // finetune's default
+  EXPECT_NEAR(fj["epochs"][0]["lr"].get<double>(), 0.001, 1e-12);
+  EXPECT_NEAR(fj["sparsity"].get<double>(), 0.5, 1e-3);     // the zeros held
+  auto e = lopper_cli("eval " + (tmp / "f.onnx") + " --data " + data + " --json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  auto ej = nlohmann::json::parse(e.out);
+  EXPECT_EQ(ej["samples"].get<int64_t>(), 64);
+  EXPECT_GE(ej["top1"].get<double>(), 0.0);
+  EXPECT_EQ(ej["per_class"].size(), 10u);
+}
+
+TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  std::string in = fixture("mlp.ts.onnx"), out = tmp / "t.onnx";
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  } cases[] = {
+      {"--data " + data + " --epochs 0", 1, "--epochs must be > 0"},
+      {"--data " + data + " --lr -1", 1, "--lr must be > 0"},
+      {"--data " + data + " --optimizer rmsprop", 1, "unknown optimizer"},
+      {"--data " + data + " --lr-schedule linear", 1, "unknown --lr-schedule"},
+      {"--data " + data + " --schedule agp", 2, "needs --prune-method"},
+      {"--data " + data + " --schedule wavy --prune-method l1 --prune-amount 0.5", 1,
+       "unknown --schedule"},
+      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 1.5", 1, "amount"},
+      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 20",
+       1, "--end-epoch"},
+      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 2"
+       " --every soon", 1, "--every"},
+      {"--data " + data + " --schedule iterative --prune-method l1 --prune-amount 0.5", 1,
+       "--rounds"},
+      {"--data " + data + " --prune-method l1", 2, "--schedule"},
+      {"--data " + data + " --resume " + (tmp / "nothing"), 1, "not a checkpoint"},
+      {"--data cifar10:" + (tmp / "none"), 1, "no such file"},
+      {"--data " + data + " --freeze '('", 1, "--freeze"},
+  };
+  for (const auto& c : cases) {
+    auto r = lopper_cli("train " + in + " -o " + out + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(r.err.find("lopper: "), r.err.rfind("lopper: ")) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+  }
+  auto same = lopper_cli("train " + in + " -o " + in + " --data " + data);
+  EXPECT_EQ(same.code, 2) << same.err;
+  auto ev = lopper_cli("eval " + in + " --data cifar10:" + (tmp / "none"));
+  EXPECT_EQ(ev.code, 1);
+  EXPECT_EQ(lines(ev.err), 1) << ev.err;
+}

@@ -16,5 +16,6 @@ Action add_prune(CLI::App& app);
 Action add_train(CLI::App& app);
 Action add_finetune(CLI::App& app);
 Action add_eval(CLI::App& app);
+Action add_compare(CLI::App& app);
 
 }  // namespace lopper::cli

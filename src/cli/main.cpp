@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add(lopper::cli::add_train);
   add(lopper::cli::add_finetune);
   add(lopper::cli::add_eval);
+  add(lopper::cli::add_compare);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

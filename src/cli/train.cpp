@@ -102,7 +102,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
                             prune_pattern = "unstructured", every = "1", eval_split = "test";
     DataFlags data;
     TrainOptions t;
-    bool no_eval = false;
+    bool no_eval = false, sparse = false;
   };
   auto o = std::make_shared<Opts>();
   if (finetune) {
@@ -151,6 +151,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--resume", t.resume, "resume from a checkpoint folder");
   cmd->add_option("--eval-split", o->eval_split, "evaluate on this split after training (test)");
   cmd->add_flag("--no-eval", o->no_eval, "skip the evaluation after training");
+  cmd->add_flag("--sparse-initializers", o->sparse,
+                "store pruned weights as sparse_initializer where that makes them smaller");
   return [o]() {
     TrainOptions& t = o->t;
     std::error_code ec;
@@ -225,7 +227,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
     TrainResult r = train(model, loader, t, cb, dist.get());
     if (dist) dist->barrier();
     if (!main_rank) return 0;
-    onnx::save_model(model, o->out);
+    onnx::SaveOptions so;
+    if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;
+    onnx::save_model(model, o->out, so);
 
     nlohmann::json j;
     j["model"] = o->model;

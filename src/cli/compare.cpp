@@ -1,0 +1,160 @@
+// lopper compare BEFORE AFTER [--data D] [--split test] [--batch 1] [--iters 200] [--threads T]
+//   [--json] [--report FILE]
+// The gain, measured: params, nonzero, MACs, file size, accuracy and latency of two models, side by
+// side, with the ratio after / before.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "lopper/analysis.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/files.h"
+#include "lopper/onnx_io.h"
+#include "lopper/train.h"
+
+namespace lopper::cli {
+
+namespace {
+
+struct Measured {
+  int64_t params = 0, nonzero = 0, macs = 0, effective_macs = 0, file_bytes = 0;
+  double top1 = -1;   // -1: no data
+  double latency_ms = 0;
+};
+
+int64_t file_bytes(const std::string& p) {
+  std::error_code ec;
+  int64_t n = int64_t(std::filesystem::file_size(p, ec));
+  if (ec) return 0;
+  if (std::filesystem::exists(p + ".data", ec)) n += int64_t(std::filesystem::file_size(p + ".data", ec));
+  return n;
+}
+
+// Median latency of `iters` inference runs on zeros at the model's input shapes (batch `batch`).
+double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<int64_t>>& shapes,
+                  int iters) {
+  Executor ex(m);
+  NamedTensors feeds;
+  for (const auto* in : ex.inputs()) {
+    auto it = shapes.find(in->name);
+    LOPPER_CHECK(it != shapes.end(), "[compare] no shape for input '", in->name, "'");
+    at::ScalarType st = in->type.elem_type == ir::DType::kInt64 ? at::kLong : at::kFloat;
+    feeds.emplace_back(in->name, at::zeros(it->second, at::TensorOptions().dtype(st)));
+  }
+  for (int i = 0; i < std::max(3, iters / 10); ++i) ex.run(feeds);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    ex.run(feeds);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+Action add_compare(CLI::App& app) {
+  struct Opts {
+    std::string before, after, data, split = "test", report;
+    int64_t batch = 1;
+    int iters = 200, threads = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand(
+      "compare", "two models side by side: params, nonzero, MACs, file size, accuracy, latency");
+  cmd->add_option("before", o->before, "the model before (e.g. dense)")->required();
+  cmd->add_option("after", o->after, "the model after (e.g. pruned)")->required();
+  cmd->add_option("--data", o->data, "measure top-1 accuracy on this dataset");
+  cmd->add_option("--split", o->split, "the dataset's split (default test)");
+  cmd->add_option("--batch", o->batch, "latency at this batch size (default 1)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  cmd->add_option("--iters", o->iters, "timed runs per model (default 200)")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_flag("--json", o->json, "print JSON");
+  cmd->add_option("--report", o->report, "also write the JSON here");
+  return [o]() {
+    configure_threads(o->threads);
+    std::vector<std::string> paths = {o->before, o->after};
+    std::vector<Measured> r(2);
+    for (int i = 0; i < 2; ++i) {
+      ir::Model m = onnx::load_model(paths[i]);
+      auto shapes = resolve_input_shapes(m, {}, o->batch);
+      ModelCost c = analyze(m, shapes);
+      r[i].params = c.params;
+      r[i].nonzero = c.nonzero;
+      r[i].macs = c.macs;
+      // MACs a sparse kernel would do: each prunable layer's MACs scaled by its density.
+      r[i].effective_macs = c.macs;
+      for (const auto& l : c.layers)
+        if (l.params)
+          r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
+      r[i].file_bytes = file_bytes(paths[i]);
+      r[i].latency_ms = latency_ms(m, shapes, o->iters);
+      if (!o->data.empty()) {
+        LoaderOptions lo;
+        lo.batch_size = 256;
+        lo.shuffle = false;
+        for (const auto& v : m.graph.inputs) {
+          if (m.graph.find_initializer(v.name)) continue;
+          if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0) {
+            lo.batch_size = v.type.dims[0].value;
+            lo.drop_last = true;
+          }
+          break;
+        }
+        DataLoader dl(open_dataset(o->data, o->split), lo);
+        r[i].top1 = evaluate(m, dl).top1;
+      }
+    }
+    auto row = [](const Measured& m) {
+      nlohmann::json j = {{"params", m.params},         {"nonzero", m.nonzero},
+                          {"macs", m.macs},             {"effective_macs", m.effective_macs},
+                          {"file_bytes", m.file_bytes}, {"latency_ms", m.latency_ms}};
+      if (m.top1 >= 0) j["top1"] = m.top1;
+      return j;
+    };
+    nlohmann::json j = {{"before", o->before}, {"after", o->after}, {"batch", o->batch},
+                        {"iters", o->iters},   {"data", o->data},   {"split", o->split}};
+    j["before_measured"] = row(r[0]);
+    j["after_measured"] = row(r[1]);
+    if (!o->report.empty()) write_file_atomic(o->report, j.dump(2) + "\n");
+    if (o->json) {
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    auto ratio = [](double a, double b) { return a > 0 ? fmt::format("{:.3f}x", b / a) : "-"; };
+    std::cout << fmt::format("{:<22} {:>14} {:>14} {:>10}\n", "", "before", "after", "after/before");
+    auto line = [&](const std::string& what, double a, double b, const std::string& fa,
+                    const std::string& fb) {
+      std::cout << fmt::format("{:<22} {:>14} {:>14} {:>10}\n", what, fa, fb, ratio(a, b));
+    };
+    auto n = [](int64_t v) { return fmt::format("{}", v); };
+    line("params", r[0].params, r[1].params, n(r[0].params), n(r[1].params));
+    line("nonzero params", r[0].nonzero, r[1].nonzero, n(r[0].nonzero), n(r[1].nonzero));
+    line("MACs (dense)", r[0].macs, r[1].macs, n(r[0].macs), n(r[1].macs));
+    line("MACs (nonzero)", r[0].effective_macs, r[1].effective_macs, n(r[0].effective_macs),
+         n(r[1].effective_macs));
+    line("file bytes", r[0].file_bytes, r[1].file_bytes, n(r[0].file_bytes), n(r[1].file_bytes));
+    if (r[0].top1 >= 0)
+      std::cout << fmt::format("{:<22} {:>13.2f}% {:>13.2f}% {:>+9.2f}pt\n",
+                               o->split + " top-1", 100 * r[0].top1, 100 * r[1].top1,
+                               100 * (r[1].top1 - r[0].top1));
+    line(fmt::format("latency ms (batch {})", o->batch), r[0].latency_ms, r[1].latency_ms,
+         fmt::format("{:.3f}", r[0].latency_ms), fmt::format("{:.3f}", r[1].latency_ms));
+    return 0;
+  };
+}
+
+}  // namespace lopper::cli

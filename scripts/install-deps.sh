@@ -15,6 +15,7 @@ debs=(
   libpng-dev                            # PNG images of folder: datasets
   libjpeg62-turbo-dev                   # JPEG images of folder: datasets
   zlib1g-dev                            # gzipped IDX files
+  libgloo-dev                           # gloo headers for the wheel's ProcessGroupGloo.hpp (never linked)
   python3-venv
 )
 

@@ -15,6 +15,7 @@
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
+#include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "lopper/progress.h"
@@ -103,6 +104,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
+    int threads = 0;
+    double dist_timeout = 120;
   };
   auto o = std::make_shared<Opts>();
   if (finetune) {
@@ -151,6 +154,11 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--resume", t.resume, "resume from a checkpoint folder");
   cmd->add_option("--eval-split", o->eval_split, "evaluate on this split after training (test)");
   cmd->add_flag("--no-eval", o->no_eval, "skip the evaluation after training");
+  cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--dist-timeout", o->dist_timeout,
+                  "data parallel: seconds a rank waits for its peers before failing (120)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
   return [o]() {
@@ -181,7 +189,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
       throw UsageError("[train] --prune-method/--prune-amount need --schedule iterative|agp");
     }
 
+    configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
+    dopt.timeout_s = o->dist_timeout;
     std::unique_ptr<Distributed> dist;
     if (dopt.world > 1) dist = std::make_unique<Distributed>(dopt);
     bool main_rank = !dist || dist->is_main();

@@ -214,7 +214,10 @@ Action add_train_command(CLI::App& app, bool finetune) {
       if (!tty) return;
       if (!bar || step == 1)
         bar = std::make_unique<Progress>(fmt::format("epoch {}/{}", epoch, t.epochs), steps, 1);
-      bar->update(step, fmt::format("loss {:.4f}  acc {:.2f}%  lr {:.3g}", loss, 100 * acc, lr));
+      double sps = double(step * lo.batch_size * (dist ? dist->world() : 1)) /
+                   std::max(1e-9, bar->elapsed_s());
+      bar->update(step, fmt::format("loss {:.4f}  acc {:.2f}%  {:.0f} samples/s  lr {:.3g}", loss,
+                                    100 * acc, sps, lr));
     };
     cb.epoch = [&](const EpochStats& s) {
       if (bar) bar->finish();

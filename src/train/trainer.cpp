@@ -139,6 +139,9 @@ class Trainer {
   }
 
   TrainResult run() {
+    // Dropout draws from ATen's default generator: seeded, so the same seed trains the same model
+    // (each rank its own stream).
+    at::manual_seed(o_.seed * 1000003 + uint64_t(dist_ ? dist_->rank() : 0));
     if (!o_.resume.empty()) resume();
     if (dist_ && dist_->world() > 1) {
       // Every rank starts from rank 0's weights (and running statistics).

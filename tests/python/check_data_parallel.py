@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from cases import run as run_cases
+
 
 def free_port():
     with socket.socket() as s:
@@ -83,19 +85,9 @@ def dead_peer(lopper, src, tmp):
 def main():
     lopper, source = sys.argv[1], sys.argv[2]
     src = os.path.join(source, "examples", "lenet300_100.onnx")
-    passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for what, fn in (("2 ranks == 1 process with the doubled batch", same_weights),
-                         ("a peer that never comes: one line, no hang", dead_peer)):
-            try:
-                fn(lopper, src, tmp)
-                passed += 1
-                print(f"ok   {what}")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                print(f"FAIL {what}: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        return run_cases([("2 ranks == 1 process with the doubled batch", lambda: same_weights(lopper, src, tmp)),
+                          ("a peer that never comes: one line, no hang", lambda: dead_peer(lopper, src, tmp))])
 
 
 if __name__ == "__main__":

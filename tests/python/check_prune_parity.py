@@ -26,6 +26,8 @@ import torch
 from onnx import helper, numpy_helper
 from torch.nn.utils import prune
 
+from cases import run as run_cases
+
 MODELS = ["mlp.ts", "small_cnn.ts"]
 
 
@@ -261,45 +263,25 @@ class Saliency:
 
 def main():
     lopper, fixtures = sys.argv[1], sys.argv[2]
-    passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         ties = os.path.join(tmp, "ties.onnx")
         tie_model(ties)
         models = [(os.path.join(fixtures, s + ".onnx"), s, True) for s in MODELS]
         # Ties: which tied weights go is torch.topk's choice; row/column norms tie far less.
         models.append((ties, "ties", False))
-        for src, stem, row_col in models:
-            for name, fn in cases(lopper, src, tmp, stem, row_col):
-                what = f"{stem}: {name}"
-                try:
-                    fn()
-                    passed += 1
-                    print(f"ok   {what}")
-                except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                    failed += 1
-                    msg = getattr(e, "stderr", None) or str(e)
-                    print(f"FAIL {what}: {msg.strip()}")
-        extra = [("mlp.ts: recipe (skip, l1 0.6, row L2 defaults)",
-                  lambda: recipe_case(lopper, os.path.join(fixtures, "mlp.ts.onnx"), tmp))]
+        todo = [(f"{stem}: {name}", fn) for src, stem, row_col in models
+                for name, fn in cases(lopper, src, tmp, stem, row_col)]
+        todo.append(("mlp.ts: recipe (skip, l1 0.6, row L2 defaults)",
+                     lambda: recipe_case(lopper, os.path.join(fixtures, "mlp.ts.onnx"), tmp)))
         calib = Saliency(tmp)
         for method in ("grad", "taylor"):
             for scope in ("local", "global"):
-                extra.append((f"calib_mlp: {method} {scope} 0.4",
-                              lambda m=method, sc=scope: calib.case(lopper, tmp, m, sc)))
+                todo.append((f"calib_mlp: {method} {scope} 0.4",
+                             lambda m=method, sc=scope: calib.case(lopper, tmp, m, sc)))
             for pattern in ("row", "column"):
-                extra.append((f"calib_mlp: {method} {pattern} 0.4",
-                              lambda m=method, p=pattern: calib.case(lopper, tmp, m, "local", p)))
-        for what, fn in extra:
-            try:
-                fn()
-                passed += 1
-                print(f"ok   {what}")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                msg = getattr(e, "stderr", None) or str(e)
-                print(f"FAIL {what}: {msg.strip()}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+                todo.append((f"calib_mlp: {method} {pattern} 0.4",
+                             lambda m=method, p=pattern: calib.case(lopper, tmp, m, "local", p)))
+        return run_cases(todo)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import torch.nn as nn
 from onnx import numpy_helper
 from torch.nn.utils import prune
 
+from cases import run as run_cases
+
 torch.set_num_threads(2)
 N = 48
 
@@ -135,18 +137,9 @@ def main():
         ("pruned, sgd momentum: zeros held", dict(opt_name="sgd", lr=0.05, pruned=True, weight_decay=1e-3)),
         ("pruned, adam: zeros held", dict(opt_name="adam", lr=0.01, pruned=True)),
     ]
-    passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (what, kw) in enumerate(cases):
-            try:
-                case(lopper, tmp, f"c{i}", **kw)
-                passed += 1
-                print(f"ok   {what}")
-            except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                failed += 1
-                print(f"FAIL {what}: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        return run_cases((what, lambda i=i, kw=kw: case(lopper, tmp, f"c{i}", **kw))
+                         for i, (what, kw) in enumerate(cases))
 
 
 if __name__ == "__main__":

@@ -61,8 +61,9 @@ struct LoaderOptions {
   int64_t resize_h = 0, resize_w = 0;
   /// Data parallel: this process reads samples rank, rank + world, ... of each epoch's order.
   int rank = 0, world = 1;
-  /// Batches prepared ahead on the background thread (at least 1 is).
-  int prefetch = 2;
+  /// Batches prepared ahead on the background thread (at least 1 is); refilled in bursts once
+  /// half of them are used.
+  int prefetch = 8;
 };
 
 /// Parses "MEAN,STD" or "M1,M2,M3,S1,S2,S3" into o.mean/o.std and "HxW" into o.resize_h/w;

@@ -1,5 +1,9 @@
 // DataLoader (epoch order, sharding, one background thread), option parsing and fit_to_input.
 #include <ATen/ATen.h>
+#include <c10/util/ParallelGuard.h>
+
+// libgomp, which libtorch loads; weak, so that a libtorch without OpenMP still links.
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <charconv>
@@ -148,6 +152,12 @@ struct DataLoader::Impl {
 
   // The background thread: makes the epoch's batches in order, at most `prefetch` ahead.
   void produce() {
+    // NOTE: batches are small; ATen ops here run serially, so this thread never starts an OpenMP
+    // team of its own: more OpenMP threads than cores make libgomp stop spinning between parallel
+    // regions, and the training threads would sleep and wake at every step. ATen's OpenMP regions
+    // size their team from this thread's own ICV.
+    if (omp_set_num_threads) omp_set_num_threads(1);
+    c10::ParallelGuard serial(true);
     const size_t capacity = size_t(std::max(1, opts.prefetch));
     for (int64_t b = 0, n = batches(); b < n; ++b) {
       {
@@ -165,7 +175,10 @@ struct DataLoader::Impl {
         return;
       }
       std::unique_lock<std::mutex> lock(mu);
-      space.wait(lock, [&] { return stop || queue.size() < capacity; });
+      // NOTE: once the queue is full, wait until it is half empty and refill it in one burst: a
+      // wake-up per batch would take a core from the training threads at every step.
+      if (queue.size() >= capacity)
+        space.wait(lock, [&] { return stop || queue.size() <= capacity / 2; });
       if (stop) return;
       queue.push_back(std::move(batch));
       ready.notify_all();
@@ -258,7 +271,7 @@ bool DataLoader::next(Batch& out) {
   if (!m.queue.empty()) {
     out = std::move(m.queue.front());
     m.queue.pop_front();
-    m.space.notify_all();
+    if (m.queue.size() <= size_t(std::max(1, m.opts.prefetch)) / 2) m.space.notify_all();
     return true;
   }
   if (m.error) {

@@ -1,5 +1,6 @@
 // DataLoader (epoch order, sharding, one background thread), option parsing and fit_to_input.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
 
 // libgomp, which libtorch loads; weak, so that a libtorch without OpenMP still links.
@@ -156,6 +157,9 @@ struct DataLoader::Impl {
     // team of its own: more OpenMP threads than cores make libgomp stop spinning between parallel
     // regions, and the training threads would sleep and wake at every step. ATen's OpenMP regions
     // size their team from this thread's own ICV.
+    // ATen sets a thread's OpenMP team size on its first parallel op (init_num_threads): do that
+    // first, then shrink it.
+    at::init_num_threads();
     if (omp_set_num_threads) omp_set_num_threads(1);
     c10::ParallelGuard serial(true);
     const size_t capacity = size_t(std::max(1, opts.prefetch));

@@ -44,9 +44,35 @@ class TensorDataset : public Dataset {
     for (int64_t i : indices)
       LOPPER_CHECK(i >= 0 && i < size(), "[data] ", name_, ": sample ", i, " is out of range [0, ",
                    size(), ")");
+    // NOTE: plain loops, no ATen kernels: this runs on the loader thread, and an ATen kernel there
+    // starts an OpenMP team of its own; with more OpenMP threads than cores libgomp stops spinning
+    // and the training threads sleep and wake at every step.
+    if ((x_.scalar_type() == at::kByte || x_.scalar_type() == at::kFloat) &&
+        y_.scalar_type() == at::kLong && x_.is_contiguous() && y_.is_contiguous()) {
+      int64_t per = x_.numel() / std::max<int64_t>(1, size()), n = int64_t(indices.size());
+      std::vector<int64_t> shape = x_.sizes().vec();
+      shape[0] = n;
+      x = at::empty(shape, at::kFloat);
+      y = at::empty({n}, at::kLong);
+      float* xo = x.data_ptr<float>();
+      int64_t* yo = y.data_ptr<int64_t>();
+      const int64_t* yi = y_.const_data_ptr<int64_t>();
+      for (int64_t b = 0; b < n; ++b) {
+        int64_t i = indices[b];
+        yo[b] = yi[i];
+        float* dst = xo + b * per;
+        if (x_.scalar_type() == at::kByte) {
+          // NOTE: divide by 255 (not multiply by 1/255): bit for bit what ToTensor() gives.
+          const uint8_t* src = x_.const_data_ptr<uint8_t>() + i * per;
+          for (int64_t k = 0; k < per; ++k) dst[k] = float(src[k]) / 255.0f;
+        } else {
+          std::memcpy(dst, x_.const_data_ptr<float>() + i * per, size_t(per) * sizeof(float));
+        }
+      }
+      return;
+    }
     at::Tensor idx = at::tensor(at::IntArrayRef(indices), at::kLong);
     x = x_.index_select(0, idx).to(at::kFloat);
-    // NOTE: div by 255 (not mul by 1/255) gives bit-for-bit what torchvision's ToTensor() gives.
     if (x_.scalar_type() == at::kByte) x.div_(255);
     y = y_.index_select(0, idx);
   }

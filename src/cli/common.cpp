@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <filesystem>
+
 #include <ATen/ATen.h>
 
 #include "lopper/error.h"
@@ -74,6 +76,26 @@ size_t name_column_width(const std::vector<std::string>& names, size_t min) {
 
 std::string fit_name(const std::string& name, size_t width) {
   return name.size() > width ? "…" + name.substr(name.size() - width + 1) : name;
+}
+
+int64_t fixed_batch_size(const ir::Model& model) {
+  for (const auto& v : model.graph.inputs) {
+    if (model.graph.find_initializer(v.name)) continue;
+    if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0)
+      return v.type.dims[0].value;
+    return 0;
+  }
+  return 0;
+}
+
+int64_t model_file_bytes(const std::string& path) {
+  std::error_code ec;
+  auto n = std::filesystem::file_size(path, ec);
+  if (ec) return 0;
+  int64_t total = int64_t(n);
+  if (std::filesystem::exists(path + ".data", ec))
+    total += int64_t(std::filesystem::file_size(path + ".data", ec));
+  return total;
 }
 
 }  // namespace lopper::cli

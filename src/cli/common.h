@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "lopper/graph.h"
+
 #include <map>
 #include <string>
 #include <utility>
@@ -21,6 +23,11 @@ std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);
 /// Width of a table's layer-name column: the longest name, at least `min`, at most 48.
 size_t name_column_width(const std::vector<std::string>& names, size_t min);
+/// The model's fixed batch size: the first dim of its first real input when that dim is static and
+/// positive, else 0 (dynamic).
+int64_t fixed_batch_size(const ir::Model& model);
+/// Bytes of a model file plus its external data file ("<path>.data"), 0 when it cannot be read.
+int64_t model_file_bytes(const std::string& path);
 /// `name` cut to `width` from the left ("…" + its end) when longer.
 std::string fit_name(const std::string& name, size_t width);
 

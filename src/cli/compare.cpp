@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
@@ -29,14 +30,6 @@ struct Measured {
   double top1 = -1;   // -1: no data
   double latency_ms = 0;
 };
-
-int64_t file_bytes(const std::string& p) {
-  std::error_code ec;
-  int64_t n = int64_t(std::filesystem::file_size(p, ec));
-  if (ec) return 0;
-  if (std::filesystem::exists(p + ".data", ec)) n += int64_t(std::filesystem::file_size(p + ".data", ec));
-  return n;
-}
 
 // Median latency of `iters` inference runs on zeros at the model's input shapes (batch `batch`).
 double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<int64_t>>& shapes,
@@ -100,19 +93,15 @@ Action add_compare(CLI::App& app) {
       for (const auto& l : c.layers)
         if (l.params)
           r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
-      r[i].file_bytes = file_bytes(paths[i]);
+      r[i].file_bytes = model_file_bytes(paths[i]);
       r[i].latency_ms = latency_ms(m, shapes, o->iters);
       if (!o->data.empty()) {
         LoaderOptions lo;
         lo.batch_size = 256;
         lo.shuffle = false;
-        for (const auto& v : m.graph.inputs) {
-          if (m.graph.find_initializer(v.name)) continue;
-          if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0) {
-            lo.batch_size = v.type.dims[0].value;
-            lo.drop_last = true;
-          }
-          break;
+        if (int64_t fixed = fixed_batch_size(m)) {
+          lo.batch_size = fixed;
+          lo.drop_last = true;
         }
         DataLoader dl(open_dataset(o->data, o->split), lo);
         r[i].top1 = evaluate(m, dl).top1;

@@ -27,14 +27,6 @@ namespace lopper::cli {
 
 namespace {
 
-int64_t file_bytes(const std::string& p) {
-  std::error_code ec;
-  auto n = std::filesystem::file_size(p, ec);
-  int64_t total = ec ? 0 : int64_t(n);
-  if (std::filesystem::exists(p + ".data", ec))
-    total += int64_t(std::filesystem::file_size(p + ".data", ec));
-  return total;
-}
 
 }  // namespace
 
@@ -172,13 +164,7 @@ Action add_prune(CLI::App& app) {
       if (!o->resize.empty()) parse_resize(o->resize, lo);
       LOPPER_CHECK(o->batch_size > 0, "[prune] --batch-size must be > 0, got ", o->batch_size);
       // A model whose batch dimension is fixed takes batches of exactly that size.
-      const auto& in = model.graph.inputs;
-      for (const auto& v : in) {
-        if (model.graph.find_initializer(v.name)) continue;
-        if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0)
-          lo.batch_size = v.type.dims[0].value;
-        break;
-      }
+      if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
       DataLoader loader(open_dataset(o->data, o->split), lo);
       CalibrationOptions co;
       co.batches = o->calib_batches;
@@ -204,8 +190,8 @@ Action add_prune(CLI::App& app) {
     j["nonzero_before"] = r.nonzero_before;
     j["nonzero"] = r.nonzero_after;
     j["sparsity"] = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
-    j["file_bytes_before"] = file_bytes(o->model);
-    j["file_bytes_after"] = file_bytes(o->out);
+    j["file_bytes_before"] = model_file_bytes(o->model);
+    j["file_bytes_after"] = model_file_bytes(o->out);
     if (recipe) j["recipe"] = o->recipe;
     j["warnings"] = r.warnings;
     j["layers"] = nlohmann::json::array();

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
@@ -49,15 +50,9 @@ struct DataFlags {
     LOPPER_CHECK(batch_size > 0, "[data] --batch-size must be > 0, got ", batch_size);
     LoaderOptions lo;
     lo.batch_size = batch_size;
-    fixed_batch = false;
-    for (const auto& v : model.graph.inputs) {
-      if (model.graph.find_initializer(v.name)) continue;
-      if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0) {
-        lo.batch_size = v.type.dims[0].value;
-        fixed_batch = true;
-      }
-      break;
-    }
+    int64_t fixed = fixed_batch_size(model);
+    fixed_batch = fixed > 0;
+    if (fixed_batch) lo.batch_size = fixed;
     if (!normalize.empty()) parse_normalize(normalize, lo);
     if (!resize.empty()) parse_resize(resize, lo);
     return lo;

@@ -48,25 +48,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The graph input batches feed, its dims (-1 dynamic), and the op producing the first output.
-struct ModelIO {
-  std::string input;
-  std::vector<int64_t> dims;
-  std::string out_op;
-};
-
-ModelIO model_io(const ir::Model& model, const Executor& ex) {
-  LOPPER_CHECK(!ex.inputs().empty(), "[train] the model has no input to feed data to");
-  ModelIO io;
-  io.input = ex.inputs()[0]->name;
-  for (const auto& d : ex.inputs()[0]->type.dims) io.dims.push_back(d.is_static() ? d.value : -1);
-  if (io.dims.empty()) io.dims.push_back(-1);
-  for (const auto& n : model.graph.nodes)
-    for (const auto& o : n.outputs)
-      if (o == model.graph.outputs.at(0).name) io.out_op = n.op_type;
-  return io;
-}
-
 at::Tensor loss_of(const std::string& kind, const at::Tensor& out, const at::Tensor& y,
                    const std::string& out_op) {
   if (kind == "cross-entropy") return classification_loss(out, y, out_op);

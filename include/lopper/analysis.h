@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "lopper/graph.h"
@@ -38,6 +39,15 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
 /// A prunable layer's weight: the initializer feeding a Conv/ConvTranspose/Gemm/MatMul (directly or
 /// through a Transpose), or nullptr.
 const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n);
+
+/// The shapes of every node's inputs and outputs (empty for a missing one), from one run of
+/// `model` on zeros of the given input shapes; nodes inside subgraphs are not listed.
+struct NodeIO {
+  std::vector<std::vector<int64_t>> in, out;
+};
+using NodeShapes = std::unordered_map<const ir::Node*, NodeIO>;
+NodeShapes node_shapes(const ir::Model& model,
+                       const std::map<std::string, std::vector<int64_t>>& input_shapes);
 
 /// Costs of `model` at the given input shapes (see resolve_input_shapes).
 ModelCost analyze(const ir::Model& model,

@@ -54,6 +54,31 @@ const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
   return nullptr;
 }
 
+NodeShapes node_shapes(const ir::Model& model,
+                       const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  NodeShapes seen;
+  ExecOptions opts;
+  opts.fold_constants = false;
+  opts.fuse = false;  // shapes (and MACs) per node of the model as it is
+  Executor exec(model, opts);
+  exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
+                     const std::vector<at::Tensor>& out) {
+    auto& rec = seen[&n];
+    for (const auto& t : in) rec.in.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+    for (const auto& t : out) rec.out.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+  };
+  NamedTensors feeds;
+  for (const auto* v : exec.inputs()) {
+    auto it = input_shapes.find(v->name);
+    LOPPER_ASSERT(it != input_shapes.end(), "no shape for ", v->name);
+    auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
+                                                           : onnx::to_scalar_type(v->type.elem_type);
+    feeds.emplace_back(v->name, at::zeros(it->second, at::TensorOptions().dtype(type)));
+  }
+  exec.run(feeds);
+  return seen;
+}
+
 ModelCost analyze(const ir::Model& model,
                   const std::map<std::string, std::vector<int64_t>>& input_shapes) {
   const ir::Graph& g = model.graph;
@@ -71,30 +96,7 @@ ModelCost analyze(const ir::Model& model,
     cost.nonzero += t.value.count_nonzero().item<int64_t>();
   }
 
-  // Shapes of every node's inputs and outputs, from one run on zeros.
-  std::unordered_map<const ir::Node*, std::pair<std::vector<std::vector<int64_t>>,
-                                                std::vector<std::vector<int64_t>>>> seen;
-  {
-    ExecOptions opts;
-    opts.fold_constants = false;
-    opts.fuse = false;  // MACs are counted per node of the model as it is
-    Executor exec(model, opts);
-    exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
-                       const std::vector<at::Tensor>& out) {
-      auto& rec = seen[&n];
-      for (const auto& t : in) rec.first.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-      for (const auto& t : out) rec.second.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-    };
-    NamedTensors feeds;
-    for (const auto* v : exec.inputs()) {
-      auto it = input_shapes.find(v->name);
-      LOPPER_ASSERT(it != input_shapes.end(), "no shape for ", v->name);
-      auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
-                                                             : onnx::to_scalar_type(v->type.elem_type);
-      feeds.emplace_back(v->name, at::zeros(it->second, at::TensorOptions().dtype(type)));
-    }
-    exec.run(feeds);
-  }
+  const NodeShapes seen = node_shapes(model, input_shapes);
 
   const auto& table = ops::OpTable::global();
   for (const auto& n : g.nodes) {
@@ -102,7 +104,7 @@ ModelCost analyze(const ir::Model& model,
     int64_t macs = 0;
     const ops::OpDef* op = table.find(n.domain, n.op_type);
     if (it != seen.end() && op && op->macs) {
-      ops::MacContext mc(n, it->second.first, it->second.second);
+      ops::MacContext mc(n, it->second.in, it->second.out);
       macs = op->macs(mc);
     }
     cost.macs += macs;

@@ -22,25 +22,161 @@
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "lopper/progress.h"
+#include "lopper/analysis.h"
+#include "lopper/structured.h"
 
 namespace lopper::cli {
 
 namespace {
 
+struct Opts {
+  std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
+                                          recipe, data, split = "train", device = "cpu",
+                                          normalize, resize;
+  double threshold = -1;
+  uint64_t seed = 0;
+  int norm = 1;
+  int64_t calib_batches = 32, batch_size = 32;
+  bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
+  std::string structured;
+  double max_layer_amount = 0.9;
+  int64_t round_to = 1;
+  std::vector<std::string> shapes;
+};
 
+// Gradient saliencies on calibration batches (grad, taylor).
+Saliency calibrate(const Opts& o, const ir::Model& model) {
+  LoaderOptions lo;
+  lo.batch_size = o.batch_size;
+  lo.seed = o.seed;
+  lo.drop_last = true;  // every calibration batch the same size
+  if (!o.normalize.empty()) parse_normalize(o.normalize, lo);
+  if (!o.resize.empty()) parse_resize(o.resize, lo);
+  LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
+  // A model whose batch dimension is fixed takes batches of exactly that size.
+  if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
+  DataLoader loader(open_dataset(o.data, o.split), lo);
+  CalibrationOptions co;
+  co.batches = o.calib_batches;
+  co.device = o.device;
+  Progress bar("calibrate", std::min<int64_t>(co.batches, loader.batches_per_epoch()));
+  co.progress = [&](int64_t b, int64_t of, double loss) {
+    bar.update(b, fmt::format("loss {:.4f}", loss));
+  };
+  Saliency s = compute_saliency(model, loader, co);
+  bar.finish();
+  return s;
+}
+
+// lopper prune --structured channel|head: channels or heads removed, the model shrinks.
+int run_structured(const Opts& o) {
+  namespace fs = std::filesystem;
+  StructuredOptions so;
+  if (o.structured == "channel")
+    so.unit = StructuredUnit::kChannel;
+  else if (o.structured == "head")
+    so.unit = StructuredUnit::kHead;
+  else
+    throw UsageError("[prune] --structured takes channel or head, got '" + o.structured + "'");
+  so.importance = parse_channel_importance(o.method.empty() ? "l1" : o.method);
+  std::optional<PruneRecipe> recipe;
+  if (!o.recipe.empty()) {
+    recipe = load_prune_recipe(o.recipe);
+    so.recipe = &*recipe;
+  } else {
+    if (o.amount.empty()) throw UsageError("[prune] --structured needs --amount A (or --recipe)");
+    so.amount = PruneAmount::parse(o.amount);
+  }
+  if (o.scope == "global")
+    so.scope = PruneScope::kGlobal;
+  else if (o.scope != "local")
+    throw Error("[prune] unknown scope '" + o.scope + "' (scopes: local, global)");
+  so.max_layer_amount = o.max_layer_amount;
+  so.round_to = o.round_to;
+  so.exclude = o.exclude;
+  so.seed = o.seed;
+  so.input_shapes = parse_shape_overrides(o.shapes);
+  const bool needs_data = so.importance == ChannelImportance::kTaylor;
+  if (needs_data && o.data.empty())
+    throw UsageError("[prune] --method taylor ranks channels by gradients on data: give --data SPEC");
+  if (!needs_data && !o.data.empty())
+    throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only");
+
+  std::error_code ec;
+  if (fs::exists(o.out) && fs::equivalent(o.model, o.out, ec))
+    throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
+  ir::Model model = onnx::load_model(o.model);
+  auto shapes = resolve_input_shapes(model, so.input_shapes);
+  ModelCost before = analyze(model, shapes);
+  std::optional<Saliency> saliency;
+  if (needs_data) saliency = calibrate(o, model);
+  StructuredReport r = prune_structured(model, so, saliency ? &*saliency : nullptr);
+  ModelCost after = analyze(model, shapes);
+  onnx::SaveOptions save;
+  if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
+  onnx::save_model(model, o.out, save);
+  for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
+
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["out"] = o.out;
+  j["structured"] = o.structured;
+  j["method"] = importance_name(so.importance);
+  j["scope"] = o.scope;
+  j["params_before"] = before.params;
+  j["params"] = after.params;
+  j["macs_before"] = before.macs;
+  j["macs"] = after.macs;
+  j["file_bytes_before"] = model_file_bytes(o.model);
+  j["file_bytes_after"] = model_file_bytes(o.out);
+  j["channels_before"] = r.channels_before;
+  j["channels"] = r.channels_after;
+  j["barriers"] = r.barriers;
+  j["warnings"] = r.warnings;
+  j["groups"] = nlohmann::json::array();
+  for (const auto& g : r.groups) {
+    nlohmann::json jg = {{"id", g.id}, {"kind", g.kind}, {"layers", g.layers},
+                         {"size_before", g.size_before}, {"size_after", g.size_after},
+                         {"score", g.score}, {"removed", g.removed}};
+    if (!g.blocked.empty()) jg["blocked"] = g.blocked;
+    if (!g.rule.empty()) jg["rule"] = g.rule;
+    j["groups"].push_back(jg);
+  }
+  std::string report_path = o.out + ".report.json";
+  write_file_atomic(report_path, j.dump(2) + "\n");
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12}  {}\n", "group", "kind", "before",
+                           "after", "score", "layers");
+  for (const auto& g : r.groups) {
+    std::string layers;
+    for (size_t i = 0; i < g.layers.size() && i < 3; ++i) layers += (i ? ", " : "") + g.layers[i];
+    if (g.layers.size() > 3) layers += fmt::format(" (+{})", g.layers.size() - 3);
+    if (!g.blocked.empty()) layers += "  [kept: " + g.blocked + "]";
+    std::cout << fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12.4g}  {}\n", g.id, g.kind,
+                             g.size_before, g.size_after, g.score, layers);
+  }
+  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0; };
+  std::cout << fmt::format("\nchannels {:>14}  (was {}, -{:.1f}%)\n", r.channels_after,
+                           r.channels_before, pct(r.channels_after, r.channels_before))
+            << fmt::format("params   {:>14}  (was {}, -{:.1f}%)\n", after.params, before.params,
+                           pct(after.params, before.params))
+            << fmt::format("MACs     {:>14}  (was {}, -{:.1f}%)\n", after.macs, before.macs,
+                           pct(after.macs, before.macs))
+            << fmt::format("file     {:>14} bytes (was {})\n",
+                           j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>());
+  if (!r.barriers.empty()) {
+    std::cout << "barriers (channels kept):\n";
+    for (const auto& b : r.barriers) std::cout << "  " << b << "\n";
+  }
+  std::cout << "report   " << report_path << "\n";
+  return 0;
+}
 }  // namespace
 
 Action add_prune(CLI::App& app) {
-  struct Opts {
-    std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
-                                            recipe, data, split = "train", device = "cpu",
-                                            normalize, resize;
-    double threshold = -1;
-    uint64_t seed = 0;
-    int norm = 1;
-    int64_t calib_batches = 32, batch_size = 32;
-    bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
-  };
   auto o = std::make_shared<Opts>();
   auto* cmd =
       app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
@@ -68,6 +204,17 @@ Action add_prune(CLI::App& app) {
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
+  auto* structured = cmd->add_option(
+      "--structured", o->structured,
+      "channel | head: remove whole channels (filters, neurons) or attention heads; the model "
+      "shrinks. Methods: l1 (default), l2, bn, taylor, fpgm, random");
+  auto* mla = cmd->add_option("--max-layer-amount", o->max_layer_amount,
+                              "structured, global: no group loses more than this share (0.9)");
+  auto* round_to = cmd->add_option("--round-to", o->round_to,
+                                   "structured: keep channel counts a multiple of N");
+  auto* shape = cmd->add_option("--shape", o->shapes,
+                                "structured: NAME=1x3x224x224 for the analysis run (dynamic dims "
+                                "default to 1)");
   cmd->add_option(
       "--recipe", o->recipe,
       "per-layer rules from YAML, first match wins (examples/recipe.yaml); local scope");
@@ -86,8 +233,18 @@ Action add_prune(CLI::App& app) {
                       "channel: M1,M2,M3,S1,S2,S3) after scaling pixels to [0, 1]"),
       cmd->add_option("--resize", o->resize, "grad, taylor: resize images to HxW")};
   std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
-  return [o, th, scope, data, data_opts, per_layer]() {
+  return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
+          sfl]() {
     namespace fs = std::filesystem;
+    if (structured->count() > 0) {
+      for (const auto* opt : {th, pattern, norm, sfl})
+        if (opt->count() > 0)
+          throw UsageError("[prune] " + opt->get_name() + " is for unstructured pruning, not --structured");
+      return run_structured(*o);
+    }
+    for (const auto* opt : {mla, round_to, shape})
+      if (opt->count() > 0)
+        throw UsageError("[prune] " + opt->get_name() + " is for --structured");
     std::optional<PruneRecipe> recipe;
     PruneOptions po;
     if (!o->recipe.empty()) {
@@ -156,25 +313,7 @@ Action add_prune(CLI::App& app) {
     ir::Model model = onnx::load_model(o->model);
     std::optional<Saliency> saliency;
     if (needs_data) {
-      LoaderOptions lo;
-      lo.batch_size = o->batch_size;
-      lo.seed = o->seed;
-      lo.drop_last = true;  // every calibration batch the same size
-      if (!o->normalize.empty()) parse_normalize(o->normalize, lo);
-      if (!o->resize.empty()) parse_resize(o->resize, lo);
-      LOPPER_CHECK(o->batch_size > 0, "[prune] --batch-size must be > 0, got ", o->batch_size);
-      // A model whose batch dimension is fixed takes batches of exactly that size.
-      if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
-      DataLoader loader(open_dataset(o->data, o->split), lo);
-      CalibrationOptions co;
-      co.batches = o->calib_batches;
-      co.device = o->device;
-      Progress bar("calibrate", std::min<int64_t>(co.batches, loader.batches_per_epoch()));
-      co.progress = [&](int64_t b, int64_t of, double loss) {
-        bar.update(b, fmt::format("loss {:.4f}", loss));
-      };
-      saliency = compute_saliency(model, loader, co);
-      bar.finish();
+      saliency = calibrate(*o, model);
     }
     const Saliency* sal = saliency ? &*saliency : nullptr;
     PruneReport r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);

@@ -1,6 +1,7 @@
 // Activations and the softmax family.
 #include <ATen/ATen.h>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -64,6 +65,20 @@ at::Tensor log_softmax_fn(const at::Tensor& v, int64_t d) {
 void unary(OpTable& t, const char* name,
            std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
   t.add({"", name, [fn](OpContext& c) { c.set_output(0, fn(c, c.input(0))); }});
+}
+
+// Channel rules: activations keep their input's channels; Softmax and its kin only when they
+// normalise over another axis.
+void softmax_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  const bool legacy = c.opset() < 13;  // opset < 13 flattens the axes from `axis` on
+  int64_t axis = c.attr_int("axis", legacy ? 1 : -1);
+  if (axis < 0) axis += rank;
+  if (x->axis == axis || (legacy && x->axis > axis))
+    return c.barrier(c.node().op_type + " normalises over the channels");
+  c.set_out(0, *x);
 }
 
 }  // namespace
@@ -136,6 +151,9 @@ void register_activation(OpTable& t) {
   unary(t, "LogSoftmax",
         [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, log_softmax_fn); });
   unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });
+  t.set_channels({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Gelu", "Mish", "ThresholdedRelu", "Shrink"}, channel_rules::same);
+  t.set_channels({"PRelu"}, channel_rules::broadcast);
+  t.set_channels({"Softmax", "LogSoftmax", "Hardmax"}, softmax_channels);
 }
 
 }  // namespace lopper::ops

@@ -1,6 +1,7 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
 #include "ops/conv_geometry.h"
 #include "ops/onednn.h"
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -238,12 +239,84 @@ int64_t conv_transpose_macs(const MacContext& m) {
   return numel_of(x) * per_input;
 }
 
+// Channel rules. A Conv's output channels are new atoms (its filters); its input channels shrink
+// the weight's axis 1. Depthwise convolutions carry their input's channels through (the group
+// attribute follows); other grouped convolutions lose as many channels from each group.
+void conv_channels(ChannelContext& c) {
+  at::Tensor w = c.constant(1);
+  if (!w.defined() || w.dim() < 3) return c.barrier("Conv weight computed at run time");
+  const Tracked* x = c.in(0);
+  if (x && x->axis != 1) return c.barrier("Conv input tracked off the channel axis");
+  const int64_t group = c.attr_int("group", 1), cout = w.size(0), cin = w.size(1) * group;
+  const bool bias = c.has_input(2);
+  if (group == 1) {
+    if (x) c.slice(1, 1, x->atoms, ParamRole::kWeightIn);
+    auto out = c.fresh(cout);
+    c.slice(1, 0, out, ParamRole::kWeightOut);
+    if (bias) c.slice(2, 0, out, ParamRole::kOther);
+    return c.set_out(0, Tracked{1, out});
+  }
+  if (group == cin && cout % cin == 0) {  // depthwise, channel multiplier cout / cin
+    if (!x) return;
+    const int64_t mult = cout / cin;
+    std::vector<int64_t> out;
+    for (int64_t a : x->atoms)
+      for (int64_t j = 0; j < mult; ++j) out.push_back(a);
+    c.slice(1, 0, out, ParamRole::kWeightOut);
+    if (bias) c.slice(2, 0, out, ParamRole::kOther);
+    auto in = x->atoms;
+    c.edit([in](ChannelEditor& e) {
+      for (auto& a : e.node().attrs)
+        if (a.name == "group") a.i = int64_t(e.kept(in).size());
+    });
+    return c.set_out(0, Tracked{1, out});
+  }
+  // Grouped: input and output channels each lose the same number from every group.
+  std::vector<int64_t> in = x ? x->atoms : std::vector<int64_t>{};
+  if (x) c.equal_blocks(in, group);
+  auto out = c.fresh(cout);
+  c.equal_blocks(out, group);
+  if (bias) c.slice(2, 0, out, ParamRole::kOther);
+  c.slice(1, 0, out, ParamRole::kWeightOut);  // for the scores; the edit below cuts the weight
+  c.edit([in, out, group](ChannelEditor& e) {
+    // The output-row slice already ran: rows are the kept outputs, group after group.
+    at::Tensor w = e.constant(1);
+    if (in.empty()) return;
+    const int64_t per_in = int64_t(in.size()) / group;
+    const int64_t rows_per = w.size(0) / group;
+    std::vector<at::Tensor> parts;
+    for (int64_t g = 0; g < group; ++g) {
+      std::vector<int64_t> keep;
+      for (int64_t p = 0; p < per_in; ++p)
+        if (!e.removed(in[g * per_in + p])) keep.push_back(p);
+      parts.push_back(w.narrow(0, g * rows_per, rows_per).index_select(1, at::tensor(keep)));
+    }
+    e.set_constant(1, at::cat(parts, 0).contiguous());
+  });
+  c.set_out(0, Tracked{1, out});
+}
+
+void conv_transpose_channels(ChannelContext& c) {
+  at::Tensor w = c.constant(1);
+  const Tracked* x = c.in(0);
+  if (!w.defined() || w.dim() < 3 || c.attr_int("group", 1) != 1)
+    return c.barrier("ConvTranspose with groups or a computed weight");
+  if (x && x->axis != 1) return c.barrier("ConvTranspose input tracked off the channel axis");
+  if (x) c.slice(1, 0, x->atoms, ParamRole::kWeightIn);
+  auto out = c.fresh(w.size(1));
+  c.slice(1, 1, out, ParamRole::kWeightOut);
+  if (c.has_input(2)) c.slice(2, 0, out, ParamRole::kOther);
+  c.set_out(0, Tracked{1, out});
+}
+
 }  // namespace
 
 void register_conv(OpTable& t) {
   t.add({"", "Conv", conv_forward, conv_macs});
   t.add({"", "ConvTranspose", conv_transpose_forward, conv_transpose_macs});
   t.add({"ai.lopper", "FusedConv", conv_forward, conv_macs});
+  t.set_channels({"Conv"}, conv_channels);
+  t.set_channels({"ConvTranspose"}, conv_transpose_channels);
 }
 
 }  // namespace lopper::ops

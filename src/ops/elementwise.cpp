@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -358,6 +359,8 @@ void register_elementwise(OpTable& t) {
            c.set_output(0, cast_to(c.input(0), to, c.attr_int("saturate", 1) != 0));
          }});
   t.add({"", "Identity", [](OpContext& c) { c.set_output(0, c.input(0)); }});
+  t.set_channels({"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}, channel_rules::broadcast);
+  t.set_channels({"Neg", "Abs", "Sign", "Reciprocal", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "IsNaN", "IsInf", "Not", "Clip", "Cast", "CastLike", "Identity"}, channel_rules::same);
 }
 
 }  // namespace lopper::ops

@@ -2,6 +2,7 @@
 // kernel (ATen's BLAS or oneDNN with a reordered weight) is chosen by timing both on the layer's
 // real shape, once.
 #include "ops/onednn.h"
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -126,12 +127,83 @@ int64_t matmul_macs(const MacContext& m) {
   return numel_of(m.out_shapes[0]) * k;
 }
 
+// Channel rules. A constant weight makes the layer's output features new atoms and its input
+// features shrink the weight's reduction axis. MatMul between two activations (attention) couples
+// the contracted axis of both sides and carries row, column and batch axes through.
+void gemm_channels(ChannelContext& c) {
+  at::Tensor b = c.constant(1);
+  const Tracked* a = c.in(0);
+  if (!b.defined() || b.dim() != 2 || c.in(1) || c.in(2))
+    return c.barrier("Gemm with a weight computed at run time");
+  const bool ta = c.attr_int("transA", 0) != 0, tb = c.attr_int("transB", 0) != 0;
+  if (a) {
+    if (a->axis != (ta ? 0 : 1)) return c.barrier("Gemm input tracked off its features");
+    c.slice(1, tb ? 1 : 0, a->atoms, ParamRole::kWeightIn);
+  }
+  auto out = c.fresh(b.size(tb ? 0 : 1));
+  c.slice(1, tb ? 0 : 1, out, ParamRole::kWeightOut);
+  if (c.has_input(2)) {
+    const auto& cs = c.in_shape(2);
+    if (!cs.empty() && cs.back() == int64_t(out.size()) && out.size() > 1) {
+      if (!c.constant(2).defined()) return c.pin(out, "Gemm bias computed at run time");
+      c.slice(2, int64_t(cs.size()) - 1, out, ParamRole::kOther);
+    }
+  }
+  c.set_out(0, Tracked{1, out});
+}
+
+void matmul_channels(ChannelContext& c) {
+  const auto& as = c.in_shape(0);
+  const auto& bs = c.in_shape(1);
+  const int64_t ra = int64_t(as.size()), rb = int64_t(bs.size()), ro = int64_t(c.out_shape(0).size());
+  if (ra < 2 || rb < 2) return c.barrier("MatMul with a 1-D operand");
+  const Tracked* a = c.in(0);
+  const Tracked* b = c.in(1);
+  at::Tensor bc = b ? at::Tensor() : c.constant(1);
+  if (bc.defined() && bc.dim() == 2) {  // a linear layer
+    if (a && a->axis == ra - 1) {
+      c.slice(1, 0, a->atoms, ParamRole::kWeightIn);
+    } else if (a) {  // rows or batch axes carried through; the features stay
+      return c.set_out(0, Tracked{a->axis + ro - ra, a->atoms});
+    }
+    auto out = c.fresh(bc.size(1));
+    c.slice(1, 1, out, ParamRole::kWeightOut);
+    return c.set_out(0, Tracked{ro - 1, out});
+  }
+  // Two activations (or a batched constant): couple the contracted axes, carry the rest.
+  if (bc.defined()) return c.barrier("MatMul with a batched constant weight");
+  int64_t out_axis = -1;
+  std::vector<int64_t> out;
+  auto carry = [&](int64_t axis, const std::vector<int64_t>& atoms) {
+    if (out_axis < 0) {
+      out_axis = axis, out = atoms;
+      return true;
+    }
+    if (axis != out_axis) return false;
+    c.couple(out, atoms);
+    return true;
+  };
+  bool a_k = a && a->axis == ra - 1, b_k = b && b->axis == rb - 2;
+  if (a_k && b_k) {
+    c.couple(a->atoms, b->atoms);
+  } else if (a_k || b_k) {
+    return c.barrier("MatMul contracts channels with an untracked operand");
+  }
+  bool ok = true;
+  if (a && !a_k) ok = carry(a->axis == ra - 2 ? ro - 2 : a->axis + ro - ra, a->atoms);
+  if (b && !b_k && ok) ok = carry(b->axis == rb - 1 ? ro - 1 : b->axis + ro - rb, b->atoms);
+  if (!ok) return c.barrier("MatMul with channels on two output axes");
+  if (out_axis >= 0) c.set_out(0, Tracked{out_axis, out});
+}
+
 }  // namespace
 
 void register_gemm(OpTable& t) {
   t.add({"", "Gemm", gemm_forward, gemm_macs});
   t.add({"", "MatMul", matmul_forward, matmul_macs});
   t.add({"ai.lopper", "FusedMatMul", fused_matmul_forward, matmul_macs});
+  t.set_channels({"Gemm"}, gemm_channels);
+  t.set_channels({"MatMul"}, matmul_channels);
 }
 
 }  // namespace lopper::ops

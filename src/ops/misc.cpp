@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -618,6 +619,30 @@ void bernoulli(OpContext& c) {
   c.set_output(0, (u < pc).to(c.device(), t));
 }
 
+// Channel rules: Resize keeps the channels when it does not scale them (sizes are rewritten).
+void resize_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  if (x->axis != 1) return c.barrier("Resize tracked off the channel axis");
+  for (size_t i = 1; i < c.num_inputs(); ++i)
+    if (c.has_input(i) && (c.in(i) || !c.constant(i).defined()))
+      return c.barrier("Resize with scales or sizes computed at run time");
+  if (c.num_inputs() > 2 && c.has_input(2)) {
+    at::Tensor scales = c.constant(2);
+    if (scales.numel() > 1 && scales.to(at::kDouble).data_ptr<double>()[1] != 1.0)
+      return c.barrier("Resize scales the channels");
+  }
+  if (c.num_inputs() > 3 && c.has_input(3)) {
+    auto atoms = x->atoms;
+    c.edit([atoms](ChannelEditor& e) {
+      at::Tensor s = e.constant(3).clone();
+      s.data_ptr<int64_t>()[1] = int64_t(e.kept(atoms).size());
+      e.set_constant(3, s);
+    });
+  }
+  c.set_out(0, *x);
+}
+
 }  // namespace
 
 void register_misc(OpTable& t) {
@@ -649,6 +674,7 @@ void register_misc(OpTable& t) {
          },
          {}, false});
   t.add({"", "Bernoulli", bernoulli, {}, false});
+  t.set_channels({"Resize"}, resize_channels);
 }
 
 }  // namespace lopper::ops

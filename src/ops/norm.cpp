@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -240,6 +241,41 @@ void lrn(OpContext& c) {
   c.set_output(0, x / at::pow(sum * (alpha / static_cast<double>(size)) + bias, beta));
 }
 
+// Channel rules: the per-channel parameters follow the channels on axis 1 (BatchNormalization,
+// InstanceNormalization) or on the normalised axes (LayerNormalization: the statistics then cover
+// the channels that stay, as in Torch-Pruning's hidden-size pruning).
+void batch_norm_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  if (x->axis != 1) return c.barrier("normalisation tracked off the channel axis");
+  for (size_t i = 1; i < c.num_inputs(); ++i) {
+    if (c.in(i) || (c.has_input(i) && !c.constant(i).defined()))
+      return c.barrier("normalisation parameters computed at run time");
+    if (c.has_input(i))
+      c.slice(i, 0, x->atoms, i == 1 ? ParamRole::kNormScale : ParamRole::kOther);
+  }
+  c.set_out(0, *x);
+}
+
+void layer_norm_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  int64_t axis = c.attr_int("axis", -1);
+  if (axis < 0) axis += rank;
+  if (x->axis >= axis) {
+    for (size_t i = 1; i < 3 && i < c.num_inputs(); ++i) {
+      if (!c.has_input(i)) continue;
+      at::Tensor p = c.constant(i);
+      if (!p.defined() || c.in(i)) return c.barrier("LayerNormalization parameters computed at run time");
+      int64_t pa = x->axis - (rank - p.dim());
+      if (pa >= 0 && p.size(pa) > 1)
+        c.slice(i, pa, x->atoms, i == 1 ? ParamRole::kNormScale : ParamRole::kOther);
+    }
+  }
+  c.set_out(0, *x);
+}
+
 }  // namespace
 
 void register_norm(OpTable& t) {
@@ -251,6 +287,8 @@ void register_norm(OpTable& t) {
   t.add({"", "MeanVarianceNormalization", mvn});
   t.add({"", "RMSNormalization", rms_norm});
   t.add({"", "LRN", lrn});
+  t.set_channels({"BatchNormalization", "InstanceNormalization"}, batch_norm_channels);
+  t.set_channels({"LayerNormalization"}, layer_norm_channels);
 }
 
 }  // namespace lopper::ops

@@ -121,6 +121,9 @@ struct MacContext : AttrReader {
 
 using Forward = std::function<void(OpContext&)>;
 using MacCount = std::function<int64_t(const MacContext&)>;
+class ChannelContext;  // ops/channels.h
+/// How the op carries prunable channels (ops/channels.h); empty: a barrier to structured pruning.
+using ChannelRule = std::function<void(ChannelContext&)>;
 
 struct OpDef {
   std::string domain;  // "" for ai.onnx
@@ -128,12 +131,15 @@ struct OpDef {
   Forward forward;
   MacCount macs;           // empty: the op costs no multiply-accumulates worth counting
   bool deterministic = true;  // false for random ops (never constant-folded)
+  ChannelRule channels;       // set with OpTable::set_channels beside the op's registration
 };
 
 class OpTable {
  public:
   static const OpTable& global();
   void add(OpDef def);
+  /// Gives the registered op(s) `op_types` (default domain) a channel rule.
+  void set_channels(std::initializer_list<const char*> op_types, ChannelRule rule);
   const OpDef* find(const std::string& domain, const std::string& op_type) const;
   std::vector<const OpDef*> all() const;
 

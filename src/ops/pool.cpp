@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cpu/pool.h"
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -366,6 +367,13 @@ void max_unpool(OpContext& c) {
   c.set_output(0, out);
 }
 
+// Channel rules: pooling acts on each channel alone (MaxPool's indices would change: a barrier).
+void pool_channels(ChannelContext& c) {
+  if (c.num_outputs() > 1 && !c.node().outputs[1].empty())
+    return c.barrier("MaxPool indices depend on the channel count");
+  channel_rules::spatial(c);
+}
+
 }  // namespace
 
 void register_pool(OpTable& t) {
@@ -376,6 +384,7 @@ void register_pool(OpTable& t) {
   t.add({"", "GlobalMaxPool", global_max_pool});
   t.add({"", "GlobalLpPool", global_lp_pool});
   t.add({"", "MaxUnpool", max_unpool});
+  t.set_channels({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}, pool_channels);
 }
 
 }  // namespace lopper::ops

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -198,6 +199,32 @@ void add_arg(OpTable& t, const char* name, bool is_max) {
          }});
 }
 
+// Channel rules: a reduction over other axes carries the channels (shifted when keepdims=0);
+// one over the channels is a barrier.
+void reduce_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  std::vector<int64_t> axes = c.attr_ints("axes");
+  if (c.num_inputs() > 1 && c.has_input(1)) {
+    at::Tensor t = c.constant(1);
+    if (!t.defined()) return c.barrier(c.node().op_type + " over axes computed at run time");
+    axes = to_int_vector(t);
+  }
+  if (axes.empty()) {
+    if (c.attr_int("noop_with_empty_axes", 0) != 0) return c.set_out(0, *x);
+    return c.barrier(c.node().op_type + " over every axis");
+  }
+  const bool keep = c.attr_int("keepdims", 1) != 0;
+  int64_t out = x->axis;
+  for (int64_t a : axes) {
+    if (a < 0) a += rank;
+    if (a == x->axis) return c.barrier(c.node().op_type + " over the channels");
+    if (a < x->axis && !keep) --out;
+  }
+  c.set_out(0, Tracked{out, x->atoms});
+}
+
 }  // namespace
 
 void register_reduce(OpTable& t) {
@@ -264,6 +291,7 @@ void register_reduce(OpTable& t) {
            c.set_output(0, vals);
            if (c.num_outputs() > 1) c.set_output(1, idx);
          }});
+  t.set_channels({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}, reduce_channels);
 }
 
 }  // namespace lopper::ops

@@ -89,6 +89,14 @@ void OpTable::add(OpDef def) {
   ops_.emplace(k, std::move(def));
 }
 
+void OpTable::set_channels(std::initializer_list<const char*> op_types, ChannelRule rule) {
+  for (const char* op : op_types) {
+    auto it = ops_.find(key_of("", op));
+    LOPPER_ASSERT(it != ops_.end(), "channel rule for an op that is not registered: ", op);
+    it->second.channels = rule;
+  }
+}
+
 const OpDef* OpTable::find(const std::string& domain, const std::string& op_type) const {
   auto it = ops_.find(key_of(domain, op_type));
   return it == ops_.end() ? nullptr : &it->second;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -359,8 +360,180 @@ void register_shape_ops(OpTable& t) {
   }});
 }
 
+// Channel rules for shape ops.
+void transpose_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  std::vector<int64_t> perm = c.attr_ints("perm");
+  if (perm.empty())
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  for (int64_t j = 0; j < int64_t(perm.size()); ++j)
+    if (perm[j] == x->axis) return c.set_out(0, Tracked{j, x->atoms});
+  c.barrier("Transpose without a valid perm");
+}
+
+void expand_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  at::Tensor shape = c.constant(1);
+  if (!shape.defined()) return c.barrier("Expand to a shape computed at run time");
+  const int64_t out_axis = x->axis + int64_t(c.out_shape(0).size() - c.in_shape(0).size());
+  const int64_t k = out_axis - (int64_t(c.out_shape(0).size()) - shape.numel());
+  const int64_t old = int64_t(x->atoms.size());
+  auto atoms = x->atoms;
+  if (k >= 0 && to_int_vector(shape)[k] == old)
+    c.edit([k, atoms](ChannelEditor& e) {
+      at::Tensor s = e.constant(1).clone();
+      s.data_ptr<int64_t>()[k] = int64_t(e.kept(atoms).size());
+      e.set_constant(1, s);
+    });
+  c.set_out(0, Tracked{out_axis, x->atoms});
+}
+
+void concat_channels(ChannelContext& c) {
+  const int64_t rank = int64_t(c.out_shape(0).size());
+  int64_t axis = c.attr_int("axis");
+  if (axis < 0) axis += rank;
+  int64_t other = -1;  // a tracked axis other than the concatenated one
+  bool along = false;
+  for (size_t i = 0; i < c.num_inputs(); ++i)
+    if (const Tracked* t = c.in(i)) {
+      if (t->axis == axis) {
+        along = true;
+      } else if (other < 0 || other == t->axis) {
+        other = t->axis;
+      } else {
+        return c.barrier("Concat of inputs tracked on different axes");
+      }
+    }
+  if (along && other >= 0) return c.barrier("Concat of inputs tracked on different axes");
+  if (along) {  // channels side by side: offsets follow from the kept counts
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < c.num_inputs(); ++i) {
+      std::vector<int64_t> part;
+      if (const Tracked* t = c.in(i)) {
+        part = t->atoms;
+      } else {
+        part = c.fresh(c.in_shape(i)[axis]);
+        c.pin(part, "concatenated with channels that are not tracked");
+      }
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return c.set_out(0, Tracked{axis, out});
+  }
+  if (other >= 0) channel_rules::broadcast(c);  // same channels in every input
+}
+
+void split_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  int64_t axis = c.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis != x->axis) {
+    for (size_t o = 0; o < c.num_outputs(); ++o) c.set_out(o, *x);
+    return;
+  }
+  if (c.has_input(1) && !c.constant(1).defined())
+    return c.barrier("Split sizes computed at run time");
+  std::vector<std::vector<int64_t>> parts;
+  int64_t at = 0;
+  for (size_t o = 0; o < c.num_outputs(); ++o) {
+    int64_t n = c.out_shape(o).empty() ? 0 : c.out_shape(o)[axis];
+    parts.emplace_back(x->atoms.begin() + at, x->atoms.begin() + at + n);
+    c.set_out(o, Tracked{axis, parts.back()});
+    at += n;
+  }
+  const bool as_input = c.opset() >= 13;
+  c.edit([parts, as_input](ChannelEditor& e) {
+    std::vector<int64_t> sizes;
+    for (const auto& p : parts) sizes.push_back(int64_t(e.kept(p).size()));
+    auto& attrs = e.node().attrs;
+    attrs.erase(std::remove_if(attrs.begin(), attrs.end(),
+                               [](const ir::Attribute& a) { return a.name == "num_outputs"; }),
+                attrs.end());
+    if (as_input) return e.set_constant(1, at::tensor(sizes, at::kLong));
+    for (auto& a : attrs)
+      if (a.name == "split") return void(a.ints = sizes);
+    ir::Attribute a;
+    a.name = "split";
+    a.type = ir::AttrType::kInts;
+    a.ints = sizes;
+    attrs.push_back(a);
+  });
+}
+
+void slice_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  const bool legacy = c.opset() < 10;  // starts/ends/axes as attributes
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (legacy) {
+    starts = c.attr_ints("starts"), ends = c.attr_ints("ends"), axes = c.attr_ints("axes");
+  } else {
+    for (size_t i = 1; i < c.num_inputs(); ++i)
+      if (c.has_input(i) && (c.in(i) || !c.constant(i).defined()))
+        return c.barrier("Slice bounds computed at run time");
+    starts = to_int_vector(c.constant(1)), ends = to_int_vector(c.constant(2));
+    if (c.has_input(3)) axes = to_int_vector(c.constant(3));
+    if (c.has_input(4)) steps = to_int_vector(c.constant(4));
+  }
+  if (axes.empty())
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(int64_t(i));
+  int64_t which = -1;
+  for (size_t i = 0; i < axes.size(); ++i)
+    if ((axes[i] < 0 ? axes[i] + rank : axes[i]) == x->axis) which = int64_t(i);
+  if (which < 0) return c.set_out(0, *x);
+  if (!steps.empty() && steps[which] != 1) return c.barrier("Slice of the channels with a step");
+  const int64_t n = int64_t(x->atoms.size());
+  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
+  const int64_t s = clampi(starts[which]), e = std::max(s, clampi(ends[which]));
+  std::vector<int64_t> all = x->atoms;
+  c.set_out(0, Tracked{x->axis, std::vector<int64_t>(all.begin() + s, all.begin() + e)});
+  c.edit([all, s, e, which, legacy](ChannelEditor& ed) {
+    int64_t ns = 0, ne = 0;
+    for (int64_t i = 0; i < e; ++i)
+      if (!ed.removed(all[i])) (i < s ? ns : ne)++;
+    ne += ns;
+    if (legacy) {
+      for (auto& a : ed.node().attrs) {
+        if (a.name == "starts") a.ints[which] = ns;
+        if (a.name == "ends") a.ints[which] = ne;
+      }
+      return;
+    }
+    for (auto [input, v] : {std::pair<size_t, int64_t>{1, ns}, {2, ne}}) {
+      at::Tensor t = ed.constant(input).clone().to(at::kLong);
+      t.data_ptr<int64_t>()[which] = v;
+      ed.set_constant(input, t.to(ed.constant(input).scalar_type()));
+    }
+  });
+}
+
+void shape_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  int64_t start = c.attr_int("start", 0), end = c.attr_int("end", rank);
+  if (start < 0) start += rank;
+  if (end < 0) end += rank;
+  if (x->axis >= start && x->axis < end) c.barrier("Shape reads the channel count");
+}
+
 }  // namespace
 
-void register_shape(OpTable& t) { register_shape_ops(t); }
+void register_shape(OpTable& t) {
+  register_shape_ops(t);
+  t.set_channels({"Reshape"}, [](ChannelContext& c) { channel_rules::reshape(c, 1); });
+  t.set_channels({"Flatten", "Squeeze", "Unsqueeze"}, [](ChannelContext& c) { channel_rules::reshape(c, -1); });
+  t.set_channels({"Transpose"}, transpose_channels);
+  t.set_channels({"Expand"}, expand_channels);
+  t.set_channels({"Concat"}, concat_channels);
+  t.set_channels({"Split"}, split_channels);
+  t.set_channels({"Slice"}, slice_channels);
+  t.set_channels({"Shape"}, shape_channels);
+}
 
 }  // namespace lopper::ops

@@ -2,6 +2,7 @@
 // ReverseSequence, Dropout.
 #include <algorithm>
 
+#include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -371,8 +372,57 @@ void register_tensor_ops(OpTable& t) {
   }});
 }
 
+// Channel rules: Pad keeps the channels when it pads none; Gather along another axis carries them,
+// and a Gather from a constant table (an embedding) makes the table's columns new atoms.
+void pad_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  if (!x) return;
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  std::vector<int64_t> pads = c.attr_ints("pads"), axes;
+  if (c.opset() >= 11) {
+    at::Tensor p = c.constant(1);
+    if (!p.defined()) return c.barrier("Pad amounts computed at run time");
+    pads = to_int_vector(p);
+    if (c.num_inputs() > 3 && c.has_input(3)) {
+      at::Tensor a = c.constant(3);
+      if (!a.defined()) return c.barrier("Pad axes computed at run time");
+      axes = to_int_vector(a);
+    }
+  }
+  if (axes.empty())
+    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+  const int64_t k = int64_t(axes.size());
+  for (int64_t i = 0; i < k && 2 * k <= int64_t(pads.size()); ++i)
+    if ((axes[i] < 0 ? axes[i] + rank : axes[i]) == x->axis && (pads[i] != 0 || pads[i + k] != 0))
+      return c.barrier("Pad pads the channels");
+  c.set_out(0, *x);
+}
+
+void gather_channels(ChannelContext& c) {
+  const Tracked* x = c.in(0);
+  const int64_t rank = int64_t(c.in_shape(0).size());
+  int64_t axis = c.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  const int64_t irank = int64_t(c.in_shape(1).size());
+  if (c.in(1)) return c.barrier("Gather indices carry channels");
+  if (!x) {
+    at::Tensor table = c.constant(0);
+    if (!table.defined() || table.dim() != 2 || axis != 0 || c.constant(1).defined()) return;
+    auto out = c.fresh(table.size(1));  // an embedding's features
+    c.slice(0, 1, out, ParamRole::kWeightOut);
+    return c.set_out(0, Tracked{irank, out});
+  }
+  if (axis == x->axis) return c.barrier("Gather picks channels");
+  c.set_out(0, Tracked{x->axis < axis ? x->axis : x->axis - 1 + irank, x->atoms});
+}
+
 }  // namespace
 
-void register_tensor(OpTable& t) { register_tensor_ops(t); }
+void register_tensor(OpTable& t) {
+  register_tensor_ops(t);
+  t.set_channels({"Pad"}, pad_channels);
+  t.set_channels({"Gather"}, gather_channels);
+  t.set_channels({"Dropout"}, channel_rules::same);
+}
 
 }  // namespace lopper::ops

@@ -1,0 +1,74 @@
+// Structured pruning: whole channels (conv filters, linear neurons) and attention heads are removed
+// and the model physically shrinks. A dependency graph built from the op table's channel rules
+// finds everything that must shrink together (the next layers' inputs, normalisation parameters,
+// residual branches, concatenations, splits, grouped convolutions, flattens, head reshapes); an op
+// without a rule is a barrier the pruning never crosses, and the report names it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+#include "lopper/prune.h"
+
+namespace lopper {
+
+enum class ChannelImportance {
+  kL1,      // L1 norm of every weight slice in the group (filters, neurons and the next layers' inputs)
+  kL2,      // L2 norm of the same
+  kBN,      // |gamma| of the group's BatchNormalization/InstanceNormalization/LayerNormalization
+  kTaylor,  // first-order Taylor saliency sum |w * dL/dw| over the group (needs a Saliency)
+  kFPGM,    // distance of each filter to the others (He et al. 2019's geometric median criterion)
+  kRandom,  // uniform random scores (seeded): the baseline
+};
+enum class StructuredUnit { kChannel, kHead };
+
+struct StructuredOptions {
+  StructuredUnit unit = StructuredUnit::kChannel;  // kHead: only groups that hold attention heads
+  ChannelImportance importance = ChannelImportance::kL1;
+  PruneAmount amount;                  // of each group's channels (local) or of all (global)
+  PruneScope scope = PruneScope::kLocal;
+  double max_layer_amount = 0.9;       // global: no group loses more than this share
+  int64_t round_to = 1;                // keep channel counts a multiple of this
+  std::string exclude;                 // ECMAScript regex on the names of a group's layers
+  uint64_t seed = 0;                   // kRandom
+  const PruneRecipe* recipe = nullptr; // per-group amount or skip, by the first rule matching a layer
+  /// Input shapes for the analysis run (by name); dynamic dims default to 1.
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+};
+
+struct ChannelGroupReport {
+  int64_t id = 0;
+  std::string kind;                 // "channel" or "head"
+  std::vector<std::string> layers;  // the nodes whose parameters or shapes shrink with the group
+  int64_t size_before = 0, size_after = 0;
+  double score = 0;                 // mean importance of the group's channels
+  std::string blocked;              // why it cannot be pruned (a barrier, a graph output ...)
+  std::string rule;                 // recipes: the rule that set its amount
+  std::vector<int64_t> removed;     // indices of the removed channels (0 .. size_before - 1)
+};
+
+struct StructuredReport {
+  std::vector<ChannelGroupReport> groups;
+  std::vector<std::string> barriers;  // "node 'X' (Op): why", once each
+  std::vector<std::string> warnings;
+  int64_t channels_before = 0, channels_after = 0;  // over the groups that could be pruned
+};
+
+/// "l1" | "l2" | "bn" | "taylor" | "fpgm" | "random"; throws lopper::Error on anything else.
+ChannelImportance parse_channel_importance(const std::string& s);
+const char* importance_name(ChannelImportance i);
+
+/// The channel groups of `model` and its barriers, without pruning.
+StructuredReport channel_groups(const ir::Model& model, const StructuredOptions& opts = {});
+
+/// Removes channels (or heads) from `model` as `opts` says: parameters are sliced, shape constants
+/// and group attributes rewritten. Amount 0 leaves the model unchanged. Throws lopper::Error
+/// ("[prune] ...") on bad options, when taylor has no `saliency`, and when no group can be pruned;
+/// the model is untouched then.
+StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
+                                  const Saliency* saliency = nullptr);
+
+}  // namespace lopper

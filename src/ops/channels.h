@@ -1,0 +1,122 @@
+// Channel rules: how an op carries prunable channels from its inputs to its outputs and to its
+// weights. The dependency graph (src/prune/depgraph.cpp) is built from these rules alone; an op
+// without one is a barrier that structured pruning never crosses. Internal header.
+//
+// A channel is an "atom": one unit that a structured prune keeps or removes everywhere at once.
+// A value carries at most one tracked axis, and for each index along it the atom that index belongs
+// to (several indices may hold the same atom: Flatten after a Conv makes each channel a block of
+// features). Rules connect atoms: `couple` makes two atoms one (a residual Add), `fresh` makes new
+// ones (a Conv's output channels), `pin` forbids removing them (a graph output, a barrier).
+// Parameters and shape constants that must shrink with the atoms are recorded as edits and carried
+// out when the channels are removed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/op.h"
+
+namespace lopper::ops {
+
+/// A value's tracked axis and the atom of each index along it; axis < 0 when untracked.
+struct Tracked {
+  int64_t axis = -1;
+  std::vector<int64_t> atoms;
+  bool tracked() const { return axis >= 0; }
+};
+
+/// What a parameter slice is, for the importance scores.
+enum class ParamRole {
+  kWeightOut,  // a layer's weight along its output channels (a filter, a neuron's row)
+  kWeightIn,   // a layer's weight along its input channels
+  kNormScale,  // BatchNormalization / InstanceNormalization / LayerNormalization gamma
+  kOther,      // biases, running statistics, per-channel constants
+};
+
+/// Carries out one edit when channels are removed.
+class ChannelEditor {
+ public:
+  virtual ~ChannelEditor() = default;
+  virtual bool removed(int64_t atom) const = 0;
+  /// The node the edit belongs to (its attributes may be rewritten).
+  virtual ir::Node& node() = 0;
+  /// The current value of a constant input (initializer, Constant node, or either through a
+  /// Transpose), after the edits before this one.
+  virtual at::Tensor constant(size_t input) = 0;
+  /// Replaces a constant input's value. A tensor read by other nodes too is copied for this node.
+  virtual void set_constant(size_t input, const at::Tensor& value) = 0;
+  /// Indices along an axis of `atoms.size()` whose atom stays.
+  std::vector<int64_t> kept(const std::vector<int64_t>& atoms) const {
+    std::vector<int64_t> k;
+    for (size_t i = 0; i < atoms.size(); ++i)
+      if (!removed(atoms[i])) k.push_back(int64_t(i));
+    return k;
+  }
+};
+using ChannelEdit = std::function<void(ChannelEditor&)>;
+
+/// What a channel rule sees (the node, static shapes from one run, the tracked inputs) and does.
+class ChannelContext : public AttrReader {
+ public:
+  using AttrReader::AttrReader;
+  virtual ~ChannelContext() = default;
+
+  /// The model's opset for the node's domain.
+  virtual int64_t opset() const = 0;
+  virtual size_t num_inputs() const = 0;
+  virtual size_t num_outputs() const = 0;
+  virtual bool has_input(size_t i) const = 0;
+  /// Static shapes seen when the model ran once; empty for a missing input.
+  virtual const std::vector<int64_t>& in_shape(size_t i) const = 0;
+  virtual const std::vector<int64_t>& out_shape(size_t i) const = 0;
+  /// The tracked axis of input i, or nullptr.
+  virtual const Tracked* in(size_t i) const = 0;
+  /// Input i's value when it is constant (initializer, Constant node, a Transpose of either);
+  /// undefined otherwise.
+  virtual at::Tensor constant(size_t i) const = 0;
+
+  virtual void set_out(size_t o, Tracked t) = 0;
+  /// New atoms, one per index (the output channels of a layer). Their source is this node.
+  virtual std::vector<int64_t> fresh(int64_t n) = 0;
+  /// Makes a[i] and b[i] one atom for every i (sizes must agree).
+  virtual void couple(const std::vector<int64_t>& a, const std::vector<int64_t>& b) = 0;
+  /// These atoms can never be removed; `why` goes in the report.
+  virtual void pin(const std::vector<int64_t>& atoms, const std::string& why) = 0;
+  /// Pins every tracked input: this node cannot follow a change of its channels.
+  void barrier(const std::string& why) {
+    for (size_t i = 0; i < num_inputs(); ++i)
+      if (const Tracked* t = in(i)) pin(t->atoms, why);
+  }
+  /// Constant input `input` shrinks along `axis` with `atoms` (its size along the axis).
+  virtual void slice(size_t input, int64_t axis, const std::vector<int64_t>& atoms,
+                     ParamRole role) = 0;
+  /// Any other edit (shape constants, attributes); run in the order recorded.
+  virtual void edit(ChannelEdit e) = 0;
+  /// The atoms split into `blocks` equal contiguous blocks must lose as many atoms from each
+  /// (grouped convolution).
+  virtual void equal_blocks(const std::vector<int64_t>& atoms, int64_t blocks) = 0;
+  /// Marks these atoms as attention heads (for --structured head).
+  virtual void mark_heads(const std::vector<int64_t>& atoms) = 0;
+};
+
+using ChannelRule = std::function<void(ChannelContext&)>;
+
+// Rules shared by several op families (src/ops/channel_rules.cpp).
+namespace channel_rules {
+/// Elementwise, one output, numpy broadcasting (Add, Mul, Where, Max, PRelu ...): tracked axes
+/// that land on the same output axis are coupled; constants with the channel's size along it are
+/// sliced; an untracked activation that has it pins the channels.
+void broadcast(ChannelContext& c);
+/// Output 0 = input 0's channels (activations, Dropout, Cast, Identity ...).
+void same(ChannelContext& c);
+/// Per-channel ops on [N, C, ...] (pooling, Resize with scale 1 on C ...): channels must be axis 1.
+void spatial(ChannelContext& c);
+/// A reshape (Reshape, Flatten, Squeeze, Unsqueeze): maps the tracked axis by the in/out shapes;
+/// `target_input` >= 0 is the input whose constant holds the target shape (rewritten).
+void reshape(ChannelContext& c, int64_t target_input);
+}  // namespace channel_rules
+
+}  // namespace lopper::ops

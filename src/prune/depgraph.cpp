@@ -1,0 +1,304 @@
+// The dependency graph: one topological pass that gives every node's channel rule its tracked
+// inputs, shapes and constants, and records the atoms, couplings, pins, slices and edits the rules
+// make. Then, once the caller has chosen what goes, the edits run on the model.
+#include "prune/depgraph.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/error.h"
+
+namespace lopper::depgraph {
+
+namespace {
+
+const ir::Node* producer(const ir::Graph& g, const std::string& name) {
+  for (const auto& n : g.nodes)
+    for (const auto& o : n.outputs)
+      if (o == name) return &n;
+  return nullptr;
+}
+
+at::Tensor constant_node_value(const ir::Node& n) {
+  for (const auto& a : n.attrs) {
+    if (a.name == "value" && a.type == ir::AttrType::kTensor) return a.t;
+    if (a.name == "value_ints") return at::tensor(a.ints, at::kLong);
+    if (a.name == "value_int") return at::scalar_tensor(a.i, at::kLong);
+    if (a.name == "value_floats") return at::tensor(a.floats, at::kFloat);
+    if (a.name == "value_float") return at::scalar_tensor(a.f, at::kFloat);
+  }
+  return {};
+}
+
+std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = int64_t(i);
+  return inv;
+}
+
+class Context final : public ops::ChannelContext {
+ public:
+  Context(const ir::Model& m, size_t index, const NodeIO& io, DepGraph& dg,
+          std::unordered_map<std::string, ops::Tracked>& tracked)
+      : ChannelContext(m.graph.nodes[index]), model_(m), index_(index), io_(io), dg_(dg),
+        tracked_(tracked) {}
+
+  int64_t opset() const override { return model_.opset(node().domain); }
+  size_t num_inputs() const override { return node().inputs.size(); }
+  size_t num_outputs() const override { return node().outputs.size(); }
+  bool has_input(size_t i) const override {
+    return i < node().inputs.size() && !node().inputs[i].empty();
+  }
+  const std::vector<int64_t>& in_shape(size_t i) const override {
+    return i < io_.in.size() ? io_.in[i] : empty_;
+  }
+  const std::vector<int64_t>& out_shape(size_t i) const override {
+    return i < io_.out.size() ? io_.out[i] : empty_;
+  }
+  const ops::Tracked* in(size_t i) const override {
+    if (!has_input(i)) return nullptr;
+    auto it = tracked_.find(node().inputs[i]);
+    return it == tracked_.end() ? nullptr : &it->second;
+  }
+  at::Tensor constant(size_t i) const override {
+    if (!has_input(i)) return {};
+    ConstRef ref;
+    at::Tensor v;
+    return resolve_constant(model_.graph, node().inputs[i], ref, v) ? v : at::Tensor();
+  }
+  void set_out(size_t o, ops::Tracked t) override {
+    if (o >= node().outputs.size() || node().outputs[o].empty()) return;
+    const auto& shape = out_shape(o);
+    if (t.axis < 0 || t.axis >= int64_t(shape.size()) || shape[t.axis] != int64_t(t.atoms.size())) {
+      pin(t.atoms, "channel rule of " + node().op_type + " disagrees with the shapes");
+      return;
+    }
+    dg_.tracked_values.push_back(node().outputs[o]);
+    tracked_[node().outputs[o]] = std::move(t);
+  }
+  std::vector<int64_t> fresh(int64_t n) override {
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t a = int64_t(dg_.parent.size());
+      dg_.parent.push_back(a);
+      dg_.source.push_back(index_);
+      dg_.pinned.emplace_back();
+      dg_.head.push_back(0);
+      out.push_back(a);
+    }
+    return out;
+  }
+  void couple(const std::vector<int64_t>& a, const std::vector<int64_t>& b) override {
+    LOPPER_ASSERT(a.size() == b.size(), "couple of ", a.size(), " and ", b.size(), " atoms");
+    for (size_t i = 0; i < a.size(); ++i) dg_.unite(a[i], b[i]);
+  }
+  void pin(const std::vector<int64_t>& atoms, const std::string& why) override {
+    std::string where = "node '" + node().label() + "' (" + node().op_type + "): " + why;
+    bool any = false;
+    for (int64_t a : atoms)
+      if (dg_.pinned[a].empty()) dg_.pinned[a] = where, any = true;
+    if (any) note_barrier(where);
+  }
+  void slice(size_t input, int64_t axis, const std::vector<int64_t>& atoms,
+             ops::ParamRole role) override {
+    Slice s;
+    s.node = index_, s.input = input, s.axis = axis, s.atoms = atoms, s.role = role;
+    if (!has_input(input) || !resolve_constant(model_.graph, node().inputs[input], s.ref, s.value) ||
+        axis >= s.value.dim() || s.value.size(axis) != int64_t(atoms.size())) {
+      pin(atoms, "a parameter that cannot follow the channels");
+      return;
+    }
+    dg_.slices.push_back(s);
+    dg_.edits.push_back({index_, [input, axis, atoms](ops::ChannelEditor& e) {
+                           auto keep = e.kept(atoms);
+                           if (keep.size() == atoms.size()) return;
+                           at::Tensor t = e.constant(input);
+                           e.set_constant(input, t.index_select(axis, at::tensor(keep)).contiguous());
+                         }});
+  }
+  void edit(ops::ChannelEdit e) override { dg_.edits.push_back({index_, std::move(e)}); }
+  void equal_blocks(const std::vector<int64_t>& atoms, int64_t blocks) override {
+    dg_.blocks.emplace_back(atoms, blocks);
+  }
+  void mark_heads(const std::vector<int64_t>& atoms) override {
+    for (int64_t a : atoms) dg_.head[a] = 1;
+  }
+
+  void note_barrier(const std::string& what) {
+    for (const auto& b : dg_.barriers)
+      if (b == what) return;
+    dg_.barriers.push_back(what);
+  }
+
+ private:
+  const ir::Model& model_;
+  size_t index_;
+  const NodeIO& io_;
+  DepGraph& dg_;
+  std::unordered_map<std::string, ops::Tracked>& tracked_;
+  std::vector<int64_t> empty_;
+};
+
+class Editor final : public ops::ChannelEditor {
+ public:
+  Editor(ir::Graph& g, size_t index, const DepGraph& dg, const std::vector<char>& removed,
+         std::unordered_set<std::string>& replaced)
+      : g_(g), index_(index), dg_(dg), removed_(removed), replaced_(replaced) {}
+
+  bool removed(int64_t atom) const override {
+    return removed_[const_cast<DepGraph&>(dg_).find(atom)] != 0;
+  }
+  ir::Node& node() override { return g_.nodes[index_]; }
+  at::Tensor constant(size_t input) override {
+    ConstRef ref;
+    at::Tensor v;
+    LOPPER_ASSERT(input < node().inputs.size() &&
+                      resolve_constant(g_, node().inputs[input], ref, v),
+                  "edit of a non-constant input ", input, " of ", node().label());
+    return v;
+  }
+  void set_constant(size_t input, const at::Tensor& value) override {
+    ir::Node& n = node();
+    if (input >= n.inputs.size()) n.inputs.resize(input + 1);
+    ConstRef ref;
+    at::Tensor old;
+    const bool known = !n.inputs[input].empty() && resolve_constant(g_, n.inputs[input], ref, old);
+    if (known && readers(n.inputs[input]) == 1 && (ref.perm.empty() || readers(ref.name) == 1)) {
+      at::Tensor v = ref.perm.empty() ? value : value.permute(inverse(ref.perm)).contiguous();
+      if (ref.is_initializer) {
+        g_.find_initializer(ref.name)->value = v.contiguous();
+        replaced_.insert(ref.name);  // its declared shape (value_info, graph input) is stale
+      } else {
+        ir::Node* c = const_cast<ir::Node*>(producer(g_, ref.name));
+        c->attrs.clear();
+        ir::Attribute a;
+        a.name = "value", a.type = ir::AttrType::kTensor, a.t = v.contiguous();
+        c->attrs.push_back(a);
+      }
+      return;
+    }
+    // Shared (or new): this node gets its own initializer with the reader's view.
+    std::string base = (known ? ref.name : n.label()) + "_pruned";
+    std::string name = base;
+    for (int k = 1; g_.find_initializer(name) || producer(g_, name); ++k)
+      name = base + "_" + std::to_string(k);
+    if (known) replaced_.insert(ref.name);
+    g_.initializers.push_back({name, value.contiguous(), "", false});
+    n.inputs[input] = name;
+  }
+
+ private:
+  int64_t readers(const std::string& name) const {
+    int64_t r = 0;
+    for (const auto& n : g_.nodes)
+      for (const auto& i : ir::node_reads(n)) r += i == name;
+    for (const auto& o : g_.outputs) r += o.name == name;
+    return r;
+  }
+  ir::Graph& g_;
+  size_t index_;
+  const DepGraph& dg_;
+  const std::vector<char>& removed_;
+  std::unordered_set<std::string>& replaced_;
+};
+
+}  // namespace
+
+bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref, at::Tensor& value) {
+  ref = {};
+  if (const auto* init = g.find_initializer(name)) {
+    ref.name = name, ref.is_initializer = true, value = init->value;
+    return true;
+  }
+  const ir::Node* p = producer(g, name);
+  if (!p || !p->domain.empty()) return false;
+  if (p->op_type == "Constant") {
+    value = constant_node_value(*p);
+    ref.name = name, ref.is_initializer = false;
+    return value.defined();
+  }
+  if (p->op_type == "Transpose" && !p->inputs.empty()) {
+    ConstRef inner;
+    at::Tensor v;
+    if (!resolve_constant(g, p->inputs[0], inner, v) || !inner.perm.empty()) return false;
+    std::vector<int64_t> perm;
+    if (const auto* a = p->attr("perm")) perm = a->ints;
+    if (perm.empty())
+      for (int64_t i = v.dim() - 1; i >= 0; --i) perm.push_back(i);
+    if (int64_t(perm.size()) != v.dim()) return false;
+    ref = inner, ref.perm = perm, value = v.permute(perm);
+    return true;
+  }
+  return false;
+}
+
+DepGraph build(const ir::Model& model, const NodeShapes& shapes) {
+  const ir::Graph& g = model.graph;
+  const auto& table = ops::OpTable::global();
+  DepGraph dg;
+  std::unordered_map<std::string, ops::Tracked> tracked;
+  NodeIO none;
+  for (size_t idx : g.topological_order()) {
+    const ir::Node& n = g.nodes[idx];
+    auto it = shapes.find(&n);
+    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked);
+    bool any_tracked = false;
+    for (const auto& r : ir::node_reads(n)) any_tracked |= tracked.count(r) > 0;
+    const ops::OpDef* def = table.find(n.domain, n.op_type);
+    bool has_subgraph = false;
+    for (const auto& a : n.attrs) has_subgraph |= a.g != nullptr || !a.graphs.empty();
+    if (!def || !def->channels || has_subgraph || it == shapes.end()) {
+      if (!any_tracked) continue;
+      std::string why = !def || !def->channels ? "no channel rule for " + n.op_type
+                        : has_subgraph        ? "subgraphs are not followed"
+                                              : "never ran";
+      for (const auto& r : ir::node_reads(n))
+        if (auto t = tracked.find(r); t != tracked.end()) ctx.pin(t->second.atoms, why);
+      continue;
+    }
+    def->channels(ctx);
+  }
+  for (const auto& o : g.outputs)
+    if (auto t = tracked.find(o.name); t != tracked.end()) {
+      const ir::Node* p = producer(g, o.name);
+      std::string where = "graph output '" + o.name + "'";
+      bool any = false;
+      for (int64_t a : t->second.atoms)
+        if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
+      if (any && p) dg.barriers.push_back(where);
+    }
+  return dg;
+}
+
+void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_class) {
+  ir::Graph& g = model.graph;
+  std::unordered_set<std::string> replaced;
+  for (const auto& e : dg.edits) {
+    Editor ed(g, e.node, dg, removed_class, replaced);
+    e.fn(ed);
+  }
+  // Constants that every reader stopped using, and intermediate shapes that changed.
+  std::unordered_set<std::string> read;
+  for (const auto& n : g.nodes)
+    for (const auto& r : ir::node_reads(n)) read.insert(r);
+  for (const auto& o : g.outputs) read.insert(o.name);
+  g.initializers.erase(std::remove_if(g.initializers.begin(), g.initializers.end(),
+                                      [&](const ir::Initializer& i) {
+                                        return replaced.count(i.name) && !read.count(i.name);
+                                      }),
+                       g.initializers.end());
+  std::unordered_set<std::string> changed(dg.tracked_values.begin(), dg.tracked_values.end());
+  changed.insert(replaced.begin(), replaced.end());
+  for (auto& in : g.inputs)  // old models list initializers as graph inputs too
+    if (const auto* init = g.find_initializer(in.name); init && changed.count(in.name)) {
+      in.type.dims.clear();
+      for (int64_t d : init->value.sizes()) in.type.dims.push_back({d, ""});
+    }
+  g.value_info.erase(std::remove_if(g.value_info.begin(), g.value_info.end(),
+                                    [&](const ir::ValueInfo& v) { return changed.count(v.name) > 0; }),
+                     g.value_info.end());
+}
+
+}  // namespace lopper::depgraph

@@ -1,0 +1,70 @@
+// The dependency graph over a model's channels, built from the op table's channel rules
+// (ops/channels.h) in one topological pass. Internal header.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "lopper/analysis.h"
+#include "lopper/graph.h"
+#include "ops/channels.h"
+
+namespace lopper::depgraph {
+
+/// A constant input as the rules see it: an initializer or a Constant node's value, possibly read
+/// through a Transpose (perm non-empty).
+struct ConstRef {
+  std::string name;            // the initializer, or the Constant node's output
+  bool is_initializer = true;
+  std::vector<int64_t> perm;   // the Transpose between it and the reader
+};
+
+struct Slice {
+  size_t node = 0;   // index in graph.nodes
+  size_t input = 0;
+  int64_t axis = 0;  // in the reader's view (through the Transpose)
+  std::vector<int64_t> atoms;
+  ops::ParamRole role = ops::ParamRole::kOther;
+  at::Tensor value;  // the reader's view of the tensor before any edit
+  ConstRef ref;
+};
+
+struct Edit {
+  size_t node = 0;
+  ops::ChannelEdit fn;
+};
+
+struct DepGraph {
+  std::vector<int64_t> parent;        // union-find over atoms
+  std::vector<size_t> source;         // per atom: the node that made it
+  std::vector<std::string> pinned;    // per atom: why it must stay (empty: free)
+  std::vector<char> head;             // per atom: part of an attention head split
+  std::vector<Slice> slices;
+  std::vector<Edit> edits;            // slices included, in the order recorded
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> blocks;  // equal_blocks constraints
+  std::vector<std::string> barriers;  // once each
+  std::vector<std::string> tracked_values;  // values whose shape may change
+
+  int64_t find(int64_t a) {
+    while (parent[a] != a) a = parent[a] = parent[parent[a]];
+    return a;
+  }
+  void unite(int64_t a, int64_t b) {
+    a = find(a), b = find(b);
+    if (a != b) parent[std::max(a, b)] = std::min(a, b);
+  }
+};
+
+/// Runs every node's channel rule over `model` with the shapes of one run.
+DepGraph build(const ir::Model& model, const NodeShapes& shapes);
+
+/// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either).
+bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref, at::Tensor& value);
+
+/// Carries out the edits on `model` (which must be the model `dg` was built from), with
+/// `removed(root)` saying which atom classes go.
+void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_class);
+
+}  // namespace lopper::depgraph

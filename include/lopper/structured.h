@@ -44,6 +44,7 @@ struct ChannelGroupReport {
   std::string kind;                 // "channel" or "head"
   std::vector<std::string> layers;  // the nodes whose parameters or shapes shrink with the group
   int64_t size_before = 0, size_after = 0;
+  int64_t blocks = 1;               // grouped convolution: channels go in equal numbers per group
   double score = 0;                 // mean importance of the group's channels
   std::string blocked;              // why it cannot be pruned (a barrier, a graph output ...)
   std::string rule;                 // recipes: the rule that set its amount

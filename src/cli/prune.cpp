@@ -139,6 +139,7 @@ int run_structured(const Opts& o) {
                          {"size_before", g.size_before}, {"size_after", g.size_after},
                          {"score", g.score}, {"removed", g.removed}};
     if (!g.blocked.empty()) jg["blocked"] = g.blocked;
+    if (g.blocks > 1) jg["blocks"] = g.blocks;
     if (!g.rule.empty()) jg["rule"] = g.rule;
     j["groups"].push_back(jg);
   }

@@ -105,17 +105,21 @@ void reshape(ChannelContext& c, int64_t target_input) {
   const int64_t channels = ish[a];
   auto atom_of = [&](int64_t f) { return t->atoms[(f / in_stride) % channels]; };
   // Candidate output axes: the one whose index decides the atom with the fewest atoms merged
-  // (a Flatten block needs none; a head split merges within heads or across them).
+  // (a Flatten block needs none; a head split merges within heads or across them). Whole heads
+  // take the outermost axis instead, unless it has 3 or fewer entries (packed q/k/v, k/v).
   int64_t best = -1;
   size_t best_merges = SIZE_MAX;
+  int64_t outer = -1;
   for (int64_t k = o0; k < o1; ++k) {
     if (osh[k] <= 1) continue;
+    if (outer < 0) outer = k;
     int64_t stride = pout[o1] / pout[k + 1];
     std::set<std::pair<int64_t, int64_t>> pairs;
     for (int64_t f = 0; f < total; ++f) pairs.insert({(f / stride) % osh[k], atom_of(f)});
     size_t merges = pairs.size() - size_t(osh[k]);
     if (merges < best_merges) best = k, best_merges = merges;
   }
+  if (c.whole_heads() && outer >= 0 && best_merges > 0 && osh[outer] > 3) best = outer;
   if (best < 0) return c.barrier("reshape drops the channel axis");
   const int64_t n = osh[best], stride = pout[o1] / pout[best + 1];
   std::vector<int64_t> out_atoms(n, -1);

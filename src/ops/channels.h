@@ -64,6 +64,9 @@ class ChannelContext : public AttrReader {
   using AttrReader::AttrReader;
   virtual ~ChannelContext() = default;
 
+  /// --structured head: a hidden axis split into [heads, head_dim] follows whole heads (the outer
+  /// axis) rather than one head_dim shared by all heads (the inner axis, fewest atoms merged).
+  virtual bool whole_heads() const = 0;
   /// The model's opset for the node's domain.
   virtual int64_t opset() const = 0;
   virtual size_t num_inputs() const = 0;

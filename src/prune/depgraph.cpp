@@ -41,10 +41,11 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
 class Context final : public ops::ChannelContext {
  public:
   Context(const ir::Model& m, size_t index, const NodeIO& io, DepGraph& dg,
-          std::unordered_map<std::string, ops::Tracked>& tracked)
+          std::unordered_map<std::string, ops::Tracked>& tracked, bool whole_heads)
       : ChannelContext(m.graph.nodes[index]), model_(m), index_(index), io_(io), dg_(dg),
-        tracked_(tracked) {}
+        tracked_(tracked), whole_heads_(whole_heads) {}
 
+  bool whole_heads() const override { return whole_heads_; }
   int64_t opset() const override { return model_.opset(node().domain); }
   size_t num_inputs() const override { return node().inputs.size(); }
   size_t num_outputs() const override { return node().outputs.size(); }
@@ -139,6 +140,7 @@ class Context final : public ops::ChannelContext {
   DepGraph& dg_;
   std::unordered_map<std::string, ops::Tracked>& tracked_;
   std::vector<int64_t> empty_;
+  bool whole_heads_;
 };
 
 class Editor final : public ops::ChannelEditor {
@@ -234,7 +236,7 @@ bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref
   return false;
 }
 
-DepGraph build(const ir::Model& model, const NodeShapes& shapes) {
+DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_heads) {
   const ir::Graph& g = model.graph;
   const auto& table = ops::OpTable::global();
   DepGraph dg;
@@ -243,7 +245,7 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes) {
   for (size_t idx : g.topological_order()) {
     const ir::Node& n = g.nodes[idx];
     auto it = shapes.find(&n);
-    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked);
+    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked, whole_heads);
     bool any_tracked = false;
     for (const auto& r : ir::node_reads(n)) any_tracked |= tracked.count(r) > 0;
     const ops::OpDef* def = table.find(n.domain, n.op_type);

@@ -57,8 +57,9 @@ struct DepGraph {
   }
 };
 
-/// Runs every node's channel rule over `model` with the shapes of one run.
-DepGraph build(const ir::Model& model, const NodeShapes& shapes);
+/// Runs every node's channel rule over `model` with the shapes of one run. `whole_heads`: see
+/// ops::ChannelContext::whole_heads.
+DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_heads);
 
 /// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either).
 bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref, at::Tensor& value);

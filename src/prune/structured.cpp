@@ -40,7 +40,7 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
   Analysis a;
   auto shapes = resolve_input_shapes(model, opts.input_shapes, 1);
   NodeShapes io = node_shapes(model, shapes);
-  a.dg = depgraph::build(model, io);
+  a.dg = depgraph::build(model, io, opts.unit == StructuredUnit::kHead);
   auto& dg = a.dg;
   const int64_t n_atoms = int64_t(dg.parent.size());
   // Classes and their sources.
@@ -95,8 +95,7 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
 }
 
 // Per-class importance of group `g`.
-void score(Analysis& a, const ir::Model& model, const StructuredOptions& opts,
-           const Saliency* saliency) {
+void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency) {
   auto& dg = a.dg;
   std::map<int64_t, double> s;  // class -> score (l2: sum of squares until the end)
   auto add = [&](const depgraph::Slice& sl, const at::Tensor& per_index) {
@@ -146,7 +145,6 @@ void score(Analysis& a, const ir::Model& model, const StructuredOptions& opts,
       if (!has_norm) g.blocked = "no normalisation scale to rank by (--method bn)";
     }
   }
-  (void)model;
 }
 
 std::string layer_names(const ir::Graph& g, const Group& grp, std::vector<std::string>* out) {
@@ -206,6 +204,7 @@ StructuredReport report_of(const ir::Model& model, const Analysis& a,
     if (!g.score.empty())
       gr.score = std::accumulate(g.score.begin(), g.score.end(), 0.0) / double(g.score.size());
     gr.blocked = g.blocked;
+    gr.blocks = g.blocks;
     gr.rule = rules[gi];
     for (size_t i : removed[gi]) gr.removed.push_back(int64_t(i));
     if (g.blocked.empty()) r.channels_before += gr.size_before, r.channels_after += gr.size_after;
@@ -263,7 +262,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     }
   }
   Analysis a = analyse(model, opts);
-  score(a, model, opts, saliency);
+  score(a, opts, saliency);
   const ir::Graph& graph = model.graph;
   std::vector<std::string> warnings;
 

@@ -216,3 +216,85 @@ TEST(PruneCli, GradAndTaylorCalibrateOnFashionMnist) {
   EXPECT_FALSE(at::equal(mask(g), mask(t)));
   EXPECT_FALSE(at::equal(mask(t), mask(l1)));
 }
+
+TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string in = fixture("small_cnn.ts.onnx"), out = tmp / "p.onnx";
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  } cases[] = {
+      {"--structured filter --amount 0.5", 2, "--structured takes channel or head"},
+      {"--structured channel", 2, "needs --amount"},
+      {"--structured channel --amount 1.5", 1, "amount must be in [0, 1]"},
+      {"--structured channel --amount 0.5 --method frob", 1, "unknown structured method"},
+      {"--structured channel --amount 0.5 --method taylor", 2, "give --data"},
+      {"--structured channel --amount 0.5 --data fashion-mnist", 2, "--data is for"},
+      {"--structured channel --amount 0.5 --round-to 0", 1, "--round-to must be >= 1"},
+      {"--structured channel --amount 0.5 --scope global --max-layer-amount 1.5", 1,
+       "--max-layer-amount"},
+      {"--structured channel --amount 0.5 --scope sideways", 1, "unknown scope"},
+      {"--structured channel --amount 0.5 --exclude '('", 1, "not a valid regex"},
+      {"--structured channel --amount 0.5 --pattern 2:4", 2, "is for unstructured pruning"},
+      {"--structured head --amount 0.5", 1, "no channel group can be pruned"},
+      {"--structured channel --amount 0.5 --exclude .", 1, "no channel group can be pruned"},
+      {"--method l1 --amount 0.5 --round-to 8", 2, "is for --structured"},
+      {"--structured channel --amount 0.5 --shape input=1x3", 1, ""},
+  };
+  for (const auto& c : cases) {
+    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
+  }
+}
+
+// Every importance criterion shrinks the CNN; the report's groups, sizes and the written model
+// agree; random depends on its seed; round-to keeps multiples; global respects max-layer-amount.
+TEST(PruneCli, StructuredShrinksTheModel) {
+  test::TempDir tmp;
+  std::string in = fixture("small_cnn.preserve.onnx");
+  auto report = [&](const std::string& args) {
+    std::string out = tmp / "s.onnx";
+    auto r = lopper_cli("prune " + in + " -o " + out + " --structured channel --json " + args);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j, nlohmann::json::parse(slurp(out + ".report.json")));
+    auto inspect = lopper_cli("inspect " + out + " --json");
+    EXPECT_EQ(inspect.code, 0) << inspect.err;
+    auto ji = nlohmann::json::parse(inspect.out);
+    EXPECT_EQ(ji["params"], j["params"]) << args;  // what the written model really holds
+    EXPECT_EQ(ji["macs"], j["macs"]) << args;
+    EXPECT_LT(j["params"].get<int64_t>(), j["params_before"].get<int64_t>()) << args;
+    EXPECT_LT(j["macs"].get<int64_t>(), j["macs_before"].get<int64_t>()) << args;
+    return j;
+  };
+  for (std::string m : {"l1", "l2", "bn", "fpgm", "random"}) {
+    auto j = report("--amount 0.5 --method " + m);
+    EXPECT_EQ(j["method"], m);
+    for (const auto& g : j["groups"])
+      if (!g.contains("blocked"))
+        EXPECT_EQ(g["size_after"].get<int64_t>(), g["size_before"].get<int64_t>() / 2) << m;
+  }
+  auto removed = [&](uint64_t seed) {
+    auto j = report("--amount 0.5 --method random --seed " + std::to_string(seed));
+    return j["groups"][0]["removed"];
+  };
+  EXPECT_EQ(removed(1), removed(1));
+  EXPECT_NE(removed(1), removed(2));
+  auto j = report("--amount 0.3 --round-to 8");
+  for (const auto& g : j["groups"])
+    if (!g.contains("blocked")) EXPECT_EQ(g["size_after"].get<int64_t>() % 8, 0) << g.dump();
+  j = report("--amount 0.6 --scope global --max-layer-amount 0.7");
+  int64_t before = 0, after = 0;
+  for (const auto& g : j["groups"]) {
+    if (g.contains("blocked")) continue;
+    before += g["size_before"].get<int64_t>(), after += g["size_after"].get<int64_t>();
+    EXPECT_GE(g["size_after"].get<int64_t>(),
+              g["size_before"].get<int64_t>() - int64_t(0.7 * g["size_before"].get<double>()));
+  }
+  EXPECT_EQ(before - after, int64_t(std::nearbyint(0.6 * double(before))));
+}

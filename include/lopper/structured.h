@@ -65,6 +65,20 @@ const char* importance_name(ChannelImportance i);
 /// The channel groups of `model` and its barriers, without pruning.
 StructuredReport channel_groups(const ir::Model& model, const StructuredOptions& opts = {});
 
+/// One parameter slice of a channel group, for penalties over whole groups (group lasso):
+/// initializer `weight` along `axis`, whose index i belongs to channel `channel[i]` of `group`.
+struct GroupSlice {
+  std::string weight;
+  int64_t axis = 0;
+  int64_t group = 0;
+  std::vector<int64_t> channel;
+};
+struct GroupSlices {
+  std::vector<int64_t> group_sizes;  // channels per group, for the groups that can be pruned
+  std::vector<GroupSlice> slices;    // their weights (filters, next layers' inputs) and norm scales
+};
+GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions& opts = {});
+
 /// Removes channels (or heads) from `model` as `opts` says: parameters are sliced, shape constants
 /// and group attributes rewritten. Amount 0 leaves the model unchanged. Throws lopper::Error
 /// ("[prune] ...") on bad options, when taylor has no `saliency`, and when no group can be pruned;

@@ -13,6 +13,7 @@
 
 #include "lopper/graph.h"
 #include "lopper/prune.h"
+#include "lopper/structured.h"
 
 namespace lopper {
 
@@ -43,11 +44,19 @@ struct TrainOptions {
   // Joint training: penalties added to the loss.
   double l1 = 0;           // λ Σ|w| over the prunable weights
   double bn_l1 = 0;        // λ Σ|γ| over BatchNormalization scales (network slimming)
-  double group_lasso = 0;  // λ Σ_c ||w_c||_2 over each prunable weight's output channels
+  double group_lasso = 0;  // λ Σ_c ||w_c||_2 over the channels c of the dependency graph's groups
+                           // (all their weights: filters, next layers' inputs, norm scales); per
+                           // output channel of each weight when the model has no group
 
   // Progressive pruning during training; `prune` holds method, final amount, scope, pattern.
   PruneSchedule schedule = PruneSchedule::kNone;
   PruneOptions prune;
+  /// Structured schedules: each event removes whole channels (or heads) and the model shrinks
+  /// while it trains; `prune.amount` is the final share of each group's channels (local) or of all
+  /// (global), `structured` the unit, criterion, scope, round-to and exclude. The optimiser's
+  /// state restarts after each removal.
+  bool structured_schedule = false;
+  StructuredOptions structured;
   int64_t rounds = 0, epochs_per_round = 0;  // iterative: epochs = rounds * epochs_per_round
   int64_t start_epoch = 0, end_epoch = 0;    // agp: the ramp, in epochs (end exclusive of training)
   int64_t every_epochs = 1;                  // agp: prune every this many epochs ...

@@ -95,7 +95,8 @@ void print_table_row(const std::string& what, const std::string& value) {
 Action add_train_command(CLI::App& app, bool finetune) {
   struct Opts {
     std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
-                            prune_pattern = "unstructured", every = "1", eval_split = "test";
+                            prune_pattern = "unstructured", every = "1", eval_split = "test",
+                            prune_structured;
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
@@ -136,7 +137,12 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--group-lasso", t.group_lasso,
                   "joint training: lambda * sum of output-channel L2 norms");
   cmd->add_option("--schedule", o->schedule, "progressive pruning: none (default) | iterative | agp");
-  cmd->add_option("--prune-method", o->prune_method, "l1 | random | grad | taylor");
+  cmd->add_option("--prune-method", o->prune_method,
+                  "l1 | random | grad | taylor; with --prune-structured: l1 | l2 | bn | taylor | "
+                  "fpgm | random");
+  cmd->add_option("--prune-structured", o->prune_structured,
+                  "channel | head: the schedule removes whole channels or heads; the model shrinks "
+                  "while it trains");
   cmd->add_option("--prune-amount", o->prune_amount, "the final sparsity, a fraction in [0, 1)");
   cmd->add_option("--prune-scope", o->prune_scope, "global (default) | local");
   cmd->add_option("--prune-pattern", o->prune_pattern, "unstructured (default) | N:M | row | column");
@@ -166,8 +172,20 @@ Action add_train_command(CLI::App& app, bool finetune) {
       if (o->prune_method.empty() || o->prune_amount.empty())
         throw UsageError("[train] --schedule " + o->schedule +
                          " needs --prune-method M and --prune-amount A");
-      t.prune.method = parse_prune_method(o->prune_method);
       t.prune.amount = PruneAmount::parse(o->prune_amount);
+      if (!o->prune_structured.empty()) {
+        t.structured_schedule = true;
+        if (o->prune_structured == "head")
+          t.structured.unit = StructuredUnit::kHead;
+        else if (o->prune_structured != "channel")
+          throw UsageError("[train] --prune-structured takes channel or head, got '" +
+                           o->prune_structured + "'");
+        t.structured.importance = parse_channel_importance(o->prune_method);
+        t.structured.seed = t.seed;
+        t.prune.method = PruneMethod::kL1;  // the amount's checks; the criterion is above
+      } else {
+        t.prune.method = parse_prune_method(o->prune_method);
+      }
       if (o->prune_scope == "global")
         t.prune.scope = PruneScope::kGlobal;
       else if (o->prune_scope == "local")
@@ -175,13 +193,16 @@ Action add_train_command(CLI::App& app, bool finetune) {
       else
         throw Error("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
       parse_prune_pattern(o->prune_pattern, t.prune);
+      t.structured.scope = t.prune.scope;
       if (t.prune.pattern != PrunePattern::kUnstructured) t.prune.scope = PruneScope::kLocal;
       t.prune.seed = t.seed;
       parse_every(o->every, t);
       if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)
         t.epochs = t.rounds * t.epochs_per_round;
-    } else if (!o->prune_method.empty() || !o->prune_amount.empty()) {
-      throw UsageError("[train] --prune-method/--prune-amount need --schedule iterative|agp");
+    } else if (!o->prune_method.empty() || !o->prune_amount.empty() ||
+               !o->prune_structured.empty()) {
+      throw UsageError(
+          "[train] --prune-method/--prune-amount/--prune-structured need --schedule iterative|agp");
     }
 
     configure_threads(o->threads);

@@ -241,6 +241,30 @@ StructuredReport channel_groups(const ir::Model& model, const StructuredOptions&
                    std::vector<std::string>(a.groups.size()));
 }
 
+GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions& opts) {
+  Analysis a = analyse(model, opts);
+  GroupSlices out;
+  std::map<int64_t, std::pair<int64_t, int64_t>> where;  // class -> (group id, channel)
+  for (const auto& g : a.groups) {
+    if (!g.blocked.empty()) continue;
+    int64_t id = int64_t(out.group_sizes.size());
+    out.group_sizes.push_back(int64_t(g.classes.size()));
+    for (size_t c = 0; c < g.classes.size(); ++c) where[g.classes[c]] = {id, int64_t(c)};
+  }
+  for (const auto& sl : a.dg.slices) {
+    if (sl.role == ParamRole::kOther || !sl.ref.is_initializer || sl.atoms.empty()) continue;
+    auto it = where.find(a.dg.find(sl.atoms[0]));
+    if (it == where.end()) continue;
+    GroupSlice gs;
+    gs.weight = sl.ref.name;
+    gs.axis = sl.ref.perm.empty() ? sl.axis : sl.ref.perm[sl.axis];
+    gs.group = it->second.first;
+    for (int64_t atom : sl.atoms) gs.channel.push_back(where.at(a.dg.find(atom)).second);
+    out.slices.push_back(std::move(gs));
+  }
+  return out;
+}
+
 StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
                                   const Saliency* saliency) {
   if (opts.amount.is_count)

@@ -23,6 +23,7 @@
 #include "lopper/loss.h"
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
+#include "lopper/structured.h"
 #include "train/optimizer.h"
 
 namespace lopper {
@@ -100,23 +101,7 @@ class Trainer {
       : model_(model), data_(data), o_(o), cb_(cb), dist_(dist) {
     check_options();
     untie_identity_initializers(model_.graph);
-    ExecOptions eo;
-    eo.device = o.device;
-    eo.training = true;
-    ex_ = std::make_unique<Executor>(model, eo);
-    io_ = model_io(model, *ex_);
-    collect_params();
-    std::vector<at::Tensor> leaves;
-    for (auto& p : params_) leaves.push_back(p.value);
-    optim::OptimizerConfig oc;
-    oc.kind = o.optimizer;
-    oc.momentum = o.momentum;
-    oc.nesterov = o.nesterov;
-    oc.weight_decay = o.weight_decay;
-    oc.beta1 = o.beta1;
-    oc.beta2 = o.beta2;
-    oc.eps = o.eps;
-    opt_ = std::make_unique<optim::Optimizer>(oc, leaves);
+    build();
   }
 
   TrainResult run() {
@@ -134,13 +119,49 @@ class Trainer {
     steps_per_epoch_ = data_.batches_per_epoch();
     LOPPER_CHECK(steps_per_epoch_ > 0, "[train] ", data_.dataset().name(),
                  " gives no batch per epoch (batch size ", data_.options().batch_size, ")");
-    s_initial_ = sparsity_now();
+    s_initial_ = o_.structured_schedule ? 0.0 : sparsity_now();
     for (int64_t e = first_epoch_; e < o_.epochs; ++e) run_epoch(e);
     write_back(model_);
     return result_;
   }
 
  private:
+  // The executor, parameters, optimiser and group-lasso structure for the model as it is now
+  // (again after a structured removal: the optimiser's state restarts).
+  void build() {
+    ExecOptions eo;
+    eo.device = o_.device;
+    eo.training = true;
+    ex_.reset();
+    ex_ = std::make_unique<Executor>(model_, eo);
+    io_ = model_io(model_, *ex_);
+    params_.clear();
+    collect_params();
+    std::vector<at::Tensor> leaves;
+    for (auto& p : params_) leaves.push_back(p.value);
+    optim::OptimizerConfig oc;
+    oc.kind = o_.optimizer;
+    oc.momentum = o_.momentum;
+    oc.nesterov = o_.nesterov;
+    oc.weight_decay = o_.weight_decay;
+    oc.beta1 = o_.beta1;
+    oc.beta2 = o_.beta2;
+    oc.eps = o_.eps;
+    opt_ = std::make_unique<optim::Optimizer>(oc, leaves);
+    gl_.clear();
+    gl_sizes_.clear();
+    if (o_.group_lasso > 0) {
+      GroupSlices gs = channel_group_slices(model_, o_.structured);
+      std::unordered_map<std::string, size_t> index;
+      for (size_t i = 0; i < params_.size(); ++i) index[params_[i].name] = i;
+      gl_sizes_ = gs.group_sizes;
+      for (const auto& sl : gs.slices)
+        if (auto it = index.find(sl.weight); it != index.end())
+          gl_.push_back({it->second, sl.axis, sl.group,
+                         at::tensor(sl.channel, at::kLong).to(ex_->device())});
+    }
+  }
+
   void check_options() {
     LOPPER_CHECK(o_.epochs > 0, "[train] --epochs must be > 0, got ", o_.epochs);
     LOPPER_CHECK(o_.lr > 0 && std::isfinite(o_.lr), "[train] --lr must be > 0, got ", o_.lr);
@@ -156,6 +177,11 @@ class Trainer {
     LOPPER_CHECK(o_.l1 >= 0 && o_.bn_l1 >= 0 && o_.group_lasso >= 0,
                  "[train] regulariser strengths must be >= 0");
     LOPPER_CHECK(o_.lr_gamma > 0, "[train] --lr-gamma must be > 0, got ", o_.lr_gamma);
+    LOPPER_CHECK(!o_.structured_schedule || o_.schedule != PruneSchedule::kNone,
+                 "[train] --prune-structured needs --schedule iterative|agp");
+    LOPPER_CHECK(!o_.structured_schedule || o_.resume.empty(),
+                 "[train] --resume does not follow a model that shrinks (--prune-structured): "
+                 "resume from the checkpoint's model.onnx with the rest of the schedule instead");
     if (o_.schedule == PruneSchedule::kNone) return;
     check_layer_options(o_.prune);
     LOPPER_CHECK(o_.prune.method != PruneMethod::kAbs,
@@ -255,7 +281,7 @@ class Trainer {
     for (auto& p : params_) {
       if (p.prunable && o_.l1 > 0) add(p.value.abs().sum() * o_.l1);
       if (p.bn_scale && o_.bn_l1 > 0) add(p.value.abs().sum() * o_.bn_l1);
-      if (p.prunable && o_.group_lasso > 0 && p.out_axis >= 0) {
+      if (p.prunable && o_.group_lasso > 0 && p.out_axis >= 0 && gl_.empty()) {
         std::vector<int64_t> others;
         for (int64_t d = 0; d < p.value.dim(); ++d)
           if (d != p.out_axis) others.push_back(d);
@@ -263,12 +289,28 @@ class Trainer {
         add((p.value.square().sum(others) + 1e-12).sqrt().sum() * o_.group_lasso);
       }
     }
+    // Group lasso over the dependency graph's groups: one L2 norm per channel over every weight
+    // slice that channel owns.
+    std::vector<at::Tensor> acc(gl_sizes_.size());
+    for (const auto& t : gl_) {
+      const at::Tensor& v = params_[t.param].value;
+      std::vector<int64_t> others;
+      for (int64_t d = 0; d < v.dim(); ++d)
+        if (d != t.axis) others.push_back(d);
+      at::Tensor sq = others.empty() ? v.square() : v.square().sum(others);
+      at::Tensor& a = acc[t.group];
+      if (!a.defined()) a = at::zeros({gl_sizes_[t.group]}, sq.options());
+      a = a.index_add(0, t.channel, sq);
+    }
+    for (const auto& a : acc)
+      if (a.defined()) add((a + 1e-12).sqrt().sum() * o_.group_lasso);
     return r;
   }
 
   bool needs_saliency() const {
-    return o_.schedule != PruneSchedule::kNone &&
-           (o_.prune.method == PruneMethod::kGrad || o_.prune.method == PruneMethod::kTaylor);
+    if (o_.schedule == PruneSchedule::kNone) return false;
+    if (o_.structured_schedule) return o_.structured.importance == ChannelImportance::kTaylor;
+    return o_.prune.method == PruneMethod::kGrad || o_.prune.method == PruneMethod::kTaylor;
   }
 
   // Forward and backward on one batch; returns (loss, correct). Gradients are averaged over
@@ -343,6 +385,7 @@ class Trainer {
   // prune()), then resets the masks. Every rank computes the same masks from the same weights and
   // (all-reduced) saliencies.
   void prune_to(double target, const std::string& why) {
+    if (o_.structured_schedule) return remove_channels_to(target, why);
     double now = sparsity_now();
     if (target <= now + 1e-12) return;
     if (needs_saliency() && saliency_batches_ == 0) calibrate();
@@ -371,6 +414,29 @@ class Trainer {
     note(fmt::format("{}: pruned to {:.1f}% sparsity ({} {}, target {:.1f}%)", why, 100 * got,
                      method_name(o_.prune.method),
                      o_.prune.scope == PruneScope::kGlobal ? "global" : "local", 100 * target));
+  }
+
+  // Structured: removes channels until `target` of each group's (or all) original channels are
+  // gone, then rebuilds the executor and optimiser for the smaller model.
+  void remove_channels_to(double target, const std::string& why) {
+    const double now = s_channels_;
+    if (target <= now + 1e-12) return;
+    if (needs_saliency() && saliency_batches_ == 0) calibrate();
+    write_back(model_);
+    StructuredOptions so = o_.structured;
+    so.amount = PruneAmount{std::clamp(1.0 - (1.0 - target) / (1.0 - now), 0.0, 1.0), false};
+    Saliency sal;
+    if (needs_saliency())
+      for (auto& p : params_)
+        if (p.prunable && p.taylor_sum.defined()) sal.taylor[p.name] = p.taylor_sum.cpu();
+    StructuredReport r = prune_structured(model_, so, needs_saliency() ? &sal : nullptr);
+    s_channels_ = target;
+    build();
+    refresh_masks();
+    reset_saliency();
+    note(fmt::format("{}: {} {} of {} channels left (target {:.1f}% removed; optimiser state restarts)",
+                     why, importance_name(so.importance), r.channels_after, r.channels_before,
+                     100 * target));
   }
 
   // grad/taylor before any training step: accumulate gradients over up to 32 batches.
@@ -551,6 +617,14 @@ class Trainer {
   const TrainOptions& o_;
   const TrainCallbacks& cb_;
   Distributed* dist_;
+  struct GroupLassoSlice {
+    size_t param;
+    int64_t axis, group;
+    at::Tensor channel;  // per index along axis: its channel in the group
+  };
+  std::vector<GroupLassoSlice> gl_;
+  std::vector<int64_t> gl_sizes_;
+  double s_channels_ = 0;  // structured schedules: share of the channels removed so far
   std::unique_ptr<Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
   ModelIO io_;

@@ -219,6 +219,11 @@ TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
       {"--data " + data + " --optimizer rmsprop", 1, "unknown optimizer"},
       {"--data " + data + " --lr-schedule linear", 1, "unknown --lr-schedule"},
       {"--data " + data + " --schedule agp", 2, "needs --prune-method"},
+      {"--data " + data + " --prune-structured channel", 2, "need --schedule"},
+      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 1"
+       " --prune-structured rows", 2, "--prune-structured takes channel or head"},
+      {"--data " + data + " --schedule agp --prune-method abs --prune-amount 0.5 --end-epoch 1"
+       " --prune-structured channel", 1, "unknown structured method"},
       {"--data " + data + " --schedule wavy --prune-method l1 --prune-amount 0.5", 1,
        "unknown --schedule"},
       {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 1.5", 1, "amount"},

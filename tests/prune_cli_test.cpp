@@ -298,3 +298,23 @@ TEST(PruneCli, StructuredShrinksTheModel) {
   }
   EXPECT_EQ(before - after, int64_t(std::nearbyint(0.6 * double(before))));
 }
+
+// taylor ranks channels by first-order saliency on calibration batches; the lowest go.
+TEST(PruneCli, StructuredTaylorUsesData) {
+  test::TempDir tmp;
+  std::string out = tmp / "t.onnx";
+  auto r = lopper_cli("prune " + fixture("mlp.ts.onnx") + " -o " + out +
+                      " --structured channel --method taylor --amount 0.25 --data fashion-mnist"
+                      " --calib-batches 2 --batch-size 16 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["method"], "taylor");
+  int64_t pruned = 0;
+  for (const auto& g : j["groups"]) {
+    if (g.contains("blocked")) continue;
+    ++pruned;
+    EXPECT_EQ(g["size_after"].get<int64_t>(), g["size_before"].get<int64_t>() * 3 / 4);
+    EXPECT_GT(g["score"].get<double>(), 0);
+  }
+  EXPECT_EQ(pruned, 2);  // the two hidden layers; the logits are a graph output
+}

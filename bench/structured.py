@@ -1,0 +1,100 @@
+"""Structured pruning pays on every runtime: each model pruned with `lopper prune --structured
+channel --amount A`, then params, MACs, file size and latency of the dense and the shrunk model,
+in ONNX Runtime and in lopper, in the same run. Latency is the median of --iters runs after a
+warm-up, batch 1 (the fixtures' static shape), --threads intra-op threads on both runtimes. Inputs are random (speed
+only; accuracy after pruning needs fine-tuning, see bench/accuracy.py).
+
+Models: the exported fixtures of tests/fixtures/make_models.py (torchvision, random weights).
+Usage: bench/structured.py --lopper build/lopper --fixtures build/fixtures
+       [--models resnet18.ts,resnet50.ts,...] [--amount 0.5] [--iters 20]
+       [--threads 2] [--json docs/bench-structured.json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+DEFAULT = "resnet18.ts,resnet50.ts,mobilenet_v2.ts,vgg11_bn.ts,densenet121.ts,resnext50_32x4d.ts,vit_b_16.dynamo"
+
+
+def ort_ms(path, x, threads, iters):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    s.run(None, {name: x})
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        s.run(None, {name: x})
+        times.append(1000 * (time.perf_counter() - t0))
+    return float(np.median(times))
+
+
+def lopper_ms(lopper, path, threads, iters):
+    r = subprocess.run([lopper, "bench", path, "--iters", str(iters), "--warmup", "2", "--threads",
+                        str(threads), "--json"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"lopper bench {path} failed: {r.stderr}")
+    return float(json.loads(r.stdout)["median_ms"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lopper", required=True)
+    ap.add_argument("--fixtures", required=True)
+    ap.add_argument("--models", default=DEFAULT)
+    ap.add_argument("--amount", type=float, default=0.5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem in a.models.split(","):
+            src = os.path.join(a.fixtures, stem + ".onnx")
+            out = os.path.join(tmp, stem + ".pruned.onnx")
+            t0 = time.perf_counter()
+            r = subprocess.run([a.lopper, "prune", src, "-o", out, "--structured", "channel",
+                                "--amount", str(a.amount), "--json"], capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"prune {stem} failed: {r.stderr}")
+            prune_s = time.perf_counter() - t0
+            j = json.loads(r.stdout)
+            x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+            row = dict(model=stem, amount=a.amount, prune_s=prune_s,
+                       params=j["params"], params_before=j["params_before"],
+                       macs=j["macs"], macs_before=j["macs_before"],
+                       bytes=j["file_bytes_after"], bytes_before=j["file_bytes_before"],
+                       barriers=j["barriers"])
+            row["ort_dense_ms"] = ort_ms(src, x, a.threads, a.iters)
+            row["ort_pruned_ms"] = ort_ms(out, x, a.threads, a.iters)
+            row["lopper_dense_ms"] = lopper_ms(a.lopper, src, a.threads, a.iters)
+            row["lopper_pruned_ms"] = lopper_ms(a.lopper, out, a.threads, a.iters)
+            rows.append(row)
+            print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
+                  f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.1f} -> "
+                  f"{row['ort_pruned_ms']:.1f} ms ({row['ort_dense_ms'] / row['ort_pruned_ms']:.2f}x)  "
+                  f"lopper {row['lopper_dense_ms']:.1f} -> {row['lopper_pruned_ms']:.1f} ms "
+                  f"({row['lopper_dense_ms'] / row['lopper_pruned_ms']:.2f}x)  prune {prune_s:.1f}s",
+                  flush=True)
+    if a.json:
+        meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", batch=1,
+                    threads=a.threads, iters=a.iters, amount=a.amount)
+        with open(a.json + ".tmp", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
+
+
+if __name__ == "__main__":
+    main()

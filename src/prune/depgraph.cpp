@@ -167,7 +167,8 @@ class Editor final : public ops::ChannelEditor {
     ConstRef ref;
     at::Tensor old;
     const bool known = !n.inputs[input].empty() && resolve_constant(g_, n.inputs[input], ref, old);
-    if (known && readers(n.inputs[input]) == 1 && (ref.perm.empty() || readers(ref.name) == 1)) {
+    const bool direct = known && n.inputs[input] == ref.name;
+    if (known && readers(n.inputs[input]) == 1 && (direct || readers(ref.name) == 1)) {
       at::Tensor v = ref.perm.empty() ? value : value.permute(inverse(ref.perm)).contiguous();
       if (ref.is_initializer) {
         g_.find_initializer(ref.name)->value = v.contiguous();
@@ -220,6 +221,10 @@ bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref
     value = constant_node_value(*p);
     ref.name = name, ref.is_initializer = false;
     return value.defined();
+  }
+  if (p->op_type == "Identity" && !p->inputs.empty()) {  // how exporters share equal tensors
+    if (!resolve_constant(g, p->inputs[0], ref, value) || !ref.perm.empty()) return false;
+    return true;
   }
   if (p->op_type == "Transpose" && !p->inputs.empty()) {
     ConstRef inner;

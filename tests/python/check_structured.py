@@ -114,6 +114,27 @@ def check_heads(lopper, fixtures, tmp, stem, heads_before):
             f"heads {g['size_before']} -> {g['size_after']}"
 
 
+def check_shared_norm_tensors(lopper, tmp):
+    """A fresh model exported with BatchNorm kept: the exporter stores equal tensors once and reads
+    the copies through Identity nodes (running_var = Identity(weight), all ones). Each reader
+    shrinks its own copy."""
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    path = os.path.join(tmp, "fresh.ts.onnx")
+    torch.onnx.export(m, (x,), path, dynamo=False, opset_version=17, input_names=["input"],
+                      training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)
+    assert any(n.op_type == "Identity" for n in onnx.load(path).graph.node), "no shared tensor"
+    np.save(os.path.join(tmp, "fresh.input_0.npy"), x.numpy())
+    j = check_shrunk(lopper, tmp, tmp, "fresh.ts", 0.5)
+    assert [g["size_after"] for g in j["groups"] if "blocked" not in g] == [4, 4]
+
+
 def main():
     lopper, fixtures = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,6 +149,8 @@ def main():
         for stem in ("resnet18.ts", "densenet121.dynamo", "transformer_encoder.dynamo"):
             cases.append((f"{stem} amount 0 is the identity",
                           lambda s=stem: check_identity(lopper, fixtures, tmp, s)))
+        cases.append(("BatchNorm tensors shared through Identity",
+                      lambda: check_shared_norm_tensors(lopper, tmp)))
         cases.append(("transformer_encoder.dynamo heads 50%",
                       lambda: check_heads(lopper, fixtures, tmp, "transformer_encoder.dynamo", 4)))
         cases.append(("vit_b_16.dynamo heads 50%",

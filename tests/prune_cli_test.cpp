@@ -17,6 +17,29 @@ using test::lines;
 using test::lopper_cli;
 using test::slurp;
 
+namespace {
+
+struct BadCase {
+  std::string args;
+  int code;
+  std::string needle;
+};
+
+// Each case: one line naming the problem, its exit code, and neither the model nor its report.
+template <size_t N>
+void expect_refused(const std::string& in, const std::string& out, const BadCase (&cases)[N]) {
+  for (const auto& c : cases) {
+    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
+  }
+}
+
+}  // namespace
+
 TEST(PruneCli, WritesTheModelAndItsReport) {
   test::TempDir tmp;
   std::string out = tmp / "p.onnx";
@@ -42,11 +65,7 @@ TEST(PruneCli, WritesTheModelAndItsReport) {
 TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
-  struct Case {
-    std::string args;
-    int code;
-    std::string needle;
-  } cases[] = {
+  const BadCase cases[] = {
       {"--method l1 --amount 1.5", 1, "amount must be in [0, 1]"},
       {"--method l1 --amount -0.2", 1, "amount"},
       {"--method l1 --amount 1000000", 1, "more than"},
@@ -68,14 +87,7 @@ TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
       {"--method l1", 2, "needs --amount"},
       {"--method abs", 2, "needs --threshold"},
   };
-  for (const auto& c : cases) {
-    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
-    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
-    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
-    EXPECT_FALSE(fs::exists(out)) << c.args;
-    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
-  }
+  expect_refused(in, out, cases);
 }
 
 TEST(PruneCli, RefusesToOverwriteItsInput) {
@@ -154,11 +166,7 @@ TEST(PruneCli, BadRecipesAreOneLineAndNoOutput) {
     std::ofstream(tmp / name) << text;
     return tmp / name;
   };
-  struct Case {
-    std::string args;
-    int code;
-    std::string needle;
-  } cases[] = {
+  const BadCase cases[] = {
       {"--recipe " + write("a.yaml", "rules: [\n  {match: a\n"), 1, "a.yaml:"},
       {"--recipe " + write("b.yaml", "defaults: {method: l1, amount: 0.5, speed: 2}\n"), 1,
        "defaults.speed: unknown key"},
@@ -171,14 +179,7 @@ TEST(PruneCli, BadRecipesAreOneLineAndNoOutput) {
       {"--recipe " + ok + " --method l1", 2, "drop --method"},
       {"", 2, "needs --method"},
   };
-  for (const auto& c : cases) {
-    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
-    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
-    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
-    EXPECT_FALSE(fs::exists(out)) << c.args;
-    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
-  }
+  expect_refused(in, out, cases);
   // A rule that matches nothing: a warning on stderr, the rest pruned.
   auto r = lopper_cli(
       "prune " + in + " -o " + out + " --recipe " +
@@ -220,11 +221,7 @@ TEST(PruneCli, GradAndTaylorCalibrateOnFashionMnist) {
 TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("small_cnn.ts.onnx"), out = tmp / "p.onnx";
-  struct Case {
-    std::string args;
-    int code;
-    std::string needle;
-  } cases[] = {
+  const BadCase cases[] = {
       {"--structured filter --amount 0.5", 2, "--structured takes channel or head"},
       {"--structured channel", 2, "needs --amount"},
       {"--structured channel --amount 1.5", 1, "amount must be in [0, 1]"},
@@ -242,14 +239,7 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
       {"--method l1 --amount 0.5 --round-to 8", 2, "is for --structured"},
       {"--structured channel --amount 0.5 --shape input=1x3", 1, ""},
   };
-  for (const auto& c : cases) {
-    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
-    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
-    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
-    EXPECT_FALSE(fs::exists(out)) << c.args;
-    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
-  }
+  expect_refused(in, out, cases);
 }
 
 // Every importance criterion shrinks the CNN; the report's groups, sizes and the written model

@@ -393,13 +393,7 @@ class Trainer {
     write_back(snap);
     PruneOptions po = o_.prune;
     po.amount = PruneAmount{std::clamp(1.0 - (1.0 - target) / (1.0 - now), 0.0, 1.0), false};
-    Saliency sal;
-    if (needs_saliency())
-      for (auto& p : params_)
-        if (p.prunable && p.grad_sum.defined()) {
-          sal.grad[p.name] = (p.grad_sum / double(saliency_batches_)).cpu();
-          sal.taylor[p.name] = p.taylor_sum.cpu();
-        }
+    Saliency sal = saliency_so_far();
     PruneReport r = prune(snap, po, needs_saliency() ? &sal : nullptr);
     {
       c10::NoGradGuard no_grad;
@@ -416,6 +410,18 @@ class Trainer {
                      o_.prune.scope == PruneScope::kGlobal ? "global" : "local", 100 * target));
   }
 
+  // The gradient saliencies accumulated since the last pruning event (grad/taylor).
+  Saliency saliency_so_far() const {
+    Saliency sal;
+    if (!needs_saliency()) return sal;
+    for (const auto& p : params_)
+      if (p.prunable && p.grad_sum.defined()) {
+        sal.grad[p.name] = (p.grad_sum / double(saliency_batches_)).cpu();
+        sal.taylor[p.name] = p.taylor_sum.cpu();
+      }
+    return sal;
+  }
+
   // Structured: removes channels until `target` of each group's (or all) original channels are
   // gone, then rebuilds the executor and optimiser for the smaller model.
   void remove_channels_to(double target, const std::string& why) {
@@ -425,10 +431,7 @@ class Trainer {
     write_back(model_);
     StructuredOptions so = o_.structured;
     so.amount = PruneAmount{std::clamp(1.0 - (1.0 - target) / (1.0 - now), 0.0, 1.0), false};
-    Saliency sal;
-    if (needs_saliency())
-      for (auto& p : params_)
-        if (p.prunable && p.taylor_sum.defined()) sal.taylor[p.name] = p.taylor_sum.cpu();
+    Saliency sal = saliency_so_far();
     StructuredReport r = prune_structured(model_, so, needs_saliency() ? &sal : nullptr);
     s_channels_ = target;
     build();

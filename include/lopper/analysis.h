@@ -2,6 +2,8 @@
 // and in total. Shapes come from running the model once on zeros (exact for every op).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -44,6 +46,8 @@ const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n);
 /// `model` on zeros of the given input shapes; nodes inside subgraphs are not listed.
 struct NodeIO {
   std::vector<std::vector<int64_t>> in, out;
+  /// The values of integer outputs of at most 64 elements (shape arithmetic), else undefined.
+  std::vector<at::Tensor> small_ints;
 };
 using NodeShapes = std::unordered_map<const ir::Node*, NodeIO>;
 NodeShapes node_shapes(const ir::Model& model,

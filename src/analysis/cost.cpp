@@ -65,7 +65,12 @@ NodeShapes node_shapes(const ir::Model& model,
                      const std::vector<at::Tensor>& out) {
     auto& rec = seen[&n];
     for (const auto& t : in) rec.in.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-    for (const auto& t : out) rec.out.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+    for (const auto& t : out) {
+      rec.out.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+      bool small = t.defined() && !t.is_floating_point() && t.scalar_type() != at::kBool &&
+                   t.numel() <= 64;
+      rec.small_ints.push_back(small ? t.detach().to(at::kCPU, at::kLong).clone() : at::Tensor());
+    }
   };
   NamedTensors feeds;
   for (const auto* v : exec.inputs()) {

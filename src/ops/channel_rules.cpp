@@ -133,11 +133,19 @@ void reshape(ChannelContext& c, int64_t target_input) {
   if (n < channels) c.mark_heads(out_atoms);  // channels grouped into blocks: heads
   if (target_input >= 0) {
     at::Tensor target = c.constant(size_t(target_input));
-    if (!target.defined())
-      return c.barrier(c.node().op_type + " to a shape computed at run time");
+    const bool computed = !target.defined();
+    if (computed) {
+      // A target computed from shapes at run time (TorchScript's exports of attention): with
+      // static input dims its value is the one seen in the analysis run, so it becomes a
+      // constant with the new channel count.
+      target = c.recorded(size_t(target_input));
+      if (!target.defined() || c.attr_int("allowzero", 0) != 0)
+        return c.barrier(c.node().op_type + " to a shape computed at run time");
+      c.independent_of(size_t(target_input));
+    }
     const int64_t k = best;
-    c.edit([k, out_atoms, target_input](ChannelEditor& e) {
-      at::Tensor shape = e.constant(size_t(target_input)).clone();
+    c.edit([k, out_atoms, target_input, target, computed](ChannelEditor& e) {
+      at::Tensor shape = (computed ? target : e.constant(size_t(target_input))).clone().to(at::kLong);
       auto* p = shape.data_ptr<int64_t>();
       if (p[k] > 0) p[k] = int64_t(e.kept(out_atoms).size());
       e.set_constant(size_t(target_input), shape);

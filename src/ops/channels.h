@@ -81,6 +81,20 @@ class ChannelContext : public AttrReader {
   /// undefined otherwise.
   virtual at::Tensor constant(size_t i) const = 0;
 
+  /// Input i's value as seen in the analysis run, when it is a small integer tensor (shape
+  /// arithmetic computed at run time); undefined otherwise.
+  virtual at::Tensor recorded(size_t i) const = 0;
+  /// When input i is (part of) a shape read from a tracked tensor: the position of the channel
+  /// count in it and the channels; nullptr otherwise.
+  virtual const Tracked* shape_in(size_t i) const = 0;
+  /// Output o is a shape vector holding the channel count of `t.atoms` at position `t.axis`.
+  virtual void set_shape_out(size_t o, Tracked t) = 0;
+  /// This node's outputs do not depend on input i's channel count (a Gather that picks another
+  /// dim of a shape, a Reshape target rewritten as a constant). Otherwise every output of a node
+  /// that reads a value derived from a channel count is derived from it too, and one that reaches
+  /// a graph output pins those channels.
+  virtual void independent_of(size_t i) = 0;
+
   virtual void set_out(size_t o, Tracked t) = 0;
   /// New atoms, one per index (the output channels of a layer). Their source is this node.
   virtual std::vector<int64_t> fresh(int64_t n) = 0;

@@ -464,7 +464,23 @@ void split_channels(ChannelContext& c) {
   });
 }
 
+// A Slice or Gather of a shape vector: the channel count is in the result or it is not.
+void slice_of_shape(ChannelContext& c, const Tracked& sh) {
+  if (c.opset() < 10 || !c.constant(1).defined() || !c.constant(2).defined()) return;
+  auto starts = to_int_vector(c.constant(1)), ends = to_int_vector(c.constant(2));
+  if (starts.size() != 1 || (c.has_input(4) && to_int_vector(c.constant(4)) != std::vector<int64_t>{1}))
+    return;
+  const int64_t n = c.in_shape(0).empty() ? 0 : c.in_shape(0)[0];
+  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
+  const int64_t s = clampi(starts[0]), e = clampi(ends[0]);
+  if (sh.axis >= s && sh.axis < e)
+    c.set_shape_out(0, Tracked{sh.axis - s, sh.atoms});
+  else
+    c.independent_of(0);
+}
+
 void slice_channels(ChannelContext& c) {
+  if (const Tracked* sh = c.shape_in(0)) return slice_of_shape(c, *sh);
   const Tracked* x = c.in(0);
   if (!x) return;
   const int64_t rank = int64_t(c.in_shape(0).size());
@@ -519,7 +535,8 @@ void shape_channels(ChannelContext& c) {
   int64_t start = c.attr_int("start", 0), end = c.attr_int("end", rank);
   if (start < 0) start += rank;
   if (end < 0) end += rank;
-  if (x->axis >= start && x->axis < end) c.barrier("Shape reads the channel count");
+  // The channel count becomes data: whatever is computed from it is followed (ops/channels.h).
+  if (x->axis >= start && x->axis < end) c.set_shape_out(0, Tracked{x->axis - start, x->atoms});
 }
 
 }  // namespace

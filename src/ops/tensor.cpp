@@ -399,6 +399,15 @@ void pad_channels(ChannelContext& c) {
 }
 
 void gather_channels(ChannelContext& c) {
+  if (const Tracked* sh = c.shape_in(0)) {  // dims picked out of a shape vector
+    at::Tensor idx = c.constant(1);
+    if (!idx.defined()) return;
+    const int64_t n = c.in_shape(0).empty() ? 0 : c.in_shape(0)[0];
+    bool picks = false;
+    for (int64_t i : to_int_vector(idx.reshape({-1}))) picks |= (i < 0 ? i + n : i) == sh->axis;
+    if (!picks) c.independent_of(0);
+    return;
+  }
   const Tracked* x = c.in(0);
   const int64_t rank = int64_t(c.in_shape(0).size());
   int64_t axis = c.attr_int("axis", 0);

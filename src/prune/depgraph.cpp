@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -41,9 +42,30 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
 class Context final : public ops::ChannelContext {
  public:
   Context(const ir::Model& m, size_t index, const NodeIO& io, DepGraph& dg,
-          std::unordered_map<std::string, ops::Tracked>& tracked, bool whole_heads)
+          std::unordered_map<std::string, ops::Tracked>& tracked, bool whole_heads,
+          const std::unordered_map<std::string, at::Tensor>& recorded,
+          std::unordered_map<std::string, ops::Tracked>& shapes_of)
       : ChannelContext(m.graph.nodes[index]), model_(m), index_(index), io_(io), dg_(dg),
-        tracked_(tracked), whole_heads_(whole_heads) {}
+        tracked_(tracked), whole_heads_(whole_heads), recorded_(recorded), shapes_of_(shapes_of) {}
+
+  at::Tensor recorded(size_t i) const override {
+    if (!has_input(i)) return {};
+    auto it = recorded_.find(node().inputs[i]);
+    return it == recorded_.end() ? at::Tensor() : it->second;
+  }
+  const ops::Tracked* shape_in(size_t i) const override {
+    if (!has_input(i)) return nullptr;
+    auto it = shapes_of_.find(node().inputs[i]);
+    return it == shapes_of_.end() ? nullptr : &it->second;
+  }
+  void set_shape_out(size_t o, ops::Tracked t) override {
+    if (o >= node().outputs.size() || node().outputs[o].empty()) return;
+    derived_.emplace_back(o, t.atoms);
+    shapes_of_[node().outputs[o]] = std::move(t);
+  }
+  void independent_of(size_t i) override { independent_.push_back(i); }
+  const std::vector<size_t>& independent() const { return independent_; }
+  const std::vector<std::pair<size_t, std::vector<int64_t>>>& derived() const { return derived_; }
 
   bool whole_heads() const override { return whole_heads_; }
   int64_t opset() const override { return model_.opset(node().domain); }
@@ -141,6 +163,10 @@ class Context final : public ops::ChannelContext {
   std::unordered_map<std::string, ops::Tracked>& tracked_;
   std::vector<int64_t> empty_;
   bool whole_heads_;
+  const std::unordered_map<std::string, at::Tensor>& recorded_;
+  std::unordered_map<std::string, ops::Tracked>& shapes_of_;
+  std::vector<size_t> independent_;
+  std::vector<std::pair<size_t, std::vector<int64_t>>> derived_;
 };
 
 class Editor final : public ops::ChannelEditor {
@@ -245,37 +271,75 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
   const ir::Graph& g = model.graph;
   const auto& table = ops::OpTable::global();
   DepGraph dg;
-  std::unordered_map<std::string, ops::Tracked> tracked;
+  std::unordered_map<std::string, ops::Tracked> tracked, shapes_of;
+  // Shape arithmetic seen in the analysis run, usable as constants only when every input dim is
+  // static (then the values are the same on every run).
+  bool all_static = true;
+  for (const auto* v : g.real_inputs())
+    for (const auto& d : v->type.dims) all_static = all_static && d.is_static();
+  std::unordered_map<std::string, at::Tensor> recorded;
+  if (all_static)
+    for (const auto& [node, io] : shapes)
+      for (size_t j = 0; j < io.small_ints.size() && j < node->outputs.size(); ++j)
+        if (io.small_ints[j].defined()) recorded[node->outputs[j]] = io.small_ints[j];
+  // Values derived from a channel count (through Shape): the channels they depend on.
+  std::unordered_map<std::string, std::vector<int64_t>> taint;
   NodeIO none;
   for (size_t idx : g.topological_order()) {
     const ir::Node& n = g.nodes[idx];
     auto it = shapes.find(&n);
-    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked, whole_heads);
+    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked, whole_heads,
+                recorded, shapes_of);
     bool any_tracked = false;
     for (const auto& r : ir::node_reads(n)) any_tracked |= tracked.count(r) > 0;
     const ops::OpDef* def = table.find(n.domain, n.op_type);
     bool has_subgraph = false;
     for (const auto& a : n.attrs) has_subgraph |= a.g != nullptr || !a.graphs.empty();
     if (!def || !def->channels || has_subgraph || it == shapes.end()) {
-      if (!any_tracked) continue;
-      std::string why = !def || !def->channels ? "no channel rule for " + n.op_type
-                        : has_subgraph        ? "subgraphs are not followed"
-                                              : "never ran";
-      for (const auto& r : ir::node_reads(n))
-        if (auto t = tracked.find(r); t != tracked.end()) ctx.pin(t->second.atoms, why);
-      continue;
+      if (any_tracked) {
+        std::string why = !def || !def->channels ? "no channel rule for " + n.op_type
+                          : has_subgraph        ? "subgraphs are not followed"
+                                                : "never ran";
+        for (const auto& r : ir::node_reads(n))
+          if (auto t = tracked.find(r); t != tracked.end()) ctx.pin(t->second.atoms, why);
+      }
+    } else {
+      def->channels(ctx);
     }
-    def->channels(ctx);
+    // What this node's outputs inherit from channel counts it read.
+    std::vector<int64_t> inherited;
+    std::unordered_set<std::string> cut;
+    for (size_t i : ctx.independent())
+      if (i < n.inputs.size()) cut.insert(n.inputs[i]);
+    for (const auto& r : ir::node_reads(n))
+      if (auto t = taint.find(r); t != taint.end() && !cut.count(r))
+        inherited.insert(inherited.end(), t->second.begin(), t->second.end());
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      if (n.outputs[o].empty()) continue;
+      std::vector<int64_t> mine = inherited;
+      for (const auto& [out, atoms] : ctx.derived())
+        if (out == o) mine.insert(mine.end(), atoms.begin(), atoms.end());
+      if (!mine.empty()) {
+        std::sort(mine.begin(), mine.end());
+        mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+        taint[n.outputs[o]] = std::move(mine);
+      }
+    }
   }
-  for (const auto& o : g.outputs)
-    if (auto t = tracked.find(o.name); t != tracked.end()) {
-      const ir::Node* p = producer(g, o.name);
-      std::string where = "graph output '" + o.name + "'";
+  for (const auto& o : g.outputs) {
+    std::vector<std::pair<std::vector<int64_t>, std::string>> reach;
+    if (auto t = tracked.find(o.name); t != tracked.end())
+      reach.emplace_back(t->second.atoms, "graph output '" + o.name + "'");
+    if (auto t = taint.find(o.name); t != taint.end())
+      reach.emplace_back(t->second, "graph output '" + o.name + "' depends on a channel count (Shape)");
+    for (const auto& [atoms, where] : reach) {
       bool any = false;
-      for (int64_t a : t->second.atoms)
+      for (int64_t a : atoms)
         if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
-      if (any && p) dg.barriers.push_back(where);
+      if (any && std::find(dg.barriers.begin(), dg.barriers.end(), where) == dg.barriers.end())
+        dg.barriers.push_back(where);
     }
+  }
   return dg;
 }
 
@@ -285,6 +349,23 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
   for (const auto& e : dg.edits) {
     Editor ed(g, e.node, dg, removed_class, replaced);
     e.fn(ed);
+  }
+  // Nodes left with no reader (the shape arithmetic of a Reshape target now constant).
+  for (bool again = true; again;) {
+    std::unordered_set<std::string> used;
+    for (const auto& n : g.nodes)
+      for (const auto& r : ir::node_reads(n)) used.insert(r);
+    for (const auto& o : g.outputs) used.insert(o.name);
+    size_t before = g.nodes.size();
+    g.nodes.erase(std::remove_if(g.nodes.begin(), g.nodes.end(),
+                                 [&](const ir::Node& n) {
+                                   if (n.outputs.empty()) return false;
+                                   for (const auto& o : n.outputs)
+                                     if (!o.empty() && used.count(o)) return false;
+                                   return true;
+                                 }),
+                  g.nodes.end());
+    again = g.nodes.size() != before;
   }
   // Constants that every reader stopped using, and intermediate shapes that changed.
   std::unordered_set<std::string> read;

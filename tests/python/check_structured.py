@@ -135,6 +135,15 @@ def check_shared_norm_tensors(lopper, tmp):
     assert [g["size_after"] for g in j["groups"] if "blocked" not in g] == [4, 4]
 
 
+def check_scale_from_shape_pins(lopper, fixtures, tmp):
+    """TorchScript's attention computes 1/sqrt(head_dim) from Shape at run time: pruning head_dim
+    would change that scale, so those channels stay, and the report says why."""
+    src = os.path.join(fixtures, "transformer_encoder.ts.onnx")
+    j = prune(lopper, src, os.path.join(tmp, "te.hd.onnx"), "--structured", "channel", "--amount", "0.5")
+    heads = [g for g in j["groups"] if g["kind"] == "head"]
+    assert heads and all("channel count" in g.get("blocked", "") for g in heads), heads
+
+
 def main():
     lopper, fixtures = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +163,10 @@ def main():
                       lambda: check_shared_norm_tensors(lopper, tmp)))
         cases.append(("transformer_encoder.dynamo heads 50%",
                       lambda: check_heads(lopper, fixtures, tmp, "transformer_encoder.dynamo", 4)))
+        cases.append(("transformer_encoder.ts heads 50% (targets computed from Shape)",
+                      lambda: check_heads(lopper, fixtures, tmp, "transformer_encoder.ts", 4)))
+        cases.append(("transformer_encoder.ts head_dim kept: its scale comes from Shape",
+                      lambda: check_scale_from_shape_pins(lopper, fixtures, tmp)))
         cases.append(("vit_b_16.dynamo heads 50%",
                       lambda: check_heads(lopper, fixtures, tmp, "vit_b_16.dynamo", 12)))
         return run(cases)

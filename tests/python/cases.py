@@ -2,18 +2,27 @@
 keep going, end with "N passed, N failed"."""
 
 
-def run(cases):
-    """cases: iterable of (name, zero-argument function that raises on a mismatch). Returns the
-    process exit code: 1 when any case failed."""
+import concurrent.futures
+
+
+def _one(what, fn):
+    try:
+        fn()
+        return True, f"ok   {what}"
+    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+        msg = (getattr(e, "stderr", None) or str(e) or repr(e)).strip()
+        return False, f"FAIL {what}: {msg}"
+
+
+def run(cases, jobs=1):
+    """cases: iterable of (name, zero-argument function that raises on a mismatch); `jobs` of them
+    at a time (threads: the work is in subprocesses and native code, so cases must not share
+    files). Returns the process exit code: 1 when any case failed."""
     passed = failed = 0
-    for what, fn in cases:
-        try:
-            fn()
-            passed += 1
-            print(f"ok   {what}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure, keep going
-            failed += 1
-            msg = (getattr(e, "stderr", None) or str(e) or repr(e)).strip()
-            print(f"FAIL {what}: {msg}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for ok, line in pool.map(lambda c: _one(*c), list(cases)):
+            passed += ok
+            failed += not ok
+            print(line, flush=True)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

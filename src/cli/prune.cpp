@@ -4,6 +4,9 @@
 //   grad/taylor: --data SPEC [--split train|test] [--calib-batches N] [--batch-size B]
 //   [--device cpu|cuda] [--normalize MEAN,STD] [--resize HxW]
 // lopper prune MODEL -o OUT --recipe FILE.yaml [--data SPEC ...] [--sparse-initializers] [--json]
+// lopper prune MODEL -o OUT --structured channel|head [--method l1|l2|bn|taylor|fpgm|random]
+//   --amount A [--scope local|global] [--max-layer-amount F] [--round-to N] [--exclude REGEX]
+//   [--recipe FILE.yaml] [--shape NAME=DIMS] [--seed S] [--json]   (taylor: --data SPEC ...)
 #include "lopper/prune.h"
 
 #include <ATen/ATen.h>
@@ -180,7 +183,8 @@ int run_structured(const Opts& o) {
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd =
-      app.add_subcommand("prune", "zero weights: by magnitude, at random, N:M, rows/columns");
+      app.add_subcommand("prune", "zero weights (magnitude, random, gradients, N:M, rows/columns) or "
+                              "remove whole channels and heads (--structured)");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
   auto* method =

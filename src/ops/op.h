@@ -129,9 +129,9 @@ struct OpDef {
   std::string domain;  // "" for ai.onnx
   std::string op_type;
   Forward forward;
-  MacCount macs;           // empty: the op costs no multiply-accumulates worth counting
+  MacCount macs = {};      // empty: the op costs no multiply-accumulates worth counting
   bool deterministic = true;  // false for random ops (never constant-folded)
-  ChannelRule channels;       // set with OpTable::set_channels beside the op's registration
+  ChannelRule channels = {};  // set with OpTable::set_channels beside the op's registration
 };
 
 class OpTable {

@@ -114,6 +114,10 @@ struct Graph {
   std::vector<size_t> topological_order(const std::vector<std::string>& outer_scope = {}) const;
 };
 
+/// The value a Constant node holds (its `value`, `value_float(s)` or `value_int(s)` attribute);
+/// undefined for any other form (sparse tensors, strings).
+at::Tensor constant_value(const Node& n);
+
 /// Every value name a node reads: its inputs, and what its subgraphs read from enclosing scopes.
 std::vector<std::string> node_reads(const Node& node);
 

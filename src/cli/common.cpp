@@ -88,6 +88,12 @@ int64_t fixed_batch_size(const ir::Model& model) {
   return 0;
 }
 
+void refuse_to_overwrite(const std::string& cmd, const std::string& model, const std::string& out) {
+  std::error_code ec;
+  if (std::filesystem::exists(out) && std::filesystem::equivalent(model, out, ec))
+    throw UsageError("[" + cmd + "] -o names the input model; lopper never overwrites its input");
+}
+
 int64_t model_file_bytes(const std::string& path) {
   std::error_code ec;
   auto n = std::filesystem::file_size(path, ec);

@@ -28,6 +28,8 @@ size_t name_column_width(const std::vector<std::string>& names, size_t min);
 int64_t fixed_batch_size(const ir::Model& model);
 /// Bytes of a model file plus its external data file ("<path>.data"), 0 when it cannot be read.
 int64_t model_file_bytes(const std::string& path);
+/// Throws UsageError "[CMD] -o names the input model; ..." when `out` is the file `model`.
+void refuse_to_overwrite(const std::string& cmd, const std::string& model, const std::string& out);
 /// `name` cut to `width` from the left ("…" + its end) when longer.
 std::string fit_name(const std::string& name, size_t width);
 

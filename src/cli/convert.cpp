@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 
@@ -25,9 +26,7 @@ Action add_convert(CLI::App& app) {
   cmd->add_flag("--external-data", o->external, "weights in OUT.data beside the model");
   return [o]() {
     namespace fs = std::filesystem;
-    std::error_code ec;
-    if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
-      throw UsageError("[convert] -o names the input model; lopper never overwrites its input");
+    refuse_to_overwrite("convert", o->model, o->out);
     ir::Model model = onnx::load_model(o->model);
     onnx::SaveOptions so;
     so.sparse = o->sparse ? onnx::SaveOptions::Sparse::kAll

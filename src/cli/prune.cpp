@@ -12,7 +12,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -73,7 +72,6 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
 
 // lopper prune --structured channel|head: channels or heads removed, the model shrinks.
 int run_structured(const Opts& o) {
-  namespace fs = std::filesystem;
   StructuredOptions so;
   if (o.structured == "channel")
     so.unit = StructuredUnit::kChannel;
@@ -105,9 +103,7 @@ int run_structured(const Opts& o) {
   if (!needs_data && !o.data.empty())
     throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only");
 
-  std::error_code ec;
-  if (fs::exists(o.out) && fs::equivalent(o.model, o.out, ec))
-    throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
+  refuse_to_overwrite("prune", o.model, o.out);
   ir::Model model = onnx::load_model(o.model);
   auto shapes = resolve_input_shapes(model, so.input_shapes);
   ModelCost before = analyze(model, shapes);
@@ -240,7 +236,6 @@ Action add_prune(CLI::App& app) {
   std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
           sfl]() {
-    namespace fs = std::filesystem;
     if (structured->count() > 0) {
       for (const auto* opt : {th, pattern, norm, sfl})
         if (opt->count() > 0)
@@ -312,9 +307,7 @@ Action add_prune(CLI::App& app) {
       po.skip_first_last = o->skip_first_last;
     }
 
-    std::error_code ec;
-    if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
-      throw UsageError("[prune] -o names the input model; lopper never overwrites its input");
+    refuse_to_overwrite("prune", o->model, o->out);
     ir::Model model = onnx::load_model(o->model);
     std::optional<Saliency> saliency;
     if (needs_data) {

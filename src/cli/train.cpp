@@ -164,9 +164,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
                 "store pruned weights as sparse_initializer where that makes them smaller");
   return [o]() {
     TrainOptions& t = o->t;
-    std::error_code ec;
-    if (fs::exists(o->out) && fs::equivalent(o->model, o->out, ec))
-      throw UsageError("[train] -o names the input model; lopper never overwrites its input");
+    refuse_to_overwrite("train", o->model, o->out);
     t.schedule = parse_schedule(o->schedule);
     if (t.schedule != PruneSchedule::kNone) {
       if (o->prune_method.empty() || o->prune_amount.empty())

@@ -145,12 +145,7 @@ void constants_to_initializers(ir::Graph& g) {
     if (is(n, "Identity") && n.inputs.size() == 1 && n.outputs.size() == 1) {
       if (const auto* t = g.find_initializer(n.inputs[0])) v = t->value;  // shares the storage
     } else if (is(n, "Constant") && n.outputs.size() == 1 && n.attrs.size() == 1) {
-      const ir::Attribute& a = n.attrs[0];
-      if (a.name == "value" && a.type == ir::AttrType::kTensor) v = a.t;
-      else if (a.name == "value_float") v = at::scalar_tensor(a.f, at::kFloat);
-      else if (a.name == "value_int") v = at::scalar_tensor(a.i, at::kLong);
-      else if (a.name == "value_floats") v = at::tensor(a.floats, at::kFloat);
-      else if (a.name == "value_ints") v = at::tensor(a.ints, at::kLong);
+      v = ir::constant_value(n);
     }
     if (v.defined()) g.initializers.push_back({n.outputs[0], v, "", false});
     else kept.push_back(std::move(n));

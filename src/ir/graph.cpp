@@ -1,5 +1,7 @@
 #include "lopper/graph.h"
 
+#include <ATen/ATen.h>
+
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -101,6 +103,17 @@ static void collect_reads(const Node& n, std::vector<std::string>& out) {
       }
     }
   }
+}
+
+at::Tensor constant_value(const Node& n) {
+  for (const auto& a : n.attrs) {
+    if (a.name == "value" && a.type == AttrType::kTensor) return a.t;
+    if (a.name == "value_float") return at::scalar_tensor(a.f, at::kFloat);
+    if (a.name == "value_int") return at::scalar_tensor(a.i, at::kLong);
+    if (a.name == "value_floats") return at::tensor(a.floats, at::kFloat);
+    if (a.name == "value_ints") return at::tensor(a.ints, at::kLong);
+  }
+  return {};
 }
 
 std::vector<std::string> node_reads(const Node& node) {

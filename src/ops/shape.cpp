@@ -464,15 +464,21 @@ void split_channels(ChannelContext& c) {
   });
 }
 
-// A Slice or Gather of a shape vector: the channel count is in the result or it is not.
+// [start, end) of a step-1 Slice along an axis of n entries, with ONNX's clamping.
+std::pair<int64_t, int64_t> slice_bounds(int64_t start, int64_t end, int64_t n) {
+  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
+  const int64_t s = clampi(start);
+  return {s, std::max(s, clampi(end))};
+}
+
+// A Slice of a shape vector: the channel count is in the result or it is not.
 void slice_of_shape(ChannelContext& c, const Tracked& sh) {
   if (c.opset() < 10 || !c.constant(1).defined() || !c.constant(2).defined()) return;
   auto starts = to_int_vector(c.constant(1)), ends = to_int_vector(c.constant(2));
   if (starts.size() != 1 || (c.has_input(4) && to_int_vector(c.constant(4)) != std::vector<int64_t>{1}))
     return;
   const int64_t n = c.in_shape(0).empty() ? 0 : c.in_shape(0)[0];
-  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
-  const int64_t s = clampi(starts[0]), e = clampi(ends[0]);
+  const auto [s, e] = slice_bounds(starts[0], ends[0], n);
   if (sh.axis >= s && sh.axis < e)
     c.set_shape_out(0, Tracked{sh.axis - s, sh.atoms});
   else
@@ -503,9 +509,7 @@ void slice_channels(ChannelContext& c) {
     if ((axes[i] < 0 ? axes[i] + rank : axes[i]) == x->axis) which = int64_t(i);
   if (which < 0) return c.set_out(0, *x);
   if (!steps.empty() && steps[which] != 1) return c.barrier("Slice of the channels with a step");
-  const int64_t n = int64_t(x->atoms.size());
-  auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
-  const int64_t s = clampi(starts[which]), e = std::max(s, clampi(ends[which]));
+  const auto [s, e] = slice_bounds(starts[which], ends[which], int64_t(x->atoms.size()));
   std::vector<int64_t> all = x->atoms;
   c.set_out(0, Tracked{x->axis, std::vector<int64_t>(all.begin() + s, all.begin() + e)});
   c.edit([all, s, e, which, legacy](ChannelEditor& ed) {

@@ -22,15 +22,22 @@ const ir::Node* producer(const ir::Graph& g, const std::string& name) {
   return nullptr;
 }
 
-at::Tensor constant_node_value(const ir::Node& n) {
-  for (const auto& a : n.attrs) {
-    if (a.name == "value" && a.type == ir::AttrType::kTensor) return a.t;
-    if (a.name == "value_ints") return at::tensor(a.ints, at::kLong);
-    if (a.name == "value_int") return at::scalar_tensor(a.i, at::kLong);
-    if (a.name == "value_floats") return at::tensor(a.floats, at::kFloat);
-    if (a.name == "value_float") return at::scalar_tensor(a.f, at::kFloat);
-  }
-  return {};
+// Pins `atoms` (those not pinned yet) for `where`, and lists `where` once among the barriers.
+void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::string& where) {
+  bool any = false;
+  for (int64_t a : atoms)
+    if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
+  if (any && std::find(dg.barriers.begin(), dg.barriers.end(), where) == dg.barriers.end())
+    dg.barriers.push_back(where);
+}
+
+// Every value some node (or the graph's outputs) reads.
+std::unordered_set<std::string> values_read(const ir::Graph& g) {
+  std::unordered_set<std::string> read;
+  for (const auto& n : g.nodes)
+    for (const auto& r : ir::node_reads(n)) read.insert(r);
+  for (const auto& o : g.outputs) read.insert(o.name);
+  return read;
 }
 
 std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
@@ -118,11 +125,7 @@ class Context final : public ops::ChannelContext {
     for (size_t i = 0; i < a.size(); ++i) dg_.unite(a[i], b[i]);
   }
   void pin(const std::vector<int64_t>& atoms, const std::string& why) override {
-    std::string where = "node '" + node().label() + "' (" + node().op_type + "): " + why;
-    bool any = false;
-    for (int64_t a : atoms)
-      if (dg_.pinned[a].empty()) dg_.pinned[a] = where, any = true;
-    if (any) note_barrier(where);
+    pin_atoms(dg_, atoms, "node '" + node().label() + "' (" + node().op_type + "): " + why);
   }
   void slice(size_t input, int64_t axis, const std::vector<int64_t>& atoms,
              ops::ParamRole role) override {
@@ -147,12 +150,6 @@ class Context final : public ops::ChannelContext {
   }
   void mark_heads(const std::vector<int64_t>& atoms) override {
     for (int64_t a : atoms) dg_.head[a] = 1;
-  }
-
-  void note_barrier(const std::string& what) {
-    for (const auto& b : dg_.barriers)
-      if (b == what) return;
-    dg_.barriers.push_back(what);
   }
 
  private:
@@ -244,7 +241,7 @@ bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref
   const ir::Node* p = producer(g, name);
   if (!p || !p->domain.empty()) return false;
   if (p->op_type == "Constant") {
-    value = constant_node_value(*p);
+    value = ir::constant_value(*p);
     ref.name = name, ref.is_initializer = false;
     return value.defined();
   }
@@ -327,18 +324,10 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
     }
   }
   for (const auto& o : g.outputs) {
-    std::vector<std::pair<std::vector<int64_t>, std::string>> reach;
     if (auto t = tracked.find(o.name); t != tracked.end())
-      reach.emplace_back(t->second.atoms, "graph output '" + o.name + "'");
+      pin_atoms(dg, t->second.atoms, "graph output '" + o.name + "'");
     if (auto t = taint.find(o.name); t != taint.end())
-      reach.emplace_back(t->second, "graph output '" + o.name + "' depends on a channel count (Shape)");
-    for (const auto& [atoms, where] : reach) {
-      bool any = false;
-      for (int64_t a : atoms)
-        if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
-      if (any && std::find(dg.barriers.begin(), dg.barriers.end(), where) == dg.barriers.end())
-        dg.barriers.push_back(where);
-    }
+      pin_atoms(dg, t->second, "graph output '" + o.name + "' depends on a channel count (Shape)");
   }
   return dg;
 }
@@ -351,27 +340,22 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
     e.fn(ed);
   }
   // Nodes left with no reader (the shape arithmetic of a Reshape target now constant).
+  std::unordered_set<std::string> read;
   for (bool again = true; again;) {
-    std::unordered_set<std::string> used;
-    for (const auto& n : g.nodes)
-      for (const auto& r : ir::node_reads(n)) used.insert(r);
-    for (const auto& o : g.outputs) used.insert(o.name);
+    read = values_read(g);
     size_t before = g.nodes.size();
     g.nodes.erase(std::remove_if(g.nodes.begin(), g.nodes.end(),
                                  [&](const ir::Node& n) {
                                    if (n.outputs.empty()) return false;
                                    for (const auto& o : n.outputs)
-                                     if (!o.empty() && used.count(o)) return false;
+                                     if (!o.empty() && read.count(o)) return false;
                                    return true;
                                  }),
                   g.nodes.end());
     again = g.nodes.size() != before;
   }
-  // Constants that every reader stopped using, and intermediate shapes that changed.
-  std::unordered_set<std::string> read;
-  for (const auto& n : g.nodes)
-    for (const auto& r : ir::node_reads(n)) read.insert(r);
-  for (const auto& o : g.outputs) read.insert(o.name);
+  // Constants that every reader stopped using (`read` is after the last pass), and intermediate
+  // shapes that changed.
   g.initializers.erase(std::remove_if(g.initializers.begin(), g.initializers.end(),
                                       [&](const ir::Initializer& i) {
                                         return replaced.count(i.name) && !read.count(i.name);

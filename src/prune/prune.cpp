@@ -13,6 +13,7 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "prune/regex.h"
 
 namespace lopper {
 
@@ -291,6 +292,8 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
   }
 }
 
+}  // namespace
+
 std::regex compile_regex(const std::string& re, const std::string& what) {
   try {
     return std::regex(re);
@@ -298,8 +301,6 @@ std::regex compile_regex(const std::string& re, const std::string& what) {
     throw Error("[prune] " + what + " '" + re + "' is not a valid regex: " + e.what());
   }
 }
-
-}  // namespace
 
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
   check_options(opts);

@@ -14,6 +14,7 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "prune/depgraph.h"
+#include "prune/regex.h"
 
 namespace lopper {
 
@@ -94,7 +95,7 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
   return a;
 }
 
-// Per-class importance of group `g`.
+// Every group's per-class importance (Group::score), from the dependency graph's slices.
 void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency) {
   auto& dg = a.dg;
   std::map<int64_t, double> s;  // class -> score (l2: sum of squares until the end)
@@ -103,25 +104,30 @@ void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency)
     const double* p = v.data_ptr<double>();
     for (size_t i = 0; i < sl.atoms.size(); ++i) s[dg.find(sl.atoms[i])] += p[i];
   };
-  auto reduce_except = [](const at::Tensor& t, int64_t axis, bool square) {
-    at::Tensor x = t.to(at::kDouble).movedim(axis, 0).reshape({t.size(axis), -1});
+  auto rows = [](const at::Tensor& t, int64_t axis) {  // one row per index along `axis`
+    return t.to(at::kDouble).movedim(axis, 0).reshape({t.size(axis), -1});
+  };
+  auto reduce_except = [&](const at::Tensor& t, int64_t axis, bool square) {
+    at::Tensor x = rows(t, axis);
     return square ? x.pow(2).sum(1) : x.abs().sum(1);
   };
   const auto imp = opts.importance;
+  std::set<int64_t> normed;  // classes with a normalisation scale (bn ranks by it)
   for (const auto& sl : dg.slices) {
     const bool weight = sl.role == ParamRole::kWeightOut || sl.role == ParamRole::kWeightIn;
     if ((imp == ChannelImportance::kL1 || imp == ChannelImportance::kL2) && weight) {
       add(sl, reduce_except(sl.value, sl.axis, imp == ChannelImportance::kL2));
     } else if (imp == ChannelImportance::kBN && sl.role == ParamRole::kNormScale) {
       add(sl, sl.value.to(at::kDouble).abs().reshape({-1}));
+      for (int64_t atom : sl.atoms) normed.insert(dg.find(atom));
     } else if (imp == ChannelImportance::kTaylor && weight) {
       auto it = saliency->taylor.find(sl.ref.name);
       if (it == saliency->taylor.end()) continue;
       at::Tensor t = sl.ref.perm.empty() ? it->second : it->second.permute(sl.ref.perm);
       add(sl, reduce_except(t, sl.axis, false));
     } else if (imp == ChannelImportance::kFPGM && sl.role == ParamRole::kWeightOut) {
-      at::Tensor rows = sl.value.to(at::kDouble).movedim(sl.axis, 0).reshape({sl.value.size(sl.axis), -1});
-      add(sl, at::cdist(rows, rows).sum(1));
+      at::Tensor r = rows(sl.value, sl.axis);
+      add(sl, at::cdist(r, r).sum(1));
     }
   }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
@@ -137,13 +143,9 @@ void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency)
       for (size_t i = 0; i < g.classes.size(); ++i) g.score[i] = r.data_ptr<double>()[i];
     }
     if (imp == ChannelImportance::kBN && g.blocked.empty() &&
-        std::all_of(g.score.begin(), g.score.end(), [](double v) { return v == 0; })) {
-      bool has_norm = false;
-      for (const auto& sl : dg.slices)
-        has_norm |= sl.role == ParamRole::kNormScale && !sl.atoms.empty() &&
-                    std::find(g.classes.begin(), g.classes.end(), dg.find(sl.atoms[0])) != g.classes.end();
-      if (!has_norm) g.blocked = "no normalisation scale to rank by (--method bn)";
-    }
+        std::none_of(g.classes.begin(), g.classes.end(),
+                     [&](int64_t c) { return normed.count(c) > 0; }))
+      g.blocked = "no normalisation scale to rank by (--method bn)";
   }
 }
 
@@ -267,24 +269,19 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
 
 StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
                                   const Saliency* saliency) {
-  if (opts.amount.is_count)
-    LOPPER_CHECK(opts.amount.value >= 0, "[prune] amount must be a count >= 0, got ", opts.amount.value);
-  else
-    LOPPER_CHECK(opts.amount.value >= 0 && opts.amount.value <= 1,
-                 "[prune] amount must be in [0, 1], got ", opts.amount.value);
+  PruneLayerOptions amount_only;  // the amount's checks are prune()'s
+  amount_only.amount = opts.amount;
+  check_layer_options(amount_only);
   LOPPER_CHECK(opts.max_layer_amount > 0 && opts.max_layer_amount <= 1,
                "[prune] --max-layer-amount must be in (0, 1], got ", opts.max_layer_amount);
   LOPPER_CHECK(opts.round_to >= 1, "[prune] --round-to must be >= 1, got ", opts.round_to);
   LOPPER_CHECK(opts.importance != ChannelImportance::kTaylor || saliency,
                "[prune] --method taylor needs calibration data (--data)");
   std::optional<std::regex> exclude;
-  if (!opts.exclude.empty()) {
-    try {
-      exclude.emplace(opts.exclude);
-    } catch (const std::regex_error& e) {
-      throw Error("[prune] --exclude '" + opts.exclude + "' is not a valid regex: " + e.what());
-    }
-  }
+  if (!opts.exclude.empty()) exclude = compile_regex(opts.exclude, "--exclude");
+  std::vector<std::regex> rule_res;  // checked when the recipe was parsed
+  if (opts.recipe)
+    for (const auto& rule : opts.recipe->rules) rule_res.push_back(compile_regex(rule.match, "match"));
   Analysis a = analyse(model, opts);
   score(a, opts, saliency);
   const ir::Graph& graph = model.graph;
@@ -312,7 +309,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       bool matched = false;
       for (size_t ri = 0; ri < rc.rules.size() && !matched; ++ri) {
         const auto& rule = rc.rules[ri];
-        if (!std::regex_search(names, std::regex(rule.match))) continue;
+        if (!std::regex_search(names, rule_res[ri])) continue;
         matched = true, rule_used[ri] = 1, rules[gi] = rule.where;
         if (rule.skip) {
           g.blocked = "skipped by " + rule.where;

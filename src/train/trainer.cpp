@@ -159,6 +159,14 @@ class Trainer {
         if (auto it = index.find(sl.weight); it != index.end())
           gl_.push_back({it->second, sl.axis, sl.group,
                          at::tensor(sl.channel, at::kLong).to(ex_->device())});
+      if (gl_.empty())  // no channel group: each prunable weight's output channels on their own
+        for (size_t i = 0; i < params_.size(); ++i)
+          if (params_[i].prunable && params_[i].out_axis >= 0) {
+            const int64_t n = params_[i].value.size(params_[i].out_axis);
+            gl_.push_back({i, params_[i].out_axis, int64_t(gl_sizes_.size()),
+                           at::arange(n, at::TensorOptions().dtype(at::kLong).device(ex_->device()))});
+            gl_sizes_.push_back(n);
+          }
     }
   }
 
@@ -281,16 +289,9 @@ class Trainer {
     for (auto& p : params_) {
       if (p.prunable && o_.l1 > 0) add(p.value.abs().sum() * o_.l1);
       if (p.bn_scale && o_.bn_l1 > 0) add(p.value.abs().sum() * o_.bn_l1);
-      if (p.prunable && o_.group_lasso > 0 && p.out_axis >= 0 && gl_.empty()) {
-        std::vector<int64_t> others;
-        for (int64_t d = 0; d < p.value.dim(); ++d)
-          if (d != p.out_axis) others.push_back(d);
-        // NOTE: a small epsilon keeps the gradient of a channel norm finite once it reaches 0.
-        add((p.value.square().sum(others) + 1e-12).sqrt().sum() * o_.group_lasso);
-      }
     }
-    // Group lasso over the dependency graph's groups: one L2 norm per channel over every weight
-    // slice that channel owns.
+    // Group lasso: one L2 norm per channel over every weight slice that channel owns (build()
+    // says which: the dependency graph's groups, else each weight's output channels).
     std::vector<at::Tensor> acc(gl_sizes_.size());
     for (const auto& t : gl_) {
       const at::Tensor& v = params_[t.param].value;
@@ -302,6 +303,7 @@ class Trainer {
       if (!a.defined()) a = at::zeros({gl_sizes_[t.group]}, sq.options());
       a = a.index_add(0, t.channel, sq);
     }
+    // NOTE: a small epsilon keeps the gradient of a channel norm finite once it reaches 0.
     for (const auto& a : acc)
       if (a.defined()) add((a + 1e-12).sqrt().sum() * o_.group_lasso);
     return r;

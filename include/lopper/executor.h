@@ -37,6 +37,18 @@ bool cuda_available();
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+/// How one layer's kernel was chosen at the first inference run: every candidate is timed on the
+/// layer's real input and the fastest kept; the choice is cached per machine (see
+/// docs/kernels.md), and a cached choice is reused without timing.
+struct KernelDecision {
+  std::string node, op;
+  std::vector<int64_t> weight_shape, input_shape;
+  double sparsity = 0;  // fraction of the weight's values that are zero
+  std::string chosen;
+  std::vector<std::pair<std::string, double>> timings;  // candidate -> best time (ms)
+  bool cached = false;  // true: taken from the cache (timings as measured then)
+};
+
 class Executor {
  public:
   /// Plans `model` (kept by reference: it must outlive the executor). Throws lopper::Error naming
@@ -66,6 +78,10 @@ class Executor {
   NamedTensors parameters() const;
 
   const at::Device& device() const;
+
+  /// The kernel chosen for each layer that had a choice, in the order they were made (after the
+  /// first run).
+  std::vector<KernelDecision> kernel_decisions() const;
 
  private:
   struct Impl;

@@ -1,4 +1,5 @@
 // lopper bench MODEL [--batch N] [--threads T] [--device cpu|cuda] [--warmup W] [--iters K] [--json]
+//              [--profile] [--explain]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -14,9 +15,52 @@
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
+#include "kernels/cpu/sparse.h"
 
 
 namespace lopper::cli {
+
+namespace {
+
+std::string dims(const std::vector<int64_t>& d) {
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "x" : "") + std::to_string(d[i]);
+  return s;
+}
+
+nlohmann::json explain_json(const Executor& exec) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& d : exec.kernel_decisions()) {
+    nlohmann::json t = nlohmann::json::object();
+    for (const auto& [name, ms] : d.timings) t[name] = ms;
+    layers.push_back({{"node", d.node}, {"op", d.op}, {"weight_shape", d.weight_shape},
+                      {"input_shape", d.input_shape}, {"sparsity", d.sparsity},
+                      {"chosen", d.chosen}, {"cached", d.cached}, {"ms", t}});
+  }
+  return {{"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())}, {"layers", layers}};
+}
+
+void print_explain(const Executor& exec) {
+  auto decisions = exec.kernel_decisions();
+  int64_t cached = 0;
+  for (const auto& d : decisions) cached += d.cached;
+  std::cout << fmt::format("\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
+                           "* = chosen, ms = best of 3 on the layer's input)\n",
+                           kernels::cpu::isa_name(kernels::cpu::active_isa()), cached,
+                           decisions.size());
+  std::cout << fmt::format("{:<40} {:<8} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
+                           "sparsity", "chosen", "candidates");
+  for (const auto& d : decisions) {
+    std::string cands;
+    for (const auto& [name, ms] : d.timings)
+      cands += fmt::format("{}{} {:.3f}  ", name, name == d.chosen ? "*" : "", ms);
+    std::string node = d.node.size() > 40 ? "..." + d.node.substr(d.node.size() - 37) : d.node;
+    std::cout << fmt::format("{:<40} {:<8} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
+                             dims(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
+  }
+}
+
+}  // namespace
 
 Action add_bench(CLI::App& app) {
   struct Opts {
@@ -24,7 +68,7 @@ Action add_bench(CLI::App& app) {
     std::vector<std::string> shapes;
     int64_t batch = 0;
     int threads = 0, warmup = 10, iters = 50;
-    bool json = false, profile = false;
+    bool json = false, profile = false, explain = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
@@ -39,6 +83,9 @@ Action add_bench(CLI::App& app) {
   cmd->add_option("--iters", o->iters, "timed runs")->check(CLI::Range(1, 1000000));
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->add_flag("--profile", o->profile, "time per op type (after the timed runs)");
+  cmd->add_flag("--explain", o->explain,
+                "per layer with a kernel choice: its sparsity, the kernel chosen and the time of "
+                "each candidate on the layer's input");
   return [o]() {
     configure_threads(o->threads);
     auto overrides = parse_shape_overrides(o->shapes);
@@ -121,6 +168,7 @@ Action add_bench(CLI::App& app) {
           p.push_back({{"op", op}, {"ms_per_run", v.first / o->iters}, {"calls_per_run", v.second / o->iters}});
         j["profile"] = p;
       }
+      if (o->explain) j["kernels"] = explain_json(exec);
       std::cout << j.dump(2) << "\n";
     } else {
       std::cout << fmt::format("{}  device {}  batch {}  threads {}  iters {}\n", o->model,
@@ -139,6 +187,7 @@ Action add_bench(CLI::App& app) {
           std::cout << fmt::format("{:<60} {:>10.3f}\n", nodes[i].second.substr(0, 60),
                                    nodes[i].first / o->iters);
       }
+      if (o->explain) print_explain(exec);
     }
     return 0;
   };

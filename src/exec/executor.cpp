@@ -10,6 +10,7 @@
 
 #include "exec/allocator.h"
 #include "exec/fuse.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
@@ -108,6 +109,7 @@ struct Executor::Impl {
   std::vector<const ir::ValueInfo*> real_inputs;
   NamedTensors params;
   std::unique_ptr<ir::Graph> fused;  // the rewritten top graph (inference), else null
+  std::vector<KernelDecision> decisions;
 
   Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {
     opts.autograd = opts.autograd || opts.training;
@@ -231,6 +233,7 @@ struct Executor::Impl {
     ctx.wanted_.resize(st.out.size());
     for (size_t k = 0; k < st.out.size(); ++k) ctx.wanted_[k] = st.out[k] >= 0;
     ctx.state_ = &st.state;
+    ctx.decisions_ = &decisions;
     ctx.grad_mode_ = opts.autograd;
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
@@ -293,6 +296,7 @@ struct Executor::Impl {
 Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
+  if (impl_->device.is_cpu()) kernels::cpu::active_isa();  // a bad LOPPER_ISA fails here, at load
   exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();
   if (!impl_->opts.autograd && impl_->opts.fuse)
@@ -312,6 +316,7 @@ std::vector<std::string> Executor::output_names() const {
 
 NamedTensors Executor::parameters() const { return impl_->params; }
 const at::Device& Executor::device() const { return impl_->device; }
+std::vector<KernelDecision> Executor::kernel_decisions() const { return impl_->decisions; }
 
 std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
   const ir::Graph& g = impl_->model.graph;

@@ -1,8 +1,10 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
 #include "ops/conv_geometry.h"
-#include "ops/onednn.h"
 #include "ops/channels.h"
+#include "ops/kernel_choice.h"
+#include "ops/onednn.h"
 #include "ops/op.h"
+#include "ops/sparse_linear.h"
 
 namespace lopper::ops {
 
@@ -66,7 +68,8 @@ namespace {
 struct ConvState {
   at::Tensor packed;         // oneDNN convolution weight, reordered for the first input shape
   at::Tensor packed_linear;  // for 1x1 convolutions: the weight as a oneDNN linear layer's
-  enum class Kernel { kUndecided, kConv, kLinear } kernel = Kernel::kUndecided;
+  SparseCandidate sparse;    // a sparse weight as [C_out, C_in * kernel]
+  enum class Kernel { kUndecided, kConv, kLinear, kSparse } kernel = Kernel::kUndecided;
 };
 
 // Conv, and FusedConv = activation(Conv(X, W, B) + Other) with inputs X, W, B?, Other?.
@@ -103,7 +106,7 @@ void conv_forward(OpContext& c) {
                               g.strides[i] + 1);
     bool fused_add = other.defined() && other.sizes() == at::IntArrayRef(out_shape) &&
                      onednn::usable(other);
-    if (!st.packed.defined() && st.kernel != ConvState::Kernel::kLinear)
+    if (!st.packed.defined() && (st.kernel == ConvState::Kernel::kUndecided || st.kernel == ConvState::Kernel::kConv))
       st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
     if (other.defined() && !fused_add) {
       // A broadcasting add: the convolution alone, then the add and the activation.
@@ -119,11 +122,13 @@ void conv_forward(OpContext& c) {
                                         post);
     };
     // NOTE: a 1x1 convolution over channels-last data is a matrix product of the [N*H*W, C_in]
-    // view; oneDNN's GEMM is sometimes faster than its convolution on it. Timed once, per layer.
-    bool pointwise = g.group == 1 && out_shape[2] == in.size(2) && out_shape[3] == in.size(3);
+    // view; oneDNN's GEMM is sometimes faster than its convolution on it, and lopper's sparse
+    // kernels for a sparse weight. Other convolutions run sparse on im2col columns. Timed once,
+    // per layer.
+    bool pointwise_shape = g.group == 1 && out_shape[2] == in.size(2) && out_shape[3] == in.size(3);
     for (size_t i = 0; i < 2; ++i)
-      pointwise = pointwise && g.kernel[i] == 1 && g.strides[i] == 1 && padding[i] == 0;
-    pointwise = pointwise && (!fused_add || post.attr == "none");
+      pointwise_shape = pointwise_shape && g.kernel[i] == 1 && g.strides[i] == 1 && padding[i] == 0;
+    const bool pointwise = pointwise_shape && (!fused_add || post.attr == "none");
     int64_t rows = in.size(0) * in.size(2) * in.size(3);
     auto as_linear = [&] {
       at::Tensor x2 = in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
@@ -133,18 +138,46 @@ void conv_forward(OpContext& c) {
                     : onednn::linear(x2, st.packed_linear, b, post);
       return y2.view({in.size(0), in.size(2), in.size(3), w.size(0)}).permute({0, 3, 1, 2});
     };
-    if (st.kernel == ConvState::Kernel::kUndecided) {
-      st.kernel = ConvState::Kernel::kConv;
+    auto as_sparse = [&](const SparseCandidate& sc) {
+      const onednn::PostOp in_kernel = fused_add ? onednn::PostOp{} : post;  // act after the add
+      at::Tensor y;
+      if (pointwise_shape) {
+        at::Tensor x2 = in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
+        y = run_sparse_linear(sc, x2, in_kernel)
+                .view({in.size(0), out_shape[2], out_shape[3], w.size(0)})
+                .permute({0, 3, 1, 2});
+      } else {
+        at::Tensor cols = at::im2col(in, g.kernel, g.dilations, padding, g.strides);
+        y = run_sparse_cols(sc, cols, in_kernel).view(out_shape);
+      }
+      return fused_add ? onednn::apply_unfused(y.add_(other_cl), post) : y;
+    };
+    using K = ConvState::Kernel;
+    if (st.kernel == K::kUndecided) {
+      std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
+      std::vector<K> kinds{K::kConv};
       if (pointwise) {
         st.packed_linear = onednn::pack_linear_weight(w.reshape({w.size(0), w.size(1)}), rows);
-        if (best_of_3_ms(as_linear) < best_of_3_ms(as_conv)) {
-          st.kernel = ConvState::Kernel::kLinear;
-          st.packed.reset();
-        } else {
-          st.packed_linear.reset();
-        }
+        cands.push_back({"onednn-linear", as_linear});
+        kinds.push_back(K::kLinear);
       }
+      std::vector<SparseCandidate> sparse;
+      if (g.group == 1)
+        sparse = sparse_candidates(w.reshape({w.size(0), -1}), b,
+                                   pointwise_shape ? std::vector<kernels::cpu::Algo>{}
+                                                   : std::vector{kernels::cpu::Algo::kCols});
+      for (const auto& sc : sparse) {
+        cands.push_back({pointwise_shape ? sc.name : sc.name + "-im2col",
+                         [&as_sparse, sc] { as_sparse(sc); }});
+        kinds.push_back(K::kSparse);
+      }
+      size_t best = choose_kernel(c, cands, w, in);
+      st.kernel = kinds[best];
+      if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
+      if (st.kernel != K::kConv) st.packed.reset();
+      if (st.kernel != K::kLinear) st.packed_linear.reset();
     }
+    if (st.kernel == K::kSparse) return c.set_output(0, as_sparse(st.sparse));
     c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;
   }

@@ -1,9 +1,11 @@
 // Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
-// kernel (ATen's BLAS or oneDNN with a reordered weight) is chosen by timing both on the layer's
-// real shape, once.
-#include "ops/onednn.h"
+// kernel (ATen's BLAS, oneDNN with a reordered weight, or a sparse kernel) is chosen by timing
+// them on the layer's real shape, once.
 #include "ops/channels.h"
+#include "ops/kernel_choice.h"
+#include "ops/onednn.h"
 #include "ops/op.h"
+#include "ops/sparse_linear.h"
 
 namespace lopper::ops {
 namespace {
@@ -11,25 +13,47 @@ namespace {
 struct LinearState {
   at::Tensor weight;  // [N, K] contiguous
   at::Tensor packed;  // oneDNN's layout of the same weight
-  enum class Kernel { kUndecided, kAten, kOnednn } kernel = Kernel::kUndecided;
+  SparseCandidate sparse;
+  enum class Kernel { kUndecided, kAten, kOnednn, kSparse } kernel = Kernel::kUndecided;
 };
 
-// y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference).
+// y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
+// CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN and (for a sparse weight) lopper's
+// sparse kernels on the layer's real input.
 at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
                       const onednn::PostOp& post = {}) {
-  if (!onednn::usable(x) || !onednn::usable(st.weight) || (bias.defined() && !onednn::usable(bias)))
-    return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+                       st.weight.scalar_type() == at::kFloat &&
+                       (!bias.defined() || bias.scalar_type() == at::kFloat);
+  if (!cpu_f32) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
-  if (st.kernel == LinearState::Kernel::kUndecided) {
-    st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
-    double aten = best_of_3_ms([&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); });
-    double dnn = best_of_3_ms([&] { onednn::linear(x2, st.packed, bias, post); });
-    st.kernel = dnn < aten ? LinearState::Kernel::kOnednn : LinearState::Kernel::kAten;
-    if (st.kernel == LinearState::Kernel::kAten) st.packed.reset();
+  using K = LinearState::Kernel;
+  if (st.kernel == K::kUndecided) {
+    std::vector<KernelCandidate> cands{
+        {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
+    std::vector<K> kinds{K::kAten};
+    if (onednn::usable(x) && onednn::usable(st.weight)) {
+      st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
+      cands.push_back({"onednn", [&] { onednn::linear(x2, st.packed, bias, post); }});
+      kinds.push_back(K::kOnednn);
+    }
+    auto sparse = sparse_candidates(st.weight, bias);
+    for (const auto& sc : sparse) {
+      cands.push_back({sc.name, [&x2, &post, sc] { run_sparse_linear(sc, x2, post); }});
+      kinds.push_back(K::kSparse);
+    }
+    size_t best = choose_kernel(c, cands, st.weight, x2);
+    st.kernel = kinds[best];
+    if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
+    if (st.kernel != K::kOnednn) st.packed.reset();
   }
-  if (st.kernel == LinearState::Kernel::kAten)
-    return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
-  at::Tensor y = onednn::linear(x2.contiguous(), st.packed, bias, post);
+  at::Tensor y;
+  if (st.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  if (st.kernel == K::kOnednn) {
+    y = onednn::linear(x2.contiguous(), st.packed, bias, post);
+  } else {
+    y = run_sparse_linear(st.sparse, x2, post);
+  }
   if (x.dim() == 2) return y;
   auto shape = x.sizes().vec();
   shape.back() = st.weight.size(0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lopper/error.h"
+#include "lopper/executor.h"
 #include "lopper/graph.h"
 
 namespace lopper::ops {
@@ -101,6 +102,7 @@ class OpContext : public AttrReader {
   std::vector<at::Tensor> outputs_;
   std::vector<bool> wanted_;
   std::shared_ptr<void>* state_ = nullptr;
+  std::vector<KernelDecision>* decisions_ = nullptr;  // where kernel choices are reported
   SubgraphRunner subgraph_runner_;
   bool grad_mode_ = false;
 
@@ -175,8 +177,5 @@ int64_t normalize_axis(const AttrReader& ctx, int64_t axis, int64_t rank);
 at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
 /// Product of dims.
 int64_t numel_of(const std::vector<int64_t>& shape);
-/// The fastest of three runs of `f`, in milliseconds: how candidate kernels are compared on a
-/// layer's real shape before one is kept.
-double best_of_3_ms(const std::function<void()>& f);
 
 }  // namespace lopper::ops

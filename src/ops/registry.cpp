@@ -1,6 +1,5 @@
 #include <ATen/ATen.h>
 
-#include <chrono>
 
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
@@ -133,17 +132,6 @@ at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type) {
   } catch (const Error&) {
     ctx.fail("unsupported data type ", onnx_type);
   }
-}
-
-double best_of_3_ms(const std::function<void()>& f) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {

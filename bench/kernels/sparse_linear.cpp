@@ -1,0 +1,109 @@
+// Google Benchmark: lopper's sparse kernels against dense ATen (MKL/OpenBLAS through at::linear)
+// and oneDNN on a Linear layer, y = x . W^T + b. bench/sparse_kernels.py runs it, turns the
+// times into speedups and the crossover sparsity, and writes docs/bench-sparse-kernels.json.
+//
+//   build/bench/lopper_kernel_bench --benchmark_filter='768x3072'
+//
+// Arguments of every benchmark: in, out, batch, sparsity (%). Weights are pruned at random
+// (unstructured: CSR) or by blocks (block:8x1: the 8x1 format), with torch's L1 order irrelevant
+// for speed; x is random.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include "kernels/cpu/sparse.h"
+#include "ops/onednn.h"
+
+namespace kc = lopper::kernels::cpu;
+
+namespace {
+
+at::Tensor pruned_weight(int64_t out, int64_t in, double sparsity, kc::BlockShape b) {
+  at::manual_seed(7);
+  at::Tensor w = at::randn({out, in});
+  at::Tensor keep = at::rand({(out + b.r - 1) / b.r, (in + b.c - 1) / b.c}) >= sparsity;
+  keep = keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, out).narrow(1, 0, in);
+  return (w * keep).contiguous();
+}
+
+struct Shape {
+  int64_t in, out, batch;
+  double sparsity;
+  explicit Shape(const benchmark::State& s)
+      : in(s.range(0)), out(s.range(1)), batch(s.range(2)), sparsity(s.range(3) / 100.0) {}
+};
+
+void set_counters(benchmark::State& state, const Shape& s) {
+  state.counters["MACs_dense"] = double(s.in * s.out * s.batch);
+  state.counters["threads"] = at::get_num_threads();
+}
+
+void BM_DenseAten(benchmark::State& state) {
+  Shape s(state);
+  at::Tensor w = pruned_weight(s.out, s.in, s.sparsity, {1, 1});
+  at::Tensor b = at::randn({s.out}), x = at::randn({s.batch, s.in});
+  for (auto _ : state) benchmark::DoNotOptimize(at::linear(x, w, b));
+  set_counters(state, s);
+}
+
+void BM_DenseOnednn(benchmark::State& state) {
+  Shape s(state);
+  at::Tensor w = pruned_weight(s.out, s.in, s.sparsity, {1, 1});
+  at::Tensor b = at::randn({s.out}), x = at::randn({s.batch, s.in});
+  at::Tensor packed = lopper::ops::onednn::pack_linear_weight(w, s.batch);
+  for (auto _ : state) benchmark::DoNotOptimize(lopper::ops::onednn::linear(x, packed, b, {}));
+  set_counters(state, s);
+}
+
+template <int R, int C, kc::Algo A>
+void BM_Sparse(benchmark::State& state) {
+  Shape s(state);
+  kc::BlockShape blk{R, C};
+  at::Tensor w = pruned_weight(s.out, s.in, s.sparsity, blk);
+  at::Tensor b = at::randn({s.out}), x = at::randn({s.batch, s.in});
+  kc::SparseWeight sw(w, blk, b);
+  at::Tensor y = at::empty({s.batch, s.out});
+  const kc::Isa isa = kc::active_isa();
+  for (auto _ : state) {
+    sw.linear_into(x, y, A, {}, isa);
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, s);
+  state.counters["stored"] = double(sw.stored());
+  state.SetLabel(std::string(kc::isa_name(isa)));
+}
+
+void shapes(benchmark::internal::Benchmark* b, bool dense) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}})
+    for (int64_t batch : {1, 8, 32, 128})
+      for (int64_t sp : {50, 70, 80, 90, 95}) {
+        if (dense && sp != 90) continue;  // dense time does not depend on the zeros
+        b->Args({in, out, batch, sp});
+      }
+  b->ArgNames({"in", "out", "batch", "sparsity"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+void dense_shapes(benchmark::internal::Benchmark* b) { shapes(b, true); }
+void sparse_shapes(benchmark::internal::Benchmark* b) { shapes(b, false); }
+
+}  // namespace
+
+BENCHMARK(BM_DenseAten)->Apply(dense_shapes);
+BENCHMARK(BM_DenseOnednn)->Apply(dense_shapes);
+BENCHMARK(BM_Sparse<1, 1, kc::Algo::kCols>)->Name("csr-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<1, 1, kc::Algo::kGather>)->Name("csr-gather")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<1, 1, kc::Algo::kDot>)->Name("csr-dot")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<1, 4, kc::Algo::kCols>)->Name("bcsr1x4-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<4, 1, kc::Algo::kRows>)->Name("bcsr4x1-rows")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<4, 1, kc::Algo::kCols>)->Name("bcsr4x1-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<8, 1, kc::Algo::kRows>)->Name("bcsr8x1-rows")->Apply(sparse_shapes);
+BENCHMARK(BM_Sparse<8, 1, kc::Algo::kCols>)->Name("bcsr8x1-cols")->Apply(sparse_shapes);
+
+int main(int argc, char** argv) {
+  // NOTE: the same pool configuration as `lopper bench` (one intra-op thread per core).
+  at::set_num_interop_threads(1);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

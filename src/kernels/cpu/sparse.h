@@ -1,0 +1,76 @@
+// Sparse weight x dense activation on the CPU (internal): a weight packed once in CSR or block-CSR,
+// run by one of three kernels on the widest ISA the CPU has (AVX-512, AVX2 + FMA, or plain C++),
+// multi-threaded on ATen's pool, with the bias and a simple activation fused.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/sparse_isa.h"
+
+namespace lopper::kernels::cpu {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+/// The ISA the kernels run with: the widest this CPU supports, or the one LOPPER_ISA names
+/// (scalar | avx2 | avx512). Throws lopper::Error for an unknown name or one the CPU lacks.
+Isa active_isa();
+bool isa_supported(Isa isa);
+const char* isa_name(Isa isa);
+
+/// A block of r consecutive outputs x c consecutive inputs. The kernels take 1x1 (CSR), 1x4, 4x1
+/// and 8x1.
+struct BlockShape {
+  int r = 1, c = 1;
+  std::string str() const { return std::to_string(r) + "x" + std::to_string(c); }
+};
+const std::vector<BlockShape>& kernel_block_shapes();
+
+/// cols: along the batch rows (or pixels), the x tile transposed in cache; any block shape.
+/// rows: along the r outputs of a block (4x1, 8x1), x read as it is.
+/// gather: along each output's nonzeros, x gathered (CSR only).
+/// dot: each output's nonzeros one by one, four partial sums (CSR only).
+enum class Algo { kCols, kRows, kGather, kDot };
+const char* algo_name(Algo a);
+
+struct Activation {
+  enum Kind { kNone, kRelu, kClip, kLeaky } kind = kNone;
+  float lo = 0, hi = 0, alpha = 0;
+};
+
+/// Stored values when w [n, k] is packed in blocks of `b` (every block with a nonzero).
+int64_t stored_values(const at::Tensor& w, BlockShape b);
+
+class SparseWeight {
+ public:
+  /// Packs a float32 CPU weight w [n, k] (rows are outputs) and its bias [n] (optional).
+  SparseWeight(const at::Tensor& w, BlockShape b, const at::Tensor& bias = {});
+
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  BlockShape block() const { return block_; }
+  int64_t nonzeros() const { return nonzeros_; }
+  int64_t stored() const { return static_cast<int64_t>(val_.size()); }
+  bool supports(Algo a) const;
+
+  /// y [m, n] = act(x [m, k] . w^T + bias), x 2-D float32 with contiguous rows.
+  at::Tensor linear(const at::Tensor& x, Algo algo, Activation act, Isa isa) const;
+  /// The same into y [m, n] (contiguous rows, any row stride).
+  void linear_into(const at::Tensor& x, at::Tensor& y, Algo algo, Activation act, Isa isa) const;
+  /// y [b, n, l] = act(w . x[b] + bias) for x [b, k, l] (an NCHW activation or im2col columns).
+  at::Tensor cols_batched(const at::Tensor& x, Activation act, Isa isa) const;
+
+ private:
+  SpView view() const;
+  /// Block-row boundaries splitting the stored blocks into `parts` near-equal shares.
+  std::vector<int64_t> split_rows(int64_t parts) const;
+
+  int64_t n_ = 0, k_ = 0, nonzeros_ = 0;
+  BlockShape block_;
+  std::vector<int32_t> ptr_, col_;
+  std::vector<float> val_, bias_;  // bias_ padded with zeros to whole blocks (empty: no bias)
+};
+
+}  // namespace lopper::kernels::cpu

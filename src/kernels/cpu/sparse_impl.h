@@ -1,0 +1,399 @@
+// The sparse kernels, written once over a vector type and compiled once per ISA (internal): the
+// including file defines LOPPER_SPARSE_ISA (0 scalar, 1 AVX2 + FMA, 2 AVX-512) and LOPPER_OPS_NAME,
+// and is compiled with the matching -m flags. Everything here has internal linkage.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/sparse_isa.h"
+
+#if LOPPER_SPARSE_ISA > 0
+#include <immintrin.h>
+#endif
+
+// NOTE: GCC 12's own AVX-512 headers (gathers, reductions) start from deliberately undefined
+// vectors and trip this warning.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define LOPPER_UNROLL _Pragma("GCC unroll 16")
+
+namespace lopper::kernels::cpu {
+namespace {
+
+// --- Vector types ------------------------------------------------------------------------------
+
+struct Scalar {
+  using V = float;
+  static constexpr int W = 1;
+  static V zero() { return 0.f; }
+  static V set1(float a) { return a; }
+  static V load(const float* p) { return *p; }
+  static V loadm(const float* p, int n) { return n > 0 ? *p : 0.f; }
+  static void store(float* p, V v) { *p = v; }
+  static void storem(float* p, V v, int n) {
+    if (n > 0) *p = v;
+  }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V add(V a, V b) { return a + b; }
+  static V mul(V a, V b) { return a * b; }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V min(V a, V b) { return a < b ? a : b; }
+};
+
+#if LOPPER_SPARSE_ISA > 0
+struct V4 {  // 4 floats (SSE registers, FMA3)
+  using V = __m128;
+  static constexpr int W = 4;
+  static V zero() { return _mm_setzero_ps(); }
+  static V set1(float a) { return _mm_set1_ps(a); }
+  static V load(const float* p) { return _mm_loadu_ps(p); }
+  static void store(float* p, V v) { _mm_storeu_ps(p, v); }
+  static V fma(V a, V b, V c) { return _mm_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm_mul_ps(a, b); }
+  static V max(V a, V b) { return _mm_max_ps(a, b); }
+  static V min(V a, V b) { return _mm_min_ps(a, b); }
+};
+
+struct V8 {  // 8 floats (AVX2 + FMA3)
+  using V = __m256;
+  static constexpr int W = 8;
+  static __m256i lanes(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float a) { return _mm256_set1_ps(a); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+};
+#endif
+
+#if LOPPER_SPARSE_ISA > 1
+struct V16 {  // 16 floats (AVX-512F)
+  using V = __m512;
+  static constexpr int W = 16;
+  static __mmask16 lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float a) { return _mm512_set1_ps(a); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+};
+using Wide = V16;   // the widest vector: columns of `cols`
+#elif LOPPER_SPARSE_ISA > 0
+using Wide = V8;
+#else
+using Wide = Scalar;
+#endif
+
+template <class T>
+inline typename T::V activate(typename T::V v, const Epilogue& e) {
+  switch (e.act) {
+    case Epilogue::kRelu: return T::max(v, T::zero());
+    case Epilogue::kClip: return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
+    case Epilogue::kLeaky:
+      return T::add(T::max(v, T::zero()), T::mul(T::set1(e.alpha), T::min(v, T::zero())));
+    default: return v;
+  }
+}
+
+// --- cols: yt = W . xt, vectorised along the columns ----------------------------------------------
+//
+// One panel = NV vectors of columns for one block row: R x NV accumulators, U copies of them for
+// consecutive blocks when there are too few to hide the FMA latency. Per block and input, the
+// panel's NV vectors of xt are loaded once and used by all R outputs.
+
+template <int R, int C, int NV, int U, bool kMask>
+inline void cols_panel(const SpView& s, int64_t br, const float* xt, int64_t ldx, float* yt,
+                       int64_t ldy, int64_t y_row0, int tail, const Epilogue& e) {
+  using T = Wide;
+  using V = typename T::V;
+  V acc[U][R][NV];
+  LOPPER_UNROLL for (int u = 0; u < U; ++u)
+    LOPPER_UNROLL for (int r = 0; r < R; ++r)
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[u][r][v] = T::zero();
+  const int32_t j1 = s.ptr[br + 1];
+  int32_t j = s.ptr[br];
+  auto block = [&](int u, int32_t jj) __attribute__((always_inline)) {
+    const float* xb = xt + int64_t(s.col[jj]) * ldx;
+    const float* wb = s.val + int64_t(jj) * (R * C);
+    LOPPER_UNROLL for (int c = 0; c < C; ++c) {
+      V xv[NV];
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+        if constexpr (kMask) {
+          xv[v] = v == NV - 1 ? T::loadm(xb + c * ldx + v * T::W, tail)
+                              : T::load(xb + c * ldx + v * T::W);
+        } else {
+          xv[v] = T::load(xb + c * ldx + v * T::W);
+        }
+      }
+      LOPPER_UNROLL for (int r = 0; r < R; ++r) {
+        V wv = T::set1(wb[c * R + r]);
+        LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[u][r][v] = T::fma(wv, xv[v], acc[u][r][v]);
+      }
+    }
+  };
+  for (; j + U <= j1; j += U)
+    LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
+  for (; j < j1; ++j) block(0, j);
+  LOPPER_UNROLL for (int u = 1; u < U; ++u)
+    LOPPER_UNROLL for (int r = 0; r < R; ++r)
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[0][r][v] = T::add(acc[0][r][v], acc[u][r][v]);
+  const int64_t n0 = br * R;
+  const int nr = s.n - n0 < R ? int(s.n - n0) : R;
+  for (int r = 0; r < nr; ++r) {
+    V b = T::set1(e.bias ? e.bias[n0 + r] : 0.f);
+    float* dst = yt + (n0 + r - y_row0) * ldy;
+    LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+      V o = activate<T>(T::add(acc[0][r][v], b), e);
+      if constexpr (kMask) {
+        if (v == NV - 1) {
+          T::storem(dst + v * T::W, o, tail);
+          continue;
+        }
+      }
+      T::store(dst + v * T::W, o);
+    }
+  }
+}
+
+// Columns per panel: as many accumulators as the register file holds with room for the loads.
+template <int R>
+constexpr int panel_vectors() {
+  constexpr int regs = LOPPER_SPARSE_ISA > 1 ? 16 : (LOPPER_SPARSE_ISA > 0 ? 8 : 4);
+  return R >= regs ? 1 : (regs / R > 4 ? 4 : regs / R);
+}
+
+template <int R, int C>
+void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx,
+             int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  constexpr int NV = panel_vectors<R>();
+  constexpr int U = R * NV >= 4 ? 1 : 4 / (R * NV);
+  constexpr int U1 = R >= 4 ? 1 : 4 / R;
+  constexpr int64_t W = Wide::W;
+  int64_t p = 0;
+  // NOTE: panels outside, block rows inside, so that a panel of xt stays in cache while every
+  // output row reads it.
+  for (; p + NV * W <= ncols; p += NV * W)
+    for (int64_t br = br0; br < br1; ++br)
+      cols_panel<R, C, NV, U, false>(s, br, xt + p, ldx, yt + p, ldy, y_row0, 0, e);
+  for (; p + W <= ncols; p += W)
+    for (int64_t br = br0; br < br1; ++br)
+      cols_panel<R, C, 1, U1, false>(s, br, xt + p, ldx, yt + p, ldy, y_row0, 0, e);
+  if (p < ncols)
+    for (int64_t br = br0; br < br1; ++br)
+      cols_panel<R, C, 1, U1, true>(s, br, xt + p, ldx, yt + p, ldy, y_row0, int(ncols - p), e);
+}
+
+void cols(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx, int64_t ncols,
+          float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  if (s.r == 1 && s.c == 1) return cols_rc<1, 1>(s, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  if (s.r == 1 && s.c == 4) return cols_rc<1, 4>(s, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  if (s.r == 4 && s.c == 1) return cols_rc<4, 1>(s, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  if (s.r == 8 && s.c == 1) return cols_rc<8, 1>(s, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  __builtin_trap();  // sparse.cpp only packs the formats above
+}
+
+// --- rows: y = x . W^T, vectorised along the R outputs of a block ------------------------------
+
+#if LOPPER_SPARSE_ISA > 0
+template <int R>
+struct RowVec;
+template <>
+struct RowVec<4> : V4 {};
+template <>
+struct RowVec<8> : V8 {};
+#else
+template <int R>
+struct RowVec : Scalar {};  // one output at a time: the loops below run R times over W = 1
+#endif
+
+// MR rows of x for one block row: MR x (R / W) accumulators, U copies for short tiles.
+template <int R, int MR, int U>
+inline void rows_tile(const SpView& s, int64_t br, const float* x, int64_t ldx, float* y,
+                      int64_t ldy, const Epilogue& e) {
+  using T = RowVec<R>;
+  using V = typename T::V;
+  constexpr int NW = R / T::W;
+  V acc[U][MR][NW];
+  LOPPER_UNROLL for (int u = 0; u < U; ++u)
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m)
+      LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[u][m][w] = T::zero();
+  const int32_t j1 = s.ptr[br + 1];
+  int32_t j = s.ptr[br];
+  auto block = [&](int u, int32_t jj) __attribute__((always_inline)) {
+    const float* wb = s.val + int64_t(jj) * R;
+    const int64_t k = s.col[jj];
+    V wv[NW];
+    LOPPER_UNROLL for (int w = 0; w < NW; ++w) wv[w] = T::load(wb + w * T::W);
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+      V xv = T::set1(x[m * ldx + k]);
+      LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[u][m][w] = T::fma(wv[w], xv, acc[u][m][w]);
+    }
+  };
+  for (; j + U <= j1; j += U)
+    LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
+  for (; j < j1; ++j) block(0, j);
+  LOPPER_UNROLL for (int u = 1; u < U; ++u)
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m)
+      LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[0][m][w] = T::add(acc[0][m][w], acc[u][m][w]);
+  const int64_t n0 = br * R;
+  const int nr = s.n - n0 < R ? int(s.n - n0) : R;
+  // The caller pads the bias to whole blocks.
+  V b[NW];
+  LOPPER_UNROLL for (int w = 0; w < NW; ++w) b[w] = e.bias ? T::load(e.bias + n0 + w * T::W) : T::zero();
+  for (int m = 0; m < MR; ++m) {
+    float* dst = y + m * ldy + n0;
+    if (nr == R) {
+      LOPPER_UNROLL for (int w = 0; w < NW; ++w)
+        T::store(dst + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
+    } else {
+      float tmp[R];
+      LOPPER_UNROLL for (int w = 0; w < NW; ++w)
+        T::store(tmp + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
+      std::memcpy(dst, tmp, sizeof(float) * nr);
+    }
+  }
+}
+
+template <int R>
+void rows_r(const SpView& s, int64_t br0, int64_t br1, const float* x, int64_t ldx, int64_t rows,
+            float* y, int64_t ldy, const Epilogue& e) {
+  constexpr int MR = LOPPER_SPARSE_ISA > 1 ? 8 : 4;
+  int64_t m = 0;
+  // NOTE: tiles of rows outside, so a block row's weights are read once per MR rows of x.
+  for (; m + MR <= rows; m += MR)
+    for (int64_t br = br0; br < br1; ++br)
+      rows_tile<R, MR, 1>(s, br, x + m * ldx, ldx, y + m * ldy, ldy, e);
+  for (; m < rows; ++m)
+    for (int64_t br = br0; br < br1; ++br)
+      rows_tile<R, 1, 4>(s, br, x + m * ldx, ldx, y + m * ldy, ldy, e);
+}
+
+void rows(const SpView& s, int64_t br0, int64_t br1, const float* x, int64_t ldx, int64_t nrows,
+          float* y, int64_t ldy, const Epilogue& e) {
+  if (s.c == 1 && s.r == 4) return rows_r<4>(s, br0, br1, x, ldx, nrows, y, ldy, e);
+  if (s.c == 1 && s.r == 8) return rows_r<8>(s, br0, br1, x, ldx, nrows, y, ldy, e);
+  __builtin_trap();
+}
+
+// --- gather: plain CSR, vectorised along an output's nonzeros --------------------------------------
+
+inline float activate_scalar(float v, const Epilogue& e) { return activate<Scalar>(v, e); }
+
+void gather(const SpView& s, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t nrows,
+            float* y, int64_t ldy, const Epilogue& e) {
+  constexpr int MR = 4;
+  for (int64_t m0 = 0; m0 < nrows; m0 += MR) {
+    const int mr = nrows - m0 < MR ? int(nrows - m0) : MR;
+    const float* xr = x + m0 * ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int32_t j0 = s.ptr[n], j1 = s.ptr[n + 1];
+      float sum[MR] = {0, 0, 0, 0};
+#if LOPPER_SPARSE_ISA > 1
+      __m512 acc[MR];
+      for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+      int32_t j = j0;
+      for (; j + 16 <= j1; j += 16) {
+        __m512i idx = _mm512_loadu_si512(s.col + j);
+        __m512 w = _mm512_loadu_ps(s.val + j);
+        for (int m = 0; m < mr; ++m)
+          acc[m] = _mm512_fmadd_ps(w, _mm512_i32gather_ps(idx, xr + m * ldx, 4), acc[m]);
+      }
+      if (j < j1) {
+        __mmask16 k = static_cast<__mmask16>((1u << (j1 - j)) - 1u);
+        __m512i idx = _mm512_maskz_loadu_epi32(k, s.col + j);
+        __m512 w = _mm512_maskz_loadu_ps(k, s.val + j);
+        for (int m = 0; m < mr; ++m)
+          acc[m] = _mm512_fmadd_ps(
+              w, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, xr + m * ldx, 4), acc[m]);
+      }
+      for (int m = 0; m < mr; ++m) sum[m] = _mm512_reduce_add_ps(acc[m]);
+#elif LOPPER_SPARSE_ISA > 0
+      __m256 acc[MR];
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+      int32_t j = j0;
+      for (; j + 8 <= j1; j += 8) {
+        __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.col + j));
+        __m256 w = _mm256_loadu_ps(s.val + j);
+        for (int m = 0; m < mr; ++m)
+          acc[m] = _mm256_fmadd_ps(w, _mm256_i32gather_ps(xr + m * ldx, idx, 4), acc[m]);
+      }
+      if (j < j1) {
+        __m256i k = V8::lanes(j1 - j);
+        __m256i idx = _mm256_maskload_epi32(s.col + j, k);
+        __m256 w = _mm256_maskload_ps(s.val + j, k);
+        for (int m = 0; m < mr; ++m)
+          acc[m] = _mm256_fmadd_ps(w, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xr + m * ldx,
+                                                               idx, _mm256_castsi256_ps(k), 4),
+                                   acc[m]);
+      }
+      for (int m = 0; m < mr; ++m) {
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        sum[m] = _mm_cvtss_f32(h);
+      }
+#else
+      for (int32_t j = j0; j < j1; ++j)
+        for (int m = 0; m < mr; ++m) sum[m] += s.val[j] * xr[m * ldx + s.col[j]];
+#endif
+      const float b = e.bias ? e.bias[n] : 0.f;
+      for (int m = 0; m < mr; ++m) y[(m0 + m) * ldy + n] = activate_scalar(sum[m] + b, e);
+    }
+  }
+}
+
+// NOTE: kept scalar on purpose: vectorised, this loop becomes the gather kernel above.
+__attribute__((optimize("no-tree-vectorize"))) void dot(const SpView& s, int64_t n0, int64_t n1,
+                                                        const float* x, int64_t ldx,
+                                                        int64_t nrows, float* y, int64_t ldy,
+                                                        const Epilogue& e) {
+  for (int64_t m = 0; m < nrows; ++m) {
+    const float* xr = x + m * ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int32_t j1 = s.ptr[n + 1];
+      int32_t j = s.ptr[n];
+      float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (; j + 4 <= j1; j += 4) {
+        a0 += s.val[j] * xr[s.col[j]];
+        a1 += s.val[j + 1] * xr[s.col[j + 1]];
+        a2 += s.val[j + 2] * xr[s.col[j + 2]];
+        a3 += s.val[j + 3] * xr[s.col[j + 3]];
+      }
+      for (; j < j1; ++j) a0 += s.val[j] * xr[s.col[j]];
+      y[m * ldy + n] = activate_scalar((a0 + a1) + (a2 + a3) + (e.bias ? e.bias[n] : 0.f), e);
+    }
+  }
+}
+
+void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
+  constexpr int64_t B = 16;
+  for (int64_t i0 = 0; i0 < rows; i0 += B)
+    for (int64_t j0 = 0; j0 < cols; j0 += B) {
+      const int64_t i1 = i0 + B < rows ? i0 + B : rows, j1 = j0 + B < cols ? j0 + B : cols;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
+}  // namespace
+
+extern const SparseIsaOps LOPPER_OPS_NAME;
+const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL, cols, rows, gather, dot, transpose};
+
+}  // namespace lopper::kernels::cpu

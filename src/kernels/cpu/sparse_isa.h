@@ -1,0 +1,59 @@
+// The per-ISA entry points of the sparse kernels (internal). Each of sparse_scalar.cpp,
+// sparse_avx2.cpp and sparse_avx512.cpp compiles sparse_impl.h with its own target flags and
+// exports one table of these; sparse.cpp picks the table at run time from the CPU's flags.
+// NOTE: plain C++ only (no ATen, no standard-library templates across this boundary): a function
+// compiled with AVX-512 flags and emitted as a weak symbol could otherwise be picked by the linker
+// for every caller and fault on a CPU without AVX-512.
+#pragma once
+
+#include <cstdint>
+
+namespace lopper::kernels::cpu {
+
+/// A packed sparse weight W [n, k] in block-CSR: block rows of `r` outputs, blocks of r x c
+/// weights starting at input `col[j]` (a multiple of c), values of block j at val[j*r*c], stored
+/// input-major ([c][r]). r = c = 1 is plain CSR.
+struct SpView {
+  int r = 1, c = 1;
+  int64_t n = 0, k = 0;
+  const int32_t* ptr = nullptr;  // [n/r rounded up + 1] offsets into col (in blocks)
+  const int32_t* col = nullptr;
+  const float* val = nullptr;
+};
+
+/// Fused output stage: y = act(acc + bias[n]).
+struct Epilogue {
+  enum Act : int { kNone = 0, kRelu = 1, kClip = 2, kLeaky = 3 };
+  const float* bias = nullptr;  // [n] or null
+  int act = kNone;
+  float lo = 0, hi = 0, alpha = 0;  // kClip bounds, kLeaky slope
+};
+
+struct SparseIsaOps {
+  const char* name;
+  /// yt[n - y_row0][0, ncols) = act(W[n, :] . xt[:, 0, ncols) + bias) for the outputs of block
+  /// rows [br0, br1). xt has a row per input (rows up to k rounded up to c), ldx floats apart;
+  /// vectorised along the columns (batch rows or pixels).
+  void (*cols)(const SpView& w, int64_t br0, int64_t br1, const float* xt, int64_t ldx,
+               int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
+  /// y[m][n] = act(x[m, :] . W[n, :] + bias) for m < rows and the outputs of block rows
+  /// [br0, br1); x and y row-major. Vectorised along the r outputs of a block (r = 4 or 8, c = 1).
+  void (*rows)(const SpView& w, int64_t br0, int64_t br1, const float* x, int64_t ldx,
+               int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// As rows, for plain CSR: vectorised along each output's nonzeros, gathering x.
+  void (*gather)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx,
+                 int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// As gather, with scalar loads and four partial sums per output (no vector gathers, which are
+  /// slow on some CPUs).
+  void (*dot)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t rows,
+              float* y, int64_t ldy, const Epilogue& e);
+  /// dst[j][i] = src[i][j] for i < rows, j < cols.
+  void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
+                    int64_t ldd);
+};
+
+extern const SparseIsaOps kScalarOps;
+extern const SparseIsaOps kAvx2Ops;
+extern const SparseIsaOps kAvx512Ops;
+
+}  // namespace lopper::kernels::cpu

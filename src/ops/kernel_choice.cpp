@@ -1,0 +1,202 @@
+#include "ops/kernel_choice.h"
+
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/sparse.h"
+#include "lopper/files.h"
+
+namespace lopper::ops {
+namespace {
+
+// FNV-1a over 64-bit words (and the tail bytes): a weight's identity, not a security hash.
+uint64_t hash_bytes(const void* data, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown cpu";
+}
+
+std::string shape_key(at::IntArrayRef s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  return out;
+}
+
+// The per-machine cache of choices: one JSON object per machine, layer key -> choice.
+class ChoiceCache {
+ public:
+  static ChoiceCache& get() {
+    static ChoiceCache cache;
+    return cache;
+  }
+
+  const nlohmann::json* find(const std::string& machine, const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    load();
+    auto m = data_.find(machine);
+    if (m == data_.end()) return nullptr;
+    auto k = m->find(key);
+    return k == m->end() ? nullptr : &*k;
+  }
+
+  void put(const std::string& machine, const std::string& key, nlohmann::json value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    load();
+    if (path_.empty()) return;
+    // NOTE: merged into what another process may have written since; a cache that cannot be
+    // written only costs the timing again next time, so failures are silent.
+    try {
+      nlohmann::json disk = read_json();
+      disk[machine][key] = value;
+      data_ = std::move(disk);
+      std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
+      write_file_atomic(path_, data_.dump(1));
+    } catch (const std::exception&) {
+      data_[machine][key] = std::move(value);
+    }
+  }
+
+ private:
+  void load() {
+    if (loaded_) return;
+    loaded_ = true;
+    const char* off = std::getenv("LOPPER_KERNEL_CACHE");
+    if (off && (std::string(off) == "off" || std::string(off) == "0")) return;
+    std::string dir;
+    if (const char* d = std::getenv("LOPPER_CACHE_DIR"); d && *d) {
+      dir = d;
+    } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+      dir = std::string(x) + "/lopper";
+    } else if (const char* h = std::getenv("HOME"); h && *h) {
+      dir = std::string(h) + "/.cache/lopper";
+    } else {
+      return;
+    }
+    path_ = dir + "/kernels.json";
+    data_ = read_json();
+  }
+
+  nlohmann::json read_json() const {
+    std::ifstream in(path_);
+    if (!in) return nlohmann::json::object();
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return j.is_object() ? j : nlohmann::json::object();  // a corrupt cache is rebuilt
+  }
+
+  std::mutex mu_;
+  bool loaded_ = false;
+  std::string path_;
+  nlohmann::json data_ = nlohmann::json::object();
+};
+
+// Best time of each candidate over rounds that visit every candidate in turn, after a warm-up of
+// each: a burst of noise from elsewhere on the machine then hits all candidates alike.
+std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) {
+  for (const auto& k : cands) k.run();  // first-touch allocations, primitive creation
+  std::vector<double> best(cands.size(), 1e30);
+  for (int round = 0; round < 5; ++round)
+    for (size_t i = 0; i < cands.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      cands[i].run();
+      best[i] = std::min(best[i], std::chrono::duration<double, std::milli>(
+                                      std::chrono::steady_clock::now() - t0).count());
+    }
+  return best;
+}
+
+// LOPPER_FORCE_KERNEL=name[,name...]: the first listed candidate a layer has runs it, untimed (for
+// tests and for comparing kernels end to end).
+size_t forced(const std::vector<KernelCandidate>& cands) {
+  const char* env = std::getenv("LOPPER_FORCE_KERNEL");
+  if (!env || !*env) return cands.size();
+  std::string list = env;
+  for (size_t pos = 0; pos <= list.size();) {
+    size_t comma = std::min(list.find(',', pos), list.size());
+    std::string name = list.substr(pos, comma - pos);
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (cands[i].name == name) return i;
+    pos = comma + 1;
+  }
+  return cands.size();
+}
+
+}  // namespace
+
+size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
+                     const at::Tensor& weight, const at::Tensor& input) {
+  KernelDecision d;
+  d.node = c.node().label();
+  d.op = c.node().op_type;
+  d.weight_shape = weight.sizes().vec();
+  d.input_shape = input.sizes().vec();
+  at::Tensor w = weight.contiguous();
+  const int64_t numel = w.numel();
+  d.sparsity = numel ? 1.0 - double(w.count_nonzero().item<int64_t>()) / double(numel) : 0.0;
+
+  static const std::string machine = cpu_model() + " | " +
+                                     kernels::cpu::isa_name(kernels::cpu::active_isa());
+  std::string names;
+  for (const auto& k : cands) names += k.name + ",";
+  const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +
+                          std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
+                          shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
+                          "|" + names;
+  size_t best = forced(cands);
+  if (best < cands.size()) {
+    d.chosen = cands[best].name + " (forced)";
+    if (c.decisions_) c.decisions_->push_back(std::move(d));
+    return best;
+  }
+  if (const nlohmann::json* hit = ChoiceCache::get().find(machine, key)) {
+    const std::string chosen = hit->value("kernel", "");
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (cands[i].name == chosen) best = i;
+    d.cached = best < cands.size();
+    if (d.cached && hit->contains("ms") && (*hit)["ms"].is_object())
+      for (const auto& k : cands)
+        if ((*hit)["ms"].contains(k.name) && (*hit)["ms"][k.name].is_number())
+          d.timings.emplace_back(k.name, (*hit)["ms"][k.name].get<double>());
+  }
+  if (best == cands.size()) {
+    std::vector<double> t = time_round_robin(cands);
+    nlohmann::json ms = nlohmann::json::object();
+    best = 0;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      d.timings.emplace_back(cands[i].name, t[i]);
+      ms[cands[i].name] = t[i];
+      if (t[i] < t[best]) best = i;
+    }
+    ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
+  }
+  d.chosen = cands[best].name;
+  if (c.decisions_) c.decisions_->push_back(std::move(d));
+  return best;
+}
+
+}  // namespace lopper::ops

@@ -1,0 +1,29 @@
+// Which kernel runs a layer (internal): the candidates are timed on the layer's real input at the
+// first inference run and the fastest is kept. Choices are cached per machine in a JSON file, so a
+// model loads without timing the second time:
+//   $LOPPER_CACHE_DIR, else $XDG_CACHE_HOME/lopper, else $HOME/.cache/lopper: kernels.json
+// LOPPER_KERNEL_CACHE=off turns the cache off (every load times its candidates);
+// LOPPER_FORCE_KERNEL=name[,name...] runs the first listed kernel a layer has, untimed.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/op.h"
+
+namespace lopper::ops {
+
+struct KernelCandidate {
+  std::string name;
+  std::function<void()> run;
+};
+
+/// Returns the index of the fastest of `cands` (at least one) on the current input: a warm-up
+/// run of each, then the best of five rounds over all of them. The cache key is the machine (CPU model, ISA, threads), the node,
+/// the weight's shape and values (hashed), the input's shape, and the candidates' names. The
+/// decision is reported to the executor (Executor::kernel_decisions).
+size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
+                     const at::Tensor& weight, const at::Tensor& input);
+
+}  // namespace lopper::ops

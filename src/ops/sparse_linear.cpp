@@ -1,0 +1,77 @@
+#include "ops/sparse_linear.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace lopper::ops {
+
+namespace kc = kernels::cpu;
+
+namespace {
+
+// NOTE: above this share of nonzeros no sparse kernel comes near a dense GEMM (see
+// docs/benchmarks.md for the measured crossover), so packing and timing would only cost load time.
+constexpr double kMaxDensity = 0.7;
+// A block format is tried when its blocks store at most this many values per nonzero.
+constexpr double kMaxBlockFill = 1.2;
+
+bool sparse_disabled() {
+  const char* v = std::getenv("LOPPER_SPARSE");
+  return v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0);
+}
+
+}  // namespace
+
+std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at::Tensor& bias,
+                                               std::vector<kc::Algo> algos) {
+  std::vector<SparseCandidate> out;
+  if (sparse_disabled() || w_in.dim() != 2 || w_in.numel() == 0) return out;
+  at::Tensor w = w_in.to(at::kFloat).contiguous();
+  const int64_t nonzeros = w.count_nonzero().item<int64_t>();
+  if (double(nonzeros) > kMaxDensity * double(w.numel())) return out;
+  if (algos.empty()) algos = {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot};
+  for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
+    const bool csr = b.r == 1 && b.c == 1;
+    if (w.size(1) < b.c) continue;
+    if (!csr && double(kc::stored_values(w, b)) > kMaxBlockFill * double(std::max<int64_t>(nonzeros, 1)))
+      continue;
+    auto packed = std::make_shared<const kc::SparseWeight>(w, b, bias);
+    for (kc::Algo a : algos)
+      if (packed->supports(a))
+        out.push_back({(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a),
+                       packed, a});
+  }
+  return out;
+}
+
+kc::Activation fused_activation(const onednn::PostOp& post) {
+  kc::Activation a;
+  if (post.attr == "relu") {
+    a.kind = kc::Activation::kRelu;
+  } else if (post.attr == "hardtanh" && post.scalars.size() == 2) {
+    a.kind = kc::Activation::kClip;
+    a.lo = static_cast<float>(post.scalars[0]), a.hi = static_cast<float>(post.scalars[1]);
+  } else if (post.attr == "leaky_relu" && post.scalars.size() == 1) {
+    a.kind = kc::Activation::kLeaky;
+    a.alpha = static_cast<float>(post.scalars[0]);
+  }
+  return a;
+}
+
+namespace {
+at::Tensor finish(at::Tensor y, const onednn::PostOp& post, const kc::Activation& fused) {
+  return fused.kind == kc::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+}
+}  // namespace
+
+at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post) {
+  kc::Activation act = fused_activation(post);
+  return finish(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
+}
+
+at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post) {
+  kc::Activation act = fused_activation(post);
+  return finish(s.weight->cols_batched(x, act, kc::active_isa()), post, act);
+}
+
+}  // namespace lopper::ops

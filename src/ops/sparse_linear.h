@@ -1,0 +1,36 @@
+// Sparse kernels as candidates for a layer that multiplies by a constant weight (internal):
+// Gemm, MatMul and FusedMatMul (gemm.cpp), pointwise and im2col convolutions (conv.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/sparse.h"
+#include "ops/onednn.h"
+
+namespace lopper::ops {
+
+/// One way to run y = act(x . w^T + b) sparsely: a packed format and a kernel.
+struct SparseCandidate {
+  std::string name;  // "csr-gather", "bcsr8x1-rows", ...
+  std::shared_ptr<const kernels::cpu::SparseWeight> weight;
+  kernels::cpu::Algo algo = kernels::cpu::Algo::kCols;
+};
+
+/// Every (format, kernel) pair worth timing for w [N, K] (float32) and its bias: CSR always, a
+/// block format when its blocks are nearly full (the weight was pruned in that pattern). Empty
+/// when the weight is too dense for a sparse kernel to win, or when LOPPER_SPARSE=off. `algos`
+/// restricts the kernels (e.g. only kCols for im2col columns).
+std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Tensor& bias,
+                                               std::vector<kernels::cpu::Algo> algos = {});
+
+/// The activation the kernels fuse for `post` (kNone when they cannot: run_* applies it after).
+kernels::cpu::Activation fused_activation(const onednn::PostOp& post);
+
+/// y [M, N] = post(x [M, K] . w^T + b).
+at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post);
+/// y [B, N, L] = post(w . x[b] + b) for x [B, K, L].
+at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post);
+
+}  // namespace lopper::ops

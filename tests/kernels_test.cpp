@@ -1,0 +1,167 @@
+// One consistency test for every own CPU kernel: each ISA this CPU has x each packed format x each
+// kernel that takes it, against ATen's dense result (float64) on random shapes, odd sizes, empty
+// rows and columns, 0% and 100% sparsity, batches 1 to 256, strided rows, fused bias and
+// activations.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "kernels/cpu/sparse.h"
+#include "lopper/error.h"
+
+namespace kc = lopper::kernels::cpu;
+
+namespace {
+
+struct Case {
+  int64_t n, k, m;
+  double sparsity;
+  bool block_pruned;  // zeros in whole blocks of the format (as `prune --pattern block:RxC` makes)
+  bool empty_lines;   // some rows and columns all zero
+  bool bias;
+  kc::Activation act;
+  int64_t pad;  // x rows are k + pad floats apart
+};
+
+std::string describe(const Case& c, kc::Isa isa, kc::BlockShape b, kc::Algo a) {
+  return std::string(kc::isa_name(isa)) + " " + b.str() + " " + kc::algo_name(a) + " n=" +
+         std::to_string(c.n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
+         " sparsity=" + std::to_string(c.sparsity) + (c.block_pruned ? " blocks" : "") +
+         (c.empty_lines ? " empty-lines" : "") + (c.bias ? " bias" : "") + " act=" +
+         std::to_string(int(c.act.kind)) + " pad=" + std::to_string(c.pad);
+}
+
+at::Tensor make_weight(const Case& c, kc::BlockShape b, at::Generator& gen) {
+  at::Tensor w = at::randn({c.n, c.k}, gen);
+  if (c.block_pruned) {
+    const int64_t rb = (c.n + b.r - 1) / b.r, cb = (c.k + b.c - 1) / b.c;
+    at::Tensor keep = at::rand({rb, cb}, gen) >= c.sparsity;
+    keep = keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, c.n).narrow(1, 0, c.k);
+    w = w * keep;
+  } else {
+    w = w * (at::rand({c.n, c.k}, gen) >= c.sparsity);
+  }
+  if (c.empty_lines) {
+    w.narrow(0, 0, (c.n + 2) / 3).zero_();       // leading output rows
+    w.narrow(1, c.k / 2, (c.k + 3) / 4).zero_();  // a band of inputs
+  }
+  return w;
+}
+
+at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                     kc::Activation act) {
+  at::Tensor y = at::linear(x.to(at::kDouble), w.to(at::kDouble),
+                            bias.defined() ? bias.to(at::kDouble) : at::Tensor());
+  switch (act.kind) {
+    case kc::Activation::kRelu: return at::relu(y);
+    case kc::Activation::kClip: return at::clamp(y, act.lo, act.hi);
+    case kc::Activation::kLeaky: return at::leaky_relu(y, act.alpha);
+    default: return y;
+  }
+}
+
+// Normalised mean squared error, as ggml's test-backend-ops measures kernels.
+double nmse(const at::Tensor& y, const at::Tensor& ref) {
+  at::Tensor d = y.to(at::kDouble) - ref;
+  double denom = ref.pow(2).sum().item<double>();
+  double num = d.pow(2).sum().item<double>();
+  return denom == 0 ? num : num / denom;
+}
+
+std::vector<kc::Isa> isas() {
+  std::vector<kc::Isa> out;
+  for (kc::Isa i : {kc::Isa::kScalar, kc::Isa::kAvx2, kc::Isa::kAvx512})
+    if (kc::isa_supported(i)) out.push_back(i);
+    else std::cout << "[ SKIP ] " << kc::isa_name(i) << ": this CPU lacks it\n";
+  return out;
+}
+
+Case random_case(std::mt19937& rng, kc::BlockShape b) {
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+  Case c;
+  c.n = pick({1, 3, 7, 8, 9, 17, 64, 130});
+  c.k = std::max<int64_t>(b.c, pick({1, 4, 5, 13, 64, 97, 768}));
+  c.m = pick({1, 2, 3, 7, 8, 16, 17, 33, 64, 65, 128, 256});
+  c.sparsity = std::vector<double>{0.0, 0.5, 0.8, 0.9, 0.95, 1.0}[rng() % 6];
+  c.block_pruned = rng() % 2;
+  c.empty_lines = rng() % 3 == 0;
+  c.bias = rng() % 2;
+  c.act.kind = static_cast<kc::Activation::Kind>(rng() % 4);
+  c.act.lo = -0.5f, c.act.hi = 0.75f, c.act.alpha = 0.1f;
+  c.pad = rng() % 3 == 0 ? 3 : 0;
+  return c;
+}
+
+}  // namespace
+
+TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
+  std::mt19937 rng(1234);
+  at::Generator gen = at::detail::createCPUGenerator(99);
+  int checked = 0;
+  for (kc::Isa isa : isas()) {
+    for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
+      for (kc::Algo algo : {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot}) {
+        std::vector<Case> cases;
+        for (int i = 0; i < 40; ++i) cases.push_back(random_case(rng, b));
+        // The edges every format must get right, whatever the draw.
+        for (double s : {0.0, 1.0})
+          for (int64_t m : {1, 256})
+            cases.push_back({33, std::max<int64_t>(b.c, 19), m, s, false, false, true,
+                             {kc::Activation::kRelu}, 0});
+        cases.push_back({130, 97, 65, 0.9, true, true, true, {kc::Activation::kNone}, 5});
+        for (const Case& c : cases) {
+          at::Tensor w = make_weight(c, b, gen);
+          at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
+          kc::SparseWeight sw(w, b, bias);
+          ASSERT_EQ(sw.nonzeros(), w.count_nonzero().item<int64_t>());
+          if (!sw.supports(algo)) continue;
+          at::Tensor xs = at::randn({c.m, c.k + c.pad}, gen);
+          at::Tensor x = xs.narrow(1, 0, c.k);  // rows c.k + c.pad apart
+          at::Tensor y = sw.linear(x, algo, c.act, isa);
+          at::Tensor ref = reference(x, w, bias, c.act);
+          SCOPED_TRACE(describe(c, isa, b, algo));
+          ASSERT_EQ(y.sizes(), ref.sizes());
+          ASSERT_LT(nmse(y, ref), 1e-10);
+          if (c.sparsity == 1.0 && !c.empty_lines) {  // nothing to add: exactly act(bias)
+            ASSERT_TRUE(at::equal(y, reference(at::zeros_like(x), w, bias, c.act).to(at::kFloat)));
+          }
+          ++checked;
+        }
+      }
+      // Columns of an NCHW activation or of im2col: y[b] = W . x[b].
+      for (int64_t l : {1, 15, 16, 17, 64, 300}) {
+        Case c = random_case(rng, b);
+        at::Tensor w = make_weight(c, b, gen);
+        at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
+        kc::SparseWeight sw(w, b, bias);
+        at::Tensor x = at::randn({2, c.k, l}, gen);
+        at::Tensor y = sw.cols_batched(x, c.act, isa);
+        at::Tensor ref = reference(x.transpose(1, 2), w, bias, c.act).transpose(1, 2);
+        SCOPED_TRACE(describe(c, isa, b, kc::Algo::kCols) + " batched l=" + std::to_string(l));
+        ASSERT_LT(nmse(y, ref), 1e-10);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(SparseKernels, PackingCountsAndRefusals) {
+  // 8x1 blocks of a weight with one nonzero: one block of 8 stored values.
+  at::Tensor w = at::zeros({16, 8});
+  w[3][5] = 2.0f;
+  EXPECT_EQ(kc::stored_values(w, {8, 1}), 8);
+  EXPECT_EQ(kc::stored_values(w, {1, 4}), 4);
+  EXPECT_EQ(kc::stored_values(w, {1, 1}), 1);
+  kc::SparseWeight sw(w, {4, 1});
+  EXPECT_EQ(sw.nonzeros(), 1);
+  EXPECT_EQ(sw.stored(), 4);
+  EXPECT_TRUE(sw.supports(kc::Algo::kRows));
+  EXPECT_FALSE(sw.supports(kc::Algo::kGather));
+  EXPECT_THROW(kc::SparseWeight(w, {2, 2}), lopper::Error);           // no kernel takes 2x2
+  EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}), {1, 4}), lopper::Error);  // k < c
+  EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}, at::kDouble), {1, 1}), lopper::Error);
+  EXPECT_THROW(sw.linear(at::zeros({2, 7}), kc::Algo::kRows, {}, kc::Isa::kScalar), lopper::Error);
+  EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar), lopper::Error);
+}

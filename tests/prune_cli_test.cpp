@@ -2,10 +2,12 @@
 // right exit code, no output file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "lopper/onnx_io.h"
 #include "test_util.h"
@@ -307,4 +309,58 @@ TEST(PruneCli, StructuredTaylorUsesData) {
     EXPECT_GT(g["score"].get<double>(), 0);
   }
   EXPECT_EQ(pruned, 2);  // the two hidden layers; the logits are a graph output
+}
+
+// --pattern block:RxC: every bad pattern, and abs with a block, is one line and writes nothing.
+TEST(PruneCli, BlockBadInputIsOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
+  const BadCase cases[] = {
+      {"--method l1 --amount 0.5 --pattern block:0x4", 1, "bad pattern 'block:0x4'"},
+      {"--method l1 --amount 0.5 --pattern block:4", 1, "bad pattern 'block:4'"},
+      {"--method l1 --amount 0.5 --pattern block:4x", 1, "bad pattern 'block:4x'"},
+      {"--method l1 --amount 0.5 --pattern block:axb", 1, "bad pattern 'block:axb'"},
+      {"--method l1 --amount 0.5 --pattern block:300x1", 1, "R, C in 1..256"},
+      {"--method abs --threshold 0.1 --pattern block:4x1", 1, "--method abs removes single"},
+      {"--method l1 --amount 0.5 --pattern block:4x1 --norm 3", 1, "norm must be 1 or 2"},
+      {"--method l1 --amount 1000000 --pattern block:4x1", 1, "more than"},
+      {"--method l1 --pattern block:4x1", 2, "needs --amount"},
+  };
+  expect_refused(in, out, cases);
+}
+
+// A Conv's blocks run along [O, I*kh*kw], a Gemm's (transB=1) along [N, K], a MatMul's [K, N]
+// along its outputs (axis 1): in that view every zero is part of a whole zero 8x1 block, and 80%
+// of each layer's blocks are zero.
+TEST(PruneCli, BlockPatternZeroesWholeBlocks) {
+  test::TempDir tmp;
+  for (std::string model : {"small_cnn.ts.onnx", "transformer_encoder.ts.onnx"}) {
+    std::string out = tmp / model;
+    auto r = lopper_cli("prune " + fixture(model) + " -o " + out +
+                        " --method l1 --amount 0.8 --pattern block:8x1 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    ir::Model m = onnx::load_model(out);
+    std::set<std::string> ops;
+    for (const auto& l : j["layers"]) {
+      std::string name = l["name"], op = l["op"];
+      ASSERT_FALSE(l.contains("skipped")) << name;
+      EXPECT_EQ(l["method"], "l1 block:8x1 L1") << name;
+      at::Tensor w = m.graph.find_initializer(l["weight"].get<std::string>())->value;
+      at::Tensor mat = op == "Conv" ? w.reshape({w.size(0), -1}) : w.t();  // MatMul [K, N]
+      for (const auto& n : m.graph.nodes)
+        if (op == "Gemm" && n.label() == name && n.attr("transB") && n.attr("transB")->i) mat = w;
+      at::Tensor zero = mat.eq(0);
+      int64_t blocks = 0, zero_blocks = 0;
+      for (int64_t i = 0; i < mat.size(0); i += 8) {
+        at::Tensor stripe = zero.slice(0, i, i + 8);  // [8 or fewer, K]: one block per column
+        EXPECT_TRUE(at::equal(stripe.all(0), stripe.any(0))) << name << " rows " << i;
+        zero_blocks += stripe.all(0).sum().item<int64_t>();
+        blocks += mat.size(1);
+      }
+      EXPECT_EQ(zero_blocks, int64_t(std::nearbyint(0.8 * double(blocks)))) << name;
+      ops.insert(op);
+    }
+    EXPECT_EQ(ops.count(model == "small_cnn.ts.onnx" ? "Conv" : "MatMul"), 1u) << model;
+  }
 }

@@ -502,3 +502,240 @@ TEST(PruneModel, WeightsSharedWithACopyAreNotWrittenThrough) {
   EXPECT_TRUE(at::equal(init(m, "w1"), before));
   EXPECT_EQ(nnz(init(copy, "w1")), 64);
 }
+
+namespace {
+
+// Block pruning of a [O, K] matrix the slow, obvious way: a score per block (mean |w| or root mean
+// square), sorted, the k lowest zeroed. Weights must be nonzero and their scores distinct.
+at::Tensor reference_block_keep(const at::Tensor& m, int64_t r, int64_t c, int64_t k, int norm) {
+  std::vector<std::tuple<double, int64_t, int64_t>> blocks;
+  for (int64_t i = 0; i < m.size(0); i += r)
+    for (int64_t j = 0; j < m.size(1); j += c) {
+      at::Tensor b = m.slice(0, i, i + r).slice(1, j, j + c).to(at::kDouble);
+      blocks.emplace_back(
+          norm == 1 ? b.abs().mean().item<double>() : b.square().mean().sqrt().item<double>(), i,
+          j);
+    }
+  std::sort(blocks.begin(), blocks.end());
+  at::Tensor keep = at::ones(m.sizes(), at::kBool);
+  for (int64_t b = 0; b < k; ++b) {
+    auto [score, i, j] = blocks[b];
+    keep.slice(0, i, i + r).slice(1, j, j + c).fill_(false);
+  }
+  return keep;
+}
+
+at::Tensor block_keep(const at::Tensor& w, int64_t out_axis, int64_t in_axis, int64_t r, int64_t c,
+                      const PruneAmount& amount, int norm = 1) {
+  return block_masks({{w, out_axis, in_axis}}, r, c, amount, norm, nullptr)[0];
+}
+
+}  // namespace
+
+TEST(PruneMask, BlocksGoWholeLowestMeanFirstAndCountFromWhatIsLeft) {
+  // [4, 6] in 2x3 blocks: mean |w| 1, 0.1 (top) and 3, 0.2 (bottom), signs mixed.
+  at::Tensor w = at::tensor({1.f,  -1.f, 1.f,  0.1f,  -0.1f, 0.1f,   //
+                             -1.f, 1.f,  -1.f, 0.1f,  0.1f,  -0.1f,  //
+                             3.f,  3.f,  -3.f, 0.2f,  -0.2f, 0.2f,   //
+                             3.f,  -3.f, 3.f,  -0.2f, 0.2f,  0.2f})
+                     .reshape({4, 6});
+  at::Tensor keep = block_keep(w, 0, 1, 2, 3, count(2));
+  at::Tensor want = bools({1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}).reshape({2, 6});
+  EXPECT_TRUE(at::equal(keep, at::cat({want, want})));
+  // Cumulative: the zero blocks no longer count; half of the two left is one, the mean-1 block.
+  at::Tensor w2 = w * keep;
+  keep = block_keep(w2, 0, 1, 2, 3, frac(0.5));
+  EXPECT_EQ(nnz(keep.slice(0, 0, 2)), 0);
+  EXPECT_EQ(nnz(keep.slice(0, 2)), 6);
+  EXPECT_THROW(block_keep(w2, 0, 1, 2, 3, count(3)), Error);  // 2 blocks left
+  EXPECT_EQ(nnz(block_keep(w2, 0, 1, 2, 3, frac(1.0))), 0);
+  // A block with one zero weight is alive, and its zero stays zero.
+  w2.index_put_({0, 0}, 0.f);
+  keep = block_keep(w2, 0, 1, 2, 3, count(1));
+  EXPECT_EQ(nnz(keep), 6);
+  EXPECT_TRUE(keep.slice(0, 2).slice(1, 0, 3).all().item<bool>());
+}
+
+TEST(PruneMask, BlocksAtTheEdgesAreScoredByTheirMean) {
+  // [5, 5] in 2x2 blocks: a 3x3 grid whose last row and column of blocks are partial. The corner
+  // block is one weight of 0.5: by sum (0.5) it would go before the 0.4 block (sum 1.6); by mean,
+  // after it.
+  at::Tensor w = at::ones({5, 5});
+  w.slice(0, 0, 2).slice(1, 0, 2).fill_(0.4f);
+  w.index_put_({4, 4}, 0.5f);
+  at::Tensor keep = block_keep(w, 0, 1, 2, 2, count(1));
+  EXPECT_EQ(nnz(keep.slice(0, 0, 2).slice(1, 0, 2)), 0);
+  EXPECT_EQ(nnz(keep), 21);
+  keep = block_keep(w, 0, 1, 2, 2, count(2));
+  EXPECT_EQ(nnz(keep), 20);
+  EXPECT_FALSE(keep[4][4].item<bool>());
+  // Norm 2 is the root mean square: {0.1, 0.1, 0.1, 0.9} has mean 0.3 but RMS 0.46 > 0.4.
+  w.slice(0, 2, 4).slice(1, 0, 2).copy_(at::tensor({0.1f, 0.1f, 0.1f, 0.9f}).reshape({2, 2}));
+  EXPECT_EQ(nnz(block_keep(w, 0, 1, 2, 2, count(1), 1).slice(0, 2, 4).slice(1, 0, 2)), 0);
+  EXPECT_EQ(nnz(block_keep(w, 0, 1, 2, 2, count(1), 2).slice(0, 0, 2).slice(1, 0, 2)), 0);
+}
+
+TEST(PruneMask, BlocksFollowTheOutputAndInputAxes) {
+  at::manual_seed(9);
+  // Conv [O=5, I=3, 2, 2]: blocks of [5, 12], straddling input channels, partial at both edges.
+  at::Tensor conv = at::randn({5, 3, 2, 2});
+  int64_t k = int64_t(std::nearbyint(0.5 * 3 * 3));
+  EXPECT_TRUE(
+      at::equal(block_keep(conv, 0, 1, 2, 5, frac(0.5)),
+                reference_block_keep(conv.reshape({5, 12}), 2, 5, k, 1).reshape({5, 3, 2, 2})));
+  // ConvTranspose [I=3, O=5, 2, 2]: outputs along axis 1, inputs I*kh*kw.
+  at::Tensor deconv = at::randn({3, 5, 2, 2});
+  at::Tensor view = deconv.permute({1, 0, 2, 3}).reshape({5, 12});
+  EXPECT_TRUE(at::equal(
+      block_keep(deconv, 1, 0, 2, 5, frac(0.5)),
+      reference_block_keep(view, 2, 5, k, 1).reshape({5, 3, 2, 2}).permute({1, 0, 2, 3})));
+  // MatMul [K=10, N=7]: a block is r consecutive outputs along axis 1 by c inputs along axis 0.
+  at::Tensor mm = at::randn({10, 7});
+  k = int64_t(std::nearbyint(0.6 * 3 * 3));
+  EXPECT_TRUE(at::equal(block_keep(mm, 1, 0, 3, 4, frac(0.6), 2),
+                        reference_block_keep(mm.t(), 3, 4, k, 2).t()));
+  // 1x1 blocks scored by |w| are l1_unstructured.
+  EXPECT_TRUE(at::equal(block_keep(mm, 1, 0, 1, 1, frac(0.3)), l1_mask(mm, frac(0.3))));
+  EXPECT_THROW(block_keep(mm, 1, 0, 0, 4, frac(0.5)), Error);
+  EXPECT_THROW(block_keep(mm, 1, 0, 4, 257, frac(0.5)), Error);
+}
+
+TEST(PruneModel, BlocksLocalGlobalRandomAndSaliency) {
+  at::manual_seed(10);
+  // fc1: Gemm transB=1, w1 [8 outputs, 16 inputs]; fc2: MatMul, w2 [K=8, N=6].
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 6}));
+  PruneOptions o;
+  parse_prune_pattern("block:2x4", o);
+  o.amount = frac(0.5);
+  ir::Model a = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  PruneReport r = prune(a, o);
+  EXPECT_EQ(r.layers[0].method, "l1 block:2x4 L1");
+  EXPECT_EQ(r.layers[0].nonzero_after, 64);  // 8 of 16 blocks
+  EXPECT_EQ(r.layers[1].nonzero_after, 24);  // 3 of 6 blocks: pairs of outputs (axis 1)
+  EXPECT_TRUE(at::equal(init(a, "w1").ne(0), block_keep(init(m, "w1"), 0, 1, 2, 4, frac(0.5))));
+  EXPECT_TRUE(at::equal(init(a, "w2").ne(0), block_keep(init(m, "w2"), 1, 0, 2, 4, frac(0.5))));
+  at::Tensor z2 = init(a, "w2").eq(0).reshape({2, 4, 3, 2});  // [K/4, 4, N/2, 2]
+  EXPECT_TRUE(at::equal(z2.all(3).all(1), z2.any(3).any(1)));
+  // Again: half of the 8 blocks left.
+  r = prune(a, o);
+  EXPECT_EQ(r.layers[0].nonzero_after, 32);
+
+  // Global: fc1's 16 blocks are all small, fc2's 6 all large: 16 blocks are all of fc1's.
+  ir::Model g = two_layers(at::full({8, 16}, 0.01f), at::full({8, 6}, 1.0f));
+  o.scope = PruneScope::kGlobal;
+  o.amount = count(16);
+  r = prune(g, o);
+  EXPECT_EQ(r.layers[0].method, "l1 global block:2x4 L1");
+  EXPECT_EQ(r.layers[0].nonzero_after, 0);
+  EXPECT_EQ(r.layers[1].nonzero_after, 48);
+  o.amount = count(7);  // 6 blocks left
+  EXPECT_NE(error_of([&] { prune(g, o); }).find("all prunable layers"), std::string::npos);
+
+  // Random, local and global: whole blocks, the right count, the seed decides.
+  o.method = PruneMethod::kRandom;
+  o.amount = frac(0.5);
+  o.seed = 4;
+  for (PruneScope scope : {PruneScope::kLocal, PruneScope::kGlobal}) {
+    o.scope = scope;
+    ir::Model x = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+    ir::Model y = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+    r = prune(x, o);
+    prune(y, o);
+    EXPECT_EQ(r.nonzero_after, 88);  // 11 of the 22 blocks, 8 weights each
+    EXPECT_TRUE(at::equal(init(x, "w1"), init(y, "w1")));
+    at::Tensor z1 = init(x, "w1").eq(0).reshape({4, 2, 4, 4});
+    EXPECT_TRUE(at::equal(z1.all(3).all(1), z1.any(3).any(1)));
+  }
+
+  // grad: a block is ranked by its mean saliency. Row-major arange: the lowest means are the first
+  // blocks of w1's first two rows.
+  Saliency s;
+  s.grad["w1"] = at::arange(128, at::kFloat).reshape({8, 16});
+  s.grad["w2"] = at::arange(48, at::kFloat).flip(0).reshape({8, 6});
+  o = PruneOptions();
+  o.method = PruneMethod::kGrad;
+  parse_prune_pattern("block:2x4", o);
+  o.amount = count(3);
+  ir::Model gr = two_layers(init(m, "w1").clone(), init(m, "w2").clone());
+  prune(gr, o, &s);
+  EXPECT_EQ(nnz(init(gr, "w1").slice(0, 0, 2).slice(1, 0, 12)), 0);
+  EXPECT_EQ(nnz(init(gr, "w1")), 128 - 24);
+  // w2's scores fall along its flat order: its last four inputs (rows) go, for all six outputs.
+  EXPECT_EQ(nnz(init(gr, "w2").slice(0, 4)), 0);
+  EXPECT_EQ(nnz(init(gr, "w2").slice(0, 0, 4)), 24);
+}
+
+TEST(PruneModel, BlockPatternsParseOrFailInOneLine) {
+  PruneLayerOptions o;
+  parse_prune_pattern("block:8x1", o);
+  EXPECT_EQ(o.pattern, PrunePattern::kBlock);
+  EXPECT_EQ(o.block_r, 8);
+  EXPECT_EQ(o.block_c, 1);
+  parse_prune_pattern("block:256x256", o);
+  EXPECT_EQ(o.block_r, 256);
+  for (std::string bad : {"block:0x4", "block:4", "block:4x", "block:axb", "block:300x1",
+                          "block:4x0", "block:4x1x", "block:-1x4", "block"}) {
+    std::string msg = error_of([&] { parse_prune_pattern(bad, o); });
+    EXPECT_NE(msg.find("[prune] bad pattern '" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("block:RxC"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of([&] { parse_prune_pattern("blocks", o); }).find("bad pattern"),
+            std::string::npos);
+
+  // abs removes single weights; rows and columns still refuse global scope; hand-built sizes.
+  ir::Model m = two_layers(at::randn({4, 4}), at::randn({4, 4}));
+  at::Tensor before = init(m, "w1").clone();
+  PruneOptions po;
+  parse_prune_pattern("block:2x2", po);
+  po.method = PruneMethod::kAbs;
+  po.threshold = 0.1;
+  EXPECT_NE(error_of([&] { prune(m, po); }).find("--method abs"), std::string::npos);
+  po.method = PruneMethod::kL1;
+  po.amount = frac(0.5);
+  po.norm = 3;
+  EXPECT_NE(error_of([&] { prune(m, po); }).find("norm"), std::string::npos);
+  po.norm = 1;
+  po.block_r = 0;
+  EXPECT_NE(error_of([&] { prune(m, po); }).find("'block:0x2'"), std::string::npos);
+  po.pattern = PrunePattern::kRow;
+  po.scope = PruneScope::kGlobal;
+  EXPECT_NE(error_of([&] { prune(m, po); }).find("--scope global"), std::string::npos);
+  EXPECT_TRUE(at::equal(init(m, "w1"), before));
+
+  // A 1-D MatMul weight has no block layout: skipped, with the reason.
+  ir::Model v = two_layers(at::randn({4, 4}), at::randn({4}));
+  po = PruneOptions();
+  parse_prune_pattern("block:2x2", po);
+  po.amount = frac(0.5);
+  PruneReport r = prune(v, po);
+  EXPECT_NE(r.layers[1].skipped.find("1-D"), std::string::npos) << r.layers[1].skipped;
+  EXPECT_EQ(r.layers[0].nonzero_after, 8);
+}
+
+TEST(PruneRecipe, BlockPatternPerRule) {
+  at::manual_seed(12);
+  ir::Model m = two_layers(at::randn({8, 16}), at::randn({8, 6}));
+  PruneReport r = prune(m, parse_prune_recipe(R"(
+defaults: {method: l1, amount: 0.5}
+rules:
+  - {match: "^fc1$", pattern: "block:4x1", norm: 2}
+)",
+                                              "t.yaml"));
+  EXPECT_EQ(r.layers[0].method, "l1 block:4x1 L2");
+  EXPECT_EQ(r.layers[0].nonzero_after, 64);
+  at::Tensor z = init(m, "w1").eq(0).reshape({2, 4, 16});
+  EXPECT_TRUE(at::equal(z.all(1), z.any(1)));
+  EXPECT_EQ(r.layers[1].method, "l1");
+  std::string msg = error_of([] {
+    parse_prune_recipe(
+        "defaults: {method: l1, amount: 0.5}\nrules:\n  - {match: a, pattern: "
+        "\"block:0x4\"}\n",
+        "bad.yaml");
+  });
+  EXPECT_NE(msg.find("bad.yaml:3: rules[0].pattern: bad pattern 'block:0x4'"), std::string::npos)
+      << msg;
+  msg = error_of(
+      [] { parse_prune_recipe("defaults: {method: l1, pattern: \"block:2x2\"}\n", "b.yaml"); });
+  EXPECT_NE(msg.find("needs amount"), std::string::npos) << msg;
+}

@@ -205,6 +205,29 @@ TEST(TrainCli, TrainsFinetunesAndEvaluates) {
   EXPECT_EQ(ej["per_class"].size(), 10u);
 }
 
+// AGP with a block pattern: every pruning event removes whole 8x1 blocks (ranked across layers,
+// the default global scope), and training keeps them whole.
+TEST(TrainCli, AgpWithABlockPatternKeepsWholeBlocks) {
+  test::TempDir tmp;
+  std::string out = tmp / "t.onnx";
+  auto r =
+      lopper_cli("train " + fixture("mlp.ts.onnx") + " --data " + npy_data(tmp) + " -o " + out +
+                 " --epochs 3 --schedule agp --prune-method l1 --prune-amount 0.8"
+                 " --prune-pattern block:8x1 --start-epoch 0 --end-epoch 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("l1 global"), std::string::npos) << r.err;
+  auto j = nlohmann::json::parse(slurp(out + ".train.json"));
+  EXPECT_NEAR(j["sparsity"].get<double>(), 0.8, 2e-3);
+  ir::Model m = onnx::load_model(out);
+  for (std::string name : {"1.weight", "3.weight", "5.weight"}) {
+    at::Tensor zero = m.graph.find_initializer(name)->value.eq(0);  // Gemm transB=1: [N, K]
+    for (int64_t i = 0; i < zero.size(0); i += 8) {
+      at::Tensor stripe = zero.slice(0, i, i + 8);
+      EXPECT_TRUE(at::equal(stripe.all(0), stripe.any(0))) << name << " rows " << i;
+    }
+  }
+}
+
 TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string data = npy_data(tmp);

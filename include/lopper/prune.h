@@ -1,9 +1,11 @@
-// Unstructured, N:M and row/column pruning of a model's prunable weights (Conv, ConvTranspose,
-// Gemm, MatMul weight initializers; biases and normalisation parameters are never touched). Pruning
-// keeps every shape and writes zeros, with the semantics of torch.nn.utils.prune: cumulative (a
-// weight that is already zero stays zero and an `amount` counts from the weights still nonzero,
-// like PyTorch's PruningContainer), and the same weights removed as l1_unstructured /
-// global_unstructured(L1Unstructured) / ln_structured on the same values, ties included.
+// Unstructured, N:M, row/column and block pruning of a model's prunable weights (Conv,
+// ConvTranspose, Gemm, MatMul weight initializers; biases and normalisation parameters are never
+// touched). Pruning keeps every shape and writes zeros, with the semantics of
+// torch.nn.utils.prune: cumulative (a weight that is already zero stays zero and an `amount` counts
+// from the weights still nonzero, like PyTorch's PruningContainer), and the same weights removed
+// as l1_unstructured / global_unstructured(L1Unstructured) / ln_structured on the same values,
+// ties included. Blocks (no torch counterpart) follow the same rules with a block in place of a
+// weight.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -27,7 +29,11 @@ enum class PruneMethod {
   kTaylor,  // the smallest first-order Taylor saliency sum |w * dL/dw| (needs a Saliency)
 };
 enum class PruneScope { kLocal, kGlobal };
-enum class PrunePattern { kUnstructured, kNM, kRow, kColumn };
+// kBlock: a weight viewed as a matrix [outputs, inputs] (outputs along the output axis, inputs the
+// other axes flattened in memory order, the input axis first: Conv [O, I*kh*kw], Gemm and MatMul
+// [N, K]) and tiled into R x C blocks aligned at multiples of R and C (edge blocks are partial);
+// whole blocks are removed, the way sparse CPU kernels store them (BSR).
+enum class PrunePattern { kUnstructured, kNM, kRow, kColumn, kBlock };
 
 /// torch's `amount`: a fraction of the remaining weights in [0, 1] (rounded half to even, as
 /// Python's round), or an integer count.
@@ -52,7 +58,9 @@ struct PruneLayerOptions {
   uint64_t seed = 0;      // kRandom
   int64_t n = 2, m = 4;   // kNM: keep n of every m consecutive weights along the reduction dim
   int norm = 1;           // kRow / kColumn with kL1: the Ln norm ranking rows or columns (1 or 2)
-                          // (grad/taylor rank a row or column by the sum of its saliencies)
+                          // (grad/taylor rank a row or column by the sum of its saliencies);
+                          // kBlock: mean |w| (1) or root mean square (2) of a block
+  int64_t block_r = 1, block_c = 1;  // kBlock: R outputs x C inputs, each in 1..256
 };
 
 struct PruneOptions : PruneLayerOptions {
@@ -72,13 +80,14 @@ struct PrunableWeight {
 std::vector<PrunableWeight> prunable_weights(const ir::Graph& g);
 
 /// Throws lopper::Error ("[prune] ...") when `o` cannot prune any layer (amount outside [0, 1],
-/// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random).
+/// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random, a block side
+/// outside 1..256).
 /// grad/taylor take an amount like l1; their Saliency is checked when pruning.
 void check_layer_options(const PruneLayerOptions& o);
 /// "abs" | "l1" | "random" | "grad" | "taylor"; throws lopper::Error on anything else.
 PruneMethod parse_prune_method(const std::string& s);
-/// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" into o.pattern (and o.n, o.m); throws
-/// lopper::Error on anything else.
+/// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" | "block:RxC" (e.g. "block:8x1") into
+/// o.pattern (and o.n, o.m or o.block_r, o.block_c); throws lopper::Error on anything else.
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 
 // --- Recipes: per-layer rules (local scope), read from YAML. ------------------------------------
@@ -189,6 +198,20 @@ at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m, const at::Tensor& 
 /// ranked by the sum of their scores instead.
 at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amount, int norm,
                         at::Generator* gen, const at::Tensor& score = {});
+
+/// A weight for block_masks: its output and input axes, and optional scores (>= 0, w's shape).
+struct BlockWeight {
+  at::Tensor w;
+  int64_t out_axis = 0, in_axis = 1;
+  at::Tensor score;
+};
+/// PrunePattern::kBlock over `ws` ranked together (one tensor: local scope; several: global),
+/// counted from the blocks that still have a nonzero weight: removes `amount` of them, the lowest
+/// by mean |w| (norm 1), root mean square (norm 2) or mean score (where given), or at random
+/// (norm 0, with `gen`). Throws, naming `where`, when the amount is more than the blocks left.
+std::vector<at::Tensor> block_masks(const std::vector<BlockWeight>& ws, int64_t r, int64_t c,
+                                    const PruneAmount& amount, int norm, at::Generator* gen,
+                                    const std::string& where = "");
 
 const char* method_name(PruneMethod m);
 

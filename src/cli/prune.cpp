@@ -1,6 +1,6 @@
 // lopper prune MODEL -o OUT --method abs|l1|random|grad|taylor [--threshold T] [--amount A]
-//   [--seed S] [--scope local|global] [--pattern unstructured|N:M|row|column] [--norm 1|2]
-//   [--exclude REGEX] [--skip-first-last] [--sparse-initializers] [--json]
+//   [--seed S] [--scope local|global] [--pattern unstructured|N:M|row|column|block:RxC]
+//   [--norm 1|2] [--exclude REGEX] [--skip-first-last] [--sparse-initializers] [--json]
 //   grad/taylor: --data SPEC [--split train|test] [--calib-batches N] [--batch-size B]
 //   [--device cpu|cuda] [--normalize MEAN,STD] [--resize HxW]
 // lopper prune MODEL -o OUT --recipe FILE.yaml [--data SPEC ...] [--sparse-initializers] [--json]
@@ -178,9 +178,10 @@ int run_structured(const Opts& o) {
 
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  auto* cmd =
-      app.add_subcommand("prune", "zero weights (magnitude, random, gradients, N:M, rows/columns) or "
-                              "remove whole channels and heads (--structured)");
+  auto* cmd = app.add_subcommand(
+      "prune",
+      "zero weights (magnitude, random, gradients, N:M, rows/columns, blocks) or "
+      "remove whole channels and heads (--structured)");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
   auto* method =
@@ -192,12 +193,16 @@ Action add_prune(CLI::App& app) {
                       "integer count");
   auto* seed = cmd->add_option("--seed", o->seed,
                                "random: the seed; grad/taylor: the data's shuffling (default 0)");
-  auto* scope =
-      cmd->add_option("--scope", o->scope, "local (per tensor, default) | global (one ranking)");
-  auto* pattern = cmd->add_option("--pattern", o->pattern,
-                                  "unstructured (default) | N:M (e.g. 2:4) | row | column");
-  auto* norm =
-      cmd->add_option("--norm", o->norm, "row/column with l1: rank by the L1 or L2 norm (1 | 2)");
+  auto* scope = cmd->add_option(
+      "--scope", o->scope,
+      "local (per tensor, default) | global (one ranking; unstructured and block only)");
+  auto* pattern = cmd->add_option(
+      "--pattern", o->pattern,
+      "unstructured (default) | N:M (e.g. 2:4) | row | column | block:RxC (R outputs x C inputs, "
+      "each 1..256, e.g. block:8x1)");
+  auto* norm = cmd->add_option("--norm", o->norm,
+                               "row/column with l1: rank by the L1 or L2 norm; block: by mean |w| "
+                               "or root mean square (1 | 2)");
   auto* exclude = cmd->add_option("--exclude", o->exclude,
                                   "leave layers whose node or weight name matches REGEX");
   auto* sfl =

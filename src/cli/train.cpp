@@ -145,7 +145,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
                   "while it trains");
   cmd->add_option("--prune-amount", o->prune_amount, "the final sparsity, a fraction in [0, 1)");
   cmd->add_option("--prune-scope", o->prune_scope, "global (default) | local");
-  cmd->add_option("--prune-pattern", o->prune_pattern, "unstructured (default) | N:M | row | column");
+  cmd->add_option("--prune-pattern", o->prune_pattern,
+                  "unstructured (default) | N:M | row | column | block:RxC (e.g. block:8x1)");
   cmd->add_option("--rounds", t.rounds, "iterative: rounds (prune, then retrain)");
   cmd->add_option("--epochs-per-round", t.epochs_per_round, "iterative: epochs after each prune");
   cmd->add_option("--start-epoch", t.start_epoch, "agp: the ramp starts (0-based epoch)");
@@ -192,7 +193,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
         throw Error("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
       parse_prune_pattern(o->prune_pattern, t.prune);
       t.structured.scope = t.prune.scope;
-      if (t.prune.pattern != PrunePattern::kUnstructured) t.prune.scope = PruneScope::kLocal;
+      if (t.prune.pattern != PrunePattern::kUnstructured && t.prune.pattern != PrunePattern::kBlock)
+        t.prune.scope = PruneScope::kLocal;
       t.prune.seed = t.seed;
       parse_every(o->every, t);
       if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)

@@ -352,4 +352,92 @@ at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amo
   return keep_ch.reshape(shape).expand(w.sizes()) & w.ne(0);
 }
 
+namespace {
+
+// A weight as kBlock sees it: [O, K] (outputs; the other axes flattened, the input axis first),
+// padded with zeros to multiples of r and c and tiled as [O/r, r, K/c, c].
+struct BlockGrid {
+  std::vector<int64_t> perm, inverse, permuted;  // weight axes -> [out, in, the rest]
+  int64_t o, k, r, c, rows, cols;
+
+  BlockGrid(const at::Tensor& w, int64_t out_axis, int64_t in_axis, int64_t r_, int64_t c_)
+      : r(r_), c(c_) {
+    out_axis = at::maybe_wrap_dim(out_axis, w.dim());
+    in_axis = at::maybe_wrap_dim(in_axis, w.dim());
+    LOPPER_ASSERT(out_axis != in_axis, "block: output and input axis both ", out_axis);
+    perm = {out_axis, in_axis};
+    for (int64_t d = 0; d < w.dim(); ++d)
+      if (d != out_axis && d != in_axis) perm.push_back(d);
+    inverse.resize(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) {
+      inverse[perm[i]] = int64_t(i);
+      permuted.push_back(w.size(perm[i]));
+    }
+    o = w.size(out_axis);
+    k = o ? w.numel() / o : 0;
+    rows = (o + r - 1) / r;
+    cols = (k + c - 1) / c;
+  }
+
+  at::Tensor tile(const at::Tensor& x) const {
+    at::Tensor m = x.permute(perm).reshape({o, k});
+    if (rows * r != o || cols * c != k)
+      m = at::constant_pad_nd(m, {0, cols * c - k, 0, rows * r - o});
+    return m.reshape({rows, r, cols, c});
+  }
+
+  // One flag per block -> one per weight, on the weight's own shape.
+  at::Tensor untile(const at::Tensor& blocks) const {
+    return blocks.reshape({rows, 1, cols, 1})
+        .expand({rows, r, cols, c})
+        .reshape({rows * r, cols * c})
+        .slice(0, 0, o)
+        .slice(1, 0, k)
+        .reshape(permuted)
+        .permute(inverse);
+  }
+
+  // How many weights each block holds (edge blocks fewer).
+  at::Tensor counts() const {
+    at::Tensor in_rows = at::arange(rows, at::kFloat).mul(-r).add(o).clamp_max(r);
+    at::Tensor in_cols = at::arange(cols, at::kFloat).mul(-c).add(k).clamp_max(c);
+    return in_rows.unsqueeze(1) * in_cols.unsqueeze(0);
+  }
+};
+
+}  // namespace
+
+// NOTE: a block is scored by its mean (norm 1) or root mean square (norm 2), not its sum, so that
+// a partial edge block competes on equal terms; the selection is smallest_k on one score per block,
+// which also ranks the blocks of several layers together.
+std::vector<at::Tensor> block_masks(const std::vector<BlockWeight>& ws, int64_t r, int64_t c,
+                                    const PruneAmount& amount, int norm, at::Generator* gen,
+                                    const std::string& where) {
+  LOPPER_CHECK(r >= 1 && r <= 256 && c >= 1 && c <= 256, "[prune] block needs R, C in 1..256, got ",
+               r, "x", c);
+  std::vector<BlockGrid> grids;
+  std::vector<at::Tensor> scores, alive;
+  int64_t total = 0;
+  for (const auto& b : ws) {
+    const BlockGrid& g = grids.emplace_back(b.w, b.out_axis, b.in_axis, r, c);
+    alive.push_back(g.tile(b.w.ne(0)).any(3).any(1));
+    total += alive.back().sum().item<int64_t>();
+    if (b.score.defined()) {
+      scores.push_back(g.tile(b.score.to(at::kFloat)).sum({1, 3}) / g.counts());
+    } else if (norm == 0) {
+      LOPPER_ASSERT(gen != nullptr);
+      scores.push_back(at::rand({g.rows, g.cols}, *gen));  // a uniformly random k-subset
+    } else {
+      at::Tensor n = at::linalg_vector_norm(g.tile(b.w.to(at::kFloat)), norm, {1, 3});
+      scores.push_back(norm == 1 ? n / g.counts() : n / g.counts().sqrt());
+    }
+  }
+  int64_t k = amount.count_of(total, where);
+  std::vector<at::Tensor> drop = smallest_k(scores, alive, k);
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < ws.size(); ++i)
+    keep.push_back(grids[i].untile(drop[i]).logical_not() & ws[i].w.ne(0));
+  return keep;
+}
+
 }  // namespace lopper

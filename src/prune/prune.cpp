@@ -64,6 +64,14 @@ std::string nm_name(const PruneLayerOptions& o) {
   return std::to_string(o.n) + ":" + std::to_string(o.m);
 }
 
+std::string block_name(const PruneLayerOptions& o) {
+  return "block:" + std::to_string(o.block_r) + "x" + std::to_string(o.block_c);
+}
+
+bool ranks_by_norm(PrunePattern p) {
+  return p == PrunePattern::kRow || p == PrunePattern::kColumn || p == PrunePattern::kBlock;
+}
+
 }  // namespace
 
 void check_layer_options(const PruneLayerOptions& o) {
@@ -87,7 +95,11 @@ void check_layer_options(const PruneLayerOptions& o) {
                  "[prune] N:M keeps the most important weights of each group: use --method l1, "
                  "grad or taylor");
   }
-  if (o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn)
+  if (o.pattern == PrunePattern::kBlock)
+    LOPPER_CHECK(o.block_r >= 1 && o.block_r <= 256 && o.block_c >= 1 && o.block_c <= 256,
+                 "[prune] bad pattern '", block_name(o),
+                 "' (expected block:RxC with R, C in 1..256)");
+  if (ranks_by_norm(o.pattern))
     LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
 }
 
@@ -113,6 +125,7 @@ PruneMethod parse_prune_method(const std::string& s) {
 
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
   static const std::regex nm("([0-9]+):([0-9]+)");
+  static const std::regex block("block:([0-9]{1,3})x([0-9]{1,3})");
   std::smatch m;
   if (s == "unstructured") {
     o.pattern = PrunePattern::kUnstructured;
@@ -124,9 +137,18 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
     o.pattern = PrunePattern::kNM;
     o.n = std::stoll(m[1]);
     o.m = std::stoll(m[2]);
+  } else if (s.rfind("block", 0) == 0) {
+    bool ok = std::regex_match(s, m, block);
+    int64_t r = ok ? std::stoll(m[1]) : 0, c = ok ? std::stoll(m[2]) : 0;
+    LOPPER_CHECK(r >= 1 && r <= 256 && c >= 1 && c <= 256, "[prune] bad pattern '", s,
+                 "' (expected block:RxC with R, C in 1..256)");
+    o.pattern = PrunePattern::kBlock;
+    o.block_r = r;
+    o.block_c = c;
   } else {
     throw Error("[prune] unknown pattern '" + s +
-                "' (patterns: unstructured, N:M such as 2:4, row, column)");
+                "' (patterns: unstructured, N:M such as 2:4, row, column, block:RxC such as "
+                "block:8x1)");
   }
 }
 
@@ -134,8 +156,12 @@ namespace {
 
 void check_options(const PruneOptions& o) {
   check_layer_options(o);
-  LOPPER_CHECK(o.scope == PruneScope::kLocal || o.pattern == PrunePattern::kUnstructured,
-               "[prune] --scope global ranks single weights: use --pattern unstructured");
+  // NOTE: a block's score is a mean, comparable across layers like |w| is; rows, columns and N:M
+  // groups have no such common scale (a row's norm grows with the layer's fan-in).
+  LOPPER_CHECK(o.scope == PruneScope::kLocal || o.pattern == PrunePattern::kUnstructured ||
+                   o.pattern == PrunePattern::kBlock,
+               "[prune] --scope global ranks single weights or blocks: use --pattern unstructured "
+               "or block:RxC");
 }
 
 std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
@@ -153,10 +179,11 @@ std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
     case PrunePattern::kColumn:
       s += " column";
       break;
+    case PrunePattern::kBlock:
+      s += " " + block_name(o);
+      break;
   }
-  if ((o.pattern == PrunePattern::kRow || o.pattern == PrunePattern::kColumn) &&
-      o.method == PruneMethod::kL1)
-    s += " L" + std::to_string(o.norm);
+  if (ranks_by_norm(o.pattern) && o.method == PruneMethod::kL1) s += " L" + std::to_string(o.norm);
   return s;
 }
 
@@ -208,7 +235,8 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
     if (t.in_axis < 0 || k % o.m != 0)
       return "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(o.m);
   } else if ((o.pattern == PrunePattern::kRow && t.out_axis < 0) ||
-             (o.pattern == PrunePattern::kColumn && t.in_axis < 0)) {
+             (o.pattern == PrunePattern::kColumn && t.in_axis < 0) ||
+             (o.pattern == PrunePattern::kBlock && (t.out_axis < 0 || t.in_axis < 0))) {
     return "no row/column axis (1-D weight)";
   }
   return "";
@@ -265,6 +293,9 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
       return channel_mask(w, axis, o.amount, o.method == PruneMethod::kRandom ? 0 : o.norm, &gen,
                           score);
     }
+    case PrunePattern::kBlock:
+      return block_masks({{w, t.out_axis, t.in_axis, score}}, o.block_r, o.block_c, o.amount,
+                         o.method == PruneMethod::kRandom ? 0 : o.norm, &gen, where)[0];
   }
   throw Error("[prune] unknown pattern");
 }
@@ -337,7 +368,15 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
 
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   std::vector<at::Tensor> drop;
-  if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
+  if (opts.scope == PruneScope::kGlobal && opts.pattern == PrunePattern::kBlock) {
+    std::vector<BlockWeight> ws;
+    for (const auto& t : targets)
+      ws.push_back({t.init->value, t.out_axis, t.in_axis, layer_score(t, opts.method, saliency)});
+    drop = block_masks(ws, opts.block_r, opts.block_c, opts.amount,
+                       opts.method == PruneMethod::kRandom ? 0 : opts.norm, &gen,
+                       "all prunable layers");
+    for (auto& d : drop) d = d.logical_not();
+  } else if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
     // NOTE: one pass over the weights themselves: no copy of the scores (|w| is taken inside the
     // selection), so a model of any size is pruned in little more than its own memory.
     std::vector<at::Tensor> weights, alive;

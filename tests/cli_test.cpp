@@ -130,6 +130,48 @@ TEST(Cli, BenchReportsLatency) {
   expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 1, "bad device");
 }
 
+// --explain names every weighted layer's choice and candidates; the second load takes the choices
+// from the per-machine cache; LOPPER_ISA picks the ISA or fails at load with one line; a corrupt
+// cache is rebuilt.
+TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
+  TempDir dir;
+  ASSERT_EQ(lopper_cli("prune " + fixture("mlp.ts.onnx") + " -o " + dir / "p.onnx" +
+                       " --method l1 --amount 0.9").code, 0);
+  setenv("LOPPER_CACHE_DIR", (dir / "cache").c_str(), 1);
+  setenv("LOPPER_ISA", "avx2", 1);
+  const std::string bench = "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json";
+  auto first = lopper_cli(bench);
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto j = nlohmann::json::parse(first.out)["kernels"];
+  EXPECT_EQ(j["isa"], "avx2");
+  ASSERT_EQ(j["layers"].size(), 3u);  // the MLP's three Gemms
+  for (const auto& l : j["layers"]) {
+    EXPECT_FALSE(l["cached"].get<bool>());
+    EXPECT_NEAR(l["sparsity"].get<double>(), 0.9, 0.01);
+    EXPECT_TRUE(l["ms"].contains("aten"));
+    EXPECT_TRUE(l["ms"].contains("csr-dot"));  // a 90% sparse weight has sparse candidates
+    EXPECT_TRUE(l["ms"].contains(l["chosen"].get<std::string>()));
+  }
+  EXPECT_TRUE(fs::exists(dir / "cache/kernels.json"));
+  auto second = lopper_cli(bench);
+  ASSERT_EQ(second.code, 0) << second.err;
+  auto j2 = nlohmann::json::parse(second.out)["kernels"];
+  for (size_t i = 0; i < j2["layers"].size(); ++i) {
+    EXPECT_TRUE(j2["layers"][i]["cached"].get<bool>());
+    EXPECT_EQ(j2["layers"][i]["chosen"], j["layers"][i]["chosen"]);
+  }
+  std::ofstream(dir / "cache/kernels.json") << "{ not json";
+  auto third = lopper_cli(bench);
+  ASSERT_EQ(third.code, 0) << third.err;
+  EXPECT_FALSE(nlohmann::json::parse(third.out)["kernels"]["layers"][0]["cached"].get<bool>());
+  auto text = lopper_cli("bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain");
+  EXPECT_NE(text.out.find("kernel choice per layer (sparse kernels: avx2"), std::string::npos);
+  setenv("LOPPER_ISA", "sse9", 1);
+  expect_error(lopper_cli(bench), 1, "LOPPER_ISA='sse9' is not an ISA");
+  unsetenv("LOPPER_ISA");
+  unsetenv("LOPPER_CACHE_DIR");
+}
+
 TEST(Cli, ConvertRoundTrips) {
   TempDir d;
   auto r = lopper_cli("convert " + fixture("small_cnn.ts.onnx") + " -o " + d / "out.onnx");

@@ -35,7 +35,7 @@ struct Shape {
 
 void set_counters(benchmark::State& state, const Shape& s) {
   state.counters["MACs_dense"] = double(s.in * s.out * s.batch);
-  state.counters["threads"] = at::get_num_threads();
+  state.counters["aten_threads"] = at::get_num_threads();
 }
 
 void BM_DenseAten(benchmark::State& state) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/sparse_isa.h"
 
@@ -178,25 +179,45 @@ constexpr int panel_vectors() {
   return R >= regs ? 1 : (regs / R > 4 ? 4 : regs / R);
 }
 
+// One panel of NV vectors for every block row in [br0, br1).
+template <int R, int C, int NV, bool kMask>
+void cols_rows(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx, float* yt,
+               int64_t ldy, int64_t y_row0, int tail, const Epilogue& e) {
+  constexpr int U = R * NV >= 4 ? 1 : 4 / (R * NV);
+  for (int64_t br = br0; br < br1; ++br)
+    cols_panel<R, C, NV, U, kMask>(s, br, xt, ldx, yt, ldy, y_row0, tail, e);
+}
+
 template <int R, int C>
 void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx,
              int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   constexpr int NV = panel_vectors<R>();
-  constexpr int U = R * NV >= 4 ? 1 : 4 / (R * NV);
-  constexpr int U1 = R >= 4 ? 1 : 4 / R;
   constexpr int64_t W = Wide::W;
   int64_t p = 0;
   // NOTE: panels outside, block rows inside, so that a panel of xt stays in cache while every
   // output row reads it.
   for (; p + NV * W <= ncols; p += NV * W)
-    for (int64_t br = br0; br < br1; ++br)
-      cols_panel<R, C, NV, U, false>(s, br, xt + p, ldx, yt + p, ldy, y_row0, 0, e);
-  for (; p + W <= ncols; p += W)
-    for (int64_t br = br0; br < br1; ++br)
-      cols_panel<R, C, 1, U1, false>(s, br, xt + p, ldx, yt + p, ldy, y_row0, 0, e);
-  if (p < ncols)
-    for (int64_t br = br0; br < br1; ++br)
-      cols_panel<R, C, 1, U1, true>(s, br, xt + p, ldx, yt + p, ldy, y_row0, int(ncols - p), e);
+    cols_rows<R, C, NV, false>(s, br0, br1, xt + p, ldx, yt + p, ldy, y_row0, 0, e);
+  const int64_t rem = ncols - p;
+  if (rem == 0) return;
+  // The rest in one panel of just enough vectors, the last one masked when partial: one pass over
+  // the weights instead of one per vector.
+  const int nv = int((rem + W - 1) / W), tail = int(rem - (nv - 1) * W);
+  const bool mask = tail != W;
+  auto run = [&](auto nv_c, auto mask_c) {
+    constexpr int kNv = decltype(nv_c)::value;
+    if constexpr (kNv <= NV)
+      cols_rows<R, C, kNv, decltype(mask_c)::value>(s, br0, br1, xt + p, ldx, yt + p, ldy, y_row0,
+                                                   tail, e);
+  };
+  using F = std::false_type;
+  using T = std::true_type;
+  switch (nv) {
+    case 1: return mask ? run(std::integral_constant<int, 1>{}, T{}) : run(std::integral_constant<int, 1>{}, F{});
+    case 2: return mask ? run(std::integral_constant<int, 2>{}, T{}) : run(std::integral_constant<int, 2>{}, F{});
+    case 3: return mask ? run(std::integral_constant<int, 3>{}, T{}) : run(std::integral_constant<int, 3>{}, F{});
+    default: return mask ? run(std::integral_constant<int, 4>{}, T{}) : run(std::integral_constant<int, 4>{}, F{});
+  }
 }
 
 void cols(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx, int64_t ncols,

@@ -196,32 +196,39 @@ TEST(Exec, ChecksInputsAndOps) {
 
 // Pruned models run by each sparse kernel (forced) give the dense result: MLP (Gemm), transformer
 // encoder (MatMul), MobileNetV2 (pointwise convs with fused ReLU6 and residual adds) and a small
-// CNN (3x3 convs through im2col).
+// CNN (3x3 convs through im2col); unstructured and in the blocks of each block format.
 TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  const std::vector<std::pair<std::string, std::vector<const char*>>> patterns = {
+      {"unstructured", {"csr-cols,csr-cols-im2col", "csr-gather", "csr-dot"}},
+      {"block:8x1", {"bcsr8x1-rows", "bcsr8x1-cols,bcsr8x1-cols-im2col", "bcsr4x1-rows"}},
+      {"block:1x4", {"bcsr1x4-cols,bcsr1x4-cols-im2col"}}};
   for (const char* stem : {"mlp", "transformer_encoder", "mobilenet_v2", "small_cnn"}) {
-    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
-    PruneOptions po;
-    po.amount = PruneAmount::parse("0.9");
-    prune(m, po);
-    NamedTensors feeds;
-    for (int i = 0; fs::exists(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")); ++i)
-      feeds.emplace_back(m.graph.real_inputs()[i]->name,
-                         load_npy(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")));
-    ExecOptions plain;  // ATen only: no prepacking, no kernel choice
-    plain.autograd = true;
-    at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
-    for (const char* force : {"csr-cols,csr-cols-im2col", "csr-gather", "csr-dot"}) {
-      SCOPED_TRACE(std::string(stem) + " forced " + force);
-      setenv("LOPPER_FORCE_KERNEL", force, 1);
-      Executor exec(m);
-      at::Tensor got = exec.run(feeds)[0];
-      EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
-      int sparse = 0;
-      for (const auto& d : exec.kernel_decisions())
-        sparse += d.chosen.find("(forced)") != std::string::npos;
-      EXPECT_GT(sparse, 0);
-      unsetenv("LOPPER_FORCE_KERNEL");
+    for (const auto& [pattern, kernels] : patterns) {
+      ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+      PruneOptions po;
+      po.amount = PruneAmount::parse("0.9");
+      parse_prune_pattern(pattern, po);
+      prune(m, po);
+      NamedTensors feeds;
+      for (int i = 0; fs::exists(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")); ++i)
+        feeds.emplace_back(m.graph.real_inputs()[i]->name,
+                           load_npy(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")));
+      ExecOptions plain;  // ATen only: no prepacking, no kernel choice
+      plain.autograd = true;
+      at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+      for (const char* force : kernels) {
+        SCOPED_TRACE(std::string(stem) + " " + pattern + " forced " + force);
+        setenv("LOPPER_FORCE_KERNEL", force, 1);
+        Executor exec(m);
+        at::Tensor got = exec.run(feeds)[0];
+        EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
+        int sparse = 0;
+        for (const auto& d : exec.kernel_decisions())
+          sparse += d.chosen.find("(forced)") != std::string::npos;
+        EXPECT_GT(sparse, 0);
+        unsetenv("LOPPER_FORCE_KERNEL");
+      }
     }
   }
   unsetenv("LOPPER_KERNEL_CACHE");

@@ -402,14 +402,40 @@ __attribute__((optimize("no-tree-vectorize"))) void dot(const SpView& s, int64_t
   }
 }
 
+#if LOPPER_SPARSE_ISA > 0
+// dst[j][i] = src[i][j] for an 8 x 8 tile, in registers.
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
-  constexpr int64_t B = 16;
-  for (int64_t i0 = 0; i0 < rows; i0 += B)
-    for (int64_t j0 = 0; j0 < cols; j0 += B) {
-      const int64_t i1 = i0 + B < rows ? i0 + B : rows, j1 = j0 + B < cols ? j0 + B : cols;
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
-    }
+  int64_t i0 = 0;
+#if LOPPER_SPARSE_ISA > 0
+  for (; i0 + 8 <= rows; i0 += 8) {
+    int64_t j0 = 0;
+    for (; j0 + 8 <= cols; j0 += 8) transpose8x8(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+    for (int64_t j = j0; j < cols; ++j)
+      for (int64_t i = i0; i < i0 + 8; ++i) dst[j * ldd + i] = src[i * lds + j];
+  }
+#endif
+  for (; i0 < rows; ++i0)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i0] = src[i0 * lds + j];
 }
 
 }  // namespace

@@ -224,7 +224,6 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
     for (int64_t item = begin; item < end; ++item) {
       const int64_t m0 = (item / chunks) * tile, mt = std::min(tile, m - m0);
       const int64_t br0 = bounds[item % chunks], br1 = bounds[item % chunks + 1];
-      const int64_t row0 = br0 * block_.r, row1 = std::min(n_, br1 * block_.r);
       if (algo == Algo::kRows) {
         ops.rows(s, br0, br1, xp + m0 * ldx, ldx, mt, yp + m0 * ldy, ldy, e);
       } else if (algo == Algo::kGather) {
@@ -232,11 +231,18 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
       } else if (algo == Algo::kDot) {
         ops.dot(s, br0, br1, xp + m0 * ldx, ldx, mt, yp + m0 * ldy, ldy, e);
       } else {
+        // NOTE: outputs in groups of 64 rows, each transposed into y while its 16 KB of results
+        // are still in L1; one transpose of all rows would go through L2 twice.
+        const int64_t group = std::max<int64_t>(1, 64 / block_.r);
         float* xt = scratch(0, size_t(k_ * mt));
-        float* yt = scratch(1, size_t((br1 - br0) * block_.r * mt));
+        float* yt = scratch(1, size_t(group * block_.r * mt));
         ops.transpose(xp + m0 * ldx, mt, k_, ldx, xt, mt);
-        ops.cols(s, br0, br1, xt, mt, mt, yt, mt, row0, e);
-        ops.transpose(yt, row1 - row0, mt, mt, yp + m0 * ldy + row0, ldy);
+        for (int64_t g0 = br0; g0 < br1; g0 += group) {
+          const int64_t g1 = std::min(br1, g0 + group);
+          const int64_t n0 = g0 * block_.r, n1 = std::min(n_, g1 * block_.r);
+          ops.cols(s, g0, g1, xt, mt, mt, yt, mt, n0, e);
+          ops.transpose(yt, n1 - n0, mt, mt, yp + m0 * ldy + n0, ldy);
+        }
       }
     }
   });

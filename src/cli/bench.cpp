@@ -45,17 +45,17 @@ void print_explain(const Executor& exec) {
   int64_t cached = 0;
   for (const auto& d : decisions) cached += d.cached;
   std::cout << fmt::format("\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-                           "* = chosen, ms = best of 3 on the layer's input)\n",
+                           "* = chosen, ms = best of 5 rounds on the layer's input)\n",
                            kernels::cpu::isa_name(kernels::cpu::active_isa()), cached,
                            decisions.size());
-  std::cout << fmt::format("{:<40} {:<8} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
+  std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
                            "sparsity", "chosen", "candidates");
   for (const auto& d : decisions) {
     std::string cands;
     for (const auto& [name, ms] : d.timings)
       cands += fmt::format("{}{} {:.3f}  ", name, name == d.chosen ? "*" : "", ms);
     std::string node = d.node.size() > 40 ? "..." + d.node.substr(d.node.size() - 37) : d.node;
-    std::cout << fmt::format("{:<40} {:<8} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
+    std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
                              dims(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
   }
 }

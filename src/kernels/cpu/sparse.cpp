@@ -36,12 +36,18 @@ Epilogue epilogue(const Activation& a, const std::vector<float>& bias) {
 
 // A scratch buffer per thread that only grows: large per-call allocations would be returned to
 // the system and page-faulted back in on every run.
+// NOTE: aligned to 64 bytes, with rows of whole cache lines (see padded()): a vector load that
+// straddles two lines costs two.
 float* scratch(int slot, size_t floats) {
   thread_local std::vector<float> bufs[2];
   auto& b = bufs[slot];
-  if (b.size() < floats) b.resize(floats);
-  return b.data();
+  if (b.size() < floats + 16) b.resize(floats + 16);
+  auto addr = reinterpret_cast<uintptr_t>(b.data());
+  return b.data() + ((64 - addr % 64) % 64) / sizeof(float);
 }
+
+// A row length rounded up to whole 64-byte lines.
+int64_t padded(int64_t floats) { return (floats + 15) / 16 * 16; }
 
 // Calls f(block) for every block of w [n, k] in blocks of b that holds a nonzero, in order, with
 // the first input of the block. A last partial block column starts at k - c instead (its columns
@@ -233,15 +239,15 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
       } else {
         // NOTE: outputs in groups of 64 rows, each transposed into y while its 16 KB of results
         // are still in L1; one transpose of all rows would go through L2 twice.
-        const int64_t group = std::max<int64_t>(1, 64 / block_.r);
-        float* xt = scratch(0, size_t(k_ * mt));
-        float* yt = scratch(1, size_t(group * block_.r * mt));
-        ops.transpose(xp + m0 * ldx, mt, k_, ldx, xt, mt);
+        const int64_t group = std::max<int64_t>(1, 64 / block_.r), ld = padded(mt);
+        float* xt = scratch(0, size_t(k_ * ld));
+        float* yt = scratch(1, size_t(group * block_.r * ld));
+        ops.transpose(xp + m0 * ldx, mt, k_, ldx, xt, ld);
         for (int64_t g0 = br0; g0 < br1; g0 += group) {
           const int64_t g1 = std::min(br1, g0 + group);
           const int64_t n0 = g0 * block_.r, n1 = std::min(n_, g1 * block_.r);
-          ops.cols(s, g0, g1, xt, mt, mt, yt, mt, n0, e);
-          ops.transpose(yt, n1 - n0, mt, mt, yp + m0 * ldy + n0, ldy);
+          ops.cols(s, g0, g1, xt, ld, mt, yt, ld, n0, e);
+          ops.transpose(yt, n1 - n0, mt, ld, yp + m0 * ldy + n0, ldy);
         }
       }
     }

@@ -45,7 +45,7 @@ void print_explain(const Executor& exec) {
   int64_t cached = 0;
   for (const auto& d : decisions) cached += d.cached;
   std::cout << fmt::format("\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-                           "* = chosen, ms = best of 5 rounds on the layer's input)\n",
+                           "* = chosen, ms = best of up to 5 rounds on the layer's input)\n",
                            kernels::cpu::isa_name(kernels::cpu::active_isa()), cached,
                            decisions.size());
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",

@@ -117,10 +117,16 @@ class ChoiceCache {
 
 // Best time of each candidate over rounds that visit every candidate in turn, after a warm-up of
 // each: a burst of noise from elsewhere on the machine then hits all candidates alike.
+// NOTE: layers whose candidates take long together get fewer rounds, so that the first run of a
+// big model at a big batch stays a few times a normal run.
 std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) {
+  auto t0 = std::chrono::steady_clock::now();
   for (const auto& k : cands) k.run();  // first-touch allocations, primitive creation
+  const double warm_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const int rounds = warm_ms < 20 ? 5 : warm_ms < 200 ? 3 : 1;
   std::vector<double> best(cands.size(), 1e30);
-  for (int round = 0; round < 5; ++round)
+  for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < cands.size(); ++i) {
       auto t0 = std::chrono::steady_clock::now();
       cands[i].run();
@@ -167,6 +173,11 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                           std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
                           shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
                           "|" + names;
+  if (cands.size() == 1) {  // nothing to choose: no timing, no cache entry
+    d.chosen = cands[0].name;
+    if (c.decisions_) c.decisions_->push_back(std::move(d));
+    return 0;
+  }
   size_t best = forced(cands);
   if (best < cands.size()) {
     d.chosen = cands[best].name + " (forced)";

@@ -20,7 +20,8 @@ struct KernelCandidate {
 };
 
 /// Returns the index of the fastest of `cands` (at least one) on the current input: a warm-up
-/// run of each, then the best of five rounds over all of them. The cache key is the machine (CPU model, ISA, threads), the node,
+/// run of each, then the best of up to five rounds over all of them (a single candidate is
+/// taken untimed). The cache key is the machine (CPU model, ISA, threads), the node,
 /// the weight's shape and values (hashed), the input's shape, and the candidates' names. The
 /// decision is reported to the executor (Executor::kernel_decisions).
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,

@@ -25,11 +25,11 @@ struct Case {
 };
 
 std::string describe(const Case& c, kc::Isa isa, kc::BlockShape b, kc::Algo a) {
-  return std::string(kc::isa_name(isa)) + " " + b.str() + " " + kc::algo_name(a) + " n=" +
-         std::to_string(c.n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
+  return std::string(kc::isa_name(isa)) + " " + b.str() + " " + kc::algo_name(a) +
+         " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
          " sparsity=" + std::to_string(c.sparsity) + (c.block_pruned ? " blocks" : "") +
-         (c.empty_lines ? " empty-lines" : "") + (c.bias ? " bias" : "") + " act=" +
-         std::to_string(int(c.act.kind)) + " pad=" + std::to_string(c.pad);
+         (c.empty_lines ? " empty-lines" : "") + (c.bias ? " bias" : "") +
+         " act=" + std::to_string(int(c.act.kind)) + " pad=" + std::to_string(c.pad);
 }
 
 at::Tensor make_weight(const Case& c, kc::BlockShape b, at::Generator& gen) {
@@ -37,13 +37,14 @@ at::Tensor make_weight(const Case& c, kc::BlockShape b, at::Generator& gen) {
   if (c.block_pruned) {
     const int64_t rb = (c.n + b.r - 1) / b.r, cb = (c.k + b.c - 1) / b.c;
     at::Tensor keep = at::rand({rb, cb}, gen) >= c.sparsity;
-    keep = keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, c.n).narrow(1, 0, c.k);
+    keep = keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, c.n).narrow(1, 0,
+                                                                                             c.k);
     w = w * keep;
   } else {
     w = w * (at::rand({c.n, c.k}, gen) >= c.sparsity);
   }
   if (c.empty_lines) {
-    w.narrow(0, 0, (c.n + 2) / 3).zero_();       // leading output rows
+    w.narrow(0, 0, (c.n + 2) / 3).zero_();        // leading output rows
     w.narrow(1, c.k / 2, (c.k + 3) / 4).zero_();  // a band of inputs
   }
   return w;
@@ -54,10 +55,14 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   at::Tensor y = at::linear(x.to(at::kDouble), w.to(at::kDouble),
                             bias.defined() ? bias.to(at::kDouble) : at::Tensor());
   switch (act.kind) {
-    case kc::Activation::kRelu: return at::relu(y);
-    case kc::Activation::kClip: return at::clamp(y, act.lo, act.hi);
-    case kc::Activation::kLeaky: return at::leaky_relu(y, act.alpha);
-    default: return y;
+    case kc::Activation::kRelu:
+      return at::relu(y);
+    case kc::Activation::kClip:
+      return at::clamp(y, act.lo, act.hi);
+    case kc::Activation::kLeaky:
+      return at::leaky_relu(y, act.alpha);
+    default:
+      return y;
   }
 }
 
@@ -72,8 +77,10 @@ double nmse(const at::Tensor& y, const at::Tensor& ref) {
 std::vector<kc::Isa> isas() {
   std::vector<kc::Isa> out;
   for (kc::Isa i : {kc::Isa::kScalar, kc::Isa::kAvx2, kc::Isa::kAvx512})
-    if (kc::isa_supported(i)) out.push_back(i);
-    else std::cout << "[ SKIP ] " << kc::isa_name(i) << ": this CPU lacks it\n";
+    if (kc::isa_supported(i))
+      out.push_back(i);
+    else
+      std::cout << "[ SKIP ] " << kc::isa_name(i) << ": this CPU lacks it\n";
   return out;
 }
 
@@ -107,8 +114,15 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
         // The edges every format must get right, whatever the draw.
         for (double s : {0.0, 1.0})
           for (int64_t m : {1, 256})
-            cases.push_back({33, std::max<int64_t>(b.c, 19), m, s, false, false, true,
-                             {kc::Activation::kRelu}, 0});
+            cases.push_back({33,
+                             std::max<int64_t>(b.c, 19),
+                             m,
+                             s,
+                             false,
+                             false,
+                             true,
+                             {kc::Activation::kRelu},
+                             0});
         cases.push_back({130, 97, 65, 0.9, true, true, true, {kc::Activation::kNone}, 5});
         for (const Case& c : cases) {
           at::Tensor w = make_weight(c, b, gen);
@@ -159,9 +173,10 @@ TEST(SparseKernels, PackingCountsAndRefusals) {
   EXPECT_EQ(sw.stored(), 4);
   EXPECT_TRUE(sw.supports(kc::Algo::kRows));
   EXPECT_FALSE(sw.supports(kc::Algo::kGather));
-  EXPECT_THROW(kc::SparseWeight(w, {2, 2}), lopper::Error);           // no kernel takes 2x2
+  EXPECT_THROW(kc::SparseWeight(w, {2, 2}), lopper::Error);                  // no kernel takes 2x2
   EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}), {1, 4}), lopper::Error);  // k < c
   EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}, at::kDouble), {1, 1}), lopper::Error);
   EXPECT_THROW(sw.linear(at::zeros({2, 7}), kc::Algo::kRows, {}, kc::Isa::kScalar), lopper::Error);
-  EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar), lopper::Error);
+  EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar),
+               lopper::Error);
 }

@@ -22,7 +22,8 @@ at::Tensor pruned_weight(int64_t out, int64_t in, double sparsity, kc::BlockShap
   at::manual_seed(7);
   at::Tensor w = at::randn({out, in});
   at::Tensor keep = at::rand({(out + b.r - 1) / b.r, (in + b.c - 1) / b.c}) >= sparsity;
-  keep = keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, out).narrow(1, 0, in);
+  keep =
+      keep.repeat_interleave(b.r, 0).repeat_interleave(b.c, 1).narrow(0, 0, out).narrow(1, 0, in);
   return (w * keep).contiguous();
 }
 

@@ -106,7 +106,9 @@ void conv_forward(OpContext& c) {
                               g.strides[i] + 1);
     bool fused_add = other.defined() && other.sizes() == at::IntArrayRef(out_shape) &&
                      onednn::usable(other);
-    if (!st.packed.defined() && (st.kernel == ConvState::Kernel::kUndecided || st.kernel == ConvState::Kernel::kConv))
+    const bool may_conv =
+        st.kernel == ConvState::Kernel::kUndecided || st.kernel == ConvState::Kernel::kConv;
+    if (!st.packed.defined() && may_conv)
       st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
     if (other.defined() && !fused_add) {
       // A broadcasting add: the convolution alone, then the add and the activation.

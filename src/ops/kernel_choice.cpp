@@ -130,8 +130,9 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) 
     for (size_t i = 0; i < cands.size(); ++i) {
       auto t0 = std::chrono::steady_clock::now();
       cands[i].run();
-      best[i] = std::min(best[i], std::chrono::duration<double, std::milli>(
-                                      std::chrono::steady_clock::now() - t0).count());
+      best[i] = std::min(
+          best[i],
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   return best;
 }
@@ -165,8 +166,8 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   const int64_t numel = w.numel();
   d.sparsity = numel ? 1.0 - double(w.count_nonzero().item<int64_t>()) / double(numel) : 0.0;
 
-  static const std::string machine = cpu_model() + " | " +
-                                     kernels::cpu::isa_name(kernels::cpu::active_isa());
+  static const std::string machine =
+      cpu_model() + " | " + kernels::cpu::isa_name(kernels::cpu::active_isa());
   std::string names;
   for (const auto& k : cands) names += k.name + ",";
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +

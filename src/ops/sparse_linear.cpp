@@ -33,13 +33,14 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
   for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
     const bool csr = b.r == 1 && b.c == 1;
     if (w.size(1) < b.c) continue;
-    if (!csr && double(kc::stored_values(w, b)) > kMaxBlockFill * double(std::max<int64_t>(nonzeros, 1)))
+    if (!csr &&
+        double(kc::stored_values(w, b)) > kMaxBlockFill * double(std::max<int64_t>(nonzeros, 1)))
       continue;
     auto packed = std::make_shared<const kc::SparseWeight>(w, b, bias);
     for (kc::Algo a : algos)
       if (packed->supports(a))
-        out.push_back({(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a),
-                       packed, a});
+        out.push_back(
+            {(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a), packed, a});
   }
   return out;
 }
@@ -64,12 +65,14 @@ at::Tensor finish(at::Tensor y, const onednn::PostOp& post, const kc::Activation
 }
 }  // namespace
 
-at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post) {
+at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
+                             const onednn::PostOp& post) {
   kc::Activation act = fused_activation(post);
   return finish(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
 }
 
-at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post) {
+at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x,
+                           const onednn::PostOp& post) {
   kc::Activation act = fused_activation(post);
   return finish(s.weight->cols_batched(x, act, kc::active_isa()), post, act);
 }

@@ -29,8 +29,10 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Te
 kernels::cpu::Activation fused_activation(const onednn::PostOp& post);
 
 /// y [M, N] = post(x [M, K] . w^T + b).
-at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post);
+at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
+                             const onednn::PostOp& post);
 /// y [B, N, L] = post(w . x[b] + b) for x [B, K, L].
-at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post);
+at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x,
+                           const onednn::PostOp& post);
 
 }  // namespace lopper::ops

@@ -17,9 +17,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const SparseIsaOps& ops_of(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return kAvx512Ops;
-    case Isa::kAvx2: return kAvx2Ops;
-    default: return kScalarOps;
+    case Isa::kAvx512:
+      return kAvx512Ops;
+    case Isa::kAvx2:
+      return kAvx2Ops;
+    default:
+      return kScalarOps;
   }
 }
 
@@ -71,8 +74,10 @@ void for_each_block(const float* w, int64_t n, int64_t k, BlockShape b, F&& f) {
 
 bool isa_supported(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return true;
-    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512vl");
@@ -108,10 +113,14 @@ const std::vector<BlockShape>& kernel_block_shapes() {
 
 const char* algo_name(Algo a) {
   switch (a) {
-    case Algo::kCols: return "cols";
-    case Algo::kRows: return "rows";
-    case Algo::kGather: return "gather";
-    case Algo::kDot: return "dot";
+    case Algo::kCols:
+      return "cols";
+    case Algo::kRows:
+      return "rows";
+    case Algo::kGather:
+      return "gather";
+    case Algo::kDot:
+      return "dot";
   }
   return "?";
 }
@@ -163,10 +172,13 @@ SparseWeight::SparseWeight(const at::Tensor& w_in, BlockShape b, const at::Tenso
 
 bool SparseWeight::supports(Algo a) const {
   switch (a) {
-    case Algo::kCols: return true;
-    case Algo::kRows: return block_.c == 1 && (block_.r == 4 || block_.r == 8);
+    case Algo::kCols:
+      return true;
+    case Algo::kRows:
+      return block_.c == 1 && (block_.r == 4 || block_.r == 8);
     case Algo::kGather:
-    case Algo::kDot: return block_.r == 1 && block_.c == 1;
+    case Algo::kDot:
+      return block_.r == 1 && block_.c == 1;
   }
   return false;
 }
@@ -189,8 +201,10 @@ std::vector<int64_t> SparseWeight::split_rows(int64_t parts) const {
     int64_t lo = bounds.back(), hi = rows;
     while (lo < hi) {
       int64_t mid = (lo + hi) / 2;
-      if (cost(mid) < target) lo = mid + 1;
-      else hi = mid;
+      if (cost(mid) < target)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     bounds.push_back(lo);
   }
@@ -223,8 +237,8 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
   const int64_t tiles = ceil_div(m, tile);
   // NOTE: few row tiles (small batches) are split across threads by outputs instead; each share
   // of outputs holds about the same number of stored blocks.
-  const auto bounds = split_rows(algo == Algo::kCols ? ceil_div(threads, tiles)
-                                                     : ceil_div(4 * threads, tiles));
+  const auto bounds =
+      split_rows(algo == Algo::kCols ? ceil_div(threads, tiles) : ceil_div(4 * threads, tiles));
   const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
   at::parallel_for(0, tiles * chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {

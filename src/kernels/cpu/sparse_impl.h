@@ -112,7 +112,7 @@ inline typename T::V activate(typename T::V v, const Epilogue& e) {
   }
 }
 
-// --- cols: yt = W . xt, vectorised along the columns ----------------------------------------------
+// --- cols: yt = W . xt, vectorised along the columns -------------------------------------------
 //
 // One panel = NV vectors of columns for one block row: R x NV accumulators, U copies of them for
 // consecutive blocks when there are too few to hide the FMA latency. Per block and input, the
@@ -204,19 +204,20 @@ void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t
   // the weights instead of one per vector.
   const int nv = int((rem + W - 1) / W), tail = int(rem - (nv - 1) * W);
   const bool mask = tail != W;
-  auto run = [&](auto nv_c, auto mask_c) {
+  auto run = [&](auto nv_c) {
     constexpr int kNv = decltype(nv_c)::value;
-    if constexpr (kNv <= NV)
-      cols_rows<R, C, kNv, decltype(mask_c)::value>(s, br0, br1, xt + p, ldx, yt + p, ldy, y_row0,
-                                                   tail, e);
+    if constexpr (kNv <= NV) {
+      if (mask)
+        cols_rows<R, C, kNv, true>(s, br0, br1, xt + p, ldx, yt + p, ldy, y_row0, tail, e);
+      else
+        cols_rows<R, C, kNv, false>(s, br0, br1, xt + p, ldx, yt + p, ldy, y_row0, tail, e);
+    }
   };
-  using F = std::false_type;
-  using T = std::true_type;
   switch (nv) {
-    case 1: return mask ? run(std::integral_constant<int, 1>{}, T{}) : run(std::integral_constant<int, 1>{}, F{});
-    case 2: return mask ? run(std::integral_constant<int, 2>{}, T{}) : run(std::integral_constant<int, 2>{}, F{});
-    case 3: return mask ? run(std::integral_constant<int, 3>{}, T{}) : run(std::integral_constant<int, 3>{}, F{});
-    default: return mask ? run(std::integral_constant<int, 4>{}, T{}) : run(std::integral_constant<int, 4>{}, F{});
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
   }
 }
 
@@ -276,7 +277,8 @@ inline void rows_tile(const SpView& s, int64_t br, const float* x, int64_t ldx, 
   const int nr = s.n - n0 < R ? int(s.n - n0) : R;
   // The caller pads the bias to whole blocks.
   V b[NW];
-  LOPPER_UNROLL for (int w = 0; w < NW; ++w) b[w] = e.bias ? T::load(e.bias + n0 + w * T::W) : T::zero();
+  LOPPER_UNROLL for (int w = 0; w < NW; ++w)
+    b[w] = e.bias ? T::load(e.bias + n0 + w * T::W) : T::zero();
   for (int m = 0; m < MR; ++m) {
     float* dst = y + m * ldy + n0;
     if (nr == R) {
@@ -312,7 +314,7 @@ void rows(const SpView& s, int64_t br0, int64_t br1, const float* x, int64_t ldx
   __builtin_trap();
 }
 
-// --- gather: plain CSR, vectorised along an output's nonzeros --------------------------------------
+// --- gather: plain CSR, vectorised along an output's nonzeros ----------------------------------
 
 inline float activate_scalar(float v, const Epilogue& e) { return activate<Scalar>(v, e); }
 
@@ -429,7 +431,8 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float*
 #if LOPPER_SPARSE_ISA > 0
   for (; i0 + 8 <= rows; i0 += 8) {
     int64_t j0 = 0;
-    for (; j0 + 8 <= cols; j0 += 8) transpose8x8(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+    for (; j0 + 8 <= cols; j0 += 8)
+      transpose8x8(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
     for (int64_t j = j0; j < cols; ++j)
       for (int64_t i = i0; i < i0 + 8; ++i) dst[j * ldd + i] = src[i * lds + j];
   }

@@ -38,11 +38,11 @@ struct SparseIsaOps {
                int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
   /// y[m][n] = act(x[m, :] . W[n, :] + bias) for m < rows and the outputs of block rows
   /// [br0, br1); x and y row-major. Vectorised along the r outputs of a block (r = 4 or 8, c = 1).
-  void (*rows)(const SpView& w, int64_t br0, int64_t br1, const float* x, int64_t ldx,
-               int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  void (*rows)(const SpView& w, int64_t br0, int64_t br1, const float* x, int64_t ldx, int64_t rows,
+               float* y, int64_t ldy, const Epilogue& e);
   /// As rows, for plain CSR: vectorised along each output's nonzeros, gathering x.
-  void (*gather)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx,
-                 int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  void (*gather)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t rows,
+                 float* y, int64_t ldy, const Epilogue& e);
   /// As gather, with scalar loads and four partial sums per output (no vector gathers, which are
   /// slow on some CPUs).
   void (*dot)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t rows,

@@ -22,12 +22,6 @@ namespace lopper::cli {
 
 namespace {
 
-std::string dims(const std::vector<int64_t>& d) {
-  std::string s;
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "x" : "") + std::to_string(d[i]);
-  return s;
-}
-
 nlohmann::json explain_json(const Executor& exec) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& d : exec.kernel_decisions()) {
@@ -56,7 +50,7 @@ void print_explain(const Executor& exec) {
       cands += fmt::format("{}{} {:.3f}  ", name, name == d.chosen ? "*" : "", ms);
     std::string node = d.node.size() > 40 ? "..." + d.node.substr(d.node.size() - 37) : d.node;
     std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
-                             dims(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
+                             shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
   }
 }
 

@@ -60,7 +60,10 @@ std::string safe_file_name(const std::string& name) {
 
 std::string shape_string(at::IntArrayRef shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += 'x';
+    s += std::to_string(shape[i]);
+  }
   return s + "]";
 }
 

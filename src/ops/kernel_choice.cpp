@@ -44,7 +44,10 @@ std::string cpu_model() {
 
 std::string shape_key(at::IntArrayRef s) {
   std::string out;
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += 'x';
+    out += std::to_string(s[i]);
+  }
   return out;
 }
 

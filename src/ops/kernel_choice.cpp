@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/sparse.h"
@@ -59,13 +60,14 @@ class ChoiceCache {
     return cache;
   }
 
-  const nlohmann::json* find(const std::string& machine, const std::string& key) {
+  std::optional<nlohmann::json> find(const std::string& machine, const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
     load();
     auto m = data_.find(machine);
-    if (m == data_.end()) return nullptr;
+    if (m == data_.end() || !m->is_object()) return std::nullopt;
     auto k = m->find(key);
-    return k == m->end() ? nullptr : &*k;
+    if (k == m->end() || !k->is_object()) return std::nullopt;
+    return *k;
   }
 
   void put(const std::string& machine, const std::string& key, nlohmann::json value) {
@@ -123,10 +125,10 @@ class ChoiceCache {
 // NOTE: layers whose candidates take long together get fewer rounds, so that the first run of a
 // big model at a big batch stays a few times a normal run.
 std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) {
-  auto t0 = std::chrono::steady_clock::now();
+  auto start = std::chrono::steady_clock::now();
   for (const auto& k : cands) k.run();  // first-touch allocations, primitive creation
   const double warm_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const int rounds = warm_ms < 20 ? 5 : warm_ms < 200 ? 3 : 1;
   std::vector<double> best(cands.size(), 1e30);
   for (int round = 0; round < rounds; ++round)
@@ -169,14 +171,6 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   const int64_t numel = w.numel();
   d.sparsity = numel ? 1.0 - double(w.count_nonzero().item<int64_t>()) / double(numel) : 0.0;
 
-  static const std::string machine =
-      cpu_model() + " | " + kernels::cpu::isa_name(kernels::cpu::active_isa());
-  std::string names;
-  for (const auto& k : cands) names += k.name + ",";
-  const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +
-                          std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
-                          shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
-                          "|" + names;
   if (cands.size() == 1) {  // nothing to choose: no timing, no cache entry
     d.chosen = cands[0].name;
     if (c.decisions_) c.decisions_->push_back(std::move(d));
@@ -188,7 +182,15 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     if (c.decisions_) c.decisions_->push_back(std::move(d));
     return best;
   }
-  if (const nlohmann::json* hit = ChoiceCache::get().find(machine, key)) {
+  static const std::string machine =
+      cpu_model() + " | " + kernels::cpu::isa_name(kernels::cpu::active_isa());
+  std::string names;
+  for (const auto& k : cands) names += k.name + ",";
+  const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +
+                          std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
+                          shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
+                          "|" + names;
+  if (const std::optional<nlohmann::json> hit = ChoiceCache::get().find(machine, key)) {
     const std::string chosen = hit->value("kernel", "");
     for (size_t i = 0; i < cands.size(); ++i)
       if (cands[i].name == chosen) best = i;

@@ -1,13 +1,15 @@
-// One consistency test for every own CPU kernel: each ISA this CPU has x each packed format x each
-// kernel that takes it, against ATen's dense result (float64) on random shapes, odd sizes, empty
-// rows and columns, 0% and 100% sparsity, batches 1 to 256, strided rows, fused bias and
-// activations.
+// One consistency test for every own kernel. CPU: each ISA this CPU has x each packed format x
+// each kernel that takes it, against ATen's dense result (float64) on random shapes, odd sizes,
+// empty rows and columns, 0% and 100% sparsity, batches 1 to 256, strided rows, fused bias and
+// activations. CUDA (skipped without a GPU): each dtype against cuBLAS.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/sparse_cuda.h"
+#include "lopper/executor.h"
 #include "lopper/error.h"
 
 namespace kc = lopper::kernels::cpu;
@@ -179,4 +181,66 @@ TEST(SparseKernels, PackingCountsAndRefusals) {
   EXPECT_THROW(sw.linear(at::zeros({2, 7}), kc::Algo::kRows, {}, kc::Isa::kScalar), lopper::Error);
   EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar),
                lopper::Error);
+}
+
+// lopper's own CUDA kernel: the packing (runs anywhere: CSR with 16-bit column indices, indices
+// past 32767 included) and, on a GPU, every dtype against cuBLAS's dense result.
+TEST(SparseKernelsCuda, PacksCsrWithSixteenBitIndices) {
+  namespace kcu = lopper::kernels::cuda;
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  at::Tensor w = at::randn({7, 65536}, gen) * (at::rand({7, 65536}, gen) >= 0.999);
+  w[2].zero_();           // an empty row
+  w[3][65535] = 1.5f;     // the last column: 0xffff as an index
+  w[4][40000] = -2.0f;    // past int16's range
+  ASSERT_TRUE(kcu::SparseWeightCuda::fits(w));
+  EXPECT_FALSE(kcu::SparseWeightCuda::fits(at::zeros({2, 65537})));
+  kcu::SparseWeightCuda sw(w, at::Tensor(), at::kFloat, at::kCPU);
+  EXPECT_EQ(sw.nonzeros(), w.count_nonzero().item<int64_t>());
+  at::Tensor dense = at::zeros_like(w);
+  auto ptr = sw.row_ptr().accessor<int32_t, 1>();
+  auto col = sw.col().accessor<int16_t, 1>();
+  auto val = sw.values().accessor<float, 1>();
+  for (int64_t r = 0; r < w.size(0); ++r)
+    for (int32_t j = ptr[r]; j < ptr[r + 1]; ++j) dense[r][uint16_t(col[j])] = val[j];
+  EXPECT_TRUE(at::equal(dense, w));
+  EXPECT_EQ(ptr[3] - ptr[2], 0);
+  EXPECT_THROW(kcu::SparseWeightCuda(w, at::zeros({6}), at::kFloat, at::kCPU), lopper::Error);
+  EXPECT_THROW(kcu::SparseWeightCuda(w, at::Tensor(), at::kInt, at::kCPU), lopper::Error);
+}
+
+TEST(SparseKernelsCuda, EveryDtypeMatchesCublasDense) {
+  namespace kcu = lopper::kernels::cuda;
+  if (!lopper::cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  if (!kcu::built()) GTEST_SKIP() << "built without nvcc";
+  std::mt19937 rng(7);
+  at::manual_seed(3);
+  const at::Device dev(at::kCUDA, 0);
+  int checked = 0;
+  for (at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    // fp32 accumulation in both and the same rounding of the inputs; the outputs' rounding to 16
+    // bits can differ by one unit in the last place where the fp32 sums straddle a step.
+    const double tol = dtype == at::kFloat ? 1e-10 : dtype == at::kHalf ? 2e-5 : 2e-4;
+    for (int i = 0; i < 40; ++i) {
+      const int64_t n = std::vector<int64_t>{1, 7, 32, 33, 257, 1024}[rng() % 6];
+      const int64_t k = std::vector<int64_t>{1, 5, 64, 97, 4096, 65536}[rng() % 6];
+      const int64_t m = std::vector<int64_t>{1, 2, 3, 8, 16, 17, 40}[rng() % 7];
+      const double sparsity = std::vector<double>{0.0, 0.5, 0.9, 0.99, 1.0}[rng() % 5];
+      at::Tensor w = at::randn({n, k}) * (at::rand({n, k}) >= sparsity);
+      if (rng() % 3 == 0) w.narrow(0, 0, (n + 1) / 2).zero_();
+      at::Tensor b = rng() % 2 ? at::randn({n}) : at::Tensor();
+      kcu::SparseWeightCuda sw(w, b, dtype, dev);
+      at::Tensor x = at::randn({m, k}).to(dev, dtype);
+      at::Tensor y = sw.linear(x);
+      at::Tensor ref = at::linear(x.to(at::kFloat), w.to(dev, dtype).to(at::kFloat),
+                                  b.defined() ? b.to(dev, dtype).to(at::kFloat) : at::Tensor());
+      SCOPED_TRACE(std::string(at::toString(dtype)) + " n=" + std::to_string(n) + " k=" +
+                   std::to_string(k) + " m=" + std::to_string(m) +
+                   " sparsity=" + std::to_string(sparsity));
+      ASSERT_EQ(y.scalar_type(), dtype);
+      // y is rounded to the dtype once; compare in its precision.
+      ASSERT_LT(nmse(y.cpu(), ref.to(dtype).cpu().to(at::kDouble)), tol);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 120);
 }

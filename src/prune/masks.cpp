@@ -87,14 +87,6 @@ std::vector<at::Tensor> scatter_alive(const std::vector<at::Tensor>& alive,
   return out;
 }
 
-at::Tensor alive_values(const std::vector<at::Tensor>& scores,
-                        const std::vector<at::Tensor>& alive) {
-  std::vector<at::Tensor> parts;
-  for (size_t i = 0; i < scores.size(); ++i)
-    parts.push_back(scores[i].reshape(-1).masked_select(alive[i].reshape(-1)));
-  return at::cat(parts);
-}
-
 template <typename T>
 T kth_smallest(at::Tensor& v, int64_t k) {
   T* p = v.data_ptr<T>();

@@ -1,6 +1,7 @@
 // Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
 // kernel (ATen's BLAS, oneDNN with a reordered weight, or a sparse kernel) is chosen by timing
 // them on the layer's real shape, once.
+#include "kernels/cuda/sparse_cuda.h"
 #include "ops/channels.h"
 #include "ops/kernel_choice.h"
 #include "ops/onednn.h"
@@ -14,14 +15,52 @@ struct LinearState {
   at::Tensor weight;  // [N, K] contiguous
   at::Tensor packed;  // oneDNN's layout of the same weight
   SparseCandidate sparse;
-  enum class Kernel { kUndecided, kAten, kOnednn, kSparse } kernel = Kernel::kUndecided;
+  std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
+  enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse } kernel = Kernel::kUndecided;
 };
+
+// NOTE: lopper's CUDA kernel reads 4 bytes per nonzero (16-bit value and index) where cuBLAS reads
+// 2 per weight, so it cannot win above half the weights nonzero; below, timing decides.
+constexpr double kMaxCudaDensity = 0.5;
+
+// On a GPU: cuBLAS (ATen), or for a sparse weight and a skinny batch (the LLM-decode shape)
+// lopper's own kernel, chosen by timing both once.
+at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
+                           const at::Tensor& bias, const onednn::PostOp& post) {
+  namespace kcu = kernels::cuda;
+  using K = LinearState::Kernel;
+  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  const bool skinny = x2.size(0) <= kcu::kMaxRows;
+  auto dense = [&] { return onednn::apply_unfused(at::linear(x, st.weight, bias), post); };
+  if (st.kernel == K::kUndecided) {
+    st.kernel = K::kAten;
+    if (kcu::built() && skinny && kcu::SparseWeightCuda::fits(st.weight) &&
+        st.weight.scalar_type() == x.scalar_type() &&
+        double(st.weight.count_nonzero().item<int64_t>()) <=
+            kMaxCudaDensity * double(st.weight.numel())) {
+      st.cuda_sparse =
+          std::make_shared<kcu::SparseWeightCuda>(st.weight, bias, x.scalar_type(), x.device());
+      std::vector<KernelCandidate> cands{
+          {"cublas", [&] { dense(); }},
+          {"cuda-csr16", [&] { onednn::apply_unfused(st.cuda_sparse->linear(x2), post); }}};
+      if (choose_kernel(c, cands, st.weight, x2) == 1) st.kernel = K::kCudaSparse;
+      else st.cuda_sparse.reset();
+    }
+  }
+  if (st.kernel != K::kCudaSparse || !skinny) return dense();
+  at::Tensor y = onednn::apply_unfused(st.cuda_sparse->linear(x2), post);
+  if (x.dim() == 2) return y;
+  auto shape = x.sizes().vec();
+  shape.back() = st.weight.size(0);
+  return y.view(shape);
+}
 
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
 // CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN and (for a sparse weight) lopper's
 // sparse kernels on the layer's real input.
 at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
                       const onednn::PostOp& post = {}) {
+  if (x.is_cuda()) return run_linear_cuda(c, x, st, bias, post);
   const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
                        st.weight.scalar_type() == at::kFloat &&
                        (!bias.defined() || bias.scalar_type() == at::kFloat);

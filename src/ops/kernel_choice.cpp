@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/sparse_cuda.h"
 #include "lopper/files.h"
 
 namespace lopper::ops {
@@ -124,9 +125,14 @@ class ChoiceCache {
 // each: a burst of noise from elsewhere on the machine then hits all candidates alike.
 // NOTE: layers whose candidates take long together get fewer rounds, so that the first run of a
 // big model at a big batch stays a few times a normal run.
-std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) {
+std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, bool gpu) {
+  // On a GPU a run only queues work: wait for it, or the times say nothing.
+  auto run = [gpu](const KernelCandidate& k) {
+    k.run();
+    if (gpu) kernels::cuda::synchronize();
+  };
   auto start = std::chrono::steady_clock::now();
-  for (const auto& k : cands) k.run();  // first-touch allocations, primitive creation
+  for (const auto& k : cands) run(k);  // first-touch allocations, primitive creation
   const double warm_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const int rounds = warm_ms < 20 ? 5 : warm_ms < 200 ? 3 : 1;
@@ -134,7 +140,7 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands) 
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < cands.size(); ++i) {
       auto t0 = std::chrono::steady_clock::now();
-      cands[i].run();
+      run(cands[i]);
       best[i] = std::min(
           best[i],
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -167,7 +173,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   d.op = c.node().op_type;
   d.weight_shape = weight.sizes().vec();
   d.input_shape = input.sizes().vec();
-  at::Tensor w = weight.contiguous();
+  at::Tensor w = weight.to(at::kCPU).contiguous();  // hashed below
   const int64_t numel = w.numel();
   d.sparsity = numel ? 1.0 - double(w.count_nonzero().item<int64_t>()) / double(numel) : 0.0;
 
@@ -201,7 +207,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
           d.timings.emplace_back(k.name, (*hit)["ms"][k.name].get<double>());
   }
   if (best == cands.size()) {
-    std::vector<double> t = time_round_robin(cands);
+    std::vector<double> t = time_round_robin(cands, input.is_cuda());
     nlohmann::json ms = nlohmann::json::object();
     best = 0;
     for (size_t i = 0; i < cands.size(); ++i) {

@@ -125,8 +125,12 @@ TEST(Cli, BenchReportsLatency) {
   EXPECT_GT(j["median_ms"].get<double>(), 0.0);
   EXPECT_GE(j["p90_ms"].get<double>(), j["median_ms"].get<double>());
   EXPECT_EQ(j["batch"].get<int64_t>(), 4);  // the model's static batch
-  if (!cuda_available())
+  if (!cuda_available()) {
     expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device cuda:0"), 1, "CUDA");
+    expect_error(lopper_cli("compare " + fixture("mlp.ts.onnx") + " " + fixture("mlp.ts.onnx") +
+                            " --iters 1 --device cuda"),
+                 1, "CUDA");
+  }
   expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 1, "bad device");
 }
 

@@ -16,6 +16,7 @@
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
@@ -33,20 +34,26 @@ struct Measured {
 
 // Median latency of `iters` inference runs on zeros at the model's input shapes (batch `batch`).
 double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<int64_t>>& shapes,
-                  int iters) {
-  Executor ex(m);
+                  int iters, const std::string& device) {
+  Executor ex(m, {device});
   NamedTensors feeds;
   for (const auto* in : ex.inputs()) {
     auto it = shapes.find(in->name);
     LOPPER_CHECK(it != shapes.end(), "[compare] no shape for input '", in->name, "'");
     at::ScalarType st = in->type.elem_type == ir::DType::kInt64 ? at::kLong : at::kFloat;
-    feeds.emplace_back(in->name, at::zeros(it->second, at::TensorOptions().dtype(st)));
+    feeds.emplace_back(in->name,
+                       at::zeros(it->second, at::TensorOptions().dtype(st).device(ex.device())));
   }
-  for (int i = 0; i < std::max(3, iters / 10); ++i) ex.run(feeds);
+  // On a GPU a run only queues work: wait for it.
+  auto run = [&] {
+    ex.run(feeds);
+    if (ex.device().is_cuda()) kernels::cuda::synchronize();
+  };
+  for (int i = 0; i < std::max(3, iters / 10); ++i) run();
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    ex.run(feeds);
+    run();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
@@ -57,7 +64,7 @@ double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<in
 
 Action add_compare(CLI::App& app) {
   struct Opts {
-    std::string before, after, data, split = "test", report;
+    std::string before, after, data, split = "test", report, device = "cpu";
     int64_t batch = 1;
     int iters = 200, threads = 0;
     bool json = false;
@@ -75,6 +82,7 @@ Action add_compare(CLI::App& app) {
       ->check(CLI::Range(1, 1000000));
   cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->add_option("--report", o->report, "also write the JSON here");
   return [o]() {
@@ -94,7 +102,7 @@ Action add_compare(CLI::App& app) {
         if (l.params)
           r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
       r[i].file_bytes = model_file_bytes(paths[i]);
-      r[i].latency_ms = latency_ms(m, shapes, o->iters);
+      r[i].latency_ms = latency_ms(m, shapes, o->iters, o->device);
       if (!o->data.empty()) {
         LoaderOptions lo;
         lo.batch_size = 256;
@@ -104,7 +112,7 @@ Action add_compare(CLI::App& app) {
           lo.drop_last = true;
         }
         DataLoader dl(open_dataset(o->data, o->split), lo);
-        r[i].top1 = evaluate(m, dl).top1;
+        r[i].top1 = evaluate(m, dl, o->device).top1;
       }
     }
     auto row = [](const Measured& m) {
@@ -115,7 +123,8 @@ Action add_compare(CLI::App& app) {
       return j;
     };
     nlohmann::json j = {{"before", o->before}, {"after", o->after}, {"batch", o->batch},
-                        {"iters", o->iters},   {"data", o->data},   {"split", o->split}};
+                        {"iters", o->iters},   {"data", o->data},   {"split", o->split},
+                        {"device", o->device}};
     j["before_measured"] = row(r[0]);
     j["after_measured"] = row(r[1]);
     if (!o->report.empty()) write_file_atomic(o->report, j.dump(2) + "\n");

@@ -132,6 +132,13 @@ TEST(Cli, BenchReportsLatency) {
                  1, "CUDA");
   }
   expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 1, "bad device");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp8"), 1,
+               "bad precision 'fp8'");
+  if (!cuda_available())
+    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp16"), 1,
+                 "fp16 needs a CUDA device");
+  auto bf16 = lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 2 --warmup 0 --precision bf16");
+  EXPECT_EQ(bf16.code, 0) << bf16.err;
 }
 
 // --explain names every weighted layer's choice and candidates; the second load takes the choices

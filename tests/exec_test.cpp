@@ -233,3 +233,33 @@ TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
   }
   unsetenv("LOPPER_KERNEL_CACHE");
 }
+
+// --precision: bf16 computes in bf16 (the result moves off fp32's, within bf16's rounding) and
+// hands back float32; fp16 needs a GPU; other types are refused.
+TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
+  for (const char* stem : {"mlp", "small_cnn", "transformer_encoder", "resnet18"}) {
+    SCOPED_TRACE(stem);
+    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+    NamedTensors feeds;
+    for (int i = 0; fs::exists(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")); ++i)
+      feeds.emplace_back(m.graph.real_inputs()[i]->name,
+                         load_npy(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")));
+    at::Tensor fp32 = Executor(m).run(feeds)[0];
+    ExecOptions eo;
+    eo.precision = at::kBFloat16;
+    at::Tensor bf16 = Executor(m, eo).run(feeds)[0];
+    EXPECT_EQ(bf16.scalar_type(), at::kFloat);
+    const double diff = test::relative_max_diff(bf16, fp32);
+    EXPECT_GT(diff, 0.0);   // it did not run in fp32
+    EXPECT_LT(diff, 0.1);   // bf16 keeps 8 bits of mantissa
+  }
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  ExecOptions half;
+  half.precision = at::kHalf;
+  EXPECT_THROW(Executor(m, half), Error);
+  ExecOptions integer;
+  integer.precision = at::kInt;
+  EXPECT_THROW(Executor(m, integer), Error);
+  EXPECT_EQ(parse_precision("bf16"), at::kBFloat16);
+  EXPECT_THROW(parse_precision("fp8"), Error);
+}

@@ -26,7 +26,14 @@ struct ExecOptions {
   /// Rewrite a private copy of the graph for speed (inference only): BatchNorm folded into Conv,
   /// activations and residual adds fused into the convolution.
   bool fuse = true;
+  /// Inference precision: kFloat, kBFloat16 or kHalf (CUDA only). Below fp32, float32
+  /// initializers and inputs are cast once, the graph computes in that type, and float outputs
+  /// come back as float32. Ignored with autograd.
+  at::ScalarType precision = at::kFloat;
 };
+
+/// "fp32" | "bf16" | "fp16" -> the ScalarType; throws lopper::Error on anything else.
+at::ScalarType parse_precision(const std::string& s);
 
 /// Configures ATen's thread pools: `threads` intra-op threads (0 = one per core) and one inter-op
 /// thread, so the OpenMP and MKL pools never oversubscribe the cores.

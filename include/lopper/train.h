@@ -111,8 +111,10 @@ struct EvalResult {
 };
 
 /// Evaluates `model` (inference, the executor's fast path) on every batch of `data`.
+/// `precision`: as ExecOptions::precision (fp32, bf16, fp16 on CUDA).
 EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device = "cpu",
-                    const std::function<void(int64_t batch, int64_t of)>& progress = {});
+                    const std::function<void(int64_t batch, int64_t of)>& progress = {},
+                    at::ScalarType precision = at::kFloat);
 
 /// The prunable weights' sparsity (zeros / params), as `lopper inspect` counts it.
 double prunable_sparsity(const ir::Model& model);

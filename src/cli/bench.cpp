@@ -58,7 +58,7 @@ void print_explain(const Executor& exec) {
 
 Action add_bench(CLI::App& app) {
   struct Opts {
-    std::string model, device = "cpu";
+    std::string model, device = "cpu", precision = "fp32";
     std::vector<std::string> shapes;
     int64_t batch = 0;
     int threads = 0, warmup = 10, iters = 50;
@@ -73,6 +73,7 @@ Action add_bench(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_option("--warmup", o->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
   cmd->add_option("--iters", o->iters, "timed runs")->check(CLI::Range(1, 1000000));
   cmd->add_flag("--json", o->json, "print one JSON object");
@@ -85,7 +86,10 @@ Action add_bench(CLI::App& app) {
     auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
     auto shapes = resolve_input_shapes(model, overrides);
-    Executor exec(model, {o->device});
+    ExecOptions eo;
+    eo.device = o->device;
+    eo.precision = parse_precision(o->precision);
+    Executor exec(model, eo);
     NamedTensors feeds;
     at::manual_seed(0);
     for (const auto* v : exec.inputs()) {

@@ -34,8 +34,8 @@ struct Measured {
 
 // Median latency of `iters` inference runs on zeros at the model's input shapes (batch `batch`).
 double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<int64_t>>& shapes,
-                  int iters, const std::string& device) {
-  Executor ex(m, {device});
+                  int iters, const ExecOptions& eo) {
+  Executor ex(m, eo);
   NamedTensors feeds;
   for (const auto* in : ex.inputs()) {
     auto it = shapes.find(in->name);
@@ -64,7 +64,7 @@ double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<in
 
 Action add_compare(CLI::App& app) {
   struct Opts {
-    std::string before, after, data, split = "test", report, device = "cpu";
+    std::string before, after, data, split = "test", report, device = "cpu", precision = "fp32";
     int64_t batch = 1;
     int iters = 200, threads = 0;
     bool json = false;
@@ -83,10 +83,14 @@ Action add_compare(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->add_option("--report", o->report, "also write the JSON here");
   return [o]() {
     configure_threads(o->threads);
+    ExecOptions eo;
+    eo.device = o->device;
+    eo.precision = parse_precision(o->precision);
     std::vector<std::string> paths = {o->before, o->after};
     std::vector<Measured> r(2);
     for (int i = 0; i < 2; ++i) {
@@ -102,7 +106,7 @@ Action add_compare(CLI::App& app) {
         if (l.params)
           r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
       r[i].file_bytes = model_file_bytes(paths[i]);
-      r[i].latency_ms = latency_ms(m, shapes, o->iters, o->device);
+      r[i].latency_ms = latency_ms(m, shapes, o->iters, eo);
       if (!o->data.empty()) {
         LoaderOptions lo;
         lo.batch_size = 256;
@@ -112,7 +116,7 @@ Action add_compare(CLI::App& app) {
           lo.drop_last = true;
         }
         DataLoader dl(open_dataset(o->data, o->split), lo);
-        r[i].top1 = evaluate(m, dl, o->device).top1;
+        r[i].top1 = evaluate(m, dl, o->device, {}, eo.precision).top1;
       }
     }
     auto row = [](const Measured& m) {
@@ -124,7 +128,7 @@ Action add_compare(CLI::App& app) {
     };
     nlohmann::json j = {{"before", o->before}, {"after", o->after}, {"batch", o->batch},
                         {"iters", o->iters},   {"data", o->data},   {"split", o->split},
-                        {"device", o->device}};
+                        {"device", o->device}, {"precision", o->precision}};
     j["before_measured"] = row(r[0]);
     j["after_measured"] = row(r[1]);
     if (!o->report.empty()) write_file_atomic(o->report, j.dump(2) + "\n");

@@ -15,7 +15,7 @@ namespace lopper::cli {
 
 Action add_run(CLI::App& app) {
   struct Opts {
-    std::string model, out, device = "cpu";
+    std::string model, out, device = "cpu", precision = "fp32";
     std::vector<std::string> inputs;
     int threads = 0;
   };
@@ -25,11 +25,15 @@ Action add_run(CLI::App& app) {
   cmd->add_option("--input,-i", o->inputs, "NAME=FILE (.npy or ONNX TensorProto .pb)");
   cmd->add_option("--out,-o", o->out, "folder for <output name>.npy")->required();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)");
   return [o]() {
     configure_threads(o->threads);
     ir::Model model = onnx::load_model(o->model);
-    Executor exec(model, {o->device});
+    ExecOptions eo;
+    eo.device = o->device;
+    eo.precision = parse_precision(o->precision);
+    Executor exec(model, eo);
     NamedTensors feeds;
     for (const auto& spec : o->inputs) feeds.push_back(parse_input_spec(spec));
     auto outs = exec.run(feeds);

@@ -299,7 +299,7 @@ Action add_finetune(CLI::App& app) { return add_train_command(app, true); }
 
 Action add_eval(CLI::App& app) {
   struct Opts {
-    std::string model, device = "cpu";
+    std::string model, device = "cpu", precision = "fp32";
     DataFlags data;
     bool json = false;
   };
@@ -309,6 +309,7 @@ Action add_eval(CLI::App& app) {
   cmd->add_option("model", o->model, "the ONNX model")->required();
   o->data.add(cmd, "test");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_flag("--json", o->json, "print JSON (top1, top5, loss, samples, per_class)");
   return [o]() {
     ir::Model model = onnx::load_model(o->model);
@@ -318,7 +319,9 @@ Action add_eval(CLI::App& app) {
     lo.drop_last = fixed;
     DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
     Progress bar("eval", loader.batches_per_epoch(), 1);
-    EvalResult r = evaluate(model, loader, o->device, [&](int64_t b, int64_t) { bar.update(b); });
+    const at::ScalarType precision = parse_precision(o->precision);
+    EvalResult r = evaluate(model, loader, o->device,
+                            [&](int64_t b, int64_t) { bar.update(b); }, precision);
     bar.finish();
     if (o->json) {
       nlohmann::json j = {{"model", o->model},   {"data", o->data.data}, {"split", o->data.split},

@@ -30,6 +30,13 @@ void configure_threads(int threads) {
   }
 }
 
+at::ScalarType parse_precision(const std::string& s) {
+  if (s == "fp32") return at::kFloat;
+  if (s == "bf16") return at::kBFloat16;
+  if (s == "fp16") return at::kHalf;
+  throw Error(detail::concat("[precision] bad precision '", s, "' (expected fp32, bf16 or fp16)"));
+}
+
 bool cuda_available() { return at::hasCUDA() && at::globalContext().hasCUDA(); }
 
 at::Device parse_device(const std::string& spec) {
@@ -115,6 +122,7 @@ struct Executor::Impl {
     opts.autograd = opts.autograd || opts.training;
   }
   const ir::Graph& top() const { return fused ? *fused : model.graph; }
+  bool lowered() const { return !opts.autograd && opts.precision != at::kFloat; }
 
   const Plan& plan_for(const ir::Graph& g, bool top) {
     auto it = plans.find(&g);
@@ -151,6 +159,7 @@ struct Executor::Impl {
     for (const auto& t : g.initializers) {
       int s = slot(p, t.name);
       at::Tensor v = t.value.to(device);
+      if (lowered() && v.scalar_type() == at::kFloat) v = v.to(opts.precision);
       if (opts.autograd && v.is_floating_point()) {
         v = v.detach().clone().requires_grad_(true);
       }
@@ -182,6 +191,10 @@ struct Executor::Impl {
     p.constants.resize(p.num_slots);
 
     if (!opts.autograd && opts.fold_constants) fold(p);
+    // Constants made by folding (and Constant nodes' values) take the precision too.
+    if (lowered())
+      for (auto& v : p.constants)
+        if (v.defined() && v.scalar_type() == at::kFloat) v = v.to(opts.precision);
     plan_releases(p);
   }
 
@@ -296,6 +309,11 @@ struct Executor::Impl {
 Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
+  const auto prec = impl_->opts.precision;
+  LOPPER_CHECK(prec == at::kFloat || prec == at::kBFloat16 || prec == at::kHalf,
+               "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(prec));
+  LOPPER_CHECK(prec != at::kHalf || impl_->device.is_cuda(),
+               "[precision] fp16 needs a CUDA device (--device cuda); on the CPU use fp32 or bf16");
   if (impl_->device.is_cpu()) kernels::cpu::active_isa();  // a bad LOPPER_ISA fails here, at load
   exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();
@@ -350,15 +368,20 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
       LOPPER_CHECK(ok, "[run] input '", v.name, "': expected shape ", shape_str(dims), ", got ",
                    shape_str(t.sizes()));
     }
-    ordered.push_back(t.to(impl_->device));
+    t = t.to(impl_->device);
+    if (impl_->lowered() && t.scalar_type() == at::kFloat) t = t.to(impl_->opts.precision);
+    ordered.push_back(t);
   }
   impl_->on_node_ = on_node;
   if (impl_->opts.autograd) return impl_->run_graph(impl_->top(), ordered, nullptr);
   c10::InferenceMode guard;
   auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
   // Kernels may hand back channels-last tensors; callers get the standard layout.
-  for (auto& t : outs)
+  for (auto& t : outs) {
     if (t.defined() && !t.is_contiguous()) t = t.contiguous();
+    if (impl_->lowered() && t.defined() && t.scalar_type() == impl_->opts.precision)
+      t = t.to(at::kFloat);
+  }
   return outs;
 }
 

@@ -647,9 +647,11 @@ TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
 }
 
 EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device,
-                    const std::function<void(int64_t, int64_t)>& progress) {
+                    const std::function<void(int64_t, int64_t)>& progress,
+                    at::ScalarType precision) {
   ExecOptions eo;
   eo.device = device;
+  eo.precision = precision;
   Executor ex(model, eo);
   ModelIO io = model_io(model, ex);
   EvalResult r;

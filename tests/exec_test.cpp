@@ -22,6 +22,15 @@ using test::slurp;
 
 namespace {
 
+// The fixture's saved inputs (STEM.input_0.npy, ...) under the model's input names.
+NamedTensors fixture_feeds(const ir::Model& m, const std::string& stem) {
+  NamedTensors feeds;
+  for (int i = 0; fs::exists(fixture(stem + ".input_" + std::to_string(i) + ".npy")); ++i)
+    feeds.emplace_back(m.graph.real_inputs()[i]->name,
+                       load_npy(fixture(stem + ".input_" + std::to_string(i) + ".npy")));
+  return feeds;
+}
+
 ir::Attribute int_attr(const char* name, int64_t v) {
   ir::Attribute a;
   a.name = name;
@@ -210,10 +219,7 @@ TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
       po.amount = PruneAmount::parse("0.9");
       parse_prune_pattern(pattern, po);
       prune(m, po);
-      NamedTensors feeds;
-      for (int i = 0; fs::exists(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")); ++i)
-        feeds.emplace_back(m.graph.real_inputs()[i]->name,
-                           load_npy(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")));
+      NamedTensors feeds = fixture_feeds(m, stem);
       ExecOptions plain;  // ATen only: no prepacking, no kernel choice
       plain.autograd = true;
       at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
@@ -240,10 +246,7 @@ TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
   for (const char* stem : {"mlp", "small_cnn", "transformer_encoder", "resnet18"}) {
     SCOPED_TRACE(stem);
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
-    NamedTensors feeds;
-    for (int i = 0; fs::exists(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")); ++i)
-      feeds.emplace_back(m.graph.real_inputs()[i]->name,
-                         load_npy(fixture(std::string(stem) + ".input_" + std::to_string(i) + ".npy")));
+    NamedTensors feeds = fixture_feeds(m, stem);
     at::Tensor fp32 = Executor(m).run(feeds)[0];
     ExecOptions eo;
     eo.precision = at::kBFloat16;

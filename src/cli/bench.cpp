@@ -48,7 +48,7 @@ void print_explain(const Executor& exec) {
     std::string cands;
     for (const auto& [name, ms] : d.timings)
       cands += fmt::format("{}{} {:.3f}  ", name, name == d.chosen ? "*" : "", ms);
-    std::string node = d.node.size() > 40 ? "..." + d.node.substr(d.node.size() - 37) : d.node;
+    std::string node = fit_name(d.node, 40);
     std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
                              shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
   }
@@ -86,10 +86,7 @@ Action add_bench(CLI::App& app) {
     auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
     auto shapes = resolve_input_shapes(model, overrides);
-    ExecOptions eo;
-    eo.device = o->device;
-    eo.precision = parse_precision(o->precision);
-    Executor exec(model, eo);
+    Executor exec(model, exec_options(o->device, o->precision));
     NamedTensors feeds;
     at::manual_seed(0);
     for (const auto* v : exec.inputs()) {

@@ -107,4 +107,11 @@ int64_t model_file_bytes(const std::string& path) {
   return total;
 }
 
+ExecOptions exec_options(const std::string& device, const std::string& precision) {
+  ExecOptions eo;
+  eo.device = device;
+  eo.precision = parse_precision(precision);
+  return eo;
+}
+
 }  // namespace lopper::cli

@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "lopper/executor.h"
 #include "lopper/graph.h"
 
 #include <map>
@@ -30,6 +31,8 @@ int64_t fixed_batch_size(const ir::Model& model);
 int64_t model_file_bytes(const std::string& path);
 /// Throws UsageError "[CMD] -o names the input model; ..." when `out` is the file `model`.
 void refuse_to_overwrite(const std::string& cmd, const std::string& model, const std::string& out);
+/// The executor's options for --device and --precision (parsed; errors name the bad value).
+ExecOptions exec_options(const std::string& device, const std::string& precision);
 /// `name` cut to `width` from the left ("…" + its end) when longer.
 std::string fit_name(const std::string& name, size_t width);
 

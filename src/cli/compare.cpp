@@ -88,9 +88,7 @@ Action add_compare(CLI::App& app) {
   cmd->add_option("--report", o->report, "also write the JSON here");
   return [o]() {
     configure_threads(o->threads);
-    ExecOptions eo;
-    eo.device = o->device;
-    eo.precision = parse_precision(o->precision);
+    const ExecOptions eo = exec_options(o->device, o->precision);
     std::vector<std::string> paths = {o->before, o->after};
     std::vector<Measured> r(2);
     for (int i = 0; i < 2; ++i) {

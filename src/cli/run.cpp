@@ -30,10 +30,7 @@ Action add_run(CLI::App& app) {
   return [o]() {
     configure_threads(o->threads);
     ir::Model model = onnx::load_model(o->model);
-    ExecOptions eo;
-    eo.device = o->device;
-    eo.precision = parse_precision(o->precision);
-    Executor exec(model, eo);
+    Executor exec(model, exec_options(o->device, o->precision));
     NamedTensors feeds;
     for (const auto& spec : o->inputs) feeds.push_back(parse_input_spec(spec));
     auto outs = exec.run(feeds);

@@ -132,8 +132,10 @@ void conv_forward(OpContext& c) {
       pointwise_shape = pointwise_shape && g.kernel[i] == 1 && g.strides[i] == 1 && padding[i] == 0;
     const bool pointwise = pointwise_shape && (!fused_add || post.attr == "none");
     int64_t rows = in.size(0) * in.size(2) * in.size(3);
+    // The channels-last activation as the [N*H*W, C_in] matrix it already is in memory.
+    auto in_rows = [&] { return in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)}); };
     auto as_linear = [&] {
-      at::Tensor x2 = in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
+      at::Tensor x2 = in_rows();
       at::Tensor y2 =
           fused_add ? onednn::linear_add(x2, other_cl.permute({0, 2, 3, 1}).reshape({rows, w.size(0)}),
                                          st.packed_linear, b)
@@ -144,8 +146,7 @@ void conv_forward(OpContext& c) {
       const onednn::PostOp in_kernel = fused_add ? onednn::PostOp{} : post;  // act after the add
       at::Tensor y;
       if (pointwise_shape) {
-        at::Tensor x2 = in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
-        y = run_sparse_linear(sc, x2, in_kernel)
+        y = run_sparse_linear(sc, in_rows(), in_kernel)
                 .view({in.size(0), out_shape[2], out_shape[3], w.size(0)})
                 .permute({0, 3, 1, 2});
       } else {

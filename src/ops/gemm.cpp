@@ -19,6 +19,14 @@ struct LinearState {
   enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse } kernel = Kernel::kUndecided;
 };
 
+// y [rows, N] computed from x flattened to rows, back in x's leading shape.
+at::Tensor unflatten_rows(const at::Tensor& y, const at::Tensor& x) {
+  if (x.dim() == 2) return y;
+  auto shape = x.sizes().vec();
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
 // NOTE: lopper's CUDA kernel reads 4 bytes per nonzero (16-bit value and index) where cuBLAS reads
 // 2 per weight, so it cannot win above half the weights nonzero; below, timing decides.
 constexpr double kMaxCudaDensity = 0.5;
@@ -48,11 +56,7 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
     }
   }
   if (st.kernel != K::kCudaSparse || !skinny) return dense();
-  at::Tensor y = onednn::apply_unfused(st.cuda_sparse->linear(x2), post);
-  if (x.dim() == 2) return y;
-  auto shape = x.sizes().vec();
-  shape.back() = st.weight.size(0);
-  return y.view(shape);
+  return unflatten_rows(onednn::apply_unfused(st.cuda_sparse->linear(x2), post), x);
 }
 
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
@@ -93,10 +97,7 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   } else {
     y = run_sparse_linear(st.sparse, x2, post);
   }
-  if (x.dim() == 2) return y;
-  auto shape = x.sizes().vec();
-  shape.back() = st.weight.size(0);
-  return y.view(shape);
+  return unflatten_rows(y, x);
 }
 
 void gemm_forward(OpContext& c) {

@@ -47,38 +47,78 @@ tests_line=$(grep -E '^\[  (PASSED|FAILED)' "$log" | tr '\n' ' ')
 fmnist=fashion-mnist
 [ -d /usr/share/datasets/fashion-mnist ] || fmnist="idx:$prefix/usr/share/datasets/fashion-mnist"
 cli_ok=0; cli_n=0
-for cmd in "bench build-gpu/fixtures/resnet18.ts.onnx --device cuda --iters 5 --warmup 2" \
-           "bench build-gpu/fixtures/mlp.ts.onnx --device cuda --iters 5 --explain" \
-           "compare build-gpu/fixtures/mlp.ts.onnx build-gpu/fixtures/mlp.ts.onnx --device cuda --iters 5" \
-           "eval build-gpu/fixtures/mlp.ts.onnx --data $fmnist --device cuda"; do
+f=build-gpu/fixtures o=build-gpu/cli
+mkdir -p $o
+for cmd in "bench $f/resnet18.ts.onnx --device cuda --iters 5 --warmup 2" \
+           "bench $f/mlp.ts.onnx --device cuda --iters 5 --explain" \
+           "compare $f/mlp.ts.onnx $f/mlp.ts.onnx --device cuda --iters 5" \
+           "eval $f/mlp.ts.onnx --data $fmnist --device cuda" \
+           "eval $f/mlp.ts.onnx --data $fmnist --device cuda --precision fp16" \
+           "prune $f/mlp.ts.onnx -o $o/mlp-taylor.onnx --method taylor --amount 0.5 --data $fmnist --calib-batches 4 --device cuda" \
+           "prune $f/bert.ts.onnx -o $o/bert-24.onnx --method l1 --amount 0.5 --pattern 2:4" \
+           "bench $o/bert-24.onnx --device cuda --precision bf16 --iters 5 --explain" \
+           "train $f/small_cnn.preserve.onnx -o $o/cnn-fp16.onnx --data $fmnist --epochs 1 --device cuda --precision fp16" \
+           "train $f/small_cnn.preserve.onnx -o $o/cnn-bf16.onnx --data $fmnist --epochs 1 --device cuda --precision bf16 --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 1 --prune-pattern 2:4"; do
   cli_n=$((cli_n + 1))
   if build-gpu/lopper $cmd >> "$log" 2>&1; then cli_ok=$((cli_ok + 1)); else status=1; echo "FAILED: lopper $cmd" | tee -a "$log"; fi
 done
 
-# The GPU benchmarks: lopper's sparse kernel against cuBLAS (8192x8192 bf16, batch 1-16, 90%).
+# The GPU kernel benchmarks: lopper's sparse kernel against cuBLAS (8192x8192 bf16, batch 1-16,
+# 90% and 95% zero) and 2:4 on the sparse tensor cores against cuBLAS (batch 2048-8192).
 bench_json=build-gpu/gpu-bench.json
 build-gpu/bench/lopper_kernel_bench --benchmark_filter='Cuda' --benchmark_format=json \
   --benchmark_min_time=$([ $quick = 1 ] && echo 0.05 || echo 0.3) > "$bench_json" 2>> "$log" || status=1
 
-"$py" - "$bench_json" "$tests_line" "$cli_ok/$cli_n" <<'PY' | tee build-gpu/gpu-check.md
-import json, sys
+# Structured: resnet50 with channels removed until half its MACs are gone, batch 64, dense vs
+# pruned in lopper (PyTorch eager as the dense peer).
+structured_json=build-gpu/gpu-structured.json
+"$py" bench/structured_cuda.py --lopper build-gpu/lopper --model resnet50 --batch 64 \
+  --iters $([ $quick = 1 ] && echo 5 || echo 30) --json "$structured_json" >> "$log" 2>&1 ||
+  { status=1; echo "FAILED: bench/structured_cuda.py" | tee -a "$log"; }
+
+"$py" - "$bench_json" "$structured_json" "$tests_line" "$cli_ok/$cli_n" <<'PY' | tee build-gpu/gpu-check.md
+import json, os, sys
 import torch
-data = json.load(open(sys.argv[1])) if sys.argv[1] else {"benchmarks": []}
+load = lambda p, empty: json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) else empty
 t = {}
-for b in data.get("benchmarks", []):
+for b in load(sys.argv[1], {}).get("benchmarks", []):
+    if b.get("error_occurred"):
+        print(f"benchmark {b['name']}: {b.get('error_message', 'failed')}")
+        continue
     name = b["name"].split("/")
     args = dict(p.split(":") for p in name[1:] if ":" in p)
     t[(name[0], int(args.get("batch", 0)), int(args.get("sparsity", 0)))] = b["real_time"]
 print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-print(f"GPU tests: {sys.argv[2]}; CLI --device cuda: {sys.argv[3]} ran")
-print()
-print("| shape | batch | sparsity | cuBLAS µs | lopper cuda-csr16 µs | speedup |")
-print("|---|---|---|---|---|---|")
-for (k, batch, sp), us in sorted(t.items()):
-    if k != "CudaCsr16":
-        continue
-    dense = t.get(("CudaCublas", batch, sp))
-    print(f"| 8192x8192 bf16 | {batch} | {sp}% | {dense:.1f} | {us:.1f} | {dense / us:.2f}x |" if dense else
-          f"| 8192x8192 bf16 | {batch} | {sp}% | – | {us:.1f} | – |")
+print(f"GPU tests: {sys.argv[3]}; CLI --device cuda: {sys.argv[4]} ran")
+
+
+def table(title, dense_key, cols, target):
+    print(f"\n{title}\n")
+    print("| shape | batch | sparsity | cuBLAS µs | " + " | ".join(f"{c} µs | speedup" for c in cols.values()) + " |")
+    print("|---|---|---|---|" + "---|---|" * len(cols))
+    for (k, batch, sp), dense in sorted(t.items()):
+        if k != dense_key:
+            continue
+        cells = []
+        for key in cols:
+            us = t.get((key, batch, sp))
+            cells += [f"{us:.1f}", f"{dense / us:.2f}x"] if us else ["–", "–"]
+        print(f"| 8192x8192 bf16 | {batch} | {sp}% | {dense:.1f} | " + " | ".join(cells) + " |")
+    print(f"\ntarget: {target}")
+
+
+table("Unstructured sparse, skinny batch (lopper's own kernel)", "CudaCublas",
+      {"CudaCsr16": "lopper cuda-csr16"}, ">= 2.5x over cuBLAS at 90%, batch 1")
+table("2:4 on the sparse tensor cores (ATen's semi-structured ops)", "Cuda24Cublas",
+      {"Cuda24Cusparselt": "cuSPARSELt", "Cuda24Cutlass": "CUTLASS"},
+      ">= 1.15x over cuBLAS at batch >= 2048")
+rows = load(sys.argv[2], {}).get("rows", [])
+print("\nStructured (channels removed), lopper --device cuda\n")
+print("| model | batch | precision | MACs kept | dense ms | pruned ms | speedup | PyTorch eager dense ms |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print(f"| {r['model']} | {r['batch']} | {r['precision']} | {r['macs_kept']:.3f} | {r['dense_ms']:.2f} | "
+          f"{r['pruned_ms']:.2f} | {r['speedup']:.2f}x | {r['torch_dense_ms']:.2f} |")
+print("\ntarget: >= 1.6x over the dense model at 50% MACs, batch 64")
 PY
 exit $status

@@ -3,11 +3,13 @@
 // empty rows and columns, 0% and 100% sparsity, batches 1 to 256, strided rows, fused bias and
 // activations. CUDA (skipped without a GPU): each dtype against cuBLAS.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
 #include "lopper/error.h"
@@ -243,4 +245,76 @@ TEST(SparseKernelsCuda, EveryDtypeMatchesCublasDense) {
     }
   }
   EXPECT_EQ(checked, 120);
+}
+
+// 2:4 on the sparse tensor cores: which weights qualify (runs anywhere), and on a GPU each
+// backend this libtorch has against cuBLAS's dense result, odd output and batch counts included.
+TEST(SemiStructuredCuda, DetectsTwoFourWeights) {
+  namespace kcu = lopper::kernels::cuda;
+  at::manual_seed(11);
+  at::Tensor w = at::randn({48, 128});
+  EXPECT_FALSE(kcu::is_two_four(w));
+  // Keep the 2 largest |w| of every 4 consecutive inputs, as `prune --pattern 2:4` does.
+  at::Tensor g = w.view({48, 32, 4});
+  at::Tensor keep = at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
+  at::Tensor w24 = (g * keep).view({48, 128});
+  EXPECT_TRUE(kcu::is_two_four(w24));
+  EXPECT_TRUE(kcu::semi_fits(w24, at::kBFloat16));
+  EXPECT_TRUE(kcu::semi_fits(w24, at::kHalf));
+  EXPECT_FALSE(kcu::semi_fits(w24, at::kFloat));             // tensor cores: 16-bit only
+  EXPECT_FALSE(kcu::semi_fits(w24.narrow(1, 0, 96).contiguous(), at::kHalf));  // k % 64
+  EXPECT_FALSE(kcu::is_two_four(w24.t().contiguous()));      // groups run along the inputs
+  EXPECT_FALSE(kcu::is_two_four(at::zeros({8, 64})));        // nothing to multiply
+  EXPECT_FALSE(kcu::is_two_four(w24.narrow(1, 0, 126)));     // k % 4
+  at::Tensor three = w24.clone();
+  three[5][1] = three[5][2] = three[5][3] = three[5][0] = 1.0f;  // 4 of 4 in one group
+  EXPECT_FALSE(kcu::is_two_four(three));
+  EXPECT_THROW(kcu::SemiStructuredWeight(kcu::SemiBackend::kCutlass, w24, {}, at::kHalf, at::kCPU),
+               lopper::Error);
+  EXPECT_STREQ(kcu::semi_name(kcu::SemiBackend::kCusparselt), "cuda-2:4-cusparselt");
+}
+
+TEST(SemiStructuredCuda, EveryBackendMatchesCublasDense) {
+  namespace kcu = lopper::kernels::cuda;
+  if (!lopper::cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  std::mt19937 rng(13);
+  at::manual_seed(5);
+  const at::Device dev(at::kCUDA, 0);
+  int checked = 0, refused = 0;
+  for (auto backend : {kcu::SemiBackend::kCusparselt, kcu::SemiBackend::kCutlass}) {
+    if (!kcu::semi_compiled(backend)) continue;
+    for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+      for (int i = 0; i < 12; ++i) {
+        const int64_t n = std::vector<int64_t>{32, 40, 256, 1000}[rng() % 4];
+        const int64_t k = std::vector<int64_t>{64, 128, 1024}[rng() % 3];
+        const int64_t m = std::vector<int64_t>{1, 8, 13, 64, 300}[rng() % 5];
+        at::Tensor g = at::randn({n, k / 4, 4});
+        at::Tensor keep =
+            at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
+        at::Tensor w = (g * keep).view({n, k});
+        at::Tensor b = rng() % 2 ? at::randn({n}) : at::Tensor();
+        SCOPED_TRACE(std::string(kcu::semi_name(backend)) + " " + at::toString(dtype) +
+                     " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                     " m=" + std::to_string(m));
+        std::unique_ptr<kcu::SemiStructuredWeight> sw;
+        try {
+          sw = std::make_unique<kcu::SemiStructuredWeight>(backend, w, b, dtype, dev);
+        } catch (const lopper::Error&) {
+          ++refused;  // e.g. CUTLASS's kernels on a GPU they were not built for
+          continue;
+        }
+        at::Tensor x = at::randn({m, k}).to(dev, dtype);
+        at::Tensor y = sw->linear(x);
+        at::Tensor ref = at::linear(x.to(at::kFloat), w.to(dev, dtype).to(at::kFloat),
+                                    b.defined() ? b.to(dev, dtype).to(at::kFloat) : at::Tensor());
+        ASSERT_EQ(y.sizes(), ref.sizes());
+        ASSERT_EQ(y.scalar_type(), dtype);
+        ASSERT_LT(nmse(y.cpu(), ref.to(dtype).cpu().to(at::kDouble)), dtype == at::kHalf ? 1e-5 : 1e-4);
+        ++checked;
+      }
+    }
+  }
+  // cuSPARSELt runs on every GPU the wheel supports from sm_80 up; a pre-Ampere GPU refuses all.
+  EXPECT_GT(checked + refused, 0);
+  if (at::cuda::getCurrentDeviceProperties()->major >= 8) EXPECT_GE(checked, 24);
 }

@@ -13,6 +13,7 @@
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
+#include "train/loss_scaler.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;
@@ -260,6 +261,8 @@ TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
       {"--data " + data + " --resume " + (tmp / "nothing"), 1, "not a checkpoint"},
       {"--data cifar10:" + (tmp / "none"), 1, "no such file"},
       {"--data " + data + " --freeze '('", 1, "--freeze"},
+      {"--data " + data + " --precision fp8", 1, "bad precision 'fp8'"},
+      {"--data " + data + " --precision fp16", 1, "fp16 needs a CUDA device"},
   };
   for (const auto& c : cases) {
     auto r = lopper_cli("train " + in + " -o " + out + " " + c.args);
@@ -335,4 +338,74 @@ TEST(TrainStructured, GroupLassoShrinksWholeGroups) {
     return m.graph.find_initializer("11.weight")->value.norm(2, {0}).sum().item<double>();
   };
   EXPECT_LT(col_norms(gl), 0.9 * col_norms(plain));
+}
+
+// Mixed precision: bf16 autocast trains on the CPU, lands near the fp32 run without matching it
+// bit for bit (the matmuls really ran in bf16), and keeps the weights fp32. fp16 needs a GPU.
+TEST(TrainPrecision, Bf16AutocastTrainsNearFp32) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  auto run = [&](const std::string& precision) {
+    ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+    TrainOptions o;
+    o.epochs = 2;
+    o.lr = 0.02;
+    o.precision = precision;
+    auto dl = loader(data);
+    TrainResult r = train(m, *dl, o);
+    EXPECT_EQ(r.epochs.back().skipped_steps, 0);
+    EXPECT_EQ(r.epochs.back().loss_scale, 0.0);  // no loss scaling outside fp16
+    return m;
+  };
+  ir::Model before = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  ir::Model f32 = run("fp32"), b16 = run("bf16");
+  for (const char* name : {"0.weight", "4.weight", "9.weight"}) {
+    const at::Tensor& w0 = before.graph.find_initializer(name)->value;
+    const at::Tensor& a = f32.graph.find_initializer(name)->value;
+    const at::Tensor& b = b16.graph.find_initializer(name)->value;
+    EXPECT_EQ(b.scalar_type(), at::kFloat) << name;
+    const double moved = (a - w0).norm().item<double>();
+    const double apart = (a - b).norm().item<double>();
+    EXPECT_GT(moved, 0) << name;
+    EXPECT_GT(apart, 0) << name << ": bf16 gave the fp32 result bit for bit";
+    EXPECT_LT(apart, 0.25 * moved) << name << ": bf16 training went elsewhere";
+  }
+  ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  TrainOptions o;
+  o.precision = "fp16";
+  auto dl = loader(data);
+  try {
+    train(m, *dl, o);
+    ADD_FAILURE() << "fp16 on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16 needs a CUDA device"), std::string::npos);
+  }
+  o.precision = "fp64";
+  EXPECT_THROW(train(m, *dl, o), Error);
+}
+
+// fp16's loss scaler: a step with an inf or NaN gradient is refused and halves the scale; clean
+// steps unscale the gradients and double the scale after 2000 in a row.
+TEST(TrainPrecision, LossScalerSkipsOverflowAndGrows) {
+  amp::LossScaler s;
+  s.scale = 1024;
+  std::vector<at::Tensor> g = {at::full({3}, 2048.0f), at::full({2, 2}, 512.0f)};
+  ASSERT_TRUE(s.unscale(g));
+  EXPECT_TRUE(at::equal(g[0], at::full({3}, 2.0f)));
+  EXPECT_TRUE(at::equal(g[1], at::full({2, 2}, 0.5f)));
+  EXPECT_EQ(s.clean, 1);
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<at::Tensor> h = {at::ones({4}), at::tensor({1.0f, bad})};
+    const double before = s.scale;
+    EXPECT_FALSE(s.unscale(h));
+    EXPECT_EQ(s.scale, before / 2);
+    EXPECT_EQ(s.clean, 0);
+  }
+  EXPECT_EQ(s.skipped, 3);
+  const double before = s.scale;
+  for (int64_t i = 0; i < amp::LossScaler::kGrowthInterval; ++i) {
+    std::vector<at::Tensor> h = {at::ones({2})};
+    ASSERT_TRUE(s.unscale(h));
+  }
+  EXPECT_EQ(s.scale, before * 2);
 }

@@ -14,6 +14,7 @@
 #include <chrono>
 
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
 #include "ops/onednn.h"
@@ -130,8 +131,53 @@ void BM_Cuda(benchmark::State& state) {
   state.counters["MACs_dense"] = double(8192 * 8192 * batch);
 }
 
+// 2:4 on the sparse tensor cores against cuBLAS on the same weight (8192x8192 bf16, two of every
+// four inputs zero) for large batches, where the GEMM is compute-bound. Timed as above.
+enum class Dense24 { kCublas, kCusparselt, kCutlass };
+
+template <Dense24 kKind>
+void BM_Cuda24(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  const at::Device dev(at::kCUDA, 0);
+  at::Tensor g = at::randn({8192, 8192 / 4, 4});
+  at::Tensor keep = at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
+  at::Tensor w = (g * keep).view({8192, 8192});
+  at::Tensor x = at::randn({batch, 8192}).to(dev, at::kBFloat16);
+  at::Tensor wd = w.to(dev, at::kBFloat16);
+  std::unique_ptr<kcu::SemiStructuredWeight> sw;
+  try {
+    if (kKind != Dense24::kCublas)
+      sw = std::make_unique<kcu::SemiStructuredWeight>(
+          kKind == Dense24::kCusparselt ? kcu::SemiBackend::kCusparselt : kcu::SemiBackend::kCutlass,
+          w, at::Tensor(), at::kBFloat16, dev);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  auto once = [&] { benchmark::DoNotOptimize(sw ? sw->linear(x) : at::linear(x, wd)); };
+  for (int i = 0; i < 5; ++i) once();
+  kcu::synchronize();
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) once();
+    kcu::synchronize();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
+  }
+  state.counters["MACs_dense"] = double(8192) * 8192 * double(batch);
+}
+
 void register_cuda() {
-  if (!lopper::cuda_available() || !kcu::built()) return;
+  if (!lopper::cuda_available()) return;
+  for (auto [name, fn] : {std::pair{"Cuda24Cublas", &BM_Cuda24<Dense24::kCublas>},
+                          {"Cuda24Cusparselt", &BM_Cuda24<Dense24::kCusparselt>},
+                          {"Cuda24Cutlass", &BM_Cuda24<Dense24::kCutlass>}})
+    for (int64_t batch : {2048, 4096, 8192})
+      benchmark::RegisterBenchmark(name, fn)
+          ->Args({batch, 50})
+          ->ArgNames({"batch", "sparsity"})
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  if (!kcu::built()) return;
   for (auto [name, fn] : {std::pair{"CudaCublas", &BM_Cuda<false>}, {"CudaCsr16", &BM_Cuda<true>}})
     for (int64_t batch : {1, 4, 16})
       for (int64_t sp : {90, 95})

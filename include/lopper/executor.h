@@ -54,6 +54,7 @@ struct KernelDecision {
   std::string chosen;
   std::vector<std::pair<std::string, double>> timings;  // candidate -> best time (ms)
   bool cached = false;  // true: taken from the cache (timings as measured then)
+  std::vector<std::string> refused;  // candidates that could not run here, each with why
 };
 
 class Executor {

@@ -38,6 +38,10 @@ struct TrainOptions {
   std::string loss = "cross-entropy";  // cross-entropy | mse (against one-hot labels)
   uint64_t seed = 0;                   // shuffling and random pruning
   std::string device = "cpu";
+  /// fp32 | bf16 | fp16 (CUDA): mixed precision through ATen's autocast — matmuls and
+  /// convolutions run in 16 bits, the weights, optimiser state and loss stay fp32. fp16 scales the
+  /// loss dynamically (PyTorch's GradScaler policy) and skips steps whose gradients overflow.
+  std::string precision = "fp32";
   /// Float initializers whose name matches are not trained (ECMAScript regex; empty: none).
   std::string freeze;
 
@@ -76,6 +80,8 @@ struct EpochStats {
   double lr = 0;
   double sparsity = 0;  // of the prunable weights, after the epoch
   double seconds = 0;
+  int64_t skipped_steps = 0;  // fp16: steps skipped because the gradients overflowed
+  double loss_scale = 0;      // fp16: the loss scale after the epoch (0 otherwise)
 };
 
 struct TrainResult {

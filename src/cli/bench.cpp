@@ -29,7 +29,8 @@ nlohmann::json explain_json(const Executor& exec) {
     for (const auto& [name, ms] : d.timings) t[name] = ms;
     layers.push_back({{"node", d.node}, {"op", d.op}, {"weight_shape", d.weight_shape},
                       {"input_shape", d.input_shape}, {"sparsity", d.sparsity},
-                      {"chosen", d.chosen}, {"cached", d.cached}, {"ms", t}});
+                      {"chosen", d.chosen}, {"cached", d.cached}, {"ms", t},
+                      {"refused", d.refused}});
   }
   return {{"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())}, {"layers", layers}};
 }
@@ -51,6 +52,7 @@ void print_explain(const Executor& exec) {
     std::string node = fit_name(d.node, 40);
     std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
                              shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
+    for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
   }
 }
 

@@ -131,6 +131,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--loss", t.loss, "cross-entropy (default) | mse (one-hot labels)");
   cmd->add_option("--seed", t.seed, "shuffling and random pruning (default 0)");
   cmd->add_option("--device", t.device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--precision", t.precision,
+                  "fp32 (default) | bf16 | fp16 (CUDA; dynamic loss scaling): autocast, fp32 "
+                  "weights");
   cmd->add_option("--freeze", t.freeze, "do not train initializers whose name matches REGEX");
   cmd->add_option("--l1", t.l1, "joint training: lambda * sum |w| over prunable weights");
   cmd->add_option("--bn-l1", t.bn_l1, "joint training: lambda * sum |gamma| of BatchNorm scales");
@@ -240,9 +243,12 @@ Action add_train_command(CLI::App& app, bool finetune) {
       bar.reset();
       std::cerr << fmt::format(
           "epoch {}/{}  loss {:.4f}  acc {:.2f}%  {:.0f} samples/s  lr {:.3g}  sparsity {:.1f}%  "
-          "{:.1f}s\n",
+          "{:.1f}s{}\n",
           s.epoch, t.epochs, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr, 100 * s.sparsity,
-          s.seconds);
+          s.seconds,
+          s.loss_scale > 0 ? fmt::format("  loss scale {:g}, {} steps skipped", s.loss_scale,
+                                         s.skipped_steps)
+                           : "");
     };
     cb.note = [&](const std::string& s) {
       if (bar) bar->finish();
@@ -273,7 +279,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
                              {"samples_per_s", e.samples_per_s},
                              {"lr", e.lr},
                              {"sparsity", e.sparsity},
-                             {"seconds", e.seconds}});
+                             {"seconds", e.seconds},
+                             {"skipped_steps", e.skipped_steps}});
     j["notes"] = r.notes;
     if (!o->no_eval && o->data.data.rfind("npy:", 0) != 0) {
       LoaderOptions eo = lo;
@@ -281,7 +288,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
       eo.rank = 0;
       eo.world = 1;
       DataLoader test(open_dataset(o->data.data, o->eval_split), eo);
-      EvalResult ev = evaluate(model, test, t.device);
+      EvalResult ev = evaluate(model, test, t.device, {}, parse_precision(t.precision));
       j["eval"] = {{"split", o->eval_split}, {"top1", ev.top1}, {"top5", ev.top5},
                    {"loss", ev.loss}, {"samples", ev.samples}};
       std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",

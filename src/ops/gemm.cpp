@@ -1,6 +1,7 @@
 // Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
 // kernel (ATen's BLAS, oneDNN with a reordered weight, or a sparse kernel) is chosen by timing
 // them on the layer's real shape, once.
+#include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "ops/channels.h"
 #include "ops/kernel_choice.h"
@@ -16,7 +17,9 @@ struct LinearState {
   at::Tensor packed;  // oneDNN's layout of the same weight
   SparseCandidate sparse;
   std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
-  enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse } kernel = Kernel::kUndecided;
+  std::vector<std::shared_ptr<kernels::cuda::SemiStructuredWeight>> semi;  // the chosen one
+  enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse, kCudaSemi } kernel =
+      Kernel::kUndecided;
 };
 
 // y [rows, N] computed from x flattened to rows, back in x's leading shape.
@@ -24,15 +27,42 @@ at::Tensor unflatten_rows(const at::Tensor& y, const at::Tensor& x) {
   if (x.dim() == 2) return y;
   auto shape = x.sizes().vec();
   shape.back() = y.size(1);
-  return y.view(shape);
+  return y.reshape(shape);  // a view unless y is a transposed or narrowed result
 }
 
 // NOTE: lopper's CUDA kernel reads 4 bytes per nonzero (16-bit value and index) where cuBLAS reads
 // 2 per weight, so it cannot win above half the weights nonzero; below, timing decides.
 constexpr double kMaxCudaDensity = 0.5;
 
-// On a GPU: cuBLAS (ATen), or for a sparse weight and a skinny batch (the LLM-decode shape)
-// lopper's own kernel, chosen by timing both once.
+// A 2:4 weight in fp16/bf16 compressed for each sparse-tensor-core backend that takes it (tried
+// once on x); the others are named in `refused` with why.
+void pack_two_four(LinearState& st, const at::Tensor& bias, const at::Tensor& x,
+                   std::vector<std::string>& refused) {
+  namespace kcu = kernels::cuda;
+  if (!kcu::semi_fits(st.weight, x.scalar_type())) {
+    if (x.scalar_type() == at::kFloat && kcu::is_two_four(st.weight))
+      refused.push_back("cuda-2:4: the sparse tensor cores take fp16/bf16 (--precision bf16)");
+    return;
+  }
+  for (auto b : {kcu::SemiBackend::kCusparselt, kcu::SemiBackend::kCutlass}) {
+    if (!kcu::semi_compiled(b)) {
+      refused.push_back(detail::concat(kcu::semi_name(b), ": not in this libtorch"));
+      continue;
+    }
+    try {  // a GPU or library that refuses the weight or the shape drops the candidate
+      auto sw = std::make_shared<kcu::SemiStructuredWeight>(b, st.weight, bias, x.scalar_type(),
+                                                            x.device());
+      sw->linear(x);
+      st.semi.push_back(std::move(sw));
+    } catch (const std::exception& e) {
+      refused.push_back(e.what());
+    }
+  }
+}
+
+// On a GPU: cuBLAS (ATen); for a 2:4 weight in fp16/bf16 the sparse tensor cores (cuSPARSELt and
+// CUTLASS behind ATen); for an unstructured-sparse weight and a skinny batch (the LLM-decode
+// shape) lopper's own kernel. Chosen by timing them once on the layer's real input.
 at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
                            const at::Tensor& bias, const onednn::PostOp& post) {
   namespace kcu = kernels::cuda;
@@ -42,19 +72,35 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
   auto dense = [&] { return onednn::apply_unfused(at::linear(x, st.weight, bias), post); };
   if (st.kernel == K::kUndecided) {
     st.kernel = K::kAten;
-    if (kcu::built() && skinny && kcu::SparseWeightCuda::fits(st.weight) &&
-        st.weight.scalar_type() == x.scalar_type() &&
+    std::vector<KernelCandidate> cands{{"cublas", [&] { dense(); }}};
+    std::vector<K> kinds{K::kAten};
+    std::vector<std::string> refused;
+    const bool same_dtype = st.weight.scalar_type() == x.scalar_type();
+    if (same_dtype) pack_two_four(st, bias, x2, refused);
+    for (const auto& sw : st.semi) {
+      cands.push_back({kcu::semi_name(sw->backend()),
+                       [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
+      kinds.push_back(K::kCudaSemi);
+    }
+    if (kcu::built() && skinny && same_dtype && kcu::SparseWeightCuda::fits(st.weight) &&
         double(st.weight.count_nonzero().item<int64_t>()) <=
             kMaxCudaDensity * double(st.weight.numel())) {
       st.cuda_sparse =
           std::make_shared<kcu::SparseWeightCuda>(st.weight, bias, x.scalar_type(), x.device());
-      std::vector<KernelCandidate> cands{
-          {"cublas", [&] { dense(); }},
-          {"cuda-csr16", [&] { onednn::apply_unfused(st.cuda_sparse->linear(x2), post); }}};
-      if (choose_kernel(c, cands, st.weight, x2) == 1) st.kernel = K::kCudaSparse;
-      else st.cuda_sparse.reset();
+      cands.push_back(
+          {"cuda-csr16", [&] { onednn::apply_unfused(st.cuda_sparse->linear(x2), post); }});
+      kinds.push_back(K::kCudaSparse);
     }
+    const size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
+    st.kernel = kinds[best];
+    std::shared_ptr<kcu::SemiStructuredWeight> chosen;
+    if (st.kernel == K::kCudaSemi) chosen = st.semi[best - 1];
+    st.semi.clear();
+    if (chosen) st.semi.push_back(chosen);
+    if (st.kernel != K::kCudaSparse) st.cuda_sparse.reset();
   }
+  if (st.kernel == K::kCudaSemi)
+    return unflatten_rows(onednn::apply_unfused(st.semi[0]->linear(x2), post), x);
   if (st.kernel != K::kCudaSparse || !skinny) return dense();
   return unflatten_rows(onednn::apply_unfused(st.cuda_sparse->linear(x2), post), x);
 }

@@ -167,8 +167,10 @@ size_t forced(const std::vector<KernelCandidate>& cands) {
 }  // namespace
 
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
-                     const at::Tensor& weight, const at::Tensor& input) {
+                     const at::Tensor& weight, const at::Tensor& input,
+                     std::vector<std::string> refused) {
   KernelDecision d;
+  d.refused = std::move(refused);
   d.node = c.node().label();
   d.op = c.node().op_type;
   d.weight_shape = weight.sizes().vec();
@@ -188,8 +190,10 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     if (c.decisions_) c.decisions_->push_back(std::move(d));
     return best;
   }
-  static const std::string machine =
+  static const std::string cpu_machine =
       cpu_model() + " | " + kernels::cpu::isa_name(kernels::cpu::active_isa());
+  const std::string machine =
+      input.is_cuda() ? kernels::cuda::device_name(input.device().index()) : cpu_machine;
   std::string names;
   for (const auto& k : cands) names += k.name + ",";
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +

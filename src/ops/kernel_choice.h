@@ -24,7 +24,10 @@ struct KernelCandidate {
 /// taken untimed). The cache key is the machine (CPU model, ISA, threads), the node,
 /// the weight's shape and values (hashed), the input's shape, and the candidates' names. The
 /// decision is reported to the executor (Executor::kernel_decisions).
+/// `refused` names the kernels that were considered but could not run here, each with why (they
+/// are reported with the decision).
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
-                     const at::Tensor& weight, const at::Tensor& input);
+                     const at::Tensor& weight, const at::Tensor& input,
+                     std::vector<std::string> refused = {});
 
 }  // namespace lopper::ops

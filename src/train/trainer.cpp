@@ -4,6 +4,7 @@
 #include "lopper/train.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
+#include "train/loss_scaler.h"
 #include "train/optimizer.h"
 
 namespace lopper {
@@ -48,6 +50,35 @@ double prunable_sparsity(const ir::Model& model) {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Mixed precision for one forward pass: ATen's autocast runs matmul-class ops (linear, conv,
+// matmul) in `dtype` and keeps reductions, normalisations and losses in fp32; the weights stay
+// fp32 master copies. fp32 leaves everything as it is.
+class AutocastScope {
+ public:
+  AutocastScope(at::DeviceType dev, at::ScalarType dtype) : dev_(dev), on_(dtype != at::kFloat) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(dev);
+    prev_dtype_ = at::autocast::get_autocast_dtype(dev);
+    at::autocast::set_autocast_dtype(dev, dtype);
+    at::autocast::set_autocast_enabled(dev, true);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(dev_, prev_enabled_);
+    at::autocast::set_autocast_dtype(dev_, prev_dtype_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  at::DeviceType dev_;
+  bool on_, prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
 
 at::Tensor loss_of(const std::string& kind, const at::Tensor& out, const at::Tensor& y,
                    const std::string& out_op) {
@@ -171,6 +202,9 @@ class Trainer {
   }
 
   void check_options() {
+    precision_ = parse_precision(o_.precision);
+    LOPPER_CHECK(precision_ != at::kHalf || o_.device.rfind("cuda", 0) == 0,
+                 "[train] --precision fp16 needs a CUDA device (on the CPU use bf16)");
     LOPPER_CHECK(o_.epochs > 0, "[train] --epochs must be > 0, got ", o_.epochs);
     LOPPER_CHECK(o_.lr > 0 && std::isfinite(o_.lr), "[train] --lr must be > 0, got ", o_.lr);
     LOPPER_CHECK(o_.lr_schedule == "constant" || o_.lr_schedule == "step" ||
@@ -315,20 +349,32 @@ class Trainer {
     return o_.prune.method == PruneMethod::kGrad || o_.prune.method == PruneMethod::kTaylor;
   }
 
-  // Forward and backward on one batch; returns (loss, correct). Gradients are averaged over
-  // ranks and masked.
-  std::pair<double, int64_t> forward_backward(const Batch& b) {
+  struct StepResult {
+    double loss = 0;
+    int64_t correct = 0;
+    bool finite = true;  // false: fp16 gradients overflowed, the step must be skipped
+  };
+
+  // Forward (under autocast for bf16/fp16) and backward on one batch. Gradients are averaged
+  // over ranks, unscaled (fp16) and masked.
+  StepResult forward_backward(const Batch& b) {
     at::Tensor x = fit_to_input(b.x, io_.dims, io_.input).to(ex_->device());
     at::Tensor y = b.y.to(ex_->device());
-    std::vector<at::Tensor> out = ex_->run({{io_.input, x}});
-    at::Tensor loss = loss_of(o_.loss, out.at(0), y, io_.out_op);
+    std::vector<at::Tensor> out;
+    {
+      AutocastScope amp(ex_->device().type(), precision_);
+      out = ex_->run({{io_.input, x}});
+    }
+    at::Tensor logits = out.at(0).is_floating_point() ? out.at(0).to(at::kFloat) : out.at(0);
+    at::Tensor loss = loss_of(o_.loss, logits, y, io_.out_op);
     double lv = loss.item<double>();
     LOPPER_CHECK(std::isfinite(lv), "[train] the loss is ", lv,
                  ": lower --lr or clip gradients (--grad-clip)");
     at::Tensor total = loss;
     if (at::Tensor r = regularisers(); r.defined()) total = total + r;
     for (auto& p : params_) p.value.mutable_grad().reset();
-    total.backward();
+    const bool scaled = precision_ == at::kHalf;
+    (scaled ? total * scaler_.scale : total).backward();
     c10::NoGradGuard no_grad;
     std::vector<at::Tensor> grads;
     for (auto& p : params_) {
@@ -336,6 +382,8 @@ class Trainer {
       grads.push_back(p.value.mutable_grad());
     }
     if (dist_ && dist_->world() > 1) dist_->allreduce_mean(grads);
+    // NOTE: after the all-reduce every rank holds the same gradients, so all skip alike.
+    if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(logits.detach(), y), false};
     for (auto& p : params_) {
       if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
       if (needs_saliency() && p.prunable) {
@@ -349,7 +397,7 @@ class Trainer {
       }
     }
     ++saliency_batches_;
-    return {lv, correct_of(out.at(0).detach(), y)};
+    return {lv, correct_of(logits.detach(), y), true};
   }
 
   void clip_gradients() {
@@ -489,6 +537,7 @@ class Trainer {
   }
 
   void run_epoch(int64_t e) {
+    const int64_t skipped_before = scaler_.skipped;
     maybe_prune_epoch(e);
     auto t0 = std::chrono::steady_clock::now();
     data_.start_epoch(e);
@@ -499,10 +548,12 @@ class Trainer {
     while (data_.next(b)) {
       maybe_prune_step(e, step);
       lr = lr_at(e, step);
-      auto [lv, c] = forward_backward(b);
-      clip_gradients();
-      opt_->step(lr);
-      apply_masks();
+      auto [lv, c, finite] = forward_backward(b);
+      if (finite) {
+        clip_gradients();
+        opt_->step(lr);
+        apply_masks();
+      }
       int64_t n = b.y.size(0);
       loss_sum += lv * double(n);
       correct += c;
@@ -531,6 +582,8 @@ class Trainer {
     s.samples_per_s = s.seconds > 0 ? double(samples) / s.seconds : 0;
     s.lr = lr;
     s.sparsity = sparsity_now();
+    s.skipped_steps = scaler_.skipped - skipped_before;
+    s.loss_scale = precision_ == at::kHalf ? scaler_.scale : 0.0;
     result_.epochs.push_back(s);
     if (cb_.epoch && (!dist_ || dist_->is_main())) cb_.epoch(s);
     if (!o_.checkpoint_dir.empty()) checkpoint(e + 1);
@@ -554,6 +607,7 @@ class Trainer {
     j["epochs_done"] = epochs_done;
     j["optimizer"] = o_.optimizer;
     j["optimizer_steps"] = opt_->steps();
+    if (precision_ == at::kHalf) j["loss_scale"] = scaler_.scale;
     j["params"] = nlohmann::json::array();
     auto& state = opt_->state();
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -610,6 +664,8 @@ class Trainer {
             load_npy((dir / fmt::format("state_{}_{}.npy", i, k)).string()).to(ex_->device()));
     }
     opt_->steps() = j.at("optimizer_steps").get<int64_t>();
+    if (j.contains("loss_scale") && j["loss_scale"].is_number())
+      scaler_.scale = j["loss_scale"].get<double>();
     first_epoch_ = j.at("epochs_done").get<int64_t>();
     LOPPER_CHECK(first_epoch_ <= o_.epochs, "[train] checkpoint '", dir.string(), "' is past epoch ",
                  first_epoch_, " of --epochs ", o_.epochs);
@@ -637,6 +693,8 @@ class Trainer {
   TrainResult result_;
   int64_t steps_per_epoch_ = 0, first_epoch_ = 0, saliency_batches_ = 0;
   double s_initial_ = 0;
+  at::ScalarType precision_ = at::kFloat;
+  amp::LossScaler scaler_;
 };
 
 }  // namespace

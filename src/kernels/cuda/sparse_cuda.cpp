@@ -1,6 +1,7 @@
 #include "kernels/cuda/sparse_cuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -11,6 +12,12 @@ namespace lopper::kernels::cuda {
 
 
 void synchronize() { c10::cuda::device_synchronize(); }
+
+std::string device_name(int index) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(index < 0 ? c10::cuda::current_device()
+                                                                    : c10::DeviceIndex(index));
+  return detail::concat("GPU ", p->name, " sm_", p->major, p->minor);
+}
 
 bool SparseWeightCuda::fits(const at::Tensor& w) {
   return w.dim() == 2 && w.size(1) <= 65536 && w.is_floating_point();

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/sparse_gemv.h"
 
@@ -12,6 +13,9 @@ namespace lopper::kernels::cuda {
 
 /// Waits for the current device's work (timing kernel candidates on a GPU).
 void synchronize();
+
+/// "GPU <name> sm_<major><minor>" of CUDA device `index` (keys the kernel-choice cache).
+std::string device_name(int index);
 
 /// An unstructured-sparse weight for skinny batches on the GPU: CSR with 16-bit column indices,
 /// values, x, bias and y in one dtype (fp32, fp16 or bf16).

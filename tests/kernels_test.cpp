@@ -202,9 +202,22 @@ TEST(SparseKernelsCuda, PacksCsrWithSixteenBitIndices) {
   auto ptr = sw.row_ptr().accessor<int32_t, 1>();
   auto col = sw.col().accessor<int16_t, 1>();
   auto val = sw.values().accessor<float, 1>();
-  for (int64_t r = 0; r < w.size(0); ++r)
-    for (int32_t j = ptr[r]; j < ptr[r + 1]; ++j) dense[r][uint16_t(col[j])] = val[j];
+  int64_t padding = 0;
+  for (int64_t r = 0; r < w.size(0); ++r) {
+    // Rows start at and hold multiples of kVec entries; padding is a zero at a real column.
+    EXPECT_EQ(ptr[r] % kcu::kVec, 0);
+    const int64_t real = w[r].count_nonzero().item<int64_t>();
+    EXPECT_EQ(ptr[r + 1] - ptr[r], (real + kcu::kVec - 1) / kcu::kVec * kcu::kVec);
+    for (int32_t j = ptr[r]; j < ptr[r + 1]; ++j) {
+      if (val[j] == 0.0f) {
+        ++padding;
+        EXPECT_NE(w[r][uint16_t(col[j])].item<float>(), 0.0f) << "padding off the row's columns";
+      }
+      dense[r][uint16_t(col[j])] += val[j];
+    }
+  }
   EXPECT_TRUE(at::equal(dense, w));
+  EXPECT_EQ(ptr[w.size(0)], sw.nonzeros() + padding);
   EXPECT_EQ(ptr[3] - ptr[2], 0);
   EXPECT_THROW(kcu::SparseWeightCuda(w, at::zeros({6}), at::kFloat, at::kCPU), lopper::Error);
   EXPECT_THROW(kcu::SparseWeightCuda(w, at::Tensor(), at::kInt, at::kCPU), lopper::Error);

@@ -33,16 +33,32 @@ SparseWeightCuda::SparseWeightCuda(const at::Tensor& w, const at::Tensor& bias,
   at::Tensor wc = w.detach().to(at::kCPU, at::kFloat).contiguous();
   n_ = wc.size(0), k_ = wc.size(1);
   at::Tensor nz = wc.ne(0);
-  at::Tensor counts = nz.sum(1, /*keepdim=*/false, at::kInt);
-  at::Tensor ptr = at::zeros({n_ + 1}, at::kInt);
-  if (n_ > 0) ptr.narrow(0, 1, n_).copy_(counts.cumsum(0, at::kInt));
   at::Tensor idx = nz.nonzero();  // [nnz, 2], row-major order: by row, then column
   nnz_ = idx.size(0);
-  LOPPER_CHECK(nnz_ < (int64_t(1) << 31), "[cuda] too many nonzeros for 32-bit row offsets");
+  at::Tensor counts = nz.sum(1, /*keepdim=*/false, at::kLong);
+  // Each row padded to a multiple of kVec entries, so the kernel reads kVec values and indices
+  // with one aligned vector load. A padding entry is a zero at the row's last real column.
+  at::Tensor padded = (counts + (kVec - 1)).div(kVec, "floor") * kVec;
+  at::Tensor ptr = at::zeros({n_ + 1}, at::kLong), real = at::zeros({n_ + 1}, at::kLong);
+  if (n_ > 0) {
+    ptr.narrow(0, 1, n_).copy_(padded.cumsum(0));
+    real.narrow(0, 1, n_).copy_(counts.cumsum(0));
+  }
+  const int64_t stored = ptr[n_].item<int64_t>();
+  LOPPER_CHECK(stored < (int64_t(1) << 31), "[cuda] too many nonzeros for 32-bit row offsets");
+  at::Tensor row = idx.select(1, 0), col_real = idx.select(1, 1);
+  at::Tensor slot_row = at::repeat_interleave(at::arange(n_, at::kLong), padded);
+  at::Tensor last = (real.narrow(0, 1, n_) - 1).clamp_min(0);  // the row's last real entry
+  at::Tensor col = nnz_ ? col_real.index_select(0, last).index_select(0, slot_row)
+                        : at::zeros({stored}, at::kLong);
+  at::Tensor val = at::zeros({stored}, at::kFloat);
+  at::Tensor dest = at::arange(nnz_, at::kLong) - real.index_select(0, row) + ptr.index_select(0, row);
+  col.index_copy_(0, dest, col_real);
+  val.index_copy_(0, dest, wc.masked_select(nz));
   // NOTE: indices up to 65535 stored as the bits of int16 (ATen has no uint16 arithmetic here).
-  at::Tensor col = idx.select(1, 1).to(at::kInt).to(at::kShort);
-  at::Tensor val = wc.masked_select(nz).to(dtype);
-  ptr_ = ptr.to(device), col_ = col.to(device), val_ = val.to(device);
+  ptr_ = ptr.to(at::kInt).to(device);
+  col_ = col.to(at::kInt).to(at::kShort).to(device);
+  val_ = val.to(dtype).to(device);
   if (bias.defined()) {
     LOPPER_CHECK(bias.numel() == n_, "[cuda] bias has ", bias.numel(), " values for ", n_,
                  " outputs");

@@ -34,7 +34,7 @@ class SparseWeightCuda {
 
   int64_t nonzeros() const { return nnz_; }
   /// The packed arrays (on the device): row offsets (int32), column indices (int16 bits of the
-  /// uint16 index), values.
+  /// uint16 index), values; each row zero-padded to a multiple of kVec entries.
   const at::Tensor& row_ptr() const { return ptr_; }
   const at::Tensor& col() const { return col_; }
   const at::Tensor& values() const { return val_; }

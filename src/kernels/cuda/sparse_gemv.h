@@ -13,12 +13,16 @@ enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 /// The most batch rows one launch takes.
 constexpr int kMaxRows = 16;
 
+/// Every row's entries start at a multiple of kVec and number a multiple of kVec (zero-padded):
+/// the kernel loads kVec values and kVec indices at a time.
+constexpr int kVec = 4;
+
 struct SparseGemvParams {
   DType dtype = DType::kFloat32;   // of values, x, bias and y alike
   int64_t n = 0, k = 0, m = 0;     // outputs, inputs (<= 65536), batch rows (1..kMaxRows)
-  const int32_t* row_ptr = nullptr;  // [n + 1]
-  const uint16_t* col = nullptr;     // [nnz]
-  const void* val = nullptr;         // [nnz]
+  const int32_t* row_ptr = nullptr;  // [n + 1], multiples of kVec
+  const uint16_t* col = nullptr;     // [stored], 8-byte aligned
+  const void* val = nullptr;         // [stored], 8-byte (16-bit types) or 16-byte (fp32) aligned
   const void* x = nullptr;           // [m][ldx]
   int64_t ldx = 0;
   const void* bias = nullptr;        // [n] or null

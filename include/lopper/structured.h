@@ -35,6 +35,9 @@ struct StructuredOptions {
   std::string exclude;                 // ECMAScript regex on the names of a group's layers
   uint64_t seed = 0;                   // kRandom
   const PruneRecipe* recipe = nullptr; // per-group amount or skip, by the first rule matching a layer
+  /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed
+  /// groups lose that share of their channels, the others none. Overrides amount, scope and recipe.
+  std::map<int64_t, double> group_amounts;
   /// Input shapes for the analysis run (by name); dynamic dims default to 1.
   std::map<std::string, std::vector<int64_t>> input_shapes;
 };

@@ -17,5 +17,6 @@ Action add_train(CLI::App& app);
 Action add_finetune(CLI::App& app);
 Action add_eval(CLI::App& app);
 Action add_compare(CLI::App& app);
+Action add_sensitivity(CLI::App& app);
 
 }  // namespace lopper::cli

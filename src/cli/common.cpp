@@ -114,4 +114,30 @@ ExecOptions exec_options(const std::string& device, const std::string& precision
   return eo;
 }
 
+void DataFlags::add(CLI::App* cmd, const std::string& default_split) {
+  split = default_split;
+  cmd->add_option("--data", data,
+                  "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy")
+      ->required();
+  cmd->add_option("--split", split, "train | test (default " + default_split + ")");
+  cmd->add_option("--batch-size", batch_size,
+                  "samples per batch (default 64; a model with a fixed batch dim sets it)");
+  cmd->add_option("--normalize", normalize,
+                  "subtract MEAN, divide by STD after scaling pixels to [0, 1] (one value or one "
+                  "per channel: M1,M2,M3,S1,S2,S3)");
+  cmd->add_option("--resize", resize, "resize images to HxW");
+}
+
+LoaderOptions DataFlags::loader(const ir::Model& model, bool& fixed_batch) const {
+  LOPPER_CHECK(batch_size > 0, "[data] --batch-size must be > 0, got ", batch_size);
+  LoaderOptions lo;
+  lo.batch_size = batch_size;
+  int64_t fixed = fixed_batch_size(model);
+  fixed_batch = fixed > 0;
+  if (fixed_batch) lo.batch_size = fixed;
+  if (!normalize.empty()) parse_normalize(normalize, lo);
+  if (!resize.empty()) parse_resize(resize, lo);
+  return lo;
+}
+
 }  // namespace lopper::cli

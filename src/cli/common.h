@@ -3,6 +3,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <CLI/CLI.hpp>
+
+#include "lopper/data.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
 
@@ -35,5 +38,15 @@ void refuse_to_overwrite(const std::string& cmd, const std::string& model, const
 ExecOptions exec_options(const std::string& device, const std::string& precision);
 /// `name` cut to `width` from the left ("…" + its end) when longer.
 std::string fit_name(const std::string& name, size_t width);
+
+/// Data options shared by train, eval and sensitivity: --data (required), --split, --batch-size,
+/// --normalize, --resize.
+struct DataFlags {
+  std::string data, split, normalize, resize;
+  int64_t batch_size = 64;
+  void add(CLI::App* cmd, const std::string& default_split);
+  /// Loader options for `model` (a fixed batch dim wins over --batch-size).
+  LoaderOptions loader(const ir::Model& model, bool& fixed_batch) const;
+};
 
 }  // namespace lopper::cli

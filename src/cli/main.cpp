@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add(lopper::cli::add_finetune);
   add(lopper::cli::add_eval);
   add(lopper::cli::add_compare);
+  add(lopper::cli::add_sensitivity);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

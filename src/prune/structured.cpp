@@ -304,7 +304,16 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       continue;
     }
     amount[gi] = opts.amount;
-    if (opts.recipe) {
+    if (!opts.group_amounts.empty()) {
+      auto it = opts.group_amounts.find(int64_t(gi));
+      if (it == opts.group_amounts.end()) {
+        amount[gi].reset();
+      } else {
+        LOPPER_CHECK(it->second >= 0 && it->second <= 1, "[prune] group ", gi,
+                     ": an amount must be in [0, 1], got ", it->second);
+        amount[gi] = PruneAmount{it->second, false};
+      }
+    } else if (opts.recipe) {
       const PruneRecipe& rc = *opts.recipe;
       bool matched = false;
       for (size_t ri = 0; ri < rc.rules.size() && !matched; ++ri) {
@@ -339,7 +348,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     throw Error("[prune] no channel group can be pruned: " +
                 (a.dg.barriers.empty() ? std::string("the model has no prunable layer")
                                        : "barriers: " + a.dg.barriers.front()));
-  if (opts.scope == PruneScope::kLocal || opts.recipe) {
+  if (opts.scope == PruneScope::kLocal || opts.recipe || !opts.group_amounts.empty()) {
     for (size_t gi = 0; gi < a.groups.size(); ++gi) {
       if (!amount[gi]) continue;
       const Group& g = a.groups[gi];

@@ -1,0 +1,83 @@
+// Sensitivity analysis: how much a model's loss and accuracy suffer when one layer (or one channel
+// group) alone is pruned to each of a list of amounts, on a fixed set of evaluation batches. The
+// curves say where a model can be pruned and how far; pruning to a target (lopper/budget.h) reads
+// them to choose per-layer amounts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+#include "lopper/prune.h"
+#include "lopper/structured.h"
+
+namespace lopper {
+
+class DataLoader;  // lopper/data.h
+
+struct SensitivityOptions {
+  /// Each in [0, 1): the share of a layer's weights (structured: of a group's channels) removed.
+  std::vector<double> amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
+  bool structured = false;  // channel groups (structured.h) instead of single weights
+  PruneMethod method = PruneMethod::kL1;          // unstructured: kL1 or kRandom
+  ChannelImportance importance = ChannelImportance::kL1;  // structured (not kTaylor)
+  int64_t round_to = 1;     // structured: channel counts a multiple of this
+  uint64_t seed = 0;        // kRandom
+  std::string exclude;      // ECMAScript regex: layers (or groups with a layer) left out
+  int64_t eval_batches = 16;  // batches of the data evaluated per point (the same ones each time)
+  std::string device = "cpu";
+  /// Input shapes for MAC counts (dynamic dims default to 1).
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// After each evaluated point: done of total, and what was evaluated ("layer @ 0.5").
+  std::function<void(int64_t done, int64_t total, const std::string& what)> progress;
+};
+
+struct SensitivityPoint {
+  double amount = 0;    // as asked
+  double removed = 0;   // the share actually removed (rounding, --round-to, weights already zero)
+  double loss = 0, top1 = 0;
+  /// The whole model with only this layer pruned: nonzero parameters and MACs. Unstructured MACs
+  /// count a layer's multiply-accumulates times its density (what a sparse kernel computes).
+  int64_t params = 0, macs = 0;
+};
+
+struct LayerSensitivity {
+  std::string name;                 // unstructured: the layer (node); structured: "group N: first layer"
+  std::string weight;               // unstructured: its weight initializer
+  int64_t group = -1;               // structured: the channel group's id
+  std::vector<std::string> layers;  // the layers that shrink (unstructured: the one layer)
+  int64_t params = 0, macs = 0;     // dense, of the layer itself (structured: its group's layers)
+  std::vector<SensitivityPoint> points;  // one per amount, in order
+};
+
+struct SensitivityResult {
+  std::string unit;    // "weight" or "channel"
+  std::string method;  // the criterion ranking weights or channels
+  double loss = 0, top1 = 0;  // the unpruned model on the same batches
+  int64_t samples = 0;
+  int64_t params = 0, macs = 0;  // the unpruned model (nonzero parameters; MACs as above)
+  std::vector<LayerSensitivity> layers;
+};
+
+/// Evaluates `model` on the first `eval_batches` batches of `data` (cross-entropy loss and top-1
+/// against its labels), then once per layer and amount with only that layer pruned. Throws
+/// lopper::Error on bad options (an amount outside [0, 1), no layer to analyse, taylor/grad).
+SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
+                              const SensitivityOptions& opts);
+
+/// The result as JSON (what `lopper sensitivity --json` prints and `--sensitivity FILE` reads).
+std::string sensitivity_json(const SensitivityResult& r);
+/// Parses sensitivity_json's output; throws lopper::Error naming `source` on anything else.
+SensitivityResult parse_sensitivity(const std::string& json, const std::string& source);
+
+/// The model's nonzero parameters and MACs, unstructured sparsity counted as in SensitivityPoint.
+struct EffectiveCost {
+  int64_t params = 0, macs = 0, dense_macs = 0;
+};
+EffectiveCost effective_cost(const ir::Model& model,
+                             const std::map<std::string, std::vector<int64_t>>& input_shapes);
+
+}  // namespace lopper

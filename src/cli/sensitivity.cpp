@@ -1,0 +1,138 @@
+// lopper sensitivity MODEL --data D [--structured channel] [--method M] [--amounts 0.1,...,0.95]
+//                    [--eval-batches 16] [--split test] [--device cpu|cuda] [--exclude REGEX]
+//                    [--round-to N] [--seed S] [-o FILE.json] [--json]
+// Each prunable layer (or channel group) pruned alone to each amount; loss and top-1 per point.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/files.h"
+#include "lopper/onnx_io.h"
+#include "lopper/progress.h"
+#include "lopper/sensitivity.h"
+
+namespace lopper::cli {
+namespace {
+
+std::vector<double> parse_amounts(const std::string& s) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    LOPPER_CHECK(used == item.size() && !item.empty(), "[sensitivity] --amounts: '", item,
+                 "' is not a number (expected e.g. 0.1,0.5,0.9)");
+    out.push_back(v);
+  }
+  return out;
+}
+
+void print_table(const SensitivityResult& r) {
+  std::vector<std::string> names;
+  for (const auto& l : r.layers) names.push_back(l.name);
+  const size_t w = name_column_width(names, 12);
+  std::cout << fmt::format("top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
+                           "samples)\n",
+                           r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss,
+                           r.samples);
+  std::string head = fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w,
+                                 "params");
+  if (!r.layers.empty())
+    for (const auto& p : r.layers.front().points) head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
+  std::cout << head << "\n";
+  for (const auto& l : r.layers) {
+    std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.name, w), w, l.params);
+    for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
+    std::cout << line << "\n";
+  }
+}
+
+}  // namespace
+
+Action add_sensitivity(CLI::App& app) {
+  struct Opts {
+    std::string model, out, structured, method, amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
+    std::string device = "cpu", exclude;
+    std::vector<std::string> shapes;
+    DataFlags data;
+    int64_t eval_batches = 16, round_to = 1;
+    uint64_t seed = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand(
+      "sensitivity", "how much each layer (or channel group) pruned alone costs: loss and top-1 "
+                     "at each amount");
+  cmd->add_option("model", o->model, "the ONNX model")->required();
+  o->data.add(cmd, "test");
+  cmd->add_option("--structured", o->structured,
+                  "channel: prune each channel group (the model shrinks) instead of each weight");
+  cmd->add_option("--method", o->method,
+                  "weights: l1 (default) | random; channels: l1 (default) | l2 | bn | fpgm | random");
+  cmd->add_option("--amounts", o->amounts,
+                  "comma-separated shares removed, each in [0, 1) (default 0.1,...,0.9,0.95)");
+  cmd->add_option("--eval-batches", o->eval_batches,
+                  "batches evaluated per point, the same ones each time (default 16)");
+  cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--exclude", o->exclude, "leave out layers (or groups with a layer) matching REGEX");
+  cmd->add_option("--round-to", o->round_to, "channels: keep counts a multiple of N");
+  cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
+  cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 for MAC counts (dynamic dims: 1)");
+  cmd->add_option("-o,--out", o->out, "write the result as JSON here (pruning to a target reads it)");
+  cmd->add_flag("--json", o->json, "print the result as JSON instead of a table");
+  return [o]() {
+    SensitivityOptions so;
+    so.amounts = parse_amounts(o->amounts);
+    if (!o->structured.empty()) {
+      if (o->structured != "channel")
+        throw UsageError("[sensitivity] --structured takes channel, got '" + o->structured + "'");
+      so.structured = true;
+      if (!o->method.empty()) so.importance = parse_channel_importance(o->method);
+    } else if (!o->method.empty()) {
+      so.method = parse_prune_method(o->method);
+    }
+    so.eval_batches = o->eval_batches;
+    so.device = o->device;
+    so.exclude = o->exclude;
+    so.round_to = o->round_to;
+    so.seed = o->seed;
+    so.input_shapes = parse_shape_overrides(o->shapes);
+    if (!o->out.empty()) refuse_to_overwrite("sensitivity", o->model, o->out);
+    (void)parse_device(o->device);  // a bad or missing device fails before the data is read
+
+    ir::Model model = onnx::load_model(o->model);
+    bool fixed = false;
+    LoaderOptions lo = o->data.loader(model, fixed);
+    lo.shuffle = false;
+    DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
+    std::unique_ptr<Progress> bar;
+    so.progress = [&](int64_t done, int64_t total, const std::string& what) {
+      if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
+      bar->update(done, what);
+    };
+    SensitivityResult r = sensitivity(model, loader, so);
+    if (bar) bar->finish();
+    const std::string js = sensitivity_json(r);
+    if (!o->out.empty()) write_file_atomic(o->out, js + "\n");
+    if (o->json) {
+      std::cout << js << "\n";
+    } else {
+      print_table(r);
+      if (!o->out.empty()) std::cout << "wrote " << o->out << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace lopper::cli

@@ -1,0 +1,303 @@
+// Sensitivity analysis: one layer (or channel group) pruned at a time, evaluated on fixed batches.
+// Unstructured: one executor (autograd mode: weights are its own tensors, nothing prepacked), the
+// layer's weight overwritten in place per amount and restored. Structured: the model copied and
+// shrunk per point, then a fresh executor.
+#include "lopper/sensitivity.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <unordered_map>
+
+#include "lopper/analysis.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/loss.h"
+#include "prune/regex.h"
+
+namespace lopper {
+namespace {
+
+// The evaluation batches, read once.
+struct EvalSet {
+  std::vector<at::Tensor> x, y;
+  int64_t samples = 0;
+};
+
+EvalSet read_batches(DataLoader& data, int64_t n) {
+  EvalSet s;
+  data.start_epoch(0);
+  Batch b;
+  while (int64_t(s.x.size()) < n && data.next(b)) {
+    s.x.push_back(b.x.clone());
+    s.y.push_back(b.y.clone());
+    s.samples += b.y.size(0);
+  }
+  LOPPER_CHECK(s.samples > 0, "[sensitivity] ", data.dataset().name(), " gave no sample");
+  return s;
+}
+
+ExecOptions eval_options(const std::string& device) {
+  ExecOptions eo;
+  eo.device = device;
+  eo.autograd = true;  // eval semantics, weights are the executor's own tensors, nothing prepacked
+  return eo;
+}
+
+// Mean cross-entropy and top-1 of `ex` over `s`.
+std::pair<double, double> evaluate_on(Executor& ex, const ModelIO& io, const EvalSet& s) {
+  c10::NoGradGuard no_grad;
+  double loss = 0, hit = 0;
+  for (size_t i = 0; i < s.x.size(); ++i) {
+    at::Tensor x = fit_to_input(s.x[i], io.dims, io.input).to(ex.device());
+    const int64_t n = s.y[i].size(0);
+    at::Tensor out = ex.run({{io.input, x}}).at(0).reshape({n, -1}).to(at::kCPU, at::kFloat);
+    loss += classification_loss(out, s.y[i], io.out_op).item<double>() * double(n);
+    hit += double(out.argmax(1).eq(s.y[i]).sum().item<int64_t>());
+  }
+  return {loss / double(s.samples), hit / double(s.samples)};
+}
+
+void check(const SensitivityOptions& o) {
+  LOPPER_CHECK(!o.amounts.empty(), "[sensitivity] --amounts lists no amount");
+  for (double a : o.amounts)
+    LOPPER_CHECK(std::isfinite(a) && a >= 0 && a < 1,
+                 "[sensitivity] every amount must be in [0, 1), got ", a);
+  LOPPER_CHECK(o.eval_batches > 0, "[sensitivity] --eval-batches must be > 0, got ",
+               o.eval_batches);
+  LOPPER_CHECK(o.round_to >= 1, "[sensitivity] --round-to must be >= 1, got ", o.round_to);
+  if (o.structured)
+    LOPPER_CHECK(o.importance != ChannelImportance::kTaylor,
+                 "[sensitivity] structured sensitivity ranks channels by l1, l2, bn, fpgm or "
+                 "random (taylor needs gradients per point)");
+  else
+    LOPPER_CHECK(o.method == PruneMethod::kL1 || o.method == PruneMethod::kRandom,
+                 "[sensitivity] --method must be l1 or random (grad and taylor: prune with them "
+                 "after choosing amounts)");
+}
+
+void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
+  ++done;
+  if (o.progress) o.progress(done, total, what);
+}
+
+SensitivityResult weights(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
+  SensitivityResult r;
+  r.unit = "weight";
+  r.method = method_name(o.method);
+  const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
+  const ModelCost cost = analyze(model, shapes);
+  const EffectiveCost base = effective_cost(model, shapes);
+  r.params = base.params, r.macs = base.macs;
+  std::unordered_map<std::string, int64_t> macs_of;  // per weight (a shared one: all its layers)
+  for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
+
+  Executor ex(model, eval_options(o.device));
+  const ModelIO io = model_io(model, ex);
+  std::tie(r.loss, r.top1) = evaluate_on(ex, io, s);
+  std::unordered_map<std::string, at::Tensor> params;
+  for (const auto& [name, t] : ex.parameters()) params[name] = t;
+
+  std::optional<std::regex> exclude;
+  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  std::vector<PrunableWeight> todo;
+  for (const auto& pw : prunable_weights(model.graph))
+    if (!exclude || !(std::regex_search(pw.node->label(), *exclude) ||
+                      std::regex_search(pw.weight, *exclude)))
+      todo.push_back(pw);
+  LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse",
+               exclude ? " (--exclude leaves none)" : "");
+  const int64_t total = int64_t(todo.size() * o.amounts.size());
+  int64_t done = 0;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  c10::NoGradGuard no_grad;
+  for (const auto& pw : todo) {
+    at::Tensor p = params.at(pw.weight);
+    const at::Tensor orig = p.detach().to(at::kCPU, at::kFloat).clone();
+    LayerSensitivity ls;
+    ls.name = pw.node->label();
+    ls.weight = pw.weight;
+    ls.layers = {ls.name};
+    ls.params = orig.numel();
+    ls.macs = macs_of[pw.weight];
+    const int64_t nz0 = orig.count_nonzero().item<int64_t>();
+    for (double a : o.amounts) {
+      const PruneAmount amount{a, false};
+      at::Tensor keep = o.method == PruneMethod::kRandom ? random_mask(orig, amount, gen)
+                                                         : l1_mask(orig, amount);
+      at::Tensor w = orig * keep;
+      p.detach().copy_(w.to(p.device(), p.scalar_type()));
+      SensitivityPoint pt;
+      pt.amount = a;
+      const int64_t nz = w.count_nonzero().item<int64_t>();
+      pt.removed = ls.params ? 1.0 - double(nz) / double(ls.params) : 0.0;
+      std::tie(pt.loss, pt.top1) = evaluate_on(ex, io, s);
+      pt.params = base.params - (nz0 - nz);
+      pt.macs = base.macs - int64_t(std::llround(double(ls.macs) * double(nz0 - nz) /
+                                                 double(std::max<int64_t>(ls.params, 1))));
+      ls.points.push_back(pt);
+      report(o, done, total, fmt::format("{} @ {:g}", ls.name, a));
+    }
+    p.detach().copy_(orig.to(p.device(), p.scalar_type()));
+    r.layers.push_back(std::move(ls));
+  }
+  return r;
+}
+
+SensitivityResult channels(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
+  SensitivityResult r;
+  r.unit = "channel";
+  r.method = importance_name(o.importance);
+  StructuredOptions so;
+  so.importance = o.importance;
+  so.round_to = o.round_to;
+  so.seed = o.seed;
+  so.exclude = o.exclude;
+  so.input_shapes = o.input_shapes;
+  const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
+  const ModelCost cost = analyze(model, shapes);
+  const EffectiveCost base = effective_cost(model, shapes);
+  r.params = base.params, r.macs = base.macs;
+  {
+    Executor ex(model, eval_options(o.device));
+    std::tie(r.loss, r.top1) = evaluate_on(ex, model_io(model, ex), s);
+  }
+  std::unordered_map<std::string, const LayerCost*> layer_cost;
+  for (const auto& l : cost.layers) layer_cost[l.name] = &l;
+
+  const StructuredReport groups = channel_groups(model, so);
+  std::vector<const ChannelGroupReport*> todo;
+  for (const auto& g : groups.groups)
+    if (g.blocked.empty()) todo.push_back(&g);
+  LOPPER_CHECK(!todo.empty(), "[sensitivity] no channel group can be pruned",
+               groups.barriers.empty() ? std::string() : ": " + groups.barriers.front());
+  const int64_t total = int64_t(todo.size() * o.amounts.size());
+  int64_t done = 0;
+  for (const ChannelGroupReport* g : todo) {
+    LayerSensitivity ls;
+    ls.group = g->id;
+    ls.layers = g->layers;
+    ls.name = fmt::format("group {}: {}", g->id, g->layers.empty() ? "?" : g->layers.front());
+    for (const auto& name : g->layers)
+      if (auto it = layer_cost.find(name); it != layer_cost.end())
+        ls.params += it->second->params, ls.macs += it->second->macs;
+    for (double a : o.amounts) {
+      StructuredOptions one = so;
+      one.group_amounts = {{g->id, a}};
+      ir::Model pruned = model;
+      const StructuredReport pr = prune_structured(pruned, one);
+      const ChannelGroupReport& after = pr.groups.at(size_t(g->id));
+      SensitivityPoint pt;
+      pt.amount = a;
+      pt.removed = after.size_before
+                       ? 1.0 - double(after.size_after) / double(after.size_before)
+                       : 0.0;
+      Executor ex(pruned, eval_options(o.device));
+      std::tie(pt.loss, pt.top1) = evaluate_on(ex, model_io(pruned, ex), s);
+      const EffectiveCost c = effective_cost(pruned, shapes);
+      pt.params = c.params, pt.macs = c.macs;
+      ls.points.push_back(pt);
+      report(o, done, total, fmt::format("{} @ {:g}", ls.name, a));
+    }
+    r.layers.push_back(std::move(ls));
+  }
+  return r;
+}
+
+}  // namespace
+
+EffectiveCost effective_cost(const ir::Model& model,
+                             const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  const ModelCost c = analyze(model, input_shapes);
+  EffectiveCost e;
+  e.params = c.nonzero;
+  e.dense_macs = c.macs;
+  double saved = 0;
+  for (const auto& l : c.layers)
+    if (l.params > 0) saved += double(l.macs) * (1.0 - double(l.nonzero) / double(l.params));
+  e.macs = c.macs - int64_t(std::llround(saved));
+  return e;
+}
+
+SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
+                              const SensitivityOptions& opts) {
+  check(opts);
+  const EvalSet s = read_batches(data, opts.eval_batches);
+  SensitivityResult r = opts.structured ? channels(model, s, opts) : weights(model, s, opts);
+  r.samples = s.samples;
+  return r;
+}
+
+std::string sensitivity_json(const SensitivityResult& r) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : r.layers) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const auto& p : l.points)
+      pts.push_back({{"amount", p.amount}, {"removed", p.removed}, {"loss", p.loss},
+                     {"top1", p.top1}, {"params", p.params}, {"macs", p.macs}});
+    nlohmann::json jl = {{"name", l.name}, {"layers", l.layers}, {"params", l.params},
+                         {"macs", l.macs}, {"points", pts}};
+    if (!l.weight.empty()) jl["weight"] = l.weight;
+    if (l.group >= 0) jl["group"] = l.group;
+    layers.push_back(jl);
+  }
+  nlohmann::json j = {{"format", "lopper.sensitivity/1"},
+                      {"unit", r.unit},
+                      {"method", r.method},
+                      {"base", {{"loss", r.loss}, {"top1", r.top1}, {"params", r.params},
+                                {"macs", r.macs}}},
+                      {"samples", r.samples},
+                      {"layers", layers}};
+  return j.dump(1);
+}
+
+SensitivityResult parse_sensitivity(const std::string& text, const std::string& source) {
+  SensitivityResult r;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    LOPPER_CHECK(j.value("format", "") == "lopper.sensitivity/1", "[sensitivity] ", source,
+                 " is not a lopper sensitivity file (no \"format\": \"lopper.sensitivity/1\")");
+    r.unit = j.at("unit").get<std::string>();
+    LOPPER_CHECK(r.unit == "weight" || r.unit == "channel", "[sensitivity] ", source,
+                 ": unit must be weight or channel, got '", r.unit, "'");
+    r.method = j.value("method", "");
+    const auto& b = j.at("base");
+    r.loss = b.at("loss").get<double>();
+    r.top1 = b.at("top1").get<double>();
+    r.params = b.at("params").get<int64_t>();
+    r.macs = b.at("macs").get<int64_t>();
+    r.samples = j.at("samples").get<int64_t>();
+    for (const auto& jl : j.at("layers")) {
+      LayerSensitivity l;
+      l.name = jl.at("name").get<std::string>();
+      l.layers = jl.at("layers").get<std::vector<std::string>>();
+      l.weight = jl.value("weight", "");
+      l.group = jl.value("group", int64_t(-1));
+      l.params = jl.at("params").get<int64_t>();
+      l.macs = jl.at("macs").get<int64_t>();
+      for (const auto& jp : jl.at("points")) {
+        SensitivityPoint p;
+        p.amount = jp.at("amount").get<double>();
+        p.removed = jp.at("removed").get<double>();
+        p.loss = jp.at("loss").get<double>();
+        p.top1 = jp.at("top1").get<double>();
+        p.params = jp.at("params").get<int64_t>();
+        p.macs = jp.at("macs").get<int64_t>();
+        l.points.push_back(p);
+      }
+      r.layers.push_back(std::move(l));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("[sensitivity] ", source, ": ", e.what()));
+  }
+  return r;
+}
+
+}  // namespace lopper

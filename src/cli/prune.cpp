@@ -25,6 +25,8 @@
 #include "lopper/onnx_io.h"
 #include "lopper/progress.h"
 #include "lopper/analysis.h"
+#include "lopper/budget.h"
+#include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 
 namespace lopper::cli {
@@ -44,6 +46,9 @@ struct Opts {
   double max_layer_amount = 0.9;
   int64_t round_to = 1;
   std::vector<std::string> shapes;
+  double target_macs = 0, target_params = 0, target_latency_ms = 0;
+  std::string sensitivity;
+  int64_t eval_batches = 16;
 };
 
 // Gradient saliencies on calibration batches (grad, taylor).
@@ -68,6 +73,144 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
   Saliency s = compute_saliency(model, loader, co);
   bar.finish();
   return s;
+}
+
+// lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
+// the target with the least estimated loss (sensitivity data from --sensitivity FILE or measured
+// on --data; without either, LAMP or the global channel ranking).
+int run_target(const Opts& o, TargetKind kind) {
+  TargetOptions t;
+  t.kind = kind;
+  t.value = t.kind == TargetKind::kMacs     ? o.target_macs
+            : t.kind == TargetKind::kParams ? o.target_params
+                                            : o.target_latency_ms;
+  if (!o.structured.empty()) {
+    if (o.structured != "channel")
+      throw UsageError("[prune] a target prunes weights or --structured channel, not '" +
+                       o.structured + "'");
+    t.structured = true;
+    t.importance = parse_channel_importance(o.method.empty() ? "l1" : o.method);
+  } else if (!o.method.empty() && o.method != "l1") {
+    throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
+                     " does not go with it");
+  }
+  if (!o.sensitivity.empty() && !o.data.empty())
+    throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
+  t.round_to = o.round_to;
+  t.exclude = o.exclude;
+  t.device = o.device;
+  t.input_shapes = parse_shape_overrides(o.shapes);
+  if (t.kind == TargetKind::kLatency) (void)parse_device(o.device);
+  refuse_to_overwrite("prune", o.model, o.out);
+  ir::Model model = onnx::load_model(o.model);
+  std::optional<SensitivityResult> sens;
+  if (!o.sensitivity.empty()) {
+    sens = parse_sensitivity(read_file(o.sensitivity), o.sensitivity);
+  } else if (!o.data.empty()) {
+    SensitivityOptions so;
+    so.structured = t.structured;
+    so.importance = t.importance;
+    so.round_to = t.round_to;
+    so.exclude = t.exclude;
+    so.device = o.device;
+    so.eval_batches = o.eval_batches;
+    so.input_shapes = t.input_shapes;
+    LoaderOptions lo;
+    LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
+    lo.batch_size = o.batch_size;
+    if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
+    lo.shuffle = false;
+    if (!o.normalize.empty()) parse_normalize(o.normalize, lo);
+    if (!o.resize.empty()) parse_resize(o.resize, lo);
+    DataLoader loader(open_dataset(o.data, o.split), lo);
+    std::unique_ptr<Progress> bar;
+    so.progress = [&](int64_t done, int64_t total, const std::string& what) {
+      if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
+      bar->update(done, what);
+    };
+    sens = sensitivity(model, loader, so);
+  }
+  t.sensitivity = sens ? &*sens : nullptr;
+  std::unique_ptr<Progress> bar;
+  t.progress = [&](const std::string& what, int64_t done, int64_t total) {
+    if (!bar) bar = std::make_unique<Progress>("target", total, 10);
+    bar->update(done, what);
+  };
+  const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
+  const ModelCost before = analyze(model, shapes);
+  const ir::Model ir_before = model;  // shares the tensors: pruning replaces them
+  TargetReport r = prune_to_target(model, t);
+  if (bar) bar->finish();
+  const ModelCost after = analyze(model, shapes);
+  onnx::SaveOptions save;
+  if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
+  onnx::save_model(model, o.out, save);
+
+  const bool latency = t.kind == TargetKind::kLatency;
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["out"] = o.out;
+  j["target"] = {{"kind", target_name(r.kind)}, {"value", t.value}, {"goal", r.target},
+                 {"before", r.before}, {"predicted", r.predicted}, {"measured", r.measured},
+                 {"estimator", r.estimator}, {"rounds", r.rounds}};
+  if (latency) j["target"]["device"] = o.device;
+  if (sens) j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
+  j["structured"] = t.structured;
+  j["params_before"] = before.params;
+  j["params"] = after.params;
+  j["nonzero_before"] = before.nonzero;
+  j["nonzero"] = after.nonzero;
+  j["macs_before"] = before.macs;
+  j["macs"] = after.macs;
+  j["file_bytes_before"] = model_file_bytes(o.model);
+  j["file_bytes_after"] = model_file_bytes(o.out);
+  j["layers"] = nlohmann::json::array();
+  for (const auto& u : r.units) {
+    nlohmann::json ju = {{"name", u.name}, {"layers", u.layers}, {"amount", u.amount}};
+    if (!u.weight.empty()) ju["weight"] = u.weight;
+    if (u.group >= 0) ju["group"] = u.group;
+    if (sens) ju["est_loss_increase"] = u.est_loss_increase;
+    j["layers"].push_back(ju);
+  }
+  const std::string report_path = o.out + ".report.json";
+  write_file_atomic(report_path, j.dump(2) + "\n");
+  if (latency && r.measured > r.target)
+    std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
+                             "ms (latency is noisy: measure again with lopper bench)\n",
+                             r.measured, r.target);
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::vector<std::string> names;
+  for (const auto& u : r.units) names.push_back(u.name);
+  const size_t w = name_column_width(names, 5);
+  std::cout << fmt::format("{:<{}}  {:>8}{}\n", t.structured ? "group" : "layer", w, "amount",
+                           sens ? "  est. loss +" : "");
+  for (const auto& u : r.units)
+    std::cout << fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.name, w), w, 100 * u.amount,
+                             sens ? fmt::format("  {:>11.4f}", u.est_loss_increase) : "");
+  auto fmt_cost = [&](double v) {
+    return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
+  };
+  std::cout << fmt::format("\ntarget   {} {} = {} (estimator: {}, {} round{})\n",
+                           target_name(r.kind), latency ? fmt_cost(t.value)
+                                                        : fmt::format("{:g} of {}", t.value,
+                                                                      fmt_cost(r.before)),
+                           fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s")
+            << fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
+                           fmt_cost(r.measured));
+  if (sens)
+    std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
+                             "increases)\n",
+                             r.base_loss, r.predicted_loss);
+  const EffectiveCost eb = effective_cost(ir_before, shapes), ea = effective_cost(model, shapes);
+  std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
+                           before.nonzero)
+            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
+                           after.macs, before.macs, ea.macs, eb.macs)
+            << "report   " << report_path << "\n";
+  return 0;
 }
 
 // lopper prune --structured channel|head: channels or heads removed, the model shrinks.
@@ -239,8 +382,38 @@ Action add_prune(CLI::App& app) {
                       "channel: M1,M2,M3,S1,S2,S3) after scaling pixels to [0, 1]"),
       cmd->add_option("--resize", o->resize, "grad, taylor: resize images to HxW")};
   std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
+  std::vector<CLI::Option*> targets = {
+      cmd->add_option("--target-macs", o->target_macs,
+                      "keep this share of the MACs, in (0, 1): per-layer amounts chosen"),
+      cmd->add_option("--target-params", o->target_params,
+                      "keep this share of the nonzero parameters, in (0, 1)"),
+      cmd->add_option("--target-latency-ms", o->target_latency_ms,
+                      "run within this many ms on --device (per-layer latencies measured there)")};
+  auto* sens = cmd->add_option(
+      "--sensitivity", o->sensitivity,
+      "target: per-layer loss curves from lopper sensitivity -o FILE (else --data measures them, "
+      "else LAMP / the global channel ranking)");
+  auto* eval_batches = cmd->add_option("--eval-batches", o->eval_batches,
+                                       "target with --data: batches per sensitivity point (16)");
+  auto* recipe_opt = cmd->get_option("--recipe");
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
-          sfl]() {
+          sfl, targets, sens, eval_batches, amount, recipe_opt]() {
+    int given = 0;
+    TargetKind kind = TargetKind::kMacs;
+    const TargetKind kinds[] = {TargetKind::kMacs, TargetKind::kParams, TargetKind::kLatency};
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (targets[i]->count() > 0) ++given, kind = kinds[i];
+    if (given > 1)
+      throw UsageError("[prune] give one of --target-macs, --target-params, --target-latency-ms");
+    if (given == 1) {
+      for (const auto* opt : {amount, th, pattern, norm, sfl, scope, mla, recipe_opt})
+        if (opt->count() > 0)
+          throw UsageError("[prune] a target chooses each layer's amount: drop " + opt->get_name());
+      return run_target(*o, kind);
+    }
+    for (const auto* opt : {sens, eval_batches})
+      if (opt->count() > 0)
+        throw UsageError("[prune] " + opt->get_name() + " is for --target-macs/-params/-latency-ms");
     if (structured->count() > 0) {
       for (const auto* opt : {th, pattern, norm, sfl})
         if (opt->count() > 0)

@@ -1,0 +1,79 @@
+// Pruning to a target: per-layer amounts chosen so the pruned model keeps a share of its
+// parameters or MACs, or runs within a latency, with the least estimated loss.
+//
+// With sensitivity data (lopper/sensitivity.h) each layer's (or channel group's) loss increase and
+// cost saving are known per amount; amounts are chosen by a Lagrangian relaxation (every layer
+// takes the amount minimising loss increase - lambda * saving; lambda is bisected until the
+// savings meet the target), on the sensitivity curves interpolated linearly. Without data, weights
+// are ranked across layers by LAMP (Lee et al. 2021: w^2 over the sum of the squares of the layer's
+// weights that are not smaller) and channels by their group-normalised importance, and the one
+// global amount that meets the target is found by bisection. Either way the pruned model is then
+// measured: savings that do not add up across layers (structured groups that meet in one layer,
+// latency) are corrected in further rounds until the measurement meets the target.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+#include "lopper/sensitivity.h"
+#include "lopper/structured.h"
+
+namespace lopper {
+
+enum class TargetKind { kParams, kMacs, kLatency };
+const char* target_name(TargetKind k);  // "params", "macs", "latency"
+
+struct TargetOptions {
+  TargetKind kind = TargetKind::kMacs;
+  /// kParams, kMacs: the share of the unpruned model's nonzero parameters or MACs kept, in (0, 1);
+  /// kLatency: milliseconds per run at the input shapes on `device`.
+  double value = 0.5;
+  bool structured = false;  // channel groups (the model shrinks) instead of single weights
+  ChannelImportance importance = ChannelImportance::kL1;  // structured, without sensitivity data
+  int64_t round_to = 1;
+  std::string exclude;  // layers (or groups with a layer) left alone
+  /// Measured sensitivities of this model (same unit); null: LAMP / global channel ranking.
+  const SensitivityResult* sensitivity = nullptr;
+  /// Amounts tried per layer when the latency of each is measured (and without data).
+  std::vector<double> grid = {0.1, 0.3, 0.5, 0.7, 0.9};
+  std::string device = "cpu";
+  std::map<std::string, std::vector<int64_t>> input_shapes;  // dynamic dims default to 1
+  int latency_iters = 20;
+  std::function<void(const std::string& what, int64_t done, int64_t total)> progress;
+};
+
+struct TargetUnit {
+  std::string name;                 // the layer, or "group N: first layer"
+  std::vector<std::string> layers;
+  std::string weight;               // unstructured
+  int64_t group = -1;               // structured
+  double amount = 0;                // chosen share of its weights (channels) removed
+  double est_loss_increase = 0;     // from the sensitivity data (0 without)
+};
+
+struct TargetReport {
+  TargetKind kind = TargetKind::kMacs;
+  std::string estimator;  // "sensitivity", "lamp" or "global channel ranking"
+  /// In the target's unit (nonzero parameters, MACs as in EffectiveCost, or ms).
+  double target = 0, before = 0, predicted = 0, measured = 0;
+  double base_loss = 0, predicted_loss = 0;  // sensitivity: the evaluated loss and its estimate
+  int rounds = 0;                            // allocations until the measurement met the target
+  std::vector<TargetUnit> units;
+};
+
+/// Prunes `model` in place to the target. Throws lopper::Error ("[prune] ...") when the options
+/// are bad, the sensitivity data does not match the model, or the target cannot be reached (every
+/// layer at its largest amount is not enough); the model is untouched then.
+TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts);
+
+/// Median latency of `model` over `iters` runs (after 3 warm-ups) on `device`, random inputs of
+/// the given shapes (the executor's first-run kernel choice happens in the warm-up).
+double measure_latency_ms(const ir::Model& model, const std::string& device,
+                          const std::map<std::string, std::vector<int64_t>>& input_shapes,
+                          int iters);
+
+}  // namespace lopper

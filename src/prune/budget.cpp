@@ -1,0 +1,479 @@
+// Pruning to a target (lopper/budget.h): the allocation of per-layer amounts and its measurement.
+#include "lopper/budget.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <regex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/analysis.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+#include "prune/regex.h"
+
+namespace lopper {
+namespace {
+
+// One unit's options: amounts with the cost they save and the loss they add (nondecreasing).
+struct Curve {
+  std::vector<double> amount, saved, dloss;
+};
+
+// A model with only the given amounts applied: per weight (unstructured; a fraction, or a count
+// when `counts`) or per channel group (structured).
+ir::Model apply(const ir::Model& model, const TargetOptions& o,
+                const std::map<std::string, double>& weights,
+                const std::map<int64_t, double>& groups, bool counts = false) {
+  ir::Model m = model;
+  if (o.structured) {
+    bool any = false;
+    for (const auto& [g, a] : groups) any |= a > 0;
+    if (!any) return m;
+    StructuredOptions so;
+    so.importance = o.importance;
+    so.round_to = o.round_to;
+    so.input_shapes = o.input_shapes;
+    for (const auto& [g, a] : groups)
+      if (a > 0) so.group_amounts[g] = a;
+    prune_structured(m, so);
+    return m;
+  }
+  for (const auto& [name, a] : weights) {
+    if (a <= 0) continue;
+    ir::Initializer* init = m.graph.find_initializer(name);
+    LOPPER_CHECK(init, "[prune] no weight '", name, "'");
+    // NOTE: a copied ir::Model shares its tensors: replace, never write in place.
+    const PruneAmount amount{counts ? std::round(a) : a, counts};
+    init->value = init->value * l1_mask(init->value, amount);
+  }
+  return m;
+}
+
+double cost_of(const ir::Model& m, const TargetOptions& o,
+               const std::map<std::string, std::vector<int64_t>>& shapes) {
+  if (o.kind == TargetKind::kLatency)
+    return measure_latency_ms(m, o.device, shapes, o.latency_iters);
+  const EffectiveCost c = effective_cost(m, shapes);
+  return double(o.kind == TargetKind::kParams ? c.params : c.macs);
+}
+
+// The smallest-loss choice per curve for lambda: argmin dloss - lambda * saved.
+std::vector<size_t> choose(const std::vector<Curve>& curves, double lambda) {
+  std::vector<size_t> pick(curves.size(), 0);
+  for (size_t u = 0; u < curves.size(); ++u) {
+    const Curve& c = curves[u];
+    double best = 0;  // index 0: amount 0, nothing saved, nothing lost
+    for (size_t i = 1; i < c.amount.size(); ++i) {
+      const double v = c.dloss[i] - lambda * c.saved[i];
+      if (v < best - 1e-15) best = v, pick[u] = i;
+    }
+  }
+  return pick;
+}
+
+double total(const std::vector<Curve>& curves, const std::vector<size_t>& pick,
+             std::vector<double> Curve::*field) {
+  double t = 0;
+  for (size_t u = 0; u < curves.size(); ++u) t += (curves[u].*field)[pick[u]];
+  return t;
+}
+
+// The choice saving at least `need` with the least summed loss increase the relaxation finds, or
+// nullopt when even the largest amounts everywhere do not save enough.
+std::optional<std::vector<size_t>> allocate(const std::vector<Curve>& curves, double need) {
+  std::vector<size_t> most(curves.size());
+  for (size_t u = 0; u < curves.size(); ++u) {
+    // The largest saving of each curve (latency savings need not grow with the amount).
+    const auto& s = curves[u].saved;
+    most[u] = size_t(std::max_element(s.begin(), s.end()) - s.begin());
+  }
+  if (total(curves, most, &Curve::saved) < need) return std::nullopt;
+  if (need <= 0) return std::vector<size_t>(curves.size(), 0);
+  double lo = 0, hi = 1;
+  while (total(curves, choose(curves, hi), &Curve::saved) < need && hi < 1e30) hi *= 4;
+  if (total(curves, choose(curves, hi), &Curve::saved) < need) return most;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (total(curves, choose(curves, mid), &Curve::saved) >= need ? hi : lo) = mid;
+  }
+  std::vector<size_t> pick = choose(curves, hi);
+  // The relaxation jumps between the curves' lower hull; step layers back while the savings
+  // still meet the need, the largest loss reduction first.
+  double saved = total(curves, pick, &Curve::saved);
+  for (;;) {
+    size_t best = curves.size();
+    double gain = -1;
+    for (size_t u = 0; u < curves.size(); ++u) {
+      if (pick[u] == 0) continue;
+      const Curve& c = curves[u];
+      const double drop = c.saved[pick[u]] - c.saved[pick[u] - 1];
+      const double g = c.dloss[pick[u]] - c.dloss[pick[u] - 1];
+      if (saved - drop >= need && g > gain) best = u, gain = g;
+    }
+    if (best == curves.size()) break;
+    saved -= curves[best].saved[pick[best]] - curves[best].saved[pick[best] - 1];
+    --pick[best];
+  }
+  return pick;
+}
+
+// Each measured curve refined with 8 linear steps between its points.
+Curve refine(const Curve& c) {
+  Curve f;
+  for (size_t i = 0; i < c.amount.size(); ++i) {
+    if (i > 0)
+      for (int s = 1; s < 8; ++s) {
+        const double t = s / 8.0;
+        f.amount.push_back(c.amount[i - 1] + t * (c.amount[i] - c.amount[i - 1]));
+        f.saved.push_back(c.saved[i - 1] + t * (c.saved[i] - c.saved[i - 1]));
+        f.dloss.push_back(c.dloss[i - 1] + t * (c.dloss[i] - c.dloss[i - 1]));
+      }
+    f.amount.push_back(c.amount[i]);
+    f.saved.push_back(c.saved[i]);
+    f.dloss.push_back(c.dloss[i]);
+  }
+  return f;
+}
+
+void progress(const TargetOptions& o, const std::string& what, int64_t done, int64_t total) {
+  if (o.progress) o.progress(what, done, total);
+}
+
+// --- With sensitivity data. --------------------------------------------------------------------
+
+TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
+                            const std::map<std::string, std::vector<int64_t>>& shapes,
+                            double before, double target) {
+  const SensitivityResult& s = *o.sensitivity;
+  LOPPER_CHECK(s.unit == (o.structured ? "channel" : "weight"), "[prune] the sensitivity data is "
+               "per ", s.unit == "channel" ? "channel group" : "weight", ": ",
+               o.structured ? "run lopper sensitivity --structured channel"
+                            : "drop --structured or run lopper sensitivity without it");
+  LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
+  // The data must describe this model.
+  if (o.structured) {
+    StructuredOptions so;
+    so.importance = o.importance;
+    so.input_shapes = o.input_shapes;
+    const StructuredReport groups = channel_groups(model, so);
+    for (const auto& l : s.layers) {
+      const bool ok = l.group >= 0 && size_t(l.group) < groups.groups.size() &&
+                      groups.groups[size_t(l.group)].layers == l.layers &&
+                      groups.groups[size_t(l.group)].blocked.empty();
+      LOPPER_CHECK(ok, "[prune] the sensitivity data does not match this model (", l.name,
+                   "): rerun lopper sensitivity on it");
+    }
+  } else {
+    std::unordered_set<std::string> prunable;
+    for (const auto& pw : prunable_weights(model.graph)) prunable.insert(pw.weight);
+    for (const auto& l : s.layers)
+      LOPPER_CHECK(prunable.count(l.weight), "[prune] the sensitivity data does not match this "
+                   "model (no prunable weight '", l.weight, "'): rerun lopper sensitivity on it");
+  }
+  std::optional<std::regex> exclude;
+  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  std::vector<const LayerSensitivity*> units;
+  for (const auto& l : s.layers) {
+    bool out = false;
+    for (const auto& name : l.layers) out |= exclude && std::regex_search(name, *exclude);
+    if (exclude && !l.weight.empty()) out |= std::regex_search(l.weight, *exclude);
+    if (!out) units.push_back(&l);
+  }
+  LOPPER_CHECK(!units.empty(), "[prune] --exclude leaves no layer to prune");
+
+  const double base_latency = o.kind == TargetKind::kLatency ? before : 0;
+  int64_t measured_points = 0, to_measure = 0;
+  if (o.kind == TargetKind::kLatency)
+    for (const auto* l : units) to_measure += int64_t(l->points.size());
+  std::vector<Curve> curves;
+  for (const auto* l : units) {
+    Curve c{{0}, {0}, {0}};
+    double worst = 0;
+    for (const auto& p : l->points) {
+      double saved = 0;
+      if (o.kind == TargetKind::kParams) saved = double(s.params - p.params);
+      if (o.kind == TargetKind::kMacs) saved = double(s.macs - p.macs);
+      if (o.kind == TargetKind::kLatency) {
+        std::map<std::string, double> w;
+        std::map<int64_t, double> g;
+        (o.structured ? (void)(g[l->group] = p.amount) : (void)(w[l->weight] = p.amount));
+        saved = std::max(0.0, base_latency - cost_of(apply(model, o, w, g), o, shapes));
+        progress(o, fmt::format("latency {} @ {:g}", l->name, p.amount), ++measured_points,
+                 to_measure);
+      }
+      worst = std::max(worst, std::max(0.0, p.loss - s.loss));  // losses only grow with the amount
+      c.amount.push_back(p.amount);
+      c.saved.push_back(saved);
+      c.dloss.push_back(worst);
+    }
+    curves.push_back(refine(c));
+  }
+
+  TargetReport r;
+  r.estimator = "sensitivity";
+  r.base_loss = s.loss;
+  double need = before - target;
+  for (int round = 1; round <= 8; ++round) {
+    std::optional<std::vector<size_t>> pick = allocate(curves, need);
+    if (!pick)
+      throw Error(fmt::format(
+          "[prune] cannot reach --target-{} {:g}: every analysed layer at its largest amount "
+          "saves too little (analyse larger amounts with lopper sensitivity --amounts)",
+          target_name(o.kind), o.value));
+    std::map<std::string, double> w;
+    std::map<int64_t, double> g;
+    r.units.clear();
+    for (size_t u = 0; u < units.size(); ++u) {
+      TargetUnit tu;
+      tu.name = units[u]->name;
+      tu.layers = units[u]->layers;
+      tu.weight = units[u]->weight;
+      tu.group = units[u]->group;
+      tu.amount = curves[u].amount[(*pick)[u]];
+      tu.est_loss_increase = curves[u].dloss[(*pick)[u]];
+      (o.structured ? g[tu.group] : w[tu.weight]) = tu.amount;
+      r.units.push_back(tu);
+    }
+    ir::Model pruned = apply(model, o, w, g);
+    r.predicted = before - total(curves, *pick, &Curve::saved);
+    r.predicted_loss = s.loss + total(curves, *pick, &Curve::dloss);
+    r.measured = cost_of(pruned, o, shapes);
+    r.rounds = round;
+    progress(o, fmt::format("round {}: predicted {:.4g}, measured {:.4g}, target {:.4g}", round,
+                            r.predicted, r.measured, target),
+             round, 8);
+    if (r.measured <= target * (1 + 1e-9) || round == 8) {
+      LOPPER_CHECK(r.measured <= target * (1 + 1e-9) || o.kind == TargetKind::kLatency,
+                   "[prune] could not meet --target-", target_name(o.kind), " ", o.value,
+                   " in 8 rounds (measured ", r.measured, ", target ", target, ")");
+      model = std::move(pruned);
+      return r;
+    }
+    need += r.measured - target;  // the savings did not add up: ask for the difference more
+  }
+  return r;
+}
+
+// --- Without data: one global ranking, one amount found by bisection. ---------------------------
+
+TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
+                        const std::map<std::string, std::vector<int64_t>>& shapes, double before,
+                        double target) {
+  TargetReport r;
+  std::optional<std::regex> exclude;
+  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  if (o.structured) {
+    r.estimator = "global channel ranking";
+    StructuredOptions so;
+    so.importance = o.importance;
+    so.round_to = o.round_to;
+    so.exclude = o.exclude;
+    so.scope = PruneScope::kGlobal;
+    so.input_shapes = o.input_shapes;
+    auto at = [&](double a, StructuredReport* rep) {
+      ir::Model m = model;
+      StructuredOptions s2 = so;
+      s2.amount = PruneAmount{a, false};
+      StructuredReport pr = prune_structured(m, s2);
+      if (rep) *rep = pr;
+      return m;
+    };
+    // Bisect the global share of channels removed (each group capped at --max-layer-amount).
+    double lo = 0, hi = so.max_layer_amount;
+    ir::Model best = at(hi, nullptr);
+    double best_cost = cost_of(best, o, shapes);
+    LOPPER_CHECK(best_cost <= target, "[prune] cannot reach --target-", target_name(o.kind), " ",
+                 o.value, ": removing ", hi * 100, "% of the channels leaves ", best_cost,
+                 " (target ", target, ")");
+    double best_amount = hi;
+    for (int i = 1; i <= 12; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      ir::Model m = at(mid, nullptr);
+      const double c = cost_of(m, o, shapes);
+      progress(o, fmt::format("global amount {:.4f}: {:.4g} (target {:.4g})", mid, c, target), i,
+               12);
+      if (c <= target) {
+        hi = mid, best = std::move(m), best_cost = c, best_amount = mid;
+      } else {
+        lo = mid;
+      }
+      r.rounds = i;
+    }
+    StructuredReport rep;
+    (void)at(best_amount, &rep);
+    for (const auto& g : rep.groups) {
+      if (!g.blocked.empty()) continue;
+      TargetUnit tu;
+      tu.group = g.id;
+      tu.layers = g.layers;
+      tu.name = fmt::format("group {}: {}", g.id, g.layers.empty() ? "?" : g.layers.front());
+      tu.amount = g.size_before ? 1.0 - double(g.size_after) / double(g.size_before) : 0;
+      r.units.push_back(tu);
+    }
+    r.predicted = r.measured = best_cost;
+    model = std::move(best);
+    return r;
+  }
+
+  // LAMP: within a layer, w^2 over the sum of the squares of the weights not smaller than it.
+  r.estimator = "lamp";
+  struct Entry {
+    float score;
+    int32_t unit;
+  };
+  std::vector<Entry> all;
+  std::vector<PrunableWeight> units;
+  std::vector<int64_t> params, nonzero;
+  std::vector<double> macs_per_weight;
+  const ModelCost cost = analyze(model, shapes);
+  std::unordered_map<std::string, int64_t> macs_of;
+  for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
+  for (const auto& pw : prunable_weights(model.graph)) {
+    if (exclude && (std::regex_search(pw.node->label(), *exclude) ||
+                    std::regex_search(pw.weight, *exclude)))
+      continue;
+    const at::Tensor w = model.graph.find_initializer(pw.weight)->value.to(at::kCPU, at::kDouble);
+    at::Tensor sq = w.flatten().square();
+    sq = sq.masked_select(sq.gt(0));
+    const at::Tensor sorted = std::get<0>(sq.sort());
+    // suffix sums: sum_{v >= u} w_v^2 over the sorted squares
+    const at::Tensor suffix = sorted.flip(0).cumsum(0).flip(0);
+    const at::Tensor score = (sorted / suffix).to(at::kFloat).contiguous();
+    const int32_t u = int32_t(units.size());
+    const float* p = score.data_ptr<float>();
+    for (int64_t i = 0; i < score.numel(); ++i) all.push_back({p[i], u});
+    units.push_back(pw);
+    params.push_back(w.numel());
+    nonzero.push_back(score.numel());
+    macs_per_weight.push_back(double(macs_of[pw.weight]) / double(std::max<int64_t>(w.numel(), 1)));
+  }
+  LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude ? " (--exclude leaves none)" : "");
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Entry& a, const Entry& b) { return a.score < b.score; });
+  // The model with the k lowest scores removed, and its per-layer counts.
+  auto counts_at = [&](int64_t k) {
+    std::vector<int64_t> n(units.size(), 0);
+    for (int64_t i = 0; i < k; ++i) ++n[size_t(all[size_t(i)].unit)];
+    return n;
+  };
+  auto model_at = [&](const std::vector<int64_t>& n) {
+    std::map<std::string, double> w;
+    for (size_t u = 0; u < units.size(); ++u) w[units[u].weight] = double(n[u]);
+    return apply(model, o, w, {}, /*counts=*/true);
+  };
+  const int64_t max_k = int64_t(all.size());
+  auto cost_k = [&](int64_t k) {  // params and MACs are exact without running the model
+    if (o.kind == TargetKind::kLatency) return cost_of(model_at(counts_at(k)), o, shapes);
+    double saved = 0;
+    const auto n = counts_at(k);
+    for (size_t u = 0; u < units.size(); ++u)
+      saved += double(n[u]) * (o.kind == TargetKind::kParams ? 1.0 : macs_per_weight[u]);
+    return before - saved;
+  };
+  LOPPER_CHECK(cost_k(max_k) <= target, "[prune] cannot reach --target-", target_name(o.kind),
+               " ", o.value, ": even removing every weight of the prunable layers leaves ",
+               cost_k(max_k));
+  int64_t lo = 0, hi = max_k;  // cost_k(hi) <= target
+  int rounds = 0;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const double c = cost_k(mid);
+    ++rounds;
+    if (o.kind == TargetKind::kLatency)
+      progress(o, fmt::format("{} weights: {:.4g} ms (target {:.4g})", mid, c, target), rounds, 0);
+    (c <= target ? hi : lo) = mid;
+  }
+  const auto n = counts_at(hi);
+  ir::Model pruned = model_at(n);
+  r.rounds = rounds;
+  r.predicted = cost_k(hi);
+  r.measured = cost_of(pruned, o, shapes);
+  for (size_t u = 0; u < units.size(); ++u) {
+    TargetUnit tu;
+    tu.name = units[u].node->label();
+    tu.layers = {tu.name};
+    tu.weight = units[u].weight;
+    tu.amount = params[u] ? double(n[u]) / double(params[u]) : 0;
+    r.units.push_back(tu);
+  }
+  model = std::move(pruned);
+  return r;
+}
+
+}  // namespace
+
+const char* target_name(TargetKind k) {
+  return k == TargetKind::kParams ? "params" : k == TargetKind::kMacs ? "macs" : "latency-ms";
+}
+
+double measure_latency_ms(const ir::Model& model, const std::string& device,
+                          const std::map<std::string, std::vector<int64_t>>& input_shapes,
+                          int iters) {
+  ExecOptions eo;
+  eo.device = device;
+  Executor ex(model, eo);
+  const auto shapes = resolve_input_shapes(model, input_shapes, 1);
+  NamedTensors feeds;
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  for (const auto* v : ex.inputs()) {
+    const auto& dims = shapes.at(v->name);
+    const auto type = v->type.elem_type == ir::DType::kUndefined
+                          ? at::kFloat
+                          : onnx::to_scalar_type(v->type.elem_type);
+    at::Tensor t = at::isFloatingType(type) ? at::randn(dims, gen).to(type)
+                                            : at::zeros(dims, at::TensorOptions().dtype(type));
+    feeds.emplace_back(v->name, t.to(ex.device()));
+  }
+  auto sync = [&] {
+    if (ex.device().is_cuda()) at::empty({1}, at::TensorOptions().device(ex.device())).cpu();
+  };
+  for (int i = 0; i < 3; ++i) ex.run(feeds);
+  sync();
+  std::vector<double> ms;
+  for (int i = 0; i < std::max(iters, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ex.run(feeds);
+    sync();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
+  return ms[ms.size() / 2];
+}
+
+TargetReport prune_to_target(ir::Model& model, const TargetOptions& o) {
+  if (o.kind == TargetKind::kLatency)
+    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0,
+                 "[prune] --target-latency-ms must be > 0, got ", o.value);
+  else
+    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0 && o.value < 1, "[prune] --target-",
+                 target_name(o.kind), " is the share kept, in (0, 1), got ", o.value);
+  LOPPER_CHECK(o.round_to >= 1, "[prune] --round-to must be >= 1, got ", o.round_to);
+  LOPPER_CHECK(!o.structured || o.importance != ChannelImportance::kTaylor,
+               "[prune] pruning to a target ranks channels by l1, l2, bn, fpgm or random");
+  const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
+  const double before = cost_of(model, o, shapes);
+  const double target = o.kind == TargetKind::kLatency ? o.value : o.value * before;
+  TargetReport r;
+  if (before <= target) {  // nothing to do
+    r.estimator = o.sensitivity ? "sensitivity" : o.structured ? "global channel ranking" : "lamp";
+    r.predicted = r.measured = before;
+  } else {
+    r = o.sensitivity ? by_sensitivity(model, o, shapes, before, target)
+                      : by_ranking(model, o, shapes, before, target);
+  }
+  r.kind = o.kind;
+  r.before = before;
+  r.target = target;
+  return r;
+}
+
+}  // namespace lopper

@@ -109,6 +109,19 @@ BENCHMARK(BM_Sparse<8, 1, kc::Algo::kCols>)->Name("bcsr8x1-cols")->Apply(sparse_
 // one synchronisation.
 namespace kcu = lopper::kernels::cuda;
 
+// 5 warm-up launches, then each timed iteration is 20 launches and one synchronisation.
+template <typename F>
+void time_on_gpu(benchmark::State& state, F&& once) {
+  for (int i = 0; i < 5; ++i) once();
+  kcu::synchronize();
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) once();
+    kcu::synchronize();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
+  }
+}
+
 template <bool kSparse>
 void BM_Cuda(benchmark::State& state) {
   const int64_t batch = state.range(0);
@@ -120,14 +133,7 @@ void BM_Cuda(benchmark::State& state) {
   std::unique_ptr<kcu::SparseWeightCuda> sw;
   if (kSparse) sw = std::make_unique<kcu::SparseWeightCuda>(w, at::Tensor(), at::kBFloat16, dev);
   auto once = [&] { benchmark::DoNotOptimize(kSparse ? sw->linear(x) : at::linear(x, wd)); };
-  for (int i = 0; i < 5; ++i) once();
-  kcu::synchronize();
-  for (auto _ : state) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 20; ++i) once();
-    kcu::synchronize();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
-  }
+  time_on_gpu(state, once);
   state.counters["MACs_dense"] = double(8192 * 8192 * batch);
 }
 
@@ -155,14 +161,7 @@ void BM_Cuda24(benchmark::State& state) {
     return;
   }
   auto once = [&] { benchmark::DoNotOptimize(sw ? sw->linear(x) : at::linear(x, wd)); };
-  for (int i = 0; i < 5; ++i) once();
-  kcu::synchronize();
-  for (auto _ : state) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 20; ++i) once();
-    kcu::synchronize();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
-  }
+  time_on_gpu(state, once);
   state.counters["MACs_dense"] = double(8192) * 8192 * double(batch);
 }
 

@@ -51,17 +51,23 @@ struct Opts {
   int64_t eval_batches = 16;
 };
 
-// Gradient saliencies on calibration batches (grad, taylor).
-Saliency calibrate(const Opts& o, const ir::Model& model) {
+// The loader options of --data for `model`: --batch-size (a fixed batch dimension wins),
+// --normalize, --resize.
+LoaderOptions data_loader_options(const Opts& o, const ir::Model& model) {
+  LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
   LoaderOptions lo;
   lo.batch_size = o.batch_size;
-  lo.seed = o.seed;
-  lo.drop_last = true;  // every calibration batch the same size
+  if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
   if (!o.normalize.empty()) parse_normalize(o.normalize, lo);
   if (!o.resize.empty()) parse_resize(o.resize, lo);
-  LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
-  // A model whose batch dimension is fixed takes batches of exactly that size.
-  if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
+  return lo;
+}
+
+// Gradient saliencies on calibration batches (grad, taylor).
+Saliency calibrate(const Opts& o, const ir::Model& model) {
+  LoaderOptions lo = data_loader_options(o, model);
+  lo.seed = o.seed;
+  lo.drop_last = true;  // every calibration batch the same size
   DataLoader loader(open_dataset(o.data, o.split), lo);
   CalibrationOptions co;
   co.batches = o.calib_batches;
@@ -115,13 +121,8 @@ int run_target(const Opts& o, TargetKind kind) {
     so.device = o.device;
     so.eval_batches = o.eval_batches;
     so.input_shapes = t.input_shapes;
-    LoaderOptions lo;
-    LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
-    lo.batch_size = o.batch_size;
-    if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
+    LoaderOptions lo = data_loader_options(o, model);
     lo.shuffle = false;
-    if (!o.normalize.empty()) parse_normalize(o.normalize, lo);
-    if (!o.resize.empty()) parse_resize(o.resize, lo);
     DataLoader loader(open_dataset(o.data, o.split), lo);
     std::unique_ptr<Progress> bar;
     so.progress = [&](int64_t done, int64_t total, const std::string& what) {

@@ -79,5 +79,8 @@ struct EffectiveCost {
 };
 EffectiveCost effective_cost(const ir::Model& model,
                              const std::map<std::string, std::vector<int64_t>>& input_shapes);
+/// The same from an analysis already made (lopper/analysis.h).
+struct ModelCost;
+EffectiveCost effective_cost(const ModelCost& cost);
 
 }  // namespace lopper

@@ -81,6 +81,16 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
   return s;
 }
 
+// The report's model costs before and after (a model that shrinks, or a target).
+void put_costs(nlohmann::json& j, const Opts& o, const ModelCost& before, const ModelCost& after) {
+  j["params_before"] = before.params;
+  j["params"] = after.params;
+  j["macs_before"] = before.macs;
+  j["macs"] = after.macs;
+  j["file_bytes_before"] = model_file_bytes(o.model);
+  j["file_bytes_after"] = model_file_bytes(o.out);
+}
+
 // lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
 // the target with the least estimated loss (sensitivity data from --sensitivity FILE or measured
 // on --data; without either, LAMP or the global channel ranking).
@@ -139,7 +149,6 @@ int run_target(const Opts& o, TargetKind kind) {
   };
   const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
   const ModelCost before = analyze(model, shapes);
-  const ir::Model ir_before = model;  // shares the tensors: pruning replaces them
   TargetReport r = prune_to_target(model, t);
   if (bar) bar->finish();
   const ModelCost after = analyze(model, shapes);
@@ -157,14 +166,9 @@ int run_target(const Opts& o, TargetKind kind) {
   if (latency) j["target"]["device"] = o.device;
   if (sens) j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
   j["structured"] = t.structured;
-  j["params_before"] = before.params;
-  j["params"] = after.params;
+  put_costs(j, o, before, after);
   j["nonzero_before"] = before.nonzero;
   j["nonzero"] = after.nonzero;
-  j["macs_before"] = before.macs;
-  j["macs"] = after.macs;
-  j["file_bytes_before"] = model_file_bytes(o.model);
-  j["file_bytes_after"] = model_file_bytes(o.out);
   j["layers"] = nlohmann::json::array();
   for (const auto& u : r.units) {
     nlohmann::json ju = {{"name", u.name}, {"layers", u.layers}, {"amount", u.amount}};
@@ -205,7 +209,7 @@ int run_target(const Opts& o, TargetKind kind) {
     std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
                              "increases)\n",
                              r.base_loss, r.predicted_loss);
-  const EffectiveCost eb = effective_cost(ir_before, shapes), ea = effective_cost(model, shapes);
+  const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
   std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
                            before.nonzero)
             << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
@@ -266,12 +270,7 @@ int run_structured(const Opts& o) {
   j["structured"] = o.structured;
   j["method"] = importance_name(so.importance);
   j["scope"] = o.scope;
-  j["params_before"] = before.params;
-  j["params"] = after.params;
-  j["macs_before"] = before.macs;
-  j["macs"] = after.macs;
-  j["file_bytes_before"] = model_file_bytes(o.model);
-  j["file_bytes_after"] = model_file_bytes(o.out);
+  put_costs(j, o, before, after);
   j["channels_before"] = r.channels_before;
   j["channels"] = r.channels_after;
   j["barriers"] = r.barriers;

@@ -17,7 +17,7 @@ struct LinearState {
   at::Tensor packed;  // oneDNN's layout of the same weight
   SparseCandidate sparse;
   std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
-  std::vector<std::shared_ptr<kernels::cuda::SemiStructuredWeight>> semi;  // the chosen one
+  std::shared_ptr<kernels::cuda::SemiStructuredWeight> semi;
   enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse, kCudaSemi } kernel =
       Kernel::kUndecided;
 };
@@ -36,13 +36,16 @@ constexpr double kMaxCudaDensity = 0.5;
 
 // A 2:4 weight in fp16/bf16 compressed for each sparse-tensor-core backend that takes it (tried
 // once on x); the others are named in `refused` with why.
-void pack_two_four(LinearState& st, const at::Tensor& bias, const at::Tensor& x,
-                   std::vector<std::string>& refused) {
+using SemiWeights = std::vector<std::shared_ptr<kernels::cuda::SemiStructuredWeight>>;
+
+SemiWeights pack_two_four(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x,
+                          std::vector<std::string>& refused) {
   namespace kcu = kernels::cuda;
-  if (!kcu::semi_fits(st.weight, x.scalar_type())) {
-    if (x.scalar_type() == at::kFloat && kcu::is_two_four(st.weight))
+  SemiWeights packed;
+  if (!kcu::semi_fits(weight, x.scalar_type())) {
+    if (x.scalar_type() == at::kFloat && kcu::is_two_four(weight))
       refused.push_back("cuda-2:4: the sparse tensor cores take fp16/bf16 (--precision bf16)");
-    return;
+    return packed;
   }
   for (auto b : {kcu::SemiBackend::kCusparselt, kcu::SemiBackend::kCutlass}) {
     if (!kcu::semi_compiled(b)) {
@@ -50,14 +53,15 @@ void pack_two_four(LinearState& st, const at::Tensor& bias, const at::Tensor& x,
       continue;
     }
     try {  // a GPU or library that refuses the weight or the shape drops the candidate
-      auto sw = std::make_shared<kcu::SemiStructuredWeight>(b, st.weight, bias, x.scalar_type(),
+      auto sw = std::make_shared<kcu::SemiStructuredWeight>(b, weight, bias, x.scalar_type(),
                                                             x.device());
       sw->linear(x);
-      st.semi.push_back(std::move(sw));
+      packed.push_back(std::move(sw));
     } catch (const std::exception& e) {
       refused.push_back(e.what());
     }
   }
+  return packed;
 }
 
 // On a GPU: cuBLAS (ATen); for a 2:4 weight in fp16/bf16 the sparse tensor cores (cuSPARSELt and
@@ -76,8 +80,8 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
     std::vector<K> kinds{K::kAten};
     std::vector<std::string> refused;
     const bool same_dtype = st.weight.scalar_type() == x.scalar_type();
-    if (same_dtype) pack_two_four(st, bias, x2, refused);
-    for (const auto& sw : st.semi) {
+    const SemiWeights semi = same_dtype ? pack_two_four(st.weight, bias, x2, refused) : SemiWeights{};
+    for (const auto& sw : semi) {
       cands.push_back({kcu::semi_name(sw->backend()),
                        [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
       kinds.push_back(K::kCudaSemi);
@@ -93,14 +97,11 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
     }
     const size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
     st.kernel = kinds[best];
-    std::shared_ptr<kcu::SemiStructuredWeight> chosen;
-    if (st.kernel == K::kCudaSemi) chosen = st.semi[best - 1];
-    st.semi.clear();
-    if (chosen) st.semi.push_back(chosen);
+    if (st.kernel == K::kCudaSemi) st.semi = semi[best - 1];  // candidates 1.. are the 2:4 ones
     if (st.kernel != K::kCudaSparse) st.cuda_sparse.reset();
   }
   if (st.kernel == K::kCudaSemi)
-    return unflatten_rows(onednn::apply_unfused(st.semi[0]->linear(x2), post), x);
+    return unflatten_rows(onednn::apply_unfused(st.semi->linear(x2), post), x);
   if (st.kernel != K::kCudaSparse || !skinny) return dense();
   return unflatten_rows(onednn::apply_unfused(st.cuda_sparse->linear(x2), post), x);
 }

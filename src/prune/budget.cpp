@@ -27,6 +27,15 @@ struct Curve {
   std::vector<double> amount, saved, dloss;
 };
 
+// The structured options a target implies (criterion, rounding, analysis shapes).
+StructuredOptions structured_options(const TargetOptions& o) {
+  StructuredOptions so;
+  so.importance = o.importance;
+  so.round_to = o.round_to;
+  so.input_shapes = o.input_shapes;
+  return so;
+}
+
 // A model with only the given amounts applied: per weight (unstructured; a fraction, or a count
 // when `counts`) or per channel group (structured).
 ir::Model apply(const ir::Model& model, const TargetOptions& o,
@@ -37,10 +46,7 @@ ir::Model apply(const ir::Model& model, const TargetOptions& o,
     bool any = false;
     for (const auto& [g, a] : groups) any |= a > 0;
     if (!any) return m;
-    StructuredOptions so;
-    so.importance = o.importance;
-    so.round_to = o.round_to;
-    so.input_shapes = o.input_shapes;
+    StructuredOptions so = structured_options(o);
     for (const auto& [g, a] : groups)
       if (a > 0) so.group_amounts[g] = a;
     prune_structured(m, so);
@@ -160,10 +166,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
   LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
   // The data must describe this model.
   if (o.structured) {
-    StructuredOptions so;
-    so.importance = o.importance;
-    so.input_shapes = o.input_shapes;
-    const StructuredReport groups = channel_groups(model, so);
+    const StructuredReport groups = channel_groups(model, structured_options(o));
     for (const auto& l : s.layers) {
       const bool ok = l.group >= 0 && size_t(l.group) < groups.groups.size() &&
                       groups.groups[size_t(l.group)].layers == l.layers &&
@@ -272,44 +275,42 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
   if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
   if (o.structured) {
     r.estimator = "global channel ranking";
-    StructuredOptions so;
-    so.importance = o.importance;
-    so.round_to = o.round_to;
+    StructuredOptions so = structured_options(o);
     so.exclude = o.exclude;
     so.scope = PruneScope::kGlobal;
-    so.input_shapes = o.input_shapes;
-    auto at = [&](double a, StructuredReport* rep) {
-      ir::Model m = model;
+    // The model pruned at global amount a, and what was removed.
+    struct Pruned {
+      ir::Model model;
+      StructuredReport report;
+    };
+    auto at = [&](double a) {
+      Pruned p{model, {}};
       StructuredOptions s2 = so;
       s2.amount = PruneAmount{a, false};
-      StructuredReport pr = prune_structured(m, s2);
-      if (rep) *rep = pr;
-      return m;
+      p.report = prune_structured(p.model, s2);
+      return p;
     };
     // Bisect the global share of channels removed (each group capped at --max-layer-amount).
     double lo = 0, hi = so.max_layer_amount;
-    ir::Model best = at(hi, nullptr);
-    double best_cost = cost_of(best, o, shapes);
+    Pruned best = at(hi);
+    double best_cost = cost_of(best.model, o, shapes);
     LOPPER_CHECK(best_cost <= target, "[prune] cannot reach --target-", target_name(o.kind), " ",
                  o.value, ": removing ", hi * 100, "% of the channels leaves ", best_cost,
                  " (target ", target, ")");
-    double best_amount = hi;
     for (int i = 1; i <= 12; ++i) {
       const double mid = 0.5 * (lo + hi);
-      ir::Model m = at(mid, nullptr);
-      const double c = cost_of(m, o, shapes);
+      Pruned p = at(mid);
+      const double c = cost_of(p.model, o, shapes);
       progress(o, fmt::format("global amount {:.4f}: {:.4g} (target {:.4g})", mid, c, target), i,
                12);
       if (c <= target) {
-        hi = mid, best = std::move(m), best_cost = c, best_amount = mid;
+        hi = mid, best = std::move(p), best_cost = c;
       } else {
         lo = mid;
       }
       r.rounds = i;
     }
-    StructuredReport rep;
-    (void)at(best_amount, &rep);
-    for (const auto& g : rep.groups) {
+    for (const auto& g : best.report.groups) {
       if (!g.blocked.empty()) continue;
       TargetUnit tu;
       tu.group = g.id;
@@ -319,7 +320,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
       r.units.push_back(tu);
     }
     r.predicted = r.measured = best_cost;
-    model = std::move(best);
+    model = std::move(best.model);
     return r;
   }
 
@@ -331,7 +332,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
   };
   std::vector<Entry> all;
   std::vector<PrunableWeight> units;
-  std::vector<int64_t> params, nonzero;
+  std::vector<int64_t> params;
   std::vector<double> macs_per_weight;
   const ModelCost cost = analyze(model, shapes);
   std::unordered_map<std::string, int64_t> macs_of;
@@ -352,7 +353,6 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     for (int64_t i = 0; i < score.numel(); ++i) all.push_back({p[i], u});
     units.push_back(pw);
     params.push_back(w.numel());
-    nonzero.push_back(score.numel());
     macs_per_weight.push_back(double(macs_of[pw.weight]) / double(std::max<int64_t>(w.numel(), 1)));
   }
   LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude ? " (--exclude leaves none)" : "");
@@ -378,10 +378,10 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
       saved += double(n[u]) * (o.kind == TargetKind::kParams ? 1.0 : macs_per_weight[u]);
     return before - saved;
   };
-  LOPPER_CHECK(cost_k(max_k) <= target, "[prune] cannot reach --target-", target_name(o.kind),
-               " ", o.value, ": even removing every weight of the prunable layers leaves ",
-               cost_k(max_k));
-  int64_t lo = 0, hi = max_k;  // cost_k(hi) <= target
+  double hi_cost = cost_k(max_k);
+  LOPPER_CHECK(hi_cost <= target, "[prune] cannot reach --target-", target_name(o.kind), " ",
+               o.value, ": even removing every weight of the prunable layers leaves ", hi_cost);
+  int64_t lo = 0, hi = max_k;  // hi_cost = cost_k(hi) <= target
   int rounds = 0;
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -389,12 +389,16 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     ++rounds;
     if (o.kind == TargetKind::kLatency)
       progress(o, fmt::format("{} weights: {:.4g} ms (target {:.4g})", mid, c, target), rounds, 0);
-    (c <= target ? hi : lo) = mid;
+    if (c <= target) {
+      hi = mid, hi_cost = c;
+    } else {
+      lo = mid;
+    }
   }
   const auto n = counts_at(hi);
   ir::Model pruned = model_at(n);
   r.rounds = rounds;
-  r.predicted = cost_k(hi);
+  r.predicted = hi_cost;
   r.measured = cost_of(pruned, o, shapes);
   for (size_t u = 0; u < units.size(); ++u) {
     TargetUnit tu;

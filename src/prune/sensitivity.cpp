@@ -94,7 +94,7 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
   r.method = method_name(o.method);
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
-  const EffectiveCost base = effective_cost(model, shapes);
+  const EffectiveCost base = effective_cost(cost);
   r.params = base.params, r.macs = base.macs;
   std::unordered_map<std::string, int64_t> macs_of;  // per weight (a shared one: all its layers)
   for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
@@ -163,7 +163,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   so.input_shapes = o.input_shapes;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
-  const EffectiveCost base = effective_cost(model, shapes);
+  const EffectiveCost base = effective_cost(cost);
   r.params = base.params, r.macs = base.macs;
   {
     Executor ex(model, eval_options(o.device));
@@ -215,7 +215,10 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
 
 EffectiveCost effective_cost(const ir::Model& model,
                              const std::map<std::string, std::vector<int64_t>>& input_shapes) {
-  const ModelCost c = analyze(model, input_shapes);
+  return effective_cost(analyze(model, input_shapes));
+}
+
+EffectiveCost effective_cost(const ModelCost& c) {
   EffectiveCost e;
   e.params = c.nonzero;
   e.dense_macs = c.macs;

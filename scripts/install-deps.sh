@@ -16,6 +16,8 @@ debs=(
   libjpeg62-turbo-dev                   # JPEG images of folder: datasets
   zlib1g-dev                            # gzipped IDX files
   libgloo-dev                           # gloo headers for the wheel's ProcessGroupGloo.hpp (never linked)
+  libjs-chart.js                        # Chart.js, inlined into HTML reports (--report)
+  chromium                              # headless: the test that renders a report
   python3-venv
 )
 

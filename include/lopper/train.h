@@ -116,11 +116,12 @@ struct EvalResult {
   std::vector<int64_t> per_class_count;
 };
 
-/// Evaluates `model` (inference, the executor's fast path) on every batch of `data`.
-/// `precision`: as ExecOptions::precision (fp32, bf16, fp16 on CUDA).
+/// Evaluates `model` (inference, the executor's fast path) on every batch of `data`, or on the
+/// first `max_batches` when that is > 0. `precision`: as ExecOptions::precision (fp32, bf16, fp16
+/// on CUDA).
 EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device = "cpu",
                     const std::function<void(int64_t batch, int64_t of)>& progress = {},
-                    at::ScalarType precision = at::kFloat);
+                    at::ScalarType precision = at::kFloat, int64_t max_batches = 0);
 
 /// The prunable weights' sparsity (zeros / params), as `lopper inspect` counts it.
 double prunable_sparsity(const ir::Model& model);

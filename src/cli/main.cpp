@@ -4,9 +4,11 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/report.h"
 #include "lopper/error.h"
 
 int main(int argc, char** argv) {
+  lopper::cli::set_command_line(argc, argv);
   CLI::App app{"lopper: prune trained neural networks (ONNX) and prove the gain"};
   app.set_version_flag("--version", std::string("lopper ") + LOPPER_VERSION);
   app.require_subcommand(1);

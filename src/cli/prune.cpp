@@ -7,6 +7,9 @@
 // lopper prune MODEL -o OUT --structured channel|head [--method l1|l2|bn|taylor|fpgm|random]
 //   --amount A [--scope local|global] [--max-layer-amount F] [--round-to N] [--exclude REGEX]
 //   [--recipe FILE.yaml] [--shape NAME=DIMS] [--seed S] [--json]   (taylor: --data SPEC ...)
+// lopper prune MODEL -o OUT --target-macs F | --target-params F | --target-latency-ms X
+//   [--structured channel] [--sensitivity FILE | --data SPEC [--eval-batches N]] [--device D]
+// Any of them: [--report FILE.html] (with --data: top-1 before and after on --eval-batches batches)
 #include "lopper/prune.h"
 
 #include <ATen/ATen.h>
@@ -18,11 +21,13 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/report.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/report.h"
 #include "lopper/progress.h"
 #include "lopper/analysis.h"
 #include "lopper/budget.h"
@@ -47,7 +52,7 @@ struct Opts {
   int64_t round_to = 1;
   std::vector<std::string> shapes;
   double target_macs = 0, target_params = 0, target_latency_ms = 0;
-  std::string sensitivity;
+  std::string sensitivity, report;
   int64_t eval_batches = 16;
 };
 
@@ -79,6 +84,47 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
   Saliency s = compute_saliency(model, loader, co);
   bar.finish();
   return s;
+}
+
+// --report: the models before (read again from --model) and after, measured on --device, top-1
+// and loss on the first --eval-batches batches of --data when it is given; `extra` adds what the
+// kind of pruning knows (target, sensitivity, notes).
+void write_html_report(const Opts& o, const ir::Model& after,
+                       const std::function<void(HtmlReport&)>& extra = {}) {
+  const ir::Model before = onnx::load_model(o.model);
+  ReportMeasure how;
+  how.device = o.device;
+  how.shapes = parse_shape_overrides(o.shapes);
+  std::unique_ptr<DataLoader> loader;
+  if (!o.data.empty()) {
+    LoaderOptions lo = data_loader_options(o, before);
+    lo.shuffle = false;
+    loader = std::make_unique<DataLoader>(open_dataset(o.data, o.split), lo);
+    how.data = loader.get();
+    how.eval_batches = o.eval_batches;
+    how.data_name = fmt::format("{} ({})", o.data, o.split);
+  }
+  const ModelCost cb = analyze(before, resolve_input_shapes(before, how.shapes, 1));
+  const ModelCost ca = analyze(after, resolve_input_shapes(after, how.shapes, 1));
+  const ReportModel mb = measure_for_report("before", o.model, before, cb, how);
+  const ReportModel ma = measure_for_report("after", o.out, after, ca, how);
+  HtmlReport rep("prune", "Pruning " + o.model, command_line());
+  rep.add_model(mb, cb);
+  rep.add_model(ma, ca);
+  if (mb.top1 >= 0 && cb.nonzero > 0) {
+    const std::string x = "share of the nonzero parameters removed", y = "top-1";
+    const std::string intro =
+        "The model before and after pruning; with sensitivity data, also every point of the "
+        "sweep (one layer or group pruned alone), on its own evaluation batches.";
+    rep.add_tradeoff(x, y, intro, {"before", {{0.0, mb.top1, ""}}, false, "reference"});
+    rep.add_tradeoff(x, y, intro,
+                     {"after",
+                      {{1.0 - double(ca.nonzero) / double(cb.nonzero), ma.top1, ""}},
+                      false,
+                      "result"});
+  }
+  if (extra) extra(rep);
+  rep.write(o.report);
 }
 
 // The report's model costs before and after (a model that shrinks, or a target).
@@ -118,6 +164,8 @@ int run_target(const Opts& o, TargetKind kind) {
   t.input_shapes = parse_shape_overrides(o.shapes);
   if (t.kind == TargetKind::kLatency) (void)parse_device(o.device);
   refuse_to_overwrite("prune", o.model, o.out);
+  if (!o.report.empty())
+    check_report_path("prune", o.report, {o.model, o.sensitivity}, {o.out, o.out + ".report.json"});
   ir::Model model = onnx::load_model(o.model);
   std::optional<SensitivityResult> sens;
   if (!o.sensitivity.empty()) {
@@ -179,6 +227,13 @@ int run_target(const Opts& o, TargetKind kind) {
   }
   const std::string report_path = o.out + ".report.json";
   write_file_atomic(report_path, j.dump(2) + "\n");
+  if (!o.report.empty())
+    write_html_report(o, model, [&](HtmlReport& rep) {
+      std::vector<std::pair<std::string, double>> chosen;
+      for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
+      rep.add_target(j["target"], chosen);
+      if (sens) rep.add_sensitivity(*sens);
+    });
   if (latency && r.measured > r.target)
     std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
                              "ms (latency is noisy: measure again with lopper bench)\n",
@@ -215,6 +270,7 @@ int run_target(const Opts& o, TargetKind kind) {
             << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
                            after.macs, before.macs, ea.macs, eb.macs)
             << "report   " << report_path << "\n";
+  if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
   return 0;
 }
 
@@ -248,10 +304,13 @@ int run_structured(const Opts& o) {
   const bool needs_data = so.importance == ChannelImportance::kTaylor;
   if (needs_data && o.data.empty())
     throw UsageError("[prune] --method taylor ranks channels by gradients on data: give --data SPEC");
-  if (!needs_data && !o.data.empty())
-    throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only");
+  if (!needs_data && !o.data.empty() && o.report.empty())
+    throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only, "
+                     "or for the accuracy in --report");
 
   refuse_to_overwrite("prune", o.model, o.out);
+  if (!o.report.empty())
+    check_report_path("prune", o.report, {o.model, o.recipe}, {o.out, o.out + ".report.json"});
   ir::Model model = onnx::load_model(o.model);
   auto shapes = resolve_input_shapes(model, so.input_shapes);
   ModelCost before = analyze(model, shapes);
@@ -287,6 +346,11 @@ int run_structured(const Opts& o) {
   }
   std::string report_path = o.out + ".report.json";
   write_file_atomic(report_path, j.dump(2) + "\n");
+  if (!o.report.empty())
+    write_html_report(o, model, [&](HtmlReport& rep) {
+      for (const auto& b : r.barriers) rep.add_note("channels kept: " + b);
+      for (const auto& w : r.warnings) rep.add_note(w);
+    });
   if (o.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -315,6 +379,7 @@ int run_structured(const Opts& o) {
     for (const auto& b : r.barriers) std::cout << "  " << b << "\n";
   }
   std::cout << "report   " << report_path << "\n";
+  if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
   return 0;
 }
 }  // namespace
@@ -393,11 +458,16 @@ Action add_prune(CLI::App& app) {
       "--sensitivity", o->sensitivity,
       "target: per-layer loss curves from lopper sensitivity -o FILE (else --data measures them, "
       "else LAMP / the global channel ranking)");
-  auto* eval_batches = cmd->add_option("--eval-batches", o->eval_batches,
-                                       "target with --data: batches per sensitivity point (16)");
+  auto* eval_batches = cmd->add_option(
+      "--eval-batches", o->eval_batches,
+      "with --data: batches per sensitivity point (target) and for --report's top-1 (16)");
+  auto* report = cmd->add_option(
+      "--report", o->report,
+      "write an HTML report here: before/after, per layer, target and sensitivity (with --data: "
+      "top-1 before and after)");
   auto* recipe_opt = cmd->get_option("--recipe");
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
-          sfl, targets, sens, eval_batches, amount, recipe_opt]() {
+          sfl, targets, sens, eval_batches, amount, recipe_opt, report]() {
     int given = 0;
     TargetKind kind = TargetKind::kMacs;
     const TargetKind kinds[] = {TargetKind::kMacs, TargetKind::kParams, TargetKind::kLatency};
@@ -411,9 +481,11 @@ Action add_prune(CLI::App& app) {
           throw UsageError("[prune] a target chooses each layer's amount: drop " + opt->get_name());
       return run_target(*o, kind);
     }
-    for (const auto* opt : {sens, eval_batches})
-      if (opt->count() > 0)
-        throw UsageError("[prune] " + opt->get_name() + " is for --target-macs/-params/-latency-ms");
+    if (sens->count() > 0)
+      throw UsageError("[prune] --sensitivity is for --target-macs/-params/-latency-ms");
+    if (eval_batches->count() > 0 && report->count() == 0)
+      throw UsageError("[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
+                       "--report");
     if (structured->count() > 0) {
       for (const auto* opt : {th, pattern, norm, sfl})
         if (opt->count() > 0)
@@ -454,11 +526,13 @@ Action add_prune(CLI::App& app) {
       throw UsageError("[prune] grad and taylor rank weights by their gradients on data: give "
                        "--data SPEC (e.g. --data fashion-mnist)");
     if (!needs_data) {
+      // --report measures top-1 on --data: everything but the calibration's own batch count.
       std::vector<CLI::Option*> given = data_opts;
       given.insert(given.begin(), data);
       for (const auto* opt : given)
-        if (opt->count() > 0)
-          throw UsageError("[prune] " + opt->get_name() + " is for grad and taylor only");
+        if (opt->count() > 0 && (report->count() == 0 || opt->get_name() == "--calib-batches"))
+          throw UsageError("[prune] " + opt->get_name() + " is for grad and taylor only" +
+                           (report->count() ? "" : " (or --report's accuracy)"));
     }
     if (o->recipe.empty()) {
       if (o->scope == "local")
@@ -486,6 +560,9 @@ Action add_prune(CLI::App& app) {
     }
 
     refuse_to_overwrite("prune", o->model, o->out);
+    if (!o->report.empty())
+      check_report_path("prune", o->report, {o->model, o->recipe},
+                        {o->out, o->out + ".report.json"});
     ir::Model model = onnx::load_model(o->model);
     std::optional<Saliency> saliency;
     if (needs_data) {
@@ -528,6 +605,10 @@ Action add_prune(CLI::App& app) {
     // The report beside the model, written like the model: a temporary name, then a rename.
     std::string report_path = o->out + ".report.json";
     write_file_atomic(report_path, j.dump(2) + "\n");
+    if (!o->report.empty())
+      write_html_report(*o, model, [&](HtmlReport& rep) {
+        for (const auto& w : r.warnings) rep.add_note(w);
+      });
 
     if (o->json) {
       std::cout << j.dump(2) << "\n";
@@ -553,6 +634,7 @@ Action add_prune(CLI::App& app) {
         << fmt::format("file            {:>14} bytes (was {})\n",
                        j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>())
         << "report          " << report_path << "\n";
+    if (!o->report.empty()) std::cout << "report          " << o->report << "\n";
     return 0;
   };
 }

@@ -1,6 +1,6 @@
 // lopper sensitivity MODEL --data D [--structured channel] [--method M] [--amounts 0.1,...,0.95]
 //                    [--eval-batches 16] [--split test] [--device cpu|cuda] [--exclude REGEX]
-//                    [--round-to N] [--seed S] [-o FILE.json] [--json]
+//                    [--round-to N] [--seed S] [-o FILE.json] [--json] [--report FILE.html]
 // Each prunable layer (or channel group) pruned alone to each amount; loss and top-1 per point.
 #include <fmt/format.h>
 
@@ -9,6 +9,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/report.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/files.h"
@@ -62,7 +64,7 @@ void print_table(const SensitivityResult& r) {
 
 Action add_sensitivity(CLI::App& app) {
   struct Opts {
-    std::string model, out, structured, method, amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
+    std::string model, out, report, structured, method, amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
     std::string device = "cpu", exclude;
     std::vector<std::string> shapes;
     DataFlags data;
@@ -91,6 +93,9 @@ Action add_sensitivity(CLI::App& app) {
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 for MAC counts (dynamic dims: 1)");
   cmd->add_option("-o,--out", o->out, "write the result as JSON here (pruning to a target reads it)");
   cmd->add_flag("--json", o->json, "print the result as JSON instead of a table");
+  cmd->add_option("--report", o->report,
+                  "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "
+                  "model's layers");
   return [o]() {
     SensitivityOptions so;
     so.amounts = parse_amounts(o->amounts);
@@ -109,6 +114,7 @@ Action add_sensitivity(CLI::App& app) {
     so.seed = o->seed;
     so.input_shapes = parse_shape_overrides(o->shapes);
     if (!o->out.empty()) refuse_to_overwrite("sensitivity", o->model, o->out);
+    if (!o->report.empty()) check_report_path("sensitivity", o->report, {o->model}, {o->out});
     (void)parse_device(o->device);  // a bad or missing device fails before the data is read
 
     ir::Model model = onnx::load_model(o->model);
@@ -125,11 +131,27 @@ Action add_sensitivity(CLI::App& app) {
     if (bar) bar->finish();
     const std::string js = sensitivity_json(r);
     if (!o->out.empty()) write_file_atomic(o->out, js + "\n");
+    if (!o->report.empty()) {
+      HtmlReport rep("sensitivity", "Sensitivity of " + o->model, command_line());
+      ReportMeasure how;
+      how.device = o->device;
+      how.shapes = so.input_shapes;
+      const ModelCost cost = analyze(model, resolve_input_shapes(model, so.input_shapes, 1));
+      ReportModel m = measure_for_report("model", o->model, model, cost, how);
+      m.top1 = r.top1;  // on the sweep's own batches
+      m.loss = r.loss;
+      m.measured += fmt::format("; top-1 and loss on the sweep's {} samples of {} ({})", r.samples,
+                                o->data.data, o->data.split);
+      rep.add_model(m, cost);
+      rep.add_sensitivity(r);
+      rep.write(o->report);
+    }
     if (o->json) {
       std::cout << js << "\n";
     } else {
       print_table(r);
       if (!o->out.empty()) std::cout << "wrote " << o->out << "\n";
+      if (!o->report.empty()) std::cout << "report " << o->report << "\n";
     }
     return 0;
   };

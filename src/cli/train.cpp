@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/report.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
@@ -20,6 +23,7 @@
 #include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "lopper/progress.h"
+#include "lopper/report.h"
 #include "lopper/train.h"
 
 namespace lopper::cli {
@@ -66,7 +70,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
   struct Opts {
     std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
                             prune_pattern = "unstructured", every = "1", eval_split = "test",
-                            prune_structured;
+                            prune_structured, report;
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
@@ -136,9 +140,14 @@ Action add_train_command(CLI::App& app, bool finetune) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
+  cmd->add_option("--report", o->report,
+                  "write an HTML report here: training curves, before/after (top-1 of both on "
+                  "--eval-split), per layer");
   return [o]() {
     TrainOptions& t = o->t;
     refuse_to_overwrite("train", o->model, o->out);
+    if (!o->report.empty())
+      check_report_path("train", o->report, {o->model}, {o->out, o->out + ".train.json"});
     t.schedule = parse_schedule(o->schedule);
     if (t.schedule != PruneSchedule::kNone) {
       if (o->prune_method.empty() || o->prune_amount.empty())
@@ -199,7 +208,11 @@ Action add_train_command(CLI::App& app, bool finetune) {
     std::unique_ptr<Progress> bar;
     TrainCallbacks cb;
     bool tty = ::isatty(2) != 0;  // off a terminal, the epoch line below is the only progress
+    std::vector<ReportStep> curve;  // --report: the running means, about 1500 points in all
     cb.step = [&](int64_t epoch, int64_t step, int64_t steps, double loss, double acc, double lr) {
+      const int64_t stride = std::max<int64_t>(1, steps * t.epochs / 1500);
+      if (!o->report.empty() && (step % stride == 0 || step == steps))
+        curve.push_back({double(epoch - 1) + double(step) / double(steps), loss, acc, lr});
       if (!tty) return;
       if (!bar || step == 1)
         bar = std::make_unique<Progress>(fmt::format("epoch {}/{}", epoch, t.epochs), steps, 1);
@@ -252,21 +265,63 @@ Action add_train_command(CLI::App& app, bool finetune) {
                              {"seconds", e.seconds},
                              {"skipped_steps", e.skipped_steps}});
     j["notes"] = r.notes;
+    std::unique_ptr<DataLoader> test;
+    std::optional<EvalResult> ev;
     if (!o->no_eval && o->data.data.rfind("npy:", 0) != 0) {
       LoaderOptions eo = lo;
       eo.shuffle = false;
       eo.rank = 0;
       eo.world = 1;
-      DataLoader test(open_dataset(o->data.data, o->eval_split), eo);
-      EvalResult ev = evaluate(model, test, t.device, {}, parse_precision(t.precision));
-      j["eval"] = {{"split", o->eval_split}, {"top1", ev.top1}, {"top5", ev.top5},
-                   {"loss", ev.loss}, {"samples", ev.samples}};
+      test = std::make_unique<DataLoader>(open_dataset(o->data.data, o->eval_split), eo);
+      ev = evaluate(model, *test, t.device, {}, parse_precision(t.precision));
+      j["eval"] = {{"split", o->eval_split}, {"top1", ev->top1}, {"top5", ev->top5},
+                   {"loss", ev->loss}, {"samples", ev->samples}};
       std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",
-                               o->eval_split, 100 * ev.top1, 100 * ev.top5, ev.loss, ev.samples);
+                               o->eval_split, 100 * ev->top1, 100 * ev->top5, ev->loss,
+                               ev->samples);
     }
     write_file_atomic(o->out + ".train.json", j.dump(2) + "\n");
+    if (!o->report.empty()) {
+      // The model before: read again, measured like the one after (top-1 on the same split).
+      const ir::Model before = onnx::load_model(o->model);
+      ReportMeasure how;
+      how.device = t.device;
+      how.data = test.get();
+      how.data_name = fmt::format("{} ({})", o->data.data, o->eval_split);
+      const ModelCost cost_before = analyze(before, resolve_input_shapes(before, {}, 1));
+      const ModelCost cost_after = analyze(model, resolve_input_shapes(model, {}, 1));
+      const ReportModel mb = measure_for_report("before", o->model, before, cost_before, how);
+      how.data = nullptr;  // measured above
+      ReportModel ma = measure_for_report("after", o->out, model, cost_after, how);
+      if (ev) {
+        ma.top1 = ev->top1;
+        ma.loss = ev->loss;
+        ma.measured += fmt::format("; top-1 and loss on {} samples of {}", ev->samples,
+                                   how.data_name);
+      }
+      HtmlReport rep("train", "Training " + o->model, command_line());
+      rep.add_model(mb, cost_before);
+      rep.add_model(ma, cost_after);
+      rep.add_training(r, curve, o->eval_split, ev ? ev->top1 : -1);
+      const std::string x = "sparsity of the prunable weights", y = "accuracy";
+      const std::string intro =
+          "Training accuracy per epoch against the sparsity the schedule had reached; the "
+          "models before and after on " + how.data_name + ".";
+      ReportSeries epochs{"training (per epoch)", {}, true, ""};
+      for (const auto& e : r.epochs)
+        epochs.points.push_back({e.sparsity, e.accuracy, fmt::format("epoch {}", e.epoch)});
+      rep.add_tradeoff(x, y, intro, epochs);
+      if (ev) {
+        rep.add_tradeoff(x, y, intro,
+                         {"before", {{prunable_sparsity(before), mb.top1, ""}}, false, "reference"});
+        rep.add_tradeoff(x, y, intro,
+                         {"after", {{prunable_sparsity(model), ev->top1, ""}}, false, "result"});
+      }
+      rep.write(o->report);
+    }
     print_table_row("wrote", o->out);
     print_table_row("sparsity", fmt::format("{:.1f}%", 100 * j["sparsity"].get<double>()));
+    if (!o->report.empty()) print_table_row("report", o->report);
     return 0;
   };
 }

@@ -706,7 +706,7 @@ TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
 
 EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device,
                     const std::function<void(int64_t, int64_t)>& progress,
-                    at::ScalarType precision) {
+                    at::ScalarType precision, int64_t max_batches) {
   ExecOptions eo;
   eo.device = device;
   eo.precision = precision;
@@ -720,7 +720,8 @@ EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string&
   data.start_epoch(0);
   Batch b;
   int64_t batch = 0, of = data.batches_per_epoch();
-  while (data.next(b)) {
+  if (max_batches > 0) of = std::min(of, max_batches);
+  while (batch < of && data.next(b)) {
     at::Tensor x = fit_to_input(b.x, io.dims, io.input).to(ex.device());
     at::Tensor out = ex.run({{io.input, x}}).at(0).reshape({b.x.size(0), -1}).to(at::kCPU);
     at::Tensor y = b.y;
@@ -737,7 +738,8 @@ EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string&
       hit[yc[i]] += fc[i];
     }
     r.samples += y.size(0);
-    if (progress) progress(++batch, of);
+    ++batch;
+    if (progress) progress(batch, of);
   }
   LOPPER_CHECK(r.samples > 0, "[eval] ", data.dataset().name(), " gave no sample");
   r.top1 = top1 / double(r.samples);

@@ -1,0 +1,78 @@
+// A report people look at: one self-contained HTML file (the data and Chart.js inlined, nothing
+// fetched) with what a prune, a sensitivity sweep or a training run found — before/after summary,
+// per-layer bars, sensitivity curves, the accuracy–sparsity trade-off, training curves.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lopper {
+
+struct ModelCost;          // lopper/analysis.h
+struct SensitivityResult;  // lopper/sensitivity.h
+struct TrainResult;        // lopper/train.h
+
+/// One model's figures: a column of the report's summary. Negative: not measured.
+struct ReportModel {
+  std::string label;  // "before", "after", "model"
+  std::string path;
+  int64_t params = 0, nonzero = 0, macs = 0, file_bytes = 0;
+  int64_t effective_macs = 0;  // MACs on nonzero weights (unstructured sparsity counted)
+  double latency_ms = -1;
+  double top1 = -1, loss = -1;
+  std::string measured;  // how latency and accuracy were measured ("cpu, batch 1; 512 samples ...")
+};
+
+/// A point of the training curves: the running means within an epoch (x: fractional epoch).
+struct ReportStep {
+  double epoch = 0, loss = 0, accuracy = 0, lr = 0;
+};
+
+/// A series of the accuracy–sparsity chart; x and y are shares in [0, 1].
+struct ReportSeries {
+  struct Point {
+    double x = 0, y = 0;
+    std::string label;
+  };
+  std::string label;
+  std::vector<Point> points;
+  bool line = false;  // joined by a line (a curve) or loose points
+  std::string role;   // "reference" (before, unpruned), "result" (after), "": one of a family
+};
+
+class HtmlReport {
+ public:
+  /// `kind`: prune, sensitivity or train; `command`: the command line, shown in the header.
+  HtmlReport(std::string kind, std::string title, std::string command);
+
+  /// A summary column; `cost` (the model's analysis) adds its per-layer parameters, nonzeros and
+  /// MACs, matched to earlier models' layers by node name (a layer a model lacks counts 0).
+  void add_model(const ReportModel& m, const ModelCost& cost);
+  /// Sensitivity curves; with `tradeoff`, also each point's share of the model's nonzero
+  /// parameters removed against its top-1.
+  void add_sensitivity(const SensitivityResult& r, bool tradeoff = true);
+  /// The amount chosen per layer (or group) by pruning to a target, and the target's figures
+  /// (the "target" object of prune's report JSON).
+  void add_target(const nlohmann::json& target, const std::vector<std::pair<std::string, double>>& chosen);
+  /// Training curves: per epoch, and the running means of `steps`.
+  void add_training(const TrainResult& r, const std::vector<ReportStep>& steps,
+                    const std::string& eval_split = "", double eval_top1 = -1);
+  /// The accuracy–sparsity chart: axis names and `intro` set once, series appended in order.
+  void add_tradeoff(const std::string& x, const std::string& y, const std::string& intro,
+                    const ReportSeries& series);
+  void add_note(const std::string& note);
+
+  /// The data the page draws (format "lopper.report/1").
+  const nlohmann::json& data() const { return data_; }
+  /// The page: the template with Chart.js and the data inlined.
+  std::string html() const;
+  /// Writes html() to `path` (a temporary file, then a rename).
+  void write(const std::string& path) const;
+
+ private:
+  nlohmann::json data_;
+};
+
+}  // namespace lopper

@@ -29,7 +29,7 @@ run: build
 	$(BUILD)/lopper train $(OUT)/lenet5.dense.onnx --data fashion-mnist -o $(OUT)/lenet5.pruned.onnx \
 	  --epochs 5 --lr 0.01 --lr-schedule cosine --batch-size 128 --seed 1 \
 	  --schedule agp --prune-method l1 --prune-amount 0.9 --start-epoch 0 --end-epoch 3 \
-	  --sparse-initializers
+	  --sparse-initializers --report $(OUT)/lenet5.pruned.report.html
 	$(BUILD)/lopper compare $(OUT)/lenet5.dense.onnx $(OUT)/lenet5.pruned.onnx --data fashion-mnist \
 	  --threads 1 --report $(OUT)/lenet5.pruned.compare.json
 

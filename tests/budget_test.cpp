@@ -13,6 +13,7 @@
 #include "lopper/error.h"
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
+#include "lopper/train.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -157,6 +158,16 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   EXPECT_DOUBLE_EQ(j["target"]["measured"].get<double>(), j["macs"].get<double>());
   EXPECT_TRUE(j["target"].contains("loss"));
   EXPECT_TRUE(fs::exists(out + ".report.json"));
+  {  // the loss measured after pruning is the pruned model's on the sensitivity's 2 batches
+    LoaderOptions lo;
+    lo.batch_size = 4;  // the fixture's fixed batch
+    lo.shuffle = false;
+    DataLoader dl(open_dataset(data), lo);
+    const EvalResult e = evaluate(onnx::load_model(out), dl, "cpu", {}, at::kFloat, 2);
+    EXPECT_EQ(e.samples, 8);
+    EXPECT_NEAR(j["target"]["loss"]["measured"].get<double>(), e.loss, 1e-9);
+    EXPECT_NEAR(j["target"]["loss"]["top1_measured"].get<double>(), e.top1, 1e-12);
+  }
 
   auto sens = lopper_cli("sensitivity " + in + " --data " + data + " --eval-batches 2 -o " +
                          (tmp / "s.json"));

@@ -55,7 +55,8 @@ class HtmlReport {
   void add_sensitivity(const SensitivityResult& r, bool tradeoff = true);
   /// The amount chosen per layer (or group) by pruning to a target, and the target's figures
   /// (the "target" object of prune's report JSON).
-  void add_target(const nlohmann::json& target, const std::vector<std::pair<std::string, double>>& chosen);
+  void add_target(const nlohmann::json& target,
+                  const std::vector<std::pair<std::string, double>>& chosen);
   /// Training curves: per epoch, and the running means of `steps`.
   void add_training(const TrainResult& r, const std::vector<ReportStep>& steps,
                     const std::string& eval_split = "", double eval_top1 = -1);

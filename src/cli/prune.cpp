@@ -33,6 +33,7 @@
 #include "lopper/budget.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
+#include "lopper/train.h"
 
 namespace lopper::cli {
 
@@ -168,9 +169,15 @@ int run_target(const Opts& o, TargetKind kind) {
     check_report_path("prune", o.report, {o.model, o.sensitivity}, {o.out, o.out + ".report.json"});
   ir::Model model = onnx::load_model(o.model);
   std::optional<SensitivityResult> sens;
+  std::unique_ptr<DataLoader> loader;  // --data: the sensitivity's batches, then the loss measured
+  if (!o.data.empty()) {
+    LoaderOptions lo = data_loader_options(o, model);
+    lo.shuffle = false;
+    loader = std::make_unique<DataLoader>(open_dataset(o.data, o.split), lo);
+  }
   if (!o.sensitivity.empty()) {
     sens = parse_sensitivity(read_file(o.sensitivity), o.sensitivity);
-  } else if (!o.data.empty()) {
+  } else if (loader) {
     SensitivityOptions so;
     so.structured = t.structured;
     so.importance = t.importance;
@@ -179,15 +186,12 @@ int run_target(const Opts& o, TargetKind kind) {
     so.device = o.device;
     so.eval_batches = o.eval_batches;
     so.input_shapes = t.input_shapes;
-    LoaderOptions lo = data_loader_options(o, model);
-    lo.shuffle = false;
-    DataLoader loader(open_dataset(o.data, o.split), lo);
     std::unique_ptr<Progress> bar;
     so.progress = [&](int64_t done, int64_t total, const std::string& what) {
       if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
       bar->update(done, what);
     };
-    sens = sensitivity(model, loader, so);
+    sens = sensitivity(model, *loader, so);
   }
   t.sensitivity = sens ? &*sens : nullptr;
   std::unique_ptr<Progress> bar;
@@ -212,7 +216,17 @@ int run_target(const Opts& o, TargetKind kind) {
                  {"before", r.before}, {"predicted", r.predicted}, {"measured", r.measured},
                  {"estimator", r.estimator}, {"rounds", r.rounds}};
   if (latency) j["target"]["device"] = o.device;
-  if (sens) j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
+  std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
+  if (sens && loader) {
+    measured = evaluate(model, *loader, o.device, {}, at::kFloat, o.eval_batches);
+    j["target"]["loss"] = {{"base", r.base_loss},
+                           {"predicted", r.predicted_loss},
+                           {"measured", measured->loss},
+                           {"top1_base", sens->top1},
+                           {"top1_measured", measured->top1}};
+  } else if (sens) {
+    j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
+  }
   j["structured"] = t.structured;
   put_costs(j, o, before, after);
   j["nonzero_before"] = before.nonzero;
@@ -262,8 +276,13 @@ int run_target(const Opts& o, TargetKind kind) {
                            fmt_cost(r.measured));
   if (sens)
     std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
-                             "increases)\n",
-                             r.base_loss, r.predicted_loss);
+                             "increases){}\n",
+                             r.base_loss, r.predicted_loss,
+                             measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
+  if (measured)
+    std::cout << fmt::format("top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
+                             "samples, before fine-tuning)\n",
+                             100 * sens->top1, 100 * measured->top1, measured->samples);
   const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
   std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
                            before.nonzero)

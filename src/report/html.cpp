@@ -67,13 +67,10 @@ HtmlReport::HtmlReport(std::string kind, std::string title, std::string command)
 }
 
 void HtmlReport::add_model(const ReportModel& m, const ModelCost& cost) {
-  nlohmann::json jm = {{"label", m.label},
-                       {"path", m.path},
-                       {"params", m.params},
-                       {"nonzero", m.nonzero},
-                       {"macs", m.macs},
-                       {"effective_macs", m.effective_macs},
-                       {"file_bytes", m.file_bytes}};
+  nlohmann::json jm = {
+      {"label", m.label},          {"path", m.path}, {"params", m.params},
+      {"nonzero", m.nonzero},      {"macs", m.macs}, {"effective_macs", m.effective_macs},
+      {"file_bytes", m.file_bytes}};
   if (m.latency_ms >= 0) jm["latency_ms"] = m.latency_ms;
   if (m.top1 >= 0) jm["top1"] = m.top1;
   if (m.loss >= 0) jm["loss"] = m.loss;
@@ -91,8 +88,8 @@ void HtmlReport::add_model(const ReportModel& m, const ModelCost& cost) {
     auto it = row.find(l.name);
     if (it == row.end()) {
       nlohmann::json zeros = std::vector<int64_t>(column, 0);
-      layers.push_back({{"name", l.name}, {"op", l.op}, {"params", zeros}, {"nonzero", zeros},
-                        {"macs", zeros}});
+      layers.push_back(
+          {{"name", l.name}, {"op", l.op}, {"params", zeros}, {"nonzero", zeros}, {"macs", zeros}});
       it = row.emplace(l.name, layers.size() - 1).first;
     }
     nlohmann::json& jl = layers[it->second];
@@ -106,15 +103,22 @@ void HtmlReport::add_model(const ReportModel& m, const ModelCost& cost) {
 }
 
 void HtmlReport::add_sensitivity(const SensitivityResult& r, bool tradeoff) {
-  nlohmann::json js = {{"unit", r.unit},       {"method", r.method}, {"top1", r.top1},
-                       {"loss", r.loss},       {"samples", r.samples}, {"params", r.params},
+  nlohmann::json js = {{"unit", r.unit},       {"method", r.method},
+                       {"top1", r.top1},       {"loss", r.loss},
+                       {"samples", r.samples}, {"params", r.params},
                        {"macs", r.macs},       {"layers", nlohmann::json::array()}};
   for (const auto& l : r.layers) {
-    nlohmann::json jl = {{"name", l.name}, {"params", l.params}, {"macs", l.macs},
+    nlohmann::json jl = {{"name", l.name},
+                         {"params", l.params},
+                         {"macs", l.macs},
                          {"points", nlohmann::json::array()}};
     for (const auto& p : l.points)
-      jl["points"].push_back({{"amount", p.amount}, {"removed", p.removed}, {"loss", p.loss},
-                              {"top1", p.top1}, {"params", p.params}, {"macs", p.macs}});
+      jl["points"].push_back({{"amount", p.amount},
+                              {"removed", p.removed},
+                              {"loss", p.loss},
+                              {"top1", p.top1},
+                              {"params", p.params},
+                              {"macs", p.macs}});
     js["layers"].push_back(jl);
   }
   data_["sensitivity"] = js;
@@ -131,8 +135,8 @@ void HtmlReport::add_sensitivity(const SensitivityResult& r, bool tradeoff) {
     ReportSeries s{l.name, {}, true, ""};
     s.points.push_back({0.0, r.top1, "unpruned"});
     for (const auto& p : l.points)
-      s.points.push_back({1.0 - double(p.params) / double(r.params), p.top1,
-                          fmt::format("at {:g}", p.amount)});
+      s.points.push_back(
+          {1.0 - double(p.params) / double(r.params), p.top1, fmt::format("at {:g}", p.amount)});
     add_tradeoff("", "", "", s);
   }
 }
@@ -149,9 +153,13 @@ void HtmlReport::add_training(const TrainResult& r, const std::vector<ReportStep
                               const std::string& eval_split, double eval_top1) {
   nlohmann::json jt = {{"epochs", nlohmann::json::array()}, {"steps", nlohmann::json::array()}};
   for (const auto& e : r.epochs)
-    jt["epochs"].push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy},
-                            {"lr", e.lr}, {"sparsity", e.sparsity},
-                            {"samples_per_s", e.samples_per_s}, {"seconds", e.seconds}});
+    jt["epochs"].push_back({{"epoch", e.epoch},
+                            {"loss", e.loss},
+                            {"accuracy", e.accuracy},
+                            {"lr", e.lr},
+                            {"sparsity", e.sparsity},
+                            {"samples_per_s", e.samples_per_s},
+                            {"seconds", e.seconds}});
   for (const auto& s : steps)
     jt["steps"].push_back(
         {{"epoch", s.epoch}, {"loss", s.loss}, {"accuracy", s.accuracy}, {"lr", s.lr}});
@@ -164,7 +172,9 @@ void HtmlReport::add_tradeoff(const std::string& x, const std::string& y, const 
                               const ReportSeries& series) {
   nlohmann::json& t = data_["tradeoff"];
   if (t.is_null()) t = {{"x", x}, {"y", y}, {"intro", intro}, {"series", nlohmann::json::array()}};
-  nlohmann::json js = {{"label", series.label}, {"line", series.line}, {"role", series.role},
+  nlohmann::json js = {{"label", series.label},
+                       {"line", series.line},
+                       {"role", series.role},
                        {"points", nlohmann::json::array()}};
   for (const auto& p : series.points) {
     nlohmann::json jp = {{"x", p.x}, {"y", p.y}};
@@ -180,8 +190,8 @@ std::string HtmlReport::html() const {
   std::string page = asset(report_assets::kTemplate, report_assets::kTemplate_size);
   // The data first, so that a marker inside Chart.js is never taken for the data's; the Chart.js
   // marker comes before the data in the template, so the data cannot shadow it either.
-  fill(page, "{{data}}", script_safe(data_.dump(-1, ' ', false,
-                                                nlohmann::json::error_handler_t::replace)));
+  fill(page, "{{data}}",
+       script_safe(data_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   fill(page, "{{chart.js}}", asset(report_assets::kChartJs, report_assets::kChartJs_size));
   return page;
 }

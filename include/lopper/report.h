@@ -25,7 +25,8 @@ struct ReportModel {
   std::string measured;  // how latency and accuracy were measured ("cpu, batch 1; 512 samples ...")
 };
 
-/// A point of the training curves: the running means within an epoch (x: fractional epoch).
+/// A point of the per-step training curve (x: fractional epoch): the loss smoothed over steps,
+/// the epoch's running accuracy, the learning rate.
 struct ReportStep {
   double epoch = 0, loss = 0, accuracy = 0, lr = 0;
 };

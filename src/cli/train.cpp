@@ -208,11 +208,19 @@ Action add_train_command(CLI::App& app, bool finetune) {
     std::unique_ptr<Progress> bar;
     TrainCallbacks cb;
     bool tty = ::isatty(2) != 0;  // off a terminal, the epoch line below is the only progress
-    std::vector<ReportStep> curve;  // --report: the running means, about 1500 points in all
+    // --report: each step's loss (recovered from the epoch's running mean), smoothed across
+    // epochs by an exponential moving average; about 1500 points in all.
+    std::vector<ReportStep> curve;
+    double last_mean = 0, smoothed = -1;
     cb.step = [&](int64_t epoch, int64_t step, int64_t steps, double loss, double acc, double lr) {
-      const int64_t stride = std::max<int64_t>(1, steps * t.epochs / 1500);
-      if (!o->report.empty() && (step % stride == 0 || step == steps))
-        curve.push_back({double(epoch - 1) + double(step) / double(steps), loss, acc, lr});
+      if (!o->report.empty()) {
+        const double step_loss = double(step) * loss - double(step - 1) * (step > 1 ? last_mean : 0);
+        last_mean = loss;
+        smoothed = smoothed < 0 ? step_loss : 0.95 * smoothed + 0.05 * step_loss;
+        const int64_t stride = std::max<int64_t>(1, steps * t.epochs / 1500);
+        if (step % stride == 0 || step == steps)
+          curve.push_back({double(epoch - 1) + double(step) / double(steps), smoothed, acc, lr});
+      }
       if (!tty) return;
       if (!bar || step == 1)
         bar = std::make_unique<Progress>(fmt::format("epoch {}/{}", epoch, t.epochs), steps, 1);

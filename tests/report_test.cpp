@@ -2,6 +2,8 @@
 // (Chart.js and the data inlined, nothing left of the template's markers, "</" escaped), and
 // --report's bad paths on prune, sensitivity and train. tests/python/check_reports.py renders the
 // pages in headless Chromium.
+#include "lopper/report.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,7 +11,6 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/npy.h"
-#include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
 #include "test_util.h"
@@ -44,7 +45,7 @@ TEST(HtmlReport, MatchesLayersByNameAcrossModels) {
   const auto& d = rep.data();
   ASSERT_EQ(d["models"].size(), 2u);
   EXPECT_EQ(d["models"][0]["top1"], 0.9);
-  EXPECT_FALSE(d["models"][1].contains("top1"));    // not measured: left out
+  EXPECT_FALSE(d["models"][1].contains("top1"));  // not measured: left out
   EXPECT_FALSE(d["models"][0].contains("latency_ms"));
   ASSERT_EQ(d["layers"].size(), 3u);
   EXPECT_EQ(d["layers"][0]["name"], "fc1");
@@ -71,11 +72,12 @@ TEST(HtmlReport, PageInlinesChartJsAndEscapedData) {
   s.layers = {l};
   rep.add_sensitivity(s);
   const std::string page = rep.html();
-  EXPECT_NE(page.find("Chart.js v"), std::string::npos);  // the library's banner
+  EXPECT_NE(page.find("Chart.js v"), std::string::npos);             // the library's banner
   EXPECT_EQ(page.find("{{chart.js}}"), page.rfind("{{chart.js}}"));  // only the note's
   // The only "</script" are the page's own elements' ends: 4 scripts.
   size_t closes = 0;
-  for (size_t at = page.find("</script"); at != std::string::npos; at = page.find("</script", at + 1))
+  for (size_t at = page.find("</script"); at != std::string::npos;
+       at = page.find("</script", at + 1))
     ++closes;
   EXPECT_EQ(closes, 4u);
   EXPECT_NE(page.find("<\\/script><script>alert(1)<\\/script>"), std::string::npos);
@@ -156,9 +158,7 @@ TEST(ReportCli, RefusesBadReportPathsBeforeAnyWork) {
                        " --eval-batches 2 --report " + (tmp / "r.html"));
   ASSERT_EQ(ok.code, 0) << ok.err;
   const std::string page = test::slurp(tmp / "r.html");
-  EXPECT_NE(page.find("\"measured\":\"latency: median of 20 runs on cpu, batch 4; top-1 and loss "
-                      "on 8 samples of "),
-            std::string::npos);
+  EXPECT_NE(page.find(" runs on cpu, batch 4; top-1 and loss on 8 samples of "), std::string::npos);
   auto without = lopper_cli("prune " + in + " -o " + (tmp / "q.onnx") +
                             " --method l1 --amount 0.5 --data " + data);
   EXPECT_EQ(without.code, 2) << without.err;

@@ -186,6 +186,9 @@ int run_target(const Opts& o, TargetKind kind) {
     so.device = o.device;
     so.eval_batches = o.eval_batches;
     so.input_shapes = t.input_shapes;
+    // NOTE: weights: beyond 0.95, so that high targets (95% of the weights removed overall needs
+    // some layers past 95%) have curve points to reach them.
+    if (!t.structured) so.amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99};
     std::unique_ptr<Progress> bar;
     so.progress = [&](int64_t done, int64_t total, const std::string& what) {
       if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);

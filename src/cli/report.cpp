@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "cli/common.h"
@@ -48,14 +49,18 @@ ReportModel measure_for_report(const std::string& label, const std::string& path
   r.macs = cost.macs;
   r.effective_macs = effective_cost(cost).macs;
   r.file_bytes = model_file_bytes(path);
-  r.latency_ms = measure_latency_ms(m, how.device, how.shapes, how.latency_iters);
+  // As many runs as fit in about half a second (10 to 500): a 0.1 ms model needs hundreds for a
+  // stable median, a 50 ms one a few.
+  const double probe = measure_latency_ms(m, how.device, how.shapes, 5);
+  const int iters = int(std::clamp(500.0 / std::max(probe, 1e-3), 10.0, 500.0));
+  r.latency_ms = measure_latency_ms(m, how.device, how.shapes, iters);
   std::string batch;
   for (const auto& [name, dims] : resolve_input_shapes(m, how.shapes, 1))
     if (!dims.empty()) {
       batch = fmt::format("batch {}", dims[0]);
       break;
     }
-  r.measured = fmt::format("latency: median of {} runs on {}{}", how.latency_iters, how.device,
+  r.measured = fmt::format("latency: median of {} runs on {}{}", iters, how.device,
                            batch.empty() ? "" : ", " + batch);
   if (how.data) {
     const EvalResult e = evaluate(m, *how.data, how.device, {}, at::kFloat, how.eval_batches);

@@ -28,7 +28,6 @@ void check_report_path(const std::string& cmd, const std::string& report,
 struct ReportMeasure {
   std::string device = "cpu";
   std::map<std::string, std::vector<int64_t>> shapes;  // inputs for latency (dynamic dims: 1)
-  int latency_iters = 20;
   DataLoader* data = nullptr;  // top-1 and loss on it, when given ...
   int64_t eval_batches = 0;    // ... on its first batches (0: all)
   std::string data_name;       // "fashion-mnist (test)"

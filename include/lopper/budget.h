@@ -71,9 +71,11 @@ struct TargetReport {
 TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts);
 
 /// Median latency of `model` over `iters` runs (after 3 warm-ups) on `device`, random inputs of
-/// the given shapes (the executor's first-run kernel choice happens in the warm-up).
+/// the given shapes (the executor's first-run kernel choice happens in the warm-up). With
+/// `budget_ms` > 0, more runs follow while all timed runs together stay under it (500 at most);
+/// `runs`, when given, receives how many were timed.
 double measure_latency_ms(const ir::Model& model, const std::string& device,
                           const std::map<std::string, std::vector<int64_t>>& input_shapes,
-                          int iters);
+                          int iters, double budget_ms = 0, int* runs = nullptr);
 
 }  // namespace lopper

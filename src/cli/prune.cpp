@@ -88,27 +88,34 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
 }
 
 // --report: the models before (read again from --model) and after, measured on --device, top-1
-// and loss on the first --eval-batches batches of --data when it is given; `extra` adds what the
-// kind of pruning knows (target, sensitivity, notes).
+// and loss on the first --eval-batches batches of --data when it is given (`known`: already
+// evaluated there, before and after); `extra` adds what the kind of pruning knows (target,
+// sensitivity, notes).
 void write_html_report(const Opts& o, const ir::Model& after,
-                       const std::function<void(HtmlReport&)>& extra = {}) {
+                       const std::function<void(HtmlReport&)>& extra = {},
+                       const std::pair<EvalResult, EvalResult>* known = nullptr) {
   const ir::Model before = onnx::load_model(o.model);
   ReportMeasure how;
   how.device = o.device;
   how.shapes = parse_shape_overrides(o.shapes);
   std::unique_ptr<DataLoader> loader;
-  if (!o.data.empty()) {
+  const std::string data_name = fmt::format("{} ({})", o.data, o.split);
+  if (!o.data.empty() && !known) {
     LoaderOptions lo = data_loader_options(o, before);
     lo.shuffle = false;
     loader = std::make_unique<DataLoader>(open_dataset(o.data, o.split), lo);
     how.data = loader.get();
     how.eval_batches = o.eval_batches;
-    how.data_name = fmt::format("{} ({})", o.data, o.split);
+    how.data_name = data_name;
   }
   const ModelCost cb = analyze(before, resolve_input_shapes(before, how.shapes, 1));
   const ModelCost ca = analyze(after, resolve_input_shapes(after, how.shapes, 1));
-  const ReportModel mb = measure_for_report("before", o.model, before, cb, how);
-  const ReportModel ma = measure_for_report("after", o.out, after, ca, how);
+  ReportModel mb = measure_for_report("before", o.model, before, cb, how);
+  ReportModel ma = measure_for_report("after", o.out, after, ca, how);
+  if (known) {
+    set_accuracy(mb, known->first.top1, known->first.loss, known->first.samples, data_name);
+    set_accuracy(ma, known->second.top1, known->second.loss, known->second.samples, data_name);
+  }
   HtmlReport rep("prune", "Pruning " + o.model, command_line());
   rep.add_model(mb, cb);
   rep.add_model(ma, ca);
@@ -220,8 +227,14 @@ int run_target(const Opts& o, TargetKind kind) {
                  {"estimator", r.estimator}, {"rounds", r.rounds}};
   if (latency) j["target"]["device"] = o.device;
   std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
+  std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
   if (sens && loader) {
     measured = evaluate(model, *loader, o.device, {}, at::kFloat, o.eval_batches);
+    EvalResult base;
+    base.samples = sens->samples;
+    base.top1 = sens->top1;
+    base.loss = sens->loss;
+    evaluated.emplace(base, *measured);
     j["target"]["loss"] = {{"base", r.base_loss},
                            {"predicted", r.predicted_loss},
                            {"measured", measured->loss},
@@ -250,7 +263,7 @@ int run_target(const Opts& o, TargetKind kind) {
       for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
       rep.add_target(j["target"], chosen);
       if (sens) rep.add_sensitivity(*sens);
-    });
+    }, evaluated ? &*evaluated : nullptr);
   if (latency && r.measured > r.target)
     std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
                              "ms (latency is noisy: measure again with lopper bench)\n",

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <filesystem>
 
 #include "cli/common.h"
@@ -51,9 +50,8 @@ ReportModel measure_for_report(const std::string& label, const std::string& path
   r.file_bytes = model_file_bytes(path);
   // As many runs as fit in about half a second (10 to 500): a 0.1 ms model needs hundreds for a
   // stable median, a 50 ms one a few.
-  const double probe = measure_latency_ms(m, how.device, how.shapes, 5);
-  const int iters = int(std::clamp(500.0 / std::max(probe, 1e-3), 10.0, 500.0));
-  r.latency_ms = measure_latency_ms(m, how.device, how.shapes, iters);
+  int iters = 0;
+  r.latency_ms = measure_latency_ms(m, how.device, how.shapes, 10, 500.0, &iters);
   std::string batch;
   for (const auto& [name, dims] : resolve_input_shapes(m, how.shapes, 1))
     if (!dims.empty()) {
@@ -64,11 +62,16 @@ ReportModel measure_for_report(const std::string& label, const std::string& path
                            batch.empty() ? "" : ", " + batch);
   if (how.data) {
     const EvalResult e = evaluate(m, *how.data, how.device, {}, at::kFloat, how.eval_batches);
-    r.top1 = e.top1;
-    r.loss = e.loss;
-    r.measured += fmt::format("; top-1 and loss on {} samples of {}", e.samples, how.data_name);
+    set_accuracy(r, e.top1, e.loss, e.samples, how.data_name);
   }
   return r;
+}
+
+void set_accuracy(ReportModel& m, double top1, double loss, int64_t samples,
+                  const std::string& data_name) {
+  m.top1 = top1;
+  m.loss = loss;
+  m.measured += fmt::format("; top-1 and loss on {} samples of {}", samples, data_name);
 }
 
 void set_command_line(int argc, char** argv) {

@@ -33,6 +33,10 @@ struct ReportMeasure {
   std::string data_name;       // "fashion-mnist (test)"
 };
 
+/// Top-1 and loss measured on `samples` samples of `data_name`, into `m` (and its `measured` note).
+void set_accuracy(ReportModel& m, double top1, double loss, int64_t samples,
+                  const std::string& data_name);
+
 /// `m`'s summary figures: costs from `cost`, file size of `path`, latency, accuracy.
 ReportModel measure_for_report(const std::string& label, const std::string& path,
                                const ir::Model& m, const ModelCost& cost, const ReportMeasure& how);

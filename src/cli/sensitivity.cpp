@@ -138,10 +138,8 @@ Action add_sensitivity(CLI::App& app) {
       how.shapes = so.input_shapes;
       const ModelCost cost = analyze(model, resolve_input_shapes(model, so.input_shapes, 1));
       ReportModel m = measure_for_report("model", o->model, model, cost, how);
-      m.top1 = r.top1;  // on the sweep's own batches
-      m.loss = r.loss;
-      m.measured += fmt::format("; top-1 and loss on the sweep's {} samples of {} ({})", r.samples,
-                                o->data.data, o->data.split);
+      set_accuracy(m, r.top1, r.loss, r.samples,
+                   fmt::format("{} ({}), the sweep's own batches", o->data.data, o->data.split));
       rep.add_model(m, cost);
       rep.add_sensitivity(r);
       rep.write(o->report);

@@ -301,12 +301,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
       const ReportModel mb = measure_for_report("before", o->model, before, cost_before, how);
       how.data = nullptr;  // measured above
       ReportModel ma = measure_for_report("after", o->out, model, cost_after, how);
-      if (ev) {
-        ma.top1 = ev->top1;
-        ma.loss = ev->loss;
-        ma.measured += fmt::format("; top-1 and loss on {} samples of {}", ev->samples,
-                                   how.data_name);
-      }
+      if (ev) set_accuracy(ma, ev->top1, ev->loss, ev->samples, how.data_name);
       HtmlReport rep("train", "Training " + o->model, command_line());
       rep.add_model(mb, cost_before);
       rep.add_model(ma, cost_after);

@@ -499,7 +499,7 @@ const char* target_name(TargetKind k) {
 
 double measure_latency_ms(const ir::Model& model, const std::string& device,
                           const std::map<std::string, std::vector<int64_t>>& input_shapes,
-                          int iters) {
+                          int iters, double budget_ms, int* runs) {
   ExecOptions eo;
   eo.device = device;
   Executor ex(model, eo);
@@ -521,13 +521,16 @@ double measure_latency_ms(const ir::Model& model, const std::string& device,
   for (int i = 0; i < 3; ++i) ex.run(feeds);
   sync();
   std::vector<double> ms;
-  for (int i = 0; i < std::max(iters, 1); ++i) {
+  double total = 0;
+  while (int(ms.size()) < std::max(iters, 1) || (total < budget_ms && ms.size() < 500)) {
     const auto t0 = std::chrono::steady_clock::now();
     ex.run(feeds);
     sync();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                      .count());
+    total += ms.back();
   }
+  if (runs) *runs = int(ms.size());
   std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
   return ms[ms.size() / 2];
 }

@@ -31,7 +31,7 @@ run: build
 	  --schedule agp --prune-method l1 --prune-amount 0.9 --start-epoch 0 --end-epoch 3 \
 	  --sparse-initializers --report $(OUT)/lenet5.pruned.report.html
 	$(BUILD)/lopper compare $(OUT)/lenet5.dense.onnx $(OUT)/lenet5.pruned.onnx --data fashion-mnist \
-	  --threads 1 --report $(OUT)/lenet5.pruned.compare.json
+	  --threads 1 -o $(OUT)/lenet5.pruned.compare.json --report $(OUT)/lenet5.compare.html
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 1500 -j 1

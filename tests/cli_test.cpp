@@ -131,8 +131,8 @@ TEST(Cli, BenchReportsLatency) {
                             " --iters 1 --device cuda"),
                  1, "CUDA");
   }
-  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 1, "bad device");
-  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp8"), 1,
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 2, "bad device");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp8"), 2,
                "bad precision 'fp8'");
   if (!cuda_available())
     expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp16"), 1,

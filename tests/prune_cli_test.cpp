@@ -68,15 +68,15 @@ TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
   const BadCase cases[] = {
-      {"--method l1 --amount 1.5", 1, "amount must be in [0, 1]"},
-      {"--method l1 --amount -0.2", 1, "amount"},
+      {"--method l1 --amount 1.5", 2, "amount must be in [0, 1]"},
+      {"--method l1 --amount -0.2", 2, "amount"},
       {"--method l1 --amount 1000000", 1, "more than"},
-      {"--method abs --threshold -1", 1, "threshold must be >= 0"},
-      {"--method l1 --pattern 4:4", 1, "N:M"},
+      {"--method abs --threshold -1", 2, "threshold must be >= 0"},
+      {"--method l1 --pattern 4:4", 2, "N:M"},
       {"--method l1 --pattern 2:3", 1, "nothing left to prune"},  // no K divides by 3
-      {"--method frob --amount 0.1", 1, "unknown method"},
-      {"--method l1 --amount 0.1 --pattern diagonal", 1, "unknown pattern"},
-      {"--method l1 --amount 0.1 --scope galactic", 1, "unknown scope"},
+      {"--method frob --amount 0.1", 2, "unknown method"},
+      {"--method l1 --amount 0.1 --pattern diagonal", 2, "unknown pattern"},
+      {"--method l1 --amount 0.1 --scope galactic", 2, "unknown scope"},
       {"--method grad --amount 0.1", 2, "give --data"},
       {"--method taylor --amount 0.1", 2, "give --data"},
       {"--method l1 --amount 0.1 --data fashion-mnist", 2, "--data is for grad and taylor only"},
@@ -226,14 +226,14 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
   const BadCase cases[] = {
       {"--structured filter --amount 0.5", 2, "--structured takes channel or head"},
       {"--structured channel", 2, "needs --amount"},
-      {"--structured channel --amount 1.5", 1, "amount must be in [0, 1]"},
-      {"--structured channel --amount 0.5 --method frob", 1, "unknown structured method"},
+      {"--structured channel --amount 1.5", 2, "amount must be in [0, 1]"},
+      {"--structured channel --amount 0.5 --method frob", 2, "unknown structured method"},
       {"--structured channel --amount 0.5 --method taylor", 2, "give --data"},
       {"--structured channel --amount 0.5 --data fashion-mnist", 2, "--data is for"},
       {"--structured channel --amount 0.5 --round-to 0", 1, "--round-to must be >= 1"},
       {"--structured channel --amount 0.5 --scope global --max-layer-amount 1.5", 1,
        "--max-layer-amount"},
-      {"--structured channel --amount 0.5 --scope sideways", 1, "unknown scope"},
+      {"--structured channel --amount 0.5 --scope sideways", 2, "unknown scope"},
       {"--structured channel --amount 0.5 --exclude '('", 1, "not a valid regex"},
       {"--structured channel --amount 0.5 --pattern 2:4", 2, "is for unstructured pruning"},
       {"--structured head --amount 0.5", 1, "no channel group can be pruned"},
@@ -316,13 +316,13 @@ TEST(PruneCli, BlockBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
   const BadCase cases[] = {
-      {"--method l1 --amount 0.5 --pattern block:0x4", 1, "bad pattern 'block:0x4'"},
-      {"--method l1 --amount 0.5 --pattern block:4", 1, "bad pattern 'block:4'"},
-      {"--method l1 --amount 0.5 --pattern block:4x", 1, "bad pattern 'block:4x'"},
-      {"--method l1 --amount 0.5 --pattern block:axb", 1, "bad pattern 'block:axb'"},
-      {"--method l1 --amount 0.5 --pattern block:300x1", 1, "R, C in 1..256"},
-      {"--method abs --threshold 0.1 --pattern block:4x1", 1, "--method abs removes single"},
-      {"--method l1 --amount 0.5 --pattern block:4x1 --norm 3", 1, "norm must be 1 or 2"},
+      {"--method l1 --amount 0.5 --pattern block:0x4", 2, "bad pattern 'block:0x4'"},
+      {"--method l1 --amount 0.5 --pattern block:4", 2, "bad pattern 'block:4'"},
+      {"--method l1 --amount 0.5 --pattern block:4x", 2, "bad pattern 'block:4x'"},
+      {"--method l1 --amount 0.5 --pattern block:axb", 2, "bad pattern 'block:axb'"},
+      {"--method l1 --amount 0.5 --pattern block:300x1", 2, "R, C in 1..256"},
+      {"--method abs --threshold 0.1 --pattern block:4x1", 2, "--method abs removes single"},
+      {"--method l1 --amount 0.5 --pattern block:4x1 --norm 3", 2, "norm must be 1 or 2"},
       {"--method l1 --amount 1000000 --pattern block:4x1", 1, "more than"},
       {"--method l1 --pattern block:4x1", 2, "needs --amount"},
   };

@@ -173,14 +173,14 @@ TEST(SensitivityCli, PrintsWritesAndRefusesBadInput) {
     int code;
     std::string needle;
   } cases[] = {
-      {"--amounts 0.5,abc", 1, "'abc' is not a number"},
-      {"--amounts 1.5", 1, "every amount must be in [0, 1)"},
-      {"--amounts ''", 1, "lists no amount"},
-      {"--eval-batches 0", 1, "--eval-batches must be > 0"},
+      {"--amounts 0.5,abc", 2, "'abc' is not a number"},
+      {"--amounts 1.5", 2, "every amount must be in [0, 1)"},
+      {"--amounts ''", 2, "lists no amount"},
+      {"--eval-batches 0", 2, "--eval-batches must be > 0"},
       {"--structured rows", 2, "--structured takes channel"},
-      {"--method taylor", 1, "--method must be l1 or random"},
-      {"--structured channel --method taylor", 1, "taylor needs gradients"},
-      {"--method nope", 1, "nope"},
+      {"--method taylor", 2, "--method must be l1 or random"},
+      {"--structured channel --method taylor", 2, "taylor needs gradients"},
+      {"--method nope", 2, "nope"},
       {"--exclude 'Conv|Gemm'", 1, "no prunable layer"},
       {"--device cuda:7", 1, "CUDA"},
   };

@@ -107,8 +107,14 @@ TEST(TrainCheckpoint, ResumingGivesTheSameWeights) {
   two.checkpoint_dir = tmp / "ckpt";
   dl = loader(data);
   train(first, *dl, two);
-  ASSERT_TRUE(fs::exists(tmp / "ckpt/model.onnx"));
-  EXPECT_FALSE(fs::exists(tmp / "ckpt.tmp"));
+  // DIR/epoch-N/ per checkpoint, DIR/latest names the newest; the older one and every temporary
+  // are gone.
+  ASSERT_TRUE(fs::exists(tmp / "ckpt/epoch-2/model.onnx"));
+  EXPECT_EQ(test::slurp(tmp / "ckpt/latest"), "epoch-2\n");
+  EXPECT_TRUE(fs::exists(tmp / "ckpt/.lopper-checkpoint"));
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(tmp / "ckpt")) entries += e.exists();
+  EXPECT_EQ(entries, 3u);  // .lopper-checkpoint, latest, epoch-2
 
   ir::Model resumed = onnx::load_model(fixture("small_cnn.preserve.onnx"));
   TrainOptions rest = o;
@@ -238,31 +244,31 @@ TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
     int code;
     std::string needle;
   } cases[] = {
-      {"--data " + data + " --epochs 0", 1, "--epochs must be > 0"},
-      {"--data " + data + " --lr -1", 1, "--lr must be > 0"},
-      {"--data " + data + " --optimizer rmsprop", 1, "unknown optimizer"},
-      {"--data " + data + " --lr-schedule linear", 1, "unknown --lr-schedule"},
+      {"--data " + data + " --epochs 0", 2, "--epochs must be > 0"},
+      {"--data " + data + " --lr -1", 2, "--lr must be > 0"},
+      {"--data " + data + " --optimizer rmsprop", 2, "unknown optimizer"},
+      {"--data " + data + " --lr-schedule linear", 2, "unknown --lr-schedule"},
       {"--data " + data + " --schedule agp", 2, "needs --prune-method"},
       {"--data " + data + " --prune-structured channel", 2, "need --schedule"},
       {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 1"
        " --prune-structured rows", 2, "--prune-structured takes channel or head"},
       {"--data " + data + " --schedule agp --prune-method abs --prune-amount 0.5 --end-epoch 1"
-       " --prune-structured channel", 1, "unknown structured method"},
-      {"--data " + data + " --schedule wavy --prune-method l1 --prune-amount 0.5", 1,
+       " --prune-structured channel", 2, "unknown structured method"},
+      {"--data " + data + " --schedule wavy --prune-method l1 --prune-amount 0.5", 2,
        "unknown --schedule"},
-      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 1.5", 1, "amount"},
+      {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 1.5", 2, "amount"},
       {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 20",
-       1, "--end-epoch"},
+       2, "--end-epoch"},
       {"--data " + data + " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 2"
-       " --every soon", 1, "--every"},
-      {"--data " + data + " --schedule iterative --prune-method l1 --prune-amount 0.5", 1,
+       " --every soon", 2, "--every"},
+      {"--data " + data + " --schedule iterative --prune-method l1 --prune-amount 0.5", 2,
        "--rounds"},
       {"--data " + data + " --prune-method l1", 2, "--schedule"},
       {"--data " + data + " --resume " + (tmp / "nothing"), 1, "not a checkpoint"},
       {"--data cifar10:" + (tmp / "none"), 1, "no such file"},
       {"--data " + data + " --freeze '('", 1, "--freeze"},
-      {"--data " + data + " --precision fp8", 1, "bad precision 'fp8'"},
-      {"--data " + data + " --precision fp16", 1, "fp16 needs a CUDA device"},
+      {"--data " + data + " --precision fp8", 2, "bad precision 'fp8'"},
+      {"--data " + data + " --precision fp16", 2, "fp16 needs a CUDA device"},
   };
   for (const auto& c : cases) {
     auto r = lopper_cli("train " + in + " -o " + out + " " + c.args);

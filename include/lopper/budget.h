@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lopper/graph.h"
+#include "lopper/latency.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 
@@ -44,6 +45,8 @@ struct TargetOptions {
   std::map<std::string, std::vector<int64_t>> input_shapes;  // dynamic dims default to 1
   int latency_iters = 20;
   std::function<void(const std::string& what, int64_t done, int64_t total)> progress;
+  /// kLatency: called with each latency measurement of the search (before, candidates, result).
+  std::function<void(const LatencyStats&)> on_latency;
 };
 
 struct TargetUnit {
@@ -63,6 +66,10 @@ struct TargetReport {
   double base_loss = 0, predicted_loss = 0;  // sensitivity: the evaluated loss and its estimate
   int rounds = 0;                            // allocations until the measurement met the target
   std::vector<TargetUnit> units;
+  /// kLatency: latency measurements taken, how many of them had a wide spread
+  /// (LatencyStats::wide: the machine was busy), and the widest one.
+  int latency_measurements = 0, latency_wide = 0;
+  LatencyStats latency_widest;
 };
 
 /// Prunes `model` in place to the target. Throws lopper::Error ("[prune] ...") when the options
@@ -70,12 +77,5 @@ struct TargetReport {
 /// layer at its largest amount is not enough); the model is untouched then.
 TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts);
 
-/// Median latency of `model` over `iters` runs (after 3 warm-ups) on `device`, random inputs of
-/// the given shapes (the executor's first-run kernel choice happens in the warm-up). With
-/// `budget_ms` > 0, more runs follow while all timed runs together stay under it (500 at most);
-/// `runs`, when given, receives how many were timed.
-double measure_latency_ms(const ir::Model& model, const std::string& device,
-                          const std::map<std::string, std::vector<int64_t>>& input_shapes,
-                          int iters, double budget_ms = 0, int* runs = nullptr);
 
 }  // namespace lopper

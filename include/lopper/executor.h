@@ -35,8 +35,14 @@ struct ExecOptions {
 /// "fp32" | "bf16" | "fp16" -> the ScalarType; throws lopper::Error on anything else.
 at::ScalarType parse_precision(const std::string& s);
 
-/// Configures ATen's thread pools: `threads` intra-op threads (0 = one per core) and one inter-op
-/// thread, so the OpenMP and MKL pools never oversubscribe the cores.
+/// The intra-op thread count lopper uses unless told otherwise: OMP_NUM_THREADS when set, else the
+/// CPUs this process may use (affinity mask, cgroup quota) that are idle now (sampled from
+/// /proc/stat over 20 ms; a CPU another process keeps busy is left out), at least 1. See the
+/// measurements in src/exec/executor.cpp.
+int default_threads();
+
+/// Configures ATen's thread pools: `threads` intra-op threads (0 = default_threads()) and one
+/// inter-op thread, so the OpenMP and MKL pools never oversubscribe the cores.
 void configure_threads(int threads);
 
 /// True when the linked libtorch has CUDA and a GPU is present.

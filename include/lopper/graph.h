@@ -138,9 +138,24 @@ struct Model {
   std::vector<std::string> functions;  // serialized FunctionProto, kept verbatim
   std::vector<std::string> training_info;  // serialized TrainingInfoProto, kept verbatim
   Graph graph;
+  /// The external data files its initializers were read from at import (resolved paths): inputs
+  /// of any command that reads the model, never to be written over.
+  std::vector<std::string> external_files;
 
   /// The opset version imported for `domain` ("" and "ai.onnx" are the same), 0 if none.
   int64_t opset(const std::string& domain = "") const;
 };
+
+/// The ai.onnx opset versions lopper reads: 1 to the newest of the onnx release its op table
+/// follows (onnx 1.23: onnx.defs.onnx_opset_version()).
+constexpr int64_t kMinOpset = 1;
+constexpr int64_t kMaxOpset = 28;
+
+/// Checks what every command relies on, once, at import; throws lopper::Error with one line
+/// naming the thing: an ai.onnx opset outside [kMinOpset, kMaxOpset], an initializer defined twice
+/// (or both dense and sparse), a value written by two nodes, a node output that shadows a graph
+/// input or initializer, a node input that names no value (subgraphs see enclosing scopes), and a
+/// cycle (naming the nodes on it).
+void validate(const Model& model);
 
 }  // namespace lopper::ir

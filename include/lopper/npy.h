@@ -13,5 +13,7 @@ at::Tensor load_npy(const std::string& path);
 at::Tensor parse_npy(const std::string& bytes, const std::string& path);
 /// Writes a tensor as .npy (atomically).
 void save_npy(const at::Tensor& t, const std::string& path);
+/// A tensor as the bytes of a .npy file.
+std::string npy_bytes(const at::Tensor& t);
 
 }  // namespace lopper

@@ -45,6 +45,7 @@ struct PruneAmount {
   /// How many of `n` remaining weights (or channels) to remove; throws, naming `where`, when a
   /// fraction is outside [0, 1], a count is negative or a count exceeds `n`.
   int64_t count_of(int64_t n, const std::string& where = "") const;
+  /// "0.5", "1.0" (a fraction: always with a point) or "120" (a count).
   std::string str() const;
 };
 

@@ -62,6 +62,9 @@ struct SensitivityResult {
   std::vector<LayerSensitivity> layers;
 };
 
+/// Throws lopper::Error naming the first option out of range (what sensitivity() checks first).
+void check_sensitivity_options(const SensitivityOptions& o);
+
 /// Evaluates `model` on the first `eval_batches` batches of `data` (cross-entropy loss and top-1
 /// against its labels), then once per layer and amount with only that layer pruned. Throws
 /// lopper::Error on bad options (an amount outside [0, 1), no layer to analyse, taylor/grad).

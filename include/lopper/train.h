@@ -66,9 +66,12 @@ struct TrainOptions {
   int64_t every_epochs = 1;                  // agp: prune every this many epochs ...
   int64_t every_steps = 0;                   // ... or, when > 0, every this many steps
 
-  /// Checkpoint after every epoch into this folder (model.onnx + state); empty: none.
+  /// Checkpoint after every epoch into this folder (DIR/epoch-N/: model.onnx + state; DIR/latest
+  /// names the newest); empty: none. The folder must be new, empty, or one lopper made
+  /// (check_checkpoint_dir).
   std::string checkpoint_dir;
-  /// Resume from a checkpoint folder written by an earlier run with the same options.
+  /// Resume from a checkpoint folder written by an earlier run with the same options (the
+  /// --checkpoint-dir folder, whose newest checkpoint is taken, or one epoch-N folder in it).
   std::string resume;
 };
 
@@ -99,6 +102,17 @@ struct TrainCallbacks {
   /// A pruning event or a checkpoint: one line for the user.
   std::function<void(const std::string&)> note;
 };
+
+/// Throws lopper::Error naming the first option out of range or in conflict (what train() checks
+/// before it starts).
+void check_train_options(const TrainOptions& o);
+/// Throws UsageError unless `dir` can hold lopper's checkpoints: a path that does not exist (in a
+/// folder that does), an empty folder, or a folder lopper made (it holds .lopper-checkpoint).
+/// A file, or a folder of someone else's files, is never replaced.
+void check_checkpoint_dir(const std::string& dir);
+/// The checkpoint `--resume DIR` reads: DIR/latest's epoch folder when DIR is a checkpoint folder,
+/// else DIR itself.
+std::string checkpoint_to_resume(const std::string& dir);
 
 /// Trains `model`'s float initializers in place on `data` (BatchNorm running statistics updated
 /// and written back). Weights that are zero when training starts, or that the schedule prunes,

@@ -8,6 +8,7 @@
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
+#include "util/memory.h"
 
 namespace lopper {
 
@@ -35,6 +36,25 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
     std::vector<int64_t> dims;
     for (const auto& d : v->type.dims) dims.push_back(d.is_static() ? d.value : dynamic_dim);
     out[v->name] = dims;
+  }
+  // Shape analysis feeds tensors of these shapes: refuse, before allocating, what cannot fit.
+  for (const auto* v : inputs) {
+    at::ScalarType type = at::kFloat;
+    if (v->type.elem_type != ir::DType::kUndefined) {
+      try {
+        type = onnx::to_scalar_type(v->type.elem_type);
+      } catch (const Error&) {
+        type = at::kByte;  // a type ATen lacks: count one byte per element
+      }
+    }
+    double bytes = tensor_bytes(out[v->name], c10::elementSize(type));
+    if (!exceeds_memory(bytes)) continue;
+    bool given = overrides.count(v->name) || (overrides.count("") && inputs.size() == 1);
+    std::string what = detail::concat("[shape] ", given ? "--shape for input '" : "input '",
+                                      v->name, "' ", dims_string(out[v->name]), " (",
+                                      ir::dtype_name(onnx::to_dtype(type)), ")");
+    if (given) throw UsageError(memory_message(what, bytes));
+    throw Error(memory_message(what, bytes));
   }
   return out;
 }
@@ -78,6 +98,11 @@ NodeShapes node_shapes(const ir::Model& model,
     LOPPER_ASSERT(it != input_shapes.end(), "no shape for ", v->name);
     auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
                                                            : onnx::to_scalar_type(v->type.elem_type);
+    double bytes = tensor_bytes(it->second, c10::elementSize(type));
+    LOPPER_CHECK(!exceeds_memory(bytes),
+                 memory_message(detail::concat("[shape] input '", v->name, "' ",
+                                               dims_string(it->second)),
+                                bytes));
     feeds.emplace_back(v->name, at::zeros(it->second, at::TensorOptions().dtype(type)));
   }
   exec.run(feeds);

@@ -14,8 +14,10 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/latency.h"
 #include "lopper/onnx_io.h"
 #include "kernels/cpu/sparse.h"
+#include "util/memory.h"
 
 
 namespace lopper::cli {
@@ -72,8 +74,7 @@ Action add_bench(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "batch size: first dim of every input (default: the model's, 1 if dynamic)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
-  cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)")
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(cmd, o->threads);
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_option("--warmup", o->warmup, "untimed runs first")->check(CLI::Range(0, 100000));
@@ -102,24 +103,20 @@ Action add_bench(CLI::App& app) {
       }
       auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
                                                              : onnx::to_scalar_type(v->type.elem_type);
+      double bytes = tensor_bytes(dims, c10::elementSize(type));
+      if (exceeds_memory(bytes))
+        throw UsageError(memory_message(detail::concat("[bench] --batch ", o->batch, ": input '",
+                                                       v->name, "' ", dims_string(dims)),
+                                        bytes));
       at::Tensor t = at::isFloatingType(type) ? at::randn(dims).to(type)
                                               : at::zeros(dims, at::TensorOptions().dtype(type));
       feeds.emplace_back(v->name, t.to(exec.device()));
     }
-    auto sync = [&] {
-      if (exec.device().is_cuda()) at::empty({1}, at::TensorOptions().device(exec.device())).cpu();
-    };
-    for (int i = 0; i < o->warmup; ++i) exec.run(feeds);
-    sync();
-    std::vector<double> ms;
-    for (int i = 0; i < o->iters; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      auto outs = exec.run(feeds);
-      if (exec.device().is_cuda())
-        for (auto& t : outs) t.cpu();
-      auto t1 = std::chrono::steady_clock::now();
-      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
+    LatencyOptions lo;
+    lo.warmup = o->warmup;
+    lo.min_runs = o->iters;
+    const LatencyStats lat = measure_latency([&] { exec.run(feeds); }, exec.device(), lo);
+    if (lat.wide) std::cerr << "lopper: warning: " << lat.warning() << "\n";
     std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
     std::map<std::string, double> per_node;                     // "node (op)" -> ms
     if (o->profile) {
@@ -140,15 +137,7 @@ Action add_bench(CLI::App& app) {
       }
       exec.on_node = nullptr;
     }
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    auto pct = [&](double p) {
-      size_t idx = static_cast<size_t>(p * (sorted.size() - 1) + 0.5);
-      return sorted[std::min(idx, sorted.size() - 1)];
-    };
-    double median = pct(0.5), p90 = pct(0.9), mean = 0;
-    for (double v : ms) mean += v;
-    mean /= ms.size();
+    const double median = lat.median_ms;
     int64_t batch = feeds.empty() || feeds[0].second.dim() == 0 ? 1 : feeds[0].second.size(0);
     double throughput = batch * 1000.0 / median;
     int threads = at::get_num_threads();
@@ -157,8 +146,11 @@ Action add_bench(CLI::App& app) {
     if (o->json) {
       nlohmann::json j{{"model", o->model}, {"device", o->device}, {"batch", batch},
                        {"threads", threads}, {"iters", o->iters}, {"median_ms", median},
-                       {"p90_ms", p90}, {"mean_ms", mean}, {"min_ms", sorted.front()},
-                       {"throughput_per_s", throughput}};
+                       {"p90_ms", lat.p90_ms}, {"mean_ms", lat.mean_ms}, {"min_ms", lat.min_ms},
+                       {"throughput_per_s", throughput}, {"p10_ms", lat.p10_ms},
+                       {"max_ms", lat.max_ms}, {"spread", lat.spread},
+                       {"spread_wide", lat.wide}};
+      if (lat.wide) j["warning"] = lat.warning();
       if (o->profile) {
         nlohmann::json p = nlohmann::json::array();
         for (const auto& [op, v] : ops)
@@ -170,8 +162,9 @@ Action add_bench(CLI::App& app) {
     } else {
       std::cout << fmt::format("{}  device {}  batch {}  threads {}  iters {}\n", o->model,
                                o->device, batch, threads, o->iters)
-                << fmt::format("median {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   {:.1f} samples/s\n",
-                               median, p90, sorted.front(), throughput);
+                << fmt::format("median {:.3f} ms   p10 {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   "
+                               "{:.1f} samples/s\n",
+                               median, lat.p10_ms, lat.p90_ms, lat.min_ms, throughput);
       if (o->profile) {
         std::cout << fmt::format("\n{:<28} {:>10} {:>8}\n", "op", "ms/run", "calls");
         for (const auto& [op, v] : ops)

@@ -1,12 +1,17 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <regex>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include "lopper/error.h"
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
+#include "util/memory.h"
 
 namespace lopper::cli {
 
@@ -39,6 +44,14 @@ std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string&
     out.push_back(std::stoll(d));
     i = j + 1;
   }
+  // Refused before any work when even one byte per element would not fit.
+  double values = tensor_bytes(out, 1);
+  if (exceeds_memory(values))
+    throw UsageError(detail::concat("[shape] --shape ", spec, " asks for ",
+                                    values < 1e18 ? fmt::format("{:.0f}", values) : fmt::format("{:.3g}", values),
+                                    " values: at least ", human_bytes(values),
+                                    ", more than this machine's memory (",
+                                    human_bytes(static_cast<double>(memory_bytes())), ")"));
   return {name, out};
 }
 
@@ -91,26 +104,82 @@ int64_t fixed_batch_size(const ir::Model& model) {
   return 0;
 }
 
-void refuse_to_overwrite(const std::string& cmd, const std::string& model, const std::string& out) {
-  std::error_code ec;
-  if (std::filesystem::exists(out) && std::filesystem::equivalent(model, out, ec))
-    throw UsageError("[" + cmd + "] -o names the input model; lopper never overwrites its input");
-}
-
-int64_t model_file_bytes(const std::string& path) {
+int64_t model_file_bytes(const std::string& path, const ir::Model& model) {
   std::error_code ec;
   auto n = std::filesystem::file_size(path, ec);
   if (ec) return 0;
   int64_t total = int64_t(n);
-  if (std::filesystem::exists(path + ".data", ec))
-    total += int64_t(std::filesystem::file_size(path + ".data", ec));
+  for (const auto& f : model.external_files) {
+    auto m = std::filesystem::file_size(f, ec);
+    if (!ec) total += int64_t(m);
+  }
   return total;
+}
+
+int64_t staged_model_bytes(const OutputFiles& files, const std::string& path) {
+  return files.staged_bytes(path) + files.staged_bytes(path + ".data");
+}
+
+void add_data_inputs(OutputFiles& files, const std::string& spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos) return;
+  std::string rest = spec.substr(colon + 1);
+  for (size_t i = 0; i <= rest.size();) {
+    size_t j = rest.find(',', i);
+    if (j == std::string::npos) j = rest.size();
+    files.input(rest.substr(i, j - i));
+    i = j + 1;
+  }
+}
+
+ir::Model load_input_model(OutputFiles& files, const std::string& path) {
+  files.input(path);
+  ir::Model m = onnx::load_model(path);
+  for (const auto& f : m.external_files) files.input(f);
+  return m;
+}
+
+int max_threads() {
+  return std::max(4, 4 * static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+void add_threads_option(CLI::App* cmd, int& threads) {
+  // NOTE: a bound, because libgomp aborts the process when it cannot start the threads asked for
+  // (--threads 100000); more than 4 per hardware thread only ever slows a run down.
+  const int most = max_threads();
+  cmd->add_option("--threads", threads,
+                  fmt::format("intra-op threads, 0..{} (0, the default: the cores that are idle)",
+                              most))
+      ->check(CLI::Validator(
+          [most](std::string& v) -> std::string {
+            int n = 0;
+            size_t used = 0;
+            try {
+              n = std::stoi(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used == 0 || used != v.size() || n < 0 || n > most)
+              return fmt::format("must be 0..{} (0: the default; at most 4x the {} hardware "
+                                 "threads), got '{}'",
+                                 most, std::thread::hardware_concurrency(), v);
+            return "";
+          },
+          "INT in [0 - " + std::to_string(most) + "]", "threads"));
+}
+
+void check_device_flag(const std::string& device) {
+  static const std::regex kDevice("cpu|cuda(:[0-9]{1,3})?");
+  if (!std::regex_match(device, kDevice))
+    throw UsageError("[device] bad device '" + device + "' (expected cpu, cuda or cuda:N)");
+  (void)parse_device(device);  // is it there?
 }
 
 ExecOptions exec_options(const std::string& device, const std::string& precision) {
   ExecOptions eo;
   eo.device = device;
-  eo.precision = parse_precision(precision);
+  eo.precision = parse_flag([&] { return parse_precision(precision); });
+  check_device_flag(device);
   return eo;
 }
 

@@ -6,7 +6,9 @@
 #include <CLI/CLI.hpp>
 
 #include "lopper/data.h"
+#include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/graph.h"
 
 #include <map>
@@ -15,6 +17,23 @@
 #include <vector>
 
 namespace lopper::cli {
+
+/// Runs `parse`, which reads flag values with the library's parsers: a lopper::Error it throws is
+/// about the user's flag, so it becomes a UsageError (exit code 2).
+template <typename F>
+auto parse_flag(F&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+/// Checks a --device value: a bad spelling is a UsageError (exit 2); a CUDA device that is not
+/// there is an Error (exit 1).
+void check_device_flag(const std::string& device);
 
 /// "NAME=FILE" -> (NAME, tensor from .npy or TensorProto .pb).
 std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
@@ -30,10 +49,21 @@ size_t name_column_width(const std::vector<std::string>& names, size_t min);
 /// The model's fixed batch size: the first dim of its first real input when that dim is static and
 /// positive, else 0 (dynamic).
 int64_t fixed_batch_size(const ir::Model& model);
-/// Bytes of a model file plus its external data file ("<path>.data"), 0 when it cannot be read.
-int64_t model_file_bytes(const std::string& path);
-/// Throws UsageError "[CMD] -o names the input model; ..." when `out` is the file `model`.
-void refuse_to_overwrite(const std::string& cmd, const std::string& model, const std::string& out);
+/// Bytes of the model file at `path` plus the external data files `model` was read from (0 when
+/// the file cannot be read).
+int64_t model_file_bytes(const std::string& path, const ir::Model& model);
+/// Bytes of a model staged in `files` (the model and "<path>.data").
+int64_t staged_model_bytes(const OutputFiles& files, const std::string& path);
+/// The files a --data SPEC reads (npy:X.npy,Y.npy: both), as inputs of `files`.
+void add_data_inputs(OutputFiles& files, const std::string& spec);
+/// Loads the model at `path`; it and its external data files become inputs of `files`.
+ir::Model load_input_model(OutputFiles& files, const std::string& path);
+/// Adds --threads to `cmd`: intra-op threads, 0 (the default) = configure_threads' choice, at most
+/// max_threads(); anything else is a usage error. Every command that runs a model has it and calls
+/// configure_threads(threads) before its work.
+void add_threads_option(CLI::App* cmd, int& threads);
+/// The largest --threads accepted: 4x the hardware threads (at least 4).
+int max_threads();
 /// The executor's options for --device and --precision (parsed; errors name the bad value).
 ExecOptions exec_options(const std::string& device, const std::string& precision);
 /// `name` cut to `width` from the left ("…" + its end) when longer.

@@ -13,12 +13,15 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "lopper/report.h"
+#include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
+#include "lopper/latency.h"
 #include "lopper/onnx_io.h"
 #include "lopper/train.h"
 
@@ -30,11 +33,14 @@ struct Measured {
   int64_t params = 0, nonzero = 0, macs = 0, effective_macs = 0, file_bytes = 0;
   double top1 = -1;   // -1: no data
   double latency_ms = 0;
+  LatencyStats latency;
 };
 
-// Median latency of `iters` inference runs on zeros at the model's input shapes (batch `batch`).
-double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<int64_t>>& shapes,
-                  int iters, const ExecOptions& eo) {
+// Latency of `iters` inference runs (after iters / 10 warm-ups, at least 3) on zeros at the
+// model's input shapes (batch `batch`).
+LatencyStats latency_ms(const ir::Model& m,
+                        const std::map<std::string, std::vector<int64_t>>& shapes, int iters,
+                        const ExecOptions& eo) {
   Executor ex(m, eo);
   NamedTensors feeds;
   for (const auto* in : ex.inputs()) {
@@ -44,27 +50,18 @@ double latency_ms(const ir::Model& m, const std::map<std::string, std::vector<in
     feeds.emplace_back(in->name,
                        at::zeros(it->second, at::TensorOptions().dtype(st).device(ex.device())));
   }
-  // On a GPU a run only queues work: wait for it.
-  auto run = [&] {
-    ex.run(feeds);
-    if (ex.device().is_cuda()) kernels::cuda::synchronize();
-  };
-  for (int i = 0; i < std::max(3, iters / 10); ++i) run();
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    run();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  LatencyOptions lo;
+  lo.warmup = std::max(3, iters / 10);
+  lo.min_runs = iters;
+  return measure_latency([&] { ex.run(feeds); }, ex.device(), lo);
 }
 
 }  // namespace
 
 Action add_compare(CLI::App& app) {
   struct Opts {
-    std::string before, after, data, split = "test", report, device = "cpu", precision = "fp32";
+    std::string before, after, data, split = "test", report, out, device = "cpu",
+                                                              precision = "fp32";
     int64_t batch = 1;
     int iters = 200, threads = 0;
     bool json = false;
@@ -80,19 +77,28 @@ Action add_compare(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--iters", o->iters, "timed runs per model (default 200)")
       ->check(CLI::Range(1, 1000000));
-  cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(cmd, o->threads);
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_flag("--json", o->json, "print JSON");
-  cmd->add_option("--report", o->report, "also write the JSON here");
+  cmd->add_option("-o,--out", o->out, "also write the JSON here");
+  cmd->add_option("--report", o->report,
+                  "write an HTML report here: the two models side by side, per layer");
   return [o]() {
+    // What it reads, then what it writes: checked before any work.
+    OutputFiles files("compare");
+    files.input(o->before);
+    files.input(o->after);
+    add_data_inputs(files, o->data);
+    if (!o->out.empty()) files.declare(o->out, "-o");
+    if (!o->report.empty()) files.declare(o->report, "--report");
     configure_threads(o->threads);
     const ExecOptions eo = exec_options(o->device, o->precision);
     std::vector<std::string> paths = {o->before, o->after};
     std::vector<Measured> r(2);
+    std::vector<ModelCost> costs;
     for (int i = 0; i < 2; ++i) {
-      ir::Model m = onnx::load_model(paths[i]);
+      ir::Model m = load_input_model(files, paths[i]);
       auto shapes = resolve_input_shapes(m, {}, o->batch);
       ModelCost c = analyze(m, shapes);
       r[i].params = c.params;
@@ -103,8 +109,12 @@ Action add_compare(CLI::App& app) {
       for (const auto& l : c.layers)
         if (l.params)
           r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
-      r[i].file_bytes = model_file_bytes(paths[i]);
-      r[i].latency_ms = latency_ms(m, shapes, o->iters, eo);
+      r[i].file_bytes = model_file_bytes(paths[i], m);
+      costs.push_back(std::move(c));
+      r[i].latency = latency_ms(m, shapes, o->iters, eo);
+      r[i].latency_ms = r[i].latency.median_ms;
+      if (r[i].latency.wide)
+        std::cerr << "lopper: warning: " << paths[i] << ": " << r[i].latency.warning() << "\n";
       if (!o->data.empty()) {
         LoaderOptions lo;
         lo.batch_size = 256;
@@ -121,6 +131,11 @@ Action add_compare(CLI::App& app) {
       nlohmann::json j = {{"params", m.params},         {"nonzero", m.nonzero},
                           {"macs", m.macs},             {"effective_macs", m.effective_macs},
                           {"file_bytes", m.file_bytes}, {"latency_ms", m.latency_ms}};
+      j["latency_p10_ms"] = m.latency.p10_ms;
+      j["latency_p90_ms"] = m.latency.p90_ms;
+      j["latency_spread"] = m.latency.spread;
+      j["latency_spread_wide"] = m.latency.wide;
+      if (m.latency.wide) j["latency_warning"] = m.latency.warning();
       if (m.top1 >= 0) j["top1"] = m.top1;
       return j;
     };
@@ -129,7 +144,28 @@ Action add_compare(CLI::App& app) {
                         {"device", o->device}, {"precision", o->precision}};
     j["before_measured"] = row(r[0]);
     j["after_measured"] = row(r[1]);
-    if (!o->report.empty()) write_file_atomic(o->report, j.dump(2) + "\n");
+    if (!o->out.empty()) files.write(o->out, j.dump(2) + "\n");
+    if (!o->report.empty()) {
+      HtmlReport rep("compare", "Comparing " + o->before + " and " + o->after, command_line());
+      for (int i = 0; i < 2; ++i) {
+        ReportModel m;
+        m.label = i == 0 ? "before" : "after";
+        m.path = paths[i];
+        m.params = r[i].params;
+        m.nonzero = r[i].nonzero;
+        m.macs = r[i].macs;
+        m.effective_macs = r[i].effective_macs;
+        m.file_bytes = r[i].file_bytes;
+        set_latency(m, r[i].latency);
+        m.top1 = r[i].top1;
+        m.measured = fmt::format("latency: median of {} runs on {}, batch {}, {}", o->iters,
+                                 o->device, o->batch, o->precision);
+        if (r[i].top1 >= 0) m.measured += fmt::format("; top-1 on {} ({})", o->data, o->split);
+        rep.add_model(m, costs[i]);
+      }
+      files.write(o->report, rep.html());
+    }
+    files.commit();
     if (o->json) {
       std::cout << j.dump(2) << "\n";
       return 0;

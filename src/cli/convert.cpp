@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 
 namespace lopper::cli {
@@ -26,15 +27,22 @@ Action add_convert(CLI::App& app) {
   cmd->add_flag("--external-data", o->external, "weights in OUT.data beside the model");
   return [o]() {
     namespace fs = std::filesystem;
-    refuse_to_overwrite("convert", o->model, o->out);
-    ir::Model model = onnx::load_model(o->model);
+    // What it reads (the model and its external data), then what it writes: an output that is
+    // an input — another name for the model, or the data file the model reads — is refused.
+    OutputFiles files("convert");
+    files.input(o->model);
+    files.declare(o->out, "-o");
+    if (o->external) files.declare(o->out + ".data", "--external-data (" + o->out + ".data)");
+    ir::Model model = load_input_model(files, o->model);
     onnx::SaveOptions so;
     so.sparse = o->sparse ? onnx::SaveOptions::Sparse::kAll
                           : (o->dense ? onnx::SaveOptions::Sparse::kNone : onnx::SaveOptions::Sparse::kKeep);
     so.external_data = o->external;
-    onnx::save_model(model, o->out, so);
-    std::cout << o->model << " (" << fs::file_size(o->model) << " bytes) -> " << o->out << " ("
-              << fs::file_size(o->out) << " bytes)\n";
+    onnx::save_model(model, o->out, so, files);
+    const int64_t written = staged_model_bytes(files, o->out);
+    files.commit();
+    std::cout << o->model << " (" << model_file_bytes(o->model, model) << " bytes) -> " << o->out
+              << " (" << written << " bytes)\n";
     return 0;
   };
 }

@@ -1,7 +1,6 @@
 // lopper inspect MODEL [--shape NAME=1x3x224x224] [--json]
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -36,15 +35,14 @@ Action add_inspect(CLI::App& app) {
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   cmd->add_flag("--json", o->json, "print one JSON object");
-  cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)");
+  add_threads_option(cmd, o->threads);
   return [o]() {
     configure_threads(o->threads);
     auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
     auto shapes = resolve_input_shapes(model, overrides);
     ModelCost cost = analyze(model, shapes);
-    struct stat st {};
-    int64_t file_bytes = ::stat(o->model.c_str(), &st) == 0 ? st.st_size : 0;
+    const int64_t file_bytes = model_file_bytes(o->model, model);  // with its external data
 
     if (o->json) {
       nlohmann::json j;

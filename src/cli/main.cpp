@@ -1,11 +1,14 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/report.h"
 #include "lopper/error.h"
+#include "util/memory.h"
 
 int main(int argc, char** argv) {
   lopper::cli::set_command_line(argc, argv);
@@ -55,18 +58,41 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, action] : commands)
       if (sub->parsed()) return action();
-  } catch (const lopper::UsageError& e) {
-    std::cerr << "lopper: " << e.what() << "\n";
-    return 2;
   } catch (const lopper::Error& e) {
-    std::cerr << "lopper: " << e.what() << "\n";
+    // One line, whatever the message holds: its lines (a name with a newline in it, a message
+    // wrapped from a library) are joined.
+    std::string msg, line;
+    std::istringstream lines(e.what());
+    while (std::getline(lines, line))
+      if (!(line = lopper::first_line(line)).empty()) msg += (msg.empty() ? "" : " ") + line;
+    std::cerr << "lopper: " << msg << "\n";
+    return dynamic_cast<const lopper::UsageError*>(&e) ? 2 : 1;
+  } catch (const lopper::OutOfMemory& e) {
+    std::cerr << "lopper: [memory] out of memory allocating " << lopper::human_bytes(e.bytes())
+              << " (this machine has " << lopper::human_bytes(lopper::memory_bytes()) << ")\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "lopper: [memory] out of memory (this machine has "
+              << lopper::human_bytes(lopper::memory_bytes()) << ")\n";
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // "filesystem error: cannot create directories: Not a directory [out]" ->
+    // "[io] cannot create directories 'out': Not a directory"
+    std::string what = e.what(), reason = e.code().message();
+    const std::string prefix = "filesystem error: ";
+    if (what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
+    size_t cut = what.find(": " + reason);
+    std::string op = lopper::first_line(cut == std::string::npos ? what : what.substr(0, cut));
+    std::cerr << "lopper: [io] " << op;
+    if (!e.path1().empty()) std::cerr << " '" << lopper::first_line(e.path1().string()) << "'";
+    if (!e.path2().empty()) std::cerr << " -> '" << lopper::first_line(e.path2().string()) << "'";
+    std::cerr << ": " << reason << "\n";
     return 1;
   } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    std::cerr << "lopper: " << msg.substr(0, msg.find('\n')) << "\n";
+    std::cerr << "lopper: " << lopper::first_line(e.what_without_backtrace()) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "lopper: " << e.what() << "\n";
+    std::cerr << "lopper: " << lopper::first_line(e.what()) << "\n";
     return 1;
   }
   return 0;

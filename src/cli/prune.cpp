@@ -55,6 +55,7 @@ struct Opts {
   double target_macs = 0, target_params = 0, target_latency_ms = 0;
   std::string sensitivity, report;
   int64_t eval_batches = 16;
+  int threads = 0;
 };
 
 // The loader options of --data for `model`: --batch-size (a fixed batch dimension wins),
@@ -91,7 +92,7 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
 // and loss on the first --eval-batches batches of --data when it is given (`known`: already
 // evaluated there, before and after); `extra` adds what the kind of pruning knows (target,
 // sensitivity, notes).
-void write_html_report(const Opts& o, const ir::Model& after,
+void write_html_report(OutputFiles& files, const Opts& o, const ir::Model& after,
                        const std::function<void(HtmlReport&)>& extra = {},
                        const std::pair<EvalResult, EvalResult>* known = nullptr) {
   const ir::Model before = onnx::load_model(o.model);
@@ -112,6 +113,7 @@ void write_html_report(const Opts& o, const ir::Model& after,
   const ModelCost ca = analyze(after, resolve_input_shapes(after, how.shapes, 1));
   ReportModel mb = measure_for_report("before", o.model, before, cb, how);
   ReportModel ma = measure_for_report("after", o.out, after, ca, how);
+  ma.file_bytes = staged_model_bytes(files, o.out);  // written, not yet in place
   if (known) {
     set_accuracy(mb, known->first.top1, known->first.loss, known->first.samples, data_name);
     set_accuracy(ma, known->second.top1, known->second.loss, known->second.samples, data_name);
@@ -132,17 +134,29 @@ void write_html_report(const Opts& o, const ir::Model& after,
                       "result"});
   }
   if (extra) extra(rep);
-  rep.write(o.report);
+  files.write(o.report, rep.html());
 }
 
 // The report's model costs before and after (a model that shrinks, or a target).
-void put_costs(nlohmann::json& j, const Opts& o, const ModelCost& before, const ModelCost& after) {
+void put_costs(nlohmann::json& j, const Opts& o, const OutputFiles& files, const ir::Model& input,
+               const ModelCost& before, const ModelCost& after) {
   j["params_before"] = before.params;
   j["params"] = after.params;
   j["macs_before"] = before.macs;
   j["macs"] = after.macs;
-  j["file_bytes_before"] = model_file_bytes(o.model);
-  j["file_bytes_after"] = model_file_bytes(o.out);
+  j["file_bytes_before"] = model_file_bytes(o.model, input);
+  j["file_bytes_after"] = staged_model_bytes(files, o.out);
+}
+
+// The files of a prune: what it reads, then what it writes (checked before any work).
+void declare_files(OutputFiles& files, const Opts& o) {
+  files.input(o.model);
+  files.input(o.recipe);
+  files.input(o.sensitivity);
+  add_data_inputs(files, o.data);
+  files.declare(o.out, "-o");
+  files.declare(o.out + ".report.json", "the JSON report");
+  if (!o.report.empty()) files.declare(o.report, "--report");
 }
 
 // lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
@@ -159,7 +173,7 @@ int run_target(const Opts& o, TargetKind kind) {
       throw UsageError("[prune] a target prunes weights or --structured channel, not '" +
                        o.structured + "'");
     t.structured = true;
-    t.importance = parse_channel_importance(o.method.empty() ? "l1" : o.method);
+    t.importance = parse_flag([&] { return parse_channel_importance(o.method.empty() ? "l1" : o.method); });
   } else if (!o.method.empty() && o.method != "l1") {
     throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
                      " does not go with it");
@@ -170,11 +184,10 @@ int run_target(const Opts& o, TargetKind kind) {
   t.exclude = o.exclude;
   t.device = o.device;
   t.input_shapes = parse_shape_overrides(o.shapes);
-  if (t.kind == TargetKind::kLatency) (void)parse_device(o.device);
-  refuse_to_overwrite("prune", o.model, o.out);
-  if (!o.report.empty())
-    check_report_path("prune", o.report, {o.model, o.sensitivity}, {o.out, o.out + ".report.json"});
-  ir::Model model = onnx::load_model(o.model);
+  check_device_flag(o.device);
+  OutputFiles files("prune");
+  declare_files(files, o);
+  ir::Model model = load_input_model(files, o.model);
   std::optional<SensitivityResult> sens;
   std::unique_ptr<DataLoader> loader;  // --data: the sensitivity's batches, then the loss measured
   if (!o.data.empty()) {
@@ -216,7 +229,7 @@ int run_target(const Opts& o, TargetKind kind) {
   const ModelCost after = analyze(model, shapes);
   onnx::SaveOptions save;
   if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
-  onnx::save_model(model, o.out, save);
+  onnx::save_model(model, o.out, save, files);
 
   const bool latency = t.kind == TargetKind::kLatency;
   nlohmann::json j;
@@ -226,6 +239,15 @@ int run_target(const Opts& o, TargetKind kind) {
                  {"before", r.before}, {"predicted", r.predicted}, {"measured", r.measured},
                  {"estimator", r.estimator}, {"rounds", r.rounds}};
   if (latency) j["target"]["device"] = o.device;
+  std::string spread_warning;  // the search's latency measurements disagreed: a busy machine
+  if (latency) {
+    j["target"]["latency_spread"] = r.latency_widest.spread;  // the widest p90 / median
+    if (r.latency_wide > 0) {
+      spread_warning = fmt::format("{} of {} latency measurements: {}", r.latency_wide,
+                                   r.latency_measurements, r.latency_widest.warning());
+      j["target"]["latency_warning"] = spread_warning;
+    }
+  }
   std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
   std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
   if (sens && loader) {
@@ -244,7 +266,7 @@ int run_target(const Opts& o, TargetKind kind) {
     j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
   }
   j["structured"] = t.structured;
-  put_costs(j, o, before, after);
+  put_costs(j, o, files, model, before, after);
   j["nonzero_before"] = before.nonzero;
   j["nonzero"] = after.nonzero;
   j["layers"] = nlohmann::json::array();
@@ -256,18 +278,20 @@ int run_target(const Opts& o, TargetKind kind) {
     j["layers"].push_back(ju);
   }
   const std::string report_path = o.out + ".report.json";
-  write_file_atomic(report_path, j.dump(2) + "\n");
+  files.write(report_path, j.dump(2) + "\n");
   if (!o.report.empty())
-    write_html_report(o, model, [&](HtmlReport& rep) {
+    write_html_report(files, o, model, [&](HtmlReport& rep) {
       std::vector<std::pair<std::string, double>> chosen;
       for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
       rep.add_target(j["target"], chosen);
       if (sens) rep.add_sensitivity(*sens);
     }, evaluated ? &*evaluated : nullptr);
+  files.commit();
   if (latency && r.measured > r.target)
     std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
                              "ms (latency is noisy: measure again with lopper bench)\n",
                              r.measured, r.target);
+  if (!spread_warning.empty()) std::cerr << "lopper: [prune] warning: " << spread_warning << "\n";
   if (o.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -318,19 +342,20 @@ int run_structured(const Opts& o) {
     so.unit = StructuredUnit::kHead;
   else
     throw UsageError("[prune] --structured takes channel or head, got '" + o.structured + "'");
-  so.importance = parse_channel_importance(o.method.empty() ? "l1" : o.method);
+  so.importance =
+      parse_flag([&] { return parse_channel_importance(o.method.empty() ? "l1" : o.method); });
   std::optional<PruneRecipe> recipe;
   if (!o.recipe.empty()) {
     recipe = load_prune_recipe(o.recipe);
     so.recipe = &*recipe;
   } else {
     if (o.amount.empty()) throw UsageError("[prune] --structured needs --amount A (or --recipe)");
-    so.amount = PruneAmount::parse(o.amount);
+    so.amount = parse_flag([&] { return PruneAmount::parse(o.amount); });
   }
   if (o.scope == "global")
     so.scope = PruneScope::kGlobal;
   else if (o.scope != "local")
-    throw Error("[prune] unknown scope '" + o.scope + "' (scopes: local, global)");
+    throw UsageError("[prune] unknown scope '" + o.scope + "' (scopes: local, global)");
   so.max_layer_amount = o.max_layer_amount;
   so.round_to = o.round_to;
   so.exclude = o.exclude;
@@ -343,10 +368,9 @@ int run_structured(const Opts& o) {
     throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only, "
                      "or for the accuracy in --report");
 
-  refuse_to_overwrite("prune", o.model, o.out);
-  if (!o.report.empty())
-    check_report_path("prune", o.report, {o.model, o.recipe}, {o.out, o.out + ".report.json"});
-  ir::Model model = onnx::load_model(o.model);
+  OutputFiles files("prune");
+  declare_files(files, o);
+  ir::Model model = load_input_model(files, o.model);
   auto shapes = resolve_input_shapes(model, so.input_shapes);
   ModelCost before = analyze(model, shapes);
   std::optional<Saliency> saliency;
@@ -355,7 +379,7 @@ int run_structured(const Opts& o) {
   ModelCost after = analyze(model, shapes);
   onnx::SaveOptions save;
   if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
-  onnx::save_model(model, o.out, save);
+  onnx::save_model(model, o.out, save, files);
   for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 
   nlohmann::json j;
@@ -364,7 +388,7 @@ int run_structured(const Opts& o) {
   j["structured"] = o.structured;
   j["method"] = importance_name(so.importance);
   j["scope"] = o.scope;
-  put_costs(j, o, before, after);
+  put_costs(j, o, files, model, before, after);
   j["channels_before"] = r.channels_before;
   j["channels"] = r.channels_after;
   j["barriers"] = r.barriers;
@@ -380,12 +404,13 @@ int run_structured(const Opts& o) {
     j["groups"].push_back(jg);
   }
   std::string report_path = o.out + ".report.json";
-  write_file_atomic(report_path, j.dump(2) + "\n");
+  files.write(report_path, j.dump(2) + "\n");
   if (!o.report.empty())
-    write_html_report(o, model, [&](HtmlReport& rep) {
+    write_html_report(files, o, model, [&](HtmlReport& rep) {
       for (const auto& b : r.barriers) rep.add_note("channels kept: " + b);
       for (const auto& w : r.warnings) rep.add_note(w);
     });
+  files.commit();
   if (o.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -501,8 +526,10 @@ Action add_prune(CLI::App& app) {
       "write an HTML report here: before/after, per layer, target and sensitivity (with --data: "
       "top-1 before and after)");
   auto* recipe_opt = cmd->get_option("--recipe");
+  add_threads_option(cmd, o->threads);
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
           sfl, targets, sens, eval_batches, amount, recipe_opt, report]() {
+    configure_threads(o->threads);
     int given = 0;
     TargetKind kind = TargetKind::kMacs;
     const TargetKind kinds[] = {TargetKind::kMacs, TargetKind::kParams, TargetKind::kLatency};
@@ -544,7 +571,7 @@ Action add_prune(CLI::App& app) {
       throw UsageError(
           "[prune] needs --method abs|l1|random|grad|taylor or --recipe FILE.yaml");
     } else {
-      po.method = parse_prune_method(o->method);
+      po.method = parse_flag([&] { return parse_prune_method(o->method); });
     }
     bool needs_data = false;
     if (!o->recipe.empty()) {
@@ -575,8 +602,8 @@ Action add_prune(CLI::App& app) {
       else if (o->scope == "global")
         po.scope = PruneScope::kGlobal;
       else
-        throw Error("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
-      parse_prune_pattern(o->pattern, po);
+        throw UsageError("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
+      parse_flag([&] { parse_prune_pattern(o->pattern, po); });
       if (po.method == PruneMethod::kAbs) {
         if (th->count() == 0) throw UsageError("[prune] --method abs needs --threshold T");
         if (!o->amount.empty())
@@ -586,19 +613,18 @@ Action add_prune(CLI::App& app) {
         if (o->amount.empty())
           throw UsageError(std::string("[prune] --method ") + method_name(po.method) +
                            " needs --amount A");
-        po.amount = PruneAmount::parse(o->amount);
+        po.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
       }
       po.seed = o->seed;
       po.norm = o->norm;
       po.exclude = o->exclude;
       po.skip_first_last = o->skip_first_last;
+      parse_flag([&] { check_layer_options(po); });  // every flag checked before any work
     }
 
-    refuse_to_overwrite("prune", o->model, o->out);
-    if (!o->report.empty())
-      check_report_path("prune", o->report, {o->model, o->recipe},
-                        {o->out, o->out + ".report.json"});
-    ir::Model model = onnx::load_model(o->model);
+    OutputFiles files("prune");
+    declare_files(files, *o);
+    ir::Model model = load_input_model(files, o->model);
     std::optional<Saliency> saliency;
     if (needs_data) {
       saliency = calibrate(*o, model);
@@ -607,7 +633,7 @@ Action add_prune(CLI::App& app) {
     PruneReport r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
-    onnx::save_model(model, o->out, so);
+    onnx::save_model(model, o->out, so, files);
     for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 
     nlohmann::json j;
@@ -617,8 +643,8 @@ Action add_prune(CLI::App& app) {
     j["nonzero_before"] = r.nonzero_before;
     j["nonzero"] = r.nonzero_after;
     j["sparsity"] = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
-    j["file_bytes_before"] = model_file_bytes(o->model);
-    j["file_bytes_after"] = model_file_bytes(o->out);
+    j["file_bytes_before"] = model_file_bytes(o->model, model);
+    j["file_bytes_after"] = staged_model_bytes(files, o->out);
     if (recipe) j["recipe"] = o->recipe;
     j["warnings"] = r.warnings;
     j["layers"] = nlohmann::json::array();
@@ -639,11 +665,12 @@ Action add_prune(CLI::App& app) {
     }
     // The report beside the model, written like the model: a temporary name, then a rename.
     std::string report_path = o->out + ".report.json";
-    write_file_atomic(report_path, j.dump(2) + "\n");
+    files.write(report_path, j.dump(2) + "\n");
     if (!o->report.empty())
-      write_html_report(*o, model, [&](HtmlReport& rep) {
+      write_html_report(files, *o, model, [&](HtmlReport& rep) {
         for (const auto& w : r.warnings) rep.add_note(w);
       });
+    files.commit();
 
     if (o->json) {
       std::cout << j.dump(2) << "\n";

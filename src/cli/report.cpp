@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <iostream>
 
 #include "cli/common.h"
 #include "lopper/analysis.h"
 #include "lopper/budget.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/latency.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
 
@@ -17,25 +19,6 @@ namespace lopper::cli {
 namespace {
 std::string g_command_line = "lopper";
 }  // namespace
-
-void check_report_path(const std::string& cmd, const std::string& report,
-                       const std::vector<std::string>& inputs,
-                       const std::vector<std::string>& outputs) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  for (const auto& out : outputs)
-    if (!out.empty() && fs::path(out).lexically_normal() == fs::path(report).lexically_normal())
-      throw UsageError("[" + cmd + "] --report and another output both name " + report);
-  for (const auto& in : inputs)
-    if (!in.empty() && fs::exists(report, ec) && fs::equivalent(in, report, ec))
-      throw UsageError("[" + cmd + "] --report names an input (" + in +
-                       "); lopper never overwrites its input");
-  const fs::path dir = fs::path(report).parent_path();
-  if (!dir.empty() && !fs::is_directory(dir, ec))
-    throw UsageError("[" + cmd + "] --report " + report + ": no folder " + dir.string());
-  if (fs::is_directory(report, ec))
-    throw UsageError("[" + cmd + "] --report " + report + " is a folder; give a file name");
-}
 
 ReportModel measure_for_report(const std::string& label, const std::string& path,
                                const ir::Model& m, const ModelCost& cost,
@@ -47,24 +30,37 @@ ReportModel measure_for_report(const std::string& label, const std::string& path
   r.nonzero = cost.nonzero;
   r.macs = cost.macs;
   r.effective_macs = effective_cost(cost).macs;
-  r.file_bytes = model_file_bytes(path);
+  r.file_bytes = model_file_bytes(path, m);
   // As many runs as fit in about half a second (10 to 500): a 0.1 ms model needs hundreds for a
   // stable median, a 50 ms one a few.
-  int iters = 0;
-  r.latency_ms = measure_latency_ms(m, how.device, how.shapes, 10, 500.0, &iters);
+  LatencyOptions lo;
+  lo.min_runs = 10;
+  lo.budget_ms = 500.0;
+  lo.max_runs = 500;
+  const LatencyStats lat = measure_model_latency(m, how.device, how.shapes, lo);
+  set_latency(r, lat);
+  if (lat.wide) std::cerr << "lopper: warning: " << label << " model: " << lat.warning() << "\n";
   std::string batch;
   for (const auto& [name, dims] : resolve_input_shapes(m, how.shapes, 1))
     if (!dims.empty()) {
       batch = fmt::format("batch {}", dims[0]);
       break;
     }
-  r.measured = fmt::format("latency: median of {} runs on {}{}", iters, how.device,
+  r.measured = fmt::format("latency: median of {} runs on {}{}", lat.runs, how.device,
                            batch.empty() ? "" : ", " + batch);
   if (how.data) {
     const EvalResult e = evaluate(m, *how.data, how.device, {}, at::kFloat, how.eval_batches);
     set_accuracy(r, e.top1, e.loss, e.samples, how.data_name);
   }
   return r;
+}
+
+void set_latency(ReportModel& m, const LatencyStats& s) {
+  m.latency_ms = s.median_ms;
+  m.latency_p10_ms = s.p10_ms;
+  m.latency_p90_ms = s.p90_ms;
+  m.latency_runs = s.runs;
+  m.latency_warning = s.warning();
 }
 
 void set_accuracy(ReportModel& m, double top1, double loss, int64_t samples,

@@ -12,17 +12,11 @@
 
 namespace lopper {
 class DataLoader;
+struct LatencyStats;
 struct ModelCost;
 }  // namespace lopper
 
 namespace lopper::cli {
-
-/// Before any work: throws UsageError when `report` names one of `inputs` or `outputs` (the
-/// command's other files) or a folder, or its folder does not exist — so that a long run never
-/// ends without its report.
-void check_report_path(const std::string& cmd, const std::string& report,
-                       const std::vector<std::string>& inputs,
-                       const std::vector<std::string>& outputs = {});
 
 /// How a report's models are measured.
 struct ReportMeasure {
@@ -32,6 +26,9 @@ struct ReportMeasure {
   int64_t eval_batches = 0;    // ... on its first batches (0: all)
   std::string data_name;       // "fashion-mnist (test)"
 };
+
+/// A latency measurement into `m`: its median, p10, p90, runs and the wide-spread warning.
+void set_latency(ReportModel& m, const LatencyStats& s);
 
 /// Top-1 and loss measured on `samples` samples of `data_name`, into `m` (and its `measured` note).
 void set_accuracy(ReportModel& m, double top1, double loss, int64_t samples,

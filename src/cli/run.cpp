@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/executor.h"
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
@@ -26,21 +27,31 @@ Action add_run(CLI::App& app) {
   cmd->add_option("--out,-o", o->out, "folder for <output name>.npy")->required();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
-  cmd->add_option("--threads", o->threads, "intra-op threads (0: one per core)");
+  add_threads_option(cmd, o->threads);
   return [o]() {
     configure_threads(o->threads);
-    ir::Model model = onnx::load_model(o->model);
-    Executor exec(model, exec_options(o->device, o->precision));
+    OutputFiles files("run");
+    ir::Model model = load_input_model(files, o->model);
     NamedTensors feeds;
-    for (const auto& spec : o->inputs) feeds.push_back(parse_input_spec(spec));
-    auto outs = exec.run(feeds);
-    auto names = exec.output_names();
-    std::filesystem::create_directories(o->out);
-    for (size_t i = 0; i < outs.size(); ++i) {
-      std::string file = (std::filesystem::path(o->out) / (safe_file_name(names[i]) + ".npy")).string();
-      save_npy(outs[i], file);
-      std::cout << names[i] << " " << shape_string(outs[i].sizes()) << " -> " << file << "\n";
+    for (const auto& spec : o->inputs) {
+      files.input(spec.substr(spec.rfind('=') + 1));
+      feeds.push_back(parse_input_spec(spec));
     }
+    // The folder is checked (and made, if new) before the run; each output is declared then, so a
+    // name that is an input or not a regular file is refused before any is written.
+    files.folder(o->out, "--out");
+    Executor exec(model, exec_options(o->device, o->precision));
+    const auto names = exec.output_names();
+    std::vector<std::string> paths;
+    for (const auto& n : names) {
+      paths.push_back((std::filesystem::path(o->out) / (safe_file_name(n) + ".npy")).string());
+      files.declare(paths.back(), "output '" + n + "'");
+    }
+    auto outs = exec.run(feeds);
+    for (size_t i = 0; i < outs.size(); ++i) files.write(paths[i], npy_bytes(outs[i]));
+    files.commit();
+    for (size_t i = 0; i < outs.size(); ++i)
+      std::cout << names[i] << " " << shape_string(outs[i].sizes()) << " -> " << paths[i] << "\n";
     return 0;
   };
 }

@@ -71,6 +71,7 @@ Action add_sensitivity(CLI::App& app) {
     int64_t eval_batches = 16, round_to = 1;
     uint64_t seed = 0;
     bool json = false;
+    int threads = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
@@ -96,16 +97,19 @@ Action add_sensitivity(CLI::App& app) {
   cmd->add_option("--report", o->report,
                   "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "
                   "model's layers");
+  add_threads_option(cmd, o->threads);
   return [o]() {
+    configure_threads(o->threads);
     SensitivityOptions so;
-    so.amounts = parse_amounts(o->amounts);
+    so.amounts = parse_flag([&] { return parse_amounts(o->amounts); });
     if (!o->structured.empty()) {
       if (o->structured != "channel")
         throw UsageError("[sensitivity] --structured takes channel, got '" + o->structured + "'");
       so.structured = true;
-      if (!o->method.empty()) so.importance = parse_channel_importance(o->method);
+      if (!o->method.empty())
+        so.importance = parse_flag([&] { return parse_channel_importance(o->method); });
     } else if (!o->method.empty()) {
-      so.method = parse_prune_method(o->method);
+      so.method = parse_flag([&] { return parse_prune_method(o->method); });
     }
     so.eval_batches = o->eval_batches;
     so.device = o->device;
@@ -113,11 +117,16 @@ Action add_sensitivity(CLI::App& app) {
     so.round_to = o->round_to;
     so.seed = o->seed;
     so.input_shapes = parse_shape_overrides(o->shapes);
-    if (!o->out.empty()) refuse_to_overwrite("sensitivity", o->model, o->out);
-    if (!o->report.empty()) check_report_path("sensitivity", o->report, {o->model}, {o->out});
-    (void)parse_device(o->device);  // a bad or missing device fails before the data is read
+    // What it reads, then what it writes: checked before any work.
+    OutputFiles files("sensitivity");
+    files.input(o->model);
+    add_data_inputs(files, o->data.data);
+    if (!o->out.empty()) files.declare(o->out, "-o");
+    if (!o->report.empty()) files.declare(o->report, "--report");
+    check_device_flag(o->device);  // fails before the data is read
+    parse_flag([&] { check_sensitivity_options(so); });
 
-    ir::Model model = onnx::load_model(o->model);
+    ir::Model model = load_input_model(files, o->model);
     bool fixed = false;
     LoaderOptions lo = o->data.loader(model, fixed);
     lo.shuffle = false;
@@ -130,7 +139,7 @@ Action add_sensitivity(CLI::App& app) {
     SensitivityResult r = sensitivity(model, loader, so);
     if (bar) bar->finish();
     const std::string js = sensitivity_json(r);
-    if (!o->out.empty()) write_file_atomic(o->out, js + "\n");
+    if (!o->out.empty()) files.write(o->out, js + "\n");
     if (!o->report.empty()) {
       HtmlReport rep("sensitivity", "Sensitivity of " + o->model, command_line());
       ReportMeasure how;
@@ -142,8 +151,9 @@ Action add_sensitivity(CLI::App& app) {
                    fmt::format("{} ({}), the sweep's own batches", o->data.data, o->data.split));
       rep.add_model(m, cost);
       rep.add_sensitivity(r);
-      rep.write(o->report);
+      files.write(o->report, rep.html());
     }
+    files.commit();
     if (o->json) {
       std::cout << js << "\n";
     } else {

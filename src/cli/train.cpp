@@ -37,7 +37,7 @@ PruneSchedule parse_schedule(const std::string& s) {
   if (s == "none") return PruneSchedule::kNone;
   if (s == "iterative") return PruneSchedule::kIterative;
   if (s == "agp") return PruneSchedule::kAgp;
-  throw Error("[train] unknown --schedule '" + s + "' (schedules: none, iterative, agp)");
+  throw UsageError("[train] unknown --schedule '" + s + "' (schedules: none, iterative, agp)");
 }
 
 // "2" (epochs) or "100steps" / "100s".
@@ -133,8 +133,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--resume", t.resume, "resume from a checkpoint folder");
   cmd->add_option("--eval-split", o->eval_split, "evaluate on this split after training (test)");
   cmd->add_flag("--no-eval", o->no_eval, "skip the evaluation after training");
-  cmd->add_option("--threads", o->threads, "intra-op threads (0 = one per core)")
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(cmd, o->threads);
   cmd->add_option("--dist-timeout", o->dist_timeout,
                   "data parallel: seconds a rank waits for its peers before failing (120)")
       ->check(CLI::PositiveNumber);
@@ -145,15 +144,25 @@ Action add_train_command(CLI::App& app, bool finetune) {
                   "--eval-split), per layer");
   return [o]() {
     TrainOptions& t = o->t;
-    refuse_to_overwrite("train", o->model, o->out);
-    if (!o->report.empty())
-      check_report_path("train", o->report, {o->model}, {o->out, o->out + ".train.json"});
+    // What it reads, then what it writes: checked before any work.
+    OutputFiles files("train");
+    files.input(o->model);
+    add_data_inputs(files, o->data.data);
+    files.declare(o->out, "-o");
+    files.declare(o->out + ".train.json", "the JSON report");
+    if (!o->report.empty()) files.declare(o->report, "--report");
+    if (!t.checkpoint_dir.empty()) {
+      if (files.declared(t.checkpoint_dir))
+        throw UsageError("[train] --checkpoint-dir " + t.checkpoint_dir +
+                         ": another output names the same path");
+      check_checkpoint_dir(t.checkpoint_dir);
+    }
     t.schedule = parse_schedule(o->schedule);
     if (t.schedule != PruneSchedule::kNone) {
       if (o->prune_method.empty() || o->prune_amount.empty())
         throw UsageError("[train] --schedule " + o->schedule +
                          " needs --prune-method M and --prune-amount A");
-      t.prune.amount = PruneAmount::parse(o->prune_amount);
+      t.prune.amount = parse_flag([&] { return PruneAmount::parse(o->prune_amount); });
       if (!o->prune_structured.empty()) {
         t.structured_schedule = true;
         if (o->prune_structured == "head")
@@ -161,24 +170,25 @@ Action add_train_command(CLI::App& app, bool finetune) {
         else if (o->prune_structured != "channel")
           throw UsageError("[train] --prune-structured takes channel or head, got '" +
                            o->prune_structured + "'");
-        t.structured.importance = parse_channel_importance(o->prune_method);
+        t.structured.importance =
+            parse_flag([&] { return parse_channel_importance(o->prune_method); });
         t.structured.seed = t.seed;
         t.prune.method = PruneMethod::kL1;  // the amount's checks; the criterion is above
       } else {
-        t.prune.method = parse_prune_method(o->prune_method);
+        t.prune.method = parse_flag([&] { return parse_prune_method(o->prune_method); });
       }
       if (o->prune_scope == "global")
         t.prune.scope = PruneScope::kGlobal;
       else if (o->prune_scope == "local")
         t.prune.scope = PruneScope::kLocal;
       else
-        throw Error("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
-      parse_prune_pattern(o->prune_pattern, t.prune);
+        throw UsageError("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
+      parse_flag([&] { parse_prune_pattern(o->prune_pattern, t.prune); });
       t.structured.scope = t.prune.scope;
       if (t.prune.pattern != PrunePattern::kUnstructured && t.prune.pattern != PrunePattern::kBlock)
         t.prune.scope = PruneScope::kLocal;
       t.prune.seed = t.seed;
-      parse_every(o->every, t);
+      parse_flag([&] { parse_every(o->every, t); });
       if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)
         t.epochs = t.rounds * t.epochs_per_round;
     } else if (!o->prune_method.empty() || !o->prune_amount.empty() ||
@@ -187,6 +197,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
           "[train] --prune-method/--prune-amount/--prune-structured need --schedule iterative|agp");
     }
 
+    // Every flag checked before any work (the trainer checks them again).
+    check_device_flag(t.device);
+    parse_flag([&] { check_train_options(t); });
     configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
     dopt.timeout_s = o->dist_timeout;
@@ -194,7 +207,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
     if (dopt.world > 1) dist = std::make_unique<Distributed>(dopt);
     bool main_rank = !dist || dist->is_main();
 
-    ir::Model model = onnx::load_model(o->model);
+    ir::Model model = load_input_model(files, o->model);
     bool fixed = false;
     LoaderOptions lo = o->data.loader(model, fixed);
     lo.seed = t.seed;
@@ -255,7 +268,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
     if (!main_rank) return 0;
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;
-    onnx::save_model(model, o->out, so);
+    onnx::save_model(model, o->out, so, files);
 
     nlohmann::json j;
     j["model"] = o->model;
@@ -288,7 +301,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
                                o->eval_split, 100 * ev->top1, 100 * ev->top5, ev->loss,
                                ev->samples);
     }
-    write_file_atomic(o->out + ".train.json", j.dump(2) + "\n");
+    files.write(o->out + ".train.json", j.dump(2) + "\n");
     if (!o->report.empty()) {
       // The model before: read again, measured like the one after (top-1 on the same split).
       const ir::Model before = onnx::load_model(o->model);
@@ -301,6 +314,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
       const ReportModel mb = measure_for_report("before", o->model, before, cost_before, how);
       how.data = nullptr;  // measured above
       ReportModel ma = measure_for_report("after", o->out, model, cost_after, how);
+      ma.file_bytes = staged_model_bytes(files, o->out);  // written, not yet in place
       if (ev) set_accuracy(ma, ev->top1, ev->loss, ev->samples, how.data_name);
       HtmlReport rep("train", "Training " + o->model, command_line());
       rep.add_model(mb, cost_before);
@@ -320,8 +334,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
         rep.add_tradeoff(x, y, intro,
                          {"after", {{prunable_sparsity(model), ev->top1, ""}}, false, "result"});
       }
-      rep.write(o->report);
+      files.write(o->report, rep.html());
     }
+    files.commit();
     print_table_row("wrote", o->out);
     print_table_row("sparsity", fmt::format("{:.1f}%", 100 * j["sparsity"].get<double>()));
     if (!o->report.empty()) print_table_row("report", o->report);
@@ -337,6 +352,7 @@ Action add_eval(CLI::App& app) {
     std::string model, device = "cpu", precision = "fp32";
     DataFlags data;
     bool json = false;
+    int threads = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("eval", "accuracy of a classifier on a dataset: top-1, top-5, "
@@ -346,7 +362,9 @@ Action add_eval(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_flag("--json", o->json, "print JSON (top1, top5, loss, samples, per_class)");
+  add_threads_option(cmd, o->threads);
   return [o]() {
+    configure_threads(o->threads);
     ir::Model model = onnx::load_model(o->model);
     bool fixed = false;
     LoaderOptions lo = o->data.loader(model, fixed);

@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "util/memory.h"
+
 namespace lopper::exec {
 namespace {
 
@@ -30,7 +32,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       }
     }
     if (!p && n > 0) {
-      if (posix_memalign(&p, kAlignment, n) != 0) throw std::bad_alloc();
+      if (posix_memalign(&p, kAlignment, n) != 0) throw OutOfMemory(n);
     }
     if (n >= kMinCached) {
       std::lock_guard<std::mutex> lock(mu_);

@@ -4,6 +4,15 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <sched.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,12 +23,116 @@
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
+#include "util/memory.h"
 
 namespace lopper {
 
+namespace {
+
+// The CPUs this process may run on (its affinity mask); empty when it cannot be read.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// The cgroup's CPU quota, rounded up to whole CPUs (cgroup v2 cpu.max, v1 cpu.cfs_quota_us);
+// 0 when there is none.
+int cgroup_cpu_quota() {
+  double quota = -1, period = 0;
+  std::ifstream v2("/sys/fs/cgroup/cpu.max");
+  std::string q;
+  if (v2 >> q >> period) {
+    if (q != "max") quota = std::atof(q.c_str());
+  } else {
+    std::ifstream qf("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), pf("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (!(qf >> quota) || !(pf >> period)) quota = -1;
+  }
+  if (quota <= 0 || period <= 0) return 0;
+  return std::max(1, static_cast<int>(std::ceil(quota / period)));
+}
+
+// Per CPU: (idle + iowait, all) time so far, from /proc/stat (in USER_HZ ticks).
+std::map<int, std::pair<uint64_t, uint64_t>> cpu_times() {
+  std::map<int, std::pair<uint64_t, uint64_t>> times;
+  std::ifstream f("/proc/stat");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.size() < 4 || line.compare(0, 3, "cpu") != 0 || !std::isdigit(line[3])) continue;
+    std::istringstream in(line.substr(3));
+    int cpu = 0;
+    uint64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    in >> cpu;
+    for (auto& x : v) in >> x;  // user nice system idle iowait irq softirq steal
+    uint64_t all = 0;
+    for (auto x : v) all += x;
+    times[cpu] = {v[3] + v[4], all};
+  }
+  return times;
+}
+
+}  // namespace
+
+// NOTE: why the default is the idle CPUs, not every CPU. With one thread per core, a core held by
+// another process makes OpenMP's barriers wait for that core's scheduler slice (libgomp spins
+// 300000 times before sleeping, so its threads never yield): every parallel region can cost a
+// tick, and a 0.1 ms model measures 35 ms. Median of `lopper bench MODEL --json` medians (3
+// processes each; lenet5: --iters 200 --warmup 20, resnet18: --iters 20 --warmup 3), on a 2-vCPU
+// VM (torch 2.14 wheel, its libgomp), each started once the machine was quiet; "1 busy"/"2 busy":
+// 1 or 2 `python3 -c 'while True: pass'` running (ms):
+//
+//   setting                                lenet5: idle  1 busy  2 busy | resnet18: idle 1 busy 2 busy
+//   --threads 2 (the old default)                 0.106   0.121*  0.110 |          16.0  145.4   47.2*
+//   --threads 1                                   0.082   0.084   0.087 |          27.6   28.3   40.5
+//   --threads 2, OMP_WAIT_POLICY=PASSIVE          0.563   0.123   0.302 |          16.5   27.2   44.7
+//   --threads 2, GOMP_SPINCOUNT=10000             0.108   1.278   0.115 |          15.3   33.4   35.8
+//   default (idle CPUs: 2, 1, 1)                  0.106   0.082   0.087 |          15.5   27.5   35.1
+//   * bimodal: some processes ran at 40-50 ms (lenet5) or 180 ms (resnet18) for every run.
+//
+// Counting the idle CPUs is close to the best in every column. The wait policy alone is not: a
+// passive wait costs a wake-up per parallel region (5x on lenet5 when idle), and spinning less
+// only moves the cliff. It could not be set here anyway: libgomp reads OMP_WAIT_POLICY and
+// GOMP_SPINCOUNT in its own initialiser, before main() (setenv there is too late, checked with
+// OMP_DISPLAY_ENV=VERBOSE), and re-executing lopper to set them would double its 0.35 s start.
+// The 20 ms sample is /proc/stat's per-CPU idle time (10 ms ticks), summed over the allowed CPUs.
+// What it cannot see is load that starts later in a long run; --threads and OMP_NUM_THREADS
+// override it.
+int default_threads() {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+  }
+  std::vector<int> cpus = allowed_cpus();
+  int n = cpus.empty() ? static_cast<int>(std::thread::hardware_concurrency())
+                       : static_cast<int>(cpus.size());
+  if (const int quota = cgroup_cpu_quota()) n = std::min(n, quota);
+  if (n <= 1) return 1;
+  // The idle share of the allowed CPUs over a short window (this process sleeps meanwhile), in
+  // CPUs: a process spinning on one core takes one away, wherever the scheduler moves it.
+  const auto before = cpu_times();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto after = cpu_times();
+  uint64_t idle_ticks = 0, all_ticks = 0;
+  int seen = 0;
+  for (int c : cpus) {
+    auto a = before.find(c), b = after.find(c);
+    if (a == before.end() || b == after.end()) continue;
+    idle_ticks += b->second.first - a->second.first;
+    all_ticks += b->second.second - a->second.second;
+    ++seen;
+  }
+  if (seen == 0 || all_ticks == 0) return n;  // no /proc/stat, or a view without these CPUs
+  const double idle = double(seen) * double(idle_ticks) / double(all_ticks);
+  return std::max(1, std::min(n, static_cast<int>(idle + 0.5)));
+}
+
 void configure_threads(int threads) {
-  int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-  if (n <= 0) n = 1;
+  const int n = threads > 0 ? threads : default_threads();
   // NOTE: one intra-op pool (OpenMP, which MKL and oneDNN share in the torch wheel) sized to the
   // cores, and a single inter-op thread: two pools of full size oversubscribe small machines.
   at::set_num_threads(n);
@@ -232,6 +345,15 @@ struct Executor::Impl {
         p.steps[last[s]].release.push_back(s);
   }
 
+  // "[exec] node 'N' (Op): out of memory allocating 3.1 TB (this machine has 24 GB)".
+  std::string out_of_memory(const ir::Node& n, const std::string& size) const {
+    std::string where = device.is_cpu()
+                            ? "this machine has " + human_bytes(static_cast<double>(memory_bytes()))
+                            : "on " + device.str();
+    return detail::concat("[exec] node '", n.label(), "' (", n.op_type, "): out of memory",
+                          size.empty() ? "" : " allocating " + size, " (", where, ")");
+  }
+
   template <typename Get>
   std::vector<at::Tensor> execute(Step& st, Get&& get, const Env* env) {
     ops::OpContext ctx(*st.node, st.opset, opts.training, device);
@@ -255,9 +377,19 @@ struct Executor::Impl {
       st.op->forward(ctx);
     } catch (const Error&) {
       throw;
+    } catch (const OutOfMemory& e) {  // lopper's CPU allocator: the size is known
+      throw Error(out_of_memory(*st.node, human_bytes(static_cast<double>(e.bytes()))));
+    } catch (const std::bad_alloc&) {
+      throw Error(out_of_memory(*st.node, ""));
     } catch (const c10::Error& e) {
+      // NOTE: ATen's own allocators say "not enough memory: you tried to allocate N bytes" (CPU)
+      // or "CUDA out of memory. Tried to allocate 2.00 GiB" (an OutOfMemoryError), over lines.
+      std::string msg = e.what_without_backtrace();
+      if (dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
+          msg.find("not enough memory") != std::string::npos)
+        throw Error(out_of_memory(*st.node, allocation_size_in(msg)));
       throw Error(detail::concat("[exec] node '", st.node->label(), "' (", st.node->op_type,
-                                 "): ", e.what_without_backtrace()));
+                                 "): ", first_line(msg)));
     }
     for (size_t k = 0; k < st.out.size(); ++k)
       if (st.out[k] >= 0 && !ctx.outputs_[k].defined())

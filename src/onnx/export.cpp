@@ -253,6 +253,14 @@ std::string serialize_model(const ir::Model& model) {
 // accept fields in any order, so this is the same message SerializeAsString would give, with the
 // initializers after the nodes. Peak memory stays at the model itself (bench/prune_speed.py).
 void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts) {
+  OutputFiles out("export");
+  save_model(model, path, opts, out);
+  out.commit();
+}
+
+void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts,
+                OutputFiles& files) {
+  if (!files.declared(path)) files.declare(path, "-o");
   ModelProto p;
   std::vector<TailInit> tail;
   Writer{opts, &tail}.fill_model(model, &p);
@@ -266,7 +274,10 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
     std::filesystem::path mp(path);
     std::string location = mp.filename().string() + ".data";
     data_path = (mp.parent_path() / location).string();
-    data_tmp = temp_path_beside(data_path);
+    // NOTE: the external data file is an output too: one an input reads (another model's data
+    // under this name) is refused here, before anything is written.
+    if (!files.declared(data_path)) files.declare(data_path, "external data of " + path);
+    data_tmp = files.temp(data_path);
     std::ofstream data(data_tmp, std::ios::binary | std::ios::trunc);
     LOPPER_CHECK(data.good(), "[export] cannot write '", data_path, "'");
     uint64_t offset = 0;
@@ -281,26 +292,18 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
     }
     externalize(p.mutable_graph(), location, opts.external_min_bytes, data, offset);
     data.flush();
-    if (!data.good()) {
-      std::remove(data_tmp.c_str());
-      throw Error(detail::concat("[export] cannot write '", data_path, "'"));
-    }
+    LOPPER_CHECK(data.good(), "[export] cannot write '", data_path, "'");
   }
   std::unique_ptr<GraphProto> graph(p.release_graph());
   std::string head = p.SerializeAsString(), body = graph->SerializeAsString();
   size_t graph_len = body.size();
   for (const auto& t : tail) graph_len += 1 + varint_size(tail_size(t)) + tail_size(t);
-  if (head.size() + graph_len > static_cast<size_t>(INT_MAX)) {
-    if (!data_tmp.empty()) std::remove(data_tmp.c_str());
-    throw Error("[export] the graph alone is over 2 GB");
-  }
-  std::string tmp = temp_path_beside(path);
+  LOPPER_CHECK(head.size() + graph_len <= static_cast<size_t>(INT_MAX),
+               "[export] the graph alone is over 2 GB");
+  std::string tmp = files.temp(path);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out.good()) {
-      if (!data_tmp.empty()) std::remove(data_tmp.c_str());
-      throw Error(detail::concat("[export] cannot write '", path, "': ", std::strerror(errno)));
-    }
+    LOPPER_CHECK(out.good(), "[export] cannot write '", path, "': ", std::strerror(errno));
     auto put = [&](const void* b, size_t n) {
       out.write(static_cast<const char*>(b), static_cast<std::streamsize>(n));
     };
@@ -322,15 +325,8 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
       if (t.data.defined()) put(t.data.data_ptr(), t.data.nbytes());
     }
     out.flush();
-    if (!out.good()) {
-      out.close();
-      std::remove(tmp.c_str());
-      if (!data_tmp.empty()) std::remove(data_tmp.c_str());
-      throw Error(detail::concat("[export] cannot write '", path, "': ", std::strerror(errno)));
-    }
+    LOPPER_CHECK(out.good(), "[export] cannot write '", path, "': ", std::strerror(errno));
   }
-  if (!data_tmp.empty()) commit_temp(data_tmp, data_path);
-  commit_temp(tmp, path);
 }
 
 void save_tensor_pb(const at::Tensor& t, const std::string& path, const std::string& name) {

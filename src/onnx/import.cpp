@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "lopper/error.h"
 #include "lopper/files.h"
@@ -156,6 +157,8 @@ ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir)
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
   ExternalDataContext ctx{base_dir};
   ctx.sparse_budget = sparse_budget_for(size);
+  std::set<std::string> external;
+  ctx.files = &external;
   ir::Model out;
   out.ir_version = m.ir_version();
   for (const auto& o : m.opset_import()) out.opset_import.push_back({o.domain(), o.version()});
@@ -168,7 +171,9 @@ ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir)
   for (const auto& f : m.functions()) out.functions.push_back(f.SerializeAsString());
   for (const auto& t : m.training_info()) out.training_info.push_back(t.SerializeAsString());
   out.graph = convert_graph(*m.mutable_graph(), ctx, 0);
+  out.external_files.assign(external.begin(), external.end());
   if (out.opset_import.empty()) out.opset_import.push_back({"", 1});  // as ONNX specifies
+  ir::validate(out);
   return out;
 }
 
@@ -207,12 +212,10 @@ ir::Model load_model(const std::string& path) {
   if (dir.empty()) dir = ".";
   // NOTE: parsed straight from the file, never read into one buffer first: with the initializers
   // adopting the parsed bytes, a model's weights are in memory once while it loads.
+  // Never blocks: a FIFO or a device is refused before anything is read from it.
+  const int fd = open_regular_file(path, "[io]");
   struct stat st {};
-  LOPPER_CHECK(::stat(path.c_str(), &st) == 0, "[io] cannot open '", path, "': ",
-               std::strerror(errno));
-  LOPPER_CHECK(!S_ISDIR(st.st_mode), "[io] '", path, "' is a directory, not a file");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOPPER_CHECK(fd >= 0, "[io] cannot open '", path, "': ", std::strerror(errno));
+  ::fstat(fd, &st);
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }

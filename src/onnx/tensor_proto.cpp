@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 
 namespace lopper::onnx {
@@ -144,13 +145,14 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
   if (length >= 0)
     LOPPER_CHECK(static_cast<size_t>(length) == nbytes, "[import] ", what, ": external data length ",
                  length, " does not match its shape and type (", nbytes, " bytes)");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOPPER_CHECK(fd >= 0, "[import] ", what, ": cannot open external data '", location, "': ",
-               std::strerror(errno));
+  // Never blocks: a FIFO or a device is refused before anything is read from it.
+  int fd = open_regular_file(path, "[import] " + what + ": external data");
   struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (!ok) ::close(fd);
-  LOPPER_CHECK(ok, "[import] ", what, ": external data '", location, "' is not a regular file");
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(detail::concat("[import] ", what, ": cannot read external data '", location, "'"));
+  }
+  if (ctx.files) ctx.files->insert(path);
   if (static_cast<uint64_t>(offset) > static_cast<uint64_t>(st.st_size) ||
       nbytes > static_cast<uint64_t>(st.st_size) - static_cast<uint64_t>(offset)) {
     ::close(fd);

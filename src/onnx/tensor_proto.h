@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <set>
 #include <string>
 
 #include "onnx.pb.h"
@@ -16,6 +17,8 @@ struct ExternalDataContext {
   /// backed by bytes in the file, so without a budget a few bytes could ask for terabytes of zeros.
   /// parse_model sets it from the model's size; tensor_from_sparse_proto spends it.
   mutable int64_t sparse_budget = int64_t(1) << 28;
+  /// When set, every external data file read is added here (resolved paths).
+  std::set<std::string>* files = nullptr;
 };
 
 /// The sparse budget of a model of `model_bytes` bytes: 256 MiB, or 1024 times the model's size

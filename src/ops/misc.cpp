@@ -198,11 +198,19 @@ at::Tensor resize_axis(const OpContext& c, const ResizeOpts& o, const at::Tensor
   return result;
 }
 
+// floor(scale * dim + offset) as a dim; a product past int64 (a scale of 1e30) saturates, so that
+// the size check names it instead of a wrapped negative size.
+int64_t scaled_dim(double scale, int64_t dim, double offset = 0.0) {
+  double v = std::floor(scale * static_cast<double>(dim) + offset);
+  return v >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+}
+
 // Resizes x given per-axis scales/sizes for every dim.
 at::Tensor resize_core(const OpContext& c, const ResizeOpts& o, const at::Tensor& x,
                        const std::vector<double>& scales, const std::vector<int64_t>& sizes,
                        const std::vector<double>& roi) {
   int64_t r = x.dim();
+  check_output_fits(c, sizes, x.scalar_type());
   bool nearest = o.mode == Interp::kNearest;
   at::ScalarType ct = x.scalar_type();
   if (!nearest) {
@@ -298,7 +306,7 @@ void resize(OpContext& c) {
     for (size_t i = 0; i < na; ++i) {
       c.check(scales_in[i] > 0, "scales must be positive");
       scales[axes[i]] = scales_in[i];
-      sizes[axes[i]] = static_cast<int64_t>(std::floor(scales_in[i] * x.size(axes[i])));
+      sizes[axes[i]] = scaled_dim(scales_in[i], x.size(axes[i]));
     }
   } else {
     c.check(sizes_in.size() == na, "sizes must have ", na, " values, got ", sizes_in.size());
@@ -317,7 +325,7 @@ void resize(OpContext& c) {
       for (int64_t a : axes) s = policy == "not_larger" ? std::min(s, scales[a]) : std::max(s, scales[a]);
       for (int64_t a : axes) {
         scales[a] = s;
-        sizes[a] = static_cast<int64_t>(s * x.size(a) + 0.5);
+        sizes[a] = scaled_dim(s, x.size(a), 0.5);
       }
     }
   }
@@ -335,7 +343,7 @@ void upsample(OpContext& c) {
   std::vector<int64_t> sizes;
   for (int64_t a = 0; a < x.dim(); ++a) {
     c.check(scales[a] >= 1, "Upsample scales must be >= 1, got ", scales[a]);
-    sizes.push_back(static_cast<int64_t>(std::floor(scales[a] * x.size(a))));
+    sizes.push_back(scaled_dim(scales[a], x.size(a)));
   }
   c.set_output(0, resize_core(c, o, x, scales, sizes, {}));
 }
@@ -606,6 +614,7 @@ std::vector<int64_t> random_shape(const OpContext& c) {
   auto shape = c.attr_ints("shape");
   c.check(c.has_attr("shape"), "missing required attribute 'shape'");
   for (int64_t d : shape) c.check(d >= 0, "shape must be non-negative");
+  check_output_fits(c, shape, random_dtype(c, at::kFloat));
   return shape;
 }
 

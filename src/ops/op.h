@@ -177,5 +177,10 @@ int64_t normalize_axis(const AttrReader& ctx, int64_t axis, int64_t rank);
 at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
 /// Product of dims.
 int64_t numel_of(const std::vector<int64_t>& shape);
+/// Fails with "[exec] node 'N' (Op): output [AxB] needs 4.0 TB, more than this machine's memory
+/// (24 GB)" when a tensor of `shape` and `type` would not fit. Ops whose output shape comes from
+/// values (ConstantOfShape, Expand, Tile, Range, Resize, Pad ...) call it before allocating.
+void check_output_fits(const AttrReader& ctx, const std::vector<int64_t>& shape,
+                       at::ScalarType type);
 
 }  // namespace lopper::ops

@@ -3,6 +3,7 @@
 
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
+#include "util/memory.h"
 
 namespace lopper::ops {
 
@@ -138,6 +139,16 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+void check_output_fits(const AttrReader& ctx, const std::vector<int64_t>& shape,
+                       at::ScalarType type) {
+  double bytes = tensor_bytes(shape, c10::elementSize(type));
+  if (!exceeds_memory(bytes)) return;
+  const ir::Node& n = ctx.node();
+  throw Error(memory_message(
+      detail::concat("[exec] node '", n.label(), "' (", n.op_type, "): output ", dims_string(shape)),
+      bytes));
 }
 
 }  // namespace lopper::ops

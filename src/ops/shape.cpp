@@ -176,6 +176,7 @@ void register_shape_ops(OpTable& t) {
   t.add({"", "Expand", [](OpContext& c) {
     const at::Tensor& x = c.input(0);
     auto shape = broadcast_shapes(c, sizes_of(x), to_int_vector(c.input(1)));
+    check_output_fits(c, shape, x.scalar_type());  // a view, but whatever reads it allocates
     c.set_output(0, x.expand(shape));
   }});
 
@@ -185,6 +186,10 @@ void register_shape_ops(OpTable& t) {
     c.check(static_cast<int64_t>(reps.size()) == x.dim(), "repeats has ", reps.size(),
             " entries for a rank-", x.dim(), " input");
     for (int64_t r : reps) c.check(r >= 0, "negative repeat ", r);
+    std::vector<int64_t> shape = sizes_of(x);
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (__builtin_mul_overflow(shape[i], reps[i], &shape[i])) shape[i] = INT64_MAX;
+    check_output_fits(c, shape, x.scalar_type());
     c.set_output(0, x.dim() == 0 ? x.clone() : x.repeat(reps));
   }});
 
@@ -271,6 +276,7 @@ void register_shape_ops(OpTable& t) {
     at::Tensor v = c.has_attr("value") ? c.attr_tensor("value")
                                        : at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
     c.check(v.numel() == 1, "value must hold one element");
+    check_output_fits(c, shape, v.scalar_type());
     v = v.reshape({}).to(c.input(0).device());
     c.set_output(0, v.expand(shape).clone());
   }});
@@ -285,6 +291,7 @@ void register_shape_ops(OpTable& t) {
       c.check(delta != 0, "delta must not be 0");
       double n = std::ceil(static_cast<double>(limit - start) / static_cast<double>(delta));
       int64_t count = std::max<int64_t>(0, static_cast<int64_t>(n));
+      check_output_fits(c, {count}, at::kLong);
       at::Tensor i = at::arange(count, at::TensorOptions().dtype(at::kLong).device(s.device()));
       c.set_output(0, (i * delta + start).to(type));
       return;
@@ -292,8 +299,9 @@ void register_shape_ops(OpTable& t) {
     double start = to_double(s), limit = to_double(c.input(1)), delta = to_double(c.input(2));
     c.check(delta != 0, "delta must not be 0");
     double n = std::ceil((limit - start) / delta);
-    c.check(std::isfinite(n), "range is not finite");
+    c.check(std::isfinite(n) && n < 9e18, "range is not finite");
     int64_t count = std::max<int64_t>(0, static_cast<int64_t>(n));
+    check_output_fits(c, {count}, at::kDouble);
     // NOTE: the spec computes start + i * delta in the input type; double then cast is closest.
     at::Tensor i = at::arange(count, at::TensorOptions().dtype(at::kDouble).device(s.device()));
     c.set_output(0, (i * delta + start).to(opts.dtype()));

@@ -176,6 +176,9 @@ void col2im(OpContext& c) {
           ") is not divisible by the block size ", kprod);
   c.check(x.size(2) == lprod, "input has ", x.size(2), " blocks, expected ", lprod);
   int64_t ch = x.size(1) / kprod, n = x.size(0);
+  std::vector<int64_t> out_shape{n, ch};
+  out_shape.insert(out_shape.end(), padded.begin(), padded.end());
+  check_output_fits(c, out_shape, x.scalar_type());
   int64_t pprod = numel_of(padded);
   // Flat index into the padded image of every (kernel offset, block) pair.
   at::Tensor idx = at::empty({kprod, lprod}, at::kLong);
@@ -230,6 +233,9 @@ void center_crop_pad(OpContext& c) {
     begin[axes[i]] = d >= 0 ? half : -half;
     end[axes[i]] = d >= 0 ? rest : -rest;
   }
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  for (size_t i = 0; i < axes.size(); ++i) out_shape[axes[i]] = shape[i];
+  check_output_fits(c, out_shape, x.scalar_type());
   std::vector<int64_t> p;
   for (int64_t d = rank; d-- > 0;) {
     p.push_back(begin[d]);

@@ -224,6 +224,12 @@ void register_tensor_ops(OpTable& t) {
       begin[a] = pads[i];
       end[a] = pads[i + n];
     }
+    std::vector<int64_t> shape(r);
+    for (int64_t a = 0; a < r; ++a)
+      if (__builtin_add_overflow(x.size(a), begin[a], &shape[a]) ||
+          __builtin_add_overflow(shape[a], end[a], &shape[a]))
+        shape[a] = INT64_MAX;
+    check_output_fits(c, shape, x.scalar_type());
     at::Tensor y = x;
     if (mode == "constant") {
       std::vector<int64_t> tp;
@@ -266,6 +272,9 @@ void register_tensor_ops(OpTable& t) {
     if (axis < 0) axis += r;
     at::Tensor idx = ind.is_floating_point() ? ind.trunc().to(at::kLong) : ind.to(at::kLong);
     idx = wrap_indices(idx, depth).unsqueeze(axis);
+    std::vector<int64_t> out = ind.sizes().vec();
+    out.insert(out.begin() + axis, depth);
+    check_output_fits(c, out, values.scalar_type());
     std::vector<int64_t> shape(r, 1);
     shape[axis] = depth;
     at::Tensor cls = at::arange(depth, long_on(ind)).reshape(shape);

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -65,8 +64,13 @@ ir::Model apply(const ir::Model& model, const TargetOptions& o,
 
 double cost_of(const ir::Model& m, const TargetOptions& o,
                const std::map<std::string, std::vector<int64_t>>& shapes) {
-  if (o.kind == TargetKind::kLatency)
-    return measure_latency_ms(m, o.device, shapes, o.latency_iters);
+  if (o.kind == TargetKind::kLatency) {
+    LatencyOptions lo;
+    lo.min_runs = std::max(o.latency_iters, 1);
+    const LatencyStats s = measure_model_latency(m, o.device, shapes, lo);
+    if (o.on_latency) o.on_latency(s);
+    return s.median_ms;
+  }
   const EffectiveCost c = effective_cost(m, shapes);
   return double(o.kind == TargetKind::kParams ? c.params : c.macs);
 }
@@ -497,45 +501,17 @@ const char* target_name(TargetKind k) {
   return k == TargetKind::kParams ? "params" : k == TargetKind::kMacs ? "macs" : "latency-ms";
 }
 
-double measure_latency_ms(const ir::Model& model, const std::string& device,
-                          const std::map<std::string, std::vector<int64_t>>& input_shapes,
-                          int iters, double budget_ms, int* runs) {
-  ExecOptions eo;
-  eo.device = device;
-  Executor ex(model, eo);
-  const auto shapes = resolve_input_shapes(model, input_shapes, 1);
-  NamedTensors feeds;
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  for (const auto* v : ex.inputs()) {
-    const auto& dims = shapes.at(v->name);
-    const auto type = v->type.elem_type == ir::DType::kUndefined
-                          ? at::kFloat
-                          : onnx::to_scalar_type(v->type.elem_type);
-    at::Tensor t = at::isFloatingType(type) ? at::randn(dims, gen).to(type)
-                                            : at::zeros(dims, at::TensorOptions().dtype(type));
-    feeds.emplace_back(v->name, t.to(ex.device()));
-  }
-  auto sync = [&] {
-    if (ex.device().is_cuda()) at::empty({1}, at::TensorOptions().device(ex.device())).cpu();
+TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
+  // Every latency measurement of the search is counted, so a busy machine is reported.
+  int measurements = 0, wide = 0;
+  LatencyStats widest;
+  TargetOptions o = opts;
+  o.on_latency = [&](const LatencyStats& s) {
+    ++measurements;
+    if (s.wide) ++wide;
+    if (s.spread > widest.spread) widest = s;
+    if (opts.on_latency) opts.on_latency(s);
   };
-  for (int i = 0; i < 3; ++i) ex.run(feeds);
-  sync();
-  std::vector<double> ms;
-  double total = 0;
-  while (int(ms.size()) < std::max(iters, 1) || (total < budget_ms && ms.size() < 500)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ex.run(feeds);
-    sync();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
-    total += ms.back();
-  }
-  if (runs) *runs = int(ms.size());
-  std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
-}
-
-TargetReport prune_to_target(ir::Model& model, const TargetOptions& o) {
   if (o.kind == TargetKind::kLatency)
     LOPPER_CHECK(std::isfinite(o.value) && o.value > 0,
                  "[prune] --target-latency-ms must be > 0, got ", o.value);
@@ -559,6 +535,9 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& o) {
   r.kind = o.kind;
   r.before = before;
   r.target = target;
+  r.latency_measurements = measurements;
+  r.latency_wide = wide;
+  r.latency_widest = widest;
   return r;
 }
 

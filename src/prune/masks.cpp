@@ -48,7 +48,10 @@ std::string PruneAmount::str() const {
   if (is_count) return std::to_string(int64_t(value));
   std::ostringstream os;
   os << value;
-  return os.str();
+  std::string s = os.str();
+  // A fraction always shows as one ("1.0", not "1"): "1" would read as a count of one weight.
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
 }
 
 const char* method_name(PruneMethod m) {

@@ -316,10 +316,24 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
     drop[i].reset();
     report.layers[targets[i].report].nonzero_after = init.value.count_nonzero().item<int64_t>();
   }
+  std::vector<std::string> emptied;
   for (const auto& l : report.layers) {
     report.params += l.params;
     report.nonzero_before += l.nonzero_before;
     report.nonzero_after += l.nonzero_after;
+    if (l.skipped.empty() && l.nonzero_before > 0 && l.nonzero_after == 0) emptied.push_back(l.name);
+  }
+  // NOTE: torch's rule, kept: a float amount is a fraction, an int a count, so "--amount 1.0"
+  // removes every weight while "--amount 1" removes one. A layer left with no weight at all is
+  // almost never meant: said once, naming the layers and the reading used.
+  if (!emptied.empty()) {
+    std::string names;
+    for (size_t i = 0; i < emptied.size() && i < 3; ++i) names += (i ? ", " : "") + emptied[i];
+    if (emptied.size() > 3) names += ", +" + std::to_string(emptied.size() - 3);
+    report.warnings.push_back(
+        std::to_string(emptied.size()) + " layer" + (emptied.size() == 1 ? "" : "s") + " (" +
+        names + ") lost every weight: the model outputs constants. An amount with a point (1.0) " +
+        "is a fraction of the weights, an integer (1) a count, as in torch.nn.utils.prune");
   }
 }
 

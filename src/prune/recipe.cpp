@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/prune.h"
 
 namespace lopper {
@@ -172,11 +173,13 @@ PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& sourc
 }
 
 PruneRecipe load_prune_recipe(const std::string& path) {
-  std::ifstream f(path);
-  LOPPER_CHECK(f.good(), "[prune] cannot read recipe ", path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return parse_prune_recipe(s.str(), path);
+  std::string text;
+  try {
+    text = read_file(path);  // refuses a FIFO or a device, never blocks
+  } catch (const Error& e) {
+    throw Error(detail::concat("[prune] cannot read recipe ", path, ": ", e.what()));
+  }
+  return parse_prune_recipe(text, path);
 }
 
 }  // namespace lopper

@@ -65,23 +65,6 @@ std::pair<double, double> evaluate_on(Executor& ex, const ModelIO& io, const Eva
   return {loss / double(s.samples), hit / double(s.samples)};
 }
 
-void check(const SensitivityOptions& o) {
-  LOPPER_CHECK(!o.amounts.empty(), "[sensitivity] --amounts lists no amount");
-  for (double a : o.amounts)
-    LOPPER_CHECK(std::isfinite(a) && a >= 0 && a < 1,
-                 "[sensitivity] every amount must be in [0, 1), got ", a);
-  LOPPER_CHECK(o.eval_batches > 0, "[sensitivity] --eval-batches must be > 0, got ",
-               o.eval_batches);
-  LOPPER_CHECK(o.round_to >= 1, "[sensitivity] --round-to must be >= 1, got ", o.round_to);
-  if (o.structured)
-    LOPPER_CHECK(o.importance != ChannelImportance::kTaylor,
-                 "[sensitivity] structured sensitivity ranks channels by l1, l2, bn, fpgm or "
-                 "random (taylor needs gradients per point)");
-  else
-    LOPPER_CHECK(o.method == PruneMethod::kL1 || o.method == PruneMethod::kRandom,
-                 "[sensitivity] --method must be l1 or random (grad and taylor: prune with them "
-                 "after choosing amounts)");
-}
 
 void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
   ++done;
@@ -213,6 +196,24 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
 
 }  // namespace
 
+void check_sensitivity_options(const SensitivityOptions& o) {
+  LOPPER_CHECK(!o.amounts.empty(), "[sensitivity] --amounts lists no amount");
+  for (double a : o.amounts)
+    LOPPER_CHECK(std::isfinite(a) && a >= 0 && a < 1,
+                 "[sensitivity] every amount must be in [0, 1), got ", a);
+  LOPPER_CHECK(o.eval_batches > 0, "[sensitivity] --eval-batches must be > 0, got ",
+               o.eval_batches);
+  LOPPER_CHECK(o.round_to >= 1, "[sensitivity] --round-to must be >= 1, got ", o.round_to);
+  if (o.structured)
+    LOPPER_CHECK(o.importance != ChannelImportance::kTaylor,
+                 "[sensitivity] structured sensitivity ranks channels by l1, l2, bn, fpgm or "
+                 "random (taylor needs gradients per point)");
+  else
+    LOPPER_CHECK(o.method == PruneMethod::kL1 || o.method == PruneMethod::kRandom,
+                 "[sensitivity] --method must be l1 or random (grad and taylor: prune with them "
+                 "after choosing amounts)");
+}
+
 EffectiveCost effective_cost(const ir::Model& model,
                              const std::map<std::string, std::vector<int64_t>>& input_shapes) {
   return effective_cost(analyze(model, input_shapes));
@@ -231,7 +232,7 @@ EffectiveCost effective_cost(const ModelCost& c) {
 
 SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
                               const SensitivityOptions& opts) {
-  check(opts);
+  check_sensitivity_options(opts);
   const EvalSet s = read_batches(data, opts.eval_batches);
   SensitivityResult r = opts.structured ? channels(model, s, opts) : weights(model, s, opts);
   r.samples = s.samples;

@@ -72,6 +72,15 @@ void HtmlReport::add_model(const ReportModel& m, const ModelCost& cost) {
       {"nonzero", m.nonzero},      {"macs", m.macs}, {"effective_macs", m.effective_macs},
       {"file_bytes", m.file_bytes}};
   if (m.latency_ms >= 0) jm["latency_ms"] = m.latency_ms;
+  if (m.latency_p90_ms >= 0) {
+    jm["latency_p10_ms"] = m.latency_p10_ms;
+    jm["latency_p90_ms"] = m.latency_p90_ms;
+    jm["latency_runs"] = m.latency_runs;
+  }
+  if (!m.latency_warning.empty()) {
+    jm["latency_warning"] = m.latency_warning;
+    add_note(m.label + ": " + m.latency_warning);
+  }
   if (m.top1 >= 0) jm["top1"] = m.top1;
   if (m.loss >= 0) jm["loss"] = m.loss;
   if (!m.measured.empty()) jm["measured"] = m.measured;

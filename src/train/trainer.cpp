@@ -51,6 +51,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The file that marks a checkpoint folder as lopper's (see check_checkpoint_dir).
+constexpr const char* kCheckpointMarker = ".lopper-checkpoint";
+
 // Mixed precision for one forward pass: ATen's autocast runs matmul-class ops (linear, conv,
 // matmul) in `dtype` and keeps reductions, normalisations and losses in fp32; the weights stay
 // fp32 master copies. fp32 leaves everything as it is.
@@ -202,50 +205,9 @@ class Trainer {
   }
 
   void check_options() {
+    check_train_options(o_);
+    if (!o_.checkpoint_dir.empty()) check_checkpoint_dir(o_.checkpoint_dir);
     precision_ = parse_precision(o_.precision);
-    LOPPER_CHECK(precision_ != at::kHalf || o_.device.rfind("cuda", 0) == 0,
-                 "[train] --precision fp16 needs a CUDA device (on the CPU use bf16)");
-    LOPPER_CHECK(o_.epochs > 0, "[train] --epochs must be > 0, got ", o_.epochs);
-    LOPPER_CHECK(o_.lr > 0 && std::isfinite(o_.lr), "[train] --lr must be > 0, got ", o_.lr);
-    LOPPER_CHECK(o_.lr_schedule == "constant" || o_.lr_schedule == "step" ||
-                     o_.lr_schedule == "cosine",
-                 "[train] unknown --lr-schedule '", o_.lr_schedule,
-                 "' (schedules: constant, step, cosine)");
-    LOPPER_CHECK(o_.loss == "cross-entropy" || o_.loss == "mse", "[train] unknown --loss '",
-                 o_.loss, "' (losses: cross-entropy, mse)");
-    LOPPER_CHECK(o_.warmup_epochs >= 0 && o_.warmup_epochs <= double(o_.epochs),
-                 "[train] --warmup-epochs must be in [0, epochs], got ", o_.warmup_epochs);
-    LOPPER_CHECK(o_.grad_clip >= 0, "[train] --grad-clip must be >= 0, got ", o_.grad_clip);
-    LOPPER_CHECK(o_.l1 >= 0 && o_.bn_l1 >= 0 && o_.group_lasso >= 0,
-                 "[train] regulariser strengths must be >= 0");
-    LOPPER_CHECK(o_.lr_gamma > 0, "[train] --lr-gamma must be > 0, got ", o_.lr_gamma);
-    LOPPER_CHECK(!o_.structured_schedule || o_.schedule != PruneSchedule::kNone,
-                 "[train] --prune-structured needs --schedule iterative|agp");
-    LOPPER_CHECK(!o_.structured_schedule || o_.resume.empty(),
-                 "[train] --resume does not follow a model that shrinks (--prune-structured): "
-                 "resume from the checkpoint's model.onnx with the rest of the schedule instead");
-    if (o_.schedule == PruneSchedule::kNone) return;
-    check_layer_options(o_.prune);
-    LOPPER_CHECK(o_.prune.method != PruneMethod::kAbs,
-                 "[train] a pruning schedule ramps an amount: use --prune-method l1, random, grad "
-                 "or taylor");
-    LOPPER_CHECK(!o_.prune.amount.is_count,
-                 "[train] --prune-amount is the final sparsity, a fraction in [0, 1)");
-    LOPPER_CHECK(o_.prune.amount.value < 1, "[train] --prune-amount must be < 1, got ",
-                 o_.prune.amount.value);
-    if (o_.schedule == PruneSchedule::kIterative) {
-      LOPPER_CHECK(o_.rounds > 0 && o_.epochs_per_round > 0,
-                   "[train] --schedule iterative needs --rounds R and --epochs-per-round E > 0");
-      LOPPER_CHECK(o_.epochs == o_.rounds * o_.epochs_per_round, "[train] --schedule iterative "
-                   "trains rounds x epochs-per-round = ", o_.rounds * o_.epochs_per_round,
-                   " epochs, but --epochs is ", o_.epochs);
-    } else {
-      LOPPER_CHECK(o_.start_epoch >= 0 && o_.end_epoch > o_.start_epoch &&
-                       o_.end_epoch <= o_.epochs,
-                   "[train] --schedule agp needs 0 <= --start-epoch < --end-epoch <= --epochs, got ",
-                   o_.start_epoch, ", ", o_.end_epoch, " of ", o_.epochs);
-      LOPPER_CHECK(o_.every_epochs > 0 || o_.every_steps > 0, "[train] --every must be > 0");
-    }
   }
 
   void collect_params() {
@@ -589,17 +551,34 @@ class Trainer {
     if (!o_.checkpoint_dir.empty()) checkpoint(e + 1);
   }
 
-  // model.onnx (the weights now) + state.json + one .npy per optimiser state tensor, written to a
-  // temporary folder and swapped in, so a crash mid-write leaves the previous checkpoint.
+  // One checkpoint: DIR/epoch-N/ (model.onnx, state.json, one .npy per optimiser state tensor),
+  // written under a hidden temporary name and renamed; then DIR/latest names it (replaced
+  // atomically) and older epoch-* folders go. A crash at any point leaves the previous checkpoint
+  // whole and `latest` naming it. Only what lopper made in its own folder is ever removed.
   void checkpoint(int64_t epochs_done) {
     if (dist_ && !dist_->is_main()) return;
-    fs::path dir(o_.checkpoint_dir);
-    fs::path tmp = dir.string() + ".tmp";
+    const fs::path dir(o_.checkpoint_dir);
+    check_checkpoint_dir(o_.checkpoint_dir);  // again: it may have changed while training
     std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
+    if (!fs::exists(dir / kCheckpointMarker)) {
+      fs::create_directory(dir, ec);
+      LOPPER_CHECK(!ec, "[train] cannot make the checkpoint folder '", dir.string(), "': ",
+                   ec.message());
+      write_file_atomic((dir / kCheckpointMarker).string(),
+                        "A checkpoint folder of lopper train: epoch-N/ and latest are lopper's.\n");
+    }
+    const std::string name = fmt::format("epoch-{}", epochs_done);
+    const fs::path tmp = temp_path_beside((dir / name).string());
+    fs::create_directory(tmp, ec);
     LOPPER_CHECK(!ec, "[train] cannot write the checkpoint folder '", tmp.string(), "': ",
                  ec.message());
+    struct Cleanup {
+      fs::path p;
+      ~Cleanup() {
+        std::error_code e;
+        if (!p.empty()) fs::remove_all(p, e);
+      }
+    } cleanup{tmp};
     ir::Model snap = model_;
     write_back(snap);
     onnx::save_model(snap, (tmp / "model.onnx").string());
@@ -617,17 +596,22 @@ class Trainer {
       j["params"].push_back(jp);
     }
     write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
-    fs::path old = dir.string() + ".old";
-    fs::remove_all(old, ec);
-    if (fs::exists(dir)) fs::rename(dir, old, ec);
-    fs::rename(tmp, dir, ec);
-    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint '", dir.string(), "': ", ec.message());
-    fs::remove_all(old, ec);
-    note(fmt::format("checkpoint {} (epoch {})", dir.string(), epochs_done));
+    const fs::path final = dir / name;
+    fs::remove_all(final, ec);  // an earlier run's epoch of the same number, lopper's own
+    fs::rename(tmp, final, ec);
+    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint '", final.string(), "': ", ec.message());
+    cleanup.p.clear();
+    write_file_atomic((dir / "latest").string(), name + "\n");
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      const bool ours = std::regex_match(f, std::regex(R"(epoch-\d+|\.epoch-\d+\.tmp[0-9a-f]+)"));
+      if (ours && f != name && e.is_directory()) fs::remove_all(e.path(), ec);
+    }
+    note(fmt::format("checkpoint {} (epoch {})", final.string(), epochs_done));
   }
 
   void resume() {
-    fs::path dir(o_.resume);
+    const fs::path dir(checkpoint_to_resume(o_.resume));
     LOPPER_CHECK(fs::exists(dir / "state.json") && fs::exists(dir / "model.onnx"),
                  "[train] --resume '", dir.string(),
                  "' is not a checkpoint folder (model.onnx and state.json)");
@@ -749,6 +733,84 @@ EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string&
     r.per_class.push_back(r.per_class_count[c] ? double(hit[c]) / double(r.per_class_count[c])
                                                : std::nan(""));
   return r;
+}
+
+void check_train_options(const TrainOptions& o) {
+  LOPPER_CHECK(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
+               "[train] unknown optimizer '", o.optimizer, "' (optimizers: sgd, adam, adamw)");
+  LOPPER_CHECK(parse_precision(o.precision) != at::kHalf || o.device.rfind("cuda", 0) == 0,
+               "[train] --precision fp16 needs a CUDA device (on the CPU use bf16)");
+  LOPPER_CHECK(o.epochs > 0, "[train] --epochs must be > 0, got ", o.epochs);
+  LOPPER_CHECK(o.lr > 0 && std::isfinite(o.lr), "[train] --lr must be > 0, got ", o.lr);
+  LOPPER_CHECK(o.lr_schedule == "constant" || o.lr_schedule == "step" ||
+                   o.lr_schedule == "cosine",
+               "[train] unknown --lr-schedule '", o.lr_schedule,
+               "' (schedules: constant, step, cosine)");
+  LOPPER_CHECK(o.loss == "cross-entropy" || o.loss == "mse", "[train] unknown --loss '",
+               o.loss, "' (losses: cross-entropy, mse)");
+  LOPPER_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs <= double(o.epochs),
+               "[train] --warmup-epochs must be in [0, epochs], got ", o.warmup_epochs);
+  LOPPER_CHECK(o.grad_clip >= 0, "[train] --grad-clip must be >= 0, got ", o.grad_clip);
+  LOPPER_CHECK(o.l1 >= 0 && o.bn_l1 >= 0 && o.group_lasso >= 0,
+               "[train] regulariser strengths must be >= 0");
+  LOPPER_CHECK(o.lr_gamma > 0, "[train] --lr-gamma must be > 0, got ", o.lr_gamma);
+  LOPPER_CHECK(!o.structured_schedule || o.schedule != PruneSchedule::kNone,
+               "[train] --prune-structured needs --schedule iterative|agp");
+  LOPPER_CHECK(!o.structured_schedule || o.resume.empty(),
+               "[train] --resume does not follow a model that shrinks (--prune-structured): "
+               "resume from the checkpoint's model.onnx with the rest of the schedule instead");
+  if (o.schedule == PruneSchedule::kNone) return;
+  check_layer_options(o.prune);
+  LOPPER_CHECK(o.prune.method != PruneMethod::kAbs,
+               "[train] a pruning schedule ramps an amount: use --prune-method l1, random, grad "
+               "or taylor");
+  LOPPER_CHECK(!o.prune.amount.is_count,
+               "[train] --prune-amount is the final sparsity, a fraction in [0, 1)");
+  LOPPER_CHECK(o.prune.amount.value < 1, "[train] --prune-amount must be < 1, got ",
+               o.prune.amount.value);
+  if (o.schedule == PruneSchedule::kIterative) {
+    LOPPER_CHECK(o.rounds > 0 && o.epochs_per_round > 0,
+                 "[train] --schedule iterative needs --rounds R and --epochs-per-round E > 0");
+    LOPPER_CHECK(o.epochs == o.rounds * o.epochs_per_round, "[train] --schedule iterative "
+                 "trains rounds x epochs-per-round = ", o.rounds * o.epochs_per_round,
+                 " epochs, but --epochs is ", o.epochs);
+  } else {
+    LOPPER_CHECK(o.start_epoch >= 0 && o.end_epoch > o.start_epoch &&
+                     o.end_epoch <= o.epochs,
+                 "[train] --schedule agp needs 0 <= --start-epoch < --end-epoch <= --epochs, got ",
+                 o.start_epoch, ", ", o.end_epoch, " of ", o.epochs);
+    LOPPER_CHECK(o.every_epochs > 0 || o.every_steps > 0, "[train] --every must be > 0");
+  }
+}
+
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  const fs::path p(dir);
+  const auto st = fs::symlink_status(p, ec);
+  if (!fs::exists(st)) {
+    const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    if (!fs::is_directory(parent, ec))
+      throw UsageError("[train] --checkpoint-dir " + dir + ": no folder " + parent.string());
+    return;
+  }
+  if (!fs::is_directory(st))
+    throw UsageError("[train] --checkpoint-dir " + dir +
+                     " exists and is not a folder; give a new folder for the checkpoints");
+  if (fs::exists(p / kCheckpointMarker, ec) || fs::is_empty(p, ec)) return;
+  throw UsageError("[train] --checkpoint-dir " + dir +
+                   " is a folder lopper did not make (no " + kCheckpointMarker +
+                   "); give a new or empty folder: lopper never replaces what it did not write");
+}
+
+std::string checkpoint_to_resume(const std::string& dir) {
+  const fs::path p(dir);
+  std::error_code ec;
+  if (!fs::exists(p / "latest", ec)) return dir;  // a checkpoint itself (epoch-N, or older layout)
+  std::string name = read_file((p / "latest").string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  LOPPER_CHECK(std::regex_match(name, std::regex(R"(epoch-\d+)")), "[train] --resume '", dir,
+               "': 'latest' names '", name, "', not a checkpoint of this folder");
+  return (p / name).string();
 }
 
 }  // namespace lopper

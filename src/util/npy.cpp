@@ -104,6 +104,10 @@ at::Tensor parse_npy(const std::string& bytes, const std::string& path) {
 at::Tensor load_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
 void save_npy(const at::Tensor& tensor, const std::string& path) {
+  write_file_atomic(path, npy_bytes(tensor));
+}
+
+std::string npy_bytes(const at::Tensor& tensor) {
   at::Tensor t = tensor.detach().cpu().contiguous();
   const char* descr = nullptr;
   for (const auto& k : kTypes)
@@ -128,7 +132,7 @@ void save_npy(const at::Tensor& tensor, const std::string& path) {
   out += static_cast<char>(header.size() >> 8);
   out += header;
   out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  write_file_atomic(path, out);
+  return out;
 }
 
 }  // namespace lopper

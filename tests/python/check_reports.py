@@ -1,4 +1,4 @@
-"""lopper's HTML reports (--report on prune, sensitivity and train) draw in a real browser.
+"""lopper's HTML reports (--report on prune, sensitivity, train and compare) draw in a real browser.
 
 Each report is opened from disk in Debian's headless Chromium (no network, a fresh profile) and its
 DOM is read back after the page's scripts ran: every chart (a Chart.js canvas) must have painted
@@ -190,6 +190,19 @@ def main():
         assert d["training"]["eval"]["top1"] == j["eval"]["top1"]
         assert len(d["training"]["steps"]) >= 3 * 16, "the per-step curve lost its steps"
 
+    def compare():
+        # The model before and after the unstructured prune above, side by side.
+        pruned, page = os.path.join(tmp, "l1.onnx"), os.path.join(tmp, "cmp.html")
+        js = os.path.join(tmp, "cmp.json")
+        lopper(exe, "compare", lenet, pruned, "--iters", "20", "--threads", "1", "-o", js,
+               "--report", page)
+        check_drawn(browser, page, tmp, ["summary", "layers"])
+        d, j = page_data(page), json.load(open(js))
+        assert d["kind"] == "compare"
+        for m, key in zip(d["models"], ("before_measured", "after_measured")):
+            assert m["nonzero"] == j[key]["nonzero"] and m["file_bytes"] == j[key]["file_bytes"]
+            assert m["latency_ms"] == j[key]["latency_ms"]
+
     def control():
         # The probe sees a page that cannot draw: Chart.js removed from a report lopper wrote.
         page = os.path.join(tmp, "ch.html")
@@ -207,6 +220,7 @@ def main():
                       ("prune --target-params --data --report", target),
                       ("sensitivity --structured channel --report", sensitivity),
                       ("train --schedule agp --report", train),
+                      ("compare -o --report", compare),
                       ("control: a report without Chart.js shows its error", control)])
 
 

@@ -1,6 +1,8 @@
 // The one latency helper (lopper/latency.h) and the thread settings behind every figure: its
 // statistics on known timings, --threads on every command that runs a model, and the default
 // thread count staying fast when another process holds a core.
+#include "lopper/latency.h"
+
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -17,7 +19,6 @@
 
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/latency.h"
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
@@ -29,7 +30,9 @@ using test::fixture;
 using test::lines;
 using test::lopper_cli;
 
-std::string example(const std::string& f) { return std::string(LOPPER_SOURCE_DIR) + "/examples/" + f; }
+std::string example(const std::string& f) {
+  return std::string(LOPPER_SOURCE_DIR) + "/examples/" + f;
+}
 
 std::vector<double> one_to(int n) {
   std::vector<double> v(n);
@@ -148,8 +151,8 @@ TEST(ThreadsOption, EveryCommandAcceptsItAndRefusesOutOfRange) {
   };
   const std::vector<Case> cases = {
       {"inspect", "inspect " + mlp},
-      {"run", "run " + mlp + " --input input=" + fixture("mlp.input_0.npy") + " --out " +
-                  (tmp / "run")},
+      {"run",
+       "run " + mlp + " --input input=" + fixture("mlp.input_0.npy") + " --out " + (tmp / "run")},
       {"bench", "bench " + mlp + " --iters 2 --warmup 1"},
       {"prune", "prune " + cnn + " -o " + (tmp / "p.onnx") + " --method l1 --amount 0.5"},
       {"train", "train " + mlp + data + " -o " + (tmp / "t.onnx") + " --epochs 1 --no-eval"},
@@ -172,7 +175,8 @@ TEST(ThreadsOption, EveryCommandAcceptsItAndRefusesOutOfRange) {
   // The bound is 4x the hardware threads; a value that is not a whole number is refused too.
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   EXPECT_EQ(lopper_cli("inspect " + mlp + " --threads " + std::to_string(4 * hw)).code, 0);
-  for (const std::string& bad : std::vector<std::string>{std::to_string(4 * hw + 1), "two", "1.5"}) {
+  for (const std::string& bad :
+       std::vector<std::string>{std::to_string(4 * hw + 1), "two", "1.5"}) {
     auto r = lopper_cli("inspect " + mlp + " --threads " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.err;
     EXPECT_EQ(lines(r.err), 1) << bad << ": " << r.err;
@@ -197,7 +201,8 @@ struct BusyCore {
   }
 };
 
-// `lopper bench MODEL --json` at the default thread count: (median ms, threads); (-1, 0) on failure.
+// `lopper bench MODEL --json` at the default thread count: (median ms, threads); (-1, 0) on
+// failure.
 std::pair<double, int> bench_default(const std::string& model) {
   auto r = lopper_cli("bench " + model + " --iters 200 --warmup 20 --json");
   EXPECT_EQ(r.code, 0) << r.err;

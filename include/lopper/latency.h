@@ -48,10 +48,10 @@ LatencyStats latency_stats(std::vector<double> ms);
 
 /// How many runs measure_latency times.
 struct LatencyOptions {
-  int warmup = 3;       // untimed runs first (the executor's first-run kernel choice, caches)
-  int min_runs = 10;    // timed runs, at least
-  double budget_ms = 0; // > 0: more runs while all timed runs together stay under this
-  int max_runs = 500;   // with budget_ms: timed runs at most
+  int warmup = 3;        // untimed runs first (the executor's first-run kernel choice, caches)
+  int min_runs = 10;     // timed runs, at least
+  double budget_ms = 0;  // > 0: more runs while all timed runs together stay under this
+  int max_runs = 500;    // with budget_ms: timed runs at most
 };
 
 /// Calls `run` `warmup` times, then times it `min_runs` times (or more, up to `max_runs`, while

@@ -139,17 +139,14 @@ ir::Model load_input_model(OutputFiles& files, const std::string& path) {
   return m;
 }
 
-int max_threads() {
-  return std::max(4, 4 * static_cast<int>(std::thread::hardware_concurrency()));
-}
+int max_threads() { return std::max(4, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
 
 void add_threads_option(CLI::App* cmd, int& threads) {
   // NOTE: a bound, because libgomp aborts the process when it cannot start the threads asked for
   // (--threads 100000); more than 4 per hardware thread only ever slows a run down.
   const int most = max_threads();
   cmd->add_option("--threads", threads,
-                  fmt::format("intra-op threads, 0..{} (0, the default: the cores that are idle)",
-                              most))
+                  fmt::format("intra-op threads, 0..{} (0, the default: the idle CPUs)", most))
       ->check(CLI::Validator(
           [most](std::string& v) -> std::string {
             int n = 0;
@@ -160,9 +157,9 @@ void add_threads_option(CLI::App* cmd, int& threads) {
               used = 0;
             }
             if (used == 0 || used != v.size() || n < 0 || n > most)
-              return fmt::format("must be 0..{} (0: the default; at most 4x the {} hardware "
-                                 "threads), got '{}'",
-                                 most, std::thread::hardware_concurrency(), v);
+              return fmt::format(
+                  "must be 0..{} (0: the default; at most 4x the {} hardware threads), got '{}'",
+                  most, std::thread::hardware_concurrency(), v);
             return "";
           },
           "INT in [0 - " + std::to_string(most) + "]", "threads"));

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -18,7 +17,6 @@
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/latency.h"

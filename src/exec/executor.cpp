@@ -49,7 +49,8 @@ int cgroup_cpu_quota() {
   if (v2 >> q >> period) {
     if (q != "max") quota = std::atof(q.c_str());
   } else {
-    std::ifstream qf("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), pf("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    std::ifstream qf("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+    std::ifstream pf("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
     if (!(qf >> quota) || !(pf >> period)) quota = -1;
   }
   if (quota <= 0 || period <= 0) return 0;
@@ -85,13 +86,18 @@ std::map<int, std::pair<uint64_t, uint64_t>> cpu_times() {
 // VM (torch 2.14 wheel, its libgomp), each started once the machine was quiet; "1 busy"/"2 busy":
 // 1 or 2 `python3 -c 'while True: pass'` running (ms):
 //
-//   setting                                lenet5: idle  1 busy  2 busy | resnet18: idle 1 busy 2 busy
-//   --threads 2 (the old default)                 0.106   0.121*  0.110 |          16.0  145.4   47.2*
-//   --threads 1                                   0.082   0.084   0.087 |          27.6   28.3   40.5
-//   --threads 2, OMP_WAIT_POLICY=PASSIVE          0.563   0.123   0.302 |          16.5   27.2   44.7
-//   --threads 2, GOMP_SPINCOUNT=10000             0.108   1.278   0.115 |          15.3   33.4   35.8
-//   default (idle CPUs: 2, 1, 1)                  0.106   0.082   0.087 |          15.5   27.5   35.1
-//   * bimodal: some processes ran at 40-50 ms (lenet5) or 180 ms (resnet18) for every run.
+//                                          lenet5                  resnet18
+//   setting                           idle  1 busy  2 busy     idle  1 busy  2 busy
+//   --threads 2 (the old default)    0.106  0.121*   0.110     16.0   145.4   47.2*
+//   --threads 1                      0.082   0.084   0.087     27.6    28.3    40.5
+//   --threads 2, OMP_WAIT_POLICY=    0.563   0.123   0.302     16.5    27.2    44.7
+//     PASSIVE
+//   --threads 2, GOMP_SPINCOUNT=     0.108   1.278   0.115     15.3    33.4    35.8
+//     10000
+//   default (idle CPUs: 2, 1, 1)     0.106   0.082   0.087     15.5    27.5    35.1
+//   * unstable: in some processes a tenth of the runs or more took 25-50 ms (lenet5: p90 250x the
+//     median) or a whole process 184 ms (resnet18); with other work on the machine, lenet5
+//     processes measured 30-60 ms for every run.
 //
 // Counting the idle CPUs is close to the best in every column. The wait policy alone is not: a
 // passive wait costs a wake-up per parallel region (5x on lenet5 when idle), and spinning less

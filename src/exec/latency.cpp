@@ -58,8 +58,8 @@ LatencyStats latency_stats(std::vector<double> ms) {
 LatencyStats measure_latency(const std::function<void()>& run, c10::Device device,
                              const LatencyOptions& o) {
   LOPPER_CHECK(o.warmup >= 0 && o.min_runs >= 1 && o.max_runs >= o.min_runs && o.budget_ms >= 0,
-               "[latency] bad options: warmup ", o.warmup, ", min_runs ", o.min_runs,
-               ", max_runs ", o.max_runs, ", budget_ms ", o.budget_ms);
+               "[latency] bad options: warmup ", o.warmup, ", min_runs ", o.min_runs, ", max_runs ",
+               o.max_runs, ", budget_ms ", o.budget_ms);
   // On a GPU a run only queues work: wait for the device (all its streams) before the clock stops.
   auto call = [&] {
     run();

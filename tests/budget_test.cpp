@@ -4,6 +4,7 @@
 #include "lopper/budget.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -187,8 +188,11 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   save_npy(at::randint(0, 10, {16}, at::kLong), tmp / "y.npy");
   const std::string data = "npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy");
 
+  // NOTE: the CLI's default thread count follows the machine's load; the loss compared below to
+  // this process's evaluate() is a float32 sum, so both run with this process's threads.
+  const std::string threads = " --threads " + std::to_string(at::get_num_threads());
   auto macs = lopper_cli("prune " + in + " -o " + out + " --target-macs 0.6 --structured channel "
-                         "--data " + data + " --eval-batches 2 --json");
+                         "--data " + data + " --eval-batches 2 --json" + threads);
   ASSERT_EQ(macs.code, 0) << macs.err;
   auto j = nlohmann::json::parse(macs.out);
   EXPECT_EQ(j["target"]["estimator"], "sensitivity");

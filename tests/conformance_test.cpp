@@ -203,7 +203,9 @@ TEST(Conformance, OnnxBackendCases) {
     if (r.kind == Outcome::kPass) {
       passed_ops.insert(ops.begin(), ops.end());
       ++pass;
-      EXPECT_TRUE(xf == xfail.cases.end())
+      // NOTE: an entry whose reason starts "on some CPUs:" fails on some machines only (a
+      // rounding edge that depends on the CPU's float32 kernels): passing is no error there.
+      EXPECT_TRUE(xf == xfail.cases.end() || xf->second.rfind("on some CPUs:", 0) == 0)
           << name << " passes but is listed in conformance_xfail.txt (remove it)";
       if (verbose) std::cout << "  pass " << name << "\n";
       continue;

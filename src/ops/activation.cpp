@@ -1,4 +1,4 @@
-// Activations and the softmax family.
+// Activations (Relu ... Mish, the gated Swish and SwiGLU) and the softmax family.
 #include <ATen/ATen.h>
 
 #include "ops/channels.h"
@@ -81,6 +81,39 @@ void softmax_channels(ChannelContext& c) {
   c.set_out(0, *x);
 }
 
+void prelu(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::Tensor slope = c.input(1);
+  if (c.opset() < 7 && slope.dim() == 1 && x.dim() >= 2 && slope.size(0) == x.size(1) &&
+      slope.size(0) != 1) {
+    // PRelu-6: a 1-D slope is per channel (axis 1).
+    std::vector<int64_t> shape(x.dim() - 1, 1);
+    shape[0] = slope.size(0);
+    slope = slope.reshape(shape);
+  }
+  // NOTE: ONNX broadcasts the slope numpy-style (at::prelu wants it per channel).
+  at::Tensor r = at::where(x < 0, x * slope, x);
+  c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
+}
+
+void swish(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  double alpha = c.attr_float("alpha", 1.0f);
+  c.set_output(0, x * at::sigmoid(x * alpha));
+}
+
+void swiglu(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  c.check(a.is_floating_point(), "inputs must be floating-point tensors");
+  c.check(a.sizes() == b.sizes(), "A and B must have the same shape, got ", a.sizes(), " and ",
+          b.sizes());
+  c.check(a.scalar_type() == b.scalar_type(), "A and B must have the same type");
+  double alpha = c.attr_float("alpha", 1.0f);
+  c.set_output(0, a * at::sigmoid(a * alpha) * b);
+}
+
 }  // namespace
 
 void register_activation(OpTable& t) {
@@ -88,20 +121,7 @@ void register_activation(OpTable& t) {
   unary(t, "LeakyRelu", [](OpContext& c, const at::Tensor& x) {
     return at::leaky_relu(x, c.attr_float("alpha", 0.01f));
   });
-  t.add({"", "PRelu", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           at::Tensor slope = c.input(1);
-           if (c.opset() < 7 && slope.dim() == 1 && x.dim() >= 2 && slope.size(0) == x.size(1) &&
-               slope.size(0) != 1) {
-             // PRelu-6: a 1-D slope is per channel (axis 1).
-             std::vector<int64_t> shape(x.dim() - 1, 1);
-             shape[0] = slope.size(0);
-             slope = slope.reshape(shape);
-           }
-           // NOTE: ONNX broadcasts the slope numpy-style (at::prelu wants it per channel).
-           at::Tensor r = at::where(x < 0, x * slope, x);
-           c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
-         }});
+  t.add({"", "PRelu", prelu});
   unary(t, "Sigmoid", [](OpContext&, const at::Tensor& x) { return at::sigmoid(x); });
   unary(t, "HardSigmoid", [](OpContext& c, const at::Tensor& x) {
     double alpha = c.attr_float("alpha", 0.2f), beta = c.attr_float("beta", 0.5f);
@@ -136,6 +156,8 @@ void register_activation(OpTable& t) {
     return at::gelu(x, approx);
   });
   unary(t, "Mish", [](OpContext&, const at::Tensor& x) { return at::mish(x); });
+  t.add({"", "Swish", swish});
+  t.add({"", "SwiGLU", swiglu});
   unary(t, "ThresholdedRelu", [](OpContext& c, const at::Tensor& x) {
     double alpha = c.attr_float("alpha", 1.0f);
     return at::where(x > alpha, x, at::zeros({}, x.options()));
@@ -151,7 +173,9 @@ void register_activation(OpTable& t) {
   unary(t, "LogSoftmax",
         [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, log_softmax_fn); });
   unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });
-  t.set_channels({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Elu", "Selu", "Celu", "Gelu", "Mish", "ThresholdedRelu", "Shrink"}, channel_rules::same);
+  t.set_channels({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus",
+                  "Softsign", "Elu", "Selu", "Celu", "Gelu", "Mish", "ThresholdedRelu", "Shrink"},
+                 channel_rules::same);
   t.set_channels({"PRelu"}, channel_rules::broadcast);
   t.set_channels({"Softmax", "LogSoftmax", "Hardmax"}, softmax_channels);
 }

@@ -1,6 +1,7 @@
-// Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding).
-#include "ops/conv_geometry.h"
+// Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding),
+// and Col2Im, the inverse of the im2col a convolution unrolls to.
 #include "ops/channels.h"
+#include "ops/conv_geometry.h"
 #include "ops/kernel_choice.h"
 #include "ops/onednn.h"
 #include "ops/op.h"
@@ -86,7 +87,8 @@ void conv_forward(OpContext& c) {
           w.size(1) * g.group, " (", w.size(1), " x group ", g.group, ")");
   c.check(w.size(0) % g.group == 0, "output channels ", w.size(0), " not divisible by group ",
           g.group);
-  if (b.defined()) c.check(b.dim() == 1 && b.size(0) == w.size(0), "bias must be [", w.size(0), "]");
+  if (b.defined())
+    c.check(b.dim() == 1 && b.size(0) == w.size(0), "bias must be [", w.size(0), "]");
   at::Tensor in = x;
   std::vector<int64_t> padding = g.pads_begin;
   if (g.pads_begin != g.pads_end) {
@@ -102,26 +104,30 @@ void conv_forward(OpContext& c) {
     in = in.contiguous(at::MemoryFormat::ChannelsLast);
     std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
     for (size_t i = 0; i < 2; ++i)
-      out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
-                              g.strides[i] + 1);
-    bool fused_add = other.defined() && other.sizes() == at::IntArrayRef(out_shape) &&
-                     onednn::usable(other);
+      out_shape.push_back(
+          (in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
+              g.strides[i] +
+          1);
+    bool fused_add =
+        other.defined() && other.sizes() == at::IntArrayRef(out_shape) && onednn::usable(other);
     const bool may_conv =
         st.kernel == ConvState::Kernel::kUndecided || st.kernel == ConvState::Kernel::kConv;
     if (!st.packed.defined() && may_conv)
-      st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
+      st.packed =
+          onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
     if (other.defined() && !fused_add) {
       // A broadcasting add: the convolution alone, then the add and the activation.
       at::Tensor y = onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, {});
       c.set_output(0, onednn::apply_unfused(y + other, post));
       return;
     }
-    at::Tensor other_cl = fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
+    at::Tensor other_cl =
+        fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
     auto as_conv = [&] {
-      return fused_add ? onednn::conv2d_add(in, other_cl, st.packed, b, padding, g.strides,
-                                            g.dilations, g.group, post)
-                       : onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group,
-                                        post);
+      return fused_add
+                 ? onednn::conv2d_add(in, other_cl, st.packed, b, padding, g.strides, g.dilations,
+                                      g.group, post)
+                 : onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, post);
     };
     // NOTE: a 1x1 convolution over channels-last data is a matrix product of the [N*H*W, C_in]
     // view; oneDNN's GEMM is sometimes faster than its convolution on it, and lopper's sparse
@@ -136,10 +142,10 @@ void conv_forward(OpContext& c) {
     auto in_rows = [&] { return in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)}); };
     auto as_linear = [&] {
       at::Tensor x2 = in_rows();
-      at::Tensor y2 =
-          fused_add ? onednn::linear_add(x2, other_cl.permute({0, 2, 3, 1}).reshape({rows, w.size(0)}),
-                                         st.packed_linear, b)
-                    : onednn::linear(x2, st.packed_linear, b, post);
+      at::Tensor y2 = fused_add ? onednn::linear_add(
+                                      x2, other_cl.permute({0, 2, 3, 1}).reshape({rows, w.size(0)}),
+                                      st.packed_linear, b)
+                                : onednn::linear(x2, st.packed_linear, b, post);
       return y2.view({in.size(0), in.size(2), in.size(3), w.size(0)}).permute({0, 3, 1, 2});
     };
     auto as_sparse = [&](const SparseCandidate& sc) {
@@ -170,8 +176,8 @@ void conv_forward(OpContext& c) {
                                    pointwise_shape ? std::vector<kernels::cpu::Algo>{}
                                                    : std::vector{kernels::cpu::Algo::kCols});
       for (const auto& sc : sparse) {
-        cands.push_back({pointwise_shape ? sc.name : sc.name + "-im2col",
-                         [&as_sparse, sc] { as_sparse(sc); }});
+        cands.push_back(
+            {pointwise_shape ? sc.name : sc.name + "-im2col", [&as_sparse, sc] { as_sparse(sc); }});
         kinds.push_back(K::kSparse);
       }
       size_t best = choose_kernel(c, cands, w, in);
@@ -192,7 +198,7 @@ void conv_forward(OpContext& c) {
 
 int64_t conv_macs(const MacContext& m) {
   if (m.in_shapes.size() < 2 || m.out_shapes.empty() || m.out_shapes[0].size() < 3) return 0;
-  const auto& w = m.in_shapes[1];  // [Cout, Cin/group, k...]
+  const auto& w = m.in_shapes[1];   // [Cout, Cin/group, k...]
   const auto& y = m.out_shapes[0];  // [N, Cout, out...]
   int64_t per_output = 1;
   for (size_t i = 1; i < w.size(); ++i) per_output *= w[i];
@@ -218,7 +224,8 @@ void conv_transpose_forward(OpContext& c) {
   c.check(output_padding.size() == n, "output_padding needs ", n, " values");
   auto output_shape = c.attr_ints("output_shape", {});
   std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
-  if (output_shape.size() == n + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
+  if (output_shape.size() == n + 2)
+    output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
   c.check(output_shape.empty() || output_shape.size() == n, "output_shape needs ", n, " values");
 
   std::vector<int64_t> full(n);  // output size with no padding
@@ -345,12 +352,78 @@ void conv_transpose_channels(ChannelContext& c) {
   c.set_out(0, Tracked{1, out});
 }
 
+// Col2Im: overlapping blocks add up.
+void col2im(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  auto image = to_int_vector(c.input(1));
+  auto block = to_int_vector(c.input(2));
+  size_t nd = image.size();
+  c.check(nd >= 1 && block.size() == nd, "image_shape and block_shape must have the same length");
+  c.check(x.dim() == 3, "input must be [N, C*prod(block_shape), L], got shape ", x.sizes());
+  auto dil = c.attr_ints("dilations", std::vector<int64_t>(nd, 1));
+  auto strides = c.attr_ints("strides", std::vector<int64_t>(nd, 1));
+  auto pads = c.attr_ints("pads", std::vector<int64_t>(2 * nd, 0));
+  c.check(dil.size() == nd && strides.size() == nd && pads.size() == 2 * nd,
+          "dilations/strides/pads have the wrong length");
+  int64_t kprod = 1;
+  std::vector<int64_t> padded(nd), blocks(nd);
+  int64_t lprod = 1;
+  for (size_t i = 0; i < nd; ++i) {
+    c.check(block[i] > 0 && dil[i] > 0 && strides[i] > 0 && image[i] > 0 && pads[i] >= 0 &&
+                pads[i + nd] >= 0,
+            "sizes, dilations and strides must be positive, pads non-negative");
+    kprod *= block[i];
+    padded[i] = image[i] + pads[i] + pads[i + nd];
+    blocks[i] = (padded[i] - (dil[i] * (block[i] - 1) + 1)) / strides[i] + 1;
+    c.check(blocks[i] >= 1, "no complete block fits along dim ", i);
+    lprod *= blocks[i];
+  }
+  c.check(x.size(1) % kprod == 0, "input dim 1 (", x.size(1),
+          ") is not divisible by the block size ", kprod);
+  c.check(x.size(2) == lprod, "input has ", x.size(2), " blocks, expected ", lprod);
+  int64_t ch = x.size(1) / kprod, n = x.size(0);
+  std::vector<int64_t> out_shape{n, ch};
+  out_shape.insert(out_shape.end(), padded.begin(), padded.end());
+  check_output_fits(c, out_shape, x.scalar_type());
+  int64_t pprod = numel_of(padded);
+  // Flat index into the padded image of every (kernel offset, block) pair.
+  at::Tensor idx = at::empty({kprod, lprod}, at::kLong);
+  auto a = idx.accessor<int64_t, 2>();
+  std::vector<int64_t> k(nd, 0), l(nd, 0);
+  for (int64_t ki = 0; ki < kprod; ++ki) {
+    int64_t rem = ki;
+    for (size_t i = nd; i-- > 0;) {
+      k[i] = rem % block[i];
+      rem /= block[i];
+    }
+    for (int64_t li = 0; li < lprod; ++li) {
+      int64_t r2 = li;
+      for (size_t i = nd; i-- > 0;) {
+        l[i] = r2 % blocks[i];
+        r2 /= blocks[i];
+      }
+      int64_t flat = 0;
+      for (size_t i = 0; i < nd; ++i) flat = flat * padded[i] + l[i] * strides[i] + k[i] * dil[i];
+      a[ki][li] = flat;
+    }
+  }
+  at::Tensor src = x.reshape({n, ch, kprod * lprod});
+  at::Tensor out = at::zeros({n, ch, pprod}, x.options());
+  out = at::index_add(out, 2, idx.reshape({-1}).to(x.device()), src);
+  std::vector<int64_t> shape = {n, ch};
+  shape.insert(shape.end(), padded.begin(), padded.end());
+  out = out.reshape(shape);
+  for (size_t i = 0; i < nd; ++i) out = out.narrow(static_cast<int64_t>(2 + i), pads[i], image[i]);
+  c.set_output(0, out.contiguous());
+}
+
 }  // namespace
 
 void register_conv(OpTable& t) {
   t.add({"", "Conv", conv_forward, conv_macs});
   t.add({"", "ConvTranspose", conv_transpose_forward, conv_transpose_macs});
   t.add({"ai.lopper", "FusedConv", conv_forward, conv_macs});
+  t.add({"", "Col2Im", col2im});
   t.set_channels({"Conv"}, conv_channels);
   t.set_channels({"ConvTranspose"}, conv_transpose_channels);
 }

@@ -1,5 +1,6 @@
 // Elementwise ops: arithmetic, math, comparison, logic, bitwise, Where, variadic Max/Min/Sum/Mean,
-// Clip, Cast/CastLike, Identity. ONNX semantics (output dtypes, numpy broadcasting), not ATen's.
+// Clip, Cast/CastLike/BitCast, Identity. ONNX semantics (output dtypes, numpy broadcasting), not
+// ATen's.
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -156,6 +157,184 @@ at::Tensor variadic(const OpContext& c, at::Tensor (*fn)(const at::Tensor&, cons
   return keyed ? from_key(acc, st) : (acc.scalar_type() == st ? acc : acc.to(st));
 }
 
+void divide(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  if (at::isFloatingType(a.scalar_type()) || at::isComplexType(a.scalar_type())) {
+    at::Tensor r = at::div(a, b);
+    c.set_output(0, r.scalar_type() == a.scalar_type() ? r : r.to(a.scalar_type()));
+  } else {
+    // ONNX (C semantics): integer division truncates toward zero.
+    c.set_output(0, int_div(c, a, b));
+  }
+}
+
+void modulo(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  at::ScalarType st = a.scalar_type();
+  bool fmod = c.attr_int("fmod", 0) != 0;
+  if (st == at::kUInt64 && (any_high_bit(a) || any_high_bit(b))) {
+    c.set_output(0, u64_divmod(a, b, false, c));
+    return;
+  }
+  if (at::isIntegralType(st, true) && widen(b).eq(0).any().item<bool>())
+    c.fail("integer modulo by zero");
+  // fmod=0: sign of the divisor (numpy mod); fmod=1: sign of the dividend (C fmod).
+  at::Tensor r = fmod ? at::fmod(widen(a), widen(b)) : at::remainder(widen(a), widen(b));
+  c.set_output(0, r.scalar_type() == st ? r : r.to(st));
+}
+
+void power(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  at::ScalarType st = a.scalar_type();
+  at::Tensor r;
+  if (at::isFloatingType(st)) {
+    r = at::pow(a, at::isFloatingType(b.scalar_type()) ? b : b.to(st));
+  } else if (at::isFloatingType(b.scalar_type())) {
+    r = at::pow(a.to(at::kDouble), b.to(at::kDouble));
+  } else {
+    r = at::pow(a.to(at::kLong), b.to(at::kLong));
+  }
+  // ONNX: the output has the base's type.
+  c.set_output(0, r.scalar_type() == st ? r : r.to(st));
+}
+
+void negate(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.set_output(0, at::neg(widen(x)).to(x.scalar_type()));
+}
+
+void absolute(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  if (at::isIntegralType(x.scalar_type(), true) && x.scalar_type() != at::kChar &&
+      x.scalar_type() != at::kShort && x.scalar_type() != at::kInt &&
+      x.scalar_type() != at::kLong) {
+    c.set_output(0, x.expand(x.sizes()));  // unsigned: |x| == x
+    return;
+  }
+  c.set_output(0, at::abs(x));
+}
+
+void sign(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.set_output(0, at::sign(widen(x)).to(x.scalar_type()));
+}
+
+void is_nan(OpContext& c) { c.set_output(0, at::isnan(c.input(0))); }
+
+void is_inf(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  bool neg = c.attr_int("detect_negative", 1) != 0;
+  bool pos = c.attr_int("detect_positive", 1) != 0;
+  if (neg && pos)
+    c.set_output(0, at::isinf(x));
+  else if (neg)
+    c.set_output(0, at::isneginf(x));
+  else if (pos)
+    c.set_output(0, at::isposinf(x));
+  else
+    c.set_output(0, at::zeros(x.sizes(), x.options().dtype(at::kBool)));
+}
+
+void logical_and(OpContext& c) { c.set_output(0, at::logical_and(c.input(0), c.input(1))); }
+
+void logical_or(OpContext& c) { c.set_output(0, at::logical_or(c.input(0), c.input(1))); }
+
+void logical_xor(OpContext& c) { c.set_output(0, at::logical_xor(c.input(0), c.input(1))); }
+
+void logical_not(OpContext& c) { c.set_output(0, at::logical_not(c.input(0))); }
+
+void bit_shift(OpContext& c) {
+  std::string dir = c.attr_string("direction", "");
+  c.check(dir == "LEFT" || dir == "RIGHT", "direction must be LEFT or RIGHT, got '", dir, "'");
+  c.set_output(0, bitshift(c, c.input(0), c.input(1), dir == "LEFT"));
+}
+
+void bitwise_not(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.set_output(0, at::bitwise_not(widen(x)).to(x.scalar_type()));
+}
+
+void where_op(OpContext& c) {
+  const at::Tensor& x = c.input(1);
+  at::Tensor r = at::where(c.input(0).to(at::kBool), x, c.input(2));
+  c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
+}
+
+void elementwise_max(OpContext& c) {
+  c.set_output(
+      0, variadic(
+             c, [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }, true));
+}
+
+void elementwise_min(OpContext& c) {
+  c.set_output(
+      0, variadic(
+             c, [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }, true));
+}
+
+void variadic_sum(OpContext& c) {
+  c.set_output(
+      0, variadic(
+             c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false));
+}
+
+void variadic_mean(OpContext& c) {
+  at::Tensor s = variadic(
+      c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false);
+  at::ScalarType st = s.scalar_type();
+  at::Tensor r = at::isFloatingType(st)
+                     ? at::div(s, static_cast<double>(c.num_inputs()))
+                     : at::div(widen(s), static_cast<int64_t>(c.num_inputs()), "trunc");
+  c.set_output(0, r.scalar_type() == st ? r : r.to(st));
+}
+
+void clip(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::ScalarType st = x.scalar_type();
+  if (c.opset() < 11) {
+    float lo = c.attr_float("min", -std::numeric_limits<float>::infinity());
+    float hi = c.attr_float("max", std::numeric_limits<float>::infinity());
+    c.set_output(0, at::clamp(x, lo, hi));
+    return;
+  }
+  std::optional<at::Tensor> lo, hi;
+  if (c.has_input(1)) lo = order_key(c.input(1).to(st));
+  if (c.has_input(2)) hi = order_key(c.input(2).to(st));
+  if (!lo && !hi) {
+    c.set_output(0, x.expand(x.sizes()));
+    return;
+  }
+  if (is_wide_unsigned(st)) {
+    c.set_output(0, from_key(at::clamp(order_key(x), lo, hi), st));
+    return;
+  }
+  c.set_output(0, at::clamp(x, lo, hi));
+}
+
+void cast(OpContext& c) {
+  at::ScalarType to = scalar_type_of(c, c.attr_int("to"));
+  c.set_output(0, cast_to(c.input(0), to, c.attr_int("saturate", 1) != 0));
+}
+
+void cast_like(OpContext& c) {
+  at::ScalarType to = c.input(1).scalar_type();
+  c.set_output(0, cast_to(c.input(0), to, c.attr_int("saturate", 1) != 0));
+}
+
+void bitcast(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  at::ScalarType to = scalar_type_of(c, c.attr_int("to"));
+  c.check(c10::elementSize(to) == c10::elementSize(x.scalar_type()),
+          "BitCast needs types of the same width: ", c10::toString(x.scalar_type()), " -> ",
+          c10::toString(to));
+  c.set_output(0, x.contiguous().view(to).clone());
+}
+
+void identity(OpContext& c) { c.set_output(0, c.input(0)); }
+
 }  // namespace
 
 void register_elementwise(OpTable& t) {
@@ -163,67 +342,13 @@ void register_elementwise(OpTable& t) {
   binary(t, "Add", [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); });
   binary(t, "Sub", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); });
   binary(t, "Mul", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); });
-  t.add({"", "Div", [](OpContext& c) {
-           const at::Tensor& a = c.input(0);
-           const at::Tensor& b = c.input(1);
-           if (at::isFloatingType(a.scalar_type()) || at::isComplexType(a.scalar_type())) {
-             at::Tensor r = at::div(a, b);
-             c.set_output(0, r.scalar_type() == a.scalar_type() ? r : r.to(a.scalar_type()));
-           } else {
-             // ONNX (C semantics): integer division truncates toward zero.
-             c.set_output(0, int_div(c, a, b));
-           }
-         }});
-  t.add({"", "Mod", [](OpContext& c) {
-           const at::Tensor& a = c.input(0);
-           const at::Tensor& b = c.input(1);
-           at::ScalarType st = a.scalar_type();
-           bool fmod = c.attr_int("fmod", 0) != 0;
-           if (st == at::kUInt64 && (any_high_bit(a) || any_high_bit(b))) {
-             c.set_output(0, u64_divmod(a, b, false, c));
-             return;
-           }
-           if (at::isIntegralType(st, true) && widen(b).eq(0).any().item<bool>())
-             c.fail("integer modulo by zero");
-           // fmod=0: sign of the divisor (numpy mod); fmod=1: sign of the dividend (C fmod).
-           at::Tensor r = fmod ? at::fmod(widen(a), widen(b)) : at::remainder(widen(a), widen(b));
-           c.set_output(0, r.scalar_type() == st ? r : r.to(st));
-         }});
-  t.add({"", "Pow", [](OpContext& c) {
-           const at::Tensor& a = c.input(0);
-           const at::Tensor& b = c.input(1);
-           at::ScalarType st = a.scalar_type();
-           at::Tensor r;
-           if (at::isFloatingType(st)) {
-             r = at::pow(a, at::isFloatingType(b.scalar_type()) ? b : b.to(st));
-           } else if (at::isFloatingType(b.scalar_type())) {
-             r = at::pow(a.to(at::kDouble), b.to(at::kDouble));
-           } else {
-             r = at::pow(a.to(at::kLong), b.to(at::kLong));
-           }
-           // ONNX: the output has the base's type.
-           c.set_output(0, r.scalar_type() == st ? r : r.to(st));
-         }});
-
+  t.add({"", "Div", divide});
+  t.add({"", "Mod", modulo});
+  t.add({"", "Pow", power});
   // --- unary math ---
-  t.add({"", "Neg", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           c.set_output(0, at::neg(widen(x)).to(x.scalar_type()));
-         }});
-  t.add({"", "Abs", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           if (at::isIntegralType(x.scalar_type(), true) && x.scalar_type() != at::kChar &&
-               x.scalar_type() != at::kShort && x.scalar_type() != at::kInt &&
-               x.scalar_type() != at::kLong) {
-             c.set_output(0, x.expand(x.sizes()));  // unsigned: |x| == x
-             return;
-           }
-           c.set_output(0, at::abs(x));
-         }});
-  t.add({"", "Sign", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           c.set_output(0, at::sign(widen(x)).to(x.scalar_type()));
-         }});
+  t.add({"", "Neg", negate});
+  t.add({"", "Abs", absolute});
+  t.add({"", "Sign", sign});
   unary(t, "Reciprocal", [](const at::Tensor& x) { return at::reciprocal(x); });
   unary(t, "Sqrt", [](const at::Tensor& x) { return at::sqrt(x); });
   unary(t, "Exp", [](const at::Tensor& x) { return at::exp(x); });
@@ -244,21 +369,8 @@ void register_elementwise(OpTable& t) {
   unary(t, "Asinh", [](const at::Tensor& x) { return at::asinh(x); });
   unary(t, "Acosh", [](const at::Tensor& x) { return at::acosh(x); });
   unary(t, "Atanh", [](const at::Tensor& x) { return at::atanh(x); });
-  t.add({"", "IsNaN", [](OpContext& c) { c.set_output(0, at::isnan(c.input(0))); }});
-  t.add({"", "IsInf", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           bool neg = c.attr_int("detect_negative", 1) != 0;
-           bool pos = c.attr_int("detect_positive", 1) != 0;
-           if (neg && pos)
-             c.set_output(0, at::isinf(x));
-           else if (neg)
-             c.set_output(0, at::isneginf(x));
-           else if (pos)
-             c.set_output(0, at::isposinf(x));
-           else
-             c.set_output(0, at::zeros(x.sizes(), x.options().dtype(at::kBool)));
-         }});
-
+  t.add({"", "IsNaN", is_nan});
+  t.add({"", "IsInf", is_inf});
   // --- comparison (bool outputs) ---
   compare(t, "Equal", [](const at::Tensor& a, const at::Tensor& b) { return at::eq(a, b); });
   compare(t, "Less", [](const at::Tensor& a, const at::Tensor& b) { return at::lt(a, b); });
@@ -268,99 +380,38 @@ void register_elementwise(OpTable& t) {
           [](const at::Tensor& a, const at::Tensor& b) { return at::ge(a, b); });
 
   // --- logic ---
-  t.add(
-      {"", "And", [](OpContext& c) { c.set_output(0, at::logical_and(c.input(0), c.input(1))); }});
-  t.add({"", "Or", [](OpContext& c) { c.set_output(0, at::logical_or(c.input(0), c.input(1))); }});
-  t.add(
-      {"", "Xor", [](OpContext& c) { c.set_output(0, at::logical_xor(c.input(0), c.input(1))); }});
-  t.add({"", "Not", [](OpContext& c) { c.set_output(0, at::logical_not(c.input(0))); }});
-
+  t.add({"", "And", logical_and});
+  t.add({"", "Or", logical_or});
+  t.add({"", "Xor", logical_xor});
+  t.add({"", "Not", logical_not});
   // --- bitwise ---
-  t.add({"", "BitShift", [](OpContext& c) {
-           std::string dir = c.attr_string("direction", "");
-           c.check(dir == "LEFT" || dir == "RIGHT", "direction must be LEFT or RIGHT, got '", dir,
-                   "'");
-           c.set_output(0, bitshift(c, c.input(0), c.input(1), dir == "LEFT"));
-         }});
+  t.add({"", "BitShift", bit_shift});
   binary(t, "BitwiseAnd",
          [](const at::Tensor& a, const at::Tensor& b) { return at::bitwise_and(a, b); });
   binary(t, "BitwiseOr",
          [](const at::Tensor& a, const at::Tensor& b) { return at::bitwise_or(a, b); });
   binary(t, "BitwiseXor",
          [](const at::Tensor& a, const at::Tensor& b) { return at::bitwise_xor(a, b); });
-  t.add({"", "BitwiseNot", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           c.set_output(0, at::bitwise_not(widen(x)).to(x.scalar_type()));
-         }});
-
+  t.add({"", "BitwiseNot", bitwise_not});
   // --- selection and variadic ---
-  t.add({"", "Where", [](OpContext& c) {
-           const at::Tensor& x = c.input(1);
-           at::Tensor r = at::where(c.input(0).to(at::kBool), x, c.input(2));
-           c.set_output(0, r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type()));
-         }});
-  t.add({"", "Max", [](OpContext& c) {
-           c.set_output(
-               0, variadic(
-                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); },
-                      true));
-         }});
-  t.add({"", "Min", [](OpContext& c) {
-           c.set_output(
-               0, variadic(
-                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); },
-                      true));
-         }});
-  t.add({"", "Sum", [](OpContext& c) {
-           c.set_output(
-               0, variadic(
-                      c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); },
-                      false));
-         }});
-  t.add({"", "Mean", [](OpContext& c) {
-           at::Tensor s = variadic(
-               c, [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false);
-           at::ScalarType st = s.scalar_type();
-           at::Tensor r = at::isFloatingType(st)
-                              ? at::div(s, static_cast<double>(c.num_inputs()))
-                              : at::div(widen(s), static_cast<int64_t>(c.num_inputs()), "trunc");
-           c.set_output(0, r.scalar_type() == st ? r : r.to(st));
-         }});
-  t.add({"", "Clip", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           at::ScalarType st = x.scalar_type();
-           if (c.opset() < 11) {
-             float lo = c.attr_float("min", -std::numeric_limits<float>::infinity());
-             float hi = c.attr_float("max", std::numeric_limits<float>::infinity());
-             c.set_output(0, at::clamp(x, lo, hi));
-             return;
-           }
-           std::optional<at::Tensor> lo, hi;
-           if (c.has_input(1)) lo = order_key(c.input(1).to(st));
-           if (c.has_input(2)) hi = order_key(c.input(2).to(st));
-           if (!lo && !hi) {
-             c.set_output(0, x.expand(x.sizes()));
-             return;
-           }
-           if (is_wide_unsigned(st)) {
-             c.set_output(0, from_key(at::clamp(order_key(x), lo, hi), st));
-             return;
-           }
-           c.set_output(0, at::clamp(x, lo, hi));
-         }});
-
+  t.add({"", "Where", where_op});
+  t.add({"", "Max", elementwise_max});
+  t.add({"", "Min", elementwise_min});
+  t.add({"", "Sum", variadic_sum});
+  t.add({"", "Mean", variadic_mean});
+  t.add({"", "Clip", clip});
   // --- types ---
-  t.add({"", "Cast", [](OpContext& c) {
-           at::ScalarType to = scalar_type_of(c, c.attr_int("to"));
-           c.set_output(0, cast_to(c.input(0), to, c.attr_int("saturate", 1) != 0));
-         }});
-  t.add({"", "CastLike", [](OpContext& c) {
-           at::ScalarType to = c.input(1).scalar_type();
-           c.set_output(0, cast_to(c.input(0), to, c.attr_int("saturate", 1) != 0));
-         }});
-  t.add({"", "Identity", [](OpContext& c) { c.set_output(0, c.input(0)); }});
-  t.set_channels({"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}, channel_rules::broadcast);
-  t.set_channels({"Neg", "Abs", "Sign", "Reciprocal", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "IsNaN", "IsInf", "Not", "Clip", "Cast", "CastLike", "Identity"}, channel_rules::same);
+  t.add({"", "Cast", cast});
+  t.add({"", "CastLike", cast_like});
+  t.add({"", "BitCast", bitcast});
+  t.add({"", "Identity", identity});
+  t.set_channels({"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Where", "Max", "Min", "Sum", "Mean",
+                  "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"},
+                 channel_rules::broadcast);
+  t.set_channels({"Neg",   "Abs",   "Sign",  "Reciprocal", "Sqrt", "Exp",      "Log",
+                  "Floor", "Ceil",  "Round", "Erf",        "Sin",  "Cos",      "Tan",
+                  "IsNaN", "IsInf", "Not",   "Clip",       "Cast", "CastLike", "Identity"},
+                 channel_rules::same);
 }
 
 }  // namespace lopper::ops

@@ -1,6 +1,9 @@
-// Gemm and MatMul. A constant weight is prepacked at the first inference run; on the CPU the
-// kernel (ATen's BLAS, oneDNN with a reordered weight, or a sparse kernel) is chosen by timing
-// them on the layer's real shape, once.
+// Matrix products and linear algebra: Gemm, MatMul, Einsum, Det. A constant weight is prepacked at
+// the first inference run; on the CPU the kernel (ATen's BLAS, oneDNN with a reordered weight, or a
+// sparse kernel) is chosen by timing them on the layer's real shape, once.
+#include <cctype>
+#include <map>
+
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "ops/channels.h"
@@ -18,8 +21,14 @@ struct LinearState {
   SparseCandidate sparse;
   std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
   std::shared_ptr<kernels::cuda::SemiStructuredWeight> semi;
-  enum class Kernel { kUndecided, kAten, kOnednn, kSparse, kCudaSparse, kCudaSemi } kernel =
-      Kernel::kUndecided;
+  enum class Kernel {
+    kUndecided,
+    kAten,
+    kOnednn,
+    kSparse,
+    kCudaSparse,
+    kCudaSemi
+  } kernel = Kernel::kUndecided;
 };
 
 // y [rows, N] computed from x flattened to rows, back in x's leading shape.
@@ -53,8 +62,8 @@ SemiWeights pack_two_four(const at::Tensor& weight, const at::Tensor& bias, cons
       continue;
     }
     try {  // a GPU or library that refuses the weight or the shape drops the candidate
-      auto sw = std::make_shared<kcu::SemiStructuredWeight>(b, weight, bias, x.scalar_type(),
-                                                            x.device());
+      auto sw =
+          std::make_shared<kcu::SemiStructuredWeight>(b, weight, bias, x.scalar_type(), x.device());
       sw->linear(x);
       packed.push_back(std::move(sw));
     } catch (const std::exception& e) {
@@ -80,7 +89,8 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
     std::vector<K> kinds{K::kAten};
     std::vector<std::string> refused;
     const bool same_dtype = st.weight.scalar_type() == x.scalar_type();
-    const SemiWeights semi = same_dtype ? pack_two_four(st.weight, bias, x2, refused) : SemiWeights{};
+    const SemiWeights semi =
+        same_dtype ? pack_two_four(st.weight, bias, x2, refused) : SemiWeights{};
     for (const auto& sw : semi) {
       cands.push_back({kcu::semi_name(sw->backend()),
                        [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
@@ -266,7 +276,8 @@ void gemm_channels(ChannelContext& c) {
 void matmul_channels(ChannelContext& c) {
   const auto& as = c.in_shape(0);
   const auto& bs = c.in_shape(1);
-  const int64_t ra = int64_t(as.size()), rb = int64_t(bs.size()), ro = int64_t(c.out_shape(0).size());
+  const int64_t ra = int64_t(as.size()), rb = int64_t(bs.size()),
+                ro = int64_t(c.out_shape(0).size());
   if (ra < 2 || rb < 2) return c.barrier("MatMul with a 1-D operand");
   const Tracked* a = c.in(0);
   const Tracked* b = c.in(1);
@@ -307,12 +318,84 @@ void matmul_channels(ChannelContext& c) {
   if (out_axis >= 0) c.set_out(0, Tracked{out_axis, out});
 }
 
+// --- Einsum and Det
+// ---------------------------------------------------------------------------------
+
+std::string strip_spaces(const std::string& s) {
+  std::string out;
+  for (char ch : s)
+    if (ch != ' ') out += ch;
+  return out;
+}
+
+void einsum(OpContext& c) {
+  std::string eq = strip_spaces(c.attr_string("equation", ""));
+  c.check(!eq.empty(), "missing required attribute 'equation'");
+  std::vector<at::Tensor> ins;
+  for (size_t i = 0; i < c.num_inputs(); ++i) ins.push_back(c.input(i));
+  c.check(!ins.empty(), "needs at least one input");
+  at::Tensor y = at::einsum(eq, ins);
+  c.set_output(0, y.to(ins[0].scalar_type()));
+}
+
+int64_t einsum_macs(const MacContext& m) {
+  std::string eq = strip_spaces(m.attr_string("equation", ""));
+  std::string lhs = eq.substr(0, eq.find("->"));
+  std::map<char, int64_t> dims;
+  std::vector<int64_t> ell;  // broadcast of the "..." parts, right-aligned
+  size_t term = 0, start = 0;
+  while (start <= lhs.size() && term < m.in_shapes.size()) {
+    size_t end = lhs.find(',', start);
+    if (end == std::string::npos) end = lhs.size();
+    std::string t = lhs.substr(start, end - start);
+    const auto& shape = m.in_shapes[term];
+    size_t letters = 0;
+    for (char ch : t)
+      if (std::isalpha(static_cast<unsigned char>(ch))) ++letters;
+    size_t ell_rank = shape.size() >= letters ? shape.size() - letters : 0;
+    size_t d = 0;
+    for (size_t i = 0; i < t.size() && d <= shape.size(); ++i) {
+      if (t[i] == '.') {
+        if (t.compare(i, 3, "...") == 0) {
+          std::vector<int64_t> part(shape.begin() + d, shape.begin() + d + ell_rank);
+          if (part.size() > ell.size()) ell.insert(ell.begin(), part.size() - ell.size(), 1);
+          for (size_t k = 0; k < part.size(); ++k) {
+            int64_t& e = ell[ell.size() - part.size() + k];
+            e = std::max(e, part[k]);
+          }
+          d += ell_rank;
+          i += 2;
+        }
+        continue;
+      }
+      if (d < shape.size()) dims[t[i]] = std::max(dims[t[i]], shape[d]);
+      ++d;
+    }
+    ++term;
+    start = end + 1;
+  }
+  int64_t macs = numel_of(ell);
+  for (const auto& [ch, n] : dims) macs *= n;
+  return macs;
+}
+
+void det(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  c.check(x.dim() >= 2 && x.size(-1) == x.size(-2), "input must be [*, M, M], got shape ",
+          x.sizes());
+  at::ScalarType ct = at::promote_types(x.scalar_type(), at::kFloat);
+  c.set_output(0, at::linalg_det(x.to(ct)).to(x.scalar_type()));
+}
+
 }  // namespace
 
 void register_gemm(OpTable& t) {
   t.add({"", "Gemm", gemm_forward, gemm_macs});
   t.add({"", "MatMul", matmul_forward, matmul_macs});
   t.add({"ai.lopper", "FusedMatMul", fused_matmul_forward, matmul_macs});
+  t.add({"", "Einsum", einsum, einsum_macs});
+  t.add({"", "Det", det});
   t.set_channels({"Gemm"}, gemm_channels);
   t.set_channels({"MatMul"}, matmul_channels);
 }

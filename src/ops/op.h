@@ -30,13 +30,14 @@ class AttrReader {
   std::vector<int64_t> attr_ints(const char* name, std::vector<int64_t> def = {}) const;
   std::vector<float> attr_floats(const char* name, std::vector<float> def = {}) const;
   std::vector<std::string> attr_strings(const char* name) const;
-  at::Tensor attr_tensor(const char* name) const;  // required
+  at::Tensor attr_tensor(const char* name) const;       // required
   const ir::Graph& attr_graph(const char* name) const;  // required
 
   /// Throws lopper::Error "[op] node 'N' (Op): <msg>".
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
-    throw Error(detail::concat("[op] node '", node_->label(), "' (", node_->op_type, "): ", args...));
+    throw Error(
+        detail::concat("[op] node '", node_->label(), "' (", node_->op_type, "): ", args...));
   }
   template <typename... Args>
   void check(bool cond, const Args&... args) const {
@@ -79,7 +80,8 @@ class OpContext : public AttrReader {
   size_t num_outputs() const { return outputs_.size(); }
   bool wants_output(size_t i) const { return i < wanted_.size() && wanted_[i]; }
   void set_output(size_t i, at::Tensor t) {
-    if (i >= outputs_.size()) fail("produces output ", i, " but the node names only ", outputs_.size());
+    if (i >= outputs_.size())
+      fail("produces output ", i, " but the node names only ", outputs_.size());
     outputs_[i] = std::move(t);
   }
 
@@ -91,7 +93,8 @@ class OpContext : public AttrReader {
   }
   bool has_state() const { return state_ && *state_; }
 
-  std::vector<at::Tensor> run_subgraph(const ir::Graph& g, const std::vector<at::Tensor>& in) const {
+  std::vector<at::Tensor> run_subgraph(const ir::Graph& g,
+                                       const std::vector<at::Tensor>& in) const {
     if (!subgraph_runner_) fail("subgraphs are not available here");
     return subgraph_runner_(g, in);
   }
@@ -117,7 +120,7 @@ struct MacContext : AttrReader {
   MacContext(const ir::Node& n, std::vector<std::vector<int64_t>> in,
              std::vector<std::vector<int64_t>> out)
       : AttrReader(n), in_shapes(std::move(in)), out_shapes(std::move(out)) {}
-  std::vector<std::vector<int64_t>> in_shapes;   // empty vector for a missing input
+  std::vector<std::vector<int64_t>> in_shapes;  // empty vector for a missing input
   std::vector<std::vector<int64_t>> out_shapes;
 };
 
@@ -131,7 +134,7 @@ struct OpDef {
   std::string domain;  // "" for ai.onnx
   std::string op_type;
   Forward forward;
-  MacCount macs = {};      // empty: the op costs no multiply-accumulates worth counting
+  MacCount macs = {};         // empty: the op costs no multiply-accumulates worth counting
   bool deterministic = true;  // false for random ops (never constant-folded)
   ChannelRule channels = {};  // set with OpTable::set_channels beside the op's registration
 };
@@ -159,7 +162,10 @@ void register_conv(OpTable& t);
 void register_gemm(OpTable& t);
 void register_norm(OpTable& t);
 void register_pool(OpTable& t);
-void register_misc(OpTable& t);
+void register_resize(OpTable& t);
+void register_attention(OpTable& t);
+void register_random(OpTable& t);
+void register_detection(OpTable& t);
 void register_control(OpTable& t);
 void register_rnn(OpTable& t);
 void register_loss(OpTable& t);
@@ -169,6 +175,8 @@ void register_signal(OpTable& t);
 // --- helpers shared by op files -------------------------------------------------------------
 /// A 1-D (or scalar) integer tensor as a vector (copies to the CPU when needed).
 std::vector<int64_t> to_int_vector(const at::Tensor& t);
+/// Input i, which must hold one value, as an integer (errors name it `what`).
+int64_t scalar_int(const OpContext& c, size_t i, const char* what);
 /// A numeric scalar tensor's value as double.
 double to_double(const at::Tensor& t);
 /// Normalises a possibly negative axis for a tensor of `rank` dims; fails on out of range.

@@ -1,6 +1,5 @@
-// Quantization and related ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
-// MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv; plus CumProd, Swish, SwiGLU,
-// RotaryEmbedding, BitCast.
+// Quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
+// ConvInteger, QLinearMatMul, QLinearConv.
 #include <ATen/ATen.h>
 
 #include <limits>
@@ -15,13 +14,32 @@ namespace {
 // Integer range of a quantized type; false when `t` is not an integer quantized type.
 bool int_range(at::ScalarType t, double& lo, double& hi) {
   switch (t) {
-    case at::kByte: lo = 0; hi = 255; return true;
-    case at::kChar: lo = -128; hi = 127; return true;
-    case at::kUInt16: lo = 0; hi = 65535; return true;
-    case at::kShort: lo = -32768; hi = 32767; return true;
-    case at::kInt: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); return true;
-    case at::kUInt32: lo = 0; hi = std::numeric_limits<uint32_t>::max(); return true;
-    default: return false;
+    case at::kByte:
+      lo = 0;
+      hi = 255;
+      return true;
+    case at::kChar:
+      lo = -128;
+      hi = 127;
+      return true;
+    case at::kUInt16:
+      lo = 0;
+      hi = 65535;
+      return true;
+    case at::kShort:
+      lo = -32768;
+      hi = 32767;
+      return true;
+    case at::kInt:
+      lo = std::numeric_limits<int32_t>::min();
+      hi = std::numeric_limits<int32_t>::max();
+      return true;
+    case at::kUInt32:
+      lo = 0;
+      hi = std::numeric_limits<uint32_t>::max();
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -264,106 +282,6 @@ void qlinear_conv(OpContext& c) {
   c.set_output(0, at::clamp(at::round(r), lo, hi).to(out));
 }
 
-void cum_prod(OpContext& c) {
-  const at::Tensor& x = c.input(0);
-  const at::Tensor& ax = c.input(1);
-  c.check(ax.numel() == 1, "axis must be a scalar");
-  c.check(x.dim() >= 1, "input must have rank >= 1");
-  int64_t axis = normalize_axis(c, to_int_vector(ax)[0], x.dim());
-  bool exclusive = c.attr_int("exclusive", 0) != 0;
-  bool reverse = c.attr_int("reverse", 0) != 0;
-  at::Tensor v = reverse ? x.flip({axis}) : x;
-  int64_t n = v.size(axis);
-  if (exclusive && n > 0) {
-    at::Tensor ones = at::ones_like(v.narrow(axis, 0, 1));
-    v = at::cat({ones, v.narrow(axis, 0, n - 1)}, axis);
-  }
-  at::Tensor y = at::cumprod(v, axis, x.scalar_type());
-  if (reverse) y = y.flip({axis});
-  c.set_output(0, y);
-}
-
-void swish(OpContext& c) {
-  const at::Tensor& x = c.input(0);
-  c.check(x.is_floating_point(), "input must be a floating-point tensor");
-  double alpha = c.attr_float("alpha", 1.0f);
-  c.set_output(0, x * at::sigmoid(x * alpha));
-}
-
-void swiglu(OpContext& c) {
-  const at::Tensor& a = c.input(0);
-  const at::Tensor& b = c.input(1);
-  c.check(a.is_floating_point(), "inputs must be floating-point tensors");
-  c.check(a.sizes() == b.sizes(), "A and B must have the same shape, got ", a.sizes(), " and ",
-          b.sizes());
-  c.check(a.scalar_type() == b.scalar_type(), "A and B must have the same type");
-  double alpha = c.attr_float("alpha", 1.0f);
-  c.set_output(0, a * at::sigmoid(a * alpha) * b);
-}
-
-void rotary_embedding(OpContext& c) {
-  const at::Tensor& input = c.input(0);
-  at::Tensor cosc = c.input(1), sinc = c.input(2);
-  c.check(input.dim() == 3 || input.dim() == 4, "input must be 3-D or 4-D, got ", input.dim(), "-D");
-  bool interleaved = c.attr_int("interleaved", 0) != 0;
-  int64_t rot = c.attr_int("rotary_embedding_dim", 0);
-  int64_t heads = c.attr_int("num_heads", 0);
-  at::Tensor x;  // [B, S, heads, head]
-  if (input.dim() == 4) {
-    x = input.transpose(1, 2);
-  } else {
-    c.check(heads > 0 && input.size(2) % heads == 0,
-            "num_heads must be given and divide the hidden size for 3-D input");
-    x = input.reshape({input.size(0), input.size(1), heads, input.size(2) / heads});
-  }
-  int64_t bsz = x.size(0), seq = x.size(1), head = x.size(3);
-  if (rot == 0) rot = head;
-  c.check(rot > 0 && rot <= head && rot % 2 == 0, "rotary_embedding_dim ", rot,
-          " must be even and at most the head size ", head);
-  if (c.has_input(3)) {
-    at::Tensor pos = c.input(3).to(cosc.device(), at::kLong);
-    c.check(cosc.dim() == 2 && sinc.dim() == 2, "caches must be 2-D when position_ids is given");
-    if (pos.numel() > 0) {
-      int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
-      c.check(lo >= 0 && hi < cosc.size(0) && hi < sinc.size(0), "position_ids out of range");
-    }
-    cosc = at::embedding(cosc, pos);
-    sinc = at::embedding(sinc, pos);
-  }
-  c.check(cosc.dim() == 3 && sinc.dim() == 3 && cosc.size(0) == bsz && cosc.size(1) == seq &&
-              sinc.sizes() == cosc.sizes(),
-          "caches must be [batch, seq, rotary_dim/2]");
-  c.check(cosc.size(2) == rot / 2, "last dim of the caches (", cosc.size(2),
-          ") != rotary_embedding_dim/2 (", rot / 2, ")");
-  at::Tensor cs = cosc.unsqueeze(2).to(x.scalar_type()), sn = sinc.unsqueeze(2).to(x.scalar_type());
-  at::Tensor xr = x.narrow(3, 0, rot), xp = x.narrow(3, rot, head - rot);
-  at::Tensor x1, x2;
-  if (interleaved) {
-    at::Tensor pairs = xr.reshape({bsz, seq, x.size(2), rot / 2, 2});
-    x1 = pairs.select(4, 0);
-    x2 = pairs.select(4, 1);
-  } else {
-    x1 = xr.narrow(3, 0, rot / 2);
-    x2 = xr.narrow(3, rot / 2, rot / 2);
-  }
-  at::Tensor real = cs * x1 - sn * x2;
-  at::Tensor imag = sn * x1 + cs * x2;
-  at::Tensor rotated = interleaved ? at::stack({real, imag}, -1).reshape(xr.sizes())
-                                   : at::cat({real, imag}, -1);
-  at::Tensor y = at::cat({rotated, xp}, -1);
-  y = input.dim() == 4 ? y.transpose(1, 2).contiguous() : y.reshape(input.sizes());
-  c.set_output(0, y);
-}
-
-void bitcast(OpContext& c) {
-  const at::Tensor& x = c.input(0);
-  at::ScalarType to = scalar_type_of(c, c.attr_int("to"));
-  c.check(c10::elementSize(to) == c10::elementSize(x.scalar_type()),
-          "BitCast needs types of the same width: ", c10::toString(x.scalar_type()), " -> ",
-          c10::toString(to));
-  c.set_output(0, x.contiguous().view(to).clone());
-}
-
 int64_t matmul_integer_macs(const MacContext& m) {
   if (m.in_shapes.size() < 2 || m.out_shapes.empty() || m.in_shapes[0].empty()) return 0;
   return numel_of(m.out_shapes[0]) * m.in_shapes[0].back();
@@ -375,8 +293,7 @@ int64_t qlinear_matmul_macs(const MacContext& m) {
 }
 
 int64_t conv_macs_at(const MacContext& m, size_t w_index) {
-  if (m.in_shapes.size() <= w_index || m.out_shapes.empty() || m.out_shapes[0].size() < 3)
-    return 0;
+  if (m.in_shapes.size() <= w_index || m.out_shapes.empty() || m.out_shapes[0].size() < 3) return 0;
   const auto& w = m.in_shapes[w_index];
   int64_t per_output = 1;
   for (size_t i = 1; i < w.size(); ++i) per_output *= w[i];
@@ -396,11 +313,6 @@ void register_quant(OpTable& t) {
   t.add({"", "ConvInteger", conv_integer, conv_integer_macs});
   t.add({"", "QLinearMatMul", qlinear_matmul, qlinear_matmul_macs});
   t.add({"", "QLinearConv", qlinear_conv, qlinear_conv_macs});
-  t.add({"", "CumProd", cum_prod});
-  t.add({"", "Swish", swish});
-  t.add({"", "SwiGLU", swiglu});
-  t.add({"", "RotaryEmbedding", rotary_embedding});
-  t.add({"", "BitCast", bitcast});
 }
 
 }  // namespace lopper::ops

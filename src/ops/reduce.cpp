@@ -1,4 +1,4 @@
-// Reductions (Reduce*, ArgMax/ArgMin), CumSum and TopK.
+// Reductions (Reduce*, ArgMax/ArgMin), the scans CumSum and CumProd, and TopK.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -225,6 +225,75 @@ void reduce_channels(ChannelContext& c) {
   c.set_out(0, Tracked{out, x->atoms});
 }
 
+void cum_sum(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  auto axv = to_int_vector(c.input(1));
+  c.check(axv.size() == 1, "axis must hold one value");
+  int64_t rank = x.dim();
+  at::Tensor v = rank == 0 ? x.reshape({1}) : x;
+  int64_t axis = normalize_axis(c, axv[0], v.dim());
+  bool exclusive = c.attr_int("exclusive", 0) != 0;
+  bool reverse = c.attr_int("reverse", 0) != 0;
+  at::ScalarType st = x.scalar_type();
+  if (reverse) v = at::flip(v, {axis});
+  at::Tensor r = at::cumsum(is_wide_unsigned(st) ? v.to(at::kLong) : v, axis);
+  if (exclusive && v.size(axis) > 0) {
+    // Shift by one along the axis: y[0] = 0, y[i] = x[0] + ... + x[i-1].
+    at::Tensor zero = at::zeros_like(r.narrow(axis, 0, 1));
+    r = at::cat({zero, r.narrow(axis, 0, v.size(axis) - 1)}, axis);
+  }
+  if (reverse) r = at::flip(r, {axis});
+  if (rank == 0) r = r.reshape({});
+  c.set_output(0, r.scalar_type() == st ? r : r.to(st));
+}
+
+void cum_prod(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  const at::Tensor& ax = c.input(1);
+  c.check(ax.numel() == 1, "axis must be a scalar");
+  c.check(x.dim() >= 1, "input must have rank >= 1");
+  int64_t axis = normalize_axis(c, to_int_vector(ax)[0], x.dim());
+  bool exclusive = c.attr_int("exclusive", 0) != 0;
+  bool reverse = c.attr_int("reverse", 0) != 0;
+  at::Tensor v = reverse ? x.flip({axis}) : x;
+  int64_t n = v.size(axis);
+  if (exclusive && n > 0) {
+    at::Tensor ones = at::ones_like(v.narrow(axis, 0, 1));
+    v = at::cat({ones, v.narrow(axis, 0, n - 1)}, axis);
+  }
+  at::Tensor y = at::cumprod(v, axis, x.scalar_type());
+  if (reverse) y = y.flip({axis});
+  c.set_output(0, y);
+}
+
+void top_k(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  int64_t k = 0;
+  if (c.has_input(1)) {
+    auto kv = to_int_vector(c.input(1));
+    c.check(kv.size() == 1, "K must hold one value");
+    k = kv[0];
+  } else {
+    k = c.attr_int("k");
+  }
+  int64_t rank = x.dim();
+  c.check(rank >= 1, "input must have rank >= 1");
+  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
+  c.check(k >= 0 && k <= x.size(axis), "K = ", k, " is out of range for axis of size ",
+          x.size(axis));
+  bool largest = c.attr_int("largest", 1) != 0;
+  at::ScalarType st = x.scalar_type();
+  bool keyed = is_wide_unsigned(st);
+  at::Tensor v = keyed ? order_key(x) : x;
+  // NOTE: a stable sort keeps equal values in index order: ties go to the lower index,
+  // as ONNX asks (at::topk does not promise that).
+  auto [sorted, idx] = at::sort(v, /*stable=*/true, axis, /*descending=*/largest);
+  idx = idx.narrow(axis, 0, k);
+  at::Tensor vals = keyed ? from_key(sorted.narrow(axis, 0, k), st) : at::gather(x, axis, idx);
+  c.set_output(0, vals);
+  if (c.num_outputs() > 1) c.set_output(1, idx);
+}
+
 }  // namespace
 
 void register_reduce(OpTable& t) {
@@ -240,58 +309,12 @@ void register_reduce(OpTable& t) {
   add_reduce(t, "ReduceSumSquare", Reduce::kSumSquare, 18);
   add_arg(t, "ArgMax", true);
   add_arg(t, "ArgMin", false);
-
-  t.add({"", "CumSum", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           auto axv = to_int_vector(c.input(1));
-           c.check(axv.size() == 1, "axis must hold one value");
-           int64_t rank = x.dim();
-           at::Tensor v = rank == 0 ? x.reshape({1}) : x;
-           int64_t axis = normalize_axis(c, axv[0], v.dim());
-           bool exclusive = c.attr_int("exclusive", 0) != 0;
-           bool reverse = c.attr_int("reverse", 0) != 0;
-           at::ScalarType st = x.scalar_type();
-           if (reverse) v = at::flip(v, {axis});
-           at::Tensor r = at::cumsum(is_wide_unsigned(st) ? v.to(at::kLong) : v, axis);
-           if (exclusive && v.size(axis) > 0) {
-             // Shift by one along the axis: y[0] = 0, y[i] = x[0] + ... + x[i-1].
-             at::Tensor zero = at::zeros_like(r.narrow(axis, 0, 1));
-             r = at::cat({zero, r.narrow(axis, 0, v.size(axis) - 1)}, axis);
-           }
-           if (reverse) r = at::flip(r, {axis});
-           if (rank == 0) r = r.reshape({});
-           c.set_output(0, r.scalar_type() == st ? r : r.to(st));
-         }});
-
-  t.add({"", "TopK", [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           int64_t k = 0;
-           if (c.has_input(1)) {
-             auto kv = to_int_vector(c.input(1));
-             c.check(kv.size() == 1, "K must hold one value");
-             k = kv[0];
-           } else {
-             k = c.attr_int("k");
-           }
-           int64_t rank = x.dim();
-           c.check(rank >= 1, "input must have rank >= 1");
-           int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
-           c.check(k >= 0 && k <= x.size(axis), "K = ", k, " is out of range for axis of size ",
-                   x.size(axis));
-           bool largest = c.attr_int("largest", 1) != 0;
-           at::ScalarType st = x.scalar_type();
-           bool keyed = is_wide_unsigned(st);
-           at::Tensor v = keyed ? order_key(x) : x;
-           // NOTE: a stable sort keeps equal values in index order: ties go to the lower index,
-           // as ONNX asks (at::topk does not promise that).
-           auto [sorted, idx] = at::sort(v, /*stable=*/true, axis, /*descending=*/largest);
-           idx = idx.narrow(axis, 0, k);
-           at::Tensor vals =
-               keyed ? from_key(sorted.narrow(axis, 0, k), st) : at::gather(x, axis, idx);
-           c.set_output(0, vals);
-           if (c.num_outputs() > 1) c.set_output(1, idx);
-         }});
-  t.set_channels({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}, reduce_channels);
+  t.add({"", "CumSum", cum_sum});
+  t.add({"", "CumProd", cum_prod});
+  t.add({"", "TopK", top_k});
+  t.set_channels({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogSum",
+                  "ReduceLogSumExp", "ReduceSumSquare"},
+                 reduce_channels);
 }
 
 }  // namespace lopper::ops

@@ -1,6 +1,5 @@
 #include <ATen/ATen.h>
 
-
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
 #include "util/memory.h"
@@ -68,7 +67,10 @@ const OpTable& OpTable::global() {
     register_gemm(t);
     register_norm(t);
     register_pool(t);
-    register_misc(t);
+    register_resize(t);
+    register_attention(t);
+    register_random(t);
+    register_detection(t);
     register_control(t);
     register_rnn(t);
     register_loss(t);
@@ -117,6 +119,12 @@ std::vector<int64_t> to_int_vector(const at::Tensor& t) {
   return std::vector<int64_t>(p, p + c.numel());
 }
 
+int64_t scalar_int(const OpContext& c, size_t i, const char* what) {
+  const at::Tensor& t = c.input(i);
+  c.check(t.numel() == 1, what, " must be a scalar, got shape ", t.sizes());
+  return to_int_vector(t)[0];
+}
+
 double to_double(const at::Tensor& t) {
   return t.detach().to(at::kCPU).to(at::kDouble).view({-1})[0].item<double>();
 }
@@ -146,9 +154,9 @@ void check_output_fits(const AttrReader& ctx, const std::vector<int64_t>& shape,
   double bytes = tensor_bytes(shape, c10::elementSize(type));
   if (!exceeds_memory(bytes)) return;
   const ir::Node& n = ctx.node();
-  throw Error(memory_message(
-      detail::concat("[exec] node '", n.label(), "' (", n.op_type, "): output ", dims_string(shape)),
-      bytes));
+  throw Error(memory_message(detail::concat("[exec] node '", n.label(), "' (", n.op_type,
+                                            "): output ", dims_string(shape)),
+                             bytes));
 }
 
 }  // namespace lopper::ops

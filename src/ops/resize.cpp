@@ -1,12 +1,9 @@
-// Miscellaneous ops: Resize, Upsample, Einsum, Attention and the random generators.
+// Resampling ops: Resize, Upsample, GridSample, AffineGrid (the sampling grid GridSample reads).
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <optional>
 
 #include "ops/channels.h"
 #include "ops/op.h"
@@ -14,8 +11,6 @@
 namespace lopper::ops {
 
 namespace {
-
-// --- Resize ---------------------------------------------------------------------------------
 
 enum class Interp { kNearest, kLinear, kCubic };
 
@@ -140,8 +135,10 @@ at::Tensor resize_axis(const OpContext& c, const ResizeOpts& o, const at::Tensor
     double p = std::floor(xp);
     double frac = xp - p;
     int64_t off;
-    if (k % 2 == 0) off = frac == 0 ? -(k / 2) : -(k / 2) + 1;
-    else off = frac <= 0.5 ? -((k - 1) / 2) : -((k - 1) / 2) + 1;
+    if (k % 2 == 0)
+      off = frac == 0 ? -(k / 2) : -(k / 2) + 1;
+    else
+      off = frac <= 0.5 ? -((k - 1) / 2) : -((k - 1) / 2) + 1;
     int64_t start = static_cast<int64_t>(p) + off - pw;
     if (o.exclude_outside) {
       double sum = 0;
@@ -188,11 +185,11 @@ at::Tensor resize_axis(const OpContext& c, const ResizeOpts& o, const at::Tensor
   if (any_outside) {
     std::vector<int64_t> mshape(static_cast<size_t>(x.dim()), 1);
     mshape[axis] = out;
-    at::Tensor mask = at::tensor(std::vector<int64_t>(outside_flags.begin(), outside_flags.end()),
-                                 cpu_long)
-                          .to(x.device())
-                          .ne(0)
-                          .view(mshape);
+    at::Tensor mask =
+        at::tensor(std::vector<int64_t>(outside_flags.begin(), outside_flags.end()), cpu_long)
+            .to(x.device())
+            .ne(0)
+            .view(mshape);
     result = at::where(mask, at::scalar_tensor(o.extrapolation, result.options()), result);
   }
   return result;
@@ -237,10 +234,14 @@ at::Tensor resize_core(const OpContext& c, const ResizeOpts& o, const at::Tensor
 ResizeOpts resize_opts(const OpContext& c, bool legacy) {
   ResizeOpts o;
   std::string mode = c.attr_string("mode", "nearest");
-  if (mode == "nearest") o.mode = Interp::kNearest;
-  else if (mode == "linear" || mode == "bilinear" || mode == "trilinear") o.mode = Interp::kLinear;
-  else if (mode == "cubic" && !legacy) o.mode = Interp::kCubic;
-  else c.fail("unsupported mode '", mode, "'");
+  if (mode == "nearest")
+    o.mode = Interp::kNearest;
+  else if (mode == "linear" || mode == "bilinear" || mode == "trilinear")
+    o.mode = Interp::kLinear;
+  else if (mode == "cubic" && !legacy)
+    o.mode = Interp::kCubic;
+  else
+    c.fail("unsupported mode '", mode, "'");
   if (legacy) {
     o.coord = "asymmetric";
     o.nearest = "simple";
@@ -316,13 +317,14 @@ void resize(OpContext& c) {
       sizes[axes[i]] = sizes_in[i];
       scales[axes[i]] = x.size(axes[i]) ? double(sizes_in[i]) / x.size(axes[i]) : 1.0;
     }
-    std::string policy = c.opset() >= 18 ? c.attr_string("keep_aspect_ratio_policy", "stretch")
-                                         : "stretch";
+    std::string policy =
+        c.opset() >= 18 ? c.attr_string("keep_aspect_ratio_policy", "stretch") : "stretch";
     if (policy != "stretch") {
-      c.check(policy == "not_larger" || policy == "not_smaller", "unknown keep_aspect_ratio_policy '",
-              policy, "'");
+      c.check(policy == "not_larger" || policy == "not_smaller",
+              "unknown keep_aspect_ratio_policy '", policy, "'");
       double s = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
-      for (int64_t a : axes) s = policy == "not_larger" ? std::min(s, scales[a]) : std::max(s, scales[a]);
+      for (int64_t a : axes)
+        s = policy == "not_larger" ? std::min(s, scales[a]) : std::max(s, scales[a]);
       for (int64_t a : axes) {
         scales[a] = s;
         sizes[a] = scaled_dim(s, x.size(a), 0.5);
@@ -336,8 +338,10 @@ void upsample(OpContext& c) {
   const at::Tensor& x = c.input(0);
   ResizeOpts o = resize_opts(c, true);
   std::vector<double> scales;
-  if (c.has_input(1)) scales = to_double_vector(c.input(1));
-  else for (float f : c.attr_floats("scales")) scales.push_back(f);
+  if (c.has_input(1))
+    scales = to_double_vector(c.input(1));
+  else
+    for (float f : c.attr_floats("scales")) scales.push_back(f);
   c.check(scales.size() == static_cast<size_t>(x.dim()), "scales must have ", x.dim(),
           " values, got ", scales.size());
   std::vector<int64_t> sizes;
@@ -347,211 +351,6 @@ void upsample(OpContext& c) {
   }
   c.set_output(0, resize_core(c, o, x, scales, sizes, {}));
 }
-
-// --- Einsum ---------------------------------------------------------------------------------
-
-std::string strip_spaces(const std::string& s) {
-  std::string out;
-  for (char ch : s)
-    if (ch != ' ') out += ch;
-  return out;
-}
-
-void einsum(OpContext& c) {
-  std::string eq = strip_spaces(c.attr_string("equation", ""));
-  c.check(!eq.empty(), "missing required attribute 'equation'");
-  std::vector<at::Tensor> ins;
-  for (size_t i = 0; i < c.num_inputs(); ++i) ins.push_back(c.input(i));
-  c.check(!ins.empty(), "needs at least one input");
-  at::Tensor y = at::einsum(eq, ins);
-  c.set_output(0, y.to(ins[0].scalar_type()));
-}
-
-int64_t einsum_macs(const MacContext& m) {
-  std::string eq = strip_spaces(m.attr_string("equation", ""));
-  std::string lhs = eq.substr(0, eq.find("->"));
-  std::map<char, int64_t> dims;
-  std::vector<int64_t> ell;  // broadcast of the "..." parts, right-aligned
-  size_t term = 0, start = 0;
-  while (start <= lhs.size() && term < m.in_shapes.size()) {
-    size_t end = lhs.find(',', start);
-    if (end == std::string::npos) end = lhs.size();
-    std::string t = lhs.substr(start, end - start);
-    const auto& shape = m.in_shapes[term];
-    size_t letters = 0;
-    for (char ch : t)
-      if (std::isalpha(static_cast<unsigned char>(ch))) ++letters;
-    size_t ell_rank = shape.size() >= letters ? shape.size() - letters : 0;
-    size_t d = 0;
-    for (size_t i = 0; i < t.size() && d <= shape.size(); ++i) {
-      if (t[i] == '.') {
-        if (t.compare(i, 3, "...") == 0) {
-          std::vector<int64_t> part(shape.begin() + d, shape.begin() + d + ell_rank);
-          if (part.size() > ell.size()) ell.insert(ell.begin(), part.size() - ell.size(), 1);
-          for (size_t k = 0; k < part.size(); ++k) {
-            int64_t& e = ell[ell.size() - part.size() + k];
-            e = std::max(e, part[k]);
-          }
-          d += ell_rank;
-          i += 2;
-        }
-        continue;
-      }
-      if (d < shape.size()) dims[t[i]] = std::max(dims[t[i]], shape[d]);
-      ++d;
-    }
-    ++term;
-    start = end + 1;
-  }
-  int64_t macs = numel_of(ell);
-  for (const auto& [ch, n] : dims) macs *= n;
-  return macs;
-}
-
-// --- Attention ------------------------------------------------------------------------------
-
-void attention(OpContext& c) {
-  at::Tensor q = c.input(0), k = c.input(1), v = c.input(2);
-  c.check(q.is_floating_point(), "Q must be a floating-point tensor");
-  c.check(q.dim() == k.dim() && q.dim() == v.dim() && (q.dim() == 3 || q.dim() == 4),
-          "Q, K and V must all be 3-D or all 4-D");
-  at::ScalarType qt = q.scalar_type();
-  bool rank3 = q.dim() == 3;
-  int64_t batch = q.size(0);
-  if (rank3) {
-    int64_t hq = c.attr_int("q_num_heads"), hkv = c.attr_int("kv_num_heads");
-    c.check(hq > 0 && hkv > 0, "q_num_heads and kv_num_heads must be positive");
-    c.check(q.size(2) % hq == 0 && k.size(2) % hkv == 0 && v.size(2) % hkv == 0,
-            "hidden sizes must be divisible by the head counts");
-    q = q.reshape({batch, q.size(1), hq, -1}).transpose(1, 2);
-    k = k.reshape({batch, k.size(1), hkv, -1}).transpose(1, 2);
-    v = v.reshape({batch, v.size(1), hkv, -1}).transpose(1, 2);
-  }
-  c.check(k.size(0) == batch && v.size(0) == batch, "batch sizes differ");
-  c.check(q.size(3) == k.size(3), "Q and K head sizes differ");
-  c.check(k.size(1) == v.size(1) && k.size(2) == v.size(2), "K and V shapes do not match");
-  bool has_past = c.has_input(4) || c.has_input(5);
-  if (has_past) {
-    c.check(c.has_input(4) && c.has_input(5), "past_key and past_value must be given together");
-    k = at::cat({c.input(4), k}, 2);
-    v = at::cat({c.input(5), v}, 2);
-  }
-  if (c.wants_output(1)) c.set_output(1, k);
-  if (c.wants_output(2)) c.set_output(2, v);
-  int64_t past_len = has_past ? c.input(4).size(2) : 0;
-  int64_t sq = q.size(2), skv = k.size(2);
-  int64_t hq = q.size(1), hk = k.size(1);
-  c.check(hq % hk == 0, "query heads (", hq, ") must be a multiple of key/value heads (", hk, ")");
-  if (hq != hk) {
-    k = k.repeat_interleave(hq / hk, 1);
-    v = v.repeat_interleave(hq / hk, 1);
-  }
-  // Compute in at least float32; outputs return to Q's type.
-  at::ScalarType ct = at::promote_types(qt, at::kFloat);
-  at::Tensor qc = q.to(ct), kc = k.to(ct), vc = v.to(ct);
-  double scale = c.has_attr("scale") ? c.attr_float("scale", 0.f)
-                                     : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  auto opts = at::TensorOptions().dtype(ct).device(qc.device());
-  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-  // Additive bias [.., sq, skv]: mask, causal, sliding window, key padding.
-  std::optional<at::Tensor> bias;
-  if (c.has_input(3)) {
-    at::Tensor mask = c.input(3);
-    int64_t pad = skv - mask.size(-1);
-    c.check(pad >= 0, "attn_mask is longer (", mask.size(-1), ") than the key sequence (", skv, ")");
-    if (mask.scalar_type() == at::kBool) {
-      if (pad > 0) mask = at::constant_pad_nd(mask.to(at::kByte), {0, pad}, 0).to(at::kBool);
-      bias = at::where(mask, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
-    } else {
-      at::Tensor m = mask.to(ct);
-      if (pad > 0) m = at::constant_pad_nd(m, {0, pad}, kNegInf);
-      bias = m;
-    }
-  }
-  at::Tensor offset;  // per-batch frontier for the external cache, else scalar offsets
-  bool per_batch = false;
-  if (c.has_input(6)) {
-    c.check(!has_past, "nonpad_kv_seqlen cannot be combined with past_key/past_value");
-    at::Tensor lens = c.input(6).to(at::kLong).view({-1, 1, 1, 1});
-    at::Tensor j = at::arange(skv, lens.options()).view({1, 1, 1, skv});
-    at::Tensor keep = j < lens;
-    at::Tensor padb = at::where(keep, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
-    offset = lens - sq;
-    per_batch = true;
-    bias = bias ? *bias + padb : padb;
-  }
-  at::Tensor i_idx = at::arange(sq, at::TensorOptions().dtype(at::kLong).device(qc.device()))
-                         .view({sq, 1});
-  at::Tensor j_idx = at::arange(skv, i_idx.options()).view({1, skv});
-  at::Tensor diff = per_batch ? (i_idx + offset) - j_idx : i_idx + past_len - j_idx;
-  if (c.attr_int("is_causal", 0)) {
-    at::Tensor cb = at::where(diff >= 0, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
-    bias = bias ? *bias + cb : cb;
-  }
-  int64_t left = c.attr_int("left_window_size", -1), right = c.attr_int("right_window_size", -1);
-  c.check(left >= -1 && right >= -1, "window sizes must be -1 or non-negative");
-  if (left >= 0 || right >= 0) {
-    at::Tensor allowed = at::ones_like(diff, diff.options().dtype(at::kBool));
-    if (left >= 0) allowed = allowed & (diff <= left);
-    if (right >= 0) allowed = allowed & (-diff <= right);
-    at::Tensor wb = at::where(allowed, at::scalar_tensor(0.0, opts), at::scalar_tensor(kNegInf, opts));
-    bias = bias ? *bias + wb : wb;
-  }
-
-  double root = std::sqrt(scale);
-  at::Tensor qk = at::matmul(qc * root, (kc * root).transpose(-1, -2));
-  double softcap = c.attr_float("softcap", 0.f);
-  if (softcap > 0) qk = at::tanh(qk / softcap) * softcap;
-  int64_t mode = c.attr_int("qk_matmul_output_mode", 0);
-  c.check(mode >= 0 && mode <= 3, "qk_matmul_output_mode must be 0..3, got ", mode);
-  at::Tensor scores = bias ? qk + *bias : qk;
-  if (c.has_attr("softmax_precision")) {
-    at::ScalarType sp = scalar_type_of(c, c.attr_int("softmax_precision"));
-    c.check(at::isFloatingType(sp), "softmax_precision must be a floating type");
-    scores = scores.to(sp).to(ct);
-  }
-  // NOTE: rows masked out entirely give zeros (a plain softmax would give NaN).
-  at::Tensor mx = scores.amax(-1, true);
-  at::Tensor safe_max = at::where(at::isinf(mx) & (mx < 0), at::zeros_like(mx), mx);
-  at::Tensor e = at::exp(scores - safe_max.detach());
-  at::Tensor s = e.sum(-1, true);
-  at::Tensor probs = e / at::where(s == 0, at::ones_like(s), s);
-  if (bias) {
-    at::Tensor bmax = bias->amax(-1, true);
-    at::Tensor dead = at::isinf(bmax) & (bmax < 0);
-    probs = at::where(dead, at::zeros_like(probs), probs);
-  }
-  if (c.wants_output(3)) {
-    at::Tensor qo = mode == 2 ? scores : (mode == 3 ? probs : qk);
-    c.set_output(3, qo.to(qt));
-  }
-  at::Tensor y = at::matmul(probs.to(qt).to(ct), vc);
-  if (rank3) y = y.transpose(1, 2).reshape({batch, sq, -1});
-  c.set_output(0, y.to(qt));
-}
-
-int64_t attention_macs(const MacContext& m) {
-  if (m.in_shapes.size() < 3) return 0;
-  const auto& q = m.in_shapes[0];
-  const auto& k = m.in_shapes[1];
-  const auto& v = m.in_shapes[2];
-  if (q.size() != k.size() || q.size() != v.size()) return 0;
-  int64_t past = m.in_shapes.size() > 4 && m.in_shapes[4].size() == 4 ? m.in_shapes[4][2] : 0;
-  if (q.size() == 4) {
-    int64_t skv = k[2] + past;
-    return q[0] * q[1] * q[2] * skv * (q[3] + v[3]);
-  }
-  if (q.size() == 3) {
-    int64_t hq = m.attr_int("q_num_heads", 1), hkv = m.attr_int("kv_num_heads", 1);
-    if (hkv <= 0) return 0;
-    int64_t skv = k[1] + past;
-    return q[0] * q[1] * skv * (q[2] + v[2] * hq / hkv);
-  }
-  return 0;
-}
-
-// --- GridSample -----------------------------------------------------------------------------
 
 void grid_sample(OpContext& c) {
   const at::Tensor& x = c.input(0);
@@ -563,69 +362,63 @@ void grid_sample(OpContext& c) {
           "grid must have shape [N, out..., ", x.dim() - 2, "]");
   std::string mode = c.attr_string("mode", c.opset() >= 20 ? "linear" : "bilinear");
   int64_t interp;
-  if (mode == "bilinear" || mode == "linear") interp = 0;
-  else if (mode == "nearest") interp = 1;
-  else if (mode == "bicubic" || mode == "cubic") interp = 2;
-  else c.fail("unknown mode '", mode, "'");
+  if (mode == "bilinear" || mode == "linear")
+    interp = 0;
+  else if (mode == "nearest")
+    interp = 1;
+  else if (mode == "bicubic" || mode == "cubic")
+    interp = 2;
+  else
+    c.fail("unknown mode '", mode, "'");
   c.check(interp != 2 || x.dim() == 4, "cubic mode is supported for 2-D inputs only");
   std::string pad = c.attr_string("padding_mode", "zeros");
   int64_t padding;
-  if (pad == "zeros") padding = 0;
-  else if (pad == "border") padding = 1;
-  else if (pad == "reflection") padding = 2;
-  else c.fail("unknown padding_mode '", pad, "'");
+  if (pad == "zeros")
+    padding = 0;
+  else if (pad == "border")
+    padding = 1;
+  else if (pad == "reflection")
+    padding = 2;
+  else
+    c.fail("unknown padding_mode '", pad, "'");
   bool align = c.attr_int("align_corners", 0) != 0;
   at::ScalarType ct = at::promote_types(x.scalar_type(), at::kFloat);
   at::Tensor y = at::grid_sampler(x.to(ct), grid.to(ct), interp, padding, align);
   c.set_output(0, y.to(x.scalar_type()));
 }
 
-// --- Random generators ----------------------------------------------------------------------
-
-std::optional<at::Generator> seeded(const OpContext& c) {
-  if (!c.has_attr("seed")) return std::nullopt;
-  float seed = c.attr_float("seed", 0.f);
-  return at::detail::createCPUGenerator(static_cast<uint64_t>(static_cast<int64_t>(seed)));
-}
-
-at::ScalarType random_dtype(const OpContext& c, at::ScalarType def) {
-  at::ScalarType t = c.has_attr("dtype") ? scalar_type_of(c, c.attr_int("dtype")) : def;
-  c.check(at::isFloatingType(t), "dtype must be a floating type");
-  return t;
-}
-
-// Draws on the CPU (where a seed is honoured) in double, then casts and moves.
-at::Tensor draw(const OpContext& c, bool normal, at::IntArrayRef shape, at::ScalarType t) {
-  auto gen = seeded(c);
-  auto cpu = at::TensorOptions().dtype(at::kDouble);
-  at::Tensor r;
-  if (normal) {
-    double mean = c.attr_float("mean", 0.f), sd = c.attr_float("scale", 1.f);
-    r = at::normal(mean, sd, shape, gen, cpu);
-  } else {
-    double lo = c.attr_float("low", 0.f), hi = c.attr_float("high", 1.f);
-    c.check(hi >= lo, "high must be >= low");
-    r = at::empty(shape, cpu).uniform_(lo, hi, gen);
+void affine_grid(OpContext& c) {
+  const at::Tensor& theta = c.input(0);
+  auto size = to_int_vector(c.input(1));
+  c.check(theta.is_floating_point(), "theta must be a floating-point tensor");
+  c.check(size.size() == 4 || size.size() == 5, "size must have 4 or 5 values");
+  size_t nd = size.size() - 2;
+  c.check(theta.dim() == 3 && theta.size(0) == size[0] &&
+              theta.size(1) == static_cast<int64_t>(nd) &&
+              theta.size(2) == static_cast<int64_t>(nd) + 1,
+          "theta must be [N, ", nd, ", ", nd + 1, "], got shape ", theta.sizes());
+  bool align = c.attr_int("align_corners", 0) != 0;
+  auto opts = theta.options();
+  auto coords = [&](int64_t n) {
+    if (align) return at::linspace(-1, 1, n, opts);
+    return (at::arange(n, opts) * 2 + 1) / static_cast<double>(n) - 1;
+  };
+  std::vector<int64_t> spatial(size.begin() + 2, size.end());
+  for (int64_t s : spatial) c.check(s > 0, "size values must be positive");
+  // Homogeneous base grid [..., (x, y[, z], 1)] with x along the last spatial dim.
+  std::vector<at::Tensor> comps;
+  for (size_t i = nd; i-- > 0;) {
+    std::vector<int64_t> view(nd, 1);
+    view[i] = spatial[i];
+    comps.push_back(coords(spatial[i]).reshape(view).expand(spatial));
   }
-  return r.to(c.device(), t);
-}
-
-std::vector<int64_t> random_shape(const OpContext& c) {
-  auto shape = c.attr_ints("shape");
-  c.check(c.has_attr("shape"), "missing required attribute 'shape'");
-  for (int64_t d : shape) c.check(d >= 0, "shape must be non-negative");
-  check_output_fits(c, shape, random_dtype(c, at::kFloat));
-  return shape;
-}
-
-void bernoulli(OpContext& c) {
-  const at::Tensor& p = c.input(0);
-  c.check(p.is_floating_point(), "input must be a floating-point tensor");
-  at::ScalarType t = c.has_attr("dtype") ? scalar_type_of(c, c.attr_int("dtype")) : p.scalar_type();
-  auto gen = seeded(c);
-  at::Tensor u = at::empty(p.sizes(), at::TensorOptions().dtype(at::kDouble)).uniform_(0, 1, gen);
-  at::Tensor pc = p.detach().to(at::kCPU, at::kDouble);
-  c.set_output(0, (u < pc).to(c.device(), t));
+  comps.push_back(at::ones(spatial, opts));
+  at::Tensor base = at::stack(comps, -1).reshape({-1, static_cast<int64_t>(nd) + 1});
+  at::Tensor grid = at::matmul(base, theta.transpose(1, 2));  // [N, P, nd]
+  std::vector<int64_t> shape = {size[0]};
+  shape.insert(shape.end(), spatial.begin(), spatial.end());
+  shape.push_back(static_cast<int64_t>(nd));
+  c.set_output(0, grid.reshape(shape));
 }
 
 // Channel rules: Resize keeps the channels when it does not scale them (sizes are rewritten).
@@ -654,35 +447,11 @@ void resize_channels(ChannelContext& c) {
 
 }  // namespace
 
-void register_misc(OpTable& t) {
+void register_resize(OpTable& t) {
   t.add({"", "Resize", resize});
   t.add({"", "Upsample", upsample});
-  t.add({"", "Einsum", einsum, einsum_macs});
   t.add({"", "GridSample", grid_sample});
-  t.add({"", "Attention", attention, attention_macs});
-  t.add({"", "RandomNormal",
-         [](OpContext& c) {
-           c.set_output(0, draw(c, true, random_shape(c), random_dtype(c, at::kFloat)));
-         },
-         {}, false});
-  t.add({"", "RandomUniform",
-         [](OpContext& c) {
-           c.set_output(0, draw(c, false, random_shape(c), random_dtype(c, at::kFloat)));
-         },
-         {}, false});
-  t.add({"", "RandomNormalLike",
-         [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           c.set_output(0, draw(c, true, x.sizes(), random_dtype(c, x.scalar_type())));
-         },
-         {}, false});
-  t.add({"", "RandomUniformLike",
-         [](OpContext& c) {
-           const at::Tensor& x = c.input(0);
-           c.set_output(0, draw(c, false, x.sizes(), random_dtype(c, x.scalar_type())));
-         },
-         {}, false});
-  t.add({"", "Bernoulli", bernoulli, {}, false});
+  t.add({"", "AffineGrid", affine_grid});
   t.set_channels({"Resize"}, resize_channels);
 }
 

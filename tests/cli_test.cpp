@@ -150,7 +150,9 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
                        " --method l1 --amount 0.9").code, 0);
   setenv("LOPPER_CACHE_DIR", (dir / "cache").c_str(), 1);
   setenv("LOPPER_ISA", "avx2", 1);
-  const std::string bench = "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json";
+  // A fixed thread count: choices are cached per thread count, and the default follows the load.
+  const std::string bench =
+      "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json --threads 1";
   auto first = lopper_cli(bench);
   ASSERT_EQ(first.code, 0) << first.err;
   auto j = nlohmann::json::parse(first.out)["kernels"];

@@ -17,7 +17,7 @@
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
-#include "ops/onednn.h"
+#include "exec/onednn.h"
 
 namespace kc = lopper::kernels::cpu;
 

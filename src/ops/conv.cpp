@@ -2,10 +2,10 @@
 // and Col2Im, the inverse of the im2col a convolution unrolls to.
 #include "ops/channels.h"
 #include "ops/conv_geometry.h"
-#include "ops/kernel_choice.h"
-#include "ops/onednn.h"
+#include "exec/kernel_choice.h"
+#include "exec/onednn.h"
 #include "ops/op.h"
-#include "ops/sparse_linear.h"
+#include "exec/sparse_linear.h"
 
 namespace lopper::ops {
 

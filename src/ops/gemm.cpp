@@ -7,10 +7,10 @@
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "ops/channels.h"
-#include "ops/kernel_choice.h"
-#include "ops/onednn.h"
+#include "exec/kernel_choice.h"
+#include "exec/onednn.h"
 #include "ops/op.h"
-#include "ops/sparse_linear.h"
+#include "exec/sparse_linear.h"
 
 namespace lopper::ops {
 namespace {

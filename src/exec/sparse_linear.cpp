@@ -1,4 +1,4 @@
-#include "ops/sparse_linear.h"
+#include "exec/sparse_linear.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "ops/kernel_choice.h"
+#include "exec/kernel_choice.h"
 
 #include <ATen/Parallel.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "ops/onednn.h"
+#include "exec/onednn.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/sparse.h"
-#include "ops/onednn.h"
+#include "exec/onednn.h"
 
 namespace lopper::ops {
 

@@ -1,5 +1,6 @@
 // lopper's two kinds of failure: user/model errors (lopper::Error, one line naming the thing) and
-// internal bugs (LOPPER_ASSERT). The CLI catches Error once and maps it to exit code 1.
+// internal bugs (LOPPER_ASSERT, InternalError). The CLI maps Error to exit code 1 (UsageError 2) and
+// InternalError to 3.
 #pragma once
 
 #include <sstream>
@@ -19,6 +20,13 @@ class Error : public std::runtime_error {
 class UsageError : public Error {
  public:
   explicit UsageError(const std::string& msg) : Error(msg) {}
+};
+
+/// A lopper bug (a failed LOPPER_ASSERT), never the user's mistake: the CLI says so and exits 3.
+/// Deliberately not a lopper::Error, so that nothing handling user errors can swallow it.
+class InternalError : public std::logic_error {
+ public:
+  explicit InternalError(const std::string& msg) : std::logic_error(msg) {}
 };
 
 namespace detail {

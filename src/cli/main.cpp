@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
     if (!e.path2().empty()) std::cerr << " -> '" << lopper::first_line(e.path2().string()) << "'";
     std::cerr << ": " << reason << "\n";
     return 1;
+  } catch (const lopper::InternalError& e) {
+    std::cerr << "lopper: " << lopper::first_line(e.what())
+              << " (please report it with the command that led here)\n";
+    return 3;
   } catch (const c10::Error& e) {
     std::cerr << "lopper: " << lopper::first_line(e.what_without_backtrace()) << "\n";
     return 1;

@@ -11,8 +11,8 @@
 namespace lopper {
 namespace detail {
 void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {
-  throw std::logic_error(concat("internal error (a lopper bug): ", cond, " at ", file, ":", line,
-                                msg.empty() ? "" : ": ", msg));
+  throw InternalError(concat("internal error (a lopper bug): ", cond, " at ", file, ":", line,
+                             msg.empty() ? "" : ": ", msg));
 }
 }  // namespace detail
 

@@ -1,0 +1,30 @@
+// The two kinds of failure: a user's mistake is a lopper::Error (exit 1, or 2 for usage); a failed
+// LOPPER_ASSERT is lopper's bug, an InternalError that no user-error handler can take for one.
+#include <gtest/gtest.h>
+
+#include "lopper/error.h"
+
+namespace lopper {
+namespace {
+
+TEST(Errors, AFailedAssertIsAnInternalErrorNotAUserError) {
+  bool internal = false, user = false;
+  try {
+    LOPPER_ASSERT(1 + 1 == 3, "arithmetic ", 42);
+  } catch (const Error&) {
+    user = true;
+  } catch (const InternalError& e) {
+    internal = true;
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a lopper bug"), std::string::npos) << what;
+    EXPECT_NE(what.find("1 + 1 == 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("arithmetic 42"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(internal);
+  EXPECT_FALSE(user);
+  EXPECT_THROW(LOPPER_CHECK(false, "[test] the user's mistake"), Error);
+  EXPECT_NO_THROW(LOPPER_ASSERT(true));
+}
+
+}  // namespace
+}  // namespace lopper

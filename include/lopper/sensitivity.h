@@ -1,6 +1,6 @@
 // Sensitivity analysis: how much a model's loss and accuracy suffer when one layer (or one channel
 // group) alone is pruned to each of a list of amounts, on a fixed set of evaluation batches. The
-// curves say where a model can be pruned and how far; pruning to a target (lopper/budget.h) reads
+// curves say where a model can be pruned and how far; pruning to a target (lopper/target.h) reads
 // them to choose per-layer amounts.
 #pragma once
 

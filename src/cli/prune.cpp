@@ -30,7 +30,7 @@
 #include "lopper/report.h"
 #include "lopper/progress.h"
 #include "lopper/analysis.h"
-#include "lopper/budget.h"
+#include "lopper/target.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/train.h"

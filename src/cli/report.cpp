@@ -7,7 +7,7 @@
 
 #include "cli/common.h"
 #include "lopper/analysis.h"
-#include "lopper/budget.h"
+#include "lopper/target.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/latency.h"

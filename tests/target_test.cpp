@@ -1,7 +1,7 @@
 // Pruning to a target: the measured result meets the target (params, MACs; latency reported),
 // amounts differ per layer (the point of a budget), sensitivity data steers them away from the
 // layers that hurt, and bad targets are one line with no output.
-#include "lopper/budget.h"
+#include "lopper/target.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,5 +1,5 @@
-// Pruning to a target (lopper/budget.h): the allocation of per-layer amounts and its measurement.
-#include "lopper/budget.h"
+// Pruning to a target (lopper/target.h): the allocation of per-layer amounts and its measurement.
+#include "lopper/target.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

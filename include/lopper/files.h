@@ -65,6 +65,7 @@ class OutputFiles {
     std::string path, flag, tmp;
   };
   const Out* find(const std::string& path) const;
+  Out* find(const std::string& path);
   std::string cmd_;
   std::deque<Out> outs_;  // a deque: the signal handler holds pointers into its strings
   std::vector<std::pair<uint64_t, uint64_t>> inputs_;  // (device, inode)

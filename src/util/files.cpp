@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include "lopper/error.h"
 
@@ -186,6 +187,10 @@ void OutputFiles::input(const std::string& path) {
   input_names_.push_back(path);
 }
 
+OutputFiles::Out* OutputFiles::find(const std::string& path) {
+  return const_cast<Out*>(std::as_const(*this).find(path));
+}
+
 const OutputFiles::Out* OutputFiles::find(const std::string& path) const {
   const fs::path want = fs::path(path).lexically_normal();
   for (const auto& o : outs_)
@@ -246,18 +251,14 @@ void OutputFiles::folder(const std::string& path, const std::string& flag) {
 
 std::string OutputFiles::temp(const std::string& path) {
   if (!find(path)) declare(path, "output");
-  for (auto& o : outs_) {
-    if (o.path != path && fs::path(o.path).lexically_normal() != fs::path(path).lexically_normal())
-      continue;
-    if (o.tmp.empty()) {
-      o.tmp = temp_path_beside(o.path);
-      track(o.tmp);
-    } else {
-      ::unlink(o.tmp.c_str());  // written again: start from nothing
-    }
-    return o.tmp;
+  Out& o = *find(path);
+  if (o.tmp.empty()) {
+    o.tmp = temp_path_beside(o.path);
+    track(o.tmp);
+  } else {
+    ::unlink(o.tmp.c_str());  // written again: start from nothing
   }
-  LOPPER_ASSERT(false, "declared output not found");
+  return o.tmp;
 }
 
 void OutputFiles::write(const std::string& path, const std::string& bytes) {

@@ -1,8 +1,8 @@
 // The two kinds of failure: a user's mistake is a lopper::Error (exit 1, or 2 for usage); a failed
 // LOPPER_ASSERT is lopper's bug, an InternalError that no user-error handler can take for one.
-#include <gtest/gtest.h>
-
 #include "lopper/error.h"
+
+#include <gtest/gtest.h>
 
 namespace lopper {
 namespace {

@@ -1,5 +1,7 @@
 // A command's files: outputs staged and committed as one unit, refused when they are not regular
 // files or are inputs; reads that never block on a FIFO; checkpoint folders that are lopper's own.
+#include "lopper/files.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,7 +11,6 @@
 #include <fstream>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "lopper/train.h"
 #include "test_util.h"

@@ -114,8 +114,7 @@ int open_regular_file(const std::string& path, const std::string& where) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const mode_t m = st.st_mode;
     ::close(fd);
-    throw Error(detail::concat(where, " '", path, "' is ", file_kind(m),
-                               ", not a regular file"));
+    throw Error(detail::concat(where, " '", path, "' is ", file_kind(m), ", not a regular file"));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
@@ -124,8 +123,8 @@ int open_regular_file(const std::string& path, const std::string& where) {
 void check_regular_file(const std::string& path, const std::string& where) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw Error(detail::concat(where, " '", path, "' is ", file_kind(st.st_mode),
-                               ", not a regular file"));
+    throw Error(
+        detail::concat(where, " '", path, "' is ", file_kind(st.st_mode), ", not a regular file"));
 }
 
 std::string read_file(const std::string& path) {
@@ -217,8 +216,7 @@ void OutputFiles::declare(const std::string& path, const std::string& flag) {
     for (const auto& o : outs_) {
       struct stat so {};
       if (::stat(o.path.c_str(), &so) == 0 && so.st_dev == st.st_dev && so.st_ino == st.st_ino)
-        throw UsageError(who + ": another output (" + o.flag + " " + o.path +
-                         ") is the same file");
+        throw UsageError(who + ": another output (" + o.flag + " " + o.path + ") is the same file");
     }
   } else if (errno != ENOENT) {
     throw UsageError(who + ": " + std::strerror(errno));
@@ -299,8 +297,8 @@ void OutputFiles::commit() {
   for (const auto& o : outs_) {
     if (o.tmp.empty()) continue;
     if (std::rename(o.tmp.c_str(), o.path.c_str()) != 0)
-      throw Error(detail::concat("[", cmd_, "] cannot write '", o.path, "': ",
-                                 std::strerror(errno)));
+      throw Error(
+          detail::concat("[", cmd_, "] cannot write '", o.path, "': ", std::strerror(errno)));
     untrack(o.tmp);
     dirs.push_back(folder_of(o.path));
   }

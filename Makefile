@@ -5,7 +5,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 MODEL ?= examples/cnn_small.onnx
 
-.PHONY: deps configure build run test bench fuzz clean
+.PHONY: deps configure build run test bench fuzz clean format format-check
 
 deps:
 	@scripts/install-deps.sh
@@ -38,6 +38,16 @@ test: build
 
 bench: build
 	$(PY) bench/compare_runtimes.py --lopper $(BUILD)/lopper
+
+# The code's one format (.clang-format): `make format` applies it, `make format-check` (run by
+# .ci/run) fails on any file that differs.
+FORMATTED = $(shell git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'include/*.h' \
+                      'tests/*.cpp' 'tests/*.h' 'bench/*.cpp' 'bench/*.h' 'examples/*.cpp')
+format: deps
+	clang-format -i $(FORMATTED)
+
+format-check: deps
+	clang-format --dry-run -Werror $(FORMATTED)
 
 clean:
 	rm -rf $(BUILD)

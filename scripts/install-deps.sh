@@ -10,6 +10,7 @@ debs=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev              # libFuzzer target for the importer
+  clang-format                          # the code's one format (.clang-format), checked by .ci/run
   libonnx-testdata                      # ONNX's conformance cases (pytorch-converted, pytorch-operator)
   dataset-fashion-mnist                 # real data: gzipped IDX files in /usr/share/datasets/fashion-mnist
   libpng-dev                            # PNG images of folder: datasets

@@ -2,15 +2,17 @@
 #pragma once
 
 #include <ATen/ATen.h>
-
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+
+#include "lopper/error.h"
 
 namespace lopper::test {
 
@@ -18,6 +20,11 @@ namespace lopper::test {
 inline std::string fixtures_dir() { return LOPPER_FIXTURES_DIR; }
 /// A file in that folder.
 inline std::string fixture(const std::string& f) { return fixtures_dir() + "/" + f; }
+
+/// A file in the source tree's examples/ folder.
+inline std::string example(const std::string& f) {
+  return std::string(LOPPER_SOURCE_DIR) + "/examples/" + f;
+}
 
 /// A whole file as a string ("" when it cannot be read).
 inline std::string slurp(const std::string& path) {
@@ -34,6 +41,16 @@ inline int lines(const std::string& s) {
   return n;
 }
 
+/// The message of the lopper::Error `f` throws ("" when it throws none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 /// What a run of the lopper binary gave back.
 struct CliResult {
   int code;
@@ -44,7 +61,8 @@ struct CliResult {
 inline CliResult lopper_cli(const std::string& args) {
   static int n = 0;
   std::string base = "/tmp/lopper_cli_" + std::to_string(getpid()) + "_" + std::to_string(n++);
-  std::string cmd = std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  std::string cmd =
+      std::string(LOPPER_BINARY) + " " + args + " >" + base + ".out 2>" + base + ".err";
   int status = std::system(cmd.c_str());
   CliResult r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
               slurp(base + ".out"), slurp(base + ".err")};

@@ -9,7 +9,6 @@
 #include "lopper/graph.h"
 
 namespace lopper {
-class OutputFiles;
 }
 
 namespace lopper::onnx {
@@ -37,11 +36,6 @@ struct SaveOptions {
 /// Writes a model. The file (and its external data) is written to a temporary name in the same
 /// folder and renamed, so a failure never leaves a partial model.
 void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts = {});
-/// The same, as part of a command's outputs: the model (and "<path>.data") are staged in `files`
-/// and appear only when the caller commits them. An external data file that is one of `files`'
-/// inputs (another model's data) is refused.
-void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts,
-                OutputFiles& files);
 
 /// Serializes a model to bytes (no external data).
 std::string serialize_model(const ir::Model& model);

@@ -8,7 +8,6 @@
 // weight.
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -21,13 +20,6 @@
 
 namespace lopper {
 
-enum class PruneMethod {
-  kAbs,     // |w| < threshold
-  kL1,      // the smallest |w|
-  kRandom,  // uniformly at random
-  kGrad,    // the smallest mean |dL/dw| over calibration batches (needs a Saliency)
-  kTaylor,  // the smallest first-order Taylor saliency sum |w * dL/dw| (needs a Saliency)
-};
 enum class PruneScope { kLocal, kGlobal };
 // kBlock: a weight viewed as a matrix [outputs, inputs] (outputs along the output axis, inputs the
 // other axes flattened in memory order, the input axis first: Conv [O, I*kh*kw], Gemm and MatMul
@@ -52,14 +44,16 @@ struct PruneAmount {
 /// How one layer is pruned: what `--method/--amount/--threshold/--pattern/--norm/--seed` set on the
 /// command line, and what one rule of a recipe sets.
 struct PruneLayerOptions {
-  PruneMethod method = PruneMethod::kL1;  // kGrad, kTaylor: rank by a Saliency instead of |w|
+  /// What ranks the weights: a criterion of the table (src/prune/importance.cpp) that ranks single
+  /// weights: abs (|w| under `threshold`), l1, lamp, random, grad and taylor (by a Saliency).
+  std::string criterion = "l1";
   PrunePattern pattern = PrunePattern::kUnstructured;
-  double threshold = -1;  // kAbs: remove |w| < threshold (required, >= 0)
-  PruneAmount amount;     // kL1, kRandom
-  uint64_t seed = 0;      // kRandom
+  double threshold = -1;  // abs: remove |w| < threshold (required, >= 0)
+  PruneAmount amount;     // every other criterion
+  uint64_t seed = 0;      // random
   int64_t n = 2, m = 4;   // kNM: keep n of every m consecutive weights along the reduction dim
-  int norm = 1;           // kRow / kColumn with kL1: the Ln norm ranking rows or columns (1 or 2)
-                          // (grad/taylor rank a row or column by the sum of its saliencies);
+  int norm = 1;           // kRow / kColumn with l1: the Ln norm ranking rows or columns (1 or 2)
+                          // (other criteria rank a row or column by the sum of its scores);
                           // kBlock: mean |w| (1) or root mean square (2) of a block
   int64_t block_r = 1, block_c = 1;  // kBlock: R outputs x C inputs, each in 1..256
 };
@@ -83,10 +77,8 @@ std::vector<PrunableWeight> prunable_weights(const ir::Graph& g);
 /// Throws lopper::Error ("[prune] ...") when `o` cannot prune any layer (amount outside [0, 1],
 /// threshold < 0, N >= M, norm not 1 or 2, abs with a pattern, N:M with random, a block side
 /// outside 1..256).
-/// grad/taylor take an amount like l1; their Saliency is checked when pruning.
+/// Data-driven criteria take an amount like l1; their Saliency is checked when pruning.
 void check_layer_options(const PruneLayerOptions& o);
-/// "abs" | "l1" | "random" | "grad" | "taylor"; throws lopper::Error on anything else.
-PruneMethod parse_prune_method(const std::string& s);
 /// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" | "block:RxC" (e.g. "block:8x1") into
 /// o.pattern (and o.n, o.m or o.block_r, o.block_c); throws lopper::Error on anything else.
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
@@ -98,7 +90,8 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 //     - {match: "^/0/Conv$", skip: true}
 //     - {match: "Gemm", method: l1, pattern: "2:4"}
 //
-// Keys of `defaults` and of a rule: method (abs | l1 | random | grad | taylor), amount (fraction or count),
+// Keys of `defaults` and of a rule: method (a criterion: abs, l1, lamp, random, grad, taylor),
+// amount (fraction or count),
 // threshold, pattern, norm, seed; a rule also has match (required; ECMAScript regex searched in
 // the layer (node) name and the weight name) and skip (bool). A rule's keys override the defaults.
 
@@ -145,10 +138,11 @@ struct PruneReport {
 
 // --- Data-driven importance (grad, taylor). --------------------------------------------------
 
-/// Per prunable weight (by initializer name), scores >= 0 of the weight's shape, on the CPU.
+/// The scores of the criteria that rank by gradients, per criterion (by name: "grad" is the mean
+/// over the batches of |dL/dw|, "taylor" the sum of |w * dL/dw|) and per prunable weight (by
+/// initializer name): scores >= 0 of the weight's shape, on the CPU.
 struct Saliency {
-  std::map<std::string, at::Tensor> grad;    // mean over the batches of |dL/dw|
-  std::map<std::string, at::Tensor> taylor;  // sum over the batches of |w * dL/dw|
+  std::map<std::string, std::map<std::string, at::Tensor>> scores;
   int64_t batches = 0, samples = 0;
   double loss = 0;  // mean loss over the batches
 };
@@ -163,57 +157,18 @@ struct CalibrationOptions {
 class DataLoader;  // lopper/data.h
 
 /// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's
-/// gradient saliencies. The loss is cross-entropy between the model's first output (logits; a
+/// gradient saliencies, for every criterion that ranks by gradients. The loss is cross-entropy between the model's first output (logits; a
 /// final Softmax or LogSoftmax is taken into account) and the labels. Throws lopper::Error when
 /// the model's output does not fit the labels (e.g. fewer classes than the dataset has).
 Saliency compute_saliency(const ir::Model& model, DataLoader& data, const CalibrationOptions& opts);
 
 /// Prunes `model`'s prunable weights and reports per layer. A weight that no other ir::Model copy
 /// shares is written in place; a shared one is replaced. Throws lopper::Error ("[prune] ...") on bad
-/// options, when grad/taylor have no `saliency`, and when nothing is left to prune; the model is
-/// untouched then.
+/// options, when a data-driven criterion has no `saliency`, and when nothing is left to prune; the
+/// model is untouched then.
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency = nullptr);
 /// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
 /// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).
 PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency = nullptr);
-
-// --- Masks (true = keep). Each keeps the weights that are already zero at zero. ------------------
-
-/// Removes the `k` smallest values of `scores` (|scores| when `absolute`; concatenated in order,
-/// only where `alive`, or where the score is nonzero for an undefined `alive`), with
-/// torch.topk(largest=False)'s choice among ties up to 2^24 alive scores and the first tied
-/// entries beyond. One flag tensor per input, true = removed.
-/// NOTE: finds the threshold by a radix select in two streaming passes, never a sort; masks.cpp.
-std::vector<at::Tensor> smallest_k(const std::vector<at::Tensor>& scores,
-                                   const std::vector<at::Tensor>& alive, int64_t k,
-                                   bool absolute = false);
-/// torch's l1_unstructured on one tensor, counted from its nonzero weights.
-at::Tensor l1_mask(const at::Tensor& w, const PruneAmount& amount);
-/// random_unstructured: `amount` of the nonzero weights, drawn with `gen`.
-at::Tensor random_mask(const at::Tensor& w, const PruneAmount& amount, at::Generator& gen);
-/// Keeps the n largest |w| (or, given, the n largest `score`) of every m consecutive weights along
-/// the last dim (size % m == 0).
-at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m, const at::Tensor& score = {});
-/// ln_structured (norm 1 or 2) or random_structured (norm 0, with `gen`) along `dim`, counted from
-/// the slices that still have a nonzero weight. Given a `score` (>= 0, w's shape), slices are
-/// ranked by the sum of their scores instead.
-at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amount, int norm,
-                        at::Generator* gen, const at::Tensor& score = {});
-
-/// A weight for block_masks: its output and input axes, and optional scores (>= 0, w's shape).
-struct BlockWeight {
-  at::Tensor w;
-  int64_t out_axis = 0, in_axis = 1;
-  at::Tensor score;
-};
-/// PrunePattern::kBlock over `ws` ranked together (one tensor: local scope; several: global),
-/// counted from the blocks that still have a nonzero weight: removes `amount` of them, the lowest
-/// by mean |w| (norm 1), root mean square (norm 2) or mean score (where given), or at random
-/// (norm 0, with `gen`). Throws, naming `where`, when the amount is more than the blocks left.
-std::vector<at::Tensor> block_masks(const std::vector<BlockWeight>& ws, int64_t r, int64_t c,
-                                    const PruneAmount& amount, int norm, at::Generator* gen,
-                                    const std::string& where = "");
-
-const char* method_name(PruneMethod m);
 
 }  // namespace lopper

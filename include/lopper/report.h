@@ -13,6 +13,39 @@ namespace lopper {
 struct ModelCost;          // lopper/analysis.h
 struct SensitivityResult;  // lopper/sensitivity.h
 struct TrainResult;        // lopper/train.h
+struct EvalResult;         // lopper/train.h
+struct PruneReport;        // lopper/prune.h
+struct StructuredReport;   // lopper/structured.h
+struct TargetReport;       // lopper/target.h
+
+// --- JSON: every report as the CLI writes it beside its model (and prints with --json). --------
+// A command adds what only it knows (the files, their sizes) to these objects.
+
+/// "params", "nonzero_before", "nonzero", "sparsity", "warnings", and per layer "layers": name,
+/// op, weight, shape, params, nonzero_before, nonzero, sparsity, method, amount (skipped, rule).
+nlohmann::json to_json(const PruneReport& r);
+/// "channels_before", "channels", "barriers", "warnings", and per group "groups": id, kind,
+/// layers, size_before, size_after, score, removed (blocked, blocks, rule).
+nlohmann::json to_json(const StructuredReport& r);
+/// "target": kind, goal, before, predicted, measured, estimator, rounds (and the latency spread);
+/// per unit "layers": name, layers, amount (weight, group, est_loss_increase with sensitivity).
+nlohmann::json to_json(const TargetReport& r, bool with_sensitivity);
+/// Per epoch "epochs" (epoch, loss, accuracy, samples_per_s, lr, sparsity, seconds,
+/// skipped_steps) and the pruning events "notes".
+nlohmann::json to_json(const TrainResult& r);
+/// top1, top5, loss, samples (per class: see EvalResult).
+nlohmann::json to_json(const EvalResult& r);
+
+// --- Text: the tables the CLI prints. ----------------------------------------------------------
+
+/// Per layer: op, params, nonzero before and after, sparsity, how it was pruned; then the totals.
+std::string to_table(const PruneReport& r);
+/// Per group: kind, size before and after, score, layers (and why a group was kept); then the
+/// channels left.
+std::string to_table(const StructuredReport& r);
+/// Per layer (or group, `structured`): the amount chosen (and, with sensitivity data, the loss
+/// increase it is estimated to cost).
+std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity);
 
 /// One model's figures: a column of the report's summary. Negative: not measured.
 struct ReportModel {

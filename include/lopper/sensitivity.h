@@ -22,10 +22,11 @@ struct SensitivityOptions {
   /// Each in [0, 1): the share of a layer's weights (structured: of a group's channels) removed.
   std::vector<double> amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
   bool structured = false;  // channel groups (structured.h) instead of single weights
-  PruneMethod method = PruneMethod::kL1;          // unstructured: kL1 or kRandom
-  ChannelImportance importance = ChannelImportance::kL1;  // structured (not kTaylor)
+  /// What ranks the weights (l1, random) or the channels (a criterion of the weights alone: l1,
+  /// l2, bn, fpgm, random); data-driven criteria would need gradients at every point.
+  std::string criterion = "l1";
   int64_t round_to = 1;     // structured: channel counts a multiple of this
-  uint64_t seed = 0;        // kRandom
+  uint64_t seed = 0;        // random
   std::string exclude;      // ECMAScript regex: layers (or groups with a layer) left out
   int64_t eval_batches = 16;  // batches of the data evaluated per point (the same ones each time)
   std::string device = "cpu";

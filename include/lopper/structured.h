@@ -15,25 +15,21 @@
 
 namespace lopper {
 
-enum class ChannelImportance {
-  kL1,      // L1 norm of every weight slice in the group (filters, neurons and the next layers' inputs)
-  kL2,      // L2 norm of the same
-  kBN,      // |gamma| of the group's BatchNormalization/InstanceNormalization/LayerNormalization
-  kTaylor,  // first-order Taylor saliency sum |w * dL/dw| over the group (needs a Saliency)
-  kFPGM,    // distance of each filter to the others (He et al. 2019's geometric median criterion)
-  kRandom,  // uniform random scores (seeded): the baseline
-};
 enum class StructuredUnit { kChannel, kHead };
 
 struct StructuredOptions {
   StructuredUnit unit = StructuredUnit::kChannel;  // kHead: only groups that hold attention heads
-  ChannelImportance importance = ChannelImportance::kL1;
+  /// What ranks the channels: a criterion of the table (src/prune/importance.cpp) that ranks
+  /// channels: l1 or l2 (the norm of every weight slice of the group: filters, neurons and the
+  /// next layers' inputs), bn (|gamma| of the group's normalisation), fpgm (each filter's distance
+  /// to the others, He et al. 2019), random (seeded), taylor (sum |w * dL/dw|; a Saliency).
+  std::string criterion = "l1";
   PruneAmount amount;                  // of each group's channels (local) or of all (global)
   PruneScope scope = PruneScope::kLocal;
   double max_layer_amount = 0.9;       // global: no group loses more than this share
   int64_t round_to = 1;                // keep channel counts a multiple of this
   std::string exclude;                 // ECMAScript regex on the names of a group's layers
-  uint64_t seed = 0;                   // kRandom
+  uint64_t seed = 0;                   // random
   const PruneRecipe* recipe = nullptr; // per-group amount or skip, by the first rule matching a layer
   /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed
   /// groups lose that share of their channels, the others none. Overrides amount, scope and recipe.
@@ -61,20 +57,19 @@ struct StructuredReport {
   int64_t channels_before = 0, channels_after = 0;  // over the groups that could be pruned
 };
 
-/// "l1" | "l2" | "bn" | "taylor" | "fpgm" | "random"; throws lopper::Error on anything else.
-ChannelImportance parse_channel_importance(const std::string& s);
-const char* importance_name(ChannelImportance i);
-
 /// The channel groups of `model` and its barriers, without pruning.
 StructuredReport channel_groups(const ir::Model& model, const StructuredOptions& opts = {});
 
 /// One parameter slice of a channel group, for penalties over whole groups (group lasso):
-/// initializer `weight` along `axis`, whose index i belongs to channel `channel[i]` of `group`.
+/// initializer `weight` along `axis`, whose position index[i] belongs to channel `channel[i]` of
+/// `group`. A weight that follows several groups (a Concat's consumer) has one slice per group,
+/// each with that group's positions only.
 struct GroupSlice {
   std::string weight;
   int64_t axis = 0;
   int64_t group = 0;
   std::vector<int64_t> channel;
+  std::vector<int64_t> index;  // positions along `axis`, as many as `channel`
 };
 struct GroupSlices {
   std::vector<int64_t> group_sizes;  // channels per group, for the groups that can be pruned
@@ -84,7 +79,7 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
 
 /// Removes channels (or heads) from `model` as `opts` says: parameters are sliced, shape constants
 /// and group attributes rewritten. Amount 0 leaves the model unchanged. Throws lopper::Error
-/// ("[prune] ...") on bad options, when taylor has no `saliency`, and when no group can be pruned;
+/// ("[prune] ...") on bad options, when a data-driven criterion has no `saliency`, and when no group can be pruned;
 /// the model is untouched then.
 StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
                                   const Saliency* saliency = nullptr);

@@ -34,7 +34,7 @@ struct TargetOptions {
   /// kLatency: milliseconds per run at the input shapes on `device`.
   double value = 0.5;
   bool structured = false;  // channel groups (the model shrinks) instead of single weights
-  ChannelImportance importance = ChannelImportance::kL1;  // structured, without sensitivity data
+  std::string criterion = "l1";  // structured, without sensitivity data: ranks the channels
   int64_t round_to = 1;
   std::string exclude;  // layers (or groups with a layer) left alone
   /// Measured sensitivities of this model (same unit); null: LAMP / global channel ranking.
@@ -71,6 +71,11 @@ struct TargetReport {
   int latency_measurements = 0, latency_wide = 0;
   LatencyStats latency_widest;
 };
+
+/// The sensitivity sweep a target measures on data when it has none: the target's unit,
+/// criterion, rounding, exclusions, device and shapes; for single weights, amounts up to 0.99 (a
+/// high target, 95% of the weights removed overall, needs some layers past 95%).
+SensitivityOptions sensitivity_options(const TargetOptions& o);
 
 /// Prunes `model` in place to the target. Throws lopper::Error ("[prune] ...") when the options
 /// are bad, the sensitivity data does not match the model, or the target cannot be reached (every

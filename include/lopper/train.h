@@ -21,27 +21,44 @@ class DataLoader;
 class Distributed;
 
 enum class PruneSchedule { kNone, kIterative, kAgp };
+/// The optimiser's update rule (PyTorch's SGD, Adam, AdamW).
+enum class Optimizer { kSgd, kAdam, kAdamW };
+/// How the learning rate moves per epoch.
+enum class LrSchedule { kConstant, kStep, kCosine };
+/// The training loss on the model's output.
+enum class TrainLoss { kCrossEntropy, kMse };
+
+/// "sgd" | "adam" | "adamw"; throws lopper::Error on anything else.
+Optimizer parse_optimizer(const std::string& s);
+const char* optimizer_name(Optimizer o);  // "sgd", "adam", "adamw" (as checkpoints store it)
+/// "constant" | "step" | "cosine"; throws lopper::Error on anything else.
+LrSchedule parse_lr_schedule(const std::string& s);
+const char* lr_schedule_name(LrSchedule s);
+/// "cross-entropy" | "mse"; throws lopper::Error on anything else.
+TrainLoss parse_train_loss(const std::string& s);
+const char* train_loss_name(TrainLoss l);
 
 struct TrainOptions {
   int64_t epochs = 10;
-  std::string optimizer = "sgd";  // sgd | adam | adamw (PyTorch's semantics, defaults)
+  Optimizer optimizer = Optimizer::kSgd;  // PyTorch's semantics and defaults
   double lr = 0.01;
   double momentum = 0.9;  // sgd
   bool nesterov = false;  // sgd
   double weight_decay = 0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
-  std::string lr_schedule = "constant";            // constant | step | cosine (per epoch)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;   // adam, adamw
+  LrSchedule lr_schedule = LrSchedule::kConstant;  // per epoch
   int64_t lr_step_epochs = 0;  // step: multiply by lr_gamma every this many epochs (0: epochs/3)
   double lr_gamma = 0.1;
-  double warmup_epochs = 0;  // linear warmup, per step, from ~0 to lr
-  double grad_clip = 0;      // clip the global gradient norm to this (0: off)
-  std::string loss = "cross-entropy";  // cross-entropy | mse (against one-hot labels)
-  uint64_t seed = 0;                   // shuffling and random pruning
+  double warmup_epochs = 0;                   // linear warmup, per step, from ~0 to lr
+  double grad_clip = 0;                       // clip the global gradient norm to this (0: off)
+  TrainLoss loss = TrainLoss::kCrossEntropy;  // mse: against one-hot labels
+  uint64_t seed = 0;                          // shuffling and random pruning
   std::string device = "cpu";
-  /// fp32 | bf16 | fp16 (CUDA): mixed precision through ATen's autocast — matmuls and
-  /// convolutions run in 16 bits, the weights, optimiser state and loss stay fp32. fp16 scales the
-  /// loss dynamically (PyTorch's GradScaler policy) and skips steps whose gradients overflow.
-  std::string precision = "fp32";
+  /// kFloat | kBFloat16 | kHalf (CUDA), as ExecOptions::precision (parse_precision reads "fp32",
+  /// "bf16", "fp16"): mixed precision through ATen's autocast — matmuls and convolutions run in 16
+  /// bits, the weights, optimiser state and loss stay fp32. fp16 scales the loss dynamically
+  /// (PyTorch's GradScaler policy) and skips steps whose gradients overflow.
+  at::ScalarType precision = at::kFloat;
   /// Float initializers whose name matches are not trained (ECMAScript regex; empty: none).
   std::string freeze;
 

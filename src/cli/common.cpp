@@ -9,8 +9,9 @@
 #include <fmt/format.h>
 
 #include "lopper/error.h"
-#include "lopper/npy.h"
+#include "util/npy.h"
 #include "lopper/onnx_io.h"
+#include "prune/importance.h"
 #include "util/memory.h"
 
 namespace lopper::cli {
@@ -84,16 +85,6 @@ std::string shape_string(at::IntArrayRef shape) {
 
 namespace lopper::cli {
 
-size_t name_column_width(const std::vector<std::string>& names, size_t min) {
-  size_t w = min;
-  for (const auto& n : names) w = std::max(w, n.size());
-  return std::min<size_t>(w, 48);
-}
-
-std::string fit_name(const std::string& name, size_t width) {
-  return name.size() > width ? "…" + name.substr(name.size() - width + 1) : name;
-}
-
 int64_t fixed_batch_size(const ir::Model& model) {
   for (const auto& v : model.graph.inputs) {
     if (model.graph.find_initializer(v.name)) continue;
@@ -165,6 +156,31 @@ void add_threads_option(CLI::App* cmd, int& threads) {
           "INT in [0 - " + std::to_string(most) + "]", "threads"));
 }
 
+const importance::Criterion& weight_criterion(const std::string& name) {
+  return parse_flag([&]() -> const importance::Criterion& {
+    return importance::find(name, importance::Use::kWeights);
+  });
+}
+
+const importance::Criterion& channel_criterion(const std::string& name) {
+  return parse_flag([&]() -> const importance::Criterion& {
+    return importance::find(name.empty() ? "l1" : name, importance::Use::kChannels);
+  });
+}
+
+std::string data_methods() {
+  return importance::names(
+      importance::Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); },
+      " and ");
+}
+
+std::string method_help() {
+  std::string s = "what ranks the weights (or --recipe):";
+  for (const auto& c : importance::criteria())
+    if (c.ranks_weights()) s += std::string("\n  ") + c.name + ": " + c.summary;
+  return s;
+}
+
 void check_device_flag(const std::string& device) {
   static const std::regex kDevice("cpu|cuda(:[0-9]{1,3})?");
   if (!std::regex_match(device, kDevice))
@@ -180,18 +196,26 @@ ExecOptions exec_options(const std::string& device, const std::string& precision
   return eo;
 }
 
-void DataFlags::add(CLI::App* cmd, const std::string& default_split) {
+std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& default_split,
+                                         const std::string& purpose, int64_t default_batch_size) {
   split = default_split;
-  cmd->add_option("--data", data,
-                  "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy")
-      ->required();
-  cmd->add_option("--split", split, "train | test (default " + default_split + ")");
-  cmd->add_option("--batch-size", batch_size,
-                  "samples per batch (default 64; a model with a fixed batch dim sets it)");
-  cmd->add_option("--normalize", normalize,
-                  "subtract MEAN, divide by STD after scaling pixels to [0, 1] (one value or one "
-                  "per channel: M1,M2,M3,S1,S2,S3)");
-  cmd->add_option("--resize", resize, "resize images to HxW");
+  batch_size = default_batch_size;
+  const std::string specs = "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy";
+  std::vector<CLI::Option*> added;
+  added.push_back(cmd->add_option("--data", data, purpose.empty() ? specs : purpose + ": " + specs));
+  if (purpose.empty()) added.back()->required();
+  added.push_back(
+      cmd->add_option("--split", split, "train | test (default " + default_split + ")"));
+  added.push_back(cmd->add_option(
+      "--batch-size", batch_size,
+      fmt::format("samples per batch (default {}; a model with a fixed batch dim sets it)",
+                  default_batch_size)));
+  added.push_back(cmd->add_option(
+      "--normalize", normalize,
+      "subtract MEAN, divide by STD after scaling pixels to [0, 1] (one value or one per "
+      "channel: M1,M2,M3,S1,S2,S3)"));
+  added.push_back(cmd->add_option("--resize", resize, "resize images to HxW"));
+  return added;
 }
 
 LoaderOptions DataFlags::loader(const ir::Model& model, bool& fixed_batch) const {
@@ -205,5 +229,12 @@ LoaderOptions DataFlags::loader(const ir::Model& model, bool& fixed_batch) const
   if (!resize.empty()) parse_resize(resize, lo);
   return lo;
 }
+
+LoaderOptions DataFlags::loader(const ir::Model& model) const {
+  bool fixed = false;
+  return loader(model, fixed);
+}
+
+std::shared_ptr<Dataset> DataFlags::dataset() const { return open_dataset(data, split); }
 
 }  // namespace lopper::cli

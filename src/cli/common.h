@@ -8,13 +8,19 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/graph.h"
+#include "report/table.h"
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace lopper::importance {
+struct Criterion;
+}
 
 namespace lopper::cli {
 
@@ -31,6 +37,15 @@ auto parse_flag(F&& parse) -> decltype(parse()) {
   }
 }
 
+/// The criterion --method names (src/prune/importance.h): ranking single weights, or channels
+/// (empty: l1). An unknown name is a UsageError that lists the methods.
+const importance::Criterion& weight_criterion(const std::string& name);
+const importance::Criterion& channel_criterion(const std::string& name);
+/// The weight criteria that rank by data, for messages: "grad and taylor".
+std::string data_methods();
+/// --method's help: every weight criterion with its one-line summary.
+std::string method_help();
+
 /// Checks a --device value: a bad spelling is a UsageError (exit 2); a CUDA device that is not
 /// there is an Error (exit 1).
 void check_device_flag(const std::string& device);
@@ -44,8 +59,6 @@ std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vec
 /// A value name made safe as a file name ('/' and other odd characters become '_').
 std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);
-/// Width of a table's layer-name column: the longest name, at least `min`, at most 48.
-size_t name_column_width(const std::vector<std::string>& names, size_t min);
 /// The model's fixed batch size: the first dim of its first real input when that dim is static and
 /// positive, else 0 (dynamic).
 int64_t fixed_batch_size(const ir::Model& model);
@@ -66,17 +79,22 @@ void add_threads_option(CLI::App* cmd, int& threads);
 int max_threads();
 /// The executor's options for --device and --precision (parsed; errors name the bad value).
 ExecOptions exec_options(const std::string& device, const std::string& precision);
-/// `name` cut to `width` from the left ("…" + its end) when longer.
-std::string fit_name(const std::string& name, size_t width);
 
-/// Data options shared by train, eval and sensitivity: --data (required), --split, --batch-size,
+/// The data options of every command that reads a dataset: --data, --split, --batch-size,
 /// --normalize, --resize.
 struct DataFlags {
   std::string data, split, normalize, resize;
   int64_t batch_size = 64;
-  void add(CLI::App* cmd, const std::string& default_split);
+  /// Adds the options to `cmd`, --data first (the options added, in that order). `purpose`: what
+  /// the data is for, when --data is optional ("" makes it required).
+  std::vector<CLI::Option*> add(CLI::App* cmd, const std::string& default_split,
+                                const std::string& purpose = "", int64_t default_batch_size = 64);
+  bool given() const { return !data.empty(); }
   /// Loader options for `model` (a fixed batch dim wins over --batch-size).
   LoaderOptions loader(const ir::Model& model, bool& fixed_batch) const;
+  LoaderOptions loader(const ir::Model& model) const;
+  /// The dataset --data and --split name.
+  std::shared_ptr<Dataset> dataset() const;
 };
 
 }  // namespace lopper::cli

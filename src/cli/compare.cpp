@@ -18,7 +18,7 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/latency.h"
 #include "lopper/onnx_io.h"
 #include "lopper/train.h"
@@ -58,8 +58,8 @@ LatencyStats latency_ms(const ir::Model& m,
 
 Action add_compare(CLI::App& app) {
   struct Opts {
-    std::string before, after, data, split = "test", report, out, device = "cpu",
-                                                              precision = "fp32";
+    std::string before, after, report, out, device = "cpu", precision = "fp32";
+    DataFlags data;
     int64_t batch = 1;
     int iters = 200, threads = 0;
     bool json = false;
@@ -69,8 +69,7 @@ Action add_compare(CLI::App& app) {
       "compare", "two models side by side: params, nonzero, MACs, file size, accuracy, latency");
   cmd->add_option("before", o->before, "the model before (e.g. dense)")->required();
   cmd->add_option("after", o->after, "the model after (e.g. pruned)")->required();
-  cmd->add_option("--data", o->data, "measure top-1 accuracy on this dataset");
-  cmd->add_option("--split", o->split, "the dataset's split (default test)");
+  o->data.add(cmd, "test", "measure top-1 accuracy on this dataset", /*default_batch_size=*/256);
   cmd->add_option("--batch", o->batch, "latency at this batch size (default 1)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--iters", o->iters, "timed runs per model (default 200)")
@@ -87,7 +86,7 @@ Action add_compare(CLI::App& app) {
     OutputFiles files("compare");
     files.input(o->before);
     files.input(o->after);
-    add_data_inputs(files, o->data);
+    add_data_inputs(files, o->data.data);
     if (!o->out.empty()) files.declare(o->out, "-o");
     if (!o->report.empty()) files.declare(o->report, "--report");
     configure_threads(o->threads);
@@ -113,15 +112,12 @@ Action add_compare(CLI::App& app) {
       r[i].latency_ms = r[i].latency.median_ms;
       if (r[i].latency.wide)
         std::cerr << "lopper: warning: " << paths[i] << ": " << r[i].latency.warning() << "\n";
-      if (!o->data.empty()) {
-        LoaderOptions lo;
-        lo.batch_size = 256;
+      if (o->data.given()) {
+        bool fixed = false;
+        LoaderOptions lo = o->data.loader(m, fixed);
         lo.shuffle = false;
-        if (int64_t fixed = fixed_batch_size(m)) {
-          lo.batch_size = fixed;
-          lo.drop_last = true;
-        }
-        DataLoader dl(open_dataset(o->data, o->split), lo);
+        lo.drop_last = fixed;
+        DataLoader dl(o->data.dataset(), lo);
         r[i].top1 = evaluate(m, dl, o->device, {}, eo.precision).top1;
       }
     }
@@ -138,7 +134,7 @@ Action add_compare(CLI::App& app) {
       return j;
     };
     nlohmann::json j = {{"before", o->before}, {"after", o->after}, {"batch", o->batch},
-                        {"iters", o->iters},   {"data", o->data},   {"split", o->split},
+                        {"iters", o->iters},   {"data", o->data.data}, {"split", o->data.split},
                         {"device", o->device}, {"precision", o->precision}};
     j["before_measured"] = row(r[0]);
     j["after_measured"] = row(r[1]);
@@ -158,7 +154,7 @@ Action add_compare(CLI::App& app) {
         m.top1 = r[i].top1;
         m.measured = fmt::format("latency: median of {} runs on {}, batch {}, {}", o->iters,
                                  o->device, o->batch, o->precision);
-        if (r[i].top1 >= 0) m.measured += fmt::format("; top-1 on {} ({})", o->data, o->split);
+        if (r[i].top1 >= 0) m.measured += fmt::format("; top-1 on {} ({})", o->data.data, o->data.split);
         rep.add_model(m, costs[i]);
       }
       files.write(o->report, rep.html());
@@ -183,7 +179,7 @@ Action add_compare(CLI::App& app) {
     line("file bytes", r[0].file_bytes, r[1].file_bytes, n(r[0].file_bytes), n(r[1].file_bytes));
     if (r[0].top1 >= 0)
       std::cout << fmt::format("{:<22} {:>13.2f}% {:>13.2f}% {:>+9.2f}pt\n",
-                               o->split + " top-1", 100 * r[0].top1, 100 * r[1].top1,
+                               o->data.split + " top-1", 100 * r[0].top1, 100 * r[1].top1,
                                100 * (r[1].top1 - r[0].top1));
     line(fmt::format("latency ms (batch {})", o->batch), r[0].latency_ms, r[1].latency_ms,
          fmt::format("{:.3f}", r[0].latency_ms), fmt::format("{:.3f}", r[1].latency_ms));

@@ -7,8 +7,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
+#include "onnx/save.h"
 
 namespace lopper::cli {
 

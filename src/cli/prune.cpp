@@ -21,61 +21,32 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/prune.h"
+#include "prune/importance.h"
 #include "cli/report.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
+#include "onnx/save.h"
 #include "lopper/report.h"
-#include "lopper/progress.h"
+#include "report/progress.h"
 #include "lopper/analysis.h"
 #include "lopper/target.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/train.h"
 
+
 namespace lopper::cli {
-
-namespace {
-
-struct Opts {
-  std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
-                                          recipe, data, split = "train", device = "cpu",
-                                          normalize, resize;
-  double threshold = -1;
-  uint64_t seed = 0;
-  int norm = 1;
-  int64_t calib_batches = 32, batch_size = 32;
-  bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
-  std::string structured;
-  double max_layer_amount = 0.9;
-  int64_t round_to = 1;
-  std::vector<std::string> shapes;
-  double target_macs = 0, target_params = 0, target_latency_ms = 0;
-  std::string sensitivity, report;
-  int64_t eval_batches = 16;
-  int threads = 0;
-};
-
-// The loader options of --data for `model`: --batch-size (a fixed batch dimension wins),
-// --normalize, --resize.
-LoaderOptions data_loader_options(const Opts& o, const ir::Model& model) {
-  LOPPER_CHECK(o.batch_size > 0, "[prune] --batch-size must be > 0, got ", o.batch_size);
-  LoaderOptions lo;
-  lo.batch_size = o.batch_size;
-  if (int64_t fixed = fixed_batch_size(model)) lo.batch_size = fixed;
-  if (!o.normalize.empty()) parse_normalize(o.normalize, lo);
-  if (!o.resize.empty()) parse_resize(o.resize, lo);
-  return lo;
-}
 
 // Gradient saliencies on calibration batches (grad, taylor).
 Saliency calibrate(const Opts& o, const ir::Model& model) {
-  LoaderOptions lo = data_loader_options(o, model);
+  LoaderOptions lo = o.data.loader(model);
   lo.seed = o.seed;
   lo.drop_last = true;  // every calibration batch the same size
-  DataLoader loader(open_dataset(o.data, o.split), lo);
+  DataLoader loader(o.data.dataset(), lo);
   CalibrationOptions co;
   co.batches = o.calib_batches;
   co.device = o.device;
@@ -93,18 +64,18 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
 // evaluated there, before and after); `extra` adds what the kind of pruning knows (target,
 // sensitivity, notes).
 void write_html_report(OutputFiles& files, const Opts& o, const ir::Model& after,
-                       const std::function<void(HtmlReport&)>& extra = {},
-                       const std::pair<EvalResult, EvalResult>* known = nullptr) {
+                       const std::function<void(HtmlReport&)>& extra,
+                       const std::pair<EvalResult, EvalResult>* known) {
   const ir::Model before = onnx::load_model(o.model);
   ReportMeasure how;
   how.device = o.device;
   how.shapes = parse_shape_overrides(o.shapes);
   std::unique_ptr<DataLoader> loader;
-  const std::string data_name = fmt::format("{} ({})", o.data, o.split);
-  if (!o.data.empty() && !known) {
-    LoaderOptions lo = data_loader_options(o, before);
+  const std::string data_name = fmt::format("{} ({})", o.data.data, o.data.split);
+  if (o.data.given() && !known) {
+    LoaderOptions lo = o.data.loader(before);
     lo.shuffle = false;
-    loader = std::make_unique<DataLoader>(open_dataset(o.data, o.split), lo);
+    loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
     how.data = loader.get();
     how.eval_batches = o.eval_batches;
     how.data_name = data_name;
@@ -153,296 +124,12 @@ void declare_files(OutputFiles& files, const Opts& o) {
   files.input(o.model);
   files.input(o.recipe);
   files.input(o.sensitivity);
-  add_data_inputs(files, o.data);
+  add_data_inputs(files, o.data.data);
   files.declare(o.out, "-o");
   files.declare(o.out + ".report.json", "the JSON report");
   if (!o.report.empty()) files.declare(o.report, "--report");
 }
 
-// lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
-// the target with the least estimated loss (sensitivity data from --sensitivity FILE or measured
-// on --data; without either, LAMP or the global channel ranking).
-int run_target(const Opts& o, TargetKind kind) {
-  TargetOptions t;
-  t.kind = kind;
-  t.value = t.kind == TargetKind::kMacs     ? o.target_macs
-            : t.kind == TargetKind::kParams ? o.target_params
-                                            : o.target_latency_ms;
-  if (!o.structured.empty()) {
-    if (o.structured != "channel")
-      throw UsageError("[prune] a target prunes weights or --structured channel, not '" +
-                       o.structured + "'");
-    t.structured = true;
-    t.importance = parse_flag([&] { return parse_channel_importance(o.method.empty() ? "l1" : o.method); });
-  } else if (!o.method.empty() && o.method != "l1") {
-    throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
-                     " does not go with it");
-  }
-  if (!o.sensitivity.empty() && !o.data.empty())
-    throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
-  t.round_to = o.round_to;
-  t.exclude = o.exclude;
-  t.device = o.device;
-  t.input_shapes = parse_shape_overrides(o.shapes);
-  check_device_flag(o.device);
-  OutputFiles files("prune");
-  declare_files(files, o);
-  ir::Model model = load_input_model(files, o.model);
-  std::optional<SensitivityResult> sens;
-  std::unique_ptr<DataLoader> loader;  // --data: the sensitivity's batches, then the loss measured
-  if (!o.data.empty()) {
-    LoaderOptions lo = data_loader_options(o, model);
-    lo.shuffle = false;
-    loader = std::make_unique<DataLoader>(open_dataset(o.data, o.split), lo);
-  }
-  if (!o.sensitivity.empty()) {
-    sens = parse_sensitivity(read_file(o.sensitivity), o.sensitivity);
-  } else if (loader) {
-    SensitivityOptions so;
-    so.structured = t.structured;
-    so.importance = t.importance;
-    so.round_to = t.round_to;
-    so.exclude = t.exclude;
-    so.device = o.device;
-    so.eval_batches = o.eval_batches;
-    so.input_shapes = t.input_shapes;
-    // NOTE: weights: beyond 0.95, so that high targets (95% of the weights removed overall needs
-    // some layers past 95%) have curve points to reach them.
-    if (!t.structured) so.amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99};
-    std::unique_ptr<Progress> bar;
-    so.progress = [&](int64_t done, int64_t total, const std::string& what) {
-      if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
-      bar->update(done, what);
-    };
-    sens = sensitivity(model, *loader, so);
-  }
-  t.sensitivity = sens ? &*sens : nullptr;
-  std::unique_ptr<Progress> bar;
-  t.progress = [&](const std::string& what, int64_t done, int64_t total) {
-    if (!bar) bar = std::make_unique<Progress>("target", total, 10);
-    bar->update(done, what);
-  };
-  const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
-  const ModelCost before = analyze(model, shapes);
-  TargetReport r = prune_to_target(model, t);
-  if (bar) bar->finish();
-  const ModelCost after = analyze(model, shapes);
-  onnx::SaveOptions save;
-  if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
-  onnx::save_model(model, o.out, save, files);
-
-  const bool latency = t.kind == TargetKind::kLatency;
-  nlohmann::json j;
-  j["model"] = o.model;
-  j["out"] = o.out;
-  j["target"] = {{"kind", target_name(r.kind)}, {"value", t.value}, {"goal", r.target},
-                 {"before", r.before}, {"predicted", r.predicted}, {"measured", r.measured},
-                 {"estimator", r.estimator}, {"rounds", r.rounds}};
-  if (latency) j["target"]["device"] = o.device;
-  std::string spread_warning;  // the search's latency measurements disagreed: a busy machine
-  if (latency) {
-    j["target"]["latency_spread"] = r.latency_widest.spread;  // the widest p90 / median
-    if (r.latency_wide > 0) {
-      spread_warning = fmt::format("{} of {} latency measurements: {}", r.latency_wide,
-                                   r.latency_measurements, r.latency_widest.warning());
-      j["target"]["latency_warning"] = spread_warning;
-    }
-  }
-  std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
-  std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
-  if (sens && loader) {
-    measured = evaluate(model, *loader, o.device, {}, at::kFloat, o.eval_batches);
-    EvalResult base;
-    base.samples = sens->samples;
-    base.top1 = sens->top1;
-    base.loss = sens->loss;
-    evaluated.emplace(base, *measured);
-    j["target"]["loss"] = {{"base", r.base_loss},
-                           {"predicted", r.predicted_loss},
-                           {"measured", measured->loss},
-                           {"top1_base", sens->top1},
-                           {"top1_measured", measured->top1}};
-  } else if (sens) {
-    j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
-  }
-  j["structured"] = t.structured;
-  put_costs(j, o, files, model, before, after);
-  j["nonzero_before"] = before.nonzero;
-  j["nonzero"] = after.nonzero;
-  j["layers"] = nlohmann::json::array();
-  for (const auto& u : r.units) {
-    nlohmann::json ju = {{"name", u.name}, {"layers", u.layers}, {"amount", u.amount}};
-    if (!u.weight.empty()) ju["weight"] = u.weight;
-    if (u.group >= 0) ju["group"] = u.group;
-    if (sens) ju["est_loss_increase"] = u.est_loss_increase;
-    j["layers"].push_back(ju);
-  }
-  const std::string report_path = o.out + ".report.json";
-  files.write(report_path, j.dump(2) + "\n");
-  if (!o.report.empty())
-    write_html_report(files, o, model, [&](HtmlReport& rep) {
-      std::vector<std::pair<std::string, double>> chosen;
-      for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
-      rep.add_target(j["target"], chosen);
-      if (sens) rep.add_sensitivity(*sens);
-    }, evaluated ? &*evaluated : nullptr);
-  files.commit();
-  if (latency && r.measured > r.target)
-    std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
-                             "ms (latency is noisy: measure again with lopper bench)\n",
-                             r.measured, r.target);
-  if (!spread_warning.empty()) std::cerr << "lopper: [prune] warning: " << spread_warning << "\n";
-  if (o.json) {
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  std::vector<std::string> names;
-  for (const auto& u : r.units) names.push_back(u.name);
-  const size_t w = name_column_width(names, 5);
-  std::cout << fmt::format("{:<{}}  {:>8}{}\n", t.structured ? "group" : "layer", w, "amount",
-                           sens ? "  est. loss +" : "");
-  for (const auto& u : r.units)
-    std::cout << fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.name, w), w, 100 * u.amount,
-                             sens ? fmt::format("  {:>11.4f}", u.est_loss_increase) : "");
-  auto fmt_cost = [&](double v) {
-    return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
-  };
-  std::cout << fmt::format("\ntarget   {} {} = {} (estimator: {}, {} round{})\n",
-                           target_name(r.kind), latency ? fmt_cost(t.value)
-                                                        : fmt::format("{:g} of {}", t.value,
-                                                                      fmt_cost(r.before)),
-                           fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s")
-            << fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
-                           fmt_cost(r.measured));
-  if (sens)
-    std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
-                             "increases){}\n",
-                             r.base_loss, r.predicted_loss,
-                             measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
-  if (measured)
-    std::cout << fmt::format("top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
-                             "samples, before fine-tuning)\n",
-                             100 * sens->top1, 100 * measured->top1, measured->samples);
-  const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
-  std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
-                           before.nonzero)
-            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
-                           after.macs, before.macs, ea.macs, eb.macs)
-            << "report   " << report_path << "\n";
-  if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
-  return 0;
-}
-
-// lopper prune --structured channel|head: channels or heads removed, the model shrinks.
-int run_structured(const Opts& o) {
-  StructuredOptions so;
-  if (o.structured == "channel")
-    so.unit = StructuredUnit::kChannel;
-  else if (o.structured == "head")
-    so.unit = StructuredUnit::kHead;
-  else
-    throw UsageError("[prune] --structured takes channel or head, got '" + o.structured + "'");
-  so.importance =
-      parse_flag([&] { return parse_channel_importance(o.method.empty() ? "l1" : o.method); });
-  std::optional<PruneRecipe> recipe;
-  if (!o.recipe.empty()) {
-    recipe = load_prune_recipe(o.recipe);
-    so.recipe = &*recipe;
-  } else {
-    if (o.amount.empty()) throw UsageError("[prune] --structured needs --amount A (or --recipe)");
-    so.amount = parse_flag([&] { return PruneAmount::parse(o.amount); });
-  }
-  if (o.scope == "global")
-    so.scope = PruneScope::kGlobal;
-  else if (o.scope != "local")
-    throw UsageError("[prune] unknown scope '" + o.scope + "' (scopes: local, global)");
-  so.max_layer_amount = o.max_layer_amount;
-  so.round_to = o.round_to;
-  so.exclude = o.exclude;
-  so.seed = o.seed;
-  so.input_shapes = parse_shape_overrides(o.shapes);
-  const bool needs_data = so.importance == ChannelImportance::kTaylor;
-  if (needs_data && o.data.empty())
-    throw UsageError("[prune] --method taylor ranks channels by gradients on data: give --data SPEC");
-  if (!needs_data && !o.data.empty() && o.report.empty())
-    throw UsageError("[prune] --data is for --method taylor (and grad/taylor unstructured) only, "
-                     "or for the accuracy in --report");
-
-  OutputFiles files("prune");
-  declare_files(files, o);
-  ir::Model model = load_input_model(files, o.model);
-  auto shapes = resolve_input_shapes(model, so.input_shapes);
-  ModelCost before = analyze(model, shapes);
-  std::optional<Saliency> saliency;
-  if (needs_data) saliency = calibrate(o, model);
-  StructuredReport r = prune_structured(model, so, saliency ? &*saliency : nullptr);
-  ModelCost after = analyze(model, shapes);
-  onnx::SaveOptions save;
-  if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
-  onnx::save_model(model, o.out, save, files);
-  for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
-
-  nlohmann::json j;
-  j["model"] = o.model;
-  j["out"] = o.out;
-  j["structured"] = o.structured;
-  j["method"] = importance_name(so.importance);
-  j["scope"] = o.scope;
-  put_costs(j, o, files, model, before, after);
-  j["channels_before"] = r.channels_before;
-  j["channels"] = r.channels_after;
-  j["barriers"] = r.barriers;
-  j["warnings"] = r.warnings;
-  j["groups"] = nlohmann::json::array();
-  for (const auto& g : r.groups) {
-    nlohmann::json jg = {{"id", g.id}, {"kind", g.kind}, {"layers", g.layers},
-                         {"size_before", g.size_before}, {"size_after", g.size_after},
-                         {"score", g.score}, {"removed", g.removed}};
-    if (!g.blocked.empty()) jg["blocked"] = g.blocked;
-    if (g.blocks > 1) jg["blocks"] = g.blocks;
-    if (!g.rule.empty()) jg["rule"] = g.rule;
-    j["groups"].push_back(jg);
-  }
-  std::string report_path = o.out + ".report.json";
-  files.write(report_path, j.dump(2) + "\n");
-  if (!o.report.empty())
-    write_html_report(files, o, model, [&](HtmlReport& rep) {
-      for (const auto& b : r.barriers) rep.add_note("channels kept: " + b);
-      for (const auto& w : r.warnings) rep.add_note(w);
-    });
-  files.commit();
-  if (o.json) {
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  std::cout << fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12}  {}\n", "group", "kind", "before",
-                           "after", "score", "layers");
-  for (const auto& g : r.groups) {
-    std::string layers;
-    for (size_t i = 0; i < g.layers.size() && i < 3; ++i) layers += (i ? ", " : "") + g.layers[i];
-    if (g.layers.size() > 3) layers += fmt::format(" (+{})", g.layers.size() - 3);
-    if (!g.blocked.empty()) layers += "  [kept: " + g.blocked + "]";
-    std::cout << fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12.4g}  {}\n", g.id, g.kind,
-                             g.size_before, g.size_after, g.score, layers);
-  }
-  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0; };
-  std::cout << fmt::format("\nchannels {:>14}  (was {}, -{:.1f}%)\n", r.channels_after,
-                           r.channels_before, pct(r.channels_after, r.channels_before))
-            << fmt::format("params   {:>14}  (was {}, -{:.1f}%)\n", after.params, before.params,
-                           pct(after.params, before.params))
-            << fmt::format("MACs     {:>14}  (was {}, -{:.1f}%)\n", after.macs, before.macs,
-                           pct(after.macs, before.macs))
-            << fmt::format("file     {:>14} bytes (was {})\n",
-                           j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>());
-  if (!r.barriers.empty()) {
-    std::cout << "barriers (channels kept):\n";
-    for (const auto& b : r.barriers) std::cout << "  " << b << "\n";
-  }
-  std::cout << "report   " << report_path << "\n";
-  if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
-  return 0;
-}
-}  // namespace
 
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
@@ -452,15 +139,14 @@ Action add_prune(CLI::App& app) {
       "remove whole channels and heads (--structured)");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
-  auto* method =
-      cmd->add_option("--method", o->method, "abs | l1 | random | grad | taylor (or --recipe)");
+  auto* method = cmd->add_option("--method", o->method, method_help());
   auto* th = cmd->add_option("--threshold", o->threshold, "abs: remove every |w| < T");
   auto* amount =
       cmd->add_option("--amount", o->amount,
-                      "l1, random, grad, taylor: a fraction in [0, 1] of the weights left, or an "
-                      "integer count");
-  auto* seed = cmd->add_option("--seed", o->seed,
-                               "random: the seed; grad/taylor: the data's shuffling (default 0)");
+                      "a fraction in [0, 1] of the weights left, or an integer count (every "
+                      "method that ranks; abs takes --threshold)");
+  auto* seed = cmd->add_option(
+      "--seed", o->seed, "random: the seed; " + data_methods() + ": the data's shuffling (default 0)");
   auto* scope = cmd->add_option(
       "--scope", o->scope,
       "local (per tensor, default) | global (one ranking; unstructured and block only)");
@@ -481,7 +167,7 @@ Action add_prune(CLI::App& app) {
   auto* structured = cmd->add_option(
       "--structured", o->structured,
       "channel | head: remove whole channels (filters, neurons) or attention heads; the model "
-      "shrinks. Methods: l1 (default), l2, bn, taylor, fpgm, random");
+      "shrinks. Methods: " + importance::names(importance::Use::kChannels) + " (default l1)");
   auto* mla = cmd->add_option("--max-layer-amount", o->max_layer_amount,
                               "structured, global: no group loses more than this share (0.9)");
   auto* round_to = cmd->add_option("--round-to", o->round_to,
@@ -492,20 +178,16 @@ Action add_prune(CLI::App& app) {
   cmd->add_option(
       "--recipe", o->recipe,
       "per-layer rules from YAML, first match wins (examples/recipe.yaml); local scope");
-  auto* data = cmd->add_option("--data", o->data,
-                               "grad, taylor: calibration data (fashion-mnist, idx:DIR, "
-                               "cifar10:DIR, folder:DIR, npy:X.npy,Y.npy)");
-  std::vector<CLI::Option*> data_opts = {
-      cmd->add_option("--split", o->split, "the data's split: train (default) | test"),
-      cmd->add_option("--calib-batches", o->calib_batches, "grad, taylor: batches (default 32)"),
-      cmd->add_option("--batch-size", o->batch_size,
-                      "grad, taylor: samples per batch (default 32; a model with a fixed batch "
-                      "dimension sets it)"),
-      cmd->add_option("--device", o->device, "grad, taylor: cpu (default) | cuda | cuda:N"),
-      cmd->add_option("--normalize", o->normalize,
-                      "grad, taylor: subtract MEAN and divide by STD (one value or one per "
-                      "channel: M1,M2,M3,S1,S2,S3) after scaling pixels to [0, 1]"),
-      cmd->add_option("--resize", o->resize, "grad, taylor: resize images to HxW")};
+  std::vector<CLI::Option*> data_opts = o->data.add(
+      cmd, "train",
+      data_methods() + ": calibration data; targets: sensitivity data; --report: top-1",
+      /*default_batch_size=*/32);
+  auto* data = data_opts.front();
+  data_opts.erase(data_opts.begin());
+  data_opts.push_back(cmd->add_option("--calib-batches", o->calib_batches,
+                                      data_methods() + ": batches (default 32)"));
+  data_opts.push_back(cmd->add_option("--device", o->device,
+                                      data_methods() + ", targets: cpu (default) | cuda | cuda:N"));
   std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
   std::vector<CLI::Option*> targets = {
       cmd->add_option("--target-macs", o->target_macs,
@@ -568,32 +250,36 @@ Action add_prune(CLI::App& app) {
         throw UsageError("[prune] --recipe prunes layer by layer: --scope " + o->scope +
                          " does not go with it");
     } else if (o->method.empty()) {
-      throw UsageError(
-          "[prune] needs --method abs|l1|random|grad|taylor or --recipe FILE.yaml");
+      throw UsageError("[prune] needs --method " + importance::names(importance::Use::kWeights, nullptr, "|") +
+                       " or --recipe FILE.yaml");
     } else {
-      po.method = parse_flag([&] { return parse_prune_method(o->method); });
+      po.criterion = weight_criterion(o->method).name;
     }
-    bool needs_data = false;
+    const importance::Criterion* by_data = nullptr;  // a criterion that needs --data
+    auto note = [&](const PruneLayerOptions& l) {
+      const importance::Criterion& c = weight_criterion(l.criterion);
+      if (c.needs_data() && !by_data) by_data = &c;
+    };
     if (!o->recipe.empty()) {
       recipe = load_prune_recipe(o->recipe);
-      auto by_data = [](const PruneLayerOptions& l) {
-        return l.method == PruneMethod::kGrad || l.method == PruneMethod::kTaylor;
-      };
-      needs_data = recipe->has_defaults && by_data(recipe->defaults);
-      for (const auto& r : recipe->rules) needs_data = needs_data || (!r.skip && by_data(r.options));
+      if (recipe->has_defaults) note(recipe->defaults);
+      for (const auto& r : recipe->rules)
+        if (!r.skip) note(r.options);
     } else {
-      needs_data = po.method == PruneMethod::kGrad || po.method == PruneMethod::kTaylor;
+      note(po);
     }
-    if (needs_data && o->data.empty())
-      throw UsageError("[prune] grad and taylor rank weights by their gradients on data: give "
-                       "--data SPEC (e.g. --data fashion-mnist)");
+    const bool needs_data = by_data != nullptr;
+    if (needs_data && !o->data.given())
+      throw UsageError("[prune] " + std::string(by_data->name) + " ranks weights " +
+                       importance::data_needed(*by_data) +
+                       " on data: give --data SPEC (e.g. --data fashion-mnist)");
     if (!needs_data) {
       // --report measures top-1 on --data: everything but the calibration's own batch count.
       std::vector<CLI::Option*> given = data_opts;
       given.insert(given.begin(), data);
       for (const auto* opt : given)
         if (opt->count() > 0 && (report->count() == 0 || opt->get_name() == "--calib-batches"))
-          throw UsageError("[prune] " + opt->get_name() + " is for grad and taylor only" +
+          throw UsageError("[prune] " + opt->get_name() + " is for " + data_methods() + " only" +
                            (report->count() ? "" : " (or --report's accuracy)"));
     }
     if (o->recipe.empty()) {
@@ -604,15 +290,15 @@ Action add_prune(CLI::App& app) {
       else
         throw UsageError("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
       parse_flag([&] { parse_prune_pattern(o->pattern, po); });
-      if (po.method == PruneMethod::kAbs) {
-        if (th->count() == 0) throw UsageError("[prune] --method abs needs --threshold T");
+      if (weight_criterion(po.criterion).weights == importance::WeightRank::kThreshold) {
+        if (th->count() == 0)
+          throw UsageError("[prune] --method " + po.criterion + " needs --threshold T");
         if (!o->amount.empty())
-          throw UsageError("[prune] --method abs takes --threshold, not --amount");
+          throw UsageError("[prune] --method " + po.criterion + " takes --threshold, not --amount");
         po.threshold = o->threshold;
       } else if (po.pattern != PrunePattern::kNM) {
         if (o->amount.empty())
-          throw UsageError(std::string("[prune] --method ") + method_name(po.method) +
-                           " needs --amount A");
+          throw UsageError("[prune] --method " + po.criterion + " needs --amount A");
         po.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
       }
       po.seed = o->seed;
@@ -636,33 +322,12 @@ Action add_prune(CLI::App& app) {
     onnx::save_model(model, o->out, so, files);
     for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 
-    nlohmann::json j;
+    nlohmann::json j = to_json(r);
     j["model"] = o->model;
     j["out"] = o->out;
-    j["params"] = r.params;
-    j["nonzero_before"] = r.nonzero_before;
-    j["nonzero"] = r.nonzero_after;
-    j["sparsity"] = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
     j["file_bytes_before"] = model_file_bytes(o->model, model);
     j["file_bytes_after"] = staged_model_bytes(files, o->out);
     if (recipe) j["recipe"] = o->recipe;
-    j["warnings"] = r.warnings;
-    j["layers"] = nlohmann::json::array();
-    for (const auto& l : r.layers) {
-      nlohmann::json jl = {{"name", l.name},
-                           {"op", l.op},
-                           {"weight", l.weight},
-                           {"shape", l.shape},
-                           {"params", l.params},
-                           {"nonzero_before", l.nonzero_before},
-                           {"nonzero", l.nonzero_after},
-                           {"sparsity", l.sparsity()},
-                           {"method", l.method},
-                           {"amount", l.amount}};
-      if (!l.skipped.empty()) jl["skipped"] = l.skipped;
-      if (!l.rule.empty()) jl["rule"] = l.rule;
-      j["layers"].push_back(jl);
-    }
     // The report beside the model, written like the model: a temporary name, then a rename.
     std::string report_path = o->out + ".report.json";
     files.write(report_path, j.dump(2) + "\n");
@@ -676,23 +341,8 @@ Action add_prune(CLI::App& app) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    std::vector<std::string> names;
-    for (const auto& l : r.layers) names.push_back(l.name);
-    size_t w = name_column_width(names, 5);
-    std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>9}  {}\n", "layer", w, "op",
-                             "params", "nonzero was", "nonzero", "sparsity", "method");
-    for (const auto& l : r.layers) {
-      std::string name = fit_name(l.name, w);
-      std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
-      if (l.skipped.empty() && !l.rule.empty()) how += "  [" + l.rule + "]";
-      std::cout << fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", name, w, l.op,
-                               l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(),
-                               how);
-    }
     std::cout
-        << fmt::format(
-               "\nprunable params {:>14}\nnonzero         {:>14}  (was {}, sparsity {:.1f}%)\n",
-               r.params, r.nonzero_after, r.nonzero_before, 100.0 * j["sparsity"].get<double>())
+        << to_table(r)
         << fmt::format("file            {:>14} bytes (was {})\n",
                        j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>())
         << "report          " << report_path << "\n";

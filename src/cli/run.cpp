@@ -7,9 +7,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/executor.h"
-#include "lopper/npy.h"
+#include "util/npy.h"
 #include "lopper/onnx_io.h"
 
 namespace lopper::cli {

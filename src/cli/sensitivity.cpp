@@ -9,13 +9,14 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "prune/importance.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "lopper/progress.h"
+#include "report/progress.h"
 #include "lopper/sensitivity.h"
 
 namespace lopper::cli {
@@ -106,10 +107,9 @@ Action add_sensitivity(CLI::App& app) {
       if (o->structured != "channel")
         throw UsageError("[sensitivity] --structured takes channel, got '" + o->structured + "'");
       so.structured = true;
-      if (!o->method.empty())
-        so.importance = parse_flag([&] { return parse_channel_importance(o->method); });
+      if (!o->method.empty()) so.criterion = channel_criterion(o->method).name;
     } else if (!o->method.empty()) {
-      so.method = parse_flag([&] { return parse_prune_method(o->method); });
+      so.criterion = weight_criterion(o->method).name;
     }
     so.eval_batches = o->eval_batches;
     so.device = o->device;

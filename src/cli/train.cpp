@@ -14,15 +14,17 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "prune/importance.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "lopper/progress.h"
+#include "onnx/save.h"
+#include "report/progress.h"
 #include "lopper/report.h"
 #include "lopper/train.h"
 
@@ -70,7 +72,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
   struct Opts {
     std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
                             prune_pattern = "unstructured", every = "1", eval_split = "test",
-                            prune_structured, report;
+                            prune_structured, report, optimizer = "sgd", lr_schedule = "constant",
+                            loss = "cross-entropy", precision = "fp32";
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
@@ -92,20 +95,20 @@ Action add_train_command(CLI::App& app, bool finetune) {
   o->data.add(cmd, "train");
   TrainOptions& t = o->t;
   cmd->add_option("--epochs", t.epochs, fmt::format("epochs (default {})", t.epochs));
-  cmd->add_option("--optimizer", t.optimizer, "sgd (default) | adam | adamw");
+  cmd->add_option("--optimizer", o->optimizer, "sgd (default) | adam | adamw");
   cmd->add_option("--lr", t.lr, fmt::format("learning rate (default {})", t.lr));
   cmd->add_option("--momentum", t.momentum, "sgd momentum (default 0.9)");
   cmd->add_flag("--nesterov", t.nesterov, "sgd: Nesterov momentum");
   cmd->add_option("--weight-decay", t.weight_decay, "L2 (sgd, adam) or decoupled (adamw); 0");
-  cmd->add_option("--lr-schedule", t.lr_schedule, "constant (default) | step | cosine, per epoch");
+  cmd->add_option("--lr-schedule", o->lr_schedule, "constant (default) | step | cosine, per epoch");
   cmd->add_option("--lr-step-epochs", t.lr_step_epochs, "step: every N epochs (default epochs/3)");
   cmd->add_option("--lr-gamma", t.lr_gamma, "step: multiply the lr by this (default 0.1)");
   cmd->add_option("--warmup-epochs", t.warmup_epochs, "linear warmup, per step (default 0)");
   cmd->add_option("--grad-clip", t.grad_clip, "clip the gradient norm to this (default off)");
-  cmd->add_option("--loss", t.loss, "cross-entropy (default) | mse (one-hot labels)");
+  cmd->add_option("--loss", o->loss, "cross-entropy (default) | mse (one-hot labels)");
   cmd->add_option("--seed", t.seed, "shuffling and random pruning (default 0)");
   cmd->add_option("--device", t.device, "cpu (default) | cuda | cuda:N");
-  cmd->add_option("--precision", t.precision,
+  cmd->add_option("--precision", o->precision,
                   "fp32 (default) | bf16 | fp16 (CUDA; dynamic loss scaling): autocast, fp32 "
                   "weights");
   cmd->add_option("--freeze", t.freeze, "do not train initializers whose name matches REGEX");
@@ -115,8 +118,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
                   "joint training: lambda * sum of output-channel L2 norms");
   cmd->add_option("--schedule", o->schedule, "progressive pruning: none (default) | iterative | agp");
   cmd->add_option("--prune-method", o->prune_method,
-                  "l1 | random | grad | taylor; with --prune-structured: l1 | l2 | bn | taylor | "
-                  "fpgm | random");
+                  importance::names(importance::Use::kWeights, nullptr, " | ") +
+                      "; with --prune-structured: " +
+                      importance::names(importance::Use::kChannels, nullptr, " | "));
   cmd->add_option("--prune-structured", o->prune_structured,
                   "channel | head: the schedule removes whole channels or heads; the model shrinks "
                   "while it trains");
@@ -170,12 +174,10 @@ Action add_train_command(CLI::App& app, bool finetune) {
         else if (o->prune_structured != "channel")
           throw UsageError("[train] --prune-structured takes channel or head, got '" +
                            o->prune_structured + "'");
-        t.structured.importance =
-            parse_flag([&] { return parse_channel_importance(o->prune_method); });
+        t.structured.criterion = channel_criterion(o->prune_method).name;
         t.structured.seed = t.seed;
-        t.prune.method = PruneMethod::kL1;  // the amount's checks; the criterion is above
       } else {
-        t.prune.method = parse_flag([&] { return parse_prune_method(o->prune_method); });
+        t.prune.criterion = weight_criterion(o->prune_method).name;
       }
       if (o->prune_scope == "global")
         t.prune.scope = PruneScope::kGlobal;
@@ -199,6 +201,10 @@ Action add_train_command(CLI::App& app, bool finetune) {
 
     // Every flag checked before any work (the trainer checks them again).
     check_device_flag(t.device);
+    t.optimizer = parse_flag([&] { return parse_optimizer(o->optimizer); });
+    t.precision = parse_flag([&] { return parse_precision(o->precision); });
+    t.lr_schedule = parse_flag([&] { return parse_lr_schedule(o->lr_schedule); });
+    t.loss = parse_flag([&] { return parse_train_loss(o->loss); });
     parse_flag([&] { check_train_options(t); });
     configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
@@ -270,22 +276,11 @@ Action add_train_command(CLI::App& app, bool finetune) {
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;
     onnx::save_model(model, o->out, so, files);
 
-    nlohmann::json j;
+    nlohmann::json j = to_json(r);
     j["model"] = o->model;
     j["out"] = o->out;
     j["data"] = o->data.data;
     j["sparsity"] = prunable_sparsity(model);
-    j["epochs"] = nlohmann::json::array();
-    for (const auto& e : r.epochs)
-      j["epochs"].push_back({{"epoch", e.epoch},
-                             {"loss", e.loss},
-                             {"accuracy", e.accuracy},
-                             {"samples_per_s", e.samples_per_s},
-                             {"lr", e.lr},
-                             {"sparsity", e.sparsity},
-                             {"seconds", e.seconds},
-                             {"skipped_steps", e.skipped_steps}});
-    j["notes"] = r.notes;
     std::unique_ptr<DataLoader> test;
     std::optional<EvalResult> ev;
     if (!o->no_eval && o->data.data.rfind("npy:", 0) != 0) {
@@ -294,7 +289,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
       eo.rank = 0;
       eo.world = 1;
       test = std::make_unique<DataLoader>(open_dataset(o->data.data, o->eval_split), eo);
-      ev = evaluate(model, *test, t.device, {}, parse_precision(t.precision));
+      ev = evaluate(model, *test, t.device, {}, t.precision);
       j["eval"] = {{"split", o->eval_split}, {"top1", ev->top1}, {"top5", ev->top5},
                    {"loss", ev->loss}, {"samples", ev->samples}};
       std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",
@@ -377,15 +372,10 @@ Action add_eval(CLI::App& app) {
                             [&](int64_t b, int64_t) { bar.update(b); }, precision);
     bar.finish();
     if (o->json) {
-      nlohmann::json j = {{"model", o->model},   {"data", o->data.data}, {"split", o->data.split},
-                          {"samples", r.samples}, {"top1", r.top1},        {"top5", r.top5},
-                          {"loss", r.loss}};
-      j["per_class"] = nlohmann::json::array();
-      for (size_t c = 0; c < r.per_class.size(); ++c)
-        j["per_class"].push_back(
-            {{"class", c},
-             {"samples", r.per_class_count[c]},
-             {"accuracy", std::isnan(r.per_class[c]) ? nlohmann::json() : nlohmann::json(r.per_class[c])}});
+      nlohmann::json j = to_json(r);
+      j["model"] = o->model;
+      j["data"] = o->data.data;
+      j["split"] = o->data.split;
       std::cout << j.dump(2) << "\n";
       return 0;
     }

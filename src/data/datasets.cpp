@@ -11,8 +11,8 @@
 #include "data/images.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
-#include "lopper/npy.h"
+#include "util/files.h"
+#include "util/npy.h"
 
 namespace lopper {
 namespace fs = std::filesystem;

@@ -16,7 +16,7 @@
 
 #include "data/images.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 
 namespace lopper::data {
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "lopper/files.h"
+#include "util/files.h"
 
 namespace lopper::ops {
 namespace {

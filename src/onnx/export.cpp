@@ -9,8 +9,9 @@
 #include <fstream>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
+#include "onnx/save.h"
 #include "onnx.pb.h"
 #include "onnx/tensor_proto.h"
 

@@ -13,7 +13,7 @@
 #include <set>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx.pb.h"
 #include "onnx/tensor_proto.h"

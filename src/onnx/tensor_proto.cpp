@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/onnx_io.h"
 
 namespace lopper::onnx {

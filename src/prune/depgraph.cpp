@@ -106,6 +106,10 @@ class Context final : public ops::ChannelContext {
       return;
     }
     dg_.tracked_values.push_back(node().outputs[o]);
+    bool own = true;  // not an input's atoms passed on: one that may lose all of them
+    for (size_t i = 0; i < num_inputs() && own; ++i)
+      if (const ops::Tracked* x = in(i)) own = x->atoms != t.atoms;
+    if (own) dg_.parts.push_back(t.atoms);
     tracked_[node().outputs[o]] = std::move(t);
   }
   std::vector<int64_t> fresh(int64_t n) override {
@@ -137,14 +141,23 @@ class Context final : public ops::ChannelContext {
       return;
     }
     dg_.slices.push_back(s);
-    dg_.edits.push_back({index_, [input, axis, atoms](ops::ChannelEditor& e) {
+    dg_.edits.push_back({index_,
+                         [input, axis, atoms](ops::ChannelEditor& e) {
                            auto keep = e.kept(atoms);
                            if (keep.size() == atoms.size()) return;
                            at::Tensor t = e.constant(input);
-                           e.set_constant(input, t.index_select(axis, at::tensor(keep)).contiguous());
-                         }});
+                           e.set_constant(input,
+                                          t.index_select(axis, at::tensor(keep)).contiguous());
+                         },
+                         atoms});
   }
-  void edit(ops::ChannelEdit e) override { dg_.edits.push_back({index_, std::move(e)}); }
+  void edit(ops::ChannelEdit e) override {
+    std::vector<int64_t> atoms;
+    for (size_t i = 0; i < num_inputs(); ++i)
+      if (const ops::Tracked* t = in(i))
+        atoms.insert(atoms.end(), t->atoms.begin(), t->atoms.end());
+    dg_.edits.push_back({index_, std::move(e), std::move(atoms)});
+  }
   void equal_blocks(const std::vector<int64_t>& atoms, int64_t blocks) override {
     dg_.blocks.emplace_back(atoms, blocks);
   }
@@ -363,6 +376,12 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
                        g.initializers.end());
   std::unordered_set<std::string> changed(dg.tracked_values.begin(), dg.tracked_values.end());
   changed.insert(replaced.begin(), replaced.end());
+  for (size_t idx : g.topological_order()) {  // constants read through (resolve_constant)
+    const ir::Node& n = g.nodes[idx];
+    if (n.domain.empty() && (n.op_type == "Transpose" || n.op_type == "Identity") &&
+        !n.inputs.empty() && changed.count(n.inputs[0]))
+      changed.insert(n.outputs.begin(), n.outputs.end());
+  }
   for (auto& in : g.inputs)  // old models list initializers as graph inputs too
     if (const auto* init = g.find_initializer(in.name); init && changed.count(in.name)) {
       in.type.dims.clear();

@@ -34,6 +34,7 @@ struct Slice {
 struct Edit {
   size_t node = 0;
   ops::ChannelEdit fn;
+  std::vector<int64_t> atoms;  // what it follows: a slice's atoms, else the node's tracked inputs'
 };
 
 struct DepGraph {
@@ -44,6 +45,8 @@ struct DepGraph {
   std::vector<Slice> slices;
   std::vector<Edit> edits;            // slices included, in the order recorded
   std::vector<std::pair<std::vector<int64_t>, int64_t>> blocks;  // equal_blocks constraints
+  // Tracked values with atoms of their own (a Split output, a Slice, a Concat): each must keep one.
+  std::vector<std::vector<int64_t>> parts;
   std::vector<std::string> barriers;  // once each
   std::vector<std::string> tracked_values;  // values whose shape may change
 

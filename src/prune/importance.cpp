@@ -1,77 +1,219 @@
-// Gradient saliencies from calibration batches: the model runs under autograd through the
-// executor, the loss is cross-entropy on the dataset's labels, and each prunable weight's gradient
-// is accumulated as mean |g| (grad) and sum |w * g| (first-order Taylor).
+// The criteria table. Each entry says what it needs and how it ranks single weights and channel
+// slices; everything that prunes reads these fields, never a criterion's name.
+#include "prune/importance.h"
+
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
-#include <unordered_set>
+#include <algorithm>
+#include <cmath>
 
-#include "lopper/analysis.h"
-#include "lopper/data.h"
 #include "lopper/error.h"
-#include "lopper/executor.h"
-#include "lopper/loss.h"
 #include "lopper/prune.h"
 
-namespace lopper {
+namespace lopper::importance {
 
-Saliency compute_saliency(const ir::Model& model, DataLoader& data,
-                          const CalibrationOptions& opts) {
-  LOPPER_CHECK(opts.batches > 0, "[prune] --calib-batches must be > 0, got ", opts.batches);
-  ExecOptions eo;
-  eo.device = opts.device;
-  eo.autograd = true;  // eval semantics (BatchNorm running statistics, no dropout), gradients on
-  Executor ex(model, eo);
-  ModelIO io = model_io(model, ex);
+namespace {
 
-  std::unordered_set<std::string> prunable;
-  for (const auto& n : model.graph.nodes)
-    if (const ir::Initializer* w = layer_weight(model.graph, n)) prunable.insert(w->name);
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  for (auto& [name, p] : ex.parameters())
-    if (prunable.count(name) && p.requires_grad()) params.emplace_back(name, p);
-  LOPPER_CHECK(!params.empty(), "[prune] the model has no float prunable weights to score");
+// A tensor as one row per index along `axis`, in double.
+at::Tensor rows(const at::Tensor& t, int64_t axis) {
+  return t.to(at::kDouble).movedim(axis, 0).reshape({t.size(axis), -1});
+}
 
-  Saliency s;
-  std::vector<at::Tensor> grad_sum(params.size()), taylor_sum(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    grad_sum[i] = at::zeros_like(params[i].second, at::kFloat).detach();
-    taylor_sum[i] = at::zeros_like(params[i].second, at::kFloat).detach();
+// A gradient criterion's scores: its entry of the Saliency, in the reader's view.
+at::Tensor from_saliency(const WeightInput& in) {
+  if (!in.saliency) return {};
+  auto c = in.saliency->scores.find(in.criterion.name);
+  if (c == in.saliency->scores.end()) return {};
+  auto it = c->second.find(in.name);
+  if (it == c->second.end()) return {};
+  return in.perm.empty() ? it->second : it->second.permute(in.perm);
+}
+
+// LAMP (Lee et al. 2021): w^2 over the sum of the squares of the layer's weights not smaller
+// than it, so that scores compare across layers. Zeros score 0.
+at::Tensor lamp(const WeightInput& in) {
+  const at::Tensor sq = in.w.to(at::kCPU, at::kDouble).flatten().square();
+  auto [sorted, order] = sq.sort();
+  // suffix sums: sum_{v >= u} w_v^2 over the sorted squares (the zeros, first, add nothing)
+  const at::Tensor suffix = sorted.flip(0).cumsum(0).flip(0);
+  const at::Tensor score = at::where(sorted.gt(0), sorted / suffix, at::zeros_like(sorted));
+  return at::zeros_like(score).index_put_({order}, score).to(at::kFloat).reshape(in.w.sizes());
+}
+
+at::Tensor l2_term(const SliceInput& s) {
+  if (!s.weight_out && !s.weight_in) return {};
+  return rows(s.value, s.axis).pow(2).sum(1);
+}
+double square_root(double sum) { return std::sqrt(sum); }
+
+at::Tensor bn_term(const SliceInput& s) {
+  if (!s.norm_scale) return {};
+  return s.value.to(at::kDouble).abs().reshape({-1});
+}
+
+at::Tensor fpgm_term(const SliceInput& s) {
+  if (!s.weight_out) return {};
+  at::Tensor r = rows(s.value, s.axis);
+  return at::cdist(r, r).sum(1);
+}
+
+std::vector<Criterion> make_table() {
+  std::vector<Criterion> t;
+  auto add = [&](Criterion c) { t.push_back(c); };
+  {
+    Criterion c{"abs", "weights with |w| under a threshold"};
+    c.weights = WeightRank::kThreshold;
+    add(c);
   }
-  int64_t of = std::min<int64_t>(opts.batches, data.batches_per_epoch());
-  LOPPER_CHECK(of > 0, "[prune] ", data.dataset().name(), " has no full batch to calibrate on");
-  data.start_epoch(0);
-  Batch b;
-  double loss_sum = 0;
-  while (s.batches < of && data.next(b)) {
-    at::Tensor x = fit_to_input(b.x, io.dims, io.input).to(ex.device());
-    at::Tensor y = b.y.to(ex.device());
-    std::vector<at::Tensor> out = ex.run({{io.input, x}});
-    at::Tensor loss = classification_loss(out.at(0), y, io.out_op);
-    loss.backward();
-    {
-      c10::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) {
-        at::Tensor& p = params[i].second;
-        at::Tensor g = p.grad();
-        if (!g.defined()) continue;  // the weight does not reach the loss
-        grad_sum[i].add_(g.abs().to(at::kFloat));
-        taylor_sum[i].add_((p.detach() * g).abs().to(at::kFloat));
-        p.mutable_grad().reset();
-      }
-    }
-    loss_sum += loss.item<double>();
-    s.samples += b.y.size(0);
-    ++s.batches;
-    if (opts.progress) opts.progress(s.batches, of, loss_sum / double(s.batches));
+  {
+    Criterion c{"l1", "the smallest |w|; channels by the L1 norm of their weights"};
+    c.weights = WeightRank::kMagnitude;
+    c.slices = SliceRank::kWeightScores;
+    add(c);
   }
-  LOPPER_CHECK(s.batches > 0, "[prune] ", data.dataset().name(), " gave no batch to calibrate on");
-  s.loss = loss_sum / double(s.batches);
-  for (size_t i = 0; i < params.size(); ++i) {
-    s.grad[params[i].first] = grad_sum[i].div_(double(s.batches)).cpu();
-    s.taylor[params[i].first] = taylor_sum[i].cpu();
+  {
+    Criterion c{"l2", "channels by the L2 norm of their weights"};
+    c.slices = SliceRank::kCustom;
+    c.slice_scores = l2_term;
+    c.finish = square_root;
+    add(c);
   }
+  {
+    Criterion c{"bn", "channels by |gamma| of their normalisation layer (network slimming)"};
+    c.slices = SliceRank::kCustom;
+    c.slice_scores = bn_term;
+    c.unscored = "no normalisation scale to rank by (--method bn)";
+    add(c);
+  }
+  {
+    Criterion c{"fpgm", "filters by their distance to the layer's others (geometric median)"};
+    c.slices = SliceRank::kCustom;
+    c.slice_scores = fpgm_term;
+    add(c);
+  }
+  {
+    Criterion c{"lamp", "|w| rescaled per layer (LAMP) so that global scope compares layers"};
+    c.weights = WeightRank::kScores;
+    c.weight_scores = lamp;
+    add(c);
+  }
+  {
+    Criterion c{"random", "uniformly at random (seeded): the baseline"};
+    c.weights = WeightRank::kDrawn;
+    c.slices = SliceRank::kDrawn;
+    add(c);
+  }
+  {
+    Criterion c{"grad", "the smallest mean |dL/dw| over calibration batches"};
+    c.needs = Needs::kGradients;
+    c.weights = WeightRank::kScores;
+    c.weight_scores = from_saliency;
+    c.gradient_term = [](const at::Tensor&, const at::Tensor& g) { return g.abs(); };
+    c.mean_over_batches = true;
+    add(c);
+  }
+  {
+    Criterion c{"taylor", "the smallest first-order Taylor saliency sum |w * dL/dw|"};
+    c.needs = Needs::kGradients;
+    c.weights = WeightRank::kScores;
+    c.weight_scores = from_saliency;
+    c.gradient_term = [](const at::Tensor& w, const at::Tensor& g) { return (w * g).abs(); };
+    c.slices = SliceRank::kWeightScores;
+    add(c);
+  }
+  return t;
+}
+
+bool used_for(const Criterion& c, Use use) {
+  return use == Use::kWeights ? c.ranks_weights() : c.ranks_channels();
+}
+
+}  // namespace
+
+const std::vector<Criterion>& criteria() {
+  static const std::vector<Criterion> table = make_table();
+  return table;
+}
+
+std::string names(Use use, bool (*keep)(const Criterion&), const char* last) {
+  std::vector<const char*> all;
+  for (const auto& c : criteria())
+    if (used_for(c, use) && (!keep || keep(c))) all.push_back(c.name);
+  std::string s;
+  for (size_t i = 0; i < all.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == all.size() ? last : ", ") + std::string(all[i]);
   return s;
 }
 
-}  // namespace lopper
+const Criterion& find(const std::string& name, Use use) {
+  for (const auto& c : criteria())
+    if (name == c.name && used_for(c, use)) return c;
+  throw Error(std::string("[prune] unknown ") + (use == Use::kChannels ? "structured " : "") +
+              "method '" + name + "' (methods: " + names(use) + ")");
+}
+
+std::string data_needed(const Criterion& c) {
+  return c.needs == Needs::kActivations ? "by the layers' inputs" : "by their gradients";
+}
+
+at::Tensor weight_scores(const WeightInput& in) {
+  switch (in.criterion.weights) {
+    case WeightRank::kMagnitude:
+    case WeightRank::kThreshold:
+      return in.w.abs();
+    case WeightRank::kScores:
+      return in.criterion.weight_scores(in);
+    case WeightRank::kNone:
+    case WeightRank::kDrawn:
+      break;
+  }
+  LOPPER_ASSERT(false, "criterion ", in.criterion.name, " has no per-weight scores");
+  return {};
+}
+
+GradientStats::GradientStats(const std::string& only) {
+  for (const auto& c : criteria())
+    if (c.gradient_term && (only.empty() || only == c.name)) criteria_.push_back(&c);
+}
+
+void GradientStats::track(const std::string& name, const at::Tensor& like) {
+  std::vector<at::Tensor> zeros;
+  for (size_t i = 0; i < criteria_.size(); ++i)
+    zeros.push_back(at::zeros_like(like, at::kFloat).detach());
+  sums_.emplace_back(name, std::move(zeros));
+}
+
+void GradientStats::add(const std::string& name, const at::Tensor& w, const at::Tensor& g) {
+  auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+  if (it == sums_.end()) {
+    sums_.emplace_back(name, std::vector<at::Tensor>(criteria_.size()));
+    it = sums_.end() - 1;
+  }
+  for (size_t i = 0; i < criteria_.size(); ++i) {
+    at::Tensor term = criteria_[i]->gradient_term(w, g).to(at::kFloat);
+    at::Tensor& sum = it->second[i];
+    if (sum.defined())
+      sum.add_(term);
+    else
+      sum = term.clone();
+  }
+}
+
+void GradientStats::fill(Saliency& out) const {
+  out.batches = batches_;
+  for (size_t i = 0; i < criteria_.size(); ++i) {
+    auto& by_weight = out.scores[criteria_[i]->name];
+    for (const auto& [name, sums] : sums_) {
+      const at::Tensor& s = sums[i];
+      by_weight[name] =
+          (criteria_[i]->mean_over_batches ? s / double(std::max<int64_t>(batches_, 1)) : s).cpu();
+    }
+  }
+}
+
+void GradientStats::clear() {
+  sums_.clear();
+  batches_ = 0;
+}
+
+}  // namespace lopper::importance

@@ -11,6 +11,7 @@
 
 #include "lopper/error.h"
 #include "lopper/prune.h"
+#include "prune/masks.h"
 
 namespace lopper {
 
@@ -52,22 +53,6 @@ std::string PruneAmount::str() const {
   // A fraction always shows as one ("1.0", not "1"): "1" would read as a count of one weight.
   if (s.find_first_of(".e") == std::string::npos) s += ".0";
   return s;
-}
-
-const char* method_name(PruneMethod m) {
-  switch (m) {
-    case PruneMethod::kAbs:
-      return "abs";
-    case PruneMethod::kL1:
-      return "l1";
-    case PruneMethod::kRandom:
-      return "random";
-    case PruneMethod::kGrad:
-      return "grad";
-    case PruneMethod::kTaylor:
-      return "taylor";
-  }
-  return "?";
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // prune(): which weights are prunable, which axis is a row, a column and the reduction, and the
 // masks applied to a model.
 #include "lopper/prune.h"
+#include "prune/masks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -13,7 +14,8 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
-#include "prune/regex.h"
+#include "prune/importance.h"
+#include "prune/layer_filter.h"
 
 namespace lopper {
 
@@ -74,12 +76,24 @@ bool ranks_by_norm(PrunePattern p) {
 
 }  // namespace
 
+using importance::Criterion;
+using importance::WeightRank;
+
+namespace {
+
+const Criterion& criterion_of(const PruneLayerOptions& o) {
+  return importance::find(o.criterion, importance::Use::kWeights);
+}
+
+}  // namespace
+
 void check_layer_options(const PruneLayerOptions& o) {
-  if (o.method == PruneMethod::kAbs) {
+  const Criterion& c = criterion_of(o);
+  if (c.weights == WeightRank::kThreshold) {
     LOPPER_CHECK(o.threshold >= 0 && std::isfinite(o.threshold),
                  "[prune] threshold must be >= 0, got ", o.threshold);
     LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured,
-                 "[prune] --method abs removes single weights: use --pattern unstructured");
+                 "[prune] --method ", c.name, " removes single weights: use --pattern unstructured");
   } else if (o.pattern != PrunePattern::kNM) {
     if (o.amount.is_count)
       LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ",
@@ -91,9 +105,14 @@ void check_layer_options(const PruneLayerOptions& o) {
   if (o.pattern == PrunePattern::kNM) {
     LOPPER_CHECK(o.n >= 1 && o.m >= 2 && o.n < o.m, "[prune] N:M needs 1 <= N < M, got ",
                  nm_name(o));
-    LOPPER_CHECK(o.method != PruneMethod::kRandom,
-                 "[prune] N:M keeps the most important weights of each group: use --method l1, "
-                 "grad or taylor");
+    LOPPER_CHECK(c.weights != WeightRank::kDrawn,
+                 "[prune] N:M keeps the most important weights of each group: use --method ",
+                 importance::names(
+                     importance::Use::kWeights,
+                     [](const Criterion& x) {
+                       return x.weights == WeightRank::kMagnitude || x.weights == WeightRank::kScores;
+                     },
+                     " or "));
   }
   if (o.pattern == PrunePattern::kBlock)
     LOPPER_CHECK(o.block_r >= 1 && o.block_r <= 256 && o.block_c >= 1 && o.block_c <= 256,
@@ -114,13 +133,6 @@ std::vector<PrunableWeight> prunable_weights(const ir::Graph& g) {
     out.push_back(p);
   }
   return out;
-}
-
-PruneMethod parse_prune_method(const std::string& s) {
-  for (PruneMethod m : {PruneMethod::kAbs, PruneMethod::kL1, PruneMethod::kRandom,
-                        PruneMethod::kGrad, PruneMethod::kTaylor})
-    if (s == method_name(m)) return m;
-  throw Error("[prune] unknown method '" + s + "' (methods: abs, l1, random, grad, taylor)");
 }
 
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
@@ -165,8 +177,9 @@ void check_options(const PruneOptions& o) {
 }
 
 std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
-  std::string s = method_name(o.method);
-  if (scope == PruneScope::kGlobal && o.method != PruneMethod::kAbs) s += " global";
+  const Criterion& c = criterion_of(o);
+  std::string s = c.name;
+  if (scope == PruneScope::kGlobal && c.weights != WeightRank::kThreshold) s += " global";
   switch (o.pattern) {
     case PrunePattern::kUnstructured:
       break;
@@ -183,12 +196,13 @@ std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
       s += " " + block_name(o);
       break;
   }
-  if (ranks_by_norm(o.pattern) && o.method == PruneMethod::kL1) s += " L" + std::to_string(o.norm);
+  if (ranks_by_norm(o.pattern) && c.weights == WeightRank::kMagnitude)
+    s += " L" + std::to_string(o.norm);
   return s;
 }
 
 std::string amount_string(const PruneLayerOptions& o) {
-  if (o.method == PruneMethod::kAbs) {
+  if (criterion_of(o).weights == WeightRank::kThreshold) {
     std::ostringstream os;
     os << "|w| < " << o.threshold;
     return os.str();
@@ -242,21 +256,18 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
   return "";
 }
 
-bool uses_saliency(PruneMethod m) { return m == PruneMethod::kGrad || m == PruneMethod::kTaylor; }
-
-// The data-driven scores of a layer's weight for grad/taylor (undefined for the other methods).
-at::Tensor layer_score(const Target& t, PruneMethod m, const Saliency* saliency) {
-  if (!uses_saliency(m)) return {};
-  LOPPER_CHECK(saliency != nullptr, "[prune] --method ", method_name(m),
-               " ranks weights by their gradients: give calibration data (--data)");
-  const auto& scores = m == PruneMethod::kGrad ? saliency->grad : saliency->taylor;
-  auto it = scores.find(t.init->name);
-  LOPPER_CHECK(it != scores.end(), "[prune] no ", method_name(m), " saliency for weight '",
-               t.init->name, "'");
-  LOPPER_CHECK(it->second.sizes() == t.init->value.sizes(), "[prune] the ", method_name(m),
-               " saliency of '", t.init->name, "' has shape ", it->second.sizes(),
-               ", the weight ", t.init->value.sizes());
-  return it->second.to(at::kFloat).contiguous();
+// The scores ranking a layer's weights for a kScores criterion (undefined for the others, which
+// read |w| or draw at random).
+at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency) {
+  if (c.weights != WeightRank::kScores) return {};
+  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] --method ", c.name, " ranks weights ",
+               importance::data_needed(c), ": give calibration data (--data)");
+  static const std::vector<int64_t> no_perm;
+  at::Tensor s = importance::weight_scores({c, t.init->value, t.init->name, no_perm, saliency});
+  LOPPER_CHECK(s.defined(), "[prune] no ", c.name, " saliency for weight '", t.init->name, "'");
+  LOPPER_CHECK(s.sizes() == t.init->value.sizes(), "[prune] the ", c.name, " saliency of '",
+               t.init->name, "' has shape ", s.sizes(), ", the weight ", t.init->value.sizes());
+  return s.to(at::kFloat).contiguous();
 }
 
 // One layer's keep-mask (true = keep) under `o`, local scope. `where` names the layer in errors.
@@ -264,13 +275,15 @@ at::Tensor layer_score(const Target& t, PruneMethod m, const Saliency* saliency)
 at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,
                       const std::string& where, const at::Tensor& score) {
   const at::Tensor& w = t.init->value;
+  const WeightRank rank = criterion_of(o).weights;
+  const int norm = rank == WeightRank::kDrawn ? 0 : o.norm;
   switch (o.pattern) {
     case PrunePattern::kUnstructured:
-      if (o.method == PruneMethod::kAbs) return w.abs().ge(o.threshold) & w.ne(0);
+      if (rank == WeightRank::kThreshold) return w.abs().ge(o.threshold) & w.ne(0);
       {
         at::Tensor alive = w.ne(0);
         int64_t k = o.amount.count_of(alive.sum().item<int64_t>(), where);
-        if (o.method == PruneMethod::kRandom) return random_mask(w, PruneAmount{double(k), true}, gen);
+        if (rank == WeightRank::kDrawn) return random_mask(w, PruneAmount{double(k), true}, gen);
         if (score.defined()) return alive & smallest_k({score}, {alive}, k)[0].logical_not();
         return alive & smallest_k({w}, {alive}, k, /*absolute=*/true)[0].logical_not();
       }
@@ -290,12 +303,11 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
       int64_t axis = o.pattern == PrunePattern::kRow ? t.out_axis : t.in_axis;
       // Counted here first so that an error names the layer.
       (void)o.amount.count_of(w.size(axis), where);
-      return channel_mask(w, axis, o.amount, o.method == PruneMethod::kRandom ? 0 : o.norm, &gen,
-                          score);
+      return channel_mask(w, axis, o.amount, norm, &gen, score);
     }
     case PrunePattern::kBlock:
-      return block_masks({{w, t.out_axis, t.in_axis, score}}, o.block_r, o.block_c, o.amount,
-                         o.method == PruneMethod::kRandom ? 0 : o.norm, &gen, where)[0];
+      return block_masks({{w, t.out_axis, t.in_axis, score}}, o.block_r, o.block_c, o.amount, norm,
+                         &gen, where)[0];
   }
   throw Error("[prune] unknown pattern");
 }
@@ -339,32 +351,20 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
 
 }  // namespace
 
-std::regex compile_regex(const std::string& re, const std::string& what) {
-  try {
-    return std::regex(re);
-  } catch (const std::regex_error& e) {
-    throw Error("[prune] " + what + " '" + re + "' is not a valid regex: " + e.what());
-  }
-}
-
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
   check_options(opts);
   PruneReport report;
   std::vector<Target> all = find_targets(model.graph, report);
 
-  std::optional<std::regex> exclude;
-  if (!opts.exclude.empty()) exclude = compile_regex(opts.exclude, "--exclude");
-  bool excluded_any = false;
+  LayerFilter exclude(opts.exclude);
   std::vector<Target> targets;
   for (size_t i = 0; i < all.size(); ++i) {
     Target& t = all[i];
     PruneLayerReport& l = report.layers[t.report];
     if (!t.init->value.is_floating_point()) {
       l.skipped = "not a float tensor";
-    } else if (exclude &&
-               (std::regex_search(l.name, *exclude) || std::regex_search(l.weight, *exclude))) {
+    } else if (exclude.excludes(l.name, l.weight)) {
       l.skipped = "excluded (--exclude)";
-      excluded_any = true;
     } else if (opts.skip_first_last && i == 0) {
       l.skipped = "first layer (--skip-first-last)";
     } else if (opts.skip_first_last && i + 1 == all.size()) {
@@ -374,23 +374,23 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
     }
     if (l.skipped.empty()) targets.push_back(t);
   }
-  if (exclude && !excluded_any)
-    report.warnings.push_back("--exclude '" + opts.exclude + "' matched no layer");
+  if (!exclude.unmatched_warning().empty()) report.warnings.push_back(exclude.unmatched_warning());
   LOPPER_CHECK(!targets.empty(),
                "[prune] nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
+  const Criterion& crit = criterion_of(opts);
   std::vector<at::Tensor> drop;
   if (opts.scope == PruneScope::kGlobal && opts.pattern == PrunePattern::kBlock) {
     std::vector<BlockWeight> ws;
     for (const auto& t : targets)
-      ws.push_back({t.init->value, t.out_axis, t.in_axis, layer_score(t, opts.method, saliency)});
+      ws.push_back({t.init->value, t.out_axis, t.in_axis, layer_score(t, crit, saliency)});
     drop = block_masks(ws, opts.block_r, opts.block_c, opts.amount,
-                       opts.method == PruneMethod::kRandom ? 0 : opts.norm, &gen,
+                       crit.weights == WeightRank::kDrawn ? 0 : opts.norm, &gen,
                        "all prunable layers");
     for (auto& d : drop) d = d.logical_not();
-  } else if (opts.scope == PruneScope::kGlobal && opts.method != PruneMethod::kAbs) {
+  } else if (opts.scope == PruneScope::kGlobal && crit.weights != WeightRank::kThreshold) {
     // NOTE: one pass over the weights themselves: no copy of the scores (|w| is taken inside the
     // selection), so a model of any size is pruned in little more than its own memory.
     std::vector<at::Tensor> weights, alive;
@@ -400,14 +400,14 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
       total += report.layers[t.report].nonzero_before;
     }
     int64_t k = opts.amount.count_of(total, "all prunable layers");
-    if (uses_saliency(opts.method)) {
+    if (crit.weights == WeightRank::kScores) {
       std::vector<at::Tensor> scores;
       for (const auto& t : targets) {
-        scores.push_back(layer_score(t, opts.method, saliency));
+        scores.push_back(layer_score(t, crit, saliency));
         alive.push_back(t.init->value.ne(0));
       }
       drop = smallest_k(scores, alive, k);
-    } else if (opts.method == PruneMethod::kL1) {
+    } else if (crit.weights == WeightRank::kMagnitude) {
       drop = smallest_k(weights, std::vector<at::Tensor>(weights.size()), k, /*absolute=*/true);
     } else {
       // The k smallest of one uniform draw per alive weight: a uniformly random k-subset.
@@ -421,7 +421,7 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
   } else {
     for (const auto& t : targets)
       drop.push_back(layer_keep(t, opts, gen, report.layers[t.report].name,
-                                layer_score(t, opts.method, saliency))
+                                layer_score(t, crit, saliency))
                          .logical_not());
   }
 
@@ -512,7 +512,7 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
       it = gens.emplace(gen_of[i], at::make_generator<at::CPUGeneratorImpl>(how[i]->seed)).first;
     PruneLayerReport& l = report.layers[targets[i].report];
     drop.push_back(layer_keep(targets[i], *how[i], it->second, l.name,
-                              layer_score(targets[i], how[i]->method, saliency))
+                              layer_score(targets[i], criterion_of(*how[i]), saliency))
                        .logical_not());
     l.method = method_string(*how[i], PruneScope::kLocal);
     l.amount = amount_string(*how[i]);

@@ -8,8 +8,9 @@
 #include <sstream>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/prune.h"
+#include "prune/importance.h"
 
 namespace lopper {
 
@@ -59,7 +60,7 @@ struct Parser {
       }
       try {
         if (name == "method") {
-          o.method = parse_prune_method(scalar(v, key));
+          o.criterion = importance::find(scalar(v, key), importance::Use::kWeights).name;
           has_method = true;
         } else if (name == "amount") {
           o.amount = PruneAmount::parse(scalar(v, key));
@@ -86,10 +87,11 @@ struct Parser {
   // The options a map ends up with must prune: a method, and what that method needs.
   void complete(const YAML::Node& map, const std::string& path, const PruneLayerOptions& o,
                 bool has_amount, bool has_threshold) {
-    if (o.method == PruneMethod::kAbs && !has_threshold)
-      fail(map, path, "method abs needs threshold");
-    if (o.method != PruneMethod::kAbs && o.pattern != PrunePattern::kNM && !has_amount)
-      fail(map, path, std::string("method ") + method_name(o.method) + " needs amount");
+    const bool threshold = importance::find(o.criterion, importance::Use::kWeights).weights ==
+                           importance::WeightRank::kThreshold;
+    if (threshold && !has_threshold) fail(map, path, "method " + o.criterion + " needs threshold");
+    if (!threshold && o.pattern != PrunePattern::kNM && !has_amount)
+      fail(map, path, "method " + o.criterion + " needs amount");
     try {
       check_layer_options(o);
     } catch (const Error& e) {

@@ -19,8 +19,10 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/loss.h"
-#include "prune/regex.h"
+#include "train/loss.h"
+#include "prune/importance.h"
+#include "prune/layer_filter.h"
+#include "prune/masks.h"
 
 namespace lopper {
 namespace {
@@ -74,7 +76,10 @@ void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std
 SensitivityResult weights(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
   SensitivityResult r;
   r.unit = "weight";
-  r.method = method_name(o.method);
+  r.method = o.criterion;
+  const bool drawn =
+      importance::find(o.criterion, importance::Use::kWeights).weights ==
+      importance::WeightRank::kDrawn;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);
@@ -88,15 +93,11 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
   std::unordered_map<std::string, at::Tensor> params;
   for (const auto& [name, t] : ex.parameters()) params[name] = t;
 
-  std::optional<std::regex> exclude;
-  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  LayerFilter exclude(o.exclude);
   std::vector<PrunableWeight> todo;
   for (const auto& pw : prunable_weights(model.graph))
-    if (!exclude || !(std::regex_search(pw.node->label(), *exclude) ||
-                      std::regex_search(pw.weight, *exclude)))
-      todo.push_back(pw);
-  LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse",
-               exclude ? " (--exclude leaves none)" : "");
+    if (!exclude.excludes(pw.node->label(), pw.weight)) todo.push_back(pw);
+  LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse", exclude.leaves_none());
   const int64_t total = int64_t(todo.size() * o.amounts.size());
   int64_t done = 0;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
@@ -113,8 +114,7 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
     const int64_t nz0 = orig.count_nonzero().item<int64_t>();
     for (double a : o.amounts) {
       const PruneAmount amount{a, false};
-      at::Tensor keep = o.method == PruneMethod::kRandom ? random_mask(orig, amount, gen)
-                                                         : l1_mask(orig, amount);
+      at::Tensor keep = drawn ? random_mask(orig, amount, gen) : l1_mask(orig, amount);
       at::Tensor w = orig * keep;
       p.detach().copy_(w.to(p.device(), p.scalar_type()));
       SensitivityPoint pt;
@@ -137,9 +137,9 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
 SensitivityResult channels(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
   SensitivityResult r;
   r.unit = "channel";
-  r.method = importance_name(o.importance);
+  r.method = o.criterion;
   StructuredOptions so;
-  so.importance = o.importance;
+  so.criterion = o.criterion;
   so.round_to = o.round_to;
   so.seed = o.seed;
   so.exclude = o.exclude;
@@ -204,14 +204,28 @@ void check_sensitivity_options(const SensitivityOptions& o) {
   LOPPER_CHECK(o.eval_batches > 0, "[sensitivity] --eval-batches must be > 0, got ",
                o.eval_batches);
   LOPPER_CHECK(o.round_to >= 1, "[sensitivity] --round-to must be >= 1, got ", o.round_to);
-  if (o.structured)
-    LOPPER_CHECK(o.importance != ChannelImportance::kTaylor,
-                 "[sensitivity] structured sensitivity ranks channels by l1, l2, bn, fpgm or "
-                 "random (taylor needs gradients per point)");
-  else
-    LOPPER_CHECK(o.method == PruneMethod::kL1 || o.method == PruneMethod::kRandom,
-                 "[sensitivity] --method must be l1 or random (grad and taylor: prune with them "
-                 "after choosing amounts)");
+  // NOTE: a sweep evaluates the model once per layer and amount; a criterion that needs data would
+  // need it again at every point (and within a layer, a rescaling of |w| such as LAMP ranks as l1).
+  using importance::Criterion;
+  auto data = [](const Criterion& c) { return c.needs_data(); };
+  if (o.structured) {
+    const Criterion& c = importance::find(o.criterion, importance::Use::kChannels);
+    LOPPER_CHECK(!c.needs_data(), "[sensitivity] structured sensitivity ranks channels by ",
+                 importance::names(importance::Use::kChannels,
+                                   [](const Criterion& x) { return !x.needs_data(); }, " or "),
+                 " (", importance::names(importance::Use::kChannels, data, " and "),
+                 " needs gradients per point)");
+  } else {
+    auto sweeps = [](const Criterion& x) {
+      return !x.needs_data() && (x.weights == importance::WeightRank::kMagnitude ||
+                                 x.weights == importance::WeightRank::kDrawn);
+    };
+    const Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
+    LOPPER_CHECK(sweeps(c), "[sensitivity] --method must be ",
+                 importance::names(importance::Use::kWeights, sweeps, " or "), " (",
+                 importance::names(importance::Use::kWeights, data, " and "),
+                 ": prune with them after choosing amounts)");
+  }
 }
 
 EffectiveCost effective_cost(const ir::Model& model,

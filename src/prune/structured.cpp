@@ -14,7 +14,8 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "prune/depgraph.h"
-#include "prune/regex.h"
+#include "prune/importance.h"
+#include "prune/layer_filter.h"
 
 namespace lopper {
 
@@ -24,12 +25,14 @@ using ops::ParamRole;
 
 struct Group {
   std::vector<int64_t> classes;  // root atoms, in channel order
-  std::set<size_t> layers;       // nodes with slices or sources
+  std::set<size_t> layers;       // its sources and the nodes whose parameters follow it
   bool head = false;
   std::string blocked;
   std::vector<int64_t> block_of;  // per class: its block under a grouped conv (empty: none)
   int64_t blocks = 1;
-  std::vector<double> score;      // per class
+  std::vector<std::vector<size_t>> parts;  // classes (indices) of which one must stay (a Split)
+  int64_t part_keep = 0;                   // how many stay at least for `parts`
+  std::vector<double> score;               // per class
 };
 
 struct Analysis {
@@ -66,8 +69,18 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
     if (g.blocked.empty() && !pinned[r].empty()) g.blocked = pinned[r];
     group_of[r] = it->second;
   }
-  for (const auto& s : dg.slices)
-    if (!s.atoms.empty()) a.groups[group_of[dg.find(s.atoms[0])]].layers.insert(s.node);
+  // Layers: every node whose parameters follow a group's channels, under each group they follow
+  // (a Concat's consumer under every branch; a grouped conv under its input's group, whose weight
+  // an edit cuts). Nodes that only rewrite shapes (Split, Reshape) are not layers.
+  std::set<size_t> with_params;
+  for (const auto& s : dg.slices) with_params.insert(s.node);
+  for (const auto& e : dg.edits) {
+    if (!with_params.count(e.node)) continue;
+    size_t last = SIZE_MAX;
+    for (int64_t x : e.atoms)
+      if (size_t gi = group_of[dg.find(x)]; gi != last)
+        a.groups[gi].layers.insert(e.node), last = gi;
+  }
   // Grouped convolutions: every class of the group in exactly one block of one partition.
   for (const auto& [atoms, blocks] : dg.blocks) {
     if (atoms.empty()) continue;
@@ -92,60 +105,95 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
   }
   for (auto& g : a.groups)
     if (g.blocked.empty() && g.classes.size() < 2) g.blocked = "a single channel";
+  // Values that hold some of a group's channels only (a Split's outputs, a Slice): each keeps
+  // one. One that holds a whole group, or a blocked one's, keeps one anyway; one across groups
+  // keeps one when its first group does.
+  std::map<int64_t, size_t> position;  // class -> its index in its group
+  for (const auto& g : a.groups)
+    for (size_t c = 0; c < g.classes.size(); ++c) position[g.classes[c]] = c;
+  for (const auto& atoms : dg.parts) {
+    std::map<size_t, std::set<size_t>> by_group;
+    for (int64_t x : atoms) {
+      const int64_t r = dg.find(x);
+      by_group[group_of[r]].insert(position[r]);
+    }
+    bool kept = by_group.empty();
+    for (const auto& [gi, cls] : by_group)
+      kept |= !a.groups[gi].blocked.empty() || cls.size() == a.groups[gi].classes.size();
+    if (kept) continue;
+    const auto& [gi, cls] = *by_group.begin();
+    a.groups[gi].parts.emplace_back(cls.begin(), cls.end());
+  }
+  for (auto& g : a.groups) {
+    // Only the smallest parts matter (one inside another is kept with it); disjoint ones each
+    // keep a channel of their own.
+    auto& p = g.parts;
+    std::sort(p.begin(), p.end(), [](const auto& x, const auto& y) {
+      return x.size() != y.size() ? x.size() < y.size() : x < y;
+    });
+    p.erase(std::unique(p.begin(), p.end()), p.end());
+    std::vector<std::vector<size_t>> minimal;
+    std::vector<char> taken(g.classes.size(), 0);
+    for (const auto& part : p) {
+      auto within = [&](const std::vector<size_t>& m) {
+        return std::includes(part.begin(), part.end(), m.begin(), m.end());
+      };
+      if (std::any_of(minimal.begin(), minimal.end(), within)) continue;
+      minimal.push_back(part);
+      if (std::none_of(part.begin(), part.end(), [&](size_t c) { return taken[c] != 0; })) {
+        for (size_t c : part) taken[c] = 1;
+        ++g.part_keep;
+      }
+    }
+    p = std::move(minimal);
+  }
   return a;
 }
 
-// Every group's per-class importance (Group::score), from the dependency graph's slices.
+// Every group's per-class importance (Group::score), from the dependency graph's slices, as the
+// criterion's entry of the table says.
 void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency) {
+  using importance::SliceRank;
   auto& dg = a.dg;
-  std::map<int64_t, double> s;  // class -> score (l2: sum of squares until the end)
+  const importance::Criterion& c = importance::find(opts.criterion, importance::Use::kChannels);
+  std::map<int64_t, double> s;  // class -> the sum of its terms
   auto add = [&](const depgraph::Slice& sl, const at::Tensor& per_index) {
     auto v = per_index.to(at::kDouble).contiguous();
     const double* p = v.data_ptr<double>();
     for (size_t i = 0; i < sl.atoms.size(); ++i) s[dg.find(sl.atoms[i])] += p[i];
   };
-  auto rows = [](const at::Tensor& t, int64_t axis) {  // one row per index along `axis`
-    return t.to(at::kDouble).movedim(axis, 0).reshape({t.size(axis), -1});
-  };
-  auto reduce_except = [&](const at::Tensor& t, int64_t axis, bool square) {
-    at::Tensor x = rows(t, axis);
-    return square ? x.pow(2).sum(1) : x.abs().sum(1);
-  };
-  const auto imp = opts.importance;
-  std::set<int64_t> normed;  // classes with a normalisation scale (bn ranks by it)
+  static const std::vector<int64_t> no_perm;
+  std::set<int64_t> scored;  // kCustom: classes some slice scored
   for (const auto& sl : dg.slices) {
-    const bool weight = sl.role == ParamRole::kWeightOut || sl.role == ParamRole::kWeightIn;
-    if ((imp == ChannelImportance::kL1 || imp == ChannelImportance::kL2) && weight) {
-      add(sl, reduce_except(sl.value, sl.axis, imp == ChannelImportance::kL2));
-    } else if (imp == ChannelImportance::kBN && sl.role == ParamRole::kNormScale) {
-      add(sl, sl.value.to(at::kDouble).abs().reshape({-1}));
-      for (int64_t atom : sl.atoms) normed.insert(dg.find(atom));
-    } else if (imp == ChannelImportance::kTaylor && weight) {
-      auto it = saliency->taylor.find(sl.ref.name);
-      if (it == saliency->taylor.end()) continue;
-      at::Tensor t = sl.ref.perm.empty() ? it->second : it->second.permute(sl.ref.perm);
-      add(sl, reduce_except(t, sl.axis, false));
-    } else if (imp == ChannelImportance::kFPGM && sl.role == ParamRole::kWeightOut) {
-      at::Tensor r = rows(sl.value, sl.axis);
-      add(sl, at::cdist(r, r).sum(1));
+    const bool out = sl.role == ParamRole::kWeightOut, in = sl.role == ParamRole::kWeightIn;
+    if (c.slices == SliceRank::kWeightScores && (out || in)) {
+      at::Tensor w = importance::weight_scores({c, sl.value, sl.ref.name, sl.ref.perm, saliency});
+      if (!w.defined()) continue;  // a weight without scores (not reached by the loss)
+      add(sl, w.to(at::kDouble).movedim(sl.axis, 0).reshape({w.size(sl.axis), -1}).sum(1));
+    } else if (c.slices == SliceRank::kCustom) {
+      at::Tensor t =
+          c.slice_scores({sl.value, sl.axis, out, in, sl.role == ParamRole::kNormScale});
+      if (!t.defined()) continue;
+      add(sl, t);
+      for (int64_t atom : sl.atoms) scored.insert(dg.find(atom));
     }
   }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
   for (auto& g : a.groups) {
     g.score.clear();
-    for (int64_t c : g.classes) {
-      double v = s.count(c) ? s[c] : 0.0;
-      if (imp == ChannelImportance::kL2) v = std::sqrt(v);
+    for (int64_t cls : g.classes) {
+      double v = s.count(cls) ? s[cls] : 0.0;
+      if (c.finish) v = c.finish(v);
       g.score.push_back(v);
     }
-    if (imp == ChannelImportance::kRandom) {
+    if (c.slices == SliceRank::kDrawn) {
       at::Tensor r = at::rand({int64_t(g.classes.size())}, gen, at::kDouble);
       for (size_t i = 0; i < g.classes.size(); ++i) g.score[i] = r.data_ptr<double>()[i];
     }
-    if (imp == ChannelImportance::kBN && g.blocked.empty() &&
+    if (c.unscored && g.blocked.empty() &&
         std::none_of(g.classes.begin(), g.classes.end(),
-                     [&](int64_t c) { return normed.count(c) > 0; }))
-      g.blocked = "no normalisation scale to rank by (--method bn)";
+                     [&](int64_t cls) { return scored.count(cls) > 0; }))
+      g.blocked = c.unscored;
   }
 }
 
@@ -158,29 +206,11 @@ std::string layer_names(const ir::Graph& g, const Group& grp, std::vector<std::s
   return all;
 }
 
-// Which classes of `g` go when `k` of them should: the lowest scores, as many from each block.
-std::vector<size_t> lowest(const Group& g, int64_t k) {
-  std::vector<size_t> order(g.classes.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t x, size_t y) { return g.score[x] < g.score[y]; });
-  std::vector<size_t> out;
-  if (g.block_of.empty()) {
-    out.assign(order.begin(), order.begin() + k);
-  } else {
-    const int64_t per_block = k / g.blocks;
-    std::vector<int64_t> taken(g.blocks, 0);
-    for (size_t i : order)
-      if (taken[g.block_of[i]] < per_block) ++taken[g.block_of[i]], out.push_back(i);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// How many of n channels may go at most: one stays (one per block for grouped convolutions).
+// How many of n channels may go at most: one stays (one per block for grouped convolutions, one
+// per disjoint part).
 int64_t cap(const Group& g, int64_t k, int64_t round_to) {
   const int64_t n = int64_t(g.classes.size());
-  k = std::clamp<int64_t>(k, 0, n - std::max<int64_t>(1, g.blocks));
+  k = std::clamp<int64_t>(k, 0, n - std::max<int64_t>({1, g.blocks, g.part_keep}));
   if (round_to > 1) {
     int64_t kept = n - k;
     kept = std::min(n, (kept + round_to - 1) / round_to * round_to);
@@ -188,6 +218,38 @@ int64_t cap(const Group& g, int64_t k, int64_t round_to) {
   }
   if (g.blocks > 1) k -= k % g.blocks;
   return k;
+}
+
+// Which classes of `g` go when `k` of them should (k from cap()): the lowest scores, as many from
+// each block, never the last of a part (its best channel stays, the next lowest goes instead).
+// When the parts and blocks together allow fewer, as many as cap() allows of those go.
+std::vector<size_t> lowest(const Group& g, int64_t k, int64_t round_to) {
+  std::vector<size_t> order(g.classes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return g.score[x] < g.score[y]; });
+  std::vector<std::vector<size_t>> parts_of(g.classes.size());
+  for (size_t p = 0; p < g.parts.size(); ++p)
+    for (size_t c : g.parts[p]) parts_of[c].push_back(p);
+  for (;;) {
+    std::vector<size_t> out;
+    std::vector<int64_t> taken(g.blocks, 0), left(g.parts.size());
+    for (size_t p = 0; p < g.parts.size(); ++p) left[p] = int64_t(g.parts[p].size());
+    for (size_t i : order) {
+      if (int64_t(out.size()) == k) break;
+      const int64_t b = g.block_of.empty() ? 0 : g.block_of[i];
+      const bool last_of_a_part = std::any_of(parts_of[i].begin(), parts_of[i].end(),
+                                              [&](size_t p) { return left[p] == 1; });
+      if (taken[b] == k / g.blocks || last_of_a_part) continue;
+      for (size_t p : parts_of[i]) --left[p];
+      ++taken[b], out.push_back(i);
+    }
+    if (int64_t(out.size()) == k) {
+      std::sort(out.begin(), out.end());
+      return out;
+    }
+    k = cap(g, std::min(int64_t(out.size()), k - 1), round_to);
+  }
 }
 
 StructuredReport report_of(const ir::Model& model, const Analysis& a,
@@ -217,26 +279,6 @@ StructuredReport report_of(const ir::Model& model, const Analysis& a,
 
 }  // namespace
 
-ChannelImportance parse_channel_importance(const std::string& s) {
-  for (auto i : {ChannelImportance::kL1, ChannelImportance::kL2, ChannelImportance::kBN,
-                 ChannelImportance::kTaylor, ChannelImportance::kFPGM, ChannelImportance::kRandom})
-    if (s == importance_name(i)) return i;
-  throw Error("[prune] unknown structured method '" + s +
-              "' (methods: l1, l2, bn, taylor, fpgm, random)");
-}
-
-const char* importance_name(ChannelImportance i) {
-  switch (i) {
-    case ChannelImportance::kL1: return "l1";
-    case ChannelImportance::kL2: return "l2";
-    case ChannelImportance::kBN: return "bn";
-    case ChannelImportance::kTaylor: return "taylor";
-    case ChannelImportance::kFPGM: return "fpgm";
-    case ChannelImportance::kRandom: return "random";
-  }
-  return "?";
-}
-
 StructuredReport channel_groups(const ir::Model& model, const StructuredOptions& opts) {
   Analysis a = analyse(model, opts);
   return report_of(model, a, std::vector<std::vector<size_t>>(a.groups.size()),
@@ -254,15 +296,23 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
     for (size_t c = 0; c < g.classes.size(); ++c) where[g.classes[c]] = {id, int64_t(c)};
   }
   for (const auto& sl : a.dg.slices) {
-    if (sl.role == ParamRole::kOther || !sl.ref.is_initializer || sl.atoms.empty()) continue;
-    auto it = where.find(a.dg.find(sl.atoms[0]));
-    if (it == where.end()) continue;
-    GroupSlice gs;
-    gs.weight = sl.ref.name;
-    gs.axis = sl.ref.perm.empty() ? sl.axis : sl.ref.perm[sl.axis];
-    gs.group = it->second.first;
-    for (int64_t atom : sl.atoms) gs.channel.push_back(where.at(a.dg.find(atom)).second);
-    out.slices.push_back(std::move(gs));
+    if (sl.role == ParamRole::kOther || !sl.ref.is_initializer) continue;
+    // One slice per group the weight follows (a Concat's consumer: one per branch), each with the
+    // positions along the axis that are that group's.
+    std::map<int64_t, GroupSlice> by_group;
+    for (size_t i = 0; i < sl.atoms.size(); ++i) {
+      auto it = where.find(a.dg.find(sl.atoms[i]));
+      if (it == where.end()) continue;  // a blocked group's channel
+      GroupSlice& gs = by_group[it->second.first];
+      gs.index.push_back(int64_t(i));
+      gs.channel.push_back(it->second.second);
+    }
+    for (auto& [group, gs] : by_group) {
+      gs.weight = sl.ref.name;
+      gs.axis = sl.ref.perm.empty() ? sl.axis : sl.ref.perm[sl.axis];
+      gs.group = group;
+      out.slices.push_back(std::move(gs));
+    }
   }
   return out;
 }
@@ -275,10 +325,10 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   LOPPER_CHECK(opts.max_layer_amount > 0 && opts.max_layer_amount <= 1,
                "[prune] --max-layer-amount must be in (0, 1], got ", opts.max_layer_amount);
   LOPPER_CHECK(opts.round_to >= 1, "[prune] --round-to must be >= 1, got ", opts.round_to);
-  LOPPER_CHECK(opts.importance != ChannelImportance::kTaylor || saliency,
-               "[prune] --method taylor needs calibration data (--data)");
-  std::optional<std::regex> exclude;
-  if (!opts.exclude.empty()) exclude = compile_regex(opts.exclude, "--exclude");
+  const importance::Criterion& crit = importance::find(opts.criterion, importance::Use::kChannels);
+  LOPPER_CHECK(!crit.needs_data() || saliency, "[prune] --method ", crit.name,
+               " needs calibration data (--data)");
+  LayerFilter exclude(opts.exclude);
   std::vector<std::regex> rule_res;  // checked when the recipe was parsed
   if (opts.recipe)
     for (const auto& rule : opts.recipe->rules) rule_res.push_back(compile_regex(rule.match, "match"));
@@ -298,8 +348,10 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       g.blocked = "not attention heads (--structured head)";
       continue;
     }
-    std::string names = layer_names(graph, g, nullptr);
-    if (exclude && std::regex_search(names, *exclude)) {
+    // NOTE: each name is searched on its own, so that ^ and $ anchor to a layer's name.
+    std::vector<std::string> names;
+    layer_names(graph, g, &names);
+    if (exclude.excludes(names)) {
       g.blocked = "excluded (--exclude)";
       continue;
     }
@@ -318,7 +370,9 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       bool matched = false;
       for (size_t ri = 0; ri < rc.rules.size() && !matched; ++ri) {
         const auto& rule = rc.rules[ri];
-        if (!std::regex_search(names, rule_res[ri])) continue;
+        if (std::none_of(names.begin(), names.end(),
+                         [&](const std::string& n) { return std::regex_search(n, rule_res[ri]); }))
+          continue;
         matched = true, rule_used[ri] = 1, rules[gi] = rule.where;
         if (rule.skip) {
           g.blocked = "skipped by " + rule.where;
@@ -342,6 +396,16 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       warnings.push_back(opts.recipe->rules[ri].where + " matches no channel group");
 
   std::vector<std::vector<size_t>> removed(a.groups.size());
+  auto choose = [&](size_t gi, int64_t k) {  // group gi loses k channels, or what cap() allows
+    const Group& g = a.groups[gi];
+    k = cap(g, k, opts.round_to);
+    removed[gi] = lowest(g, k, opts.round_to);
+    if (int64_t(removed[gi].size()) < k)
+      warnings.push_back("group " + std::to_string(gi) + " (" +
+                         graph.nodes[*g.layers.begin()].label() + ") loses " +
+                         std::to_string(removed[gi].size()) + " channels, not " +
+                         std::to_string(k) + ": every part of it (a Split output) keeps one");
+  };
   bool any = false;
   for (size_t gi = 0; gi < a.groups.size(); ++gi) any |= amount[gi].has_value();
   if (!any)
@@ -352,8 +416,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     for (size_t gi = 0; gi < a.groups.size(); ++gi) {
       if (!amount[gi]) continue;
       const Group& g = a.groups[gi];
-      int64_t k = amount[gi]->count_of(int64_t(g.classes.size()), layer_names(graph, g, nullptr));
-      removed[gi] = lowest(g, cap(g, k, opts.round_to));
+      choose(gi, amount[gi]->count_of(int64_t(g.classes.size()), layer_names(graph, g, nullptr)));
     }
   } else {
     // One ranking across groups; scores divided by their group's mean so groups compare.
@@ -384,7 +447,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       if (want[e.g] < limit[e.g]) ++want[e.g], --k;
     }
     for (size_t gi = 0; gi < a.groups.size(); ++gi)
-      if (amount[gi]) removed[gi] = lowest(a.groups[gi], cap(a.groups[gi], want[gi], opts.round_to));
+      if (amount[gi]) choose(gi, want[gi]);
   }
 
   // Remove: classes of every removed channel.
@@ -400,8 +463,8 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   try {
     (void)node_shapes(out, resolve_input_shapes(out, opts.input_shapes, 1));
   } catch (const std::exception& e) {
-    throw Error(std::string("[prune] internal error: the shrunk model does not run (please "
-                            "report it): ") + e.what());
+    throw InternalError(std::string("internal error (a lopper bug): the shrunk model does not "
+                                    "run: ") + e.what());
   }
   model = std::move(out);
   return r;

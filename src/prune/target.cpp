@@ -16,7 +16,9 @@
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
-#include "prune/regex.h"
+#include "prune/importance.h"
+#include "prune/layer_filter.h"
+#include "prune/masks.h"
 
 namespace lopper {
 namespace {
@@ -29,11 +31,27 @@ struct Curve {
 // The structured options a target implies (criterion, rounding, analysis shapes).
 StructuredOptions structured_options(const TargetOptions& o) {
   StructuredOptions so;
-  so.importance = o.importance;
+  so.criterion = o.criterion;
   so.round_to = o.round_to;
   so.input_shapes = o.input_shapes;
   return so;
 }
+
+}  // namespace
+
+SensitivityOptions sensitivity_options(const TargetOptions& o) {
+  SensitivityOptions so;
+  so.structured = o.structured;
+  so.criterion = o.criterion;
+  so.round_to = o.round_to;
+  so.exclude = o.exclude;
+  so.device = o.device;
+  so.input_shapes = o.input_shapes;
+  if (!o.structured) so.amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99};
+  return so;
+}
+
+namespace {
 
 // A model with only the given amounts applied: per weight (unstructured; a fraction, or a count
 // when `counts`) or per channel group (structured).
@@ -185,14 +203,12 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
       LOPPER_CHECK(prunable.count(l.weight), "[prune] the sensitivity data does not match this "
                    "model (no prunable weight '", l.weight, "'): rerun lopper sensitivity on it");
   }
-  std::optional<std::regex> exclude;
-  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  LayerFilter exclude(o.exclude);
   std::vector<const LayerSensitivity*> units;
   for (const auto& l : s.layers) {
-    bool out = false;
-    for (const auto& name : l.layers) out |= exclude && std::regex_search(name, *exclude);
-    if (exclude && !l.weight.empty()) out |= std::regex_search(l.weight, *exclude);
-    if (!out) units.push_back(&l);
+    std::vector<std::string> names = l.layers;
+    names.push_back(l.weight);
+    if (!exclude.excludes(names)) units.push_back(&l);
   }
   LOPPER_CHECK(!units.empty(), "[prune] --exclude leaves no layer to prune");
 
@@ -354,8 +370,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
                         const std::map<std::string, std::vector<int64_t>>& shapes, double before,
                         double target) {
   TargetReport r;
-  std::optional<std::regex> exclude;
-  if (!o.exclude.empty()) exclude = compile_regex(o.exclude, "--exclude");
+  LayerFilter exclude(o.exclude);
   if (o.structured) {
     r.estimator = "global channel ranking";
     StructuredOptions so = structured_options(o);
@@ -407,8 +422,10 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     return r;
   }
 
-  // LAMP: within a layer, w^2 over the sum of the squares of the weights not smaller than it.
+  // LAMP (the criteria table's entry): scores that compare across layers, lowest removed first.
   r.estimator = "lamp";
+  const importance::Criterion& lamp = importance::find("lamp", importance::Use::kWeights);
+  static const std::vector<int64_t> no_perm;
   struct Entry {
     float score;
     int32_t unit;
@@ -421,16 +438,11 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
   std::unordered_map<std::string, int64_t> macs_of;
   for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
   for (const auto& pw : prunable_weights(model.graph)) {
-    if (exclude && (std::regex_search(pw.node->label(), *exclude) ||
-                    std::regex_search(pw.weight, *exclude)))
-      continue;
-    const at::Tensor w = model.graph.find_initializer(pw.weight)->value.to(at::kCPU, at::kDouble);
-    at::Tensor sq = w.flatten().square();
-    sq = sq.masked_select(sq.gt(0));
-    const at::Tensor sorted = std::get<0>(sq.sort());
-    // suffix sums: sum_{v >= u} w_v^2 over the sorted squares
-    const at::Tensor suffix = sorted.flip(0).cumsum(0).flip(0);
-    const at::Tensor score = (sorted / suffix).to(at::kFloat).contiguous();
+    if (exclude.excludes(pw.node->label(), pw.weight)) continue;
+    const at::Tensor& w = model.graph.find_initializer(pw.weight)->value;
+    const at::Tensor scores = importance::weight_scores({lamp, w, pw.weight, no_perm, nullptr});
+    const at::Tensor score =
+        std::get<0>(scores.masked_select(w.to(at::kCPU).ne(0)).sort()).contiguous();
     const int32_t u = int32_t(units.size());
     const float* p = score.data_ptr<float>();
     for (int64_t i = 0; i < score.numel(); ++i) all.push_back({p[i], u});
@@ -438,7 +450,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     params.push_back(w.numel());
     macs_per_weight.push_back(double(macs_of[pw.weight]) / double(std::max<int64_t>(w.numel(), 1)));
   }
-  LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude ? " (--exclude leaves none)" : "");
+  LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude.leaves_none());
   std::stable_sort(all.begin(), all.end(),
                    [](const Entry& a, const Entry& b) { return a.score < b.score; });
   // The model with the k lowest scores removed, and its per-layer counts.
@@ -519,8 +531,12 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
     LOPPER_CHECK(std::isfinite(o.value) && o.value > 0 && o.value < 1, "[prune] --target-",
                  target_name(o.kind), " is the share kept, in (0, 1), got ", o.value);
   LOPPER_CHECK(o.round_to >= 1, "[prune] --round-to must be >= 1, got ", o.round_to);
-  LOPPER_CHECK(!o.structured || o.importance != ChannelImportance::kTaylor,
-               "[prune] pruning to a target ranks channels by l1, l2, bn, fpgm or random");
+  if (o.structured)
+    LOPPER_CHECK(!importance::find(o.criterion, importance::Use::kChannels).needs_data(),
+                 "[prune] pruning to a target ranks channels by ",
+                 importance::names(importance::Use::kChannels,
+                                   [](const importance::Criterion& c) { return !c.needs_data(); },
+                                   " or "));
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const double before = cost_of(model, o, shapes);
   const double target = o.kind == TargetKind::kLatency ? o.value : o.value * before;

@@ -9,7 +9,7 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"

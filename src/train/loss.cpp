@@ -1,6 +1,6 @@
 // Losses on a model's output and what feeding a model batches needs from it; shared by calibration
 // (grad/taylor pruning), training and evaluation.
-#include "lopper/loss.h"
+#include "train/loss.h"
 
 #include <ATen/ATen.h>
 

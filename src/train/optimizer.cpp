@@ -13,12 +13,11 @@ namespace lopper::optim {
 
 Optimizer::Optimizer(OptimizerConfig cfg, std::vector<at::Tensor> params)
     : cfg_(std::move(cfg)), params_(std::move(params)), state_(params_.size()) {
-  LOPPER_CHECK(cfg_.kind == "sgd" || cfg_.kind == "adam" || cfg_.kind == "adamw",
-               "[train] unknown optimizer '", cfg_.kind, "' (optimizers: sgd, adam, adamw)");
   LOPPER_CHECK(cfg_.momentum >= 0 && cfg_.weight_decay >= 0 && cfg_.eps > 0 && cfg_.beta1 >= 0 &&
                    cfg_.beta1 < 1 && cfg_.beta2 >= 0 && cfg_.beta2 < 1,
                "[train] momentum, weight decay, betas and eps must be >= 0 (betas < 1)");
-  LOPPER_CHECK(!cfg_.nesterov || cfg_.kind == "sgd", "[train] --nesterov is for sgd");
+  LOPPER_CHECK(!cfg_.nesterov || cfg_.kind == lopper::Optimizer::kSgd,
+               "[train] --nesterov is for sgd");
   LOPPER_CHECK(!cfg_.nesterov || cfg_.momentum > 0, "[train] --nesterov needs --momentum > 0");
 }
 
@@ -30,7 +29,7 @@ void Optimizer::step(double lr) {
     at::Tensor grad = params_[i].grad();
     if (!grad.defined()) continue;
     auto& st = state_[i];
-    if (cfg_.kind == "sgd") {
+    if (cfg_.kind == lopper::Optimizer::kSgd) {
       at::Tensor g = cfg_.weight_decay != 0 ? grad.add(w, cfg_.weight_decay) : grad;
       if (cfg_.momentum != 0) {
         if (st.empty())
@@ -47,7 +46,7 @@ void Optimizer::step(double lr) {
       st.push_back(at::zeros_like(w));
     }
     at::Tensor g = grad;
-    if (cfg_.kind == "adamw")
+    if (cfg_.kind == lopper::Optimizer::kAdamW)
       w.mul_(1 - lr * cfg_.weight_decay);
     else if (cfg_.weight_decay != 0)
       g = grad.add(w, cfg_.weight_decay);

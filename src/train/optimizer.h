@@ -4,13 +4,14 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
 #include <vector>
+
+#include "lopper/train.h"
 
 namespace lopper::optim {
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // sgd | adam | adamw
+  lopper::Optimizer kind = lopper::Optimizer::kSgd;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <unordered_map>
 #include <unordered_set>
@@ -20,11 +21,12 @@
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "lopper/files.h"
-#include "lopper/loss.h"
-#include "lopper/npy.h"
+#include "util/files.h"
+#include "train/loss.h"
+#include "util/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
+#include "prune/importance.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
 
@@ -83,9 +85,9 @@ class AutocastScope {
 };
 
 
-at::Tensor loss_of(const std::string& kind, const at::Tensor& out, const at::Tensor& y,
+at::Tensor loss_of(TrainLoss kind, const at::Tensor& out, const at::Tensor& y,
                    const std::string& out_op) {
-  if (kind == "cross-entropy") return classification_loss(out, y, out_op);
+  if (kind == TrainLoss::kCrossEntropy) return classification_loss(out, y, out_op);
   at::Tensor o = out.reshape({out.size(0), -1});
   LOPPER_CHECK(y.numel() == 0 || y.max().item<int64_t>() < o.size(1), "[loss] the model has ",
                o.size(1), " outputs per sample, but the data has label ", y.max().item<int64_t>());
@@ -103,7 +105,6 @@ struct Param {
   at::Tensor keep;   // prunable weights with zeros: true where the weight is alive (else undefined)
   bool prunable = false, bn_scale = false;
   int64_t out_axis = -1;
-  at::Tensor grad_sum, taylor_sum;  // saliency since the last pruning event (grad/taylor)
 };
 
 // NOTE: PyTorch's exporter stores equal initializers once and reads the copies through Identity
@@ -134,6 +135,14 @@ class Trainer {
           Distributed* dist)
       : model_(model), data_(data), o_(o), cb_(cb), dist_(dist) {
     check_options();
+    // A schedule whose criterion ranks by gradients accumulates them at every step.
+    if (o_.schedule != PruneSchedule::kNone) {
+      const importance::Criterion& c =
+          o_.structured_schedule
+              ? importance::find(o_.structured.criterion, importance::Use::kChannels)
+              : importance::find(o_.prune.criterion, importance::Use::kWeights);
+      if (c.needs == importance::Needs::kGradients) saliency_.emplace(c.name);
+    }
     untie_identity_initializers(model_.graph);
     build();
   }
@@ -192,13 +201,15 @@ class Trainer {
       for (const auto& sl : gs.slices)
         if (auto it = index.find(sl.weight); it != index.end())
           gl_.push_back({it->second, sl.axis, sl.group,
-                         at::tensor(sl.channel, at::kLong).to(ex_->device())});
+                         at::tensor(sl.channel, at::kLong).to(ex_->device()),
+                         at::tensor(sl.index, at::kLong).to(ex_->device())});
       if (gl_.empty())  // no channel group: each prunable weight's output channels on their own
         for (size_t i = 0; i < params_.size(); ++i)
           if (params_[i].prunable && params_[i].out_axis >= 0) {
             const int64_t n = params_[i].value.size(params_[i].out_axis);
             gl_.push_back({i, params_[i].out_axis, int64_t(gl_sizes_.size()),
-                           at::arange(n, at::TensorOptions().dtype(at::kLong).device(ex_->device()))});
+                           at::arange(n, at::TensorOptions().dtype(at::kLong).device(ex_->device())),
+                           at::Tensor()});
             gl_sizes_.push_back(n);
           }
     }
@@ -207,7 +218,7 @@ class Trainer {
   void check_options() {
     check_train_options(o_);
     if (!o_.checkpoint_dir.empty()) check_checkpoint_dir(o_.checkpoint_dir);
-    precision_ = parse_precision(o_.precision);
+    precision_ = o_.precision;
   }
 
   void collect_params() {
@@ -267,9 +278,9 @@ class Trainer {
 
   double lr_at(int64_t epoch, int64_t step) const {
     double lr = o_.lr;
-    if (o_.lr_schedule == "cosine") {
+    if (o_.lr_schedule == LrSchedule::kCosine) {
       lr = o_.lr * 0.5 * (1 + std::cos(M_PI * double(epoch) / double(o_.epochs)));
-    } else if (o_.lr_schedule == "step") {
+    } else if (o_.lr_schedule == LrSchedule::kStep) {
       int64_t every = o_.lr_step_epochs > 0 ? o_.lr_step_epochs : std::max<int64_t>(1, o_.epochs / 3);
       lr = o_.lr * std::pow(o_.lr_gamma, double(epoch / every));
     }
@@ -297,7 +308,7 @@ class Trainer {
       at::Tensor sq = others.empty() ? v.square() : v.square().sum(others);
       at::Tensor& a = acc[t.group];
       if (!a.defined()) a = at::zeros({gl_sizes_[t.group]}, sq.options());
-      a = a.index_add(0, t.channel, sq);
+      a = a.index_add(0, t.channel, t.index.defined() ? sq.index_select(0, t.index) : sq);
     }
     // NOTE: a small epsilon keeps the gradient of a channel norm finite once it reaches 0.
     for (const auto& a : acc)
@@ -305,11 +316,7 @@ class Trainer {
     return r;
   }
 
-  bool needs_saliency() const {
-    if (o_.schedule == PruneSchedule::kNone) return false;
-    if (o_.structured_schedule) return o_.structured.importance == ChannelImportance::kTaylor;
-    return o_.prune.method == PruneMethod::kGrad || o_.prune.method == PruneMethod::kTaylor;
-  }
+  bool needs_saliency() const { return saliency_.has_value(); }
 
   struct StepResult {
     double loss = 0;
@@ -348,17 +355,9 @@ class Trainer {
     if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(logits.detach(), y), false};
     for (auto& p : params_) {
       if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
-      if (needs_saliency() && p.prunable) {
-        const at::Tensor& g = p.value.grad();
-        if (!p.grad_sum.defined()) {
-          p.grad_sum = at::zeros_like(g);
-          p.taylor_sum = at::zeros_like(g);
-        }
-        p.grad_sum.add_(g.abs());
-        p.taylor_sum.add_((p.value.detach() * g).abs());
-      }
+      if (needs_saliency() && p.prunable) saliency_->add(p.name, p.value.detach(), p.value.grad());
     }
-    ++saliency_batches_;
+    if (needs_saliency()) saliency_->end_batch();
     return {lv, correct_of(logits.detach(), y), true};
   }
 
@@ -400,7 +399,7 @@ class Trainer {
     if (o_.structured_schedule) return remove_channels_to(target, why);
     double now = sparsity_now();
     if (target <= now + 1e-12) return;
-    if (needs_saliency() && saliency_batches_ == 0) calibrate();
+    if (needs_saliency() && saliency_->batches() == 0) calibrate();
     ir::Model snap = model_;
     write_back(snap);
     PruneOptions po = o_.prune;
@@ -418,19 +417,14 @@ class Trainer {
     reset_saliency();
     double got = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
     note(fmt::format("{}: pruned to {:.1f}% sparsity ({} {}, target {:.1f}%)", why, 100 * got,
-                     method_name(o_.prune.method),
+                     o_.prune.criterion,
                      o_.prune.scope == PruneScope::kGlobal ? "global" : "local", 100 * target));
   }
 
-  // The gradient saliencies accumulated since the last pruning event (grad/taylor).
+  // The gradient saliencies accumulated since the last pruning event.
   Saliency saliency_so_far() const {
     Saliency sal;
-    if (!needs_saliency()) return sal;
-    for (const auto& p : params_)
-      if (p.prunable && p.grad_sum.defined()) {
-        sal.grad[p.name] = (p.grad_sum / double(saliency_batches_)).cpu();
-        sal.taylor[p.name] = p.taylor_sum.cpu();
-      }
+    if (needs_saliency()) saliency_->fill(sal);
     return sal;
   }
 
@@ -439,7 +433,7 @@ class Trainer {
   void remove_channels_to(double target, const std::string& why) {
     const double now = s_channels_;
     if (target <= now + 1e-12) return;
-    if (needs_saliency() && saliency_batches_ == 0) calibrate();
+    if (needs_saliency() && saliency_->batches() == 0) calibrate();
     write_back(model_);
     StructuredOptions so = o_.structured;
     so.amount = PruneAmount{std::clamp(1.0 - (1.0 - target) / (1.0 - now), 0.0, 1.0), false};
@@ -450,11 +444,11 @@ class Trainer {
     refresh_masks();
     reset_saliency();
     note(fmt::format("{}: {} {} of {} channels left (target {:.1f}% removed; optimiser state restarts)",
-                     why, importance_name(so.importance), r.channels_after, r.channels_before,
+                     why, so.criterion, r.channels_after, r.channels_before,
                      100 * target));
   }
 
-  // grad/taylor before any training step: accumulate gradients over up to 32 batches.
+  // A gradient criterion before any training step: accumulate gradients over up to 32 batches.
   void calibrate() {
     data_.start_epoch(0);
     Batch b;
@@ -462,8 +456,7 @@ class Trainer {
   }
 
   void reset_saliency() {
-    saliency_batches_ = 0;
-    for (auto& p : params_) p.grad_sum = p.taylor_sum = at::Tensor();
+    if (needs_saliency()) saliency_->clear();
   }
 
   void note(const std::string& s) {
@@ -584,7 +577,7 @@ class Trainer {
     onnx::save_model(snap, (tmp / "model.onnx").string());
     nlohmann::json j;
     j["epochs_done"] = epochs_done;
-    j["optimizer"] = o_.optimizer;
+    j["optimizer"] = optimizer_name(o_.optimizer);
     j["optimizer_steps"] = opt_->steps();
     if (precision_ == at::kHalf) j["loss_scale"] = scaler_.scale;
     j["params"] = nlohmann::json::array();
@@ -621,9 +614,9 @@ class Trainer {
     } catch (const nlohmann::json::exception& e) {
       throw Error("[train] checkpoint '" + dir.string() + "': state.json: " + e.what());
     }
-    LOPPER_CHECK(j.value("optimizer", "") == o_.optimizer, "[train] checkpoint '", dir.string(),
-                 "' was written with --optimizer ", j.value("optimizer", "?"), ", not ",
-                 o_.optimizer);
+    LOPPER_CHECK(j.value("optimizer", "") == optimizer_name(o_.optimizer), "[train] checkpoint '",
+                 dir.string(), "' was written with --optimizer ", j.value("optimizer", "?"),
+                 ", not ", optimizer_name(o_.optimizer));
     ir::Model ck = onnx::load_model((dir / "model.onnx").string());
     {
       c10::NoGradGuard no_grad;
@@ -666,6 +659,7 @@ class Trainer {
     size_t param;
     int64_t axis, group;
     at::Tensor channel;  // per index along axis: its channel in the group
+    at::Tensor index;    // the positions along axis that `channel` covers (undefined: all)
   };
   std::vector<GroupLassoSlice> gl_;
   std::vector<int64_t> gl_sizes_;
@@ -675,7 +669,9 @@ class Trainer {
   ModelIO io_;
   std::vector<Param> params_;
   TrainResult result_;
-  int64_t steps_per_epoch_ = 0, first_epoch_ = 0, saliency_batches_ = 0;
+  int64_t steps_per_epoch_ = 0, first_epoch_ = 0;
+  // Gradient statistics since the last pruning event, when the schedule's criterion needs them.
+  std::optional<importance::GradientStats> saliency_;
   double s_initial_ = 0;
   at::ScalarType precision_ = at::kFloat;
   amp::LossScaler scaler_;
@@ -735,19 +731,48 @@ EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string&
   return r;
 }
 
+namespace {
+
+// The spellings of a training option's values, in the order its enum declares them.
+template <typename E, size_t N>
+struct Spellings {
+  const char* names[N];
+  E parse(const std::string& s, const char* what, const char* list) const {
+    for (size_t i = 0; i < N; ++i)
+      if (s == names[i]) return E(i);
+    throw Error(std::string("[train] unknown ") + what + " '" + s + "' (" + list + ")");
+  }
+  const char* name(E e) const { return size_t(e) < N ? names[size_t(e)] : "?"; }
+};
+constexpr Spellings<Optimizer, 3> kOptimizers{{"sgd", "adam", "adamw"}};
+constexpr Spellings<LrSchedule, 3> kLrSchedules{{"constant", "step", "cosine"}};
+constexpr Spellings<TrainLoss, 2> kLosses{{"cross-entropy", "mse"}};
+
+}  // namespace
+
+Optimizer parse_optimizer(const std::string& s) {
+  return kOptimizers.parse(s, "optimizer", "optimizers: sgd, adam, adamw");
+}
+const char* optimizer_name(Optimizer o) { return kOptimizers.name(o); }
+
+LrSchedule parse_lr_schedule(const std::string& s) {
+  return kLrSchedules.parse(s, "--lr-schedule", "schedules: constant, step, cosine");
+}
+const char* lr_schedule_name(LrSchedule s) { return kLrSchedules.name(s); }
+
+TrainLoss parse_train_loss(const std::string& s) {
+  return kLosses.parse(s, "--loss", "losses: cross-entropy, mse");
+}
+const char* train_loss_name(TrainLoss l) { return kLosses.name(l); }
+
 void check_train_options(const TrainOptions& o) {
-  LOPPER_CHECK(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
-               "[train] unknown optimizer '", o.optimizer, "' (optimizers: sgd, adam, adamw)");
-  LOPPER_CHECK(parse_precision(o.precision) != at::kHalf || o.device.rfind("cuda", 0) == 0,
+  LOPPER_CHECK(
+      o.precision == at::kFloat || o.precision == at::kBFloat16 || o.precision == at::kHalf,
+      "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(o.precision));
+  LOPPER_CHECK(o.precision != at::kHalf || o.device.rfind("cuda", 0) == 0,
                "[train] --precision fp16 needs a CUDA device (on the CPU use bf16)");
   LOPPER_CHECK(o.epochs > 0, "[train] --epochs must be > 0, got ", o.epochs);
   LOPPER_CHECK(o.lr > 0 && std::isfinite(o.lr), "[train] --lr must be > 0, got ", o.lr);
-  LOPPER_CHECK(o.lr_schedule == "constant" || o.lr_schedule == "step" ||
-                   o.lr_schedule == "cosine",
-               "[train] unknown --lr-schedule '", o.lr_schedule,
-               "' (schedules: constant, step, cosine)");
-  LOPPER_CHECK(o.loss == "cross-entropy" || o.loss == "mse", "[train] unknown --loss '",
-               o.loss, "' (losses: cross-entropy, mse)");
   LOPPER_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs <= double(o.epochs),
                "[train] --warmup-epochs must be in [0, epochs], got ", o.warmup_epochs);
   LOPPER_CHECK(o.grad_clip >= 0, "[train] --grad-clip must be >= 0, got ", o.grad_clip);
@@ -761,9 +786,13 @@ void check_train_options(const TrainOptions& o) {
                "resume from the checkpoint's model.onnx with the rest of the schedule instead");
   if (o.schedule == PruneSchedule::kNone) return;
   check_layer_options(o.prune);
-  LOPPER_CHECK(o.prune.method != PruneMethod::kAbs,
-               "[train] a pruning schedule ramps an amount: use --prune-method l1, random, grad "
-               "or taylor");
+  auto ramps = [](const importance::Criterion& c) {
+    return c.weights != importance::WeightRank::kThreshold;
+  };
+  LOPPER_CHECK(o.structured_schedule ||
+                   ramps(importance::find(o.prune.criterion, importance::Use::kWeights)),
+               "[train] a pruning schedule ramps an amount: use --prune-method ",
+               importance::names(importance::Use::kWeights, ramps, " or "));
   LOPPER_CHECK(!o.prune.amount.is_count,
                "[train] --prune-amount is the final sparsity, a fraction in [0, 1)");
   LOPPER_CHECK(o.prune.amount.value < 1, "[train] --prune-amount must be < 1, got ",

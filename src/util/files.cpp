@@ -1,4 +1,4 @@
-#include "lopper/files.h"
+#include "util/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

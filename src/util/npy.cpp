@@ -1,11 +1,11 @@
-#include "lopper/npy.h"
+#include "util/npy.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
 #include "lopper/error.h"
-#include "lopper/files.h"
+#include "util/files.h"
 
 namespace lopper {
 namespace {

@@ -1,0 +1,165 @@
+// lopper prune --target-macs | --target-params | --target-latency-ms.
+#include "lopper/prune.h"
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/prune.h"
+#include "prune/importance.h"
+#include "cli/report.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "util/files.h"
+#include "lopper/onnx_io.h"
+#include "onnx/save.h"
+#include "lopper/report.h"
+#include "report/progress.h"
+#include "lopper/analysis.h"
+#include "lopper/target.h"
+#include "lopper/sensitivity.h"
+#include "lopper/structured.h"
+#include "lopper/train.h"
+
+namespace lopper::cli {
+
+// lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
+// the target with the least estimated loss (sensitivity data from --sensitivity FILE or measured
+// on --data; without either, LAMP or the global channel ranking).
+int run_target(const Opts& o, TargetKind kind) {
+  TargetOptions t;
+  t.kind = kind;
+  t.value = t.kind == TargetKind::kMacs     ? o.target_macs
+            : t.kind == TargetKind::kParams ? o.target_params
+                                            : o.target_latency_ms;
+  if (!o.structured.empty()) {
+    if (o.structured != "channel")
+      throw UsageError("[prune] a target prunes weights or --structured channel, not '" +
+                       o.structured + "'");
+    t.structured = true;
+    t.criterion = channel_criterion(o.method).name;
+  } else if (!o.method.empty() && o.method != "l1") {
+    throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
+                     " does not go with it");
+  }
+  if (!o.sensitivity.empty() && o.data.given())
+    throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
+  t.round_to = o.round_to;
+  t.exclude = o.exclude;
+  t.device = o.device;
+  t.input_shapes = parse_shape_overrides(o.shapes);
+  check_device_flag(o.device);
+  OutputFiles files("prune");
+  declare_files(files, o);
+  ir::Model model = load_input_model(files, o.model);
+  std::optional<SensitivityResult> sens;
+  std::unique_ptr<DataLoader> loader;  // --data: the sensitivity's batches, then the loss measured
+  if (o.data.given()) {
+    LoaderOptions lo = o.data.loader(model);
+    lo.shuffle = false;
+    loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
+  }
+  if (!o.sensitivity.empty()) {
+    sens = parse_sensitivity(read_file(o.sensitivity), o.sensitivity);
+  } else if (loader) {
+    SensitivityOptions so = sensitivity_options(t);
+    so.eval_batches = o.eval_batches;
+    std::unique_ptr<Progress> bar;
+    so.progress = [&](int64_t done, int64_t total, const std::string& what) {
+      if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
+      bar->update(done, what);
+    };
+    sens = sensitivity(model, *loader, so);
+  }
+  t.sensitivity = sens ? &*sens : nullptr;
+  std::unique_ptr<Progress> bar;
+  t.progress = [&](const std::string& what, int64_t done, int64_t total) {
+    if (!bar) bar = std::make_unique<Progress>("target", total, 10);
+    bar->update(done, what);
+  };
+  const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
+  const ModelCost before = analyze(model, shapes);
+  TargetReport r = prune_to_target(model, t);
+  if (bar) bar->finish();
+  const ModelCost after = analyze(model, shapes);
+  onnx::SaveOptions save;
+  if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
+  onnx::save_model(model, o.out, save, files);
+
+  const bool latency = t.kind == TargetKind::kLatency;
+  nlohmann::json j = to_json(r, sens.has_value());
+  j["model"] = o.model;
+  j["out"] = o.out;
+  j["target"]["value"] = t.value;
+  if (latency) j["target"]["device"] = o.device;
+  const std::string spread_warning = j["target"].value("latency_warning", "");
+  std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
+  std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
+  if (sens && loader) {
+    measured = evaluate(model, *loader, o.device, {}, at::kFloat, o.eval_batches);
+    EvalResult base;
+    base.samples = sens->samples;
+    base.top1 = sens->top1;
+    base.loss = sens->loss;
+    evaluated.emplace(base, *measured);
+    j["target"]["loss"]["measured"] = measured->loss;
+    j["target"]["loss"]["top1_base"] = sens->top1;
+    j["target"]["loss"]["top1_measured"] = measured->top1;
+  }
+  j["structured"] = t.structured;
+  put_costs(j, o, files, model, before, after);
+  j["nonzero_before"] = before.nonzero;
+  j["nonzero"] = after.nonzero;
+  const std::string report_path = o.out + ".report.json";
+  files.write(report_path, j.dump(2) + "\n");
+  if (!o.report.empty())
+    write_html_report(files, o, model, [&](HtmlReport& rep) {
+      std::vector<std::pair<std::string, double>> chosen;
+      for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
+      rep.add_target(j["target"], chosen);
+      if (sens) rep.add_sensitivity(*sens);
+    }, evaluated ? &*evaluated : nullptr);
+  files.commit();
+  if (latency && r.measured > r.target)
+    std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
+                             "ms (latency is noisy: measure again with lopper bench)\n",
+                             r.measured, r.target);
+  if (!spread_warning.empty()) std::cerr << "lopper: [prune] warning: " << spread_warning << "\n";
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << to_table(r, t.structured, sens.has_value());
+  auto fmt_cost = [&](double v) {
+    return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
+  };
+  std::cout << fmt::format("\ntarget   {} {} = {} (estimator: {}, {} round{})\n",
+                           target_name(r.kind), latency ? fmt_cost(t.value)
+                                                        : fmt::format("{:g} of {}", t.value,
+                                                                      fmt_cost(r.before)),
+                           fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s")
+            << fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
+                           fmt_cost(r.measured));
+  if (sens)
+    std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
+                             "increases){}\n",
+                             r.base_loss, r.predicted_loss,
+                             measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
+  if (measured)
+    std::cout << fmt::format("top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
+                             "samples, before fine-tuning)\n",
+                             100 * sens->top1, 100 * measured->top1, measured->samples);
+  const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
+  std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
+                           before.nonzero)
+            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
+                           after.macs, before.macs, ea.macs, eb.macs)
+            << "report   " << report_path << "\n";
+  if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
+  return 0;
+}
+
+}  // namespace lopper::cli

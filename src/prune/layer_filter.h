@@ -1,0 +1,40 @@
+// Which layers an option leaves out (--exclude, the trainer's schedules, sensitivity, targets),
+// and the regexes of the command line and recipes (internal).
+#pragma once
+
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace lopper {
+
+/// `re` compiled (ECMAScript); throws lopper::Error "[prune] WHAT 'RE' is not a valid regex: ...".
+std::regex compile_regex(const std::string& re, const std::string& what);
+
+/// An `exclude` option: an ECMAScript regex searched in each name of a layer (its nodes, its
+/// weight), compiled once. Empty: it leaves nothing out.
+class LayerFilter {
+ public:
+  /// Throws lopper::Error naming `option` when `exclude` is not a valid regex.
+  explicit LayerFilter(const std::string& exclude, const char* option = "--exclude");
+  bool empty() const { return !re_; }
+  /// Whether the regex is found in any of `names` (empty names are skipped).
+  bool excludes(const std::vector<std::string>& names);
+  bool excludes(const std::string& node, const std::string& weight) {
+    return excludes(std::vector<std::string>{node, weight});
+  }
+  /// Whether some layer was left out so far (an exclude that matches nothing is worth a warning).
+  bool matched() const { return matched_; }
+  /// "--exclude 'RE' matched no layer" when the filter left nothing out; "" otherwise.
+  std::string unmatched_warning() const;
+  /// " (--exclude leaves none)" when the filter is on; "" otherwise: for "nothing left" errors.
+  std::string leaves_none() const;
+
+ private:
+  std::optional<std::regex> re_;
+  std::string pattern_, option_;
+  bool matched_ = false;
+};
+
+}  // namespace lopper

@@ -1,0 +1,73 @@
+// The text form of every pruning report (lopper/report.h): what the CLI prints, and what a
+// report object prints as in a program embedding lopper.
+#include "report/table.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "lopper/prune.h"
+#include "lopper/report.h"
+#include "lopper/structured.h"
+#include "lopper/target.h"
+
+namespace lopper {
+
+size_t name_column_width(const std::vector<std::string>& names, size_t min) {
+  size_t w = min;
+  for (const auto& n : names) w = std::max(w, n.size());
+  return std::min<size_t>(w, 48);
+}
+
+std::string fit_name(const std::string& name, size_t width) {
+  return name.size() > width ? "…" + name.substr(name.size() - width + 1) : name;
+}
+
+std::string to_table(const PruneReport& r) {
+  std::vector<std::string> names;
+  for (const auto& l : r.layers) names.push_back(l.name);
+  const size_t w = name_column_width(names, 5);
+  std::string s = fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>9}  {}\n", "layer", w, "op",
+                              "params", "nonzero was", "nonzero", "sparsity", "method");
+  for (const auto& l : r.layers) {
+    std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
+    if (l.skipped.empty() && !l.rule.empty()) how += "  [" + l.rule + "]";
+    s += fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", fit_name(l.name, w), w,
+                     l.op, l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(), how);
+  }
+  const double sparsity = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
+  s += fmt::format("\nprunable params {:>14}\nnonzero         {:>14}  (was {}, sparsity {:.1f}%)\n",
+                   r.params, r.nonzero_after, r.nonzero_before, 100.0 * sparsity);
+  return s;
+}
+
+std::string to_table(const StructuredReport& r) {
+  std::string s = fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12}  {}\n", "group", "kind", "before",
+                              "after", "score", "layers");
+  for (const auto& g : r.groups) {
+    std::string layers;
+    for (size_t i = 0; i < g.layers.size() && i < 3; ++i) layers += (i ? ", " : "") + g.layers[i];
+    if (g.layers.size() > 3) layers += fmt::format(" (+{})", g.layers.size() - 3);
+    if (!g.blocked.empty()) layers += "  [kept: " + g.blocked + "]";
+    s += fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12.4g}  {}\n", g.id, g.kind, g.size_before,
+                     g.size_after, g.score, layers);
+  }
+  const int64_t a = r.channels_after, b = r.channels_before;
+  s += fmt::format("\nchannels {:>14}  (was {}, -{:.1f}%)\n", a, b,
+                   b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0);
+  return s;
+}
+
+std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity) {
+  std::vector<std::string> names;
+  for (const auto& u : r.units) names.push_back(u.name);
+  const size_t w = name_column_width(names, 5);
+  std::string s = fmt::format("{:<{}}  {:>8}{}\n", structured ? "group" : "layer", w, "amount",
+                              with_sensitivity ? "  est. loss +" : "");
+  for (const auto& u : r.units)
+    s += fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.name, w), w, 100 * u.amount,
+                     with_sensitivity ? fmt::format("  {:>11.4f}", u.est_loss_increase) : "");
+  return s;
+}
+
+}  // namespace lopper

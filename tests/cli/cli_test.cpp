@@ -1,0 +1,197 @@
+// The lopper command line: exit codes, one-line errors, no partial output, and the JSON of inspect
+// and bench.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+#include "test_util.h"
+#include "util/npy.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+using namespace lopper::test;
+
+namespace {
+
+// Expects a failure with exit code `code` and one line on stderr containing `needle`.
+void expect_error(const test::CliResult& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+TEST(Cli, VersionAndHelp) {
+  auto r = lopper_cli("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("lopper "), std::string::npos);
+  for (const char* sub : {"inspect", "run", "bench", "convert", "prune"}) {
+    r = lopper_cli(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("--"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  expect_error(lopper_cli("inspect --no-such-flag x.onnx"), 2, "no-such-flag");
+  expect_error(lopper_cli("frobnicate"), 2, "frobnicate");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --batch 0"), 2, "batch");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input nofile --out /tmp/x"), 2,
+               "NAME=FILE");
+}
+
+TEST(Cli, BadModelsExitOne) {
+  TempDir d;
+  expect_error(lopper_cli("inspect " + d / "missing.onnx"), 1, "cannot open");
+  { std::ofstream(d / "junk.onnx") << "this is not a model"; }
+  expect_error(lopper_cli("inspect " + d / "junk.onnx"), 1, "junk.onnx");
+  std::string bytes = slurp(fixture("resnet18.ts.onnx"));
+  ASSERT_GT(bytes.size(), 1000u);
+  { std::ofstream(d / "cut.onnx", std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
+  expect_error(lopper_cli("bench " + d / "cut.onnx"), 1, "cut.onnx");
+}
+
+TEST(Cli, RunWritesOutputsAndRefusesBadInputs) {
+  TempDir d;
+  auto r = lopper_cli("run " + fixture("mlp.ts.onnx") +
+                      " --input input=" + fixture("mlp.input_0.npy") + " --out " + d / "out");
+  ASSERT_EQ(r.code, 0) << r.err;
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d.path / "out")) {
+    ++files;
+    at::Tensor got = load_npy(e.path().string());
+    at::Tensor want = load_npy(fixture("mlp.expected_0.npy"));
+    EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
+  }
+  EXPECT_EQ(files, 1);
+
+  save_npy(at::zeros({4, 1, 14, 14}), d / "small.npy");
+  r = lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "small.npy" + " --out " +
+                 d / "bad");
+  expect_error(r, 1, "expected shape");
+  EXPECT_FALSE(fs::exists(d.path / "bad")) << "no partial output on failure";
+  save_npy(at::zeros({4, 1, 28, 28}, at::kDouble), d / "f64.npy");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "f64.npy" +
+                          " --out " + d / "bad"),
+               1, "expected float32");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input nosuch=" + d / "f64.npy" +
+                          " --out " + d / "bad"),
+               1, "no input named 'nosuch'");
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --out " + d / "bad"), 1,
+               "missing input 'input'");
+  { std::ofstream(d / "junk.npy") << "garbage"; }
+  expect_error(lopper_cli("run " + fixture("mlp.ts.onnx") + " --input input=" + d / "junk.npy" +
+                          " --out " + d / "bad"),
+               1, "not a .npy file");
+  EXPECT_FALSE(fs::exists(d.path / "bad"));
+}
+
+TEST(Cli, InspectCountsParamsAndMacs) {
+  auto r = lopper_cli("inspect " + fixture("mlp.ts.onnx") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  // 784*256+256 + 256*128+128 + 128*10+10; the fixture's input is [4, 1, 28, 28].
+  EXPECT_EQ(j["params"].get<int64_t>(), 235146);
+  EXPECT_EQ(j["nonzero"].get<int64_t>(), 235146);
+  EXPECT_EQ(j["macs"].get<int64_t>(), 4 * (784 * 256 + 256 * 128 + 128 * 10));
+  ASSERT_EQ(j["layers"].size(), 3u);
+  EXPECT_EQ(j["layers"][0]["params"].get<int64_t>(), 784 * 256);
+  EXPECT_EQ(j["layers"][0]["op"], "Gemm");
+
+  // torchvision resnet18 with BatchNorm kept: 11,689,512 parameters, 1.82 GMACs at 1x3x224x224.
+  r = lopper_cli("inspect " + fixture("resnet18.preserve.onnx") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params"].get<int64_t>(), 11689512);
+  EXPECT_NEAR(j["macs"].get<double>() / 1e9, 1.82, 0.01);
+  EXPECT_EQ(j["layers"].size(), 21u);  // 20 convolutions + fc
+}
+
+TEST(Cli, BenchReportsLatency) {
+  auto r =
+      lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 5 --warmup 1 --threads 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["median_ms"].get<double>(), 0.0);
+  EXPECT_GE(j["p90_ms"].get<double>(), j["median_ms"].get<double>());
+  EXPECT_EQ(j["batch"].get<int64_t>(), 4);  // the model's static batch
+  if (!cuda_available()) {
+    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device cuda:0"), 1, "CUDA");
+    expect_error(lopper_cli("compare " + fixture("mlp.ts.onnx") + " " + fixture("mlp.ts.onnx") +
+                            " --iters 1 --device cuda"),
+                 1, "CUDA");
+  }
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device tpu"), 2, "bad device");
+  expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp8"), 2,
+               "bad precision 'fp8'");
+  if (!cuda_available())
+    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp16"), 1,
+                 "fp16 needs a CUDA device");
+  auto bf16 =
+      lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 2 --warmup 0 --precision bf16");
+  EXPECT_EQ(bf16.code, 0) << bf16.err;
+}
+
+// --explain names every weighted layer's choice and candidates; the second load takes the choices
+// from the per-machine cache; LOPPER_ISA picks the ISA or fails at load with one line; a corrupt
+// cache is rebuilt.
+TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
+  TempDir dir;
+  ASSERT_EQ(lopper_cli("prune " + fixture("mlp.ts.onnx") + " -o " + dir / "p.onnx" +
+                       " --method l1 --amount 0.9")
+                .code,
+            0);
+  setenv("LOPPER_CACHE_DIR", (dir / "cache").c_str(), 1);
+  setenv("LOPPER_ISA", "avx2", 1);
+  // A fixed thread count: choices are cached per thread count, and the default follows the load.
+  const std::string bench =
+      "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json --threads 1";
+  auto first = lopper_cli(bench);
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto j = nlohmann::json::parse(first.out)["kernels"];
+  EXPECT_EQ(j["isa"], "avx2");
+  ASSERT_EQ(j["layers"].size(), 3u);  // the MLP's three Gemms
+  for (const auto& l : j["layers"]) {
+    EXPECT_FALSE(l["cached"].get<bool>());
+    EXPECT_NEAR(l["sparsity"].get<double>(), 0.9, 0.01);
+    EXPECT_TRUE(l["ms"].contains("aten"));
+    EXPECT_TRUE(l["ms"].contains("csr-dot"));  // a 90% sparse weight has sparse candidates
+    EXPECT_TRUE(l["ms"].contains(l["chosen"].get<std::string>()));
+  }
+  EXPECT_TRUE(fs::exists(dir / "cache/kernels.json"));
+  auto second = lopper_cli(bench);
+  ASSERT_EQ(second.code, 0) << second.err;
+  auto j2 = nlohmann::json::parse(second.out)["kernels"];
+  for (size_t i = 0; i < j2["layers"].size(); ++i) {
+    EXPECT_TRUE(j2["layers"][i]["cached"].get<bool>());
+    EXPECT_EQ(j2["layers"][i]["chosen"], j["layers"][i]["chosen"]);
+  }
+  std::ofstream(dir / "cache/kernels.json") << "{ not json";
+  auto third = lopper_cli(bench);
+  ASSERT_EQ(third.code, 0) << third.err;
+  EXPECT_FALSE(nlohmann::json::parse(third.out)["kernels"]["layers"][0]["cached"].get<bool>());
+  auto text = lopper_cli("bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain");
+  EXPECT_NE(text.out.find("kernel choice per layer (sparse kernels: avx2"), std::string::npos);
+  setenv("LOPPER_ISA", "sse9", 1);
+  expect_error(lopper_cli(bench), 1, "LOPPER_ISA='sse9' is not an ISA");
+  unsetenv("LOPPER_ISA");
+  unsetenv("LOPPER_CACHE_DIR");
+}
+
+TEST(Cli, ConvertRoundTrips) {
+  TempDir d;
+  auto r = lopper_cli("convert " + fixture("small_cnn.ts.onnx") + " -o " + d / "out.onnx");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ir::Model a = onnx::load_model(fixture("small_cnn.ts.onnx"));
+  ir::Model b = onnx::load_model(d / "out.onnx");
+  EXPECT_EQ(a.graph.nodes.size(), b.graph.nodes.size());
+  // Refuses to overwrite its input.
+  r = lopper_cli("convert " + d / "out.onnx" + " -o " + d / "out.onnx");
+  expect_error(r, 2, "input");
+}

@@ -1,0 +1,238 @@
+// The executor: autograd gradients against PyTorch's, the inference rewrites (fusions) against the
+// plain graph, input checking, and unsupported ops.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "exec/fuse.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+#include "lopper/prune.h"
+#include "test_models.h"
+#include "util/npy.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+using namespace lopper::test;
+
+namespace {
+
+// The fixture's saved inputs (STEM.input_0.npy, ...) under the model's input names.
+NamedTensors fixture_feeds(const ir::Model& m, const std::string& stem) {
+  NamedTensors feeds;
+  for (int i = 0; fs::exists(fixture(stem + ".input_" + std::to_string(i) + ".npy")); ++i)
+    feeds.emplace_back(m.graph.real_inputs()[i]->name,
+                       load_npy(fixture(stem + ".input_" + std::to_string(i) + ".npy")));
+  return feeds;
+}
+
+// x -> Conv -> BatchNorm -> Relu -> Conv -> Add(relu out) -> Relu -> MatMul -> Add(bias) ->
+// Gelu written with Erf -> y
+ir::Model fusable_model() {
+  at::manual_seed(3);
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  g.inputs.push_back(
+      {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {6, ""}, {6, ""}}, "", ""}, ""});
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  auto init = [&](const std::string& n, at::Tensor t) {
+    g.initializers.push_back({n, t, "", false});
+  };
+  init("w1", at::randn({8, 8, 3, 3}) * 0.2);
+  init("b1", at::randn({8}));
+  init("scale", at::rand({8}) + 0.5);
+  init("shift", at::randn({8}));
+  init("mean", at::randn({8}) * 0.1);
+  init("var", at::rand({8}) + 0.5);
+  init("w2", at::randn({8, 8, 3, 3}) * 0.2);
+  init("wm", at::randn({6, 5}));
+  init("bm", at::randn({5}));
+  init("sqrt2", at::scalar_tensor(1.4142135f));
+  init("one", at::scalar_tensor(1.0f));
+  init("half", at::scalar_tensor(0.5f));
+  auto conv_attrs = [] { return std::vector<ir::Attribute>{ints_attr("pads", {1, 1, 1, 1})}; };
+  g.nodes = {
+      node("Conv", {"x", "w1", "b1"}, {"c1"}, conv_attrs()),
+      node("BatchNormalization", {"c1", "scale", "shift", "mean", "var"}, {"bn"}),
+      node("Relu", {"bn"}, {"r1"}),
+      node("Conv", {"r1", "w2"}, {"c2"}, conv_attrs()),
+      node("Add", {"c2", "r1"}, {"s"}),
+      node("Relu", {"s"}, {"r2"}),
+      node("MatMul", {"r2", "wm"}, {"mm"}),
+      node("Add", {"bm", "mm"}, {"lin"}),
+      node("Div", {"lin", "sqrt2"}, {"d"}),
+      node("Erf", {"d"}, {"e"}),
+      node("Add", {"e", "one"}, {"e1"}),
+      node("Mul", {"lin", "e1"}, {"m1"}),
+      node("Mul", {"m1", "half"}, {"y"}),
+  };
+  return m;
+}
+
+}  // namespace
+
+TEST(Exec, FusionRewritesAndKeepsOutputs) {
+  ir::Model m = fusable_model();
+  ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+  std::map<std::string, int> ops;
+  for (const auto& n : fused.nodes) ops[n.domain + ":" + n.op_type]++;
+  EXPECT_EQ(ops["ai.lopper:FusedConv"], 2);    // Conv+BN+Relu, Conv+Add+Relu
+  EXPECT_EQ(ops["ai.lopper:FusedMatMul"], 1);  // MatMul+Add+Gelu
+  EXPECT_EQ(fused.nodes.size(), 3u);
+
+  at::Tensor x = at::randn({2, 8, 6, 6});
+  ExecOptions plain;
+  plain.fuse = false;
+  plain.fold_constants = false;
+  Executor a(m, plain), b(m);
+  at::Tensor ya = a.run({{"x", x}})[0], yb = b.run({{"x", x}})[0];
+  EXPECT_EQ(ya.sizes(), yb.sizes());
+  EXPECT_LE(test::relative_max_diff(yb, ya), 1e-5);
+  EXPECT_TRUE(yb.is_contiguous());
+  // The model the caller holds is untouched.
+  EXPECT_EQ(m.graph.nodes.size(), 13u);
+}
+
+TEST(Exec, FusionLeavesSharedValuesAlone) {
+  ir::Model m = fusable_model();
+  // Make the first Conv's output a graph output too: it must not be fused away.
+  m.graph.outputs.push_back({"c1", {}, ""});
+  ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+  int bn = 0;
+  for (const auto& n : fused.nodes) bn += n.op_type == "BatchNormalization";
+  EXPECT_EQ(bn, 1);
+  at::Tensor x = at::randn({2, 8, 6, 6});
+  ExecOptions plain;
+  plain.fuse = false;
+  Executor a(m, plain), b(m);
+  auto oa = a.run({{"x", x}}), ob = b.run({{"x", x}});
+  ASSERT_EQ(oa.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_LE(test::relative_max_diff(ob[i], oa[i]), 1e-5);
+}
+
+TEST(Exec, GradientsMatchPyTorch) {
+  for (const char* stem : {"mlp.ts", "mlp.dynamo", "small_cnn.preserve"}) {
+    std::string name = std::string(stem).substr(0, std::string(stem).find('.'));
+    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".onnx"));
+    ExecOptions o;
+    o.autograd = true;
+    Executor exec(m, o);
+    at::Tensor x = load_npy(fixture(name + ".input_0.npy"));
+    at::Tensor y = exec.run({{"input", x}})[0];
+    ASSERT_TRUE(y.requires_grad()) << stem;
+    at::Tensor g = load_npy(fixture(name + ".grad_output.npy"));
+    (y * g).sum().backward();
+    int checked = 0;
+    for (auto& [pname, p] : exec.parameters()) {
+      fs::path want = fixture(name + ".grad." + pname + ".npy");
+      if (!fs::exists(want)) continue;
+      ASSERT_TRUE(p.grad().defined()) << stem << " " << pname;
+      EXPECT_LE(test::relative_max_diff(p.grad(), load_npy(want.string())), 1e-4)
+          << stem << " " << pname;
+      ++checked;
+    }
+    EXPECT_GE(checked, 6) << stem;
+  }
+}
+
+TEST(Exec, TrainingModeUsesBatchStatistics) {
+  ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  at::Tensor x = load_npy(fixture("small_cnn.input_0.npy"));
+  ExecOptions train;
+  train.training = true;
+  Executor t(m, train), e(m);
+  at::Tensor yt = t.run({{"input", x}})[0], ye = e.run({{"input", x}})[0];
+  // The fixture's running statistics are not the batch's: the two modes must differ.
+  EXPECT_GT(test::relative_max_diff(yt.detach(), ye), 1e-3);
+}
+
+TEST(Exec, ChecksInputsAndOps) {
+  ir::Model m = fusable_model();
+  Executor exec(m);
+  auto err = [&](const NamedTensors& in) { return error_of([&] { exec.run(in); }); };
+  EXPECT_NE(err({{"x", at::randn({2, 8, 5, 6})}}).find("expected shape [2,8,6,6]"),
+            std::string::npos);
+  EXPECT_NE(err({{"x", at::randn({2, 8, 6, 6}, at::kDouble)}}).find("expected float32"),
+            std::string::npos);
+  EXPECT_NE(err({}).find("missing input 'x'"), std::string::npos);
+  EXPECT_NE(err({{"x", at::randn({2, 8, 6, 6})}, {"z", at::randn({1})}}).find("no input named 'z'"),
+            std::string::npos);
+
+  m.graph.nodes[2].op_type = "Frobnicate";
+  try {
+    Executor bad(m);
+    FAIL() << "an unsupported op must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'r1': unsupported op 'Frobnicate'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Pruned models run by each sparse kernel (forced) give the dense result: MLP (Gemm), transformer
+// encoder (MatMul), MobileNetV2 (pointwise convs with fused ReLU6 and residual adds) and a small
+// CNN (3x3 convs through im2col); unstructured and in the blocks of each block format.
+TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  const std::vector<std::pair<std::string, std::vector<const char*>>> patterns = {
+      {"unstructured", {"csr-cols,csr-cols-im2col", "csr-gather", "csr-dot"}},
+      {"block:8x1", {"bcsr8x1-rows", "bcsr8x1-cols,bcsr8x1-cols-im2col", "bcsr4x1-rows"}},
+      {"block:1x4", {"bcsr1x4-cols,bcsr1x4-cols-im2col"}}};
+  for (const char* stem : {"mlp", "transformer_encoder", "mobilenet_v2", "small_cnn"}) {
+    for (const auto& [pattern, kernels] : patterns) {
+      ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+      PruneOptions po;
+      po.amount = PruneAmount::parse("0.9");
+      parse_prune_pattern(pattern, po);
+      prune(m, po);
+      NamedTensors feeds = fixture_feeds(m, stem);
+      ExecOptions plain;  // ATen only: no prepacking, no kernel choice
+      plain.autograd = true;
+      at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+      for (const char* force : kernels) {
+        SCOPED_TRACE(std::string(stem) + " " + pattern + " forced " + force);
+        setenv("LOPPER_FORCE_KERNEL", force, 1);
+        Executor exec(m);
+        at::Tensor got = exec.run(feeds)[0];
+        EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
+        int sparse = 0;
+        for (const auto& d : exec.kernel_decisions())
+          sparse += d.chosen.find("(forced)") != std::string::npos;
+        EXPECT_GT(sparse, 0);
+        unsetenv("LOPPER_FORCE_KERNEL");
+      }
+    }
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
+// --precision: bf16 computes in bf16 (the result moves off fp32's, within bf16's rounding) and
+// hands back float32; fp16 needs a GPU; other types are refused.
+TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
+  for (const char* stem : {"mlp", "small_cnn", "transformer_encoder", "resnet18"}) {
+    SCOPED_TRACE(stem);
+    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+    NamedTensors feeds = fixture_feeds(m, stem);
+    at::Tensor fp32 = Executor(m).run(feeds)[0];
+    ExecOptions eo;
+    eo.precision = at::kBFloat16;
+    at::Tensor bf16 = Executor(m, eo).run(feeds)[0];
+    EXPECT_EQ(bf16.scalar_type(), at::kFloat);
+    const double diff = test::relative_max_diff(bf16, fp32);
+    EXPECT_GT(diff, 0.0);  // it did not run in fp32
+    EXPECT_LT(diff, 0.1);  // bf16 keeps 8 bits of mantissa
+  }
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  ExecOptions half;
+  half.precision = at::kHalf;
+  EXPECT_THROW(Executor(m, half), Error);
+  ExecOptions integer;
+  integer.precision = at::kInt;
+  EXPECT_THROW(Executor(m, integer), Error);
+  EXPECT_EQ(parse_precision("bf16"), at::kBFloat16);
+  EXPECT_THROW(parse_precision("fp8"), Error);
+}

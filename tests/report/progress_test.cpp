@@ -1,0 +1,64 @@
+// Progress: plain lines off a terminal (CI logs, pipes), a bar redrawn in place on one.
+#include "report/progress.h"
+
+#include <gtest/gtest.h>
+#include <pty.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+using lopper::Progress;
+
+namespace {
+
+// Everything written to `f` (a pipe's write end) after it is closed.
+std::string drain(int fd) {
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) s.append(buf, size_t(n));
+  return s;
+}
+
+}  // namespace
+
+TEST(Progress, PlainLinesOffATerminal) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  std::FILE* w = ::fdopen(p[1], "w");
+  {
+    Progress bar("calibrate", 8, 4, w);
+    EXPECT_FALSE(bar.interactive());
+    for (int i = 1; i <= 8; ++i) bar.update(i, "loss 1.0");
+  }
+  std::fclose(w);
+  std::string out = drain(p[0]);
+  ::close(p[0]);
+  EXPECT_EQ(out.find('\r'), std::string::npos) << out;
+  EXPECT_EQ(out.find("\033["), std::string::npos) << out;
+  int lines = 0;
+  for (char c : out) lines += c == '\n';
+  EXPECT_EQ(lines, 4) << out;  // at 2, 4, 6 and 8 of 8
+  EXPECT_NE(out.find("calibrate 2/8  loss 1.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("calibrate 8/8  loss 1.0"), std::string::npos) << out;
+}
+
+TEST(Progress, ABarRedrawnOnATerminal) {
+  int master = -1, slave = -1;
+  ASSERT_EQ(::openpty(&master, &slave, nullptr, nullptr, nullptr), 0);
+  std::FILE* w = ::fdopen(slave, "w");
+  {
+    Progress bar("epoch 1/2", 3, 1, w);
+    EXPECT_TRUE(bar.interactive());
+    for (int i = 1; i <= 3; ++i) bar.update(i, "loss 0.5");
+  }
+  std::fclose(w);
+  char buf[4096];
+  ssize_t n = ::read(master, buf, sizeof buf);
+  ::close(master);
+  ASSERT_GT(n, 0);
+  std::string out(buf, size_t(n));
+  EXPECT_NE(out.find('\r'), std::string::npos) << out;
+  EXPECT_NE(out.find("[########################] 3/3"), std::string::npos) << out;
+  EXPECT_NE(out.find("ETA"), std::string::npos) << out;  // while it was running
+}

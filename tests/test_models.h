@@ -1,0 +1,110 @@
+// Hand-built models and random data for lopper's tests: the ir builders that several test files
+// share. (test_util.h holds the helpers that need no lopper headers beyond lopper/error.h.)
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lopper/graph.h"
+#include "test_util.h"
+#include "util/npy.h"
+
+namespace lopper::test {
+
+/// An OP node reading IN and writing OUT, named after its first output, with ATTRS.
+inline ir::Node node(const char* op, std::vector<std::string> in, std::vector<std::string> out,
+                     std::vector<ir::Attribute> attrs = {}) {
+  ir::Node n;
+  n.op_type = op;
+  n.name = out[0];
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  n.attrs = std::move(attrs);
+  return n;
+}
+
+/// The same node named NAME.
+inline ir::Node node(const char* op, std::vector<std::string> in, std::vector<std::string> out,
+                     const std::string& name) {
+  ir::Node n = node(op, std::move(in), std::move(out));
+  n.name = name;
+  return n;
+}
+
+/// An int attribute.
+inline ir::Attribute int_attr(const char* name, int64_t v) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kInt;
+  a.i = v;
+  return a;
+}
+
+/// An ints attribute.
+inline ir::Attribute ints_attr(const char* name, std::vector<int64_t> v) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kInts;
+  a.ints = std::move(v);
+  return a;
+}
+
+/// A graph input or output: NAME of element type T with DIMS (-1: the symbolic dimension "N");
+/// without a shape at all when !HAS_SHAPE.
+inline ir::ValueInfo value_info(const std::string& name, std::vector<int64_t> dims,
+                                ir::DType t = ir::DType::kFloat, bool has_shape = true) {
+  ir::ValueInfo v;
+  v.name = name;
+  v.type.elem_type = t;
+  v.type.has_shape = has_shape;
+  for (int64_t d : dims) v.type.dims.push_back({d, d < 0 ? "N" : ""});
+  return v;
+}
+
+/// What two_layers() puts around its two layers.
+struct TwoLayerOptions {
+  float bias = 0.001f;    // every value of fc1's bias b1 (never pruned)
+  bool relu = false;      // a Relu between fc1 and fc2
+  bool graph_io = false;  // x [1, in] and y [1, out] declared as the graph's input and output
+};
+
+/// x -> Gemm "fc1" (w1 [out1, in], transB=1, b1) [-> Relu "relu"] -> MatMul "fc2" (w2) -> y,
+/// opset 17: w1's rows, b1 and w2's rows are one channel group.
+inline ir::Model two_layers(at::Tensor w1, at::Tensor w2, const TwoLayerOptions& o = {}) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Node gemm = node("Gemm", {"x", "w1", "b1"}, {"h"}, "fc1");
+  gemm.attrs = {int_attr("transB", 1)};
+  if (o.relu)
+    m.graph.nodes = {gemm, node("Relu", {"h"}, {"r"}, "relu"),
+                     node("MatMul", {"r", "w2"}, {"y"}, "fc2")};
+  else
+    m.graph.nodes = {gemm, node("MatMul", {"h", "w2"}, {"y"}, "fc2")};
+  if (o.graph_io) {
+    m.graph.inputs = {value_info("x", {1, w1.size(1)})};
+    m.graph.outputs = {value_info("y", {1, w2.size(1)})};
+  }
+  const int64_t out1 = w1.size(0);
+  m.graph.initializers = {{"w1", w1}, {"b1", at::full({out1}, o.bias)}, {"w2", w2}};
+  return m;
+}
+
+/// The value of M's initializer NAME (which must exist).
+inline at::Tensor init(const ir::Model& m, const std::string& name) {
+  return m.graph.find_initializer(name)->value;
+}
+
+/// N random 1x28x28 samples in [0, 1) with labels 0-9 (Fashion-MNIST's shapes), drawn after
+/// at::manual_seed(SEED) and saved as x.npy and y.npy in TMP; returns their --data spec "npy:X,Y".
+inline std::string random_npy_data(const TempDir& tmp, int64_t n, uint64_t seed) {
+  at::manual_seed(seed);
+  save_npy(at::rand({n, 1, 28, 28}), tmp / "x.npy");
+  save_npy(at::randint(0, 10, {n}, at::kLong), tmp / "y.npy");
+  return "npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy");
+}
+
+}  // namespace lopper::test

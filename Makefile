@@ -44,10 +44,10 @@ bench: build
 FORMATTED = $(shell git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'include/*.h' \
                       'tests/*.cpp' 'tests/*.h' 'bench/*.cpp' 'bench/*.h' 'examples/*.cpp')
 format: deps
-	clang-format -i $(FORMATTED)
+	@clang-format -i $(FORMATTED) && echo "clang-format: $(words $(FORMATTED)) files formatted"
 
 format-check: deps
-	clang-format --dry-run -Werror $(FORMATTED)
+	@clang-format --dry-run -Werror $(FORMATTED) && echo "clang-format: $(words $(FORMATTED)) files clean"
 
 clean:
 	rm -rf $(BUILD)

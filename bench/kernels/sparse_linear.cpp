@@ -13,11 +13,11 @@
 
 #include <chrono>
 
+#include "exec/onednn.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/executor.h"
-#include "exec/onednn.h"
 
 namespace kc = lopper::kernels::cpu;
 
@@ -118,7 +118,8 @@ void time_on_gpu(benchmark::State& state, F&& once) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 20; ++i) once();
     kcu::synchronize();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20);
   }
 }
 
@@ -146,16 +147,18 @@ void BM_Cuda24(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const at::Device dev(at::kCUDA, 0);
   at::Tensor g = at::randn({8192, 8192 / 4, 4});
-  at::Tensor keep = at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
+  at::Tensor keep =
+      at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
   at::Tensor w = (g * keep).view({8192, 8192});
   at::Tensor x = at::randn({batch, 8192}).to(dev, at::kBFloat16);
   at::Tensor wd = w.to(dev, at::kBFloat16);
   std::unique_ptr<kcu::SemiStructuredWeight> sw;
   try {
     if (kKind != Dense24::kCublas)
-      sw = std::make_unique<kcu::SemiStructuredWeight>(
-          kKind == Dense24::kCusparselt ? kcu::SemiBackend::kCusparselt : kcu::SemiBackend::kCutlass,
-          w, at::Tensor(), at::kBFloat16, dev);
+      sw = std::make_unique<kcu::SemiStructuredWeight>(kKind == Dense24::kCusparselt
+                                                           ? kcu::SemiBackend::kCusparselt
+                                                           : kcu::SemiBackend::kCutlass,
+                                                       w, at::Tensor(), at::kBFloat16, dev);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;

@@ -15,9 +15,9 @@
 namespace lopper {
 
 struct LayerCost {
-  std::string name;      // node name
-  std::string op;        // Conv, ConvTranspose, Gemm, MatMul
-  std::string weight;    // initializer name
+  std::string name;    // node name
+  std::string op;      // Conv, ConvTranspose, Gemm, MatMul
+  std::string weight;  // initializer name
   std::vector<int64_t> weight_shape;
   int64_t params = 0;
   int64_t nonzero = 0;
@@ -25,9 +25,9 @@ struct LayerCost {
 };
 
 struct ModelCost {
-  int64_t params = 0;    // float initializers, BatchNorm running statistics excluded
+  int64_t params = 0;  // float initializers, BatchNorm running statistics excluded
   int64_t nonzero = 0;
-  int64_t macs = 0;      // every op with a MAC rule (convolutions, matmuls, attention ...)
+  int64_t macs = 0;  // every op with a MAC rule (convolutions, matmuls, attention ...)
   std::vector<LayerCost> layers;
   std::map<std::string, std::vector<int64_t>> input_shapes;  // what was fed
 };

@@ -1,6 +1,6 @@
 // lopper's two kinds of failure: user/model errors (lopper::Error, one line naming the thing) and
-// internal bugs (LOPPER_ASSERT, InternalError). The CLI maps Error to exit code 1 (UsageError 2) and
-// InternalError to 3.
+// internal bugs (LOPPER_ASSERT, InternalError). The CLI maps Error to exit code 1 (UsageError 2)
+// and InternalError to 3.
 #pragma once
 
 #include <sstream>
@@ -42,14 +42,15 @@ std::string concat(const Args&... args) {
 }  // namespace lopper
 
 /// Throws lopper::Error with the message pieces concatenated when `cond` is false.
-#define LOPPER_CHECK(cond, ...)                                   \
-  do {                                                            \
+#define LOPPER_CHECK(cond, ...)                                                \
+  do {                                                                         \
     if (!(cond)) throw ::lopper::Error(::lopper::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 /// An internal invariant: failing it is a lopper bug, not a user mistake.
-#define LOPPER_ASSERT(cond, ...)                                                              \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::lopper::detail::assert_fail(#cond, __FILE__, __LINE__, ::lopper::detail::concat("", ##__VA_ARGS__)); \
+#define LOPPER_ASSERT(cond, ...)                                                  \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      ::lopper::detail::assert_fail(#cond, __FILE__, __LINE__,                    \
+                                    ::lopper::detail::concat("", ##__VA_ARGS__)); \
   } while (0)

@@ -16,17 +16,37 @@ namespace lopper::ir {
 
 /// ONNX TensorProto.DataType codes (the numbers are ONNX's).
 enum class DType : int32_t {
-  kUndefined = 0, kFloat = 1, kUInt8 = 2, kInt8 = 3, kUInt16 = 4, kInt16 = 5, kInt32 = 6,
-  kInt64 = 7, kString = 8, kBool = 9, kFloat16 = 10, kDouble = 11, kUInt32 = 12, kUInt64 = 13,
-  kComplex64 = 14, kComplex128 = 15, kBFloat16 = 16, kFloat8E4M3FN = 17, kFloat8E4M3FNUZ = 18,
-  kFloat8E5M2 = 19, kFloat8E5M2FNUZ = 20, kUInt4 = 21, kInt4 = 22, kFloat4E2M1 = 23,
+  kUndefined = 0,
+  kFloat = 1,
+  kUInt8 = 2,
+  kInt8 = 3,
+  kUInt16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kString = 8,
+  kBool = 9,
+  kFloat16 = 10,
+  kDouble = 11,
+  kUInt32 = 12,
+  kUInt64 = 13,
+  kComplex64 = 14,
+  kComplex128 = 15,
+  kBFloat16 = 16,
+  kFloat8E4M3FN = 17,
+  kFloat8E4M3FNUZ = 18,
+  kFloat8E5M2 = 19,
+  kFloat8E5M2FNUZ = 20,
+  kUInt4 = 21,
+  kInt4 = 22,
+  kFloat4E2M1 = 23,
 };
 const char* dtype_name(DType t);
 
 /// One dimension of a value's shape: a number, a symbol ("batch"), or unknown.
 struct Dim {
-  int64_t value = -1;   // >= 0 when static
-  std::string param;    // symbolic name when dynamic
+  int64_t value = -1;  // >= 0 when static
+  std::string param;   // symbolic name when dynamic
   bool is_static() const { return value >= 0; }
 };
 
@@ -50,9 +70,21 @@ struct ValueInfo {
 struct Graph;
 
 enum class AttrType : int32_t {  // ONNX AttributeProto.AttributeType codes
-  kUndefined = 0, kFloat = 1, kInt = 2, kString = 3, kTensor = 4, kGraph = 5, kSparseTensor = 11,
-  kTypeProto = 13, kFloats = 6, kInts = 7, kStrings = 8, kTensors = 9, kGraphs = 10,
-  kSparseTensors = 12, kTypeProtos = 14,
+  kUndefined = 0,
+  kFloat = 1,
+  kInt = 2,
+  kString = 3,
+  kTensor = 4,
+  kGraph = 5,
+  kSparseTensor = 11,
+  kTypeProto = 13,
+  kFloats = 6,
+  kInts = 7,
+  kStrings = 8,
+  kTensors = 9,
+  kGraphs = 10,
+  kSparseTensors = 12,
+  kTypeProtos = 14,
 };
 
 struct Attribute {
@@ -76,7 +108,7 @@ struct Attribute {
 struct Node {
   std::string name;
   std::string op_type;
-  std::string domain;  // "" is the default ONNX domain ("ai.onnx")
+  std::string domain;                // "" is the default ONNX domain ("ai.onnx")
   std::vector<std::string> inputs;   // "" marks an omitted optional input
   std::vector<std::string> outputs;  // "" marks an omitted optional output
   std::vector<Attribute> attrs;
@@ -90,9 +122,9 @@ struct Node {
 
 struct Initializer {
   std::string name;
-  at::Tensor value;       // CPU, contiguous
+  at::Tensor value;  // CPU, contiguous
   std::string doc_string;
-  bool sparse = false;    // stored as sparse_initializer in the file it came from
+  bool sparse = false;  // stored as sparse_initializer in the file it came from
 };
 
 struct Graph {
@@ -135,7 +167,7 @@ struct Model {
   int64_t model_version = 0;
   std::string doc_string;
   std::vector<std::pair<std::string, std::string>> metadata_props;
-  std::vector<std::string> functions;  // serialized FunctionProto, kept verbatim
+  std::vector<std::string> functions;      // serialized FunctionProto, kept verbatim
   std::vector<std::string> training_info;  // serialized TrainingInfoProto, kept verbatim
   Graph graph;
   /// The external data files its initializers were read from at import (resolved paths): inputs

@@ -8,8 +8,7 @@
 
 #include "lopper/graph.h"
 
-namespace lopper {
-}
+namespace lopper {}
 
 namespace lopper::onnx {
 

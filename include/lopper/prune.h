@@ -157,15 +157,16 @@ struct CalibrationOptions {
 class DataLoader;  // lopper/data.h
 
 /// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's
-/// gradient saliencies, for every criterion that ranks by gradients. The loss is cross-entropy between the model's first output (logits; a
-/// final Softmax or LogSoftmax is taken into account) and the labels. Throws lopper::Error when
-/// the model's output does not fit the labels (e.g. fewer classes than the dataset has).
+/// gradient saliencies, for every criterion that ranks by gradients. The loss is cross-entropy
+/// between the model's first output (logits; a final Softmax or LogSoftmax is taken into account)
+/// and the labels. Throws lopper::Error when the model's output does not fit the labels (e.g. fewer
+/// classes than the dataset has).
 Saliency compute_saliency(const ir::Model& model, DataLoader& data, const CalibrationOptions& opts);
 
 /// Prunes `model`'s prunable weights and reports per layer. A weight that no other ir::Model copy
-/// shares is written in place; a shared one is replaced. Throws lopper::Error ("[prune] ...") on bad
-/// options, when a data-driven criterion has no `saliency`, and when nothing is left to prune; the
-/// model is untouched then.
+/// shares is written in place; a shared one is replaced. Throws lopper::Error ("[prune] ...") on
+/// bad options, when a data-driven criterion has no `saliency`, and when nothing is left to prune;
+/// the model is untouched then.
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency = nullptr);
 /// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
 /// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).

@@ -53,7 +53,7 @@ struct ReportModel {
   std::string path;
   int64_t params = 0, nonzero = 0, macs = 0, file_bytes = 0;
   int64_t effective_macs = 0;  // MACs on nonzero weights (unstructured sparsity counted)
-  double latency_ms = -1;                            // the median
+  double latency_ms = -1;      // the median
   double latency_p10_ms = -1, latency_p90_ms = -1;  // -1: not measured
   int latency_runs = 0;
   std::string latency_warning;  // LatencyStats::warning(): the runs' spread was wide
@@ -81,7 +81,8 @@ struct ReportSeries {
 
 class HtmlReport {
  public:
-  /// `kind`: prune, sensitivity, train or compare; `command`: the command line, shown in the header.
+  /// `kind`: prune, sensitivity, train or compare; `command`: the command line, shown in the
+  /// header.
   HtmlReport(std::string kind, std::string title, std::string command);
 
   /// A summary column; `cost` (the model's analysis) adds its per-layer parameters, nonzeros and

@@ -25,9 +25,9 @@ struct SensitivityOptions {
   /// What ranks the weights (l1, random) or the channels (a criterion of the weights alone: l1,
   /// l2, bn, fpgm, random); data-driven criteria would need gradients at every point.
   std::string criterion = "l1";
-  int64_t round_to = 1;     // structured: channel counts a multiple of this
-  uint64_t seed = 0;        // random
-  std::string exclude;      // ECMAScript regex: layers (or groups with a layer) left out
+  int64_t round_to = 1;       // structured: channel counts a multiple of this
+  uint64_t seed = 0;          // random
+  std::string exclude;        // ECMAScript regex: layers (or groups with a layer) left out
   int64_t eval_batches = 16;  // batches of the data evaluated per point (the same ones each time)
   std::string device = "cpu";
   /// Input shapes for MAC counts (dynamic dims default to 1).
@@ -37,8 +37,8 @@ struct SensitivityOptions {
 };
 
 struct SensitivityPoint {
-  double amount = 0;    // as asked
-  double removed = 0;   // the share actually removed (rounding, --round-to, weights already zero)
+  double amount = 0;   // as asked
+  double removed = 0;  // the share actually removed (rounding, --round-to, weights already zero)
   double loss = 0, top1 = 0;
   /// The whole model with only this layer pruned: nonzero parameters and MACs. Unstructured MACs
   /// count a layer's multiply-accumulates times its density (what a sparse kernel computes).
@@ -46,17 +46,17 @@ struct SensitivityPoint {
 };
 
 struct LayerSensitivity {
-  std::string name;                 // unstructured: the layer (node); structured: "group N: first layer"
-  std::string weight;               // unstructured: its weight initializer
-  int64_t group = -1;               // structured: the channel group's id
+  std::string name;    // unstructured: the layer (node); structured: "group N: first layer"
+  std::string weight;  // unstructured: its weight initializer
+  int64_t group = -1;  // structured: the channel group's id
   std::vector<std::string> layers;  // the layers that shrink (unstructured: the one layer)
   int64_t params = 0, macs = 0;     // dense, of the layer itself (structured: its group's layers)
   std::vector<SensitivityPoint> points;  // one per amount, in order
 };
 
 struct SensitivityResult {
-  std::string unit;    // "weight" or "channel"
-  std::string method;  // the criterion ranking weights or channels
+  std::string unit;           // "weight" or "channel"
+  std::string method;         // the criterion ranking weights or channels
   double loss = 0, top1 = 0;  // the unpruned model on the same batches
   int64_t samples = 0;
   int64_t params = 0, macs = 0;  // the unpruned model (nonzero parameters; MACs as above)

@@ -24,13 +24,14 @@ struct StructuredOptions {
   /// next layers' inputs), bn (|gamma| of the group's normalisation), fpgm (each filter's distance
   /// to the others, He et al. 2019), random (seeded), taylor (sum |w * dL/dw|; a Saliency).
   std::string criterion = "l1";
-  PruneAmount amount;                  // of each group's channels (local) or of all (global)
+  PruneAmount amount;  // of each group's channels (local) or of all (global)
   PruneScope scope = PruneScope::kLocal;
-  double max_layer_amount = 0.9;       // global: no group loses more than this share
-  int64_t round_to = 1;                // keep channel counts a multiple of this
-  std::string exclude;                 // ECMAScript regex on the names of a group's layers
-  uint64_t seed = 0;                   // random
-  const PruneRecipe* recipe = nullptr; // per-group amount or skip, by the first rule matching a layer
+  double max_layer_amount = 0.9;  // global: no group loses more than this share
+  int64_t round_to = 1;           // keep channel counts a multiple of this
+  std::string exclude;            // ECMAScript regex on the names of a group's layers
+  uint64_t seed = 0;              // random
+  const PruneRecipe* recipe =
+      nullptr;  // per-group amount or skip, by the first rule matching a layer
   /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed
   /// groups lose that share of their channels, the others none. Overrides amount, scope and recipe.
   std::map<int64_t, double> group_amounts;
@@ -43,11 +44,11 @@ struct ChannelGroupReport {
   std::string kind;                 // "channel" or "head"
   std::vector<std::string> layers;  // the nodes whose parameters or shapes shrink with the group
   int64_t size_before = 0, size_after = 0;
-  int64_t blocks = 1;               // grouped convolution: channels go in equal numbers per group
-  double score = 0;                 // mean importance of the group's channels
-  std::string blocked;              // why it cannot be pruned (a barrier, a graph output ...)
-  std::string rule;                 // recipes: the rule that set its amount
-  std::vector<int64_t> removed;     // indices of the removed channels (0 .. size_before - 1)
+  int64_t blocks = 1;            // grouped convolution: channels go in equal numbers per group
+  double score = 0;              // mean importance of the group's channels
+  std::string blocked;           // why it cannot be pruned (a barrier, a graph output ...)
+  std::string rule;              // recipes: the rule that set its amount
+  std::vector<int64_t> removed;  // indices of the removed channels (0 .. size_before - 1)
 };
 
 struct StructuredReport {
@@ -79,8 +80,8 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
 
 /// Removes channels (or heads) from `model` as `opts` says: parameters are sliced, shape constants
 /// and group attributes rewritten. Amount 0 leaves the model unchanged. Throws lopper::Error
-/// ("[prune] ...") on bad options, when a data-driven criterion has no `saliency`, and when no group can be pruned;
-/// the model is untouched then.
+/// ("[prune] ...") on bad options, when a data-driven criterion has no `saliency`, and when no
+/// group can be pruned; the model is untouched then.
 StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
                                   const Saliency* saliency = nullptr);
 

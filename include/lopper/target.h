@@ -33,7 +33,7 @@ struct TargetOptions {
   /// kParams, kMacs: the share of the unpruned model's nonzero parameters or MACs kept, in (0, 1);
   /// kLatency: milliseconds per run at the input shapes on `device`.
   double value = 0.5;
-  bool structured = false;  // channel groups (the model shrinks) instead of single weights
+  bool structured = false;       // channel groups (the model shrinks) instead of single weights
   std::string criterion = "l1";  // structured, without sensitivity data: ranks the channels
   int64_t round_to = 1;
   std::string exclude;  // layers (or groups with a layer) left alone
@@ -50,12 +50,12 @@ struct TargetOptions {
 };
 
 struct TargetUnit {
-  std::string name;                 // the layer, or "group N: first layer"
+  std::string name;  // the layer, or "group N: first layer"
   std::vector<std::string> layers;
-  std::string weight;               // unstructured
-  int64_t group = -1;               // structured
-  double amount = 0;                // chosen share of its weights (channels) removed
-  double est_loss_increase = 0;     // from the sensitivity data (0 without)
+  std::string weight;            // unstructured
+  int64_t group = -1;            // structured
+  double amount = 0;             // chosen share of its weights (channels) removed
+  double est_loss_increase = 0;  // from the sensitivity data (0 without)
 };
 
 struct TargetReport {
@@ -81,6 +81,5 @@ SensitivityOptions sensitivity_options(const TargetOptions& o);
 /// are bad, the sensitivity data does not match the model, or the target cannot be reached (every
 /// layer at its largest amount is not enough); the model is untouched then.
 TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts);
-
 
 }  // namespace lopper

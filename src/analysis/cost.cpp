@@ -50,9 +50,9 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
     double bytes = tensor_bytes(out[v->name], c10::elementSize(type));
     if (!exceeds_memory(bytes)) continue;
     bool given = overrides.count(v->name) || (overrides.count("") && inputs.size() == 1);
-    std::string what = detail::concat("[shape] ", given ? "--shape for input '" : "input '",
-                                      v->name, "' ", dims_string(out[v->name]), " (",
-                                      ir::dtype_name(onnx::to_dtype(type)), ")");
+    std::string what =
+        detail::concat("[shape] ", given ? "--shape for input '" : "input '", v->name, "' ",
+                       dims_string(out[v->name]), " (", ir::dtype_name(onnx::to_dtype(type)), ")");
     if (given) throw UsageError(memory_message(what, bytes));
     throw Error(memory_message(what, bytes));
   }
@@ -84,11 +84,12 @@ NodeShapes node_shapes(const ir::Model& model,
   exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
                      const std::vector<at::Tensor>& out) {
     auto& rec = seen[&n];
-    for (const auto& t : in) rec.in.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+    for (const auto& t : in)
+      rec.in.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
     for (const auto& t : out) {
       rec.out.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-      bool small = t.defined() && !t.is_floating_point() && t.scalar_type() != at::kBool &&
-                   t.numel() <= 64;
+      bool small =
+          t.defined() && !t.is_floating_point() && t.scalar_type() != at::kBool && t.numel() <= 64;
       rec.small_ints.push_back(small ? t.detach().to(at::kCPU, at::kLong).clone() : at::Tensor());
     }
   };
@@ -96,13 +97,14 @@ NodeShapes node_shapes(const ir::Model& model,
   for (const auto* v : exec.inputs()) {
     auto it = input_shapes.find(v->name);
     LOPPER_ASSERT(it != input_shapes.end(), "no shape for ", v->name);
-    auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
-                                                           : onnx::to_scalar_type(v->type.elem_type);
+    auto type = v->type.elem_type == ir::DType::kUndefined
+                    ? at::kFloat
+                    : onnx::to_scalar_type(v->type.elem_type);
     double bytes = tensor_bytes(it->second, c10::elementSize(type));
-    LOPPER_CHECK(!exceeds_memory(bytes),
-                 memory_message(detail::concat("[shape] input '", v->name, "' ",
-                                               dims_string(it->second)),
-                                bytes));
+    LOPPER_CHECK(
+        !exceeds_memory(bytes),
+        memory_message(detail::concat("[shape] input '", v->name, "' ", dims_string(it->second)),
+                       bytes));
     feeds.emplace_back(v->name, at::zeros(it->second, at::TensorOptions().dtype(type)));
   }
   exec.run(feeds);

@@ -1,4 +1,5 @@
-// lopper bench MODEL [--batch N] [--threads T] [--device cpu|cuda] [--warmup W] [--iters K] [--json]
+// lopper bench MODEL [--batch N] [--threads T] [--device cpu|cuda] [--warmup W] [--iters K]
+// [--json]
 //              [--profile] [--explain]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,14 +12,13 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/latency.h"
 #include "lopper/onnx_io.h"
-#include "kernels/cpu/sparse.h"
 #include "util/memory.h"
-
 
 namespace lopper::cli {
 
@@ -29,9 +29,14 @@ nlohmann::json explain_json(const Executor& exec) {
   for (const auto& d : exec.kernel_decisions()) {
     nlohmann::json t = nlohmann::json::object();
     for (const auto& [name, ms] : d.timings) t[name] = ms;
-    layers.push_back({{"node", d.node}, {"op", d.op}, {"weight_shape", d.weight_shape},
-                      {"input_shape", d.input_shape}, {"sparsity", d.sparsity},
-                      {"chosen", d.chosen}, {"cached", d.cached}, {"ms", t},
+    layers.push_back({{"node", d.node},
+                      {"op", d.op},
+                      {"weight_shape", d.weight_shape},
+                      {"input_shape", d.input_shape},
+                      {"sparsity", d.sparsity},
+                      {"chosen", d.chosen},
+                      {"cached", d.cached},
+                      {"ms", t},
                       {"refused", d.refused}});
   }
   return {{"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())}, {"layers", layers}};
@@ -41,10 +46,10 @@ void print_explain(const Executor& exec) {
   auto decisions = exec.kernel_decisions();
   int64_t cached = 0;
   for (const auto& d : decisions) cached += d.cached;
-  std::cout << fmt::format("\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-                           "* = chosen, ms = best of up to 5 rounds on the layer's input)\n",
-                           kernels::cpu::isa_name(kernels::cpu::active_isa()), cached,
-                           decisions.size());
+  std::cout << fmt::format(
+      "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
+      "* = chosen, ms = best of up to 5 rounds on the layer's input)\n",
+      kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size());
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
                            "sparsity", "chosen", "candidates");
   for (const auto& d : decisions) {
@@ -71,7 +76,8 @@ Action add_bench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
   cmd->add_option("model", o->model, "the ONNX model")->required();
-  cmd->add_option("--batch", o->batch, "batch size: first dim of every input (default: the model's, 1 if dynamic)")
+  cmd->add_option("--batch", o->batch,
+                  "batch size: first dim of every input (default: the model's, 1 if dynamic)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   add_threads_option(cmd, o->threads);
@@ -101,8 +107,9 @@ Action add_bench(CLI::App& app) {
                      " needs a model exported with a dynamic batch");
         dims[0] = o->batch;
       }
-      auto type = v->type.elem_type == ir::DType::kUndefined ? at::kFloat
-                                                             : onnx::to_scalar_type(v->type.elem_type);
+      auto type = v->type.elem_type == ir::DType::kUndefined
+                      ? at::kFloat
+                      : onnx::to_scalar_type(v->type.elem_type);
       double bytes = tensor_bytes(dims, c10::elementSize(type));
       if (exceeds_memory(bytes))
         throw UsageError(memory_message(detail::concat("[bench] --batch ", o->batch, ": input '",
@@ -118,7 +125,7 @@ Action add_bench(CLI::App& app) {
     const LatencyStats lat = measure_latency([&] { exec.run(feeds); }, exec.device(), lo);
     if (lat.wide) std::cerr << "lopper: warning: " << lat.warning() << "\n";
     std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
-    std::map<std::string, double> per_node;                     // "node (op)" -> ms
+    std::map<std::string, double> per_node;                    // "node (op)" -> ms
     if (o->profile) {
       auto last = std::chrono::steady_clock::now();
       exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>&,
@@ -141,20 +148,25 @@ Action add_bench(CLI::App& app) {
     int64_t batch = feeds.empty() || feeds[0].second.dim() == 0 ? 1 : feeds[0].second.size(0);
     double throughput = batch * 1000.0 / median;
     int threads = at::get_num_threads();
-    std::vector<std::pair<std::string, std::pair<double, int64_t>>> ops(per_op.begin(), per_op.end());
-    std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+    std::vector<std::pair<std::string, std::pair<double, int64_t>>> ops(per_op.begin(),
+                                                                        per_op.end());
+    std::sort(ops.begin(), ops.end(),
+              [](auto& a, auto& b) { return a.second.first > b.second.first; });
     if (o->json) {
-      nlohmann::json j{{"model", o->model}, {"device", o->device}, {"batch", batch},
-                       {"threads", threads}, {"iters", o->iters}, {"median_ms", median},
-                       {"p90_ms", lat.p90_ms}, {"mean_ms", lat.mean_ms}, {"min_ms", lat.min_ms},
-                       {"throughput_per_s", throughput}, {"p10_ms", lat.p10_ms},
-                       {"max_ms", lat.max_ms}, {"spread", lat.spread},
-                       {"spread_wide", lat.wide}};
+      nlohmann::json j{{"model", o->model},    {"device", o->device},
+                       {"batch", batch},       {"threads", threads},
+                       {"iters", o->iters},    {"median_ms", median},
+                       {"p90_ms", lat.p90_ms}, {"mean_ms", lat.mean_ms},
+                       {"min_ms", lat.min_ms}, {"throughput_per_s", throughput},
+                       {"p10_ms", lat.p10_ms}, {"max_ms", lat.max_ms},
+                       {"spread", lat.spread}, {"spread_wide", lat.wide}};
       if (lat.wide) j["warning"] = lat.warning();
       if (o->profile) {
         nlohmann::json p = nlohmann::json::array();
         for (const auto& [op, v] : ops)
-          p.push_back({{"op", op}, {"ms_per_run", v.first / o->iters}, {"calls_per_run", v.second / o->iters}});
+          p.push_back({{"op", op},
+                       {"ms_per_run", v.first / o->iters},
+                       {"calls_per_run", v.second / o->iters}});
         j["profile"] = p;
       }
       if (o->explain) j["kernels"] = explain_json(exec);
@@ -162,13 +174,15 @@ Action add_bench(CLI::App& app) {
     } else {
       std::cout << fmt::format("{}  device {}  batch {}  threads {}  iters {}\n", o->model,
                                o->device, batch, threads, o->iters)
-                << fmt::format("median {:.3f} ms   p10 {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   "
-                               "{:.1f} samples/s\n",
-                               median, lat.p10_ms, lat.p90_ms, lat.min_ms, throughput);
+                << fmt::format(
+                       "median {:.3f} ms   p10 {:.3f} ms   p90 {:.3f} ms   min {:.3f} ms   "
+                       "{:.1f} samples/s\n",
+                       median, lat.p10_ms, lat.p90_ms, lat.min_ms, throughput);
       if (o->profile) {
         std::cout << fmt::format("\n{:<28} {:>10} {:>8}\n", "op", "ms/run", "calls");
         for (const auto& [op, v] : ops)
-          std::cout << fmt::format("{:<28} {:>10.3f} {:>8}\n", op, v.first / o->iters, v.second / o->iters);
+          std::cout << fmt::format("{:<28} {:>10.3f} {:>8}\n", op, v.first / o->iters,
+                                   v.second / o->iters);
         std::vector<std::pair<double, std::string>> nodes;
         for (const auto& [n, t] : per_node) nodes.emplace_back(t, n);
         std::sort(nodes.rbegin(), nodes.rend());

@@ -9,10 +9,10 @@
 #include <fmt/format.h>
 
 #include "lopper/error.h"
-#include "util/npy.h"
 #include "lopper/onnx_io.h"
 #include "prune/importance.h"
 #include "util/memory.h"
+#include "util/npy.h"
 
 namespace lopper::cli {
 
@@ -48,15 +48,16 @@ std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string&
   // Refused before any work when even one byte per element would not fit.
   double values = tensor_bytes(out, 1);
   if (exceeds_memory(values))
-    throw UsageError(detail::concat("[shape] --shape ", spec, " asks for ",
-                                    values < 1e18 ? fmt::format("{:.0f}", values) : fmt::format("{:.3g}", values),
-                                    " values: at least ", human_bytes(values),
-                                    ", more than this machine's memory (",
-                                    human_bytes(static_cast<double>(memory_bytes())), ")"));
+    throw UsageError(detail::concat(
+        "[shape] --shape ", spec, " asks for ",
+        values < 1e18 ? fmt::format("{:.0f}", values) : fmt::format("{:.3g}", values),
+        " values: at least ", human_bytes(values), ", more than this machine's memory (",
+        human_bytes(static_cast<double>(memory_bytes())), ")"));
   return {name, out};
 }
 
-std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vector<std::string>& specs) {
+std::map<std::string, std::vector<int64_t>> parse_shape_overrides(
+    const std::vector<std::string>& specs) {
   std::map<std::string, std::vector<int64_t>> out;
   for (const auto& s : specs) {
     auto [name, dims] = parse_shape_spec(s);
@@ -67,7 +68,8 @@ std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vec
 
 std::string safe_file_name(const std::string& name) {
   std::string out;
-  for (char c : name) out += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+  for (char c : name)
+    out += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
   if (out.empty() || out[0] == '.') out = "_" + out;
   return out;
 }
@@ -202,7 +204,8 @@ std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& defau
   batch_size = default_batch_size;
   const std::string specs = "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy";
   std::vector<CLI::Option*> added;
-  added.push_back(cmd->add_option("--data", data, purpose.empty() ? specs : purpose + ": " + specs));
+  added.push_back(
+      cmd->add_option("--data", data, purpose.empty() ? specs : purpose + ": " + specs));
   if (purpose.empty()) added.back()->required();
   added.push_back(
       cmd->add_option("--split", split, "train | test (default " + default_split + ")"));

@@ -8,9 +8,9 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/graph.h"
 #include "report/table.h"
+#include "util/files.h"
 
 #include <map>
 #include <memory>
@@ -55,7 +55,8 @@ std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
 /// "NAME=1x3x224x224" -> (NAME, dims).
 std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec);
 /// Every --shape NAME=DIMS given, by input name ("" when the name is left out).
-std::map<std::string, std::vector<int64_t>> parse_shape_overrides(const std::vector<std::string>& specs);
+std::map<std::string, std::vector<int64_t>> parse_shape_overrides(
+    const std::vector<std::string>& specs);
 /// A value name made safe as a file name ('/' and other odd characters become '_').
 std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);

@@ -12,16 +12,16 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "lopper/report.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/latency.h"
 #include "lopper/onnx_io.h"
+#include "lopper/report.h"
 #include "lopper/train.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
@@ -29,7 +29,7 @@ namespace {
 
 struct Measured {
   int64_t params = 0, nonzero = 0, macs = 0, effective_macs = 0, file_bytes = 0;
-  double top1 = -1;   // -1: no data
+  double top1 = -1;  // -1: no data
   double latency_ms = 0;
   LatencyStats latency;
 };
@@ -105,7 +105,8 @@ Action add_compare(CLI::App& app) {
       r[i].effective_macs = c.macs;
       for (const auto& l : c.layers)
         if (l.params)
-          r[i].effective_macs -= int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
+          r[i].effective_macs -=
+              int64_t(double(l.macs) * (1.0 - double(l.nonzero) / double(l.params)));
       r[i].file_bytes = model_file_bytes(paths[i], m);
       costs.push_back(std::move(c));
       r[i].latency = latency_ms(m, shapes, o->iters, eo);
@@ -122,9 +123,12 @@ Action add_compare(CLI::App& app) {
       }
     }
     auto row = [](const Measured& m) {
-      nlohmann::json j = {{"params", m.params},         {"nonzero", m.nonzero},
-                          {"macs", m.macs},             {"effective_macs", m.effective_macs},
-                          {"file_bytes", m.file_bytes}, {"latency_ms", m.latency_ms}};
+      nlohmann::json j = {{"params", m.params},
+                          {"nonzero", m.nonzero},
+                          {"macs", m.macs},
+                          {"effective_macs", m.effective_macs},
+                          {"file_bytes", m.file_bytes},
+                          {"latency_ms", m.latency_ms}};
       j["latency_p10_ms"] = m.latency.p10_ms;
       j["latency_p90_ms"] = m.latency.p90_ms;
       j["latency_spread"] = m.latency.spread;
@@ -133,8 +137,8 @@ Action add_compare(CLI::App& app) {
       if (m.top1 >= 0) j["top1"] = m.top1;
       return j;
     };
-    nlohmann::json j = {{"before", o->before}, {"after", o->after}, {"batch", o->batch},
-                        {"iters", o->iters},   {"data", o->data.data}, {"split", o->data.split},
+    nlohmann::json j = {{"before", o->before}, {"after", o->after},        {"batch", o->batch},
+                        {"iters", o->iters},   {"data", o->data.data},     {"split", o->data.split},
                         {"device", o->device}, {"precision", o->precision}};
     j["before_measured"] = row(r[0]);
     j["after_measured"] = row(r[1]);
@@ -154,7 +158,8 @@ Action add_compare(CLI::App& app) {
         m.top1 = r[i].top1;
         m.measured = fmt::format("latency: median of {} runs on {}, batch {}, {}", o->iters,
                                  o->device, o->batch, o->precision);
-        if (r[i].top1 >= 0) m.measured += fmt::format("; top-1 on {} ({})", o->data.data, o->data.split);
+        if (r[i].top1 >= 0)
+          m.measured += fmt::format("; top-1 on {} ({})", o->data.data, o->data.split);
         rep.add_model(m, costs[i]);
       }
       files.write(o->report, rep.html());
@@ -165,7 +170,8 @@ Action add_compare(CLI::App& app) {
       return 0;
     }
     auto ratio = [](double a, double b) { return a > 0 ? fmt::format("{:.3f}x", b / a) : "-"; };
-    std::cout << fmt::format("{:<22} {:>14} {:>14} {:>10}\n", "", "before", "after", "after/before");
+    std::cout << fmt::format("{:<22} {:>14} {:>14} {:>10}\n", "", "before", "after",
+                             "after/before");
     auto line = [&](const std::string& what, double a, double b, const std::string& fa,
                     const std::string& fb) {
       std::cout << fmt::format("{:<22} {:>14} {:>14} {:>10}\n", what, fa, fb, ratio(a, b));

@@ -7,9 +7,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx/save.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
@@ -37,7 +37,8 @@ Action add_convert(CLI::App& app) {
     ir::Model model = load_input_model(files, o->model);
     onnx::SaveOptions so;
     so.sparse = o->sparse ? onnx::SaveOptions::Sparse::kAll
-                          : (o->dense ? onnx::SaveOptions::Sparse::kNone : onnx::SaveOptions::Sparse::kKeep);
+                          : (o->dense ? onnx::SaveOptions::Sparse::kNone
+                                      : onnx::SaveOptions::Sparse::kKeep);
     so.external_data = o->external;
     onnx::save_model(model, o->out, so, files);
     const int64_t written = staged_model_bytes(files, o->out);

@@ -54,9 +54,13 @@ Action add_inspect(CLI::App& app) {
       j["inputs"] = cost.input_shapes;
       j["layers"] = nlohmann::json::array();
       for (const auto& l : cost.layers)
-        j["layers"].push_back({{"name", l.name}, {"op", l.op}, {"weight", l.weight},
-                               {"shape", l.weight_shape}, {"params", l.params},
-                               {"nonzero", l.nonzero}, {"macs", l.macs}});
+        j["layers"].push_back({{"name", l.name},
+                               {"op", l.op},
+                               {"weight", l.weight},
+                               {"shape", l.weight_shape},
+                               {"params", l.params},
+                               {"nonzero", l.nonzero},
+                               {"macs", l.macs}});
       std::cout << j.dump(2) << "\n";
       return 0;
     }
@@ -69,8 +73,8 @@ Action add_inspect(CLI::App& app) {
       std::string shape = shape_string(l.weight_shape);
       double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
       std::string name = fit_name(l.name, w);
-      std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w, l.op,
-                               shape, l.params, l.nonzero, sp, l.macs);
+      std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w,
+                               l.op, shape, l.params, l.nonzero, sp, l.macs);
     }
     double sp = cost.params ? 100.0 * (1.0 - double(cost.nonzero) / double(cost.params)) : 0.0;
     std::cout << "\ninputs:";

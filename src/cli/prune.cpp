@@ -22,22 +22,21 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prune.h"
-#include "prune/importance.h"
 #include "cli/report.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
 #include "lopper/report.h"
-#include "report/progress.h"
-#include "lopper/analysis.h"
-#include "lopper/target.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
+#include "lopper/target.h"
 #include "lopper/train.h"
-
+#include "onnx/save.h"
+#include "prune/importance.h"
+#include "report/progress.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
@@ -98,11 +97,9 @@ void write_html_report(OutputFiles& files, const Opts& o, const ir::Model& after
         "The model before and after pruning; with sensitivity data, also every point of the "
         "sweep (one layer or group pruned alone), on its own evaluation batches.";
     rep.add_tradeoff(x, y, intro, {"before", {{0.0, mb.top1, ""}}, false, "reference"});
-    rep.add_tradeoff(x, y, intro,
-                     {"after",
-                      {{1.0 - double(ca.nonzero) / double(cb.nonzero), ma.top1, ""}},
-                      false,
-                      "result"});
+    rep.add_tradeoff(
+        x, y, intro,
+        {"after", {{1.0 - double(ca.nonzero) / double(cb.nonzero), ma.top1, ""}}, false, "result"});
   }
   if (extra) extra(rep);
   files.write(o.report, rep.html());
@@ -130,7 +127,6 @@ void declare_files(OutputFiles& files, const Opts& o) {
   if (!o.report.empty()) files.declare(o.report, "--report");
 }
 
-
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
@@ -145,8 +141,9 @@ Action add_prune(CLI::App& app) {
       cmd->add_option("--amount", o->amount,
                       "a fraction in [0, 1] of the weights left, or an integer count (every "
                       "method that ranks; abs takes --threshold)");
-  auto* seed = cmd->add_option(
-      "--seed", o->seed, "random: the seed; " + data_methods() + ": the data's shuffling (default 0)");
+  auto* seed =
+      cmd->add_option("--seed", o->seed,
+                      "random: the seed; " + data_methods() + ": the data's shuffling (default 0)");
   auto* scope = cmd->add_option(
       "--scope", o->scope,
       "local (per tensor, default) | global (one ranking; unstructured and block only)");
@@ -167,21 +164,22 @@ Action add_prune(CLI::App& app) {
   auto* structured = cmd->add_option(
       "--structured", o->structured,
       "channel | head: remove whole channels (filters, neurons) or attention heads; the model "
-      "shrinks. Methods: " + importance::names(importance::Use::kChannels) + " (default l1)");
+      "shrinks. Methods: " +
+          importance::names(importance::Use::kChannels) + " (default l1)");
   auto* mla = cmd->add_option("--max-layer-amount", o->max_layer_amount,
                               "structured, global: no group loses more than this share (0.9)");
-  auto* round_to = cmd->add_option("--round-to", o->round_to,
-                                   "structured: keep channel counts a multiple of N");
+  auto* round_to =
+      cmd->add_option("--round-to", o->round_to, "structured: keep channel counts a multiple of N");
   auto* shape = cmd->add_option("--shape", o->shapes,
                                 "structured: NAME=1x3x224x224 for the analysis run (dynamic dims "
                                 "default to 1)");
   cmd->add_option(
       "--recipe", o->recipe,
       "per-layer rules from YAML, first match wins (examples/recipe.yaml); local scope");
-  std::vector<CLI::Option*> data_opts = o->data.add(
-      cmd, "train",
-      data_methods() + ": calibration data; targets: sensitivity data; --report: top-1",
-      /*default_batch_size=*/32);
+  std::vector<CLI::Option*> data_opts =
+      o->data.add(cmd, "train",
+                  data_methods() + ": calibration data; targets: sensitivity data; --report: top-1",
+                  /*default_batch_size=*/32);
   auto* data = data_opts.front();
   data_opts.erase(data_opts.begin());
   data_opts.push_back(cmd->add_option("--calib-batches", o->calib_batches,
@@ -228,17 +226,18 @@ Action add_prune(CLI::App& app) {
     if (sens->count() > 0)
       throw UsageError("[prune] --sensitivity is for --target-macs/-params/-latency-ms");
     if (eval_batches->count() > 0 && report->count() == 0)
-      throw UsageError("[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
-                       "--report");
+      throw UsageError(
+          "[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
+          "--report");
     if (structured->count() > 0) {
       for (const auto* opt : {th, pattern, norm, sfl})
         if (opt->count() > 0)
-          throw UsageError("[prune] " + opt->get_name() + " is for unstructured pruning, not --structured");
+          throw UsageError("[prune] " + opt->get_name() +
+                           " is for unstructured pruning, not --structured");
       return run_structured(*o);
     }
     for (const auto* opt : {mla, round_to, shape})
-      if (opt->count() > 0)
-        throw UsageError("[prune] " + opt->get_name() + " is for --structured");
+      if (opt->count() > 0) throw UsageError("[prune] " + opt->get_name() + " is for --structured");
     std::optional<PruneRecipe> recipe;
     PruneOptions po;
     if (!o->recipe.empty()) {
@@ -250,7 +249,8 @@ Action add_prune(CLI::App& app) {
         throw UsageError("[prune] --recipe prunes layer by layer: --scope " + o->scope +
                          " does not go with it");
     } else if (o->method.empty()) {
-      throw UsageError("[prune] needs --method " + importance::names(importance::Use::kWeights, nullptr, "|") +
+      throw UsageError("[prune] needs --method " +
+                       importance::names(importance::Use::kWeights, nullptr, "|") +
                        " or --recipe FILE.yaml");
     } else {
       po.criterion = weight_criterion(o->method).name;
@@ -341,11 +341,11 @@ Action add_prune(CLI::App& app) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    std::cout
-        << to_table(r)
-        << fmt::format("file            {:>14} bytes (was {})\n",
-                       j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>())
-        << "report          " << report_path << "\n";
+    std::cout << to_table(r)
+              << fmt::format("file            {:>14} bytes (was {})\n",
+                             j["file_bytes_after"].get<int64_t>(),
+                             j["file_bytes_before"].get<int64_t>())
+              << "report          " << report_path << "\n";
     if (!o->report.empty()) std::cout << "report          " << o->report << "\n";
     return 0;
   };

@@ -18,7 +18,7 @@ namespace lopper::cli {
 
 struct Opts {
   std::string model, out, method, amount, scope = "local", pattern = "unstructured", exclude,
-      recipe, device = "cpu";
+                                          recipe, device = "cpu";
   DataFlags data;  // calibration (data-driven criteria), sensitivity (targets), --report's top-1
   double threshold = -1;
   uint64_t seed = 0;

@@ -1,5 +1,4 @@
 // lopper prune --structured channel | head.
-#include "lopper/prune.h"
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <iostream>
@@ -8,21 +7,22 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prune.h"
-#include "prune/importance.h"
 #include "cli/report.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
+#include "lopper/prune.h"
 #include "lopper/report.h"
-#include "report/progress.h"
-#include "lopper/analysis.h"
-#include "lopper/target.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
+#include "lopper/target.h"
 #include "lopper/train.h"
+#include "onnx/save.h"
+#include "prune/importance.h"
+#include "report/progress.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
@@ -101,8 +101,8 @@ int run_structured(const Opts& o) {
                            pct(after.params, before.params))
             << fmt::format("MACs     {:>14}  (was {}, -{:.1f}%)\n", after.macs, before.macs,
                            pct(after.macs, before.macs))
-            << fmt::format("file     {:>14} bytes (was {})\n",
-                           j["file_bytes_after"].get<int64_t>(), j["file_bytes_before"].get<int64_t>());
+            << fmt::format("file     {:>14} bytes (was {})\n", j["file_bytes_after"].get<int64_t>(),
+                           j["file_bytes_before"].get<int64_t>());
   if (!r.barriers.empty()) {
     std::cout << "barriers (channels kept):\n";
     for (const auto& b : r.barriers) std::cout << "  " << b << "\n";

@@ -1,5 +1,4 @@
 // lopper prune --target-macs | --target-params | --target-latency-ms.
-#include "lopper/prune.h"
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <iostream>
@@ -8,21 +7,22 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prune.h"
-#include "prune/importance.h"
 #include "cli/report.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
+#include "lopper/prune.h"
 #include "lopper/report.h"
-#include "report/progress.h"
-#include "lopper/analysis.h"
-#include "lopper/target.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
+#include "lopper/target.h"
 #include "lopper/train.h"
+#include "onnx/save.h"
+#include "prune/importance.h"
+#include "report/progress.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
@@ -116,17 +116,21 @@ int run_target(const Opts& o, TargetKind kind) {
   const std::string report_path = o.out + ".report.json";
   files.write(report_path, j.dump(2) + "\n");
   if (!o.report.empty())
-    write_html_report(files, o, model, [&](HtmlReport& rep) {
-      std::vector<std::pair<std::string, double>> chosen;
-      for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
-      rep.add_target(j["target"], chosen);
-      if (sens) rep.add_sensitivity(*sens);
-    }, evaluated ? &*evaluated : nullptr);
+    write_html_report(
+        files, o, model,
+        [&](HtmlReport& rep) {
+          std::vector<std::pair<std::string, double>> chosen;
+          for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
+          rep.add_target(j["target"], chosen);
+          if (sens) rep.add_sensitivity(*sens);
+        },
+        evaluated ? &*evaluated : nullptr);
   files.commit();
   if (latency && r.measured > r.target)
-    std::cerr << fmt::format("lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
-                             "ms (latency is noisy: measure again with lopper bench)\n",
-                             r.measured, r.target);
+    std::cerr << fmt::format(
+        "lopper: [prune] warning: measured {:.3f} ms, over the target {:.3f} "
+        "ms (latency is noisy: measure again with lopper bench)\n",
+        r.measured, r.target);
   if (!spread_warning.empty()) std::cerr << "lopper: [prune] warning: " << spread_warning << "\n";
   if (o.json) {
     std::cout << j.dump(2) << "\n";
@@ -137,26 +141,28 @@ int run_target(const Opts& o, TargetKind kind) {
     return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
   };
   std::cout << fmt::format("\ntarget   {} {} = {} (estimator: {}, {} round{})\n",
-                           target_name(r.kind), latency ? fmt_cost(t.value)
-                                                        : fmt::format("{:g} of {}", t.value,
-                                                                      fmt_cost(r.before)),
+                           target_name(r.kind),
+                           latency ? fmt_cost(t.value)
+                                   : fmt::format("{:g} of {}", t.value, fmt_cost(r.before)),
                            fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s")
             << fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
                            fmt_cost(r.measured));
   if (sens)
-    std::cout << fmt::format("loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
-                             "increases){}\n",
-                             r.base_loss, r.predicted_loss,
-                             measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
+    std::cout << fmt::format(
+        "loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
+        "increases){}\n",
+        r.base_loss, r.predicted_loss,
+        measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
   if (measured)
-    std::cout << fmt::format("top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
-                             "samples, before fine-tuning)\n",
-                             100 * sens->top1, 100 * measured->top1, measured->samples);
+    std::cout << fmt::format(
+        "top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
+        "samples, before fine-tuning)\n",
+        100 * sens->top1, 100 * measured->top1, measured->samples);
   const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
   std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
                            before.nonzero)
-            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n",
-                           after.macs, before.macs, ea.macs, eb.macs)
+            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n", after.macs,
+                           before.macs, ea.macs, eb.macs)
             << "report   " << report_path << "\n";
   if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
   return 0;

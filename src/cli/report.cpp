@@ -7,11 +7,11 @@
 
 #include "cli/common.h"
 #include "lopper/analysis.h"
-#include "lopper/target.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/latency.h"
 #include "lopper/sensitivity.h"
+#include "lopper/target.h"
 #include "lopper/train.h"
 
 namespace lopper::cli {

@@ -22,9 +22,9 @@ namespace lopper::cli {
 struct ReportMeasure {
   std::string device = "cpu";
   std::map<std::string, std::vector<int64_t>> shapes;  // inputs for latency (dynamic dims: 1)
-  DataLoader* data = nullptr;  // top-1 and loss on it, when given ...
-  int64_t eval_batches = 0;    // ... on its first batches (0: all)
-  std::string data_name;       // "fashion-mnist (test)"
+  DataLoader* data = nullptr;                          // top-1 and loss on it, when given ...
+  int64_t eval_batches = 0;                            // ... on its first batches (0: all)
+  std::string data_name;                               // "fashion-mnist (test)"
 };
 
 /// A latency measurement into `m`: its median, p10, p90, runs and the wide-spread warning.

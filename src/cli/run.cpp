@@ -7,10 +7,10 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/executor.h"
-#include "util/npy.h"
 #include "lopper/onnx_io.h"
+#include "util/files.h"
+#include "util/npy.h"
 
 namespace lopper::cli {
 

@@ -9,15 +9,15 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "prune/importance.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "report/progress.h"
 #include "lopper/sensitivity.h"
+#include "prune/importance.h"
+#include "report/progress.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 namespace {
@@ -45,14 +45,15 @@ void print_table(const SensitivityResult& r) {
   std::vector<std::string> names;
   for (const auto& l : r.layers) names.push_back(l.name);
   const size_t w = name_column_width(names, 12);
-  std::cout << fmt::format("top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
-                           "samples)\n",
-                           r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss,
-                           r.samples);
-  std::string head = fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w,
-                                 "params");
+  std::cout << fmt::format(
+      "top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
+      "samples)\n",
+      r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss, r.samples);
+  std::string head =
+      fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w, "params");
   if (!r.layers.empty())
-    for (const auto& p : r.layers.front().points) head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
+    for (const auto& p : r.layers.front().points)
+      head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
   std::cout << head << "\n";
   for (const auto& l : r.layers) {
     std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.name, w), w, l.params);
@@ -65,7 +66,8 @@ void print_table(const SensitivityResult& r) {
 
 Action add_sensitivity(CLI::App& app) {
   struct Opts {
-    std::string model, out, report, structured, method, amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
+    std::string model, out, report, structured, method,
+        amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
     std::string device = "cpu", exclude;
     std::vector<std::string> shapes;
     DataFlags data;
@@ -76,24 +78,28 @@ Action add_sensitivity(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
-      "sensitivity", "how much each layer (or channel group) pruned alone costs: loss and top-1 "
-                     "at each amount");
+      "sensitivity",
+      "how much each layer (or channel group) pruned alone costs: loss and top-1 "
+      "at each amount");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   o->data.add(cmd, "test");
   cmd->add_option("--structured", o->structured,
                   "channel: prune each channel group (the model shrinks) instead of each weight");
-  cmd->add_option("--method", o->method,
-                  "weights: l1 (default) | random; channels: l1 (default) | l2 | bn | fpgm | random");
+  cmd->add_option(
+      "--method", o->method,
+      "weights: l1 (default) | random; channels: l1 (default) | l2 | bn | fpgm | random");
   cmd->add_option("--amounts", o->amounts,
                   "comma-separated shares removed, each in [0, 1) (default 0.1,...,0.9,0.95)");
   cmd->add_option("--eval-batches", o->eval_batches,
                   "batches evaluated per point, the same ones each time (default 16)");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
-  cmd->add_option("--exclude", o->exclude, "leave out layers (or groups with a layer) matching REGEX");
+  cmd->add_option("--exclude", o->exclude,
+                  "leave out layers (or groups with a layer) matching REGEX");
   cmd->add_option("--round-to", o->round_to, "channels: keep counts a multiple of N");
   cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 for MAC counts (dynamic dims: 1)");
-  cmd->add_option("-o,--out", o->out, "write the result as JSON here (pruning to a target reads it)");
+  cmd->add_option("-o,--out", o->out,
+                  "write the result as JSON here (pruning to a target reads it)");
   cmd->add_flag("--json", o->json, "print the result as JSON instead of a table");
   cmd->add_option("--report", o->report,
                   "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "

@@ -14,26 +14,25 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "prune/importance.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
-#include "report/progress.h"
 #include "lopper/report.h"
 #include "lopper/train.h"
+#include "onnx/save.h"
+#include "prune/importance.h"
+#include "report/progress.h"
+#include "util/files.h"
 
 namespace lopper::cli {
 
 namespace {
 
 namespace fs = std::filesystem;
-
 
 PruneSchedule parse_schedule(const std::string& s) {
   if (s == "none") return PruneSchedule::kNone;
@@ -116,7 +115,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--bn-l1", t.bn_l1, "joint training: lambda * sum |gamma| of BatchNorm scales");
   cmd->add_option("--group-lasso", t.group_lasso,
                   "joint training: lambda * sum of output-channel L2 norms");
-  cmd->add_option("--schedule", o->schedule, "progressive pruning: none (default) | iterative | agp");
+  cmd->add_option("--schedule", o->schedule,
+                  "progressive pruning: none (default) | iterative | agp");
   cmd->add_option("--prune-method", o->prune_method,
                   importance::names(importance::Use::kWeights, nullptr, " | ") +
                       "; with --prune-structured: " +
@@ -233,7 +233,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
     double last_mean = 0, smoothed = -1;
     cb.step = [&](int64_t epoch, int64_t step, int64_t steps, double loss, double acc, double lr) {
       if (!o->report.empty()) {
-        const double step_loss = double(step) * loss - double(step - 1) * (step > 1 ? last_mean : 0);
+        const double step_loss =
+            double(step) * loss - double(step - 1) * (step > 1 ? last_mean : 0);
         last_mean = loss;
         smoothed = smoothed < 0 ? step_loss : 0.95 * smoothed + 0.05 * step_loss;
         const int64_t stride = std::max<int64_t>(1, steps * t.epochs / 1500);
@@ -256,9 +257,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
           "{:.1f}s{}\n",
           s.epoch, t.epochs, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr, 100 * s.sparsity,
           s.seconds,
-          s.loss_scale > 0 ? fmt::format("  loss scale {:g}, {} steps skipped", s.loss_scale,
-                                         s.skipped_steps)
-                           : "");
+          s.loss_scale > 0
+              ? fmt::format("  loss scale {:g}, {} steps skipped", s.loss_scale, s.skipped_steps)
+              : "");
     };
     cb.note = [&](const std::string& s) {
       if (bar) bar->finish();
@@ -290,8 +291,11 @@ Action add_train_command(CLI::App& app, bool finetune) {
       eo.world = 1;
       test = std::make_unique<DataLoader>(open_dataset(o->data.data, o->eval_split), eo);
       ev = evaluate(model, *test, t.device, {}, t.precision);
-      j["eval"] = {{"split", o->eval_split}, {"top1", ev->top1}, {"top5", ev->top5},
-                   {"loss", ev->loss}, {"samples", ev->samples}};
+      j["eval"] = {{"split", o->eval_split},
+                   {"top1", ev->top1},
+                   {"top5", ev->top5},
+                   {"loss", ev->loss},
+                   {"samples", ev->samples}};
       std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",
                                o->eval_split, 100 * ev->top1, 100 * ev->top5, ev->loss,
                                ev->samples);
@@ -318,14 +322,16 @@ Action add_train_command(CLI::App& app, bool finetune) {
       const std::string x = "sparsity of the prunable weights", y = "accuracy";
       const std::string intro =
           "Training accuracy per epoch against the sparsity the schedule had reached; the "
-          "models before and after on " + how.data_name + ".";
+          "models before and after on " +
+          how.data_name + ".";
       ReportSeries epochs{"training (per epoch)", {}, true, ""};
       for (const auto& e : r.epochs)
         epochs.points.push_back({e.sparsity, e.accuracy, fmt::format("epoch {}", e.epoch)});
       rep.add_tradeoff(x, y, intro, epochs);
       if (ev) {
-        rep.add_tradeoff(x, y, intro,
-                         {"before", {{prunable_sparsity(before), mb.top1, ""}}, false, "reference"});
+        rep.add_tradeoff(
+            x, y, intro,
+            {"before", {{prunable_sparsity(before), mb.top1, ""}}, false, "reference"});
         rep.add_tradeoff(x, y, intro,
                          {"after", {{prunable_sparsity(model), ev->top1, ""}}, false, "result"});
       }
@@ -350,8 +356,9 @@ Action add_eval(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("eval", "accuracy of a classifier on a dataset: top-1, top-5, "
-                                         "loss, per class");
+  auto* cmd = app.add_subcommand("eval",
+                                 "accuracy of a classifier on a dataset: top-1, top-5, "
+                                 "loss, per class");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   o->data.add(cmd, "test");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
@@ -368,8 +375,8 @@ Action add_eval(CLI::App& app) {
     DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
     Progress bar("eval", loader.batches_per_epoch(), 1);
     const at::ScalarType precision = parse_precision(o->precision);
-    EvalResult r = evaluate(model, loader, o->device,
-                            [&](int64_t b, int64_t) { bar.update(b); }, precision);
+    EvalResult r = evaluate(
+        model, loader, o->device, [&](int64_t b, int64_t) { bar.update(b); }, precision);
     bar.finish();
     if (o->json) {
       nlohmann::json j = to_json(r);

@@ -182,8 +182,8 @@ struct Step {
   const ir::Node* node = nullptr;
   const ops::OpDef* op = nullptr;
   int64_t opset = 0;
-  std::vector<int> in;   // -1: omitted optional input
-  std::vector<int> out;  // -1: omitted optional output
+  std::vector<int> in;       // -1: omitted optional input
+  std::vector<int> out;      // -1: omitted optional output
   std::vector<int> release;  // slots whose last reader is this step
   std::shared_ptr<void> state;
 };
@@ -191,9 +191,9 @@ struct Step {
 struct Plan {
   std::vector<Step> steps;
   std::unordered_map<std::string, int> slot_of;
-  std::vector<at::Tensor> constants;   // by slot; defined for initializers and folded values
+  std::vector<at::Tensor> constants;  // by slot; defined for initializers and folded values
   std::vector<std::pair<std::string, int>> outer;  // names read from enclosing scopes
-  std::vector<int> input_slots;        // graph inputs in order (initializer-backed ones included)
+  std::vector<int> input_slots;  // graph inputs in order (initializer-backed ones included)
   std::vector<int> output_slots;
   int num_slots = 0;
 };
@@ -205,7 +205,8 @@ struct Env {
   const at::Tensor* lookup(const std::string& name) const {
     for (const Env* e = this; e; e = e->parent) {
       auto it = e->plan->slot_of.find(name);
-      if (it != e->plan->slot_of.end() && e->vals[it->second].defined()) return &e->vals[it->second];
+      if (it != e->plan->slot_of.end() && e->vals[it->second].defined())
+        return &e->vals[it->second];
     }
     return nullptr;
   }
@@ -331,7 +332,8 @@ struct Executor::Impl {
         kept.push_back(std::move(st));
         continue;
       }
-      std::vector<at::Tensor> outs = execute(st, [&](int s) { return p.constants[s]; }, nullptr);
+      std::vector<at::Tensor> outs = execute(
+          st, [&](int s) { return p.constants[s]; }, nullptr);
       for (size_t k = 0; k < st.out.size(); ++k)
         if (st.out[k] >= 0) p.constants[st.out[k]] = outs[k];
     }
@@ -343,7 +345,8 @@ struct Executor::Impl {
     for (size_t i = 0; i < p.steps.size(); ++i) {
       for (int s : p.steps[i].in)
         if (s >= 0) last[s] = static_cast<int>(i);
-      for (const auto& r : ir::node_reads(*p.steps[i].node)) last[p.slot_of.at(r)] = static_cast<int>(i);
+      for (const auto& r : ir::node_reads(*p.steps[i].node))
+        last[p.slot_of.at(r)] = static_cast<int>(i);
     }
     std::unordered_set<int> keep(p.output_slots.begin(), p.output_slots.end());
     for (int s = 0; s < p.num_slots; ++s)
@@ -420,16 +423,19 @@ struct Executor::Impl {
     }
     for (const Step& cst : p.steps) {
       Step& st = const_cast<Step&>(cst);
-      auto outs = execute(st, [&](int s) -> const at::Tensor& {
-        if (!env.vals[s].defined()) {
-          std::string name;
-          for (const auto& [n, slot] : p.slot_of)
-            if (slot == s) name = n;
-          throw Error(detail::concat("[exec] node '", st.node->label(), "': input '", name,
-                                     "' has no value"));
-        }
-        return env.vals[s];
-      }, &env);
+      auto outs = execute(
+          st,
+          [&](int s) -> const at::Tensor& {
+            if (!env.vals[s].defined()) {
+              std::string name;
+              for (const auto& [n, slot] : p.slot_of)
+                if (slot == s) name = n;
+              throw Error(detail::concat("[exec] node '", st.node->label(), "': input '", name,
+                                         "' has no value"));
+            }
+            return env.vals[s];
+          },
+          &env);
       for (size_t k = 0; k < st.out.size(); ++k)
         if (st.out[k] >= 0) env.vals[st.out[k]] = std::move(outs[k]);
       for (int s : st.release) env.vals[s].reset();
@@ -456,7 +462,8 @@ Executor::Executor(const ir::Model& model, ExecOptions opts)
   exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();
   if (!impl_->opts.autograd && impl_->opts.fuse)
-    impl_->fused = std::make_unique<ir::Graph>(exec::fuse_for_inference(model.graph, model.opset()));
+    impl_->fused =
+        std::make_unique<ir::Graph>(exec::fuse_for_inference(model.graph, model.opset()));
   impl_->plan_for(impl_->top(), true);
 }
 

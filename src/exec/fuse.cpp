@@ -104,8 +104,9 @@ bool fold_batchnorm(ir::Graph& g, size_t conv_i, size_t bn_i) {
   if (bn.inputs.size() < 5 || outputs_used(bn) != 1 || bn.outputs[0].empty()) return false;
   if (const auto* tm = find_attr(bn, "training_mode"); tm && tm->i) return false;
   const auto* w = g.find_initializer(conv.inputs[1]);
-  const auto* b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? g.find_initializer(conv.inputs[2])
-                                                                     : nullptr;
+  const auto* b = conv.inputs.size() > 2 && !conv.inputs[2].empty()
+                      ? g.find_initializer(conv.inputs[2])
+                      : nullptr;
   if (!w || (conv.inputs.size() > 2 && !conv.inputs[2].empty() && !b)) return false;
   const ir::Initializer* p[4];
   for (int k = 0; k < 4; ++k)
@@ -147,8 +148,10 @@ void constants_to_initializers(ir::Graph& g) {
     } else if (is(n, "Constant") && n.outputs.size() == 1 && n.attrs.size() == 1) {
       v = ir::constant_value(n);
     }
-    if (v.defined()) g.initializers.push_back({n.outputs[0], v, "", false});
-    else kept.push_back(std::move(n));
+    if (v.defined())
+      g.initializers.push_back({n.outputs[0], v, "", false});
+    else
+      kept.push_back(std::move(n));
   }
   g.nodes = std::move(kept);
 }
@@ -263,7 +266,8 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     if (!uses.single(erf_out)) continue;
     size_t add_i = *reader_of(erf_out);
     const ir::Node& add = g.nodes[add_i];
-    if (!is(add, "Add") || !scalar_is(other_input(add, erf_out), 1.0) || !uses.single(add.outputs[0]))
+    if (!is(add, "Add") || !scalar_is(other_input(add, erf_out), 1.0) ||
+        !uses.single(add.outputs[0]))
       continue;
     size_t mul1_i = *reader_of(add.outputs[0]);
     const ir::Node& mul1 = g.nodes[mul1_i];
@@ -294,9 +298,16 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     bool trans_b = false;
     std::string bias;
     if (is(mm, "Gemm")) {
-      auto iattr = [&](const char* k, int64_t d) { auto* a = find_attr(mm, k); return a ? a->i : d; };
-      auto fattr = [&](const char* k, float d) { auto* a = find_attr(mm, k); return a ? a->f : d; };
-      if (iattr("transA", 0) || fattr("alpha", 1.0f) != 1.0f || fattr("beta", 1.0f) != 1.0f) continue;
+      auto iattr = [&](const char* k, int64_t d) {
+        auto* a = find_attr(mm, k);
+        return a ? a->i : d;
+      };
+      auto fattr = [&](const char* k, float d) {
+        auto* a = find_attr(mm, k);
+        return a ? a->f : d;
+      };
+      if (iattr("transA", 0) || fattr("alpha", 1.0f) != 1.0f || fattr("beta", 1.0f) != 1.0f)
+        continue;
       trans_b = iattr("transB", 0) != 0;
       if (mm.inputs.size() > 2 && !mm.inputs[2].empty()) {
         const auto* b = g.find_initializer(mm.inputs[2]);

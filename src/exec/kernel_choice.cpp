@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/sparse_cuda.h"

@@ -38,7 +38,8 @@ PostOp post_op_of(const AttrReader& c) {
     p.attr = "relu";
   } else if (act == "Clip") {
     p.attr = "hardtanh";
-    p.scalars = {c.attr_float("activation_min", -INFINITY), c.attr_float("activation_max", INFINITY)};
+    p.scalars = {c.attr_float("activation_min", -INFINITY),
+                 c.attr_float("activation_max", INFINITY)};
   } else if (act == "LeakyRelu") {
     p.attr = "leaky_relu";
     p.scalars = {c.attr_float("activation_alpha", 0.01f)};
@@ -71,7 +72,8 @@ bool usable(const at::Tensor& x) {
 }
 
 at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::IntArrayRef stride,
-                              at::IntArrayRef dilation, int64_t groups, at::IntArrayRef input_size) {
+                              at::IntArrayRef dilation, int64_t groups,
+                              at::IntArrayRef input_size) {
   return at::mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
                                           groups, input_size);
 }
@@ -80,8 +82,8 @@ at::Tensor conv2d(const at::Tensor& x, const at::Tensor& packed_w, const at::Ten
                   at::IntArrayRef padding, at::IntArrayRef stride, at::IntArrayRef dilation,
                   int64_t groups, const PostOp& post) {
   static const c10::OperatorHandle h = op("mkldnn::_convolution_pointwise", "");
-  return call(h, {x, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(), groups,
-                  post.attr, scalars(post.scalars), algorithm(post)});
+  return call(h, {x, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(),
+                  groups, post.attr, scalars(post.scalars), algorithm(post)});
 }
 
 at::Tensor conv2d_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
@@ -108,7 +110,8 @@ at::Tensor linear_add(const at::Tensor& x, const at::Tensor& other, const at::Te
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
                   const PostOp& post) {
   static const c10::OperatorHandle h = op("mkldnn::_linear_pointwise", "");
-  return call(h, {x, packed_w, opt_tensor(bias), post.attr, scalars(post.scalars), algorithm(post)});
+  return call(h,
+              {x, packed_w, opt_tensor(bias), post.attr, scalars(post.scalars), algorithm(post)});
 }
 
 }  // namespace lopper::ops::onednn

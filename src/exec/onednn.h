@@ -13,7 +13,8 @@
 namespace lopper::ops::onednn {
 
 /// An activation applied to the kernel's output inside the kernel ("none", "relu", "hardtanh" with
-/// scalars {min, max}, "leaky_relu" {slope}, "gelu" with algorithm "none"|"tanh", "sigmoid", "tanh").
+/// scalars {min, max}, "leaky_relu" {slope}, "gelu" with algorithm "none"|"tanh", "sigmoid",
+/// "tanh").
 struct PostOp {
   std::string attr = "none";
   std::vector<double> scalars;

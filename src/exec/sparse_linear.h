@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/sparse.h"
 #include "exec/onednn.h"
+#include "kernels/cpu/sparse.h"
 
 namespace lopper::ops {
 

@@ -2,18 +2,18 @@
 #include <ATen/ATen.h>
 
 #include <climits>
-#include <cstring>
-#include <memory>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
 #include "onnx.pb.h"
+#include "onnx/save.h"
 #include "onnx/tensor_proto.h"
+#include "util/files.h"
 
 namespace lopper::onnx {
 namespace {
@@ -31,8 +31,10 @@ void fill_type(const ir::TypeInfo& t, TypeProto* p) {
     auto* shape = tt->mutable_shape();
     for (const auto& d : t.dims) {
       auto* pd = shape->add_dim();
-      if (d.is_static()) pd->set_dim_value(d.value);
-      else if (!d.param.empty()) pd->set_dim_param(d.param);
+      if (d.is_static())
+        pd->set_dim_value(d.value);
+      else if (!d.param.empty())
+        pd->set_dim_param(d.param);
     }
   }
   if (!t.denotation.empty()) p->set_denotation(t.denotation);
@@ -79,7 +81,8 @@ struct Writer {
     for (const auto& init : g.initializers) {
       // ONNX sparse tensors need rank >= 1.
       bool sparse = !sparse_none() && (init.sparse || sparse_all()) &&
-                    init.value.is_floating_point() && init.value.numel() > 0 && init.value.dim() > 0;
+                    init.value.is_floating_point() && init.value.numel() > 0 &&
+                    init.value.dim() > 0;
       if (sparse && sparse_all() && !init.sparse) {
         // Only when it makes the file smaller: each nonzero costs its value plus an int64 index
         // (fp32: worth it past 2/3 zeros).
@@ -137,21 +140,38 @@ struct Writer {
     if (!a.doc_string.empty()) p->set_doc_string(a.doc_string);
     p->set_type(static_cast<AttributeProto::AttributeType>(a.type));
     switch (a.type) {
-      case ir::AttrType::kFloat: p->set_f(a.f); break;
-      case ir::AttrType::kInt: p->set_i(a.i); break;
-      case ir::AttrType::kString: p->set_s(a.s); break;
-      case ir::AttrType::kTensor: tensor_to_proto(a.t, p->mutable_t()); break;
-      case ir::AttrType::kGraph: fill_graph(*a.g, p->mutable_g()); break;
-      case ir::AttrType::kFloats: for (float f : a.floats) p->add_floats(f); break;
-      case ir::AttrType::kInts: for (int64_t i : a.ints) p->add_ints(i); break;
-      case ir::AttrType::kStrings: for (const auto& s : a.strings) p->add_strings(s); break;
+      case ir::AttrType::kFloat:
+        p->set_f(a.f);
+        break;
+      case ir::AttrType::kInt:
+        p->set_i(a.i);
+        break;
+      case ir::AttrType::kString:
+        p->set_s(a.s);
+        break;
+      case ir::AttrType::kTensor:
+        tensor_to_proto(a.t, p->mutable_t());
+        break;
+      case ir::AttrType::kGraph:
+        fill_graph(*a.g, p->mutable_g());
+        break;
+      case ir::AttrType::kFloats:
+        for (float f : a.floats) p->add_floats(f);
+        break;
+      case ir::AttrType::kInts:
+        for (int64_t i : a.ints) p->add_ints(i);
+        break;
+      case ir::AttrType::kStrings:
+        for (const auto& s : a.strings) p->add_strings(s);
+        break;
       case ir::AttrType::kTensors:
         for (const auto& t : a.tensors) tensor_to_proto(t, p->add_tensors());
         break;
       case ir::AttrType::kGraphs:
         for (const auto& g : a.graphs) fill_graph(*g, p->add_graphs());
         break;
-      default: break;
+      default:
+        break;
     }
   }
 

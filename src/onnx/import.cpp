@@ -13,10 +13,10 @@
 #include <set>
 
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx.pb.h"
 #include "onnx/tensor_proto.h"
+#include "util/files.h"
 
 namespace lopper::onnx {
 namespace {
@@ -31,8 +31,10 @@ ir::TypeInfo convert_type(const TypeProto& t) {
     out.has_shape = tt.has_shape();
     for (const auto& d : tt.shape().dim()) {
       ir::Dim dim;
-      if (d.has_dim_value()) dim.value = d.dim_value();
-      else if (d.has_dim_param()) dim.param = d.dim_param();
+      if (d.has_dim_value())
+        dim.value = d.dim_value();
+      else if (d.has_dim_param())
+        dim.param = d.dim_param();
       out.dims.push_back(dim);
     }
     out.denotation = t.denotation();
@@ -58,7 +60,6 @@ std::vector<std::pair<std::string, std::string>> convert_props(const Repeated& p
   return out;
 }
 
-
 ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth);
 
 ir::Attribute convert_attribute(AttributeProto& a, const ExternalDataContext& ctx,
@@ -69,30 +70,54 @@ ir::Attribute convert_attribute(AttributeProto& a, const ExternalDataContext& ct
   out.doc_string = a.doc_string();
   auto type = static_cast<ir::AttrType>(a.type());
   if (type == ir::AttrType::kUndefined) {  // IR version 1 models: infer from the field that is set
-    if (a.has_f()) type = ir::AttrType::kFloat;
-    else if (a.has_i()) type = ir::AttrType::kInt;
-    else if (a.has_s()) type = ir::AttrType::kString;
-    else if (a.has_t()) type = ir::AttrType::kTensor;
-    else if (a.has_g()) type = ir::AttrType::kGraph;
-    else if (a.floats_size()) type = ir::AttrType::kFloats;
-    else if (a.ints_size()) type = ir::AttrType::kInts;
-    else if (a.strings_size()) type = ir::AttrType::kStrings;
-    else if (a.tensors_size()) type = ir::AttrType::kTensors;
-    else if (a.graphs_size()) type = ir::AttrType::kGraphs;
+    if (a.has_f())
+      type = ir::AttrType::kFloat;
+    else if (a.has_i())
+      type = ir::AttrType::kInt;
+    else if (a.has_s())
+      type = ir::AttrType::kString;
+    else if (a.has_t())
+      type = ir::AttrType::kTensor;
+    else if (a.has_g())
+      type = ir::AttrType::kGraph;
+    else if (a.floats_size())
+      type = ir::AttrType::kFloats;
+    else if (a.ints_size())
+      type = ir::AttrType::kInts;
+    else if (a.strings_size())
+      type = ir::AttrType::kStrings;
+    else if (a.tensors_size())
+      type = ir::AttrType::kTensors;
+    else if (a.graphs_size())
+      type = ir::AttrType::kGraphs;
   }
   out.type = type;
   std::string what = where + " attribute '" + a.name() + "'";
   switch (type) {
-    case ir::AttrType::kFloat: out.f = a.f(); break;
-    case ir::AttrType::kInt: out.i = a.i(); break;
-    case ir::AttrType::kString: out.s = a.s(); break;
-    case ir::AttrType::kTensor: out.t = tensor_from_proto(a.t(), ctx, what); break;
+    case ir::AttrType::kFloat:
+      out.f = a.f();
+      break;
+    case ir::AttrType::kInt:
+      out.i = a.i();
+      break;
+    case ir::AttrType::kString:
+      out.s = a.s();
+      break;
+    case ir::AttrType::kTensor:
+      out.t = tensor_from_proto(a.t(), ctx, what);
+      break;
     case ir::AttrType::kGraph:
       out.g = std::make_shared<ir::Graph>(convert_graph(*a.mutable_g(), ctx, depth + 1));
       break;
-    case ir::AttrType::kFloats: out.floats.assign(a.floats().begin(), a.floats().end()); break;
-    case ir::AttrType::kInts: out.ints.assign(a.ints().begin(), a.ints().end()); break;
-    case ir::AttrType::kStrings: out.strings.assign(a.strings().begin(), a.strings().end()); break;
+    case ir::AttrType::kFloats:
+      out.floats.assign(a.floats().begin(), a.floats().end());
+      break;
+    case ir::AttrType::kInts:
+      out.ints.assign(a.ints().begin(), a.ints().end());
+      break;
+    case ir::AttrType::kStrings:
+      out.strings.assign(a.strings().begin(), a.strings().end());
+      break;
     case ir::AttrType::kTensors:
       for (const auto& t : a.tensors()) out.tensors.push_back(tensor_from_proto(t, ctx, what));
       break;
@@ -118,9 +143,9 @@ ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth
   for (const auto& v : g.value_info()) out.value_info.push_back(convert_value_info(v));
   for (auto& t : *g.mutable_initializer()) {
     LOPPER_CHECK(!t.name().empty(), "[import] graph '", g.name(), "' has an unnamed initializer");
-    out.initializers.push_back(
-        {t.name(), take_tensor_from_proto(t, ctx, "initializer '" + t.name() + "'"),
-         t.doc_string(), false});
+    out.initializers.push_back({t.name(),
+                                take_tensor_from_proto(t, ctx, "initializer '" + t.name() + "'"),
+                                t.doc_string(), false});
   }
   for (const auto& s : g.sparse_initializer()) {
     const std::string& name = s.values().name();
@@ -141,7 +166,8 @@ ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth
     node.metadata_props = convert_props(n.metadata_props());
     LOPPER_CHECK(!node.op_type.empty(), "[import] node '", node.name, "' has no op type");
     std::string where = "node '" + node.label() + "'";
-    for (auto& a : *n.mutable_attribute()) node.attrs.push_back(convert_attribute(a, ctx, where, depth));
+    for (auto& a : *n.mutable_attribute())
+      node.attrs.push_back(convert_attribute(a, ctx, where, depth));
     out.nodes.push_back(std::move(node));
   }
   return out;

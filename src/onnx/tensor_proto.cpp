@@ -11,8 +11,8 @@
 #include <filesystem>
 
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/onnx_io.h"
+#include "util/files.h"
 
 namespace lopper::onnx {
 namespace fs = std::filesystem;
@@ -20,25 +20,44 @@ using ir::DType;
 
 c10::ScalarType to_scalar_type(DType t) {
   switch (t) {
-    case DType::kFloat: return at::kFloat;
-    case DType::kUInt8: return at::kByte;
-    case DType::kInt8: return at::kChar;
-    case DType::kUInt16: return at::kUInt16;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt64: return at::kLong;
-    case DType::kBool: return at::kBool;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kDouble: return at::kDouble;
-    case DType::kUInt32: return at::kUInt32;
-    case DType::kUInt64: return at::kUInt64;
-    case DType::kComplex64: return at::kComplexFloat;
-    case DType::kComplex128: return at::kComplexDouble;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat8E4M3FN: return at::kFloat8_e4m3fn;
-    case DType::kFloat8E4M3FNUZ: return at::kFloat8_e4m3fnuz;
-    case DType::kFloat8E5M2: return at::kFloat8_e5m2;
-    case DType::kFloat8E5M2FNUZ: return at::kFloat8_e5m2fnuz;
+    case DType::kFloat:
+      return at::kFloat;
+    case DType::kUInt8:
+      return at::kByte;
+    case DType::kInt8:
+      return at::kChar;
+    case DType::kUInt16:
+      return at::kUInt16;
+    case DType::kInt16:
+      return at::kShort;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kBool:
+      return at::kBool;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kDouble:
+      return at::kDouble;
+    case DType::kUInt32:
+      return at::kUInt32;
+    case DType::kUInt64:
+      return at::kUInt64;
+    case DType::kComplex64:
+      return at::kComplexFloat;
+    case DType::kComplex128:
+      return at::kComplexDouble;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat8E4M3FN:
+      return at::kFloat8_e4m3fn;
+    case DType::kFloat8E4M3FNUZ:
+      return at::kFloat8_e4m3fnuz;
+    case DType::kFloat8E5M2:
+      return at::kFloat8_e5m2;
+    case DType::kFloat8E5M2FNUZ:
+      return at::kFloat8_e5m2fnuz;
     default:
       throw Error(detail::concat("[onnx] tensors of type ", ir::dtype_name(t), " (",
                                  static_cast<int>(t), ") are not supported"));
@@ -47,25 +66,44 @@ c10::ScalarType to_scalar_type(DType t) {
 
 DType to_dtype(c10::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DType::kFloat;
-    case at::kByte: return DType::kUInt8;
-    case at::kChar: return DType::kInt8;
-    case at::kUInt16: return DType::kUInt16;
-    case at::kShort: return DType::kInt16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
-    case at::kBool: return DType::kBool;
-    case at::kHalf: return DType::kFloat16;
-    case at::kDouble: return DType::kDouble;
-    case at::kUInt32: return DType::kUInt32;
-    case at::kUInt64: return DType::kUInt64;
-    case at::kComplexFloat: return DType::kComplex64;
-    case at::kComplexDouble: return DType::kComplex128;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kFloat8_e4m3fn: return DType::kFloat8E4M3FN;
-    case at::kFloat8_e4m3fnuz: return DType::kFloat8E4M3FNUZ;
-    case at::kFloat8_e5m2: return DType::kFloat8E5M2;
-    case at::kFloat8_e5m2fnuz: return DType::kFloat8E5M2FNUZ;
+    case at::kFloat:
+      return DType::kFloat;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kUInt16:
+      return DType::kUInt16;
+    case at::kShort:
+      return DType::kInt16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kBool:
+      return DType::kBool;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kDouble:
+      return DType::kDouble;
+    case at::kUInt32:
+      return DType::kUInt32;
+    case at::kUInt64:
+      return DType::kUInt64;
+    case at::kComplexFloat:
+      return DType::kComplex64;
+    case at::kComplexDouble:
+      return DType::kComplex128;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kFloat8_e4m3fn:
+      return DType::kFloat8E4M3FN;
+    case at::kFloat8_e4m3fnuz:
+      return DType::kFloat8E4M3FNUZ;
+    case at::kFloat8_e5m2:
+      return DType::kFloat8E5M2;
+    case at::kFloat8_e5m2fnuz:
+      return DType::kFloat8E5M2FNUZ;
     default:
       throw Error(detail::concat("[onnx] ATen type ", c10::toString(t), " has no ONNX type"));
   }
@@ -97,17 +135,16 @@ std::string resolve_external(const std::string& base_dir, const std::string& loc
   LOPPER_CHECK(!location.empty(), "[import] ", what, ": external data without a location");
   LOPPER_CHECK(location.find('\0') == std::string::npos, "[import] ", what,
                ": external data location contains a NUL byte");
-  LOPPER_CHECK(location[0] != '/' && location[0] != '\\' &&
-                   !(location.size() > 1 && location[1] == ':'),
-               "[import] ", what, ": external data location '", location,
-               "' is an absolute path (refused: data must stay inside the model's folder)");
+  LOPPER_CHECK(
+      location[0] != '/' && location[0] != '\\' && !(location.size() > 1 && location[1] == ':'),
+      "[import] ", what, ": external data location '", location,
+      "' is an absolute path (refused: data must stay inside the model's folder)");
   size_t start = 0;
   while (start <= location.size()) {
     size_t end = location.find_first_of("/\\", start);
     if (end == std::string::npos) end = location.size();
     LOPPER_CHECK(location.compare(start, end - start, "..") != 0, "[import] ", what,
-                 ": external data location '", location,
-                 "' leaves the model's folder (refused)");
+                 ": external data location '", location, "' leaves the model's folder (refused)");
     start = end + 1;
   }
   std::error_code ec;
@@ -132,19 +169,23 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
   for (const auto& kv : p.external_data()) {
     const std::string& k = kv.key();
     auto parse_int = [&](const std::string& v) {
-      LOPPER_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
-                       v.size() < 19,
-                   "[import] ", what, ": external data ", k, " '", v, "' is not a number");
+      LOPPER_CHECK(
+          !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 19,
+          "[import] ", what, ": external data ", k, " '", v, "' is not a number");
       return static_cast<int64_t>(std::stoll(v));
     };
-    if (k == "location") location = kv.value();
-    else if (k == "offset") offset = parse_int(kv.value());
-    else if (k == "length") length = parse_int(kv.value());
+    if (k == "location")
+      location = kv.value();
+    else if (k == "offset")
+      offset = parse_int(kv.value());
+    else if (k == "length")
+      length = parse_int(kv.value());
   }
   std::string path = resolve_external(ctx.base_dir, location, what);
   if (length >= 0)
-    LOPPER_CHECK(static_cast<size_t>(length) == nbytes, "[import] ", what, ": external data length ",
-                 length, " does not match its shape and type (", nbytes, " bytes)");
+    LOPPER_CHECK(static_cast<size_t>(length) == nbytes, "[import] ", what,
+                 ": external data length ", length, " does not match its shape and type (", nbytes,
+                 " bytes)");
   // Never blocks: a FIFO or a device is refused before anything is read from it.
   int fd = open_regular_file(path, "[import] " + what + ": external data");
   struct stat st {};
@@ -173,7 +214,8 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
     ssize_t r = ::pread(fd, out + done, nbytes - done, offset + static_cast<off_t>(done));
     if (r <= 0) {
       ::close(fd);
-      throw Error(detail::concat("[import] ", what, ": cannot read external data '", location, "'"));
+      throw Error(
+          detail::concat("[import] ", what, ": cannot read external data '", location, "'"));
     }
     done += static_cast<size_t>(r);
   }
@@ -239,8 +281,7 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
       auto* owner = new std::string(std::move(*take_raw->mutable_raw_data()));
       take_raw->clear_raw_data();
       return at::from_blob(
-          owner->data(), dims, [owner](void*) { delete owner; },
-          at::TensorOptions().dtype(st));
+          owner->data(), dims, [owner](void*) { delete owner; }, at::TensorOptions().dtype(st));
     }
     at::Tensor t = allocate();
     if (nbytes) std::memcpy(t.data_ptr(), p.raw_data().data(), nbytes);
@@ -289,7 +330,9 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
       expect(p.int32_data_size(), numel);
       copy_typed<int32_t, int16_t>(p.int32_data(), t);
       break;
-    case DType::kUInt16: case DType::kFloat16: case DType::kBFloat16:
+    case DType::kUInt16:
+    case DType::kFloat16:
+    case DType::kBFloat16:
       // float16/bfloat16 travel as their bit patterns in int32_data.
       expect(p.int32_data_size(), numel);
       copy_typed<int32_t, uint16_t>(p.int32_data(), t);
@@ -298,8 +341,12 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
       expect(p.int32_data_size(), numel);
       copy_typed<int32_t, int8_t>(p.int32_data(), t);
       break;
-    case DType::kUInt8: case DType::kBool: case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ:
-    case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ:
+    case DType::kUInt8:
+    case DType::kBool:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E5M2FNUZ:
       expect(p.int32_data_size(), numel);
       copy_typed<int32_t, uint8_t>(p.int32_data(), t);
       break;
@@ -333,16 +380,16 @@ at::Tensor tensor_from_sparse_proto(const lopper_onnx::SparseTensorProto& p,
   // (found by bench/fuzz: a 57-byte model asked for 64 GiB of zeros).
   const int64_t elem = static_cast<int64_t>(values.element_size());
   const int64_t dense_bytes = numel * elem;  // numel <= 2^40, elem <= 16
-  LOPPER_CHECK(dense_bytes <= ctx.sparse_budget, "[import] ", what, ": dense form of ",
-               dense_bytes, " bytes is too large for a model of this size (sparse tensors may "
+  LOPPER_CHECK(dense_bytes <= ctx.sparse_budget, "[import] ", what, ": dense form of ", dense_bytes,
+               " bytes is too large for a model of this size (sparse tensors may "
                "expand to at most 1024 times the model's size, or 256 MiB)");
   ctx.sparse_budget -= dense_bytes;
   at::Tensor dense = at::zeros(dims, values.options());
   if (nnz == 0) return dense;
   at::Tensor linear;
   if (indices.dim() == 1) {
-    LOPPER_CHECK(indices.size(0) == nnz, "[import] ", what, ": ", indices.size(0),
-                 " indices for ", nnz, " values");
+    LOPPER_CHECK(indices.size(0) == nnz, "[import] ", what, ": ", indices.size(0), " indices for ",
+                 nnz, " values");
     linear = indices;
   } else {
     int64_t rank = static_cast<int64_t>(dims.size());
@@ -394,9 +441,8 @@ void tensor_to_sparse_proto(const at::Tensor& t, const std::string& name,
   // NOTE: ATen's nonzero lacks the float8 types (found by bench/fuzz: a float8 sparse initializer
   // could be read but not written back); their bytes tell zero from nonzero (-0.0 is kept as a
   // value, bit for bit).
-  at::Tensor idx = (at::isFloat8Type(c.scalar_type()) ? flat.view(at::kByte) : flat)
-                       .nonzero()
-                       .view({-1});
+  at::Tensor idx =
+      (at::isFloat8Type(c.scalar_type()) ? flat.view(at::kByte) : flat).nonzero().view({-1});
   at::Tensor vals = flat.index_select(0, idx);
   p->clear_dims();
   for (int64_t d : c.sizes()) p->add_dims(d);

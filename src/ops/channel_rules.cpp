@@ -145,7 +145,8 @@ void reshape(ChannelContext& c, int64_t target_input) {
     }
     const int64_t k = best;
     c.edit([k, out_atoms, target_input, target, computed](ChannelEditor& e) {
-      at::Tensor shape = (computed ? target : e.constant(size_t(target_input))).clone().to(at::kLong);
+      at::Tensor shape =
+          (computed ? target : e.constant(size_t(target_input))).clone().to(at::kLong);
       auto* p = shape.data_ptr<int64_t>();
       if (p[k] > 0) p[k] = int64_t(e.kept(out_atoms).size());
       e.set_constant(size_t(target_input), shape);

@@ -1,11 +1,11 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding),
 // and Col2Im, the inverse of the im2col a convolution unrolls to.
-#include "ops/channels.h"
-#include "ops/conv_geometry.h"
 #include "exec/kernel_choice.h"
 #include "exec/onednn.h"
-#include "ops/op.h"
 #include "exec/sparse_linear.h"
+#include "ops/channels.h"
+#include "ops/conv_geometry.h"
+#include "ops/op.h"
 
 namespace lopper::ops {
 

@@ -4,13 +4,13 @@
 #include <cctype>
 #include <map>
 
+#include "exec/kernel_choice.h"
+#include "exec/onednn.h"
+#include "exec/sparse_linear.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "ops/channels.h"
-#include "exec/kernel_choice.h"
-#include "exec/onednn.h"
 #include "ops/op.h"
-#include "exec/sparse_linear.h"
 
 namespace lopper::ops {
 namespace {

@@ -18,16 +18,17 @@ at::Tensor nll(const OpContext& c, const at::Tensor& lp, const at::Tensor& targe
   c.check(target_in.dim() == lp.dim() - 1, "target must have rank ", lp.dim() - 1, ", got ",
           target_in.dim());
   for (int64_t d = 0; d < target_in.dim(); ++d)
-    c.check(target_in.size(d) == lp.size(d == 0 ? 0 : d + 1), "target shape ",
-            target_in.sizes(), " does not match input shape ", lp.sizes());
+    c.check(target_in.size(d) == lp.size(d == 0 ? 0 : d + 1), "target shape ", target_in.sizes(),
+            " does not match input shape ", lp.sizes());
   const int64_t C = lp.size(1);
   std::string reduction = c.attr_string("reduction", "mean");
-  c.check(reduction == "none" || reduction == "sum" || reduction == "mean",
-          "unknown reduction '", reduction, "'");
+  c.check(reduction == "none" || reduction == "sum" || reduction == "mean", "unknown reduction '",
+          reduction, "'");
   at::Tensor target = target_in.to(lp.device(), at::kLong);
   bool has_ii = c.has_attr("ignore_index");
   int64_t ii = c.attr_int("ignore_index", 0);
-  at::Tensor mask = has_ii ? (target != ii) : at::ones_like(target, target.options().dtype(at::kBool));
+  at::Tensor mask =
+      has_ii ? (target != ii) : at::ones_like(target, target.options().dtype(at::kBool));
   if (target.numel() > 0) {
     bool bad = (((target < 0) | (target >= C)) & mask).any().item<bool>();
     c.check(!bad, "target holds a class index outside [0, ", C, ")");
@@ -40,8 +41,9 @@ at::Tensor nll(const OpContext& c, const at::Tensor& lp, const at::Tensor& targe
   if (weight.defined()) {
     c.check(weight.dim() == 1 && weight.size(0) == C, "weight must have shape [", C, "], got ",
             weight.sizes());
-    wt = at::where(mask, weight.to(lp.scalar_type()).index_select(0, safe.reshape({-1}))
-                             .reshape(safe.sizes()), zero);
+    wt = at::where(
+        mask, weight.to(lp.scalar_type()).index_select(0, safe.reshape({-1})).reshape(safe.sizes()),
+        zero);
   } else {
     wt = at::where(mask, at::ones({}, lp.options()), zero);
   }

@@ -27,7 +27,8 @@ at::ScalarType stash_type_of(const OpContext& c, const at::Tensor& x) {
   if (stash == 1) return at::promote_types(x.scalar_type(), at::kFloat);
   if (stash == 0 || stash == 16 || stash == 10 || stash == 11) {
     // 0: not given in old opsets; otherwise an explicit float type.
-    return stash == 0 ? x.scalar_type() : at::promote_types(x.scalar_type(), scalar_type_of(c, stash));
+    return stash == 0 ? x.scalar_type()
+                      : at::promote_types(x.scalar_type(), scalar_type_of(c, stash));
   }
   c.fail("unsupported stash_type ", stash);
 }
@@ -156,8 +157,8 @@ void layer_norm(OpContext& c) {
 void group_norm(OpContext& c) {
   const at::Tensor& x = c.input(0);
   c.check(x.dim() >= 2, "input must have rank >= 2, got ", x.dim());
-  at::ScalarType ct = c.opset() >= 21 ? stash_type_of(c, x)
-                                      : at::promote_types(x.scalar_type(), at::kFloat);
+  at::ScalarType ct =
+      c.opset() >= 21 ? stash_type_of(c, x) : at::promote_types(x.scalar_type(), at::kFloat);
   int64_t groups = c.attr_int("num_groups");
   int64_t ch = x.size(1);
   c.check(groups > 0 && ch % groups == 0, "num_groups ", groups, " must divide the ", ch,
@@ -251,8 +252,7 @@ void batch_norm_channels(ChannelContext& c) {
   for (size_t i = 1; i < c.num_inputs(); ++i) {
     if (c.in(i) || (c.has_input(i) && !c.constant(i).defined()))
       return c.barrier("normalisation parameters computed at run time");
-    if (c.has_input(i))
-      c.slice(i, 0, x->atoms, i == 1 ? ParamRole::kNormScale : ParamRole::kOther);
+    if (c.has_input(i)) c.slice(i, 0, x->atoms, i == 1 ? ParamRole::kNormScale : ParamRole::kOther);
   }
   c.set_out(0, *x);
 }
@@ -267,7 +267,8 @@ void layer_norm_channels(ChannelContext& c) {
     for (size_t i = 1; i < 3 && i < c.num_inputs(); ++i) {
       if (!c.has_input(i)) continue;
       at::Tensor p = c.constant(i);
-      if (!p.defined() || c.in(i)) return c.barrier("LayerNormalization parameters computed at run time");
+      if (!p.defined() || c.in(i))
+        return c.barrier("LayerNormalization parameters computed at run time");
       int64_t pa = x->axis - (rank - p.dim());
       if (pa >= 0 && p.size(pa) > 1)
         c.slice(i, pa, x->atoms, i == 1 ? ParamRole::kNormScale : ParamRole::kOther);

@@ -25,16 +25,14 @@ struct PoolGeom {
   std::vector<int64_t> trim_end;            // trailing input no window reaches (dropped)
 };
 
-PoolGeom pool_geometry(const OpContext& c, const at::Tensor& x, bool has_dilations,
-                       bool has_ceil) {
+PoolGeom pool_geometry(const OpContext& c, const at::Tensor& x, bool has_dilations, bool has_ceil) {
   PoolGeom g;
   c.check(x.dim() >= 3, "input must have rank >= 3 (N x C x spatial), got ", x.dim());
   g.nd = x.dim() - 2;
   size_t nd = static_cast<size_t>(g.nd);
   for (int64_t d = 2; d < x.dim(); ++d) g.in.push_back(x.size(d));
   g.kernel = c.attr_ints("kernel_shape");
-  c.check(g.kernel.size() == nd, "kernel_shape must have ", nd, " values, got ",
-          g.kernel.size());
+  c.check(g.kernel.size() == nd, "kernel_shape must have ", nd, " values, got ", g.kernel.size());
   for (int64_t k : g.kernel) c.check(k >= 1, "kernel_shape values must be >= 1");
   g.strides = c.attr_ints("strides", std::vector<int64_t>(nd, 1));
   c.check(g.strides.size() == nd, "strides must have ", nd, " values");
@@ -94,7 +92,8 @@ PoolGeom pool_geometry(const OpContext& c, const at::Tensor& x, bool has_dilatio
     int64_t win = (g.kernel[i] - 1) * g.dilations[i] + 1;
     int64_t need = (g.out[i] - 1) * g.strides[i] + win;
     int64_t have = g.in[i] + g.pad_begin[i] + g.pad_end[i];
-    if (need > have) g.extra_end[i] = need - have;
+    if (need > have)
+      g.extra_end[i] = need - have;
     else if (need < have) {
       // Drop what no window reads: first from the end padding, then from the input.
       int64_t drop = have - need;
@@ -171,8 +170,7 @@ at::Tensor window_sum(const at::Tensor& xp, const PoolGeom& g) {
   int64_t kprod = numel_of(g.kernel);
   if (all_one(g.dilations) && g.nd <= 3 && xp.is_floating_point()) {
     if (g.nd == 1) return at::avg_pool1d(xp, g.kernel, g.strides, {0}, false, true) * kprod;
-    if (g.nd == 2)
-      return at::avg_pool2d(xp, g.kernel, g.strides, {0, 0}, false, true, 1);
+    if (g.nd == 2) return at::avg_pool2d(xp, g.kernel, g.strides, {0, 0}, false, true, 1);
     return at::avg_pool3d(xp, g.kernel, g.strides, {0, 0, 0}, false, true, 1);
   }
   at::Tensor w = windows(xp, g);
@@ -208,9 +206,12 @@ void max_pool(OpContext& c) {
       return;
     }
     at::Tensor y;
-    if (g.nd == 1) y = at::max_pool1d(xf, g.kernel, g.strides, ap, g.dilations, false);
-    else if (g.nd == 2) y = at::max_pool2d(xf, g.kernel, g.strides, ap, g.dilations, false);
-    else y = at::max_pool3d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    if (g.nd == 1)
+      y = at::max_pool1d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    else if (g.nd == 2)
+      y = at::max_pool2d(xf, g.kernel, g.strides, ap, g.dilations, false);
+    else
+      y = at::max_pool3d(xf, g.kernel, g.strides, ap, g.dilations, false);
     c.set_output(0, y.to(x.scalar_type()));
     return;
   }
@@ -268,9 +269,12 @@ void average_pool(OpContext& c) {
   std::vector<int64_t> ap;
   if (all_one(g.dilations) && aten_pads(g, ap)) {
     at::Tensor y;
-    if (g.nd == 1) y = at::avg_pool1d(x, g.kernel, g.strides, ap, false, include_pad);
-    else if (g.nd == 2) y = at::avg_pool2d(x, g.kernel, g.strides, ap, false, include_pad);
-    else y = at::avg_pool3d(x, g.kernel, g.strides, ap, false, include_pad);
+    if (g.nd == 1)
+      y = at::avg_pool1d(x, g.kernel, g.strides, ap, false, include_pad);
+    else if (g.nd == 2)
+      y = at::avg_pool2d(x, g.kernel, g.strides, ap, false, include_pad);
+    else
+      y = at::avg_pool3d(x, g.kernel, g.strides, ap, false, include_pad);
     c.set_output(0, y);
     return;
   }
@@ -384,7 +388,9 @@ void register_pool(OpTable& t) {
   t.add({"", "GlobalMaxPool", global_max_pool});
   t.add({"", "GlobalLpPool", global_lp_pool});
   t.add({"", "MaxUnpool", max_unpool});
-  t.set_channels({"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}, pool_channels);
+  t.set_channels(
+      {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"},
+      pool_channels);
 }
 
 }  // namespace lopper::ops

@@ -151,17 +151,18 @@ void rnn_common(OpContext& c, Cell cell) {
     c0 = state_in(6, "initial_c");
     if (c.has_input(7)) {
       peep = c.input(7).to(dt);
-      c.check(peep.dim() == 2 && peep.size(0) == D && peep.size(1) == 3 * H,
-              "P must have shape [", D, ",", 3 * H, "], got ", peep.sizes());
+      c.check(peep.dim() == 2 && peep.size(0) == D && peep.size(1) == 3 * H, "P must have shape [",
+              D, ",", 3 * H, "], got ", peep.sizes());
     }
   }
   bool has_clip = c.has_attr("clip");
   double clip = c.attr_float("clip", 0.f);
   if (has_clip) c.check(clip > 0, "clip must be positive, got ", clip);
   auto clamp = [&](const at::Tensor& t) { return has_clip ? at::clamp(t, -clip, clip) : t; };
-  std::vector<std::string> defaults = cell == Cell::kLstm ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
-                                      : cell == Cell::kGru ? std::vector<std::string>{"Sigmoid", "Tanh"}
-                                                           : std::vector<std::string>{"Tanh"};
+  std::vector<std::string> defaults =
+      cell == Cell::kLstm  ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+      : cell == Cell::kGru ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                           : std::vector<std::string>{"Tanh"};
   auto acts = parse_acts(c, defaults, D);
   const size_t per = defaults.size();
   bool linear_before_reset = cell == Cell::kGru && c.attr_int("linear_before_reset", 0) != 0;

@@ -52,8 +52,15 @@ class Context final : public ops::ChannelContext {
           std::unordered_map<std::string, ops::Tracked>& tracked, bool whole_heads,
           const std::unordered_map<std::string, at::Tensor>& recorded,
           std::unordered_map<std::string, ops::Tracked>& shapes_of)
-      : ChannelContext(m.graph.nodes[index]), model_(m), index_(index), io_(io), dg_(dg),
-        tracked_(tracked), whole_heads_(whole_heads), recorded_(recorded), shapes_of_(shapes_of) {}
+      : ChannelContext(m.graph.nodes[index]),
+        model_(m),
+        index_(index),
+        io_(io),
+        dg_(dg),
+        tracked_(tracked),
+        whole_heads_(whole_heads),
+        recorded_(recorded),
+        shapes_of_(shapes_of) {}
 
   at::Tensor recorded(size_t i) const override {
     if (!has_input(i)) return {};
@@ -135,7 +142,8 @@ class Context final : public ops::ChannelContext {
              ops::ParamRole role) override {
     Slice s;
     s.node = index_, s.input = input, s.axis = axis, s.atoms = atoms, s.role = role;
-    if (!has_input(input) || !resolve_constant(model_.graph, node().inputs[input], s.ref, s.value) ||
+    if (!has_input(input) ||
+        !resolve_constant(model_.graph, node().inputs[input], s.ref, s.value) ||
         axis >= s.value.dim() || s.value.size(axis) != int64_t(atoms.size())) {
       pin(atoms, "a parameter that cannot follow the channels");
       return;
@@ -192,9 +200,9 @@ class Editor final : public ops::ChannelEditor {
   at::Tensor constant(size_t input) override {
     ConstRef ref;
     at::Tensor v;
-    LOPPER_ASSERT(input < node().inputs.size() &&
-                      resolve_constant(g_, node().inputs[input], ref, v),
-                  "edit of a non-constant input ", input, " of ", node().label());
+    LOPPER_ASSERT(
+        input < node().inputs.size() && resolve_constant(g_, node().inputs[input], ref, v),
+        "edit of a non-constant input ", input, " of ", node().label());
     return v;
   }
   void set_constant(size_t input, const at::Tensor& value) override {
@@ -245,7 +253,8 @@ class Editor final : public ops::ChannelEditor {
 
 }  // namespace
 
-bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref, at::Tensor& value) {
+bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref,
+                      at::Tensor& value) {
   ref = {};
   if (const auto* init = g.find_initializer(name)) {
     ref.name = name, ref.is_initializer = true, value = init->value;
@@ -308,8 +317,8 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
     if (!def || !def->channels || has_subgraph || it == shapes.end()) {
       if (any_tracked) {
         std::string why = !def || !def->channels ? "no channel rule for " + n.op_type
-                          : has_subgraph        ? "subgraphs are not followed"
-                                                : "never ran";
+                          : has_subgraph         ? "subgraphs are not followed"
+                                                 : "never ran";
         for (const auto& r : ir::node_reads(n))
           if (auto t = tracked.find(r); t != tracked.end()) ctx.pin(t->second.atoms, why);
       }
@@ -387,9 +396,10 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
       in.type.dims.clear();
       for (int64_t d : init->value.sizes()) in.type.dims.push_back({d, ""});
     }
-  g.value_info.erase(std::remove_if(g.value_info.begin(), g.value_info.end(),
-                                    [&](const ir::ValueInfo& v) { return changed.count(v.name) > 0; }),
-                     g.value_info.end());
+  g.value_info.erase(
+      std::remove_if(g.value_info.begin(), g.value_info.end(),
+                     [&](const ir::ValueInfo& v) { return changed.count(v.name) > 0; }),
+      g.value_info.end());
 }
 
 }  // namespace lopper::depgraph

@@ -16,13 +16,13 @@ namespace lopper::depgraph {
 /// A constant input as the rules see it: an initializer or a Constant node's value, possibly read
 /// through a Transpose (perm non-empty).
 struct ConstRef {
-  std::string name;            // the initializer, or the Constant node's output
+  std::string name;  // the initializer, or the Constant node's output
   bool is_initializer = true;
-  std::vector<int64_t> perm;   // the Transpose between it and the reader
+  std::vector<int64_t> perm;  // the Transpose between it and the reader
 };
 
 struct Slice {
-  size_t node = 0;   // index in graph.nodes
+  size_t node = 0;  // index in graph.nodes
   size_t input = 0;
   int64_t axis = 0;  // in the reader's view (through the Transpose)
   std::vector<int64_t> atoms;
@@ -38,16 +38,16 @@ struct Edit {
 };
 
 struct DepGraph {
-  std::vector<int64_t> parent;        // union-find over atoms
-  std::vector<size_t> source;         // per atom: the node that made it
-  std::vector<std::string> pinned;    // per atom: why it must stay (empty: free)
-  std::vector<char> head;             // per atom: part of an attention head split
+  std::vector<int64_t> parent;      // union-find over atoms
+  std::vector<size_t> source;       // per atom: the node that made it
+  std::vector<std::string> pinned;  // per atom: why it must stay (empty: free)
+  std::vector<char> head;           // per atom: part of an attention head split
   std::vector<Slice> slices;
-  std::vector<Edit> edits;            // slices included, in the order recorded
+  std::vector<Edit> edits;  // slices included, in the order recorded
   std::vector<std::pair<std::vector<int64_t>, int64_t>> blocks;  // equal_blocks constraints
   // Tracked values with atoms of their own (a Split output, a Slice, a Concat): each must keep one.
   std::vector<std::vector<int64_t>> parts;
-  std::vector<std::string> barriers;  // once each
+  std::vector<std::string> barriers;        // once each
   std::vector<std::string> tracked_values;  // values whose shape may change
 
   int64_t find(int64_t a) {
@@ -65,7 +65,8 @@ struct DepGraph {
 DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_heads);
 
 /// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either).
-bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref, at::Tensor& value);
+bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref,
+                      at::Tensor& value);
 
 /// Carries out the edits on `model` (which must be the model `dg` was built from), with
 /// `removed(root)` saying which atom classes go.

@@ -184,7 +184,8 @@ void GradientStats::track(const std::string& name, const at::Tensor& like) {
 }
 
 void GradientStats::add(const std::string& name, const at::Tensor& w, const at::Tensor& g) {
-  auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+  auto it =
+      std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
   if (it == sums_.end()) {
     sums_.emplace_back(name, std::vector<at::Tensor>(criteria_.size()));
     it = sums_.end() - 1;

@@ -34,11 +34,11 @@ enum class WeightRank {
 
 /// How a criterion ranks the channels of a structured group.
 enum class SliceRank {
-  kNone,         // it does not: single weights only
-  kWeightScores, // each channel by the sum of its weights' scores (|w| for kMagnitude) over
-                 // every weight slice of the group (filters and the next layers' inputs)
-  kCustom,       // by slice_scores() over the group's slices, then finish()
-  kDrawn,        // at random (seeded)
+  kNone,          // it does not: single weights only
+  kWeightScores,  // each channel by the sum of its weights' scores (|w| for kMagnitude) over
+                  // every weight slice of the group (filters and the next layers' inputs)
+  kCustom,        // by slice_scores() over the group's slices, then finish()
+  kDrawn,         // at random (seeded)
 };
 
 struct Criterion;
@@ -47,10 +47,10 @@ struct Criterion;
 struct WeightInput {
   const Criterion& criterion;
   const at::Tensor& w;
-  const std::string& name;          // the initializer
-  const std::vector<int64_t>& perm; // the Transpose between the initializer and its reader (empty:
-                                    // none); saliencies are stored in the initializer's layout
-  const Saliency* saliency;         // Needs::kGradients
+  const std::string& name;           // the initializer
+  const std::vector<int64_t>& perm;  // the Transpose between the initializer and its reader (empty:
+                                     // none); saliencies are stored in the initializer's layout
+  const Saliency* saliency;          // Needs::kGradients
 };
 
 /// One parameter slice of a channel group (depgraph::Slice, without the graph).

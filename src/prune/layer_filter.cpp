@@ -29,8 +29,6 @@ std::string LayerFilter::unmatched_warning() const {
   return re_ && !matched_ ? option_ + " '" + pattern_ + "' matched no layer" : "";
 }
 
-std::string LayerFilter::leaves_none() const {
-  return re_ ? " (" + option_ + " leaves none)" : "";
-}
+std::string LayerFilter::leaves_none() const { return re_ ? " (" + option_ + " leaves none)" : ""; }
 
 }  // namespace lopper

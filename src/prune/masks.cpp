@@ -320,7 +320,7 @@ at::Tensor channel_mask(const at::Tensor& w, int64_t dim, const PruneAmount& amo
       kept = at::randperm(r, *gen, at::kLong).slice(0, 0, r - k);
     } else {
       at::Tensor sub = (score.defined() ? score : w).index_select(dim, alive_idx);
-      at::Tensor norms = others.empty()      ? sub.abs()
+      at::Tensor norms = others.empty()    ? sub.abs()
                          : score.defined() ? sub.sum(others)
                                            : at::linalg_vector_norm(sub, norm, others);
       kept = std::get<1>(at::topk(norms, r - k, 0, /*largest=*/true, /*sorted=*/true));

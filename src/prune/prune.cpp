@@ -92,8 +92,8 @@ void check_layer_options(const PruneLayerOptions& o) {
   if (c.weights == WeightRank::kThreshold) {
     LOPPER_CHECK(o.threshold >= 0 && std::isfinite(o.threshold),
                  "[prune] threshold must be >= 0, got ", o.threshold);
-    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured,
-                 "[prune] --method ", c.name, " removes single weights: use --pattern unstructured");
+    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured, "[prune] --method ", c.name,
+                 " removes single weights: use --pattern unstructured");
   } else if (o.pattern != PrunePattern::kNM) {
     if (o.amount.is_count)
       LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ",
@@ -110,7 +110,8 @@ void check_layer_options(const PruneLayerOptions& o) {
                  importance::names(
                      importance::Use::kWeights,
                      [](const Criterion& x) {
-                       return x.weights == WeightRank::kMagnitude || x.weights == WeightRank::kScores;
+                       return x.weights == WeightRank::kMagnitude ||
+                              x.weights == WeightRank::kScores;
                      },
                      " or "));
   }
@@ -260,8 +261,8 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
 // read |w| or draw at random).
 at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency) {
   if (c.weights != WeightRank::kScores) return {};
-  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] --method ", c.name, " ranks weights ",
-               importance::data_needed(c), ": give calibration data (--data)");
+  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] --method ", c.name,
+               " ranks weights ", importance::data_needed(c), ": give calibration data (--data)");
   static const std::vector<int64_t> no_perm;
   at::Tensor s = importance::weight_scores({c, t.init->value, t.init->name, no_perm, saliency});
   LOPPER_CHECK(s.defined(), "[prune] no ", c.name, " saliency for weight '", t.init->name, "'");
@@ -290,7 +291,9 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
     case PrunePattern::kNM: {
       at::Tensor keep;
       if (t.node->op_type == "Conv") {
-        auto flat = [&](const at::Tensor& x) { return x.defined() ? x.reshape({w.size(0), -1}) : x; };
+        auto flat = [&](const at::Tensor& x) {
+          return x.defined() ? x.reshape({w.size(0), -1}) : x;
+        };
         keep = nm_mask(flat(w), o.n, o.m, flat(score)).reshape(w.sizes());
       } else {
         auto last = [&](const at::Tensor& x) { return x.defined() ? x.movedim(t.in_axis, -1) : x; };
@@ -333,7 +336,8 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
     report.params += l.params;
     report.nonzero_before += l.nonzero_before;
     report.nonzero_after += l.nonzero_after;
-    if (l.skipped.empty() && l.nonzero_before > 0 && l.nonzero_after == 0) emptied.push_back(l.name);
+    if (l.skipped.empty() && l.nonzero_before > 0 && l.nonzero_after == 0)
+      emptied.push_back(l.name);
   }
   // NOTE: torch's rule, kept: a float amount is a fraction, an int a count, so "--amount 1.0"
   // removes every weight while "--amount 1" removes one. A layer left with no weight at all is
@@ -420,9 +424,9 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
     }
   } else {
     for (const auto& t : targets)
-      drop.push_back(layer_keep(t, opts, gen, report.layers[t.report].name,
-                                layer_score(t, crit, saliency))
-                         .logical_not());
+      drop.push_back(
+          layer_keep(t, opts, gen, report.layers[t.report].name, layer_score(t, crit, saliency))
+              .logical_not());
   }
 
   std::string method = method_string(opts, opts.scope), amount = amount_string(opts);

@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "lopper/error.h"
-#include "util/files.h"
 #include "lopper/prune.h"
 #include "prune/importance.h"
+#include "util/files.h"
 
 namespace lopper {
 

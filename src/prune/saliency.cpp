@@ -10,9 +10,9 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "train/loss.h"
 #include "lopper/prune.h"
 #include "prune/importance.h"
+#include "train/loss.h"
 
 namespace lopper {
 

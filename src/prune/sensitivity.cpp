@@ -19,10 +19,10 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "train/loss.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
 #include "prune/masks.h"
+#include "train/loss.h"
 
 namespace lopper {
 namespace {
@@ -67,7 +67,6 @@ std::pair<double, double> evaluate_on(Executor& ex, const ModelIO& io, const Eva
   return {loss / double(s.samples), hit / double(s.samples)};
 }
 
-
 void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
   ++done;
   if (o.progress) o.progress(done, total, what);
@@ -77,9 +76,8 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
   SensitivityResult r;
   r.unit = "weight";
   r.method = o.criterion;
-  const bool drawn =
-      importance::find(o.criterion, importance::Use::kWeights).weights ==
-      importance::WeightRank::kDrawn;
+  const bool drawn = importance::find(o.criterion, importance::Use::kWeights).weights ==
+                     importance::WeightRank::kDrawn;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);
@@ -179,9 +177,8 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
       const ChannelGroupReport& after = pr.groups.at(size_t(g->id));
       SensitivityPoint pt;
       pt.amount = a;
-      pt.removed = after.size_before
-                       ? 1.0 - double(after.size_after) / double(after.size_before)
-                       : 0.0;
+      pt.removed =
+          after.size_before ? 1.0 - double(after.size_after) / double(after.size_before) : 0.0;
       Executor ex(pruned, eval_options(o.device));
       std::tie(pt.loss, pt.top1) = evaluate_on(ex, model_io(pruned, ex), s);
       const EffectiveCost c = effective_cost(pruned, shapes);
@@ -210,11 +207,12 @@ void check_sensitivity_options(const SensitivityOptions& o) {
   auto data = [](const Criterion& c) { return c.needs_data(); };
   if (o.structured) {
     const Criterion& c = importance::find(o.criterion, importance::Use::kChannels);
-    LOPPER_CHECK(!c.needs_data(), "[sensitivity] structured sensitivity ranks channels by ",
-                 importance::names(importance::Use::kChannels,
-                                   [](const Criterion& x) { return !x.needs_data(); }, " or "),
-                 " (", importance::names(importance::Use::kChannels, data, " and "),
-                 " needs gradients per point)");
+    LOPPER_CHECK(
+        !c.needs_data(), "[sensitivity] structured sensitivity ranks channels by ",
+        importance::names(
+            importance::Use::kChannels, [](const Criterion& x) { return !x.needs_data(); }, " or "),
+        " (", importance::names(importance::Use::kChannels, data, " and "),
+        " needs gradients per point)");
   } else {
     auto sweeps = [](const Criterion& x) {
       return !x.needs_data() && (x.weights == importance::WeightRank::kMagnitude ||
@@ -258,21 +256,28 @@ std::string sensitivity_json(const SensitivityResult& r) {
   for (const auto& l : r.layers) {
     nlohmann::json pts = nlohmann::json::array();
     for (const auto& p : l.points)
-      pts.push_back({{"amount", p.amount}, {"removed", p.removed}, {"loss", p.loss},
-                     {"top1", p.top1}, {"params", p.params}, {"macs", p.macs}});
-    nlohmann::json jl = {{"name", l.name}, {"layers", l.layers}, {"params", l.params},
-                         {"macs", l.macs}, {"points", pts}};
+      pts.push_back({{"amount", p.amount},
+                     {"removed", p.removed},
+                     {"loss", p.loss},
+                     {"top1", p.top1},
+                     {"params", p.params},
+                     {"macs", p.macs}});
+    nlohmann::json jl = {{"name", l.name},
+                         {"layers", l.layers},
+                         {"params", l.params},
+                         {"macs", l.macs},
+                         {"points", pts}};
     if (!l.weight.empty()) jl["weight"] = l.weight;
     if (l.group >= 0) jl["group"] = l.group;
     layers.push_back(jl);
   }
-  nlohmann::json j = {{"format", "lopper.sensitivity/1"},
-                      {"unit", r.unit},
-                      {"method", r.method},
-                      {"base", {{"loss", r.loss}, {"top1", r.top1}, {"params", r.params},
-                                {"macs", r.macs}}},
-                      {"samples", r.samples},
-                      {"layers", layers}};
+  nlohmann::json j = {
+      {"format", "lopper.sensitivity/1"},
+      {"unit", r.unit},
+      {"method", r.method},
+      {"base", {{"loss", r.loss}, {"top1", r.top1}, {"params", r.params}, {"macs", r.macs}}},
+      {"samples", r.samples},
+      {"layers", layers}};
   return j.dump(1);
 }
 

@@ -171,8 +171,7 @@ void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency)
       if (!w.defined()) continue;  // a weight without scores (not reached by the loss)
       add(sl, w.to(at::kDouble).movedim(sl.axis, 0).reshape({w.size(sl.axis), -1}).sum(1));
     } else if (c.slices == SliceRank::kCustom) {
-      at::Tensor t =
-          c.slice_scores({sl.value, sl.axis, out, in, sl.role == ParamRole::kNormScale});
+      at::Tensor t = c.slice_scores({sl.value, sl.axis, out, in, sl.role == ParamRole::kNormScale});
       if (!t.defined()) continue;
       add(sl, t);
       for (int64_t atom : sl.atoms) scored.insert(dg.find(atom));
@@ -331,7 +330,8 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   LayerFilter exclude(opts.exclude);
   std::vector<std::regex> rule_res;  // checked when the recipe was parsed
   if (opts.recipe)
-    for (const auto& rule : opts.recipe->rules) rule_res.push_back(compile_regex(rule.match, "match"));
+    for (const auto& rule : opts.recipe->rules)
+      rule_res.push_back(compile_regex(rule.match, "match"));
   Analysis a = analyse(model, opts);
   score(a, opts, saliency);
   const ir::Graph& graph = model.graph;
@@ -435,12 +435,14 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       total += int64_t(g.classes.size());
     }
     int64_t k = opts.amount.count_of(total, "the model's channels");
-    std::stable_sort(all.begin(), all.end(), [](const Entry& x, const Entry& y) { return x.s < y.s; });
+    std::stable_sort(all.begin(), all.end(),
+                     [](const Entry& x, const Entry& y) { return x.s < y.s; });
     std::vector<int64_t> want(a.groups.size(), 0), limit(a.groups.size(), 0);
     for (size_t gi = 0; gi < a.groups.size(); ++gi)
       if (amount[gi]) {
         const Group& g = a.groups[gi];
-        limit[gi] = cap(g, int64_t(std::floor(opts.max_layer_amount * double(g.classes.size()))), 1);
+        limit[gi] =
+            cap(g, int64_t(std::floor(opts.max_layer_amount * double(g.classes.size()))), 1);
       }
     for (const auto& e : all) {
       if (k == 0) break;
@@ -464,7 +466,8 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     (void)node_shapes(out, resolve_input_shapes(out, opts.input_shapes, 1));
   } catch (const std::exception& e) {
     throw InternalError(std::string("internal error (a lopper bug): the shrunk model does not "
-                                    "run: ") + e.what());
+                                    "run: ") +
+                        e.what());
   }
   model = std::move(out);
   return r;

@@ -181,8 +181,10 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
                             const std::map<std::string, std::vector<int64_t>>& shapes,
                             double before, double target) {
   const SensitivityResult& s = *o.sensitivity;
-  LOPPER_CHECK(s.unit == (o.structured ? "channel" : "weight"), "[prune] the sensitivity data is "
-               "per ", s.unit == "channel" ? "channel group" : "weight", ": ",
+  LOPPER_CHECK(s.unit == (o.structured ? "channel" : "weight"),
+               "[prune] the sensitivity data is "
+               "per ",
+               s.unit == "channel" ? "channel group" : "weight", ": ",
                o.structured ? "run lopper sensitivity --structured channel"
                             : "drop --structured or run lopper sensitivity without it");
   LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
@@ -200,8 +202,10 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     std::unordered_set<std::string> prunable;
     for (const auto& pw : prunable_weights(model.graph)) prunable.insert(pw.weight);
     for (const auto& l : s.layers)
-      LOPPER_CHECK(prunable.count(l.weight), "[prune] the sensitivity data does not match this "
-                   "model (no prunable weight '", l.weight, "'): rerun lopper sensitivity on it");
+      LOPPER_CHECK(prunable.count(l.weight),
+                   "[prune] the sensitivity data does not match this "
+                   "model (no prunable weight '",
+                   l.weight, "'): rerun lopper sensitivity on it");
   }
   LayerFilter exclude(o.exclude);
   std::vector<const LayerSensitivity*> units;
@@ -292,8 +296,9 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     ir::Model pruned;
     r = try_pick(*pick, pruned);
     rounds = round;
-    progress(o, fmt::format("round {}: predicted {:.4g}, measured {:.4g}, target {:.4g}", round,
-                            r.predicted, r.measured, target),
+    progress(o,
+             fmt::format("round {}: predicted {:.4g}, measured {:.4g}, target {:.4g}", round,
+                         r.predicted, r.measured, target),
              round, kRounds);
     const bool ok = meets(r);
     if (ok && (!best || r.predicted_loss < best->predicted_loss - 1e-12 ||
@@ -534,9 +539,9 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
   if (o.structured)
     LOPPER_CHECK(!importance::find(o.criterion, importance::Use::kChannels).needs_data(),
                  "[prune] pruning to a target ranks channels by ",
-                 importance::names(importance::Use::kChannels,
-                                   [](const importance::Criterion& c) { return !c.needs_data(); },
-                                   " or "));
+                 importance::names(
+                     importance::Use::kChannels,
+                     [](const importance::Criterion& c) { return !c.needs_data(); }, " or "));
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const double before = cost_of(model, o, shapes);
   const double target = o.kind == TargetKind::kLatency ? o.value : o.value * before;

@@ -71,9 +71,9 @@ nlohmann::json to_json(const TargetReport& r, bool with_sensitivity) {
   if (r.kind == TargetKind::kLatency) {
     j["target"]["latency_spread"] = r.latency_widest.spread;  // the widest p90 / median
     if (r.latency_wide > 0)
-      j["target"]["latency_warning"] = fmt::format(
-          "{} of {} latency measurements: {}", r.latency_wide, r.latency_measurements,
-          r.latency_widest.warning());
+      j["target"]["latency_warning"] =
+          fmt::format("{} of {} latency measurements: {}", r.latency_wide, r.latency_measurements,
+                      r.latency_widest.warning());
   }
   if (with_sensitivity)
     j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
@@ -111,7 +111,8 @@ nlohmann::json to_json(const EvalResult& r) {
     j["per_class"].push_back(
         {{"class", c},
          {"samples", c < r.per_class_count.size() ? r.per_class_count[c] : 0},
-         {"accuracy", std::isnan(r.per_class[c]) ? nlohmann::json() : nlohmann::json(r.per_class[c])}});
+         {"accuracy",
+          std::isnan(r.per_class[c]) ? nlohmann::json() : nlohmann::json(r.per_class[c])}});
   return j;
 }
 

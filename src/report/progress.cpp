@@ -36,8 +36,9 @@ double Progress::elapsed_s() const {
 
 void Progress::update(int64_t done, const std::string& info) {
   double el = elapsed_s();
-  std::string eta =
-      total_ > 0 && done > 0 && done < total_ ? "  ETA " + duration(el / double(done) * double(total_ - done)) : "";
+  std::string eta = total_ > 0 && done > 0 && done < total_
+                        ? "  ETA " + duration(el / double(done) * double(total_ - done))
+                        : "";
   std::string count = total_ > 0 ? fmt::format("{}/{}", done, total_) : fmt::format("{}", done);
   std::string tail = (info.empty() ? "" : "  " + info) + "  " + duration(el) + eta;
   if (tty_) {

@@ -7,10 +7,10 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
+#include <fmt/format.h>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -21,14 +21,14 @@
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
-#include "util/files.h"
-#include "train/loss.h"
-#include "util/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
 #include "prune/importance.h"
+#include "train/loss.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
+#include "util/files.h"
+#include "util/npy.h"
 
 namespace lopper {
 
@@ -83,7 +83,6 @@ class AutocastScope {
   bool on_, prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kFloat;
 };
-
 
 at::Tensor loss_of(TrainLoss kind, const at::Tensor& out, const at::Tensor& y,
                    const std::string& out_op) {
@@ -207,9 +206,10 @@ class Trainer {
         for (size_t i = 0; i < params_.size(); ++i)
           if (params_[i].prunable && params_[i].out_axis >= 0) {
             const int64_t n = params_[i].value.size(params_[i].out_axis);
-            gl_.push_back({i, params_[i].out_axis, int64_t(gl_sizes_.size()),
-                           at::arange(n, at::TensorOptions().dtype(at::kLong).device(ex_->device())),
-                           at::Tensor()});
+            gl_.push_back(
+                {i, params_[i].out_axis, int64_t(gl_sizes_.size()),
+                 at::arange(n, at::TensorOptions().dtype(at::kLong).device(ex_->device())),
+                 at::Tensor()});
             gl_sizes_.push_back(n);
           }
     }
@@ -281,7 +281,8 @@ class Trainer {
     if (o_.lr_schedule == LrSchedule::kCosine) {
       lr = o_.lr * 0.5 * (1 + std::cos(M_PI * double(epoch) / double(o_.epochs)));
     } else if (o_.lr_schedule == LrSchedule::kStep) {
-      int64_t every = o_.lr_step_epochs > 0 ? o_.lr_step_epochs : std::max<int64_t>(1, o_.epochs / 3);
+      int64_t every =
+          o_.lr_step_epochs > 0 ? o_.lr_step_epochs : std::max<int64_t>(1, o_.epochs / 3);
       lr = o_.lr * std::pow(o_.lr_gamma, double(epoch / every));
     }
     double warm = o_.warmup_epochs * double(steps_per_epoch_);
@@ -417,8 +418,8 @@ class Trainer {
     reset_saliency();
     double got = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
     note(fmt::format("{}: pruned to {:.1f}% sparsity ({} {}, target {:.1f}%)", why, 100 * got,
-                     o_.prune.criterion,
-                     o_.prune.scope == PruneScope::kGlobal ? "global" : "local", 100 * target));
+                     o_.prune.criterion, o_.prune.scope == PruneScope::kGlobal ? "global" : "local",
+                     100 * target));
   }
 
   // The gradient saliencies accumulated since the last pruning event.
@@ -443,9 +444,9 @@ class Trainer {
     build();
     refresh_masks();
     reset_saliency();
-    note(fmt::format("{}: {} {} of {} channels left (target {:.1f}% removed; optimiser state restarts)",
-                     why, so.criterion, r.channels_after, r.channels_before,
-                     100 * target));
+    note(fmt::format(
+        "{}: {} {} of {} channels left (target {:.1f}% removed; optimiser state restarts)", why,
+        so.criterion, r.channels_after, r.channels_before, 100 * target));
   }
 
   // A gradient criterion before any training step: accumulate gradients over up to 32 batches.
@@ -523,8 +524,8 @@ class Trainer {
       prune_to(final_sparsity(), fmt::format("agp end (epoch {})", e + 1));
     EpochStats s;
     if (dist_ && dist_->world() > 1) {
-      std::vector<at::Tensor> m = {at::tensor({loss_sum, double(correct), double(samples)},
-                                              at::kDouble)};
+      std::vector<at::Tensor> m = {
+          at::tensor({loss_sum, double(correct), double(samples)}, at::kDouble)};
       dist_->allreduce_sum(m);
       loss_sum = m[0][0].item<double>();
       correct = int64_t(m[0][1].item<double>());
@@ -555,16 +556,16 @@ class Trainer {
     std::error_code ec;
     if (!fs::exists(dir / kCheckpointMarker)) {
       fs::create_directory(dir, ec);
-      LOPPER_CHECK(!ec, "[train] cannot make the checkpoint folder '", dir.string(), "': ",
-                   ec.message());
+      LOPPER_CHECK(!ec, "[train] cannot make the checkpoint folder '", dir.string(),
+                   "': ", ec.message());
       write_file_atomic((dir / kCheckpointMarker).string(),
                         "A checkpoint folder of lopper train: epoch-N/ and latest are lopper's.\n");
     }
     const std::string name = fmt::format("epoch-{}", epochs_done);
     const fs::path tmp = temp_path_beside((dir / name).string());
     fs::create_directory(tmp, ec);
-    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint folder '", tmp.string(), "': ",
-                 ec.message());
+    LOPPER_CHECK(!ec, "[train] cannot write the checkpoint folder '", tmp.string(),
+                 "': ", ec.message());
     struct Cleanup {
       fs::path p;
       ~Cleanup() {
@@ -622,8 +623,8 @@ class Trainer {
       c10::NoGradGuard no_grad;
       for (const auto& [name, t] : ex_->parameters()) {
         const ir::Initializer* init = ck.graph.find_initializer(name);
-        LOPPER_CHECK(init && init->value.sizes() == t.sizes(), "[train] checkpoint '",
-                     dir.string(), "' does not match the model: initializer '", name, "'");
+        LOPPER_CHECK(init && init->value.sizes() == t.sizes(), "[train] checkpoint '", dir.string(),
+                     "' does not match the model: initializer '", name, "'");
         t.detach().copy_(init->value.to(t.device()));
       }
     }
@@ -644,8 +645,8 @@ class Trainer {
     if (j.contains("loss_scale") && j["loss_scale"].is_number())
       scaler_.scale = j["loss_scale"].get<double>();
     first_epoch_ = j.at("epochs_done").get<int64_t>();
-    LOPPER_CHECK(first_epoch_ <= o_.epochs, "[train] checkpoint '", dir.string(), "' is past epoch ",
-                 first_epoch_, " of --epochs ", o_.epochs);
+    LOPPER_CHECK(first_epoch_ <= o_.epochs, "[train] checkpoint '", dir.string(),
+                 "' is past epoch ", first_epoch_, " of --epochs ", o_.epochs);
     refresh_masks();
     note(fmt::format("resumed from {} after epoch {}", dir.string(), first_epoch_));
   }
@@ -685,8 +686,8 @@ TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
 }
 
 EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device,
-                    const std::function<void(int64_t, int64_t)>& progress,
-                    at::ScalarType precision, int64_t max_batches) {
+                    const std::function<void(int64_t, int64_t)>& progress, at::ScalarType precision,
+                    int64_t max_batches) {
   ExecOptions eo;
   eo.device = device;
   eo.precision = precision;
@@ -800,12 +801,12 @@ void check_train_options(const TrainOptions& o) {
   if (o.schedule == PruneSchedule::kIterative) {
     LOPPER_CHECK(o.rounds > 0 && o.epochs_per_round > 0,
                  "[train] --schedule iterative needs --rounds R and --epochs-per-round E > 0");
-    LOPPER_CHECK(o.epochs == o.rounds * o.epochs_per_round, "[train] --schedule iterative "
-                 "trains rounds x epochs-per-round = ", o.rounds * o.epochs_per_round,
-                 " epochs, but --epochs is ", o.epochs);
+    LOPPER_CHECK(o.epochs == o.rounds * o.epochs_per_round,
+                 "[train] --schedule iterative "
+                 "trains rounds x epochs-per-round = ",
+                 o.rounds * o.epochs_per_round, " epochs, but --epochs is ", o.epochs);
   } else {
-    LOPPER_CHECK(o.start_epoch >= 0 && o.end_epoch > o.start_epoch &&
-                     o.end_epoch <= o.epochs,
+    LOPPER_CHECK(o.start_epoch >= 0 && o.end_epoch > o.start_epoch && o.end_epoch <= o.epochs,
                  "[train] --schedule agp needs 0 <= --start-epoch < --end-epoch <= --epochs, got ",
                  o.start_epoch, ", ", o.end_epoch, " of ", o.epochs);
     LOPPER_CHECK(o.every_epochs > 0 || o.every_steps > 0, "[train] --every must be > 0");
@@ -826,8 +827,8 @@ void check_checkpoint_dir(const std::string& dir) {
     throw UsageError("[train] --checkpoint-dir " + dir +
                      " exists and is not a folder; give a new folder for the checkpoints");
   if (fs::exists(p / kCheckpointMarker, ec) || fs::is_empty(p, ec)) return;
-  throw UsageError("[train] --checkpoint-dir " + dir +
-                   " is a folder lopper did not make (no " + kCheckpointMarker +
+  throw UsageError("[train] --checkpoint-dir " + dir + " is a folder lopper did not make (no " +
+                   kCheckpointMarker +
                    "); give a new or empty folder: lopper never replaces what it did not write");
 }
 

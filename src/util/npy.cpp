@@ -15,9 +15,12 @@ struct NpyType {
   at::ScalarType type;
 };
 constexpr NpyType kTypes[] = {
-    {"<f4", at::kFloat},  {"<f8", at::kDouble}, {"<f2", at::kHalf},  {"<i8", at::kLong},
-    {"<i4", at::kInt},    {"<i2", at::kShort},  {"|i1", at::kChar},  {"|u1", at::kByte},
-    {"|b1", at::kBool},   {"<u2", at::kUInt16}, {"<u4", at::kUInt32}, {"<u8", at::kUInt64},
+    {"<f4", at::kFloat},        {"<f8", at::kDouble},
+    {"<f2", at::kHalf},         {"<i8", at::kLong},
+    {"<i4", at::kInt},          {"<i2", at::kShort},
+    {"|i1", at::kChar},         {"|u1", at::kByte},
+    {"|b1", at::kBool},         {"<u2", at::kUInt16},
+    {"<u4", at::kUInt32},       {"<u8", at::kUInt64},
     {"<c8", at::kComplexFloat}, {"<c16", at::kComplexDouble},
 };
 
@@ -34,9 +37,12 @@ std::string dict_value(const std::string& header, const std::string& key, const 
   int depth = 0;
   for (; i < header.size(); ++i) {
     char c = header[i];
-    if (c == '(' || c == '[') ++depth;
-    else if (c == ')' || c == ']') --depth;
-    else if ((c == ',' || c == '}') && depth == 0) break;
+    if (c == '(' || c == '[')
+      ++depth;
+    else if (c == ')' || c == ']')
+      --depth;
+    else if ((c == ',' || c == '}') && depth == 0)
+      break;
   }
   return header.substr(start, i - start);
 }
@@ -55,7 +61,8 @@ at::Tensor parse_npy(const std::string& bytes, const std::string& path) {
     LOPPER_CHECK((major == 2 || major == 3) && bytes.size() >= 12, "[npy] '", path,
                  "': unsupported .npy version ", major);
     header_len = 0;
-    for (int i = 0; i < 4; ++i) header_len |= size_t(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      header_len |= size_t(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
     offset = 12;
   }
   LOPPER_CHECK(offset + header_len <= bytes.size(), "[npy] '", path, "': truncated header");
@@ -121,8 +128,8 @@ std::string npy_bytes(const at::Tensor& tensor) {
   for (int64_t d : t.sizes()) shape += std::to_string(d) + ",";
   if (t.dim() > 1) shape.pop_back();
   shape += ")";
-  std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " +
-                       shape + ", }";
+  std::string header =
+      "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + shape + ", }";
   size_t total = 10 + header.size() + 1;
   header += std::string((64 - total % 64) % 64, ' ') + "\n";
   std::string out = "\x93NUMPY";

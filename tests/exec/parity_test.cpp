@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "lopper/executor.h"
-#include "util/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
+#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;
@@ -33,8 +33,8 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, MatchesPyTorch) {
   configure_threads(0);
-  const std::string stem = GetParam();                       // e.g. resnet18.dynamo
-  const std::string name = stem.substr(0, stem.find('.'));   // resnet18
+  const std::string stem = GetParam();                      // e.g. resnet18.dynamo
+  const std::string name = stem.substr(0, stem.find('.'));  // resnet18
   fs::path dir = test::fixtures_dir();
   std::ifstream meta(dir / (stem + ".json"));
   ASSERT_TRUE(meta.good()) << "no metadata for " << stem;
@@ -48,7 +48,8 @@ TEST_P(Parity, MatchesPyTorch) {
     bool declared = false;
     for (const auto& v : model.graph.inputs) declared |= v.name == names[i];
     if (declared)
-      feeds.emplace_back(names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
+      feeds.emplace_back(
+          names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
   }
   Executor exec(model);
   auto outs = exec.run(feeds);
@@ -86,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::ValuesIn(fixture_models()),
 
 TEST(ParityFixtures, Present) {
   // The models must be there (made by the 'fixtures' ctest step), or parity silently tests nothing.
-  EXPECT_GE(fixture_models().size(), 20u) << "run tests/fixtures/make_models.py " << test::fixtures_dir();
+  EXPECT_GE(fixture_models().size(), 20u)
+      << "run tests/fixtures/make_models.py " << test::fixtures_dir();
 }
 
 }  // namespace

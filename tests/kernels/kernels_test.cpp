@@ -11,8 +11,8 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
-#include "lopper/executor.h"
 #include "lopper/error.h"
+#include "lopper/executor.h"
 
 namespace kc = lopper::kernels::cpu;
 
@@ -191,9 +191,9 @@ TEST(SparseKernelsCuda, PacksCsrWithSixteenBitIndices) {
   namespace kcu = lopper::kernels::cuda;
   at::Generator gen = at::detail::createCPUGenerator(5);
   at::Tensor w = at::randn({7, 65536}, gen) * (at::rand({7, 65536}, gen) >= 0.999);
-  w[2].zero_();           // an empty row
-  w[3][65535] = 1.5f;     // the last column: 0xffff as an index
-  w[4][40000] = -2.0f;    // past int16's range
+  w[2].zero_();         // an empty row
+  w[3][65535] = 1.5f;   // the last column: 0xffff as an index
+  w[4][40000] = -2.0f;  // past int16's range
   ASSERT_TRUE(kcu::SparseWeightCuda::fits(w));
   EXPECT_FALSE(kcu::SparseWeightCuda::fits(at::zeros({2, 65537})));
   kcu::SparseWeightCuda sw(w, at::Tensor(), at::kFloat, at::kCPU);
@@ -248,8 +248,8 @@ TEST(SparseKernelsCuda, EveryDtypeMatchesCublasDense) {
       at::Tensor y = sw.linear(x);
       at::Tensor ref = at::linear(x.to(at::kFloat), w.to(dev, dtype).to(at::kFloat),
                                   b.defined() ? b.to(dev, dtype).to(at::kFloat) : at::Tensor());
-      SCOPED_TRACE(std::string(at::toString(dtype)) + " n=" + std::to_string(n) + " k=" +
-                   std::to_string(k) + " m=" + std::to_string(m) +
+      SCOPED_TRACE(std::string(at::toString(dtype)) + " n=" + std::to_string(n) +
+                   " k=" + std::to_string(k) + " m=" + std::to_string(m) +
                    " sparsity=" + std::to_string(sparsity));
       ASSERT_EQ(y.scalar_type(), dtype);
       // y is rounded to the dtype once; compare in its precision.
@@ -269,16 +269,17 @@ TEST(SemiStructuredCuda, DetectsTwoFourWeights) {
   EXPECT_FALSE(kcu::is_two_four(w));
   // Keep the 2 largest |w| of every 4 consecutive inputs, as `prune --pattern 2:4` does.
   at::Tensor g = w.view({48, 32, 4});
-  at::Tensor keep = at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
+  at::Tensor keep =
+      at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
   at::Tensor w24 = (g * keep).view({48, 128});
   EXPECT_TRUE(kcu::is_two_four(w24));
   EXPECT_TRUE(kcu::semi_fits(w24, at::kBFloat16));
   EXPECT_TRUE(kcu::semi_fits(w24, at::kHalf));
-  EXPECT_FALSE(kcu::semi_fits(w24, at::kFloat));             // tensor cores: 16-bit only
+  EXPECT_FALSE(kcu::semi_fits(w24, at::kFloat));  // tensor cores: 16-bit only
   EXPECT_FALSE(kcu::semi_fits(w24.narrow(1, 0, 96).contiguous(), at::kHalf));  // k % 64
-  EXPECT_FALSE(kcu::is_two_four(w24.t().contiguous()));      // groups run along the inputs
-  EXPECT_FALSE(kcu::is_two_four(at::zeros({8, 64})));        // nothing to multiply
-  EXPECT_FALSE(kcu::is_two_four(w24.narrow(1, 0, 126)));     // k % 4
+  EXPECT_FALSE(kcu::is_two_four(w24.t().contiguous()));   // groups run along the inputs
+  EXPECT_FALSE(kcu::is_two_four(at::zeros({8, 64})));     // nothing to multiply
+  EXPECT_FALSE(kcu::is_two_four(w24.narrow(1, 0, 126)));  // k % 4
   at::Tensor three = w24.clone();
   three[5][1] = three[5][2] = three[5][3] = three[5][0] = 1.0f;  // 4 of 4 in one group
   EXPECT_FALSE(kcu::is_two_four(three));
@@ -306,9 +307,8 @@ TEST(SemiStructuredCuda, EveryBackendMatchesCublasDense) {
             at::zeros_like(g, at::kBool).scatter_(-1, std::get<1>(g.abs().topk(2, -1)), true);
         at::Tensor w = (g * keep).view({n, k});
         at::Tensor b = rng() % 2 ? at::randn({n}) : at::Tensor();
-        SCOPED_TRACE(std::string(kcu::semi_name(backend)) + " " + at::toString(dtype) +
-                     " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                     " m=" + std::to_string(m));
+        SCOPED_TRACE(std::string(kcu::semi_name(backend)) + " " + at::toString(dtype) + " n=" +
+                     std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m));
         std::unique_ptr<kcu::SemiStructuredWeight> sw;
         try {
           sw = std::make_unique<kcu::SemiStructuredWeight>(backend, w, b, dtype, dev);
@@ -322,7 +322,8 @@ TEST(SemiStructuredCuda, EveryBackendMatchesCublasDense) {
                                     b.defined() ? b.to(dev, dtype).to(at::kFloat) : at::Tensor());
         ASSERT_EQ(y.sizes(), ref.sizes());
         ASSERT_EQ(y.scalar_type(), dtype);
-        ASSERT_LT(nmse(y.cpu(), ref.to(dtype).cpu().to(at::kDouble)), dtype == at::kHalf ? 1e-5 : 1e-4);
+        ASSERT_LT(nmse(y.cpu(), ref.to(dtype).cpu().to(at::kDouble)),
+                  dtype == at::kHalf ? 1e-5 : 1e-4);
         ++checked;
       }
     }

@@ -5,10 +5,10 @@
 
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "util/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "test_util.h"
+#include "util/npy.h"
 
 using namespace lopper;
 
@@ -58,8 +58,8 @@ TEST(PruneCalibration, SaliencyAccumulatesOverBatches) {
     // taylor is |w * g| per batch: zero where the weight is zero.
     const ir::Initializer* w = m.graph.find_initializer(name);
     ASSERT_NE(w, nullptr);
-    EXPECT_TRUE(at::allclose(first.scores.at("taylor").at(name), (w->value * first.scores.at("grad").at(name)).abs(), 1e-5,
-                             1e-8))
+    EXPECT_TRUE(at::allclose(first.scores.at("taylor").at(name),
+                             (w->value * first.scores.at("grad").at(name)).abs(), 1e-5, 1e-8))
         << name;
   }
   EXPECT_NEAR(both.loss, (first.loss + second.loss) / 2, 1e-5);

@@ -35,7 +35,8 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
             const int64_t ix = ox * sw - pw + j * dw;
             if (ix < 0 || ix >= w) continue;
             const float* __restrict p = in + ((b * h + iy) * w + ix) * c;
-            // (v != v) is NaN: it propagates, as in ONNX's reference; written so that it vectorizes.
+            // (v != v) is NaN: it propagates, as in ONNX's reference; written so that it
+            // vectorizes.
             for (int64_t k = 0; k < c; ++k) {
               const float v = p[k], m = o[k];
               const bool take = (v > m) | (v != v);

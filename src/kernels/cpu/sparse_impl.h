@@ -94,7 +94,7 @@ struct V16 {  // 16 floats (AVX-512F)
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
 };
-using Wide = V16;   // the widest vector: columns of `cols`
+using Wide = V16;  // the widest vector: columns of `cols`
 #elif LOPPER_SPARSE_ISA > 0
 using Wide = V8;
 #else
@@ -104,11 +104,14 @@ using Wide = Scalar;
 template <class T>
 inline typename T::V activate(typename T::V v, const Epilogue& e) {
   switch (e.act) {
-    case Epilogue::kRelu: return T::max(v, T::zero());
-    case Epilogue::kClip: return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
+    case Epilogue::kRelu:
+      return T::max(v, T::zero());
+    case Epilogue::kClip:
+      return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
     case Epilogue::kLeaky:
       return T::add(T::max(v, T::zero()), T::mul(T::set1(e.alpha), T::min(v, T::zero())));
-    default: return v;
+    default:
+      return v;
   }
 }
 
@@ -124,8 +127,7 @@ inline void cols_panel(const SpView& s, int64_t br, const float* xt, int64_t ldx
   using T = Wide;
   using V = typename T::V;
   V acc[U][R][NV];
-  LOPPER_UNROLL for (int u = 0; u < U; ++u)
-    LOPPER_UNROLL for (int r = 0; r < R; ++r)
+  LOPPER_UNROLL for (int u = 0; u < U; ++u) LOPPER_UNROLL for (int r = 0; r < R; ++r)
       LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[u][r][v] = T::zero();
   const int32_t j1 = s.ptr[br + 1];
   int32_t j = s.ptr[br];
@@ -148,11 +150,9 @@ inline void cols_panel(const SpView& s, int64_t br, const float* xt, int64_t ldx
       }
     }
   };
-  for (; j + U <= j1; j += U)
-    LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
+  for (; j + U <= j1; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
   for (; j < j1; ++j) block(0, j);
-  LOPPER_UNROLL for (int u = 1; u < U; ++u)
-    LOPPER_UNROLL for (int r = 0; r < R; ++r)
+  LOPPER_UNROLL for (int u = 1; u < U; ++u) LOPPER_UNROLL for (int r = 0; r < R; ++r)
       LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[0][r][v] = T::add(acc[0][r][v], acc[u][r][v]);
   const int64_t n0 = br * R;
   const int nr = s.n - n0 < R ? int(s.n - n0) : R;
@@ -189,8 +189,8 @@ void cols_rows(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64
 }
 
 template <int R, int C>
-void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx,
-             int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t ldx, int64_t ncols,
+             float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   constexpr int NV = panel_vectors<R>();
   constexpr int64_t W = Wide::W;
   int64_t p = 0;
@@ -214,10 +214,14 @@ void cols_rc(const SpView& s, int64_t br0, int64_t br1, const float* xt, int64_t
     }
   };
   switch (nv) {
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    default: return run(std::integral_constant<int, 4>{});
+    case 1:
+      return run(std::integral_constant<int, 1>{});
+    case 2:
+      return run(std::integral_constant<int, 2>{});
+    case 3:
+      return run(std::integral_constant<int, 3>{});
+    default:
+      return run(std::integral_constant<int, 4>{});
   }
 }
 
@@ -252,8 +256,7 @@ inline void rows_tile(const SpView& s, int64_t br, const float* x, int64_t ldx, 
   using V = typename T::V;
   constexpr int NW = R / T::W;
   V acc[U][MR][NW];
-  LOPPER_UNROLL for (int u = 0; u < U; ++u)
-    LOPPER_UNROLL for (int m = 0; m < MR; ++m)
+  LOPPER_UNROLL for (int u = 0; u < U; ++u) LOPPER_UNROLL for (int m = 0; m < MR; ++m)
       LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[u][m][w] = T::zero();
   const int32_t j1 = s.ptr[br + 1];
   int32_t j = s.ptr[br];
@@ -267,27 +270,25 @@ inline void rows_tile(const SpView& s, int64_t br, const float* x, int64_t ldx, 
       LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[u][m][w] = T::fma(wv[w], xv, acc[u][m][w]);
     }
   };
-  for (; j + U <= j1; j += U)
-    LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
+  for (; j + U <= j1; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) block(u, j + u);
   for (; j < j1; ++j) block(0, j);
-  LOPPER_UNROLL for (int u = 1; u < U; ++u)
-    LOPPER_UNROLL for (int m = 0; m < MR; ++m)
+  LOPPER_UNROLL for (int u = 1; u < U; ++u) LOPPER_UNROLL for (int m = 0; m < MR; ++m)
       LOPPER_UNROLL for (int w = 0; w < NW; ++w) acc[0][m][w] = T::add(acc[0][m][w], acc[u][m][w]);
   const int64_t n0 = br * R;
   const int nr = s.n - n0 < R ? int(s.n - n0) : R;
   // The caller pads the bias to whole blocks.
   V b[NW];
-  LOPPER_UNROLL for (int w = 0; w < NW; ++w)
-    b[w] = e.bias ? T::load(e.bias + n0 + w * T::W) : T::zero();
+  LOPPER_UNROLL for (int w = 0; w < NW; ++w) b[w] =
+      e.bias ? T::load(e.bias + n0 + w * T::W) : T::zero();
   for (int m = 0; m < MR; ++m) {
     float* dst = y + m * ldy + n0;
     if (nr == R) {
       LOPPER_UNROLL for (int w = 0; w < NW; ++w)
-        T::store(dst + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
+          T::store(dst + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
     } else {
       float tmp[R];
       LOPPER_UNROLL for (int w = 0; w < NW; ++w)
-        T::store(tmp + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
+          T::store(tmp + w * T::W, activate<T>(T::add(acc[0][m][w], b[w]), e));
       std::memcpy(dst, tmp, sizeof(float) * nr);
     }
   }
@@ -361,8 +362,9 @@ void gather(const SpView& s, int64_t n0, int64_t n1, const float* x, int64_t ldx
         __m256i idx = _mm256_maskload_epi32(s.col + j, k);
         __m256 w = _mm256_maskload_ps(s.val + j, k);
         for (int m = 0; m < mr; ++m)
-          acc[m] = _mm256_fmadd_ps(w, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xr + m * ldx,
-                                                               idx, _mm256_castsi256_ps(k), 4),
+          acc[m] = _mm256_fmadd_ps(w,
+                                   _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xr + m * ldx, idx,
+                                                            _mm256_castsi256_ps(k), 4),
                                    acc[m]);
       }
       for (int m = 0; m < mr; ++m) {
@@ -383,9 +385,8 @@ void gather(const SpView& s, int64_t n0, int64_t n1, const float* x, int64_t ldx
 
 // NOTE: kept scalar on purpose: vectorised, this loop becomes the gather kernel above.
 __attribute__((optimize("no-tree-vectorize"))) void dot(const SpView& s, int64_t n0, int64_t n1,
-                                                        const float* x, int64_t ldx,
-                                                        int64_t nrows, float* y, int64_t ldy,
-                                                        const Epilogue& e) {
+                                                        const float* x, int64_t ldx, int64_t nrows,
+                                                        float* y, int64_t ldy, const Epilogue& e) {
   for (int64_t m = 0; m < nrows; ++m) {
     const float* xr = x + m * ldx;
     for (int64_t n = n0; n < n1; ++n) {

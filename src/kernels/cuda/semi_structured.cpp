@@ -46,8 +46,9 @@ SemiStructuredWeight::SemiStructuredWeight(SemiBackend backend, const at::Tensor
                                            at::Device device)
     : backend_(backend), dtype_(dtype) {
   LOPPER_CHECK(device.is_cuda(), "[cuda] 2:4 weights live on a GPU, not ", device.str());
-  LOPPER_CHECK(semi_fits(w, dtype), "[cuda] a 2:4 weight must be fp16 or bf16 with at most 2 "
-                                    "nonzeros in every 4 inputs and inputs a multiple of 64");
+  LOPPER_CHECK(semi_fits(w, dtype),
+               "[cuda] a 2:4 weight must be fp16 or bf16 with at most 2 "
+               "nonzeros in every 4 inputs and inputs a multiple of 64");
   LOPPER_CHECK(semi_compiled(backend), "[cuda] this libtorch was built without ",
                semi_name(backend));
   n_ = w.size(0), k_ = w.size(1), n_pad_ = round_up(n_, kRowsAlign);

@@ -10,7 +10,6 @@
 
 namespace lopper::kernels::cuda {
 
-
 void synchronize() { c10::cuda::device_synchronize(); }
 
 std::string device_name(int index) {
@@ -26,8 +25,9 @@ bool SparseWeightCuda::fits(const at::Tensor& w) {
 SparseWeightCuda::SparseWeightCuda(const at::Tensor& w, const at::Tensor& bias,
                                    at::ScalarType dtype, at::Device device)
     : dtype_(dtype) {
-  LOPPER_CHECK(fits(w), "[cuda] a sparse weight must be 2-D floating point with at most 65536 "
-                        "inputs");
+  LOPPER_CHECK(fits(w),
+               "[cuda] a sparse weight must be 2-D floating point with at most 65536 "
+               "inputs");
   LOPPER_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
                "[cuda] sparse weights are fp32, fp16 or bf16");
   at::Tensor wc = w.detach().to(at::kCPU, at::kFloat).contiguous();
@@ -52,7 +52,8 @@ SparseWeightCuda::SparseWeightCuda(const at::Tensor& w, const at::Tensor& bias,
   at::Tensor col = nnz_ ? col_real.index_select(0, last).index_select(0, slot_row)
                         : at::zeros({stored}, at::kLong);
   at::Tensor val = at::zeros({stored}, at::kFloat);
-  at::Tensor dest = at::arange(nnz_, at::kLong) - real.index_select(0, row) + ptr.index_select(0, row);
+  at::Tensor dest =
+      at::arange(nnz_, at::kLong) - real.index_select(0, row) + ptr.index_select(0, row);
   col.index_copy_(0, dest, col_real);
   val.index_copy_(0, dest, wc.masked_select(nz));
   // NOTE: indices up to 65535 stored as the bits of int16 (ATen has no uint16 arithmetic here).

@@ -21,9 +21,13 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -55,8 +59,7 @@ static_assert(kVec == 4, "load_vals and load_cols read 4 entries");
 
 // M: the batch rows rounded up to a power of two (registers), `m` the real count.
 template <typename T, int M>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    sparse_gemv_kernel(SparseGemvParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) sparse_gemv_kernel(SparseGemvParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= p.n) return;
@@ -118,9 +121,15 @@ void launch_sparse_gemv(const SparseGemvParams& p, void* stream) {
   if (p.n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kFloat16: launch_typed<__half>(p, s); break;
-    case DType::kBFloat16: launch_typed<__nv_bfloat16>(p, s); break;
-    default: launch_typed<float>(p, s); break;
+    case DType::kFloat16:
+      launch_typed<__half>(p, s);
+      break;
+    case DType::kBFloat16:
+      launch_typed<__nv_bfloat16>(p, s);
+      break;
+    default:
+      launch_typed<float>(p, s);
+      break;
   }
   const cudaError_t err = cudaGetLastError();
   LOPPER_CHECK(err == cudaSuccess, "[cuda] sparse gemv launch failed: ", cudaGetErrorString(err));

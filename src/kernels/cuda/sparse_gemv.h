@@ -18,15 +18,15 @@ constexpr int kMaxRows = 16;
 constexpr int kVec = 4;
 
 struct SparseGemvParams {
-  DType dtype = DType::kFloat32;   // of values, x, bias and y alike
-  int64_t n = 0, k = 0, m = 0;     // outputs, inputs (<= 65536), batch rows (1..kMaxRows)
+  DType dtype = DType::kFloat32;     // of values, x, bias and y alike
+  int64_t n = 0, k = 0, m = 0;       // outputs, inputs (<= 65536), batch rows (1..kMaxRows)
   const int32_t* row_ptr = nullptr;  // [n + 1], multiples of kVec
   const uint16_t* col = nullptr;     // [stored], 8-byte aligned
   const void* val = nullptr;         // [stored], 8-byte (16-bit types) or 16-byte (fp32) aligned
   const void* x = nullptr;           // [m][ldx]
   int64_t ldx = 0;
-  const void* bias = nullptr;        // [n] or null
-  void* y = nullptr;                 // [m][ldy]
+  const void* bias = nullptr;  // [n] or null
+  void* y = nullptr;           // [m][ldy]
   int64_t ldy = 0;
 };
 

@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 import torchvision
 
+from timing import median_ms  # bench/timing.py
+
 
 def bert_encoder():
     """A 4-layer BERT-base-sized encoder: d_model 768, 12 heads, FFN 3072, GELU, sequence 128."""
@@ -41,17 +43,6 @@ MODELS = {
     "mobilenet_v2": lambda: (torchvision.models.mobilenet_v2(), (3, 224, 224)),
     "bert_encoder": bert_encoder,
 }
-
-
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 def iters_for(batch):

@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from timing import median_ms  # bench/timing.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT_AMOUNT, MOBILENET_AMOUNT = 0.9, 0.8
 BLOCK = "block:8x1"
@@ -141,17 +143,6 @@ class DeepSparse:
 
 
 # --------------------------------------------------------------------------------------------
-
-
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 def export(model, x, path):

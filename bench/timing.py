@@ -1,0 +1,15 @@
+"""Timing shared by the benchmarks that time Python callables (a peer's session, a torch module)."""
+import statistics
+import time
+
+
+def median_ms(fn, warmup, iters):
+    """The median wall time of `fn()` in milliseconds over `iters` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)

@@ -112,6 +112,9 @@ struct PruneRecipe {
 /// Parses a recipe. Throws lopper::Error, one line naming `source`, the key and the line, on YAML
 /// that does not parse, unknown keys, wrong types, bad values and bad regexes.
 PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& source);
+/// The recipe key that sets an option of PruneLayerOptions ("criterion" -> "method", the others
+/// as they are): how a recipe's errors name the options (Error::render).
+std::string recipe_key(const std::string& option);
 /// Reads and parses the recipe in `path`.
 PruneRecipe load_prune_recipe(const std::string& path);
 

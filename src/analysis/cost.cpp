@@ -32,7 +32,8 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
   for (const auto* v : inputs) {
     if (out.count(v->name)) continue;
     LOPPER_CHECK(v->type.is_tensor() && v->type.has_shape, "[shape] input '", v->name,
-                 "' has no declared shape: give one with --shape ", v->name, "=...");
+                 "' has no declared shape: give one with " LOPPER_OPTION("input_shapes") " ",
+                 v->name, "=...");
     std::vector<int64_t> dims;
     for (const auto& d : v->type.dims) dims.push_back(d.is_static() ? d.value : dynamic_dim);
     out[v->name] = dims;
@@ -50,9 +51,9 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
     double bytes = tensor_bytes(out[v->name], c10::elementSize(type));
     if (!exceeds_memory(bytes)) continue;
     bool given = overrides.count(v->name) || (overrides.count("") && inputs.size() == 1);
-    std::string what =
-        detail::concat("[shape] ", given ? "--shape for input '" : "input '", v->name, "' ",
-                       dims_string(out[v->name]), " (", ir::dtype_name(onnx::to_dtype(type)), ")");
+    std::string what = detail::concat(
+        "[shape] ", given ? LOPPER_OPTION("input_shapes") " for input '" : "input '", v->name, "' ",
+        dims_string(out[v->name]), " (", ir::dtype_name(onnx::to_dtype(type)), ")");
     if (given) throw UsageError(memory_message(what, bytes));
     throw Error(memory_message(what, bytes));
   }

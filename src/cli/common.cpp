@@ -158,6 +158,26 @@ void add_threads_option(CLI::App* cmd, int& threads) {
           "INT in [0 - " + std::to_string(most) + "]", "threads"));
 }
 
+std::string flag_of(const std::string& option) {
+  // The options whose flag is not their name with dashes.
+  static const std::map<std::string, std::string> flags = {
+      {"criterion", "--method"},
+      {"prune.criterion", "--prune-method"},
+      {"structured.criterion", "--prune-method"},
+      {"structured_schedule", "--prune-structured"},
+      {"every_epochs", "--every"},
+      {"batches", "--calib-batches"},
+      {"input_shapes", "--shape"},
+      {"target_latency", "--target-latency-ms"},
+      {"match", "match"},  // a recipe rule's key, not a flag
+  };
+  if (auto it = flags.find(option); it != flags.end()) return it->second;
+  std::string flag = "--" + option;
+  for (char& ch : flag)
+    if (ch == '_' || ch == '.') ch = '-';
+  return flag;
+}
+
 const importance::Criterion& weight_criterion(const std::string& name) {
   return parse_flag([&]() -> const importance::Criterion& {
     return importance::find(name, importance::Use::kWeights);

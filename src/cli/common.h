@@ -24,16 +24,19 @@ struct Criterion;
 
 namespace lopper::cli {
 
+/// The flag that sets a library option ("round_to" -> "--round-to", "criterion" -> "--method").
+std::string flag_of(const std::string& option);
+
 /// Runs `parse`, which reads flag values with the library's parsers: a lopper::Error it throws is
 /// about the user's flag, so it becomes a UsageError (exit code 2).
 template <typename F>
 auto parse_flag(F&& parse) -> decltype(parse()) {
   try {
     return parse();
-  } catch (const UsageError&) {
-    throw;
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(flag_of));
   } catch (const Error& e) {
-    throw UsageError(e.what());
+    throw UsageError(e.render(flag_of));
   }
 }
 

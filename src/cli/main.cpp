@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/report.h"
 #include "lopper/error.h"
 #include "util/memory.h"
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
     // One line, whatever the message holds: its lines (a name with a newline in it, a message
     // wrapped from a library) are joined.
     std::string msg, line;
-    std::istringstream lines(e.what());
+    std::istringstream lines(e.render(lopper::cli::flag_of));  // options as their flags
     while (std::getline(lines, line))
       if (!(line = lopper::first_line(line)).empty()) msg += (msg.empty() ? "" : " ") + line;
     std::cerr << "lopper: " << msg << "\n";

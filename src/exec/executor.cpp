@@ -457,7 +457,8 @@ Executor::Executor(const ir::Model& model, ExecOptions opts)
   LOPPER_CHECK(prec == at::kFloat || prec == at::kBFloat16 || prec == at::kHalf,
                "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(prec));
   LOPPER_CHECK(prec != at::kHalf || impl_->device.is_cuda(),
-               "[precision] fp16 needs a CUDA device (--device cuda); on the CPU use fp32 or bf16");
+               "[precision] fp16 needs a CUDA device (" LOPPER_OPTION("device") " cuda); on the CPU "
+               "use fp32 or bf16");
   if (impl_->device.is_cpu()) kernels::cpu::active_isa();  // a bad LOPPER_ISA fails here, at load
   exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();

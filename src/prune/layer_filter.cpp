@@ -9,13 +9,12 @@ std::regex compile_regex(const std::string& re, const std::string& what) {
   try {
     return std::regex(re);
   } catch (const std::regex_error& e) {
-    throw Error("[prune] " + what + " '" + re + "' is not a valid regex: " + e.what());
+    throw Error("[prune] \x1e" + what + "\x1f '" + re + "' is not a valid regex: " + e.what());
   }
 }
 
-LayerFilter::LayerFilter(const std::string& exclude, const char* option)
-    : pattern_(exclude), option_(option) {
-  if (!exclude.empty()) re_ = compile_regex(exclude, option);
+LayerFilter::LayerFilter(const std::string& exclude) : pattern_(exclude) {
+  if (!exclude.empty()) re_ = compile_regex(exclude, "exclude");
 }
 
 bool LayerFilter::excludes(const std::vector<std::string>& names) {
@@ -26,9 +25,12 @@ bool LayerFilter::excludes(const std::vector<std::string>& names) {
 }
 
 std::string LayerFilter::unmatched_warning() const {
-  return re_ && !matched_ ? option_ + " '" + pattern_ + "' matched no layer" : "";
+  // NOTE: a report's warning, not an error: it names the flag, as the report's skip reasons do.
+  return re_ && !matched_ ? "--exclude '" + pattern_ + "' matched no layer" : "";
 }
 
-std::string LayerFilter::leaves_none() const { return re_ ? " (" + option_ + " leaves none)" : ""; }
+std::string LayerFilter::leaves_none() const {
+  return re_ ? " (" LOPPER_OPTION("exclude") " leaves none)" : "";
+}
 
 }  // namespace lopper

@@ -9,15 +9,16 @@
 
 namespace lopper {
 
-/// `re` compiled (ECMAScript); throws lopper::Error "[prune] WHAT 'RE' is not a valid regex: ...".
+/// `re` compiled (ECMAScript); throws lopper::Error "[prune] WHAT 'RE' is not a valid regex:
+/// ..." naming the option `what`.
 std::regex compile_regex(const std::string& re, const std::string& what);
 
 /// An `exclude` option: an ECMAScript regex searched in each name of a layer (its nodes, its
 /// weight), compiled once. Empty: it leaves nothing out.
 class LayerFilter {
  public:
-  /// Throws lopper::Error naming `option` when `exclude` is not a valid regex.
-  explicit LayerFilter(const std::string& exclude, const char* option = "--exclude");
+  /// Throws lopper::Error (option "exclude") when `exclude` is not a valid regex.
+  explicit LayerFilter(const std::string& exclude);
   bool empty() const { return !re_; }
   /// Whether the regex is found in any of `names` (empty names are skipped).
   bool excludes(const std::vector<std::string>& names);
@@ -28,12 +29,13 @@ class LayerFilter {
   bool matched() const { return matched_; }
   /// "--exclude 'RE' matched no layer" when the filter left nothing out; "" otherwise.
   std::string unmatched_warning() const;
-  /// " (--exclude leaves none)" when the filter is on; "" otherwise: for "nothing left" errors.
+  /// " (exclude leaves none)", the option marked, when the filter is on; "" otherwise: for
+  /// "nothing left" errors.
   std::string leaves_none() const;
 
  private:
   std::optional<std::regex> re_;
-  std::string pattern_, option_;
+  std::string pattern_;
   bool matched_ = false;
 };
 

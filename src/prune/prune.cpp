@@ -92,8 +92,9 @@ void check_layer_options(const PruneLayerOptions& o) {
   if (c.weights == WeightRank::kThreshold) {
     LOPPER_CHECK(o.threshold >= 0 && std::isfinite(o.threshold),
                  "[prune] threshold must be >= 0, got ", o.threshold);
-    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured, "[prune] --method ", c.name,
-                 " removes single weights: use --pattern unstructured");
+    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured,
+                 "[prune] " LOPPER_OPTION("criterion") " ", c.name,
+                 " removes single weights: use " LOPPER_OPTION("pattern") " unstructured");
   } else if (o.pattern != PrunePattern::kNM) {
     if (o.amount.is_count)
       LOPPER_CHECK(o.amount.value >= 0, "[prune] amount must be a count >= 0, got ",
@@ -106,7 +107,8 @@ void check_layer_options(const PruneLayerOptions& o) {
     LOPPER_CHECK(o.n >= 1 && o.m >= 2 && o.n < o.m, "[prune] N:M needs 1 <= N < M, got ",
                  nm_name(o));
     LOPPER_CHECK(c.weights != WeightRank::kDrawn,
-                 "[prune] N:M keeps the most important weights of each group: use --method ",
+                 "[prune] N:M keeps the most important weights of each group: use " LOPPER_OPTION(
+                     "criterion") " ",
                  importance::names(
                      importance::Use::kWeights,
                      [](const Criterion& x) {
@@ -172,9 +174,9 @@ void check_options(const PruneOptions& o) {
   // NOTE: a block's score is a mean, comparable across layers like |w| is; rows, columns and N:M
   // groups have no such common scale (a row's norm grows with the layer's fan-in).
   LOPPER_CHECK(o.scope == PruneScope::kLocal || o.pattern == PrunePattern::kUnstructured ||
-                   o.pattern == PrunePattern::kBlock,
-               "[prune] --scope global ranks single weights or blocks: use --pattern unstructured "
-               "or block:RxC");
+                          o.pattern == PrunePattern::kBlock,
+                      "[prune] " LOPPER_OPTION("scope") " global ranks single weights or blocks: "
+                      "use " LOPPER_OPTION("pattern") " unstructured or block:RxC");
 }
 
 std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
@@ -261,8 +263,9 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
 // read |w| or draw at random).
 at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency) {
   if (c.weights != WeightRank::kScores) return {};
-  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] --method ", c.name,
-               " ranks weights ", importance::data_needed(c), ": give calibration data (--data)");
+  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] " LOPPER_OPTION("criterion") " ",
+               c.name, " ranks weights ", importance::data_needed(c),
+               ": give calibration data (a Saliency)");
   static const std::vector<int64_t> no_perm;
   at::Tensor s = importance::weight_scores({c, t.init->value, t.init->name, no_perm, saliency});
   LOPPER_CHECK(s.defined(), "[prune] no ", c.name, " saliency for weight '", t.init->name, "'");
@@ -447,7 +450,7 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
     try {
       check_layer_options(o);
     } catch (const Error& e) {
-      std::string m = e.what();
+      std::string m = e.render(recipe_key);
       if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
       throw Error(in_recipe(where, m));
     }

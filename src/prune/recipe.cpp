@@ -76,7 +76,7 @@ struct Parser {
           o.seed = as<uint64_t>(v, key, "an integer >= 0");
         }
       } catch (const Error& e) {
-        std::string m = e.what();
+        std::string m = e.render(recipe_key);
         if (m.rfind("[prune] recipe ", 0) == 0) throw;
         if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
         fail(v, key, m);
@@ -95,7 +95,7 @@ struct Parser {
     try {
       check_layer_options(o);
     } catch (const Error& e) {
-      std::string m = e.what();
+      std::string m = e.render(recipe_key);
       if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
       fail(map, path, m);
     }
@@ -103,6 +103,10 @@ struct Parser {
 };
 
 }  // namespace
+
+std::string recipe_key(const std::string& option) {
+  return option == "criterion" ? "method" : option;
+}
 
 PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& source) {
   Parser p{source};

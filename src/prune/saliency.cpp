@@ -18,7 +18,8 @@ namespace lopper {
 
 Saliency compute_saliency(const ir::Model& model, DataLoader& data,
                           const CalibrationOptions& opts) {
-  LOPPER_CHECK(opts.batches > 0, "[prune] --calib-batches must be > 0, got ", opts.batches);
+  LOPPER_CHECK(opts.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
+               opts.batches);
   ExecOptions eo;
   eo.device = opts.device;
   eo.autograd = true;  // eval semantics (BatchNorm running statistics, no dropout), gradients on

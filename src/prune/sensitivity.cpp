@@ -194,13 +194,14 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
 }  // namespace
 
 void check_sensitivity_options(const SensitivityOptions& o) {
-  LOPPER_CHECK(!o.amounts.empty(), "[sensitivity] --amounts lists no amount");
+  LOPPER_CHECK(!o.amounts.empty(), "[sensitivity] " LOPPER_OPTION("amounts") " lists no amount");
   for (double a : o.amounts)
     LOPPER_CHECK(std::isfinite(a) && a >= 0 && a < 1,
                  "[sensitivity] every amount must be in [0, 1), got ", a);
-  LOPPER_CHECK(o.eval_batches > 0, "[sensitivity] --eval-batches must be > 0, got ",
-               o.eval_batches);
-  LOPPER_CHECK(o.round_to >= 1, "[sensitivity] --round-to must be >= 1, got ", o.round_to);
+  LOPPER_CHECK(o.eval_batches > 0,
+               "[sensitivity] " LOPPER_OPTION("eval_batches") " must be > 0, got ", o.eval_batches);
+  LOPPER_CHECK(o.round_to >= 1, "[sensitivity] " LOPPER_OPTION("round_to") " must be >= 1, got ",
+               o.round_to);
   // NOTE: a sweep evaluates the model once per layer and amount; a criterion that needs data would
   // need it again at every point (and within a layer, a rescaling of |w| such as LAMP ranks as l1).
   using importance::Criterion;
@@ -219,7 +220,7 @@ void check_sensitivity_options(const SensitivityOptions& o) {
                                  x.weights == importance::WeightRank::kDrawn);
     };
     const Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
-    LOPPER_CHECK(sweeps(c), "[sensitivity] --method must be ",
+    LOPPER_CHECK(sweeps(c), "[sensitivity] " LOPPER_OPTION("criterion") " must be ",
                  importance::names(importance::Use::kWeights, sweeps, " or "), " (",
                  importance::names(importance::Use::kWeights, data, " and "),
                  ": prune with them after choosing amounts)");

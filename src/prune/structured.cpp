@@ -322,11 +322,13 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   amount_only.amount = opts.amount;
   check_layer_options(amount_only);
   LOPPER_CHECK(opts.max_layer_amount > 0 && opts.max_layer_amount <= 1,
-               "[prune] --max-layer-amount must be in (0, 1], got ", opts.max_layer_amount);
-  LOPPER_CHECK(opts.round_to >= 1, "[prune] --round-to must be >= 1, got ", opts.round_to);
+               "[prune] " LOPPER_OPTION("max_layer_amount") " must be in (0, 1], got ",
+               opts.max_layer_amount);
+  LOPPER_CHECK(opts.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
+               opts.round_to);
   const importance::Criterion& crit = importance::find(opts.criterion, importance::Use::kChannels);
-  LOPPER_CHECK(!crit.needs_data() || saliency, "[prune] --method ", crit.name,
-               " needs calibration data (--data)");
+  LOPPER_CHECK(!crit.needs_data() || saliency, "[prune] " LOPPER_OPTION("criterion") " ", crit.name,
+               " needs calibration data: a Saliency");
   LayerFilter exclude(opts.exclude);
   std::vector<std::regex> rule_res;  // checked when the recipe was parsed
   if (opts.recipe)

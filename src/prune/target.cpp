@@ -28,6 +28,12 @@ struct Curve {
   std::vector<double> amount, saved, dloss;
 };
 
+// The target's option, marked for an Error's message: "target_macs", "target_params",
+// "target_latency" (the CLI says --target-macs, --target-params, --target-latency-ms).
+std::string target_option(TargetKind k) {
+  return std::string("\x1e") + "target_" + target_name(k) + "\x1f";
+}
+
 // The structured options a target implies (criterion, rounding, analysis shapes).
 StructuredOptions structured_options(const TargetOptions& o) {
   StructuredOptions so;
@@ -182,11 +188,11 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
                             double before, double target) {
   const SensitivityResult& s = *o.sensitivity;
   LOPPER_CHECK(s.unit == (o.structured ? "channel" : "weight"),
-               "[prune] the sensitivity data is "
-               "per ",
-               s.unit == "channel" ? "channel group" : "weight", ": ",
-               o.structured ? "run lopper sensitivity --structured channel"
-                            : "drop --structured or run lopper sensitivity without it");
+                      "[prune] the sensitivity data is per ",
+                      s.unit == "channel" ? "channel group" : "weight", ": ",
+                      o.structured ? "run lopper sensitivity " LOPPER_OPTION("structured") " channel"
+                                   : "drop " LOPPER_OPTION("structured") " or run lopper "
+                                     "sensitivity without it");
   LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
   // The data must describe this model.
   if (o.structured) {
@@ -214,7 +220,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     names.push_back(l.weight);
     if (!exclude.excludes(names)) units.push_back(&l);
   }
-  LOPPER_CHECK(!units.empty(), "[prune] --exclude leaves no layer to prune");
+  LOPPER_CHECK(!units.empty(), "[prune] " LOPPER_OPTION("exclude") " leaves no layer to prune");
 
   const double base_latency = o.kind == TargetKind::kLatency ? before : 0;
   int64_t measured_points = 0, to_measure = 0;
@@ -289,9 +295,9 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     if (!pick) {
       if (best) break;
       throw Error(fmt::format(
-          "[prune] cannot reach --target-{} {:g}: every analysed layer at its largest amount "
-          "saves too little (analyse larger amounts with lopper sensitivity --amounts)",
-          target_name(o.kind), o.value));
+          "[prune] cannot reach {} {:g}: every analysed layer at its largest amount saves too "
+          "little (analyse larger amounts with lopper sensitivity " LOPPER_OPTION("amounts") ")",
+          target_option(o.kind), o.value));
     }
     ir::Model pruned;
     r = try_pick(*pick, pruned);
@@ -326,9 +332,9 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     }
   }
   if (!best) {
-    LOPPER_CHECK(o.kind == TargetKind::kLatency, "[prune] could not meet --target-",
-                 target_name(o.kind), " ", o.value, " in ", kRounds, " rounds (measured ",
-                 r.measured, ", target ", target, ")");
+    LOPPER_CHECK(o.kind == TargetKind::kLatency, "[prune] could not meet ", target_option(o.kind),
+                 " ", o.value, " in ", kRounds, " rounds (measured ", r.measured, ", target ",
+                 target, ")");
     r.rounds = rounds;
     model = std::move(last_model);  // latency is noisy: the caller warns
     return r;
@@ -397,9 +403,9 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     double lo = 0, hi = so.max_layer_amount;
     Pruned best = at(hi);
     double best_cost = cost_of(best.model, o, shapes);
-    LOPPER_CHECK(best_cost <= target, "[prune] cannot reach --target-", target_name(o.kind), " ",
-                 o.value, ": removing ", hi * 100, "% of the channels leaves ", best_cost,
-                 " (target ", target, ")");
+    LOPPER_CHECK(best_cost <= target, "[prune] cannot reach ", target_option(o.kind), " ", o.value,
+                 ": removing ", hi * 100, "% of the channels leaves ", best_cost, " (target ",
+                 target, ")");
     for (int i = 1; i <= 12; ++i) {
       const double mid = 0.5 * (lo + hi);
       Pruned p = at(mid);
@@ -479,8 +485,8 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     return before - saved;
   };
   double hi_cost = cost_k(max_k);
-  LOPPER_CHECK(hi_cost <= target, "[prune] cannot reach --target-", target_name(o.kind), " ",
-               o.value, ": even removing every weight of the prunable layers leaves ", hi_cost);
+  LOPPER_CHECK(hi_cost <= target, "[prune] cannot reach ", target_option(o.kind), " ", o.value,
+               ": even removing every weight of the prunable layers leaves ", hi_cost);
   int64_t lo = 0, hi = max_k;  // hi_cost = cost_k(hi) <= target
   int rounds = 0;
   while (hi - lo > 1) {
@@ -530,12 +536,13 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
     if (opts.on_latency) opts.on_latency(s);
   };
   if (o.kind == TargetKind::kLatency)
-    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0,
-                 "[prune] --target-latency-ms must be > 0, got ", o.value);
+    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0, "[prune] ", target_option(o.kind),
+                 " must be > 0, got ", o.value);
   else
-    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0 && o.value < 1, "[prune] --target-",
-                 target_name(o.kind), " is the share kept, in (0, 1), got ", o.value);
-  LOPPER_CHECK(o.round_to >= 1, "[prune] --round-to must be >= 1, got ", o.round_to);
+    LOPPER_CHECK(std::isfinite(o.value) && o.value > 0 && o.value < 1, "[prune] ",
+                 target_option(o.kind), " is the share kept, in (0, 1), got ", o.value);
+  LOPPER_CHECK(o.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
+               o.round_to);
   if (o.structured)
     LOPPER_CHECK(!importance::find(o.criterion, importance::Use::kChannels).needs_data(),
                  "[prune] pruning to a target ranks channels by ",

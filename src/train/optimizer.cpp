@@ -17,8 +17,9 @@ Optimizer::Optimizer(OptimizerConfig cfg, std::vector<at::Tensor> params)
                    cfg_.beta1 < 1 && cfg_.beta2 >= 0 && cfg_.beta2 < 1,
                "[train] momentum, weight decay, betas and eps must be >= 0 (betas < 1)");
   LOPPER_CHECK(!cfg_.nesterov || cfg_.kind == lopper::Optimizer::kSgd,
-               "[train] --nesterov is for sgd");
-  LOPPER_CHECK(!cfg_.nesterov || cfg_.momentum > 0, "[train] --nesterov needs --momentum > 0");
+               "[train] " LOPPER_OPTION("nesterov") " is for sgd");
+  LOPPER_CHECK(!cfg_.nesterov || cfg_.momentum > 0,
+               "[train] " LOPPER_OPTION("nesterov") " needs " LOPPER_OPTION("momentum") " > 0");
 }
 
 void Optimizer::step(double lr) {

@@ -236,7 +236,8 @@ class Trainer {
       try {
         freeze.emplace(o_.freeze);
       } catch (const std::regex_error& e) {
-        throw Error("[train] --freeze '" + o_.freeze + "' is not a valid regex: " + e.what());
+        throw Error("[train] " LOPPER_OPTION("freeze") " '" + o_.freeze +
+                    "' is not a valid regex: " + e.what());
       }
     }
     for (auto& [name, t] : ex_->parameters()) {
@@ -338,8 +339,9 @@ class Trainer {
     at::Tensor logits = out.at(0).is_floating_point() ? out.at(0).to(at::kFloat) : out.at(0);
     at::Tensor loss = loss_of(o_.loss, logits, y, io_.out_op);
     double lv = loss.item<double>();
-    LOPPER_CHECK(std::isfinite(lv), "[train] the loss is ", lv,
-                 ": lower --lr or clip gradients (--grad-clip)");
+    LOPPER_CHECK(
+        std::isfinite(lv), "[train] the loss is ", lv,
+        ": lower " LOPPER_OPTION("lr") " or clip gradients (" LOPPER_OPTION("grad_clip") ")");
     at::Tensor total = loss;
     if (at::Tensor r = regularisers(); r.defined()) total = total + r;
     for (auto& p : params_) p.value.mutable_grad().reset();
@@ -607,7 +609,7 @@ class Trainer {
   void resume() {
     const fs::path dir(checkpoint_to_resume(o_.resume));
     LOPPER_CHECK(fs::exists(dir / "state.json") && fs::exists(dir / "model.onnx"),
-                 "[train] --resume '", dir.string(),
+                 "[train] " LOPPER_OPTION("resume") " '", dir.string(),
                  "' is not a checkpoint folder (model.onnx and state.json)");
     nlohmann::json j;
     try {
@@ -616,8 +618,8 @@ class Trainer {
       throw Error("[train] checkpoint '" + dir.string() + "': state.json: " + e.what());
     }
     LOPPER_CHECK(j.value("optimizer", "") == optimizer_name(o_.optimizer), "[train] checkpoint '",
-                 dir.string(), "' was written with --optimizer ", j.value("optimizer", "?"),
-                 ", not ", optimizer_name(o_.optimizer));
+                 dir.string(), "' was written with " LOPPER_OPTION("optimizer") " ",
+                 j.value("optimizer", "?"), ", not ", optimizer_name(o_.optimizer));
     ir::Model ck = onnx::load_model((dir / "model.onnx").string());
     {
       c10::NoGradGuard no_grad;
@@ -646,7 +648,7 @@ class Trainer {
       scaler_.scale = j["loss_scale"].get<double>();
     first_epoch_ = j.at("epochs_done").get<int64_t>();
     LOPPER_CHECK(first_epoch_ <= o_.epochs, "[train] checkpoint '", dir.string(),
-                 "' is past epoch ", first_epoch_, " of --epochs ", o_.epochs);
+                 "' is past epoch ", first_epoch_, " of " LOPPER_OPTION("epochs") " ", o_.epochs);
     refresh_masks();
     note(fmt::format("resumed from {} after epoch {}", dir.string(), first_epoch_));
   }
@@ -757,12 +759,12 @@ Optimizer parse_optimizer(const std::string& s) {
 const char* optimizer_name(Optimizer o) { return kOptimizers.name(o); }
 
 LrSchedule parse_lr_schedule(const std::string& s) {
-  return kLrSchedules.parse(s, "--lr-schedule", "schedules: constant, step, cosine");
+  return kLrSchedules.parse(s, LOPPER_OPTION("lr_schedule"), "schedules: constant, step, cosine");
 }
 const char* lr_schedule_name(LrSchedule s) { return kLrSchedules.name(s); }
 
 TrainLoss parse_train_loss(const std::string& s) {
-  return kLosses.parse(s, "--loss", "losses: cross-entropy, mse");
+  return kLosses.parse(s, LOPPER_OPTION("loss"), "losses: cross-entropy, mse");
 }
 const char* train_loss_name(TrainLoss l) { return kLosses.name(l); }
 
@@ -771,45 +773,59 @@ void check_train_options(const TrainOptions& o) {
       o.precision == at::kFloat || o.precision == at::kBFloat16 || o.precision == at::kHalf,
       "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(o.precision));
   LOPPER_CHECK(o.precision != at::kHalf || o.device.rfind("cuda", 0) == 0,
-               "[train] --precision fp16 needs a CUDA device (on the CPU use bf16)");
-  LOPPER_CHECK(o.epochs > 0, "[train] --epochs must be > 0, got ", o.epochs);
-  LOPPER_CHECK(o.lr > 0 && std::isfinite(o.lr), "[train] --lr must be > 0, got ", o.lr);
+                      "[train] " LOPPER_OPTION("precision") " fp16 needs a CUDA device (on the CPU "
+                      "use bf16)");
+  LOPPER_CHECK(o.epochs > 0, "[train] " LOPPER_OPTION("epochs") " must be > 0, got ", o.epochs);
+  LOPPER_CHECK(o.lr > 0 && std::isfinite(o.lr), "[train] " LOPPER_OPTION("lr") " must be > 0, got ",
+               o.lr);
   LOPPER_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs <= double(o.epochs),
-               "[train] --warmup-epochs must be in [0, epochs], got ", o.warmup_epochs);
-  LOPPER_CHECK(o.grad_clip >= 0, "[train] --grad-clip must be >= 0, got ", o.grad_clip);
+               "[train] " LOPPER_OPTION("warmup_epochs") " must be in [0, epochs], got ",
+               o.warmup_epochs);
+  LOPPER_CHECK(o.grad_clip >= 0, "[train] " LOPPER_OPTION("grad_clip") " must be >= 0, got ",
+               o.grad_clip);
   LOPPER_CHECK(o.l1 >= 0 && o.bn_l1 >= 0 && o.group_lasso >= 0,
                "[train] regulariser strengths must be >= 0");
-  LOPPER_CHECK(o.lr_gamma > 0, "[train] --lr-gamma must be > 0, got ", o.lr_gamma);
+  LOPPER_CHECK(o.lr_gamma > 0, "[train] " LOPPER_OPTION("lr_gamma") " must be > 0, got ",
+               o.lr_gamma);
   LOPPER_CHECK(!o.structured_schedule || o.schedule != PruneSchedule::kNone,
-               "[train] --prune-structured needs --schedule iterative|agp");
+               "[train] " LOPPER_OPTION("structured_schedule") " needs " LOPPER_OPTION(
+                   "schedule") " iterative|agp");
   LOPPER_CHECK(!o.structured_schedule || o.resume.empty(),
-               "[train] --resume does not follow a model that shrinks (--prune-structured): "
-               "resume from the checkpoint's model.onnx with the rest of the schedule instead");
+                      "[train] " LOPPER_OPTION("resume") " does not follow a model that shrinks "
+                      "(" LOPPER_OPTION("structured_schedule") "): resume from the checkpoint's "
+                      "model.onnx with the rest of the schedule instead");
   if (o.schedule == PruneSchedule::kNone) return;
   check_layer_options(o.prune);
   auto ramps = [](const importance::Criterion& c) {
     return c.weights != importance::WeightRank::kThreshold;
   };
-  LOPPER_CHECK(o.structured_schedule ||
-                   ramps(importance::find(o.prune.criterion, importance::Use::kWeights)),
-               "[train] a pruning schedule ramps an amount: use --prune-method ",
-               importance::names(importance::Use::kWeights, ramps, " or "));
-  LOPPER_CHECK(!o.prune.amount.is_count,
-               "[train] --prune-amount is the final sparsity, a fraction in [0, 1)");
-  LOPPER_CHECK(o.prune.amount.value < 1, "[train] --prune-amount must be < 1, got ",
-               o.prune.amount.value);
+  LOPPER_CHECK(
+      o.structured_schedule ||
+          ramps(importance::find(o.prune.criterion, importance::Use::kWeights)),
+      "[train] a pruning schedule ramps an amount: use " LOPPER_OPTION("prune.criterion") " ",
+      importance::names(importance::Use::kWeights, ramps, " or "));
+  LOPPER_CHECK(!o.prune.amount.is_count, "[train] " LOPPER_OPTION(
+                                                    "prune.amount") " is the final sparsity, a "
+                                                                    "fraction in [0, 1)");
+  LOPPER_CHECK(o.prune.amount.value < 1,
+               "[train] " LOPPER_OPTION("prune.amount") " must be < 1, got ", o.prune.amount.value);
   if (o.schedule == PruneSchedule::kIterative) {
     LOPPER_CHECK(o.rounds > 0 && o.epochs_per_round > 0,
-                 "[train] --schedule iterative needs --rounds R and --epochs-per-round E > 0");
+                 "[train] " LOPPER_OPTION("schedule") " iterative needs " LOPPER_OPTION(
+                     "rounds") " R and " LOPPER_OPTION("epochs_per_round") " E > 0");
     LOPPER_CHECK(o.epochs == o.rounds * o.epochs_per_round,
-                 "[train] --schedule iterative "
-                 "trains rounds x epochs-per-round = ",
-                 o.rounds * o.epochs_per_round, " epochs, but --epochs is ", o.epochs);
+                        "[train] " LOPPER_OPTION("schedule") " iterative trains rounds x "
+                        "epochs-per-round = ",
+                        o.rounds * o.epochs_per_round, " epochs, but " LOPPER_OPTION("epochs") " is ",
+                        o.epochs);
   } else {
-    LOPPER_CHECK(o.start_epoch >= 0 && o.end_epoch > o.start_epoch && o.end_epoch <= o.epochs,
-                 "[train] --schedule agp needs 0 <= --start-epoch < --end-epoch <= --epochs, got ",
-                 o.start_epoch, ", ", o.end_epoch, " of ", o.epochs);
-    LOPPER_CHECK(o.every_epochs > 0 || o.every_steps > 0, "[train] --every must be > 0");
+    LOPPER_CHECK(
+        o.start_epoch >= 0 && o.end_epoch > o.start_epoch && o.end_epoch <= o.epochs,
+        "[train] " LOPPER_OPTION("schedule") " agp needs 0 <= " LOPPER_OPTION(
+            "start_epoch") " < " LOPPER_OPTION("end_epoch") " <= " LOPPER_OPTION("epochs") ", got ",
+        o.start_epoch, ", ", o.end_epoch, " of ", o.epochs);
+    LOPPER_CHECK(o.every_epochs > 0 || o.every_steps > 0,
+                 "[train] " LOPPER_OPTION("every_epochs") " must be > 0");
   }
 }
 
@@ -820,16 +836,18 @@ void check_checkpoint_dir(const std::string& dir) {
   if (!fs::exists(st)) {
     const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     if (!fs::is_directory(parent, ec))
-      throw UsageError("[train] --checkpoint-dir " + dir + ": no folder " + parent.string());
+      throw UsageError("[train] " LOPPER_OPTION("checkpoint_dir") " " + dir + ": no folder " +
+                       parent.string());
     return;
   }
   if (!fs::is_directory(st))
-    throw UsageError("[train] --checkpoint-dir " + dir +
+    throw UsageError("[train] " LOPPER_OPTION("checkpoint_dir") " " + dir +
                      " exists and is not a folder; give a new folder for the checkpoints");
   if (fs::exists(p / kCheckpointMarker, ec) || fs::is_empty(p, ec)) return;
-  throw UsageError("[train] --checkpoint-dir " + dir + " is a folder lopper did not make (no " +
-                   kCheckpointMarker +
-                   "); give a new or empty folder: lopper never replaces what it did not write");
+  throw UsageError("[train] " LOPPER_OPTION("checkpoint_dir") " " + dir +
+                   " is a folder lopper did not make (no " + kCheckpointMarker +
+                   "); give a new or empty folder: lopper never replaces what it did not "
+                   "write");
 }
 
 std::string checkpoint_to_resume(const std::string& dir) {
@@ -838,8 +856,9 @@ std::string checkpoint_to_resume(const std::string& dir) {
   if (!fs::exists(p / "latest", ec)) return dir;  // a checkpoint itself (epoch-N, or older layout)
   std::string name = read_file((p / "latest").string());
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  LOPPER_CHECK(std::regex_match(name, std::regex(R"(epoch-\d+)")), "[train] --resume '", dir,
-               "': 'latest' names '", name, "', not a checkpoint of this folder");
+  LOPPER_CHECK(std::regex_match(name, std::regex(R"(epoch-\d+)")),
+               "[train] " LOPPER_OPTION("resume") " '", dir, "': 'latest' names '", name,
+               "', not a checkpoint of this folder");
   return (p / name).string();
 }
 

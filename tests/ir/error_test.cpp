@@ -26,5 +26,24 @@ TEST(Errors, AFailedAssertIsAnInternalErrorNotAUserError) {
   EXPECT_NO_THROW(LOPPER_ASSERT(true));
 }
 
+// The library names its options as its structs spell them; only the CLI renders them as flags.
+TEST(Errors, OptionsAreNamedByTheLibraryAndRenderedByTheCli) {
+  try {
+    LOPPER_CHECK(false, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ", 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[prune] round_to must be >= 1, got 0");
+    auto flag = [](const std::string& o) { return "--" + o + "!"; };
+    EXPECT_EQ(e.render(+flag), "[prune] --round_to! must be >= 1, got 0");
+  }
+  // A copy rethrown as a UsageError keeps the marks; text without marks renders as it is.
+  EXPECT_EQ(UsageError("[a] x " LOPPER_OPTION("y.z")).render([](const std::string& o) {
+    return "<" + o + ">";
+  }),
+            "[a] x <y.z>");
+  EXPECT_EQ(render_options("no { marks } here {x}"), "no { marks } here {x}");
+  EXPECT_EQ(render_options("an unclosed \x1emark"), "an unclosed \x1emark");
+}
+
 }  // namespace
 }  // namespace lopper

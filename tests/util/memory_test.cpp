@@ -179,7 +179,7 @@ TEST(Memory, ShapeAnalysisRefusesShapesThatCannotFit) {
     ADD_FAILURE() << "not refused";
   } catch (const UsageError& e) {
     std::string err = e.what();
-    EXPECT_NE(err.find("--shape for input 'x' [100000000x3x224x224] (float64) needs 120 TB"),
+    EXPECT_NE(err.find("input_shapes for input 'x' [100000000x3x224x224] (float64) needs 120 TB"),
               std::string::npos)
         << err;
   }

@@ -1,27 +1,18 @@
 // lopper prune --structured channel | head.
-#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <regex>
-#include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prune.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
-#include "lopper/data.h"
 #include "lopper/error.h"
-#include "lopper/executor.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
-#include "lopper/sensitivity.h"
 #include "lopper/structured.h"
-#include "lopper/target.h"
-#include "lopper/train.h"
 #include "onnx/save.h"
 #include "prune/importance.h"
-#include "report/progress.h"
 #include "util/files.h"
 
 namespace lopper::cli {

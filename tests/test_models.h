@@ -93,6 +93,34 @@ inline ir::Model two_layers(at::Tensor w1, at::Tensor w2, const TwoLayerOptions&
   return m;
 }
 
+/// A classifier whose output layer is tied to an embedding, as GPT-2's lm_head is (opset 17):
+/// x [4, 1, 28, 28] -> Flatten -> Gemm "fc" (w1 [16, 784], transB=1) -> h; Gather "embed" reads
+/// row 0 of the table E [10, 16] and Add "add" adds it to h; MatMul "lm_head" (h + e,
+/// Transpose "t" (E)) -> y [4, 10]. E is one initializer: the embedding's table and, through the
+/// Transpose, lm_head's weight.
+inline ir::Model tied_classifier(uint64_t seed = 0) {
+  at::manual_seed(int64_t(seed));
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Node gemm = node("Gemm", {"xf", "w1"}, {"h"}, "fc");
+  gemm.attrs = {int_attr("transB", 1)};
+  ir::Node t = node("Transpose", {"E"}, {"Et"}, "t");
+  t.attrs = {ints_attr("perm", {1, 0})};
+  m.graph.nodes = {node("Flatten", {"x"}, {"xf"}, "flatten"),
+                   gemm,
+                   node("Gather", {"E", "row"}, {"e"}, "embed"),
+                   node("Add", {"h", "e"}, {"h2"}, "add"),
+                   t,
+                   node("MatMul", {"h2", "Et"}, {"y"}, "lm_head")};
+  m.graph.inputs = {value_info("x", {4, 1, 28, 28})};
+  m.graph.outputs = {value_info("y", {4, 10})};
+  m.graph.initializers = {{"w1", at::randn({16, 784}) * 0.05},
+                          {"E", at::randn({10, 16})},
+                          {"row", at::zeros({1}, at::kLong)}};
+  return m;
+}
+
 /// The value of M's initializer NAME (which must exist).
 inline at::Tensor init(const ir::Model& m, const std::string& name) {
   return m.graph.find_initializer(name)->value;

@@ -18,6 +18,7 @@ struct LayerCost {
   std::string name;    // node name
   std::string op;      // Conv, ConvTranspose, Gemm, MatMul
   std::string weight;  // initializer name
+  std::string param;   // the PyTorch parameter's name (param_name), "" when the model lacks it
   std::vector<int64_t> weight_shape;
   int64_t params = 0;
   int64_t nonzero = 0;
@@ -41,6 +42,17 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
 /// A prunable layer's weight: the initializer feeding a Conv/ConvTranspose/Gemm/MatMul (directly or
 /// through a Transpose), or nullptr.
 const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n);
+
+/// The name a PyTorch user knows the weight `weight` of layer `layer` by: the initializer's own
+/// name when the exporter kept the parameter's (`layer1.0.conv1.weight`,
+/// `m.transformer.h.0.attn.c_attn.weight`), else the parameter that torch.export's metadata on the
+/// node names (`pkg.torch.onnx.name_scopes` and `fx_node`: a Linear's weight folded into
+/// `val_59` is `m.encoder.layer.0.attention.self.query.weight`), else "" (a constant the exporter
+/// made, such as TorchScript's `onnx::Conv_193`: tables then show the node's name).
+std::string param_name(const ir::Node& layer, const std::string& weight);
+/// The PyTorch module a node was exported from, as torch.export's metadata names it
+/// (`m.transformer.wte` for an embedding's Gather), else "".
+std::string torch_module(const ir::Node& n);
 
 /// The shapes of every node's inputs and outputs (empty for a missing one), from one run of
 /// `model` on zeros of the given input shapes; nodes inside subgraphs are not listed.

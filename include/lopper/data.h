@@ -10,9 +10,21 @@
 //                          are skipped
 //   npy:X.npy,Y.npy        samples [N, ...] (any numeric dtype) and integer labels [N]; the split
 //                          is ignored (one pair of files is one split)
+//   npy:NAME=F.npy,...     one file per model input, by the input's name (input_ids=ids.npy,
+//                          attention_mask=mask.npy, ...), and labels=Y.npy when there are labels
+//                          ([N] or [N, T]); all with the same N
+//   tokens:IDS.npy[,...]   token IDs, integers [N, T], for language models; entries after the
+//                          file: labels=Y.npy ([N] per sequence or [N, T] per token), mask=M.npy
+//                          (the attention mask, [N, T]), pad=ID (the mask is ids != ID when no
+//                          mask is given; else it is all ones), input=NAME (the model input the
+//                          IDs go to; default input_ids when the model has it, else its first),
+//                          and NAME=F.npy for any other input (token_type_ids=T.npy, ...)
 //
-// Samples come out as float32 [B, C, H, W] (or [B, ...] for npy): pixels scaled to [0, 1] without
-// mean/std (what a PyTorch model trained on ToTensor() expects) unless `normalize` is set.
+// Image samples come out as float32 [B, C, H, W] (or [B, ...] for npy): pixels scaled to [0, 1]
+// without mean/std (what a PyTorch model trained on ToTensor() expects) unless `normalize` is set.
+// Integer samples other than uint8 pixels (token IDs, masks) come out as int64 and reach the
+// model in its input's own dtype. A model input that the data does not give is derived when it
+// can be: attention_mask (all ones), token_type_ids (zeros), position_ids (0, 1, ...).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,9 +32,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lopper {
+
+/// Tensors by model input name.
+using NamedInputs = std::vector<std::pair<std::string, at::Tensor>>;
 
 /// A dataset held or indexed in memory. get() may be called from a background thread.
 class Dataset {
@@ -32,11 +48,22 @@ class Dataset {
   virtual int64_t size() const = 0;
   /// Shape of one sample as get() returns it (e.g. {1, 28, 28}, {3, 32, 32}).
   virtual std::vector<int64_t> sample_shape() const = 0;
-  /// Number of classes (max label + 1 over the whole dataset, or the folder count).
+  /// Number of classes (max label + 1 over the whole dataset, or the folder count; 0 without
+  /// labels).
   virtual int64_t num_classes() const = 0;
-  /// Samples `indices` as float32 [B, sample_shape...] (pixels in [0, 1]) and int64 labels [B].
+  /// Samples `indices` as float32 [B, sample_shape...] (pixels in [0, 1]) or int64 (integer
+  /// samples: token IDs), and int64 labels [B] (or [B, T]; undefined when the data has none).
   /// Throws lopper::Error naming the file for an image that does not decode.
   virtual void get(const std::vector<int64_t>& indices, at::Tensor& x, at::Tensor& y) const = 0;
+  /// The further inputs of samples `indices`, by model input name (attention_mask, ...), and the
+  /// model input the samples themselves go to ("" when any: the model's first input). None by
+  /// default.
+  virtual NamedInputs get_inputs(const std::vector<int64_t>& indices) const;
+  virtual std::string sample_input() const { return ""; }
+  /// Whether the samples are integers (token IDs): they are neither scaled nor normalized.
+  virtual bool integer_samples() const { return false; }
+  /// Whether every sample has a label.
+  virtual bool has_labels() const { return true; }
   /// get() with every sample resized to h x w (bilinear, antialiased) before they are stacked, so
   /// that images of different sizes (a folder) can share a batch. The default resizes the batch.
   virtual void get_resized(const std::vector<int64_t>& indices, int64_t h, int64_t w, at::Tensor& x,
@@ -72,8 +99,11 @@ void parse_normalize(const std::string& s, LoaderOptions& o);
 void parse_resize(const std::string& s, LoaderOptions& o);
 
 struct Batch {
-  at::Tensor x;  // float32 [B, ...]
-  at::Tensor y;  // int64 [B]
+  at::Tensor x;         // float32 [B, ...], or int64 [B, T] token IDs
+  at::Tensor y;         // int64 [B] or [B, T]; undefined when the data has no labels
+  NamedInputs inputs;   // further model inputs by name (attention_mask, token_type_ids, ...)
+  std::string x_input;  // the model input x goes to; "": the model's first (or input_ids)
+  int64_t size() const { return x.size(0); }
 };
 
 /// Batches of a dataset, prepared on a background thread.

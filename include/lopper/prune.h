@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lopper/graph.h"
+#include "lopper/loss.h"
 
 namespace lopper {
 
@@ -56,20 +57,53 @@ struct PruneLayerOptions {
                           // (other criteria rank a row or column by the sum of its scores);
                           // kBlock: mean |w| (1) or root mean square (2) of a block
   int64_t block_r = 1, block_c = 1;  // kBlock: R outputs x C inputs, each in 1..256
+  /// Prune a tied weight too: one that a node other than a prunable layer also reads (GPT-2's
+  /// lm_head weight is the token embedding's table, read by a Gather), which then changes as well.
+  /// Off (the default), such a weight is left alone and the report says why (PrunableWeight::tied).
+  /// A weight that several prunable layers share is pruned once, for all of them, when every one
+  /// of them is selected (an `exclude` or recipe rule that matches any of them leaves it alone).
+  bool allow_tied = false;
 };
 
 struct PruneOptions : PruneLayerOptions {
   PruneScope scope = PruneScope::kLocal;
-  std::string exclude;  // ECMAScript regex on the layer (node) name or the weight name
+  std::string exclude;  // ECMAScript regex on each of a layer's names (PrunableWeight::names)
   bool skip_first_last = false;
+};
+
+/// A node, besides a prunable weight's first layer, that reads the weight: directly or through
+/// Identity, Transpose, Cast, CastLike, Reshape, Squeeze, Unsqueeze or Flatten (readers of its
+/// shape alone, Shape and Size, do not count: pruning keeps shapes).
+struct WeightUse {
+  std::string node;    // the reader's name (Node::label), or the graph output's
+  std::string op;      // its op type ("" for a graph output)
+  std::string module;  // the PyTorch module it was exported from (torch_module), "" when unknown
+  /// "layer": another prunable layer whose weight it is (pruned with it); "embedding": a Gather's
+  /// table (data input); "output": a graph output; "other": any other reader.
+  std::string use;
+  /// How tables and reasons name it: "embedding 'm.transformer.wte' (Gather)".
+  std::string describe() const;
 };
 
 /// A prunable weight (Conv, ConvTranspose, Gemm, MatMul weight initializer) and the axes of its
 /// output units (rows) and input units (the reduction dim), -1 when it has none.
 struct PrunableWeight {
-  const ir::Node* node = nullptr;  // the first node that reads it
+  const ir::Node* node = nullptr;  // the first layer that reads it
   std::string weight;              // initializer name
+  std::string param;               // the PyTorch parameter's name (param_name), "" when unknown
   int64_t in_axis = -1, out_axis = -1;
+  std::vector<WeightUse> shared;  // the weight's other readers, in node order
+
+  /// The names the weight answers to in `exclude` and recipe rules: each of its layers' node
+  /// names, the weight's and the parameter's.
+  std::vector<std::string> names() const;
+  /// What tables show for it: the parameter's name, else the first layer's node name.
+  std::string label() const;
+  /// Whether a reader that is not a prunable layer shares it (PruneLayerOptions::allow_tied).
+  bool tied() const;
+  /// Why the tie keeps it from being pruned ("tied with embedding 'm.transformer.wte' (Gather):
+  /// pruning would change the embedding too"), "" when it is not tied.
+  std::string tie_reason() const;
 };
 /// The prunable weights of `g`, once each (a weight shared by two layers once), in node order.
 std::vector<PrunableWeight> prunable_weights(const ir::Graph& g);
@@ -91,12 +125,13 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 //     - {match: "Gemm", method: l1, pattern: "2:4"}
 //
 // Keys of `defaults` and of a rule: method (a criterion: abs, l1, lamp, random, grad, taylor),
-// amount (fraction or count),
-// threshold, pattern, norm, seed; a rule also has match (required; ECMAScript regex searched in
-// the layer (node) name and the weight name) and skip (bool). A rule's keys override the defaults.
+// amount (fraction or count), threshold, pattern, norm, seed, allow_tied (bool); a rule also has
+// match (required; ECMAScript regex searched in each name of the layer: its node name, the weight
+// (initializer) name, the PyTorch parameter name; a weight several layers share: each of theirs)
+// and skip (bool). A rule's keys override the defaults.
 
 struct PruneRule {
-  std::string match;          // ECMAScript regex on the node name or the weight name
+  std::string match;          // ECMAScript regex on the layer's names (PrunableWeight::names)
   bool skip = false;          // leave the matching layers alone
   PruneLayerOptions options;  // the defaults with the rule's own keys on top
   std::string where;          // "rules[1] (line 7)", for messages and the report
@@ -119,9 +154,11 @@ std::string recipe_key(const std::string& option);
 PruneRecipe load_prune_recipe(const std::string& path);
 
 struct PruneLayerReport {
-  std::string name;    // node name
-  std::string op;      // Conv, ConvTranspose, Gemm, MatMul
-  std::string weight;  // initializer name
+  std::string name;               // node name
+  std::string op;                 // Conv, ConvTranspose, Gemm, MatMul
+  std::string weight;             // initializer name
+  std::string param;              // the PyTorch parameter's name, "" when the model lacks it
+  std::vector<WeightUse> shared;  // the weight's other readers (another layer, a tied embedding)
   std::vector<int64_t> shape;
   int64_t params = 0;
   int64_t nonzero_before = 0;
@@ -131,11 +168,13 @@ struct PruneLayerReport {
   std::string skipped;  // why the layer was left alone, empty when pruned
   std::string rule;  // recipes: the rule that chose method/amount ("rules[1] (line 7)", "defaults")
   double sparsity() const { return params ? 1.0 - double(nonzero_after) / double(params) : 0.0; }
+  /// What tables show for the layer: the parameter's name, else the node's.
+  const std::string& label() const { return param.empty() ? name : param; }
 };
 
 struct PruneReport {
   std::vector<PruneLayerReport> layers;
-  std::vector<std::string> warnings;  // e.g. an --exclude regex that matched no layer
+  std::vector<std::string> warnings;  // e.g. an --exclude regex that matched no layer, a tie
   int64_t params = 0, nonzero_before = 0, nonzero_after = 0;  // over the prunable layers
 };
 
@@ -153,6 +192,7 @@ struct Saliency {
 struct CalibrationOptions {
   int64_t batches = 32;  // at most this many batches (fewer when an epoch has fewer)
   std::string device = "cpu";
+  LossOptions loss;  // lopper/loss.h
   /// Called after each batch (1-based) with the running mean loss.
   std::function<void(int64_t batch, int64_t of, double loss)> progress;
 };
@@ -160,16 +200,18 @@ struct CalibrationOptions {
 class DataLoader;  // lopper/data.h
 
 /// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's
-/// gradient saliencies, for every criterion that ranks by gradients. The loss is cross-entropy
-/// between the model's first output (logits; a final Softmax or LogSoftmax is taken into account)
-/// and the labels. Throws lopper::Error when the model's output does not fit the labels (e.g. fewer
-/// classes than the dataset has).
+/// gradient saliencies, for every criterion that ranks by gradients. The loss is opts.loss on the
+/// model's first output (cross-entropy on the labels for classifiers, next-token or masked-token
+/// cross-entropy for language models; a final Softmax or LogSoftmax is taken into account).
+/// Throws lopper::Error when the model's output does not fit the data (e.g. fewer classes than
+/// the dataset has).
 Saliency compute_saliency(const ir::Model& model, DataLoader& data, const CalibrationOptions& opts);
 
 /// Prunes `model`'s prunable weights and reports per layer. A weight that no other ir::Model copy
-/// shares is written in place; a shared one is replaced. Throws lopper::Error ("[prune] ...") on
-/// bad options, when a data-driven criterion has no `saliency`, and when nothing is left to prune;
-/// the model is untouched then.
+/// shares is written in place; a shared one is replaced. A tied weight (PrunableWeight::tied) is
+/// left alone unless `allow_tied`, with the reason in its row and a warning either way. Throws
+/// lopper::Error ("[prune] ...") on bad options, when a data-driven criterion has no `saliency`,
+/// and when nothing is left to prune; the model is untouched then.
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency = nullptr);
 /// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
 /// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).

@@ -22,30 +22,38 @@ struct TargetReport;       // lopper/target.h
 // A command adds what only it knows (the files, their sizes) to these objects.
 
 /// "params", "nonzero_before", "nonzero", "sparsity", "warnings", and per layer "layers": name,
-/// op, weight, shape, params, nonzero_before, nonzero, sparsity, method, amount (skipped, rule).
+/// op, weight, param, shape, params, nonzero_before, nonzero, sparsity, method, amount (skipped,
+/// rule, shared: the weight's other readers, each node, op, use and module).
 nlohmann::json to_json(const PruneReport& r);
 /// "channels_before", "channels", "barriers", "warnings", and per group "groups": id, kind,
-/// layers, size_before, size_after, score, removed (blocked, blocks, rule).
+/// layers, layer_params, size_before, size_after, score, removed (blocked, blocks, rule).
 nlohmann::json to_json(const StructuredReport& r);
 /// "target": kind, goal, before, predicted, measured, estimator, rounds (and the latency spread);
-/// per unit "layers": name, layers, amount (weight, group, est_loss_increase with sensitivity).
+/// per unit "layers": name, layers, amount (weight, param, group, est_loss_increase with
+/// sensitivity).
 nlohmann::json to_json(const TargetReport& r, bool with_sensitivity);
 /// Per epoch "epochs" (epoch, loss, accuracy, samples_per_s, lr, sparsity, seconds,
 /// skipped_steps) and the pruning events "notes".
 nlohmann::json to_json(const TrainResult& r);
-/// top1, top5, loss, samples (per class: see EvalResult).
+/// top1, top5, loss, loss_kind, samples (per class: see EvalResult; language models: tokens,
+/// perplexity).
 nlohmann::json to_json(const EvalResult& r);
 
 // --- Text: the tables the CLI prints. ----------------------------------------------------------
 
-/// Per layer: op, params, nonzero before and after, sparsity, how it was pruned; then the totals.
+/// Per layer (named by its PyTorch parameter where the model tells it, else by its node): op,
+/// params, nonzero before and after, sparsity, how it was pruned (and what shares its weight);
+/// then the totals.
 std::string to_table(const PruneReport& r);
-/// Per group: kind, size before and after, score, layers (and why a group was kept); then the
-/// channels left.
+/// Per group: kind, size before and after, score, layers (parameter names where known; and why a
+/// group was kept); then the channels left.
 std::string to_table(const StructuredReport& r);
 /// Per layer (or group, `structured`): the amount chosen (and, with sensitivity data, the loss
 /// increase it is estimated to cost).
 std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity);
+/// One line: "top-1 91.20%  top-5 99.80%  loss 0.2512  (10000 samples)", or for a language model
+/// "loss 4.1211  perplexity 61.64  top-1 12.50% of 3840 tokens  (256 samples)".
+std::string eval_summary(const EvalResult& r);
 
 /// One model's figures: a column of the report's summary. Negative: not measured.
 struct ReportModel {

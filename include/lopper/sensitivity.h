@@ -25,11 +25,15 @@ struct SensitivityOptions {
   /// What ranks the weights (l1, random) or the channels (a criterion of the weights alone: l1,
   /// l2, bn, fpgm, random); data-driven criteria would need gradients at every point.
   std::string criterion = "l1";
-  int64_t round_to = 1;       // structured: channel counts a multiple of this
-  uint64_t seed = 0;          // random
-  std::string exclude;        // ECMAScript regex: layers (or groups with a layer) left out
+  int64_t round_to = 1;  // structured: channel counts a multiple of this
+  uint64_t seed = 0;     // random
+  std::string exclude;   // ECMAScript regex: layers (or groups with a layer) left out
+  /// Unstructured: analyse tied weights too (PruneLayerOptions::allow_tied); off, a weight that a
+  /// node other than a prunable layer shares (a tied embedding) is left out, as prune() leaves it.
+  bool allow_tied = false;
   int64_t eval_batches = 16;  // batches of the data evaluated per point (the same ones each time)
   std::string device = "cpu";
+  LossOptions loss;  // lopper/loss.h: what the points' loss and top-1 measure
   /// Input shapes for MAC counts (dynamic dims default to 1).
   std::map<std::string, std::vector<int64_t>> input_shapes;
   /// After each evaluated point: done of total, and what was evaluated ("layer @ 0.5").
@@ -48,10 +52,13 @@ struct SensitivityPoint {
 struct LayerSensitivity {
   std::string name;    // unstructured: the layer (node); structured: "group N: first layer"
   std::string weight;  // unstructured: its weight initializer
+  std::string param;   // unstructured: the PyTorch parameter's name, "" when the model lacks it
   int64_t group = -1;  // structured: the channel group's id
   std::vector<std::string> layers;  // the layers that shrink (unstructured: the one layer)
   int64_t params = 0, macs = 0;     // dense, of the layer itself (structured: its group's layers)
   std::vector<SensitivityPoint> points;  // one per amount, in order
+  /// What tables show: the parameter's name, else `name`.
+  const std::string& label() const { return param.empty() ? name : param; }
 };
 
 struct SensitivityResult {

@@ -3,6 +3,14 @@
 // finds everything that must shrink together (the next layers' inputs, normalisation parameters,
 // residual branches, concatenations, splits, grouped convolutions, flattens, head reshapes); an op
 // without a rule is a barrier the pruning never crosses, and the report names it.
+//
+// Attention heads (StructuredUnit::kHead) go whole: a head's query, key and value features and the
+// output projection's rows for them. Grouped-query attention (fewer key/value heads than query
+// heads, repeated by Expand and Reshape) loses whole key/value groups: a key/value head together
+// with the query heads that read it, so the repeat count stays and every shape stays valid
+// (LLaMA's 4 query and 2 key/value heads at 50%: 2 and 1). Reshape targets that an export
+// computes from Shape at run time (dynamic batch and sequence) are followed: their constant
+// entries (the head count, head_dim) are rewritten and the dynamic ones left alone.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +36,8 @@ struct StructuredOptions {
   PruneScope scope = PruneScope::kLocal;
   double max_layer_amount = 0.9;  // global: no group loses more than this share
   int64_t round_to = 1;           // keep channel counts a multiple of this
-  std::string exclude;            // ECMAScript regex on the names of a group's layers
-  uint64_t seed = 0;              // random
+  std::string exclude;  // ECMAScript regex on the names of a group's layers (node or parameter)
+  uint64_t seed = 0;    // random
   const PruneRecipe* recipe =
       nullptr;  // per-group amount or skip, by the first rule matching a layer
   /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed
@@ -43,12 +51,18 @@ struct ChannelGroupReport {
   int64_t id = 0;
   std::string kind;                 // "channel" or "head"
   std::vector<std::string> layers;  // the nodes whose parameters or shapes shrink with the group
+  /// Per layer, its weight's PyTorch parameter name (param_name), "" for a node without one.
+  std::vector<std::string> layer_params;
   int64_t size_before = 0, size_after = 0;
   int64_t blocks = 1;            // grouped convolution: channels go in equal numbers per group
   double score = 0;              // mean importance of the group's channels
   std::string blocked;           // why it cannot be pruned (a barrier, a graph output ...)
   std::string rule;              // recipes: the rule that set its amount
   std::vector<int64_t> removed;  // indices of the removed channels (0 .. size_before - 1)
+  /// What tables show for layer i: its parameter's name, else the node's.
+  const std::string& layer_label(size_t i) const {
+    return i < layer_params.size() && !layer_params[i].empty() ? layer_params[i] : layers.at(i);
+  }
 };
 
 struct StructuredReport {

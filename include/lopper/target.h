@@ -37,6 +37,8 @@ struct TargetOptions {
   std::string criterion = "l1";  // structured, without sensitivity data: ranks the channels
   int64_t round_to = 1;
   std::string exclude;  // layers (or groups with a layer) left alone
+  /// Unstructured: prune tied weights too (PruneLayerOptions::allow_tied); off, they stay.
+  bool allow_tied = false;
   /// Measured sensitivities of this model (same unit); null: LAMP / global channel ranking.
   const SensitivityResult* sensitivity = nullptr;
   /// Amounts tried per layer when the latency of each is measured (and without data).
@@ -53,9 +55,12 @@ struct TargetUnit {
   std::string name;  // the layer, or "group N: first layer"
   std::vector<std::string> layers;
   std::string weight;            // unstructured
+  std::string param;             // unstructured: the PyTorch parameter's name, "" when unknown
   int64_t group = -1;            // structured
   double amount = 0;             // chosen share of its weights (channels) removed
   double est_loss_increase = 0;  // from the sensitivity data (0 without)
+  /// What tables show: the parameter's name, else `name`.
+  const std::string& label() const { return param.empty() ? name : param; }
 };
 
 struct TargetReport {

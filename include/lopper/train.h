@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lopper/graph.h"
+#include "lopper/loss.h"
 #include "lopper/prune.h"
 #include "lopper/structured.h"
 
@@ -25,8 +26,6 @@ enum class PruneSchedule { kNone, kIterative, kAgp };
 enum class Optimizer { kSgd, kAdam, kAdamW };
 /// How the learning rate moves per epoch.
 enum class LrSchedule { kConstant, kStep, kCosine };
-/// The training loss on the model's output.
-enum class TrainLoss { kCrossEntropy, kMse };
 
 /// "sgd" | "adam" | "adamw"; throws lopper::Error on anything else.
 Optimizer parse_optimizer(const std::string& s);
@@ -34,9 +33,6 @@ const char* optimizer_name(Optimizer o);  // "sgd", "adam", "adamw" (as checkpoi
 /// "constant" | "step" | "cosine"; throws lopper::Error on anything else.
 LrSchedule parse_lr_schedule(const std::string& s);
 const char* lr_schedule_name(LrSchedule s);
-/// "cross-entropy" | "mse"; throws lopper::Error on anything else.
-TrainLoss parse_train_loss(const std::string& s);
-const char* train_loss_name(TrainLoss l);
 
 struct TrainOptions {
   int64_t epochs = 10;
@@ -49,10 +45,10 @@ struct TrainOptions {
   LrSchedule lr_schedule = LrSchedule::kConstant;  // per epoch
   int64_t lr_step_epochs = 0;  // step: multiply by lr_gamma every this many epochs (0: epochs/3)
   double lr_gamma = 0.1;
-  double warmup_epochs = 0;                   // linear warmup, per step, from ~0 to lr
-  double grad_clip = 0;                       // clip the global gradient norm to this (0: off)
-  TrainLoss loss = TrainLoss::kCrossEntropy;  // mse: against one-hot labels
-  uint64_t seed = 0;                          // shuffling and random pruning
+  double warmup_epochs = 0;  // linear warmup, per step, from ~0 to lr
+  double grad_clip = 0;      // clip the global gradient norm to this (0: off)
+  LossOptions loss;          // lopper/loss.h: classification, language models, token classification
+  uint64_t seed = 0;         // shuffling and random pruning
   std::string device = "cpu";
   /// kFloat | kBFloat16 | kHalf (CUDA), as ExecOptions::precision (parse_precision reads "fp32",
   /// "bf16", "fp16"): mixed precision through ATen's autocast — matmuls and convolutions run in 16
@@ -98,7 +94,7 @@ struct EpochStats {
   double accuracy = 0;
   double samples_per_s = 0;
   double lr = 0;
-  double sparsity = 0;  // of the prunable weights, after the epoch
+  double sparsity = 0;  // of the prunable weights the schedule prunes (ties aside), after the epoch
   double seconds = 0;
   int64_t skipped_steps = 0;  // fp16: steps skipped because the gradients overflowed
   double loss_scale = 0;      // fp16: the loss scale after the epoch (0 otherwise)
@@ -141,18 +137,28 @@ TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
                   const TrainCallbacks& cb = {}, Distributed* dist = nullptr);
 
 struct EvalResult {
-  int64_t samples = 0;
-  double top1 = 0, top5 = 0, loss = 0;
-  std::vector<double> per_class;  // accuracy of each class (NaN when the class has no sample)
+  int64_t samples = 0;            // samples (sequences for language models)
+  std::string loss_kind;          // the loss that was measured (lopper/loss.h's names)
+  double top1 = 0, top5 = 0;      // of the targets: samples, or tokens (language models, tokens)
+  double loss = 0;                // mean over the targets
+  int64_t tokens = 0;             // language models: the tokens predicted
+  double perplexity = 0;          // language models: exp(loss); 0 otherwise
+  std::vector<double> per_class;  // classifiers: accuracy of each class (NaN: no sample)
   std::vector<int64_t> per_class_count;
 };
 
-/// Evaluates `model` (inference, the executor's fast path) on every batch of `data`, or on the
-/// first `max_batches` when that is > 0. `precision`: as ExecOptions::precision (fp32, bf16, fp16
-/// on CUDA).
-EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device = "cpu",
-                    const std::function<void(int64_t batch, int64_t of)>& progress = {},
-                    at::ScalarType precision = at::kFloat, int64_t max_batches = 0);
+struct EvalOptions {
+  std::string device = "cpu";
+  at::ScalarType precision = at::kFloat;  // as ExecOptions::precision (fp32, bf16, fp16 on CUDA)
+  int64_t max_batches = 0;                // > 0: the first this many batches only
+  LossOptions loss;
+  std::function<void(int64_t batch, int64_t of)> progress;
+};
+
+/// Evaluates `model` (inference, the executor's fast path) on the batches of `data`: the loss of
+/// `o.loss`, top-1 and top-5 of its targets, per-class accuracy for classifiers, perplexity for
+/// language models.
+EvalResult evaluate(const ir::Model& model, DataLoader& data, const EvalOptions& o = {});
 
 /// The prunable weights' sparsity (zeros / params), as `lopper inspect` counts it.
 double prunable_sparsity(const ir::Model& model);

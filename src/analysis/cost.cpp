@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 
+#include <regex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -75,6 +76,72 @@ const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
   return nullptr;
 }
 
+namespace {
+
+// Names exporters give tensors they made (folded constants, transposed copies), never a
+// parameter's: TorchScript's "onnx::Conv_193" and bare numbers, torch.export's "val_59", node
+// outputs ("/m/Constant_output_0"; a parameter's name has no '/').
+bool exporter_made(const std::string& s) {
+  static const std::regex made(R"(onnx::.*|_?val_[0-9]+|[0-9]+|.*/.*)");
+  return s.empty() || std::regex_match(s, made);
+}
+
+std::string metadata(const ir::Node& n, const std::string& key) {
+  for (const auto& [k, v] : n.metadata_props)
+    if (k == key) return v;
+  return "";
+}
+
+// The modules a node was exported from, outermost first (torch.export's name_scopes: a Python
+// list's repr, "['', 'm', 'm.encoder', ..., 'linear']", whose last entry is the call itself).
+std::vector<std::string> module_scopes(const ir::Node& n) {
+  const std::string s = metadata(n, "pkg.torch.onnx.name_scopes");
+  std::vector<std::string> out;
+  for (size_t at = s.find('\''); at != std::string::npos;) {
+    const size_t end = s.find('\'', at + 1);
+    if (end == std::string::npos) break;
+    out.push_back(s.substr(at + 1, end - at - 1));
+    at = s.find('\'', end + 1);
+  }
+  if (!out.empty()) out.pop_back();
+  out.erase(std::remove(out.begin(), out.end(), std::string()), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string torch_module(const ir::Node& n) {
+  const std::vector<std::string> scopes = module_scopes(n);
+  return scopes.empty() ? "" : scopes.back();
+}
+
+std::string param_name(const ir::Node& layer, const std::string& weight) {
+  if (!exporter_made(weight)) return weight;
+  // NOTE: torch.export records the aten call a node came from; its arguments name the parameter's
+  // placeholder: "p_" + the parameter's path with every '.' made '_'. The module scopes tell where
+  // the path's dots were (innermost first: an attribute such as in_proj_weight keeps its '_').
+  // Only calls whose weight is the layer's own: a node fused from another call (a BatchNorm
+  // folded into a Conv) names that call's parameters.
+  const std::string fx = metadata(layer, "pkg.torch.onnx.fx_node");
+  static const std::regex call(
+      R"(target=torch\.ops\.aten\.(linear|addmm|mm|matmul|conv[123]d|convolution|conv_transpose[123]d)\.)");
+  if (fx.empty() || !std::regex_search(fx, call)) return "";
+  static const std::regex placeholder(R"(%(p_[A-Za-z0-9_]*weight)\b)");
+  std::vector<std::string> weights;
+  for (auto it = std::sregex_iterator(fx.begin(), fx.end(), placeholder);
+       it != std::sregex_iterator(); ++it)
+    weights.push_back((*it)[1].str());
+  const std::vector<std::string> scopes = module_scopes(layer);
+  for (auto s = scopes.rbegin(); s != scopes.rend(); ++s) {
+    std::string prefix = "p_" + *s + "_";
+    std::replace(prefix.begin(), prefix.end(), '.', '_');
+    for (const auto& w : weights)
+      if (w.size() > prefix.size() && w.compare(0, prefix.size(), prefix) == 0)
+        return *s + "." + w.substr(prefix.size());
+  }
+  return "";
+}
+
 NodeShapes node_shapes(const ir::Model& model,
                        const std::map<std::string, std::vector<int64_t>>& input_shapes) {
   NodeShapes seen;
@@ -146,6 +213,7 @@ ModelCost analyze(const ir::Model& model,
       l.name = n.label();
       l.op = n.op_type;
       l.weight = w->name;
+      l.param = param_name(n, w->name);
       l.weight_shape = w->value.sizes().vec();
       l.params = w->value.numel();
       l.nonzero = w->value.count_nonzero().item<int64_t>();

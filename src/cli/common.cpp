@@ -120,7 +120,9 @@ void add_data_inputs(OutputFiles& files, const std::string& spec) {
   for (size_t i = 0; i <= rest.size();) {
     size_t j = rest.find(',', i);
     if (j == std::string::npos) j = rest.size();
-    files.input(rest.substr(i, j - i));
+    std::string entry = rest.substr(i, j - i);
+    size_t eq = entry.find('=');  // NAME=FILE (npy:, tokens:)
+    files.input(eq == std::string::npos ? entry : entry.substr(eq + 1));
     i = j + 1;
   }
 }
@@ -222,7 +224,9 @@ std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& defau
                                          const std::string& purpose, int64_t default_batch_size) {
   split = default_split;
   batch_size = default_batch_size;
-  const std::string specs = "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy";
+  const std::string specs =
+      "fashion-mnist | idx:DIR | cifar10:DIR | folder:DIR | npy:X.npy,Y.npy | "
+      "npy:NAME=F.npy,...[,labels=Y.npy] | tokens:IDS.npy[,labels=Y.npy][,mask=M.npy][,pad=ID]";
   std::vector<CLI::Option*> added;
   added.push_back(
       cmd->add_option("--data", data, purpose.empty() ? specs : purpose + ": " + specs));
@@ -238,6 +242,14 @@ std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& defau
       "subtract MEAN, divide by STD after scaling pixels to [0, 1] (one value or one per "
       "channel: M1,M2,M3,S1,S2,S3)"));
   added.push_back(cmd->add_option("--resize", resize, "resize images to HxW"));
+  added.push_back(cmd->add_option(
+      "--loss", loss,
+      "auto (default: from the labels and the output) | cross-entropy | mse | causal-lm | "
+      "masked-lm | token-classification"));
+  added.push_back(
+      cmd->add_option("--mask-token", mask_token, "masked-lm: the mask token's ID ([MASK])"));
+  added.push_back(cmd->add_option("--mask-prob", mask_prob,
+                                  "masked-lm: share of the tokens masked and predicted (0.15)"));
   return added;
 }
 
@@ -259,5 +271,19 @@ LoaderOptions DataFlags::loader(const ir::Model& model) const {
 }
 
 std::shared_ptr<Dataset> DataFlags::dataset() const { return open_dataset(data, split); }
+
+LossOptions DataFlags::loss_options(uint64_t seed) const {
+  LossOptions o;
+  o.loss = parse_flag([&] { return parse_loss(loss); });
+  o.mask_token = mask_token;
+  o.mask_prob = mask_prob;
+  o.seed = seed;
+  parse_flag([&] { check_loss_options(o); });
+  return o;
+}
+
+bool DataFlags::one_split() const {
+  return data.rfind("npy:", 0) == 0 || data.rfind("tokens:", 0) == 0;
+}
 
 }  // namespace lopper::cli

@@ -9,6 +9,7 @@
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
+#include "lopper/loss.h"
 #include "report/table.h"
 #include "util/files.h"
 
@@ -87,8 +88,10 @@ ExecOptions exec_options(const std::string& device, const std::string& precision
 /// The data options of every command that reads a dataset: --data, --split, --batch-size,
 /// --normalize, --resize.
 struct DataFlags {
-  std::string data, split, normalize, resize;
+  std::string data, split, normalize, resize, loss = "auto";
   int64_t batch_size = 64;
+  int64_t mask_token = -1;
+  double mask_prob = 0.15;
   /// Adds the options to `cmd`, --data first (the options added, in that order). `purpose`: what
   /// the data is for, when --data is optional ("" makes it required).
   std::vector<CLI::Option*> add(CLI::App* cmd, const std::string& default_split,
@@ -99,6 +102,11 @@ struct DataFlags {
   LoaderOptions loader(const ir::Model& model) const;
   /// The dataset --data and --split name.
   std::shared_ptr<Dataset> dataset() const;
+  /// --loss, --mask-token and --mask-prob, checked (UsageError naming the flag); `seed` picks the
+  /// masked tokens.
+  LossOptions loss_options(uint64_t seed = 0) const;
+  /// Whether the data is one split only (npy:, tokens:): --split does not apply.
+  bool one_split() const;
 };
 
 }  // namespace lopper::cli

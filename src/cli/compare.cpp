@@ -119,7 +119,11 @@ Action add_compare(CLI::App& app) {
         lo.shuffle = false;
         lo.drop_last = fixed;
         DataLoader dl(o->data.dataset(), lo);
-        r[i].top1 = evaluate(m, dl, o->device, {}, eo.precision).top1;
+        EvalOptions ev;
+        ev.device = o->device;
+        ev.precision = eo.precision;
+        ev.loss = o->data.loss_options();
+        r[i].top1 = evaluate(m, dl, ev).top1;
       }
     }
     auto row = [](const Measured& m) {

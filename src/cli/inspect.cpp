@@ -57,6 +57,7 @@ Action add_inspect(CLI::App& app) {
         j["layers"].push_back({{"name", l.name},
                                {"op", l.op},
                                {"weight", l.weight},
+                               {"param", l.param},
                                {"shape", l.weight_shape},
                                {"params", l.params},
                                {"nonzero", l.nonzero},
@@ -65,14 +66,16 @@ Action add_inspect(CLI::App& app) {
       return 0;
     }
     std::vector<std::string> names;
-    for (const auto& l : cost.layers) names.push_back(l.name);
+    // A layer by its PyTorch parameter where the model names it, else by its node.
+    auto label = [](const LayerCost& l) { return l.param.empty() ? l.name : l.param; };
+    for (const auto& l : cost.layers) names.push_back(label(l));
     size_t w = name_column_width(names, 4);
     std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>9} {:>14}\n", "layer", w, "op",
                              "weight", "params", "nonzero", "sparsity", "MACs");
     for (const auto& l : cost.layers) {
       std::string shape = shape_string(l.weight_shape);
       double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
-      std::string name = fit_name(l.name, w);
+      std::string name = fit_name(label(l), w);
       std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w,
                                l.op, shape, l.params, l.nonzero, sp, l.macs);
     }

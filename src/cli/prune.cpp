@@ -1,6 +1,7 @@
 // lopper prune MODEL -o OUT --method abs|l1|random|grad|taylor [--threshold T] [--amount A]
 //   [--seed S] [--scope local|global] [--pattern unstructured|N:M|row|column|block:RxC]
-//   [--norm 1|2] [--exclude REGEX] [--skip-first-last] [--sparse-initializers] [--json]
+//   [--norm 1|2] [--exclude REGEX] [--skip-first-last] [--allow-tied] [--sparse-initializers]
+//   [--json]
 //   grad/taylor: --data SPEC [--split train|test] [--calib-batches N] [--batch-size B]
 //   [--device cpu|cuda] [--normalize MEAN,STD] [--resize HxW]
 // lopper prune MODEL -o OUT --recipe FILE.yaml [--data SPEC ...] [--sparse-initializers] [--json]
@@ -49,6 +50,7 @@ Saliency calibrate(const Opts& o, const ir::Model& model) {
   CalibrationOptions co;
   co.batches = o.calib_batches;
   co.device = o.device;
+  co.loss = o.data.loss_options(o.seed);
   Progress bar("calibrate", std::min<int64_t>(co.batches, loader.batches_per_epoch()));
   co.progress = [&](int64_t b, int64_t of, double loss) {
     bar.update(b, fmt::format("loss {:.4f}", loss));
@@ -78,6 +80,7 @@ void write_html_report(OutputFiles& files, const Opts& o, const ir::Model& after
     how.data = loader.get();
     how.eval_batches = o.eval_batches;
     how.data_name = data_name;
+    how.loss = o.data.loss_options(o.seed);
   }
   const ModelCost cb = analyze(before, resolve_input_shapes(before, how.shapes, 1));
   const ModelCost ca = analyze(after, resolve_input_shapes(after, how.shapes, 1));
@@ -154,10 +157,15 @@ Action add_prune(CLI::App& app) {
   auto* norm = cmd->add_option("--norm", o->norm,
                                "row/column with l1: rank by the L1 or L2 norm; block: by mean |w| "
                                "or root mean square (1 | 2)");
-  auto* exclude = cmd->add_option("--exclude", o->exclude,
-                                  "leave layers whose node or weight name matches REGEX");
+  auto* exclude =
+      cmd->add_option("--exclude", o->exclude,
+                      "leave layers whose node, weight or PyTorch parameter name matches REGEX");
   auto* sfl =
       cmd->add_flag("--skip-first-last", o->skip_first_last, "leave the first and last layers");
+  auto* allow_tied = cmd->add_flag(
+      "--allow-tied", o->allow_tied,
+      "prune tied weights too (a weight another node shares, e.g. GPT-2's lm_head and its token "
+      "embedding), changing every reader; by default they are left alone");
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
@@ -186,7 +194,8 @@ Action add_prune(CLI::App& app) {
                                       data_methods() + ": batches (default 32)"));
   data_opts.push_back(cmd->add_option("--device", o->device,
                                       data_methods() + ", targets: cpu (default) | cuda | cuda:N"));
-  std::vector<CLI::Option*> per_layer = {method, th, amount, seed, pattern, norm, exclude, sfl};
+  std::vector<CLI::Option*> per_layer = {method, th,      amount, seed,      pattern,
+                                         norm,   exclude, sfl,    allow_tied};
   std::vector<CLI::Option*> targets = {
       cmd->add_option("--target-macs", o->target_macs,
                       "keep this share of the MACs, in (0, 1): per-layer amounts chosen"),
@@ -208,7 +217,7 @@ Action add_prune(CLI::App& app) {
   auto* recipe_opt = cmd->get_option("--recipe");
   add_threads_option(cmd, o->threads);
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
-          sfl, targets, sens, eval_batches, amount, recipe_opt, report]() {
+          sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied]() {
     configure_threads(o->threads);
     int given = 0;
     TargetKind kind = TargetKind::kMacs;
@@ -230,7 +239,7 @@ Action add_prune(CLI::App& app) {
           "[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
           "--report");
     if (structured->count() > 0) {
-      for (const auto* opt : {th, pattern, norm, sfl})
+      for (const auto* opt : {th, pattern, norm, sfl, allow_tied})
         if (opt->count() > 0)
           throw UsageError("[prune] " + opt->get_name() +
                            " is for unstructured pruning, not --structured");
@@ -305,6 +314,7 @@ Action add_prune(CLI::App& app) {
       po.norm = o->norm;
       po.exclude = o->exclude;
       po.skip_first_last = o->skip_first_last;
+      po.allow_tied = o->allow_tied;
       parse_flag([&] { check_layer_options(po); });  // every flag checked before any work
     }
 

@@ -24,7 +24,8 @@ struct Opts {
   uint64_t seed = 0;
   int norm = 1;
   int64_t calib_batches = 32;
-  bool skip_first_last = false, sparse = false, json = false, have_threshold = false;
+  bool skip_first_last = false, sparse = false, json = false, have_threshold = false,
+       allow_tied = false;
   std::string structured;
   double max_layer_amount = 0.9;
   int64_t round_to = 1;

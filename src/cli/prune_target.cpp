@@ -37,6 +37,8 @@ int run_target(const Opts& o, TargetKind kind) {
                        o.structured + "'");
     t.structured = true;
     t.criterion = channel_criterion(o.method).name;
+    if (o.allow_tied)
+      throw UsageError("[prune] --allow-tied is for unstructured pruning, not --structured");
   } else if (!o.method.empty() && o.method != "l1") {
     throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
                      " does not go with it");
@@ -45,6 +47,7 @@ int run_target(const Opts& o, TargetKind kind) {
     throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
   t.round_to = o.round_to;
   t.exclude = o.exclude;
+  t.allow_tied = o.allow_tied;
   t.device = o.device;
   t.input_shapes = parse_shape_overrides(o.shapes);
   check_device_flag(o.device);
@@ -63,6 +66,7 @@ int run_target(const Opts& o, TargetKind kind) {
   } else if (loader) {
     SensitivityOptions so = sensitivity_options(t);
     so.eval_batches = o.eval_batches;
+    so.loss = o.data.loss_options(o.seed);
     std::unique_ptr<Progress> bar;
     so.progress = [&](int64_t done, int64_t total, const std::string& what) {
       if (!bar) bar = std::make_unique<Progress>("sensitivity", total, 10);
@@ -95,7 +99,11 @@ int run_target(const Opts& o, TargetKind kind) {
   std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
   std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
   if (sens && loader) {
-    measured = evaluate(model, *loader, o.device, {}, at::kFloat, o.eval_batches);
+    EvalOptions eo;
+    eo.device = o.device;
+    eo.max_batches = o.eval_batches;
+    eo.loss = o.data.loss_options(o.seed);
+    measured = evaluate(model, *loader, eo);
     EvalResult base;
     base.samples = sens->samples;
     base.top1 = sens->top1;
@@ -116,7 +124,7 @@ int run_target(const Opts& o, TargetKind kind) {
         files, o, model,
         [&](HtmlReport& rep) {
           std::vector<std::pair<std::string, double>> chosen;
-          for (const auto& u : r.units) chosen.emplace_back(u.name, u.amount);
+          for (const auto& u : r.units) chosen.emplace_back(u.label(), u.amount);
           rep.add_target(j["target"], chosen);
           if (sens) rep.add_sensitivity(*sens);
         },

@@ -49,7 +49,11 @@ ReportModel measure_for_report(const std::string& label, const std::string& path
   r.measured = fmt::format("latency: median of {} runs on {}{}", lat.runs, how.device,
                            batch.empty() ? "" : ", " + batch);
   if (how.data) {
-    const EvalResult e = evaluate(m, *how.data, how.device, {}, at::kFloat, how.eval_batches);
+    EvalOptions eo;
+    eo.device = how.device;
+    eo.max_batches = how.eval_batches;
+    eo.loss = how.loss;
+    const EvalResult e = evaluate(m, *how.data, eo);
     set_accuracy(r, e.top1, e.loss, e.samples, how.data_name);
   }
   return r;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lopper/graph.h"
+#include "lopper/loss.h"
 #include "lopper/report.h"
 
 namespace lopper {
@@ -25,6 +26,7 @@ struct ReportMeasure {
   DataLoader* data = nullptr;                          // top-1 and loss on it, when given ...
   int64_t eval_batches = 0;                            // ... on its first batches (0: all)
   std::string data_name;                               // "fashion-mnist (test)"
+  LossOptions loss;                                    // what the loss on `data` is
 };
 
 /// A latency measurement into `m`: its median, p10, p90, runs and the wide-spread warning.

@@ -1,6 +1,7 @@
 // lopper sensitivity MODEL --data D [--structured channel] [--method M] [--amounts 0.1,...,0.95]
 //                    [--eval-batches 16] [--split test] [--device cpu|cuda] [--exclude REGEX]
-//                    [--round-to N] [--seed S] [-o FILE.json] [--json] [--report FILE.html]
+//                    [--round-to N] [--seed S] [--allow-tied] [-o FILE.json] [--json]
+//                    [--report FILE.html]
 // Each prunable layer (or channel group) pruned alone to each amount; loss and top-1 per point.
 #include <fmt/format.h>
 
@@ -43,7 +44,7 @@ std::vector<double> parse_amounts(const std::string& s) {
 
 void print_table(const SensitivityResult& r) {
   std::vector<std::string> names;
-  for (const auto& l : r.layers) names.push_back(l.name);
+  for (const auto& l : r.layers) names.push_back(l.label());
   const size_t w = name_column_width(names, 12);
   std::cout << fmt::format(
       "top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
@@ -56,7 +57,7 @@ void print_table(const SensitivityResult& r) {
       head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
   std::cout << head << "\n";
   for (const auto& l : r.layers) {
-    std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.name, w), w, l.params);
+    std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.label(), w), w, l.params);
     for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
     std::cout << line << "\n";
   }
@@ -73,7 +74,7 @@ Action add_sensitivity(CLI::App& app) {
     DataFlags data;
     int64_t eval_batches = 16, round_to = 1;
     uint64_t seed = 0;
-    bool json = false;
+    bool json = false, allow_tied = false;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -94,8 +95,11 @@ Action add_sensitivity(CLI::App& app) {
                   "batches evaluated per point, the same ones each time (default 16)");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--exclude", o->exclude,
-                  "leave out layers (or groups with a layer) matching REGEX");
+                  "leave out layers (or groups with a layer) whose node, weight or parameter name "
+                  "matches REGEX");
   cmd->add_option("--round-to", o->round_to, "channels: keep counts a multiple of N");
+  cmd->add_flag("--allow-tied", o->allow_tied,
+                "weights: analyse tied weights too (e.g. GPT-2's lm_head, the token embedding)");
   cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 for MAC counts (dynamic dims: 1)");
   cmd->add_option("-o,--out", o->out,
@@ -120,6 +124,7 @@ Action add_sensitivity(CLI::App& app) {
     so.eval_batches = o->eval_batches;
     so.device = o->device;
     so.exclude = o->exclude;
+    so.allow_tied = o->allow_tied;
     so.round_to = o->round_to;
     so.seed = o->seed;
     so.input_shapes = parse_shape_overrides(o->shapes);
@@ -131,6 +136,7 @@ Action add_sensitivity(CLI::App& app) {
     if (!o->report.empty()) files.declare(o->report, "--report");
     check_device_flag(o->device);  // fails before the data is read
     parse_flag([&] { check_sensitivity_options(so); });
+    so.loss = o->data.loss_options(so.seed);
 
     ir::Model model = load_input_model(files, o->model);
     bool fixed = false;

@@ -72,7 +72,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
     std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
                             prune_pattern = "unstructured", every = "1", eval_split = "test",
                             prune_structured, report, optimizer = "sgd", lr_schedule = "constant",
-                            loss = "cross-entropy", precision = "fp32";
+                            precision = "fp32";
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
@@ -104,7 +104,6 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--lr-gamma", t.lr_gamma, "step: multiply the lr by this (default 0.1)");
   cmd->add_option("--warmup-epochs", t.warmup_epochs, "linear warmup, per step (default 0)");
   cmd->add_option("--grad-clip", t.grad_clip, "clip the gradient norm to this (default off)");
-  cmd->add_option("--loss", o->loss, "cross-entropy (default) | mse (one-hot labels)");
   cmd->add_option("--seed", t.seed, "shuffling and random pruning (default 0)");
   cmd->add_option("--device", t.device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--precision", o->precision,
@@ -128,6 +127,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--prune-scope", o->prune_scope, "global (default) | local");
   cmd->add_option("--prune-pattern", o->prune_pattern,
                   "unstructured (default) | N:M | row | column | block:RxC (e.g. block:8x1)");
+  cmd->add_flag("--allow-tied", t.prune.allow_tied,
+                "schedules: prune tied weights too (e.g. GPT-2's lm_head, the token embedding)");
   cmd->add_option("--rounds", t.rounds, "iterative: rounds (prune, then retrain)");
   cmd->add_option("--epochs-per-round", t.epochs_per_round, "iterative: epochs after each prune");
   cmd->add_option("--start-epoch", t.start_epoch, "agp: the ramp starts (0-based epoch)");
@@ -204,7 +205,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
     t.optimizer = parse_flag([&] { return parse_optimizer(o->optimizer); });
     t.precision = parse_flag([&] { return parse_precision(o->precision); });
     t.lr_schedule = parse_flag([&] { return parse_lr_schedule(o->lr_schedule); });
-    t.loss = parse_flag([&] { return parse_train_loss(o->loss); });
+    t.loss = o->data.loss_options(t.seed);
     parse_flag([&] { check_train_options(t); });
     configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
@@ -284,21 +285,20 @@ Action add_train_command(CLI::App& app, bool finetune) {
     j["sparsity"] = prunable_sparsity(model);
     std::unique_ptr<DataLoader> test;
     std::optional<EvalResult> ev;
-    if (!o->no_eval && o->data.data.rfind("npy:", 0) != 0) {
+    if (!o->no_eval && !o->data.one_split()) {
       LoaderOptions eo = lo;
       eo.shuffle = false;
       eo.rank = 0;
       eo.world = 1;
       test = std::make_unique<DataLoader>(open_dataset(o->data.data, o->eval_split), eo);
-      ev = evaluate(model, *test, t.device, {}, t.precision);
-      j["eval"] = {{"split", o->eval_split},
-                   {"top1", ev->top1},
-                   {"top5", ev->top5},
-                   {"loss", ev->loss},
-                   {"samples", ev->samples}};
-      std::cout << fmt::format("{} top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)\n",
-                               o->eval_split, 100 * ev->top1, 100 * ev->top5, ev->loss,
-                               ev->samples);
+      EvalOptions eval;
+      eval.device = t.device;
+      eval.precision = t.precision;
+      eval.loss = t.loss;
+      ev = evaluate(model, *test, eval);
+      j["eval"] = to_json(*ev);
+      j["eval"]["split"] = o->eval_split;
+      std::cout << o->eval_split << " " << eval_summary(*ev) << "\n";
     }
     files.write(o->out + ".train.json", j.dump(2) + "\n");
     if (!o->report.empty()) {
@@ -308,6 +308,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
       how.device = t.device;
       how.data = test.get();
       how.data_name = fmt::format("{} ({})", o->data.data, o->eval_split);
+      how.loss = t.loss;
       const ModelCost cost_before = analyze(before, resolve_input_shapes(before, {}, 1));
       const ModelCost cost_after = analyze(model, resolve_input_shapes(model, {}, 1));
       const ReportModel mb = measure_for_report("before", o->model, before, cost_before, how);
@@ -357,13 +358,14 @@ Action add_eval(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("eval",
-                                 "accuracy of a classifier on a dataset: top-1, top-5, "
-                                 "loss, per class");
+                                 "a model on a dataset: top-1, top-5, loss and per class for a "
+                                 "classifier; loss, perplexity and token accuracy for an LM");
   cmd->add_option("model", o->model, "the ONNX model")->required();
   o->data.add(cmd, "test");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
-  cmd->add_flag("--json", o->json, "print JSON (top1, top5, loss, samples, per_class)");
+  cmd->add_flag("--json", o->json,
+                "print JSON (top1, top5, loss, samples, per_class; tokens, perplexity)");
   add_threads_option(cmd, o->threads);
   return [o]() {
     configure_threads(o->threads);
@@ -374,9 +376,12 @@ Action add_eval(CLI::App& app) {
     lo.drop_last = fixed;
     DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
     Progress bar("eval", loader.batches_per_epoch(), 1);
-    const at::ScalarType precision = parse_precision(o->precision);
-    EvalResult r = evaluate(
-        model, loader, o->device, [&](int64_t b, int64_t) { bar.update(b); }, precision);
+    EvalOptions eval;
+    eval.device = o->device;
+    eval.precision = parse_flag([&] { return parse_precision(o->precision); });
+    eval.loss = o->data.loss_options();
+    eval.progress = [&](int64_t b, int64_t) { bar.update(b); };
+    EvalResult r = evaluate(model, loader, eval);
     bar.finish();
     if (o->json) {
       nlohmann::json j = to_json(r);
@@ -387,9 +392,16 @@ Action add_eval(CLI::App& app) {
       return 0;
     }
     std::cout << fmt::format("{} on {} ({}): {} samples\n", o->model, o->data.data, o->data.split,
-                             r.samples)
-              << fmt::format("top-1   {:.2f}%\ntop-5   {:.2f}%\nloss    {:.4f}\n", 100 * r.top1,
-                             100 * r.top5, r.loss)
+                             r.samples);
+    if (r.tokens > 0) {
+      std::cout << fmt::format(
+          "loss        {:.4f} ({}, per token)\nperplexity  {:.2f}\ntop-1       {:.2f}% of {} "
+          "tokens\ntop-5       {:.2f}%\n",
+          r.loss, r.loss_kind, r.perplexity, 100 * r.top1, r.tokens, 100 * r.top5);
+      return 0;
+    }
+    std::cout << fmt::format("top-1   {:.2f}%\ntop-5   {:.2f}%\nloss    {:.4f} ({})\n",
+                             100 * r.top1, 100 * r.top5, r.loss, r.loss_kind)
               << "class   samples  accuracy\n";
     for (size_t c = 0; c < r.per_class.size(); ++c)
       std::cout << fmt::format("{:<7} {:>7}  {}\n", c, r.per_class_count[c],

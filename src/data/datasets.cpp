@@ -2,10 +2,14 @@
 #include <ATen/ATen.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "data/images.h"
@@ -27,59 +31,86 @@ namespace {
 
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
-// Samples x [N, ...] of any numeric dtype and labels y int64 [N], in memory. uint8 samples are
-// pixels: get() scales them to [0, 1]; any other dtype is only converted to float32.
+// Rows `indices` of a contiguous tensor [N, ...], copied with memcpy.
+// NOTE: plain loops, no ATen kernels: this runs on the loader thread, and an ATen kernel there
+// starts an OpenMP team of its own; with more OpenMP threads than cores libgomp stops spinning
+// and the training threads sleep and wake at every step.
+at::Tensor gather_rows(const at::Tensor& t, const std::vector<int64_t>& indices) {
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] = int64_t(indices.size());
+  at::Tensor out = at::empty(shape, t.options());
+  const size_t row = size_t(t.numel() / std::max<int64_t>(1, t.size(0))) * t.element_size();
+  const char* src = static_cast<const char*>(t.const_data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (size_t b = 0; b < indices.size(); ++b)
+    std::memcpy(dst + b * row, src + size_t(indices[b]) * row, row);
+  return out;
+}
+
+// Samples x [N, ...], labels y int64 [N] or [N, T] (or none), and further named inputs [N, ...],
+// in memory. uint8 samples are pixels: get() scales them to [0, 1]; integer samples (token IDs)
+// stay int64; any other dtype is converted to float32 when loaded.
 class TensorDataset : public Dataset {
  public:
-  TensorDataset(std::string name, at::Tensor x, at::Tensor y)
-      : name_(std::move(name)), x_(std::move(x)), y_(std::move(y)) {
-    num_classes_ = y_.max().item<int64_t>() + 1;
+  TensorDataset(std::string name, at::Tensor x, at::Tensor y, NamedInputs inputs = {},
+                std::string x_input = "", bool integer = false)
+      : name_(std::move(name)),
+        x_(std::move(x)),
+        y_(std::move(y)),
+        inputs_(std::move(inputs)),
+        x_input_(std::move(x_input)),
+        integer_(integer) {
+    if (integer_)
+      x_ = x_.to(at::kLong);
+    else if (x_.scalar_type() != at::kByte)
+      x_ = x_.to(at::kFloat);
+    x_ = x_.contiguous();
+    if (y_.defined()) y_ = y_.to(at::kLong).contiguous();
+    for (auto& [name, t] : inputs_) t = t.contiguous();
+    num_classes_ = y_.defined() && y_.numel() ? y_.max().item<int64_t>() + 1 : 0;
   }
   int64_t size() const override { return x_.size(0); }
   std::vector<int64_t> sample_shape() const override { return x_.sizes().slice(1).vec(); }
   int64_t num_classes() const override { return num_classes_; }
   std::string name() const override { return name_; }
+  std::string sample_input() const override { return x_input_; }
+  bool integer_samples() const override { return integer_; }
+  bool has_labels() const override { return y_.defined(); }
 
   void get(const std::vector<int64_t>& indices, at::Tensor& x, at::Tensor& y) const override {
     for (int64_t i : indices)
       LOPPER_CHECK(i >= 0 && i < size(), "[data] ", name_, ": sample ", i, " is out of range [0, ",
                    size(), ")");
-    // NOTE: plain loops, no ATen kernels: this runs on the loader thread, and an ATen kernel there
-    // starts an OpenMP team of its own; with more OpenMP threads than cores libgomp stops spinning
-    // and the training threads sleep and wake at every step.
-    if ((x_.scalar_type() == at::kByte || x_.scalar_type() == at::kFloat) &&
-        y_.scalar_type() == at::kLong && x_.is_contiguous() && y_.is_contiguous()) {
-      int64_t per = x_.numel() / std::max<int64_t>(1, size()), n = int64_t(indices.size());
-      std::vector<int64_t> shape = x_.sizes().vec();
-      shape[0] = n;
-      x = at::empty(shape, at::kFloat);
-      y = at::empty({n}, at::kLong);
-      float* xo = x.data_ptr<float>();
-      int64_t* yo = y.data_ptr<int64_t>();
-      const int64_t* yi = y_.const_data_ptr<int64_t>();
-      for (int64_t b = 0; b < n; ++b) {
-        int64_t i = indices[b];
-        yo[b] = yi[i];
-        float* dst = xo + b * per;
-        if (x_.scalar_type() == at::kByte) {
-          // NOTE: divide by 255 (not multiply by 1/255): bit for bit what ToTensor() gives.
-          const uint8_t* src = x_.const_data_ptr<uint8_t>() + i * per;
-          for (int64_t k = 0; k < per; ++k) dst[k] = float(src[k]) / 255.0f;
-        } else {
-          std::memcpy(dst, x_.const_data_ptr<float>() + i * per, size_t(per) * sizeof(float));
-        }
-      }
+    y = y_.defined() ? gather_rows(y_, indices) : at::Tensor();
+    if (x_.scalar_type() != at::kByte) {
+      x = gather_rows(x_, indices);
       return;
     }
-    at::Tensor idx = at::tensor(at::IntArrayRef(indices), at::kLong);
-    x = x_.index_select(0, idx).to(at::kFloat);
-    if (x_.scalar_type() == at::kByte) x.div_(255);
-    y = y_.index_select(0, idx);
+    int64_t per = x_.numel() / std::max<int64_t>(1, size()), n = int64_t(indices.size());
+    std::vector<int64_t> shape = x_.sizes().vec();
+    shape[0] = n;
+    x = at::empty(shape, at::kFloat);
+    float* xo = x.data_ptr<float>();
+    for (int64_t b = 0; b < n; ++b) {
+      // NOTE: divide by 255 (not multiply by 1/255): bit for bit what ToTensor() gives.
+      const uint8_t* src = x_.const_data_ptr<uint8_t>() + indices[b] * per;
+      float* dst = xo + b * per;
+      for (int64_t k = 0; k < per; ++k) dst[k] = float(src[k]) / 255.0f;
+    }
+  }
+
+  NamedInputs get_inputs(const std::vector<int64_t>& indices) const override {
+    NamedInputs out;
+    for (const auto& [name, t] : inputs_) out.emplace_back(name, gather_rows(t, indices));
+    return out;
   }
 
  private:
   std::string name_;
   at::Tensor x_, y_;
+  NamedInputs inputs_;
+  std::string x_input_;
+  bool integer_ = false;
   int64_t num_classes_ = 0;
 };
 
@@ -212,45 +243,188 @@ std::shared_ptr<Dataset> open_cifar10(const std::string& spec, std::string dir,
   return std::make_shared<TensorDataset>(spec + " (" + split + ")", x, y);
 }
 
-std::shared_ptr<Dataset> open_npy(const std::string& spec, const std::string& files) {
-  size_t comma = files.find(',');
-  LOPPER_CHECK(comma != std::string::npos && comma > 0 && comma + 1 < files.size() &&
-                   files.find(',', comma + 1) == std::string::npos,
-               "[data] '", spec, "': expected npy:X.npy,Y.npy (samples, labels)");
-  std::string xp = files.substr(0, comma), yp = files.substr(comma + 1);
-  auto load = [&](const std::string& p) {
-    std::error_code ec;
-    LOPPER_CHECK(fs::exists(p, ec), data::no_such(spec, p));
-    try {
-      return load_npy(p);
-    } catch (const Error& e) {
-      throw Error(detail::concat("[data] ", spec, ": ", e.what()));
-    }
-  };
-  at::Tensor x = load(xp), y = load(yp);
-  auto numeric = [](at::ScalarType t) {
-    return at::isFloatingType(t) || at::isIntegralType(t, /*includeBool=*/false);
-  };
-  LOPPER_CHECK(numeric(x.scalar_type()), "[data] ", spec, ": '", xp, "' holds ",
-               c10::toString(x.scalar_type()), ", not numbers");
-  LOPPER_CHECK(x.dim() >= 2, "[data] ", spec, ": '", xp, "' has shape ", x.sizes(),
-               "; samples must be [N, ...]");
-  LOPPER_CHECK(at::isIntegralType(y.scalar_type(), /*includeBool=*/false) && y.dim() == 1,
-               "[data] ", spec, ": labels '", yp, "' must be integers [N], got ",
-               c10::toString(y.scalar_type()), " ", y.sizes());
-  LOPPER_CHECK(x.size(0) == y.size(0), "[data] ", spec, ": '", xp, "' has ", x.size(0),
-               " samples, but '", yp, "' has ", y.size(0), " labels");
-  LOPPER_CHECK(x.size(0) > 0, "[data] ", spec, ": '", xp, "' holds no samples");
-  y = y.to(at::kLong);
-  if ((y < 0).any().item<bool>()) {
-    int64_t i = (y < 0).nonzero()[0][0].item<int64_t>();
-    throw Error(detail::concat("[data] ", spec, ": '", yp, "': label ", y[i].item<int64_t>(),
-                               " at index ", i, " is negative"));
+at::Tensor load_data_npy(const std::string& spec, const std::string& p) {
+  std::error_code ec;
+  LOPPER_CHECK(!p.empty(), "[data] '", spec, "': an entry names no file");
+  LOPPER_CHECK(fs::exists(p, ec), data::no_such(spec, p));
+  at::Tensor t;
+  try {
+    t = load_npy(p);
+  } catch (const Error& e) {
+    throw Error(detail::concat("[data] ", spec, ": ", e.what()));
   }
-  return std::make_shared<TensorDataset>(spec, x, y);
+  const at::ScalarType st = t.scalar_type();
+  LOPPER_CHECK(at::isFloatingType(st) || at::isIntegralType(st, /*includeBool=*/true), "[data] ",
+               spec, ": '", p, "' holds ", c10::toString(st), ", not numbers");
+  LOPPER_CHECK(t.dim() >= 1, "[data] ", spec, ": '", p, "' is a scalar; data must be [N, ...]");
+  return t;
+}
+
+bool is_integer(const at::Tensor& t) {
+  return at::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+}
+
+// Labels [N] (classes: >= 0) or [N, T] (per token: >= 0, or -100 for "not counted").
+at::Tensor check_labels(const std::string& spec, const std::string& path, at::Tensor y,
+                        const std::string& samples, int64_t n, int64_t tokens) {
+  LOPPER_CHECK(is_integer(y) && (y.dim() == 1 || y.dim() == 2), "[data] ", spec, ": labels '", path,
+               "' must be integers [N] or [N, T], got ", c10::toString(y.scalar_type()), " ",
+               y.sizes());
+  LOPPER_CHECK(y.size(0) == n, "[data] ", spec, ": '", samples, "' has ", n, " samples, but '",
+               path, "' has ", y.size(0), " labels");
+  LOPPER_CHECK(y.dim() == 1 || tokens < 0 || y.size(1) == tokens, "[data] ", spec, ": labels '",
+               path, "' are ", y.sizes(), ", but the sequences have ", tokens, " tokens");
+  y = y.to(at::kLong);
+  at::Tensor bad = y.dim() == 1 ? y < 0 : (y < 0).logical_and(y != -100);
+  if (bad.any().item<bool>()) {
+    at::Tensor at_ = bad.nonzero()[0];
+    int64_t i = at_[0].item<int64_t>();
+    throw Error(detail::concat("[data] ", spec, ": '", path, "': label ",
+                               y.dim() == 1 ? y[i].item<int64_t>() : y[i][at_[1]].item<int64_t>(),
+                               " at index ", i, " is negative",
+                               y.dim() == 2 ? " (only -100, not counted, may be)" : ""));
+  }
+  return y;
+}
+
+// NAME=VALUE entries after a spec's kind (npy:, tokens:), in order; a bare entry has no name.
+std::vector<std::pair<std::string, std::string>> entries(const std::string& rest) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t start = 0;
+  for (;;) {
+    size_t comma = rest.find(',', start);
+    std::string e = rest.substr(start, comma - start);
+    size_t eq = e.find('=');
+    if (eq == std::string::npos)
+      out.emplace_back("", e);
+    else
+      out.emplace_back(e.substr(0, eq), e.substr(eq + 1));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::shared_ptr<Dataset> open_npy(const std::string& spec, const std::string& files) {
+  auto parts = entries(files);
+  const bool named =
+      std::any_of(parts.begin(), parts.end(), [](auto& e) { return !e.first.empty(); });
+  if (!named) {
+    LOPPER_CHECK(
+        parts.size() == 2 && !parts[0].second.empty() && !parts[1].second.empty(), "[data] '", spec,
+        "': expected npy:X.npy,Y.npy (samples, labels) or npy:NAME=F.npy,...,labels=Y.npy");
+    const std::string &xp = parts[0].second, &yp = parts[1].second;
+    at::Tensor x = load_data_npy(spec, xp), y = load_data_npy(spec, yp);
+    LOPPER_CHECK(x.dim() >= 2, "[data] ", spec, ": '", xp, "' has shape ", x.sizes(),
+                 "; samples must be [N, ...]");
+    LOPPER_CHECK(x.size(0) > 0, "[data] ", spec, ": '", xp, "' holds no samples");
+    LOPPER_CHECK(is_integer(y) && y.dim() == 1, "[data] ", spec, ": labels '", yp,
+                 "' must be integers [N], got ", c10::toString(y.scalar_type()), " ", y.sizes());
+    y = check_labels(spec, yp, y, xp, x.size(0), -1);
+    const bool integer = is_integer(x) && x.scalar_type() != at::kByte;
+    return std::make_shared<TensorDataset>(spec, x, y, NamedInputs{}, "", integer);
+  }
+  // Named: one file per model input, and labels.
+  NamedInputs inputs;
+  at::Tensor y;
+  std::string y_path, first_path;
+  std::set<std::string> seen;
+  for (const auto& [name, path] : parts) {
+    LOPPER_CHECK(!name.empty(), "[data] '", spec, "': '", path,
+                 "' has no name: give every file as NAME=F.npy (a model input's name, or labels)");
+    LOPPER_CHECK(seen.insert(name).second, "[data] '", spec, "': '", name, "' is given twice");
+    at::Tensor t = load_data_npy(spec, path);
+    if (name == "labels") {
+      y = t, y_path = path;
+      continue;
+    }
+    LOPPER_CHECK(inputs.empty() || t.size(0) == inputs[0].second.size(0), "[data] ", spec, ": '",
+                 path, "' has ", t.size(0), " samples, but '", first_path, "' has ",
+                 inputs[0].second.size(0));
+    if (inputs.empty()) first_path = path;
+    inputs.emplace_back(name, t);
+  }
+  LOPPER_CHECK(!inputs.empty(), "[data] '", spec, "' names no model input, only labels");
+  const int64_t n = inputs[0].second.size(0);
+  LOPPER_CHECK(n > 0, "[data] ", spec, ": '", first_path, "' holds no samples");
+  if (y.defined())
+    y = check_labels(spec, y_path, y, first_path, n,
+                     inputs[0].second.dim() >= 2 ? inputs[0].second.size(1) : -1);
+  // The first input is the samples (what fits a model input's shape); the rest go by name.
+  auto [x_name, x] = inputs[0];
+  inputs.erase(inputs.begin());
+  for (auto& [name, t] : inputs)
+    if (is_integer(t)) t = t.to(at::kLong);
+  const bool integer = is_integer(x) && x.scalar_type() != at::kByte;
+  return std::make_shared<TensorDataset>(spec, x, y, std::move(inputs), x_name, integer);
+}
+
+std::shared_ptr<Dataset> open_tokens(const std::string& spec, const std::string& rest) {
+  auto parts = entries(rest);
+  LOPPER_CHECK(parts[0].first.empty() && !parts[0].second.empty(), "[data] '", spec,
+               "': expected tokens:IDS.npy[,labels=Y.npy][,mask=M.npy][,pad=ID][,input=NAME]"
+               "[,NAME=F.npy]");
+  const std::string ids_path = parts[0].second;
+  at::Tensor ids = load_data_npy(spec, ids_path);
+  LOPPER_CHECK(is_integer(ids) && ids.scalar_type() != at::kBool && ids.dim() == 2, "[data] ", spec,
+               ": token IDs '", ids_path, "' must be integers [N, T], got ",
+               c10::toString(ids.scalar_type()), " ", ids.sizes());
+  const int64_t n = ids.size(0), t = ids.size(1);
+  LOPPER_CHECK(n > 0 && t > 0, "[data] ", spec, ": '", ids_path, "' holds no tokens (", ids.sizes(),
+               ")");
+  ids = ids.to(at::kLong);
+  if ((ids < 0).any().item<bool>())
+    throw Error(detail::concat("[data] ", spec, ": '", ids_path, "': token ID ",
+                               ids.min().item<int64_t>(), " is negative"));
+  at::Tensor y, mask;
+  std::string x_input = "input_ids";
+  bool input_given = false;
+  std::optional<int64_t> pad;
+  NamedInputs inputs;
+  std::set<std::string> seen;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const auto& [key, value] = parts[i];
+    LOPPER_CHECK(!key.empty(), "[data] '", spec, "': '", value,
+                 "' has no name (labels=, mask=, pad=, input= or a model input's NAME=)");
+    LOPPER_CHECK(seen.insert(key).second, "[data] '", spec, "': '", key, "' is given twice");
+    if (key == "labels") {
+      y = check_labels(spec, value, load_data_npy(spec, value), ids_path, n, t);
+    } else if (key == "pad") {
+      int64_t v = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      LOPPER_CHECK(ec == std::errc() && end == value.data() + value.size() && v >= 0, "[data] '",
+                   spec, "': pad must be a token ID (an integer >= 0), got '", value, "'");
+      pad = v;
+    } else if (key == "input") {
+      LOPPER_CHECK(!value.empty(), "[data] '", spec, "': input= names no model input");
+      x_input = value, input_given = true;
+    } else {
+      at::Tensor v = load_data_npy(spec, value);
+      LOPPER_CHECK(v.size(0) == n && (v.dim() < 2 || v.size(1) == t), "[data] ", spec, ": '", value,
+                   "' is ", v.sizes(), ", but the token IDs are ", ids.sizes());
+      if (is_integer(v)) v = v.to(at::kLong);
+      if (key == "mask") {
+        LOPPER_CHECK(v.dim() == 2 && is_integer(v), "[data] ", spec, ": the mask '", value,
+                     "' must be integers [N, T] (1: a token, 0: padding), got ",
+                     c10::toString(v.scalar_type()), " ", v.sizes());
+        mask = v;
+      } else {
+        inputs.emplace_back(key, v);
+      }
+    }
+  }
+  LOPPER_CHECK(!(mask.defined() && pad), "[data] '", spec,
+               "' gives both mask= and pad=: the mask comes from one of them");
+  if (pad) mask = ids.ne(*pad).to(at::kLong);
+  if (mask.defined()) inputs.emplace(inputs.begin(), "attention_mask", mask);
+  // NOTE: without input=, the IDs go to input_ids when the model has it, else to its first
+  // input: sample_input() is "" then, and the feeding code picks input_ids first.
+  if (!input_given) x_input.clear();
+  return std::make_shared<TensorDataset>(spec, ids, y, std::move(inputs), x_input, true);
 }
 
 }  // namespace
+
+NamedInputs Dataset::get_inputs(const std::vector<int64_t>&) const { return {}; }
 
 void Dataset::get_resized(const std::vector<int64_t>& indices, int64_t h, int64_t w, at::Tensor& x,
                           at::Tensor& y) const {
@@ -272,15 +446,19 @@ std::shared_ptr<Dataset> open_dataset(const std::string& spec, const std::string
   size_t colon = spec.find(':');
   std::string kind = spec.substr(0, colon);
   std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  bool known = kind == "idx" || kind == "cifar10" || kind == "folder" || kind == "npy";
+  bool known =
+      kind == "idx" || kind == "cifar10" || kind == "folder" || kind == "npy" || kind == "tokens";
   LOPPER_CHECK(known && colon != std::string::npos, "[data] unknown dataset '", spec,
-               "': expected fashion-mnist, idx:DIR, cifar10:DIR, folder:DIR or npy:X.npy,Y.npy");
-  LOPPER_CHECK(
-      !rest.empty(), "[data] '", spec, "' names no ",
-      kind == "npy" ? "files: expected npy:X.npy,Y.npy" : "folder: expected " + kind + ":DIR");
+               "': expected fashion-mnist, idx:DIR, cifar10:DIR, folder:DIR, npy:X.npy,Y.npy or "
+               "tokens:IDS.npy");
+  LOPPER_CHECK(!rest.empty(), "[data] '", spec, "' names no ",
+               kind == "npy"      ? "files: expected npy:X.npy,Y.npy"
+               : kind == "tokens" ? "file: expected tokens:IDS.npy"
+                                  : "folder: expected " + kind + ":DIR");
   if (kind == "idx") return open_idx(spec, rest, split);
   if (kind == "cifar10") return open_cifar10(spec, rest, split);
   if (kind == "folder") return data::open_folder(spec, rest, split);
+  if (kind == "tokens") return open_tokens(spec, rest);
   return open_npy(spec, rest);
 }
 

@@ -147,6 +147,8 @@ struct DataLoader::Impl {
       data->get_resized(idx, opts.resize_h, opts.resize_w, out.x, out.y);
     else
       data->get(idx, out.x, out.y);
+    out.inputs = data->get_inputs(idx);
+    out.x_input = data->sample_input();
     if (mean.defined()) out.x.sub_(mean).div_(std);
     return out;
   }
@@ -213,6 +215,10 @@ DataLoader::DataLoader(std::shared_ptr<Dataset> data, LoaderOptions opts)
   LOPPER_CHECK(opts.mean.empty() == opts.std.empty(),
                "[data] normalize needs both a mean and a std, got ", opts.mean.size(),
                " means and ", opts.std.size(), " stds");
+  LOPPER_CHECK(opts.mean.empty() || !data->integer_samples(), "[data] ", name,
+               ": normalize is for pixels and float samples; these are integers");
+  LOPPER_CHECK(!resize || !data->integer_samples(), "[data] ", name,
+               ": resize is for images; these samples are integers");
   if (!opts.mean.empty()) {
     int64_t channels = shape.empty() ? 1 : shape[0];
     for (const auto* v : {&opts.mean, &opts.std})

@@ -73,6 +73,54 @@ std::vector<int64_t> prefix_products(const std::vector<int64_t>& s) {
   return p;
 }
 
+// How many times each atom appears in `atoms`.
+std::map<int64_t, int64_t> counts(const std::vector<int64_t>& atoms) {
+  std::map<int64_t, int64_t> m;
+  for (int64_t a : atoms) ++m[a];
+  return m;
+}
+
+// A Reshape whose target is computed at run time (ShapeEntry): the channels land on output axis
+// k with `out_atoms`; `in_axis` is the input's tracked axis. The target follows when its entry k
+// is a constant's element (rewritten to the kept count), -1 (inferred), or a channel count that
+// equals the kept count by itself (Shape(x)[2] * Shape(x)[3]), and no other entry depends on a
+// channel count or copies the tracked input axis (a 0). Records the edit and returns "" then;
+// otherwise what stops it.
+std::string follow_target(ChannelContext& c, size_t ti, const std::vector<ShapeEntry>& entries,
+                          int64_t k, const std::vector<int64_t>& out_atoms, int64_t in_axis) {
+  using Kind = ShapeEntry::Kind;
+  const auto& osh = c.out_shape(0);
+  if (entries.size() != osh.size()) return "its length is not the output's rank";
+  const bool allowzero = c.attr_int("allowzero", 0) != 0;
+  for (size_t j = 0; j < entries.size(); ++j) {
+    const ShapeEntry& e = entries[j];
+    const std::string at = "its entry " + std::to_string(j) + " ";
+    if (e.kind == Kind::kOther) return at + "is not followed: " + e.why;
+    if (e.kind == Kind::kLiteral && e.value == 0 && !allowzero && int64_t(j) == in_axis)
+      return at + "copies the input's channel axis (0)";
+    if (int64_t(j) != k) {
+      if (e.kind == Kind::kChannels) return at + "follows a channel count on an axis without one";
+      continue;
+    }
+    if (e.kind == Kind::kLiteral && (e.value == -1 || e.value == osh[k])) continue;
+    if (e.kind != Kind::kChannels) return at + "(the channels) is a size computed at run time";
+    // num / den * (kept of e.atoms) == kept of out_atoms for any removal: atom by atom.
+    auto want = counts(out_atoms), have = counts(e.atoms);
+    for (const auto& [a, m] : want)
+      if (have[a] * e.num != m * e.den) return at + "counts other channels than the axis holds";
+    for (const auto& [a, m] : have)
+      if (m > 0 && !want.count(a)) return at + "counts other channels than the axis holds";
+  }
+  const ShapeEntry& e = entries[k];
+  if (e.kind == Kind::kLiteral && e.value > 0)
+    c.edit([ti, e, out_atoms](ChannelEditor& ed) {
+      const int64_t kept = int64_t(ed.kept(out_atoms).size());
+      if (kept != int64_t(out_atoms.size())) ed.set_shape_entry(ti, e, kept);
+    });
+  c.independent_of(ti);  // what follows the channels does so by itself
+  return "";
+}
+
 }  // namespace
 
 void reshape(ChannelContext& c, int64_t target_input) {
@@ -106,7 +154,9 @@ void reshape(ChannelContext& c, int64_t target_input) {
   auto atom_of = [&](int64_t f) { return t->atoms[(f / in_stride) % channels]; };
   // Candidate output axes: the one whose index decides the atom with the fewest atoms merged
   // (a Flatten block needs none; a head split merges within heads or across them). Whole heads
-  // take the outermost axis instead, unless it has 3 or fewer entries (packed q/k/v, k/v).
+  // take the outermost axis instead when it has more than 3 entries (3 or fewer: packed q/k/v,
+  // k/v), or when what each of its entries holds is the head_dim of an earlier head split
+  // (grouped-query attention: 2 key/value heads of the query heads' head_dim).
   int64_t best = -1;
   size_t best_merges = SIZE_MAX;
   int64_t outer = -1;
@@ -119,7 +169,10 @@ void reshape(ChannelContext& c, int64_t target_input) {
     size_t merges = pairs.size() - size_t(osh[k]);
     if (merges < best_merges) best = k, best_merges = merges;
   }
-  if (c.whole_heads() && outer >= 0 && best_merges > 0 && osh[outer] > 3) best = outer;
+  const int64_t per_outer = outer >= 0 ? pout[o1] / pout[outer + 1] : 0;
+  if (c.whole_heads() && outer >= 0 && best_merges > 0 &&
+      (osh[outer] > 3 || c.head_dim_seen(per_outer)))
+    best = outer;
   if (best < 0) return c.barrier("reshape drops the channel axis");
   const int64_t n = osh[best], stride = pout[o1] / pout[best + 1];
   std::vector<int64_t> out_atoms(n, -1);
@@ -130,27 +183,42 @@ void reshape(ChannelContext& c, int64_t target_input) {
     else if (out_atoms[j] != atom_of(f))
       c.couple({out_atoms[j]}, {atom_of(f)});
   }
-  if (n < channels) c.mark_heads(out_atoms);  // channels grouped into blocks: heads
+  // Channels grouped into blocks: heads (of `stride` features when whole heads were taken).
+  if (n < channels) c.mark_heads(out_atoms, best == outer ? stride : 0);
   if (target_input >= 0) {
-    at::Tensor target = c.constant(size_t(target_input));
-    const bool computed = !target.defined();
-    if (computed) {
-      // A target computed from shapes at run time (TorchScript's exports of attention): with
-      // static input dims its value is the one seen in the analysis run, so it becomes a
-      // constant with the new channel count.
-      target = c.recorded(size_t(target_input));
-      if (!target.defined() || c.attr_int("allowzero", 0) != 0)
-        return c.barrier(c.node().op_type + " to a shape computed at run time");
-      c.independent_of(size_t(target_input));
-    }
+    const size_t ti = size_t(target_input);
     const int64_t k = best;
-    c.edit([k, out_atoms, target_input, target, computed](ChannelEditor& e) {
-      at::Tensor shape =
-          (computed ? target : e.constant(size_t(target_input))).clone().to(at::kLong);
-      auto* p = shape.data_ptr<int64_t>();
-      if (p[k] > 0) p[k] = int64_t(e.kept(out_atoms).size());
-      e.set_constant(size_t(target_input), shape);
-    });
+    at::Tensor target = c.constant(ti);
+    if (target.defined()) {
+      c.edit([k, out_atoms, ti](ChannelEditor& e) {
+        at::Tensor shape = e.constant(ti).clone().to(at::kLong);
+        auto* p = shape.data_ptr<int64_t>();
+        if (p[k] > 0) p[k] = int64_t(e.kept(out_atoms).size());
+        e.set_constant(ti, shape);
+      });
+    } else {
+      // A target computed at run time (TorchScript's and torch.export's attention): followed
+      // entry by entry; failing that, with static input dims its value is the one seen in the
+      // analysis run, so it becomes a constant with the new channel count.
+      const std::vector<ShapeEntry>* entries = c.shape_entries(ti);
+      std::string why = entries ? follow_target(c, ti, *entries, k, out_atoms, a)
+                                : "it is not a shape lopper can read";
+      if (!why.empty()) {
+        target = c.recorded(ti);
+        const std::string barrier = c.node().op_type + " to a shape computed at run time (" + why;
+        if (!target.defined())
+          return c.barrier(barrier +
+                           "); export the model with static input shapes to prune across it");
+        if (c.attr_int("allowzero", 0) != 0) return c.barrier(barrier + ", and allowzero is set)");
+        c.independent_of(ti);
+        c.edit([k, out_atoms, ti, target](ChannelEditor& e) {
+          at::Tensor shape = target.clone().to(at::kLong);
+          auto* p = shape.data_ptr<int64_t>();
+          if (p[k] > 0) p[k] = int64_t(e.kept(out_atoms).size());
+          e.set_constant(ti, shape);
+        });
+      }
+    }
   }
   c.set_out(0, Tracked{best, out_atoms});
 }

@@ -28,6 +28,32 @@ struct Tracked {
   bool tracked() const { return axis >= 0; }
 };
 
+/// One entry of a shape vector (or scalar) computed at run time, as the dependency graph follows
+/// its arithmetic: Shape -> Gather / Slice -> Unsqueeze -> Concat with constants -> Reshape, and
+/// Mul / Div / Add / Sub of such scalars (hidden = heads * head_dim), as TorchScript's and
+/// torch.export's attention compute their reshape targets when the batch and sequence are dynamic.
+struct ShapeEntry {
+  enum class Kind {
+    kLiteral,   // an element of a constant, carried unchanged (Concat, Gather, Unsqueeze, Cast):
+                // the edits can rewrite it
+    kConstant,  // computed from constants only
+    kDim,       // a run-time size of an axis without channels (batch, sequence), or arithmetic on
+                // such sizes and constants: the same after any prune
+    kChannels,  // num / den * the number of `atoms` (a tracked axis read by Shape): follows the
+                // channels by itself
+    kOther,     // not followed (`why` says what stops it)
+  };
+  Kind kind = Kind::kOther;
+  int64_t value = 0;           // in the analysis run
+  std::vector<int64_t> atoms;  // kChannels: the axis read; kOther: the channels it depends on
+  int64_t num = 1, den = 1;    // kChannels
+  // kLiteral: the constant's place: from the reader's input, the input followed at each node
+  // back to the constant, and the element of it.
+  std::vector<size_t> hops;
+  int64_t offset = 0;
+  std::string why;  // kOther
+};
+
 /// What a parameter slice is, for the importance scores.
 enum class ParamRole {
   kWeightOut,  // a layer's weight along its output channels (a filter, a neuron's row)
@@ -48,6 +74,9 @@ class ChannelEditor {
   virtual at::Tensor constant(size_t input) = 0;
   /// Replaces a constant input's value. A tensor read by other nodes too is copied for this node.
   virtual void set_constant(size_t input, const at::Tensor& value) = 0;
+  /// Rewrites the constant behind entry `e` (a kLiteral of ChannelContext::shape_entries(input))
+  /// to `value`, for this node only: shape arithmetic that other nodes read too is copied first.
+  virtual void set_shape_entry(size_t input, const ShapeEntry& e, int64_t value) = 0;
   /// Indices along an axis of `atoms.size()` whose atom stays.
   std::vector<int64_t> kept(const std::vector<int64_t>& atoms) const {
     std::vector<int64_t> k;
@@ -77,13 +106,17 @@ class ChannelContext : public AttrReader {
   virtual const std::vector<int64_t>& out_shape(size_t i) const = 0;
   /// The tracked axis of input i, or nullptr.
   virtual const Tracked* in(size_t i) const = 0;
-  /// Input i's value when it is constant (initializer, Constant node, a Transpose of either);
-  /// undefined otherwise.
+  /// Input i's value when it is constant (initializer, Constant node, a Transpose of either, or
+  /// for a shape operand — a Reshape target, Expand shape, Slice bounds, Split sizes ... — a
+  /// computation on constants only); undefined otherwise.
   virtual at::Tensor constant(size_t i) const = 0;
 
   /// Input i's value as seen in the analysis run, when it is a small integer tensor (shape
   /// arithmetic computed at run time); undefined otherwise.
   virtual at::Tensor recorded(size_t i) const = 0;
+  /// Input i entry by entry when it is an integer vector or scalar computed at run time (see
+  /// ShapeEntry); nullptr when it is not one (or is a constant: constant()).
+  virtual const std::vector<ShapeEntry>* shape_entries(size_t i) const = 0;
   /// When input i is (part of) a shape read from a tracked tensor: the position of the channel
   /// count in it and the channels; nullptr otherwise.
   virtual const Tracked* shape_in(size_t i) const = 0;
@@ -115,8 +148,11 @@ class ChannelContext : public AttrReader {
   /// The atoms split into `blocks` equal contiguous blocks must lose as many atoms from each
   /// (grouped convolution).
   virtual void equal_blocks(const std::vector<int64_t>& atoms, int64_t blocks) = 0;
-  /// Marks these atoms as attention heads (for --structured head).
-  virtual void mark_heads(const std::vector<int64_t>& atoms) = 0;
+  /// Marks these atoms as attention heads (for --structured head) of `head_dim` features each.
+  virtual void mark_heads(const std::vector<int64_t>& atoms, int64_t head_dim) = 0;
+  /// Whether an earlier split made whole heads of `head_dim` features (grouped-query attention:
+  /// the key/value split [.., 2, head_dim] follows the query split [.., 4, head_dim]).
+  virtual bool head_dim_seen(int64_t head_dim) const = 0;
 };
 
 using ChannelRule = std::function<void(ChannelContext&)>;

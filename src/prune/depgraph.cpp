@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -46,12 +49,314 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
   return inv;
 }
 
+using ops::ShapeEntry;
+using Entries = std::vector<ShapeEntry>;
+using Kind = ShapeEntry::Kind;
+
+// Inputs that ONNX defines as shapes, sizes, bounds or axes: a computation on constants only
+// there is a constant to the rules (TorchScript's Where(Equal(shape, -1), 1, shape) before an
+// Expand). Elsewhere (a Gather's indices: an embedding's positions) it stays data.
+bool shape_operand(const ir::Node& n, size_t i) {
+  static const std::unordered_map<std::string, std::vector<size_t>> operands = {
+      {"Reshape", {1}}, {"Expand", {1}},          {"Tile", {1}},         {"Slice", {1, 2, 3, 4}},
+      {"Split", {1}},   {"Pad", {1, 3}},          {"Squeeze", {1}},      {"Unsqueeze", {1}},
+      {"Resize", {3}},  {"ConstantOfShape", {0}}, {"CenterCropPad", {1}}};
+  if (!n.domain.empty()) return false;
+  if (n.op_type.rfind("Reduce", 0) == 0) return i == 1;
+  auto it = operands.find(n.op_type);
+  return it != operands.end() &&
+         std::find(it->second.begin(), it->second.end(), i) != it->second.end();
+}
+
+bool small_int(const at::Tensor& v) {
+  return v.defined() && at::isIntegralType(v.scalar_type(), false) && v.dim() <= 1 &&
+         v.numel() <= 64;
+}
+
+std::vector<int64_t> values_of(const at::Tensor& v) {
+  at::Tensor t = v.to(at::kLong).reshape({-1}).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+// Following shape arithmetic (ops::ShapeEntry): the entries of every integer vector or scalar
+// computed so far, node by node in topological order.
+class ShapeFollower {
+ public:
+  ShapeFollower(const ir::Graph& g, const std::unordered_map<std::string, at::Tensor>& folded)
+      : g_(g), folded_(folded) {}
+
+  const Entries* find(const std::string& name) const {
+    auto it = sym_.find(name);
+    return it == sym_.end() ? nullptr : &it->second;
+  }
+
+  // After node `n` ran its rule: its outputs' entries. `tracked`: the channel axes; `taint`: the
+  // channels each derived value depends on.
+  void follow(const ir::Node& n, const NodeIO& io, int64_t opset,
+              const std::unordered_map<std::string, ops::Tracked>& tracked,
+              const std::unordered_map<std::string, std::vector<int64_t>>& taint) {
+    std::optional<Entries> out;
+    if (n.domain.empty() && !n.outputs.empty() && !n.outputs[0].empty())
+      out = compute(n, io, opset, tracked, taint);
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      if (n.outputs[o].empty()) continue;
+      if (o == 0 && out) {
+        sym_[n.outputs[0]] = std::move(*out);
+        continue;
+      }
+      // Constants are read as such (entries()); the rest is what lopper does not follow.
+      if (o >= io.small_ints.size() || !small_int(io.small_ints[o]) || n.op_type == "Constant" ||
+          folded_.count(n.outputs[o]))
+        continue;
+      Entries e;
+      auto t = taint.find(n.outputs[o]);
+      for (int64_t v : values_of(io.small_ints[o])) {
+        ShapeEntry x;
+        x.kind = Kind::kOther, x.value = v;
+        x.why = "it is computed by node '" + n.label() + "' (" + n.op_type +
+                "), which lopper does not follow";
+        if (t != taint.end()) x.atoms = t->second;
+        e.push_back(std::move(x));
+      }
+      sym_[n.outputs[o]] = std::move(e);
+    }
+  }
+
+ private:
+  // Input `name` entry by entry: computed ones, or a constant's elements (literals; computed
+  // from constants only: constants).
+  std::optional<Entries> entries(const std::string& name) const {
+    if (name.empty()) return std::nullopt;
+    if (auto it = sym_.find(name); it != sym_.end()) return it->second;
+    ConstRef ref;
+    at::Tensor v;
+    const bool literal = resolve_constant(g_, name, ref, v);
+    if (!literal) {
+      auto f = folded_.find(name);
+      if (f == folded_.end()) return std::nullopt;
+      v = f->second;
+    }
+    if (!small_int(v)) return std::nullopt;
+    Entries out;
+    auto vals = values_of(v);
+    for (size_t j = 0; j < vals.size(); ++j) {
+      ShapeEntry e;
+      e.kind = literal ? Kind::kLiteral : Kind::kConstant;
+      e.value = vals[j], e.offset = int64_t(j);
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+  std::optional<std::vector<int64_t>> constant(const ir::Node& n, size_t i) const {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return std::nullopt;
+    auto e = entries(n.inputs[i]);
+    if (!e) return std::nullopt;
+    std::vector<int64_t> v;
+    for (const auto& x : *e) {
+      if (x.kind != Kind::kLiteral && x.kind != Kind::kConstant) return std::nullopt;
+      v.push_back(x.value);
+    }
+    return v;
+  }
+  static Entries via(Entries e, size_t hop) {
+    for (auto& x : e)
+      if (x.kind == Kind::kLiteral) x.hops.insert(x.hops.begin(), hop);
+    return e;
+  }
+  static ShapeEntry other(std::vector<int64_t> atoms, std::string why) {
+    ShapeEntry e;
+    e.kind = Kind::kOther, e.atoms = std::move(atoms), e.why = std::move(why);
+    return e;
+  }
+  // a (op) b for one entry each: Mul, Div, Add, Sub.
+  static ShapeEntry combine(const std::string& op, const ShapeEntry& a, const ShapeEntry& b,
+                            const std::string& where) {
+    const bool ca = a.kind == Kind::kChannels, cb = b.kind == Kind::kChannels;
+    std::vector<int64_t> atoms = a.atoms;
+    atoms.insert(atoms.end(), b.atoms.begin(), b.atoms.end());
+    if (a.kind == Kind::kOther || b.kind == Kind::kOther) {
+      ShapeEntry r = a.kind == Kind::kOther ? a : b;
+      r.atoms = atoms;
+      return r;
+    }
+    const std::string mixed = "it is " + op + " of channel counts at node '" + where + "'";
+    ShapeEntry r;
+    if (ca || cb) {
+      if (ca && cb) return other(atoms, mixed);
+      const ShapeEntry& ch = ca ? a : b;
+      const int64_t v = ca ? b.value : a.value;
+      r = ch;
+      if (op == "Mul" && v > 0) {
+        r.num *= v, r.value *= v;
+      } else if (op == "Div" && ca && v > 0 && ch.value % v == 0) {
+        r.den *= v, r.value /= v;
+      } else {
+        return other(atoms, mixed);
+      }
+      const int64_t d = std::gcd(r.num, r.den);
+      r.num /= d, r.den /= d;
+      return r;
+    }
+    r.kind = a.kind == Kind::kDim || b.kind == Kind::kDim ? Kind::kDim : Kind::kConstant;
+    if (op == "Mul") {
+      r.value = a.value * b.value;
+    } else if (op == "Add") {
+      r.value = a.value + b.value;
+    } else if (op == "Sub") {
+      r.value = a.value - b.value;
+    } else {
+      if (b.value == 0) return other({}, "it divides by zero at node '" + where + "'");
+      r.value = a.value / b.value;
+    }
+    return r;
+  }
+
+  std::optional<Entries> compute(
+      const ir::Node& n, const NodeIO& io, int64_t opset,
+      const std::unordered_map<std::string, ops::Tracked>& tracked,
+      const std::unordered_map<std::string, std::vector<int64_t>>& taint) {
+    const std::string& op = n.op_type;
+    auto attr = [&](const char* name, int64_t def) {
+      const ir::Attribute* a = n.attr(name);
+      return a ? a->i : def;
+    };
+    auto numel = [&](size_t o) -> int64_t {
+      if (o >= io.out.size()) return -1;
+      int64_t k = 1;
+      for (int64_t d : io.out[o]) k *= d;
+      return io.out[o].size() <= 1 ? k : -1;
+    };
+    if (op == "Shape") {
+      if (io.in.empty()) return std::nullopt;
+      const auto& sh = io.in[0];
+      const int64_t r = int64_t(sh.size());
+      auto clampi = [r](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + r : v, 0, r); };
+      const int64_t s = clampi(attr("start", 0)), e = clampi(attr("end", r));
+      auto t = tracked.find(n.inputs[0]);
+      auto d = taint.find(n.inputs[0]);
+      Entries out;
+      for (int64_t i = s; i < e; ++i) {
+        ShapeEntry x;
+        x.value = sh[i];
+        if (t != tracked.end() && t->second.axis == i) {
+          x.kind = Kind::kChannels, x.atoms = t->second.atoms;
+        } else if (d != taint.end()) {
+          x = other(d->second,
+                    "it is a size of '" + n.inputs[0] + "', whose shape follows channel counts");
+          x.value = sh[i];
+        } else {
+          x.kind = Kind::kDim;
+        }
+        out.push_back(std::move(x));
+      }
+      return out;
+    }
+    if (op == "Identity" || op == "Unsqueeze" || op == "Squeeze" || op == "Reshape" ||
+        op == "Flatten" || op == "Cast") {
+      if (op == "Cast") {
+        const int64_t to = attr("to", 0);  // the integer types of onnx.TensorProto
+        if (to != 2 && to != 3 && to != 4 && to != 5 && to != 6 && to != 7 && to != 12 && to != 13)
+          return std::nullopt;
+      }
+      auto e = entries(n.inputs.empty() ? "" : n.inputs[0]);
+      if (!e || int64_t(e->size()) != numel(0)) return std::nullopt;
+      return via(std::move(*e), 0);
+    }
+    if (op == "Gather") {
+      auto e = entries(n.inputs[0]);
+      auto idx = constant(n, 1);
+      if (!e || !idx || attr("axis", 0) != 0 || n.inputs.size() < 2) return std::nullopt;
+      Entries out;
+      const int64_t len = int64_t(e->size());
+      for (int64_t i : *idx) {
+        if (i < 0) i += len;
+        if (i < 0 || i >= len) return std::nullopt;
+        out.push_back((*e)[i]);
+      }
+      if (int64_t(out.size()) != numel(0)) return std::nullopt;
+      return via(std::move(out), 0);
+    }
+    if (op == "Slice") {
+      auto e = entries(n.inputs[0]);
+      if (!e) return std::nullopt;
+      std::vector<int64_t> starts, ends, axes, steps;
+      if (opset < 10) {
+        const auto* a = n.attr("starts");
+        const auto* b = n.attr("ends");
+        const auto* x = n.attr("axes");
+        if (!a || !b) return std::nullopt;
+        starts = a->ints, ends = b->ints;
+        if (x) axes = x->ints;
+      } else {
+        auto a = constant(n, 1), b = constant(n, 2);
+        if (!a || !b) return std::nullopt;
+        starts = *a, ends = *b;
+        if (n.inputs.size() > 3 && !n.inputs[3].empty()) {
+          auto x = constant(n, 3);
+          if (!x) return std::nullopt;
+          axes = *x;
+        }
+        if (n.inputs.size() > 4 && !n.inputs[4].empty()) {
+          auto x = constant(n, 4);
+          if (!x) return std::nullopt;
+          steps = *x;
+        }
+      }
+      if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1 ||
+          (!axes.empty() && axes[0] != 0 && axes[0] != -1))
+        return std::nullopt;
+      const int64_t len = int64_t(e->size()), step = steps.empty() ? 1 : steps[0];
+      if (step == 0) return std::nullopt;
+      auto clampi = [&](int64_t v, int64_t lo, int64_t hi) {
+        return std::clamp<int64_t>(v < 0 ? v + len : v, lo, hi);
+      };
+      const int64_t s = step > 0 ? clampi(starts[0], 0, len) : clampi(starts[0], 0, len - 1);
+      const int64_t end = step > 0 ? clampi(ends[0], 0, len) : clampi(ends[0], -1, len - 1);
+      Entries out;
+      for (int64_t i = s; step > 0 ? i < end : i > end; i += step) out.push_back((*e)[i]);
+      if (int64_t(out.size()) != numel(0)) return std::nullopt;
+      return via(std::move(out), 0);
+    }
+    if (op == "Concat") {
+      if (io.out.empty() || io.out[0].size() != 1) return std::nullopt;
+      Entries out;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        auto e = entries(n.inputs[i]);
+        if (!e) return std::nullopt;
+        e = via(std::move(*e), i);
+        out.insert(out.end(), e->begin(), e->end());
+      }
+      if (int64_t(out.size()) != numel(0)) return std::nullopt;
+      return out;
+    }
+    if (op == "Mul" || op == "Div" || op == "Add" || op == "Sub") {
+      if (n.inputs.size() != 2) return std::nullopt;
+      auto a = entries(n.inputs[0]), b = entries(n.inputs[1]);
+      if (!a || !b || a->empty() || b->empty()) return std::nullopt;
+      const size_t len = std::max(a->size(), b->size());
+      if ((a->size() != len && a->size() != 1) || (b->size() != len && b->size() != 1) ||
+          int64_t(len) != numel(0))
+        return std::nullopt;
+      Entries out;
+      for (size_t i = 0; i < len; ++i)
+        out.push_back(
+            combine(op, (*a)[a->size() == 1 ? 0 : i], (*b)[b->size() == 1 ? 0 : i], n.label()));
+      return out;
+    }
+    return std::nullopt;
+  }
+
+  const ir::Graph& g_;
+  const std::unordered_map<std::string, at::Tensor>& folded_;
+  std::unordered_map<std::string, Entries> sym_;
+};
+
 class Context final : public ops::ChannelContext {
  public:
   Context(const ir::Model& m, size_t index, const NodeIO& io, DepGraph& dg,
           std::unordered_map<std::string, ops::Tracked>& tracked, bool whole_heads,
           const std::unordered_map<std::string, at::Tensor>& recorded,
-          std::unordered_map<std::string, ops::Tracked>& shapes_of)
+          std::unordered_map<std::string, ops::Tracked>& shapes_of, const ShapeFollower& follower)
       : ChannelContext(m.graph.nodes[index]),
         model_(m),
         index_(index),
@@ -60,8 +365,12 @@ class Context final : public ops::ChannelContext {
         tracked_(tracked),
         whole_heads_(whole_heads),
         recorded_(recorded),
-        shapes_of_(shapes_of) {}
+        shapes_of_(shapes_of),
+        follower_(follower) {}
 
+  const Entries* shape_entries(size_t i) const override {
+    return has_input(i) ? follower_.find(node().inputs[i]) : nullptr;
+  }
   at::Tensor recorded(size_t i) const override {
     if (!has_input(i)) return {};
     auto it = recorded_.find(node().inputs[i]);
@@ -103,7 +412,9 @@ class Context final : public ops::ChannelContext {
     if (!has_input(i)) return {};
     ConstRef ref;
     at::Tensor v;
-    return resolve_constant(model_.graph, node().inputs[i], ref, v) ? v : at::Tensor();
+    if (resolve_constant(model_.graph, node().inputs[i], ref, v)) return v;
+    auto f = dg_.folded.find(node().inputs[i]);
+    return f != dg_.folded.end() && shape_operand(node(), i) ? f->second : at::Tensor();
   }
   void set_out(size_t o, ops::Tracked t) override {
     if (o >= node().outputs.size() || node().outputs[o].empty()) return;
@@ -169,9 +480,11 @@ class Context final : public ops::ChannelContext {
   void equal_blocks(const std::vector<int64_t>& atoms, int64_t blocks) override {
     dg_.blocks.emplace_back(atoms, blocks);
   }
-  void mark_heads(const std::vector<int64_t>& atoms) override {
+  void mark_heads(const std::vector<int64_t>& atoms, int64_t head_dim) override {
     for (int64_t a : atoms) dg_.head[a] = 1;
+    if (head_dim > 0) dg_.head_dims.insert(head_dim);
   }
+  bool head_dim_seen(int64_t head_dim) const override { return dg_.head_dims.count(head_dim) > 0; }
 
  private:
   const ir::Model& model_;
@@ -183,6 +496,7 @@ class Context final : public ops::ChannelContext {
   bool whole_heads_;
   const std::unordered_map<std::string, at::Tensor>& recorded_;
   std::unordered_map<std::string, ops::Tracked>& shapes_of_;
+  const ShapeFollower& follower_;
   std::vector<size_t> independent_;
   std::vector<std::pair<size_t, std::vector<int64_t>>> derived_;
 };
@@ -190,23 +504,53 @@ class Context final : public ops::ChannelContext {
 class Editor final : public ops::ChannelEditor {
  public:
   Editor(ir::Graph& g, size_t index, const DepGraph& dg, const std::vector<char>& removed,
-         std::unordered_set<std::string>& replaced)
-      : g_(g), index_(index), dg_(dg), removed_(removed), replaced_(replaced) {}
+         std::unordered_set<std::string>& replaced,
+         std::vector<std::pair<std::string, std::string>>& copies,
+         std::vector<std::pair<std::string, std::string>>* node_copies = nullptr)
+      : g_(g),
+        index_(index),
+        dg_(dg),
+        removed_(removed),
+        replaced_(replaced),
+        copies_(copies),
+        node_copies_(node_copies) {}
 
   bool removed(int64_t atom) const override {
     return removed_[const_cast<DepGraph&>(dg_).find(atom)] != 0;
   }
   ir::Node& node() override { return g_.nodes[index_]; }
-  at::Tensor constant(size_t input) override {
+  at::Tensor constant(size_t input) override { return constant_at(index_, input); }
+  void set_constant(size_t input, const at::Tensor& value) override {
+    set_constant_at(index_, input, value);
+  }
+  void set_shape_entry(size_t input, const ops::ShapeEntry& e, int64_t value) override {
+    LOPPER_ASSERT(e.kind == ops::ShapeEntry::Kind::kLiteral, "set_shape_entry of a computed entry");
+    size_t reader = index_, slot = input;
+    for (size_t hop : e.hops) {
+      const std::string name = g_.nodes[reader].inputs.at(slot);
+      size_t p = producer_index(name);
+      if (readers(name) > 1) p = copy_for(p, reader, slot);
+      reader = p, slot = hop;
+    }
+    at::Tensor t = constant_at(reader, slot);
+    at::Tensor v = t.to(at::kLong).clone().contiguous();
+    LOPPER_ASSERT(e.offset < v.numel(), "shape entry ", e.offset, " of ", v.numel());
+    v.data_ptr<int64_t>()[e.offset] = value;
+    set_constant_at(reader, slot, v.to(t.scalar_type()));
+  }
+
+ private:
+  at::Tensor constant_at(size_t index, size_t input) {
+    const ir::Node& n = g_.nodes[index];
     ConstRef ref;
     at::Tensor v;
-    LOPPER_ASSERT(
-        input < node().inputs.size() && resolve_constant(g_, node().inputs[input], ref, v),
-        "edit of a non-constant input ", input, " of ", node().label());
-    return v;
+    if (input < n.inputs.size() && resolve_constant(g_, n.inputs[input], ref, v)) return v;
+    auto f = input < n.inputs.size() ? dg_.folded.find(n.inputs[input]) : dg_.folded.end();
+    LOPPER_ASSERT(f != dg_.folded.end(), "edit of a non-constant input ", input, " of ", n.label());
+    return f->second;
   }
-  void set_constant(size_t input, const at::Tensor& value) override {
-    ir::Node& n = node();
+  void set_constant_at(size_t index, size_t input, const at::Tensor& value) {
+    ir::Node& n = g_.nodes[index];
     if (input >= n.inputs.size()) n.inputs.resize(input + 1);
     ConstRef ref;
     at::Tensor old;
@@ -226,17 +570,52 @@ class Editor final : public ops::ChannelEditor {
       }
       return;
     }
-    // Shared (or new): this node gets its own initializer with the reader's view.
-    std::string base = (known ? ref.name : n.label()) + "_pruned";
-    std::string name = base;
-    for (int k = 1; g_.find_initializer(name) || producer(g_, name); ++k)
-      name = base + "_" + std::to_string(k);
+    // Shared, computed (folded) or new: this node gets its own initializer with the reader's view.
+    std::string name = fresh_name((known ? ref.name : n.label()) + "_pruned");
     if (known) replaced_.insert(ref.name);
+    if (known && ref.is_initializer && ref.perm.empty()) copies_.emplace_back(name, ref.name);
     g_.initializers.push_back({name, value.contiguous(), "", false});
-    n.inputs[input] = name;
+    g_.nodes[index].inputs[input] = name;
   }
-
- private:
+  size_t producer_index(const std::string& name) const {
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      for (const auto& o : g_.nodes[i].outputs)
+        if (o == name) return i;
+    LOPPER_ASSERT(false, "no node makes '", name, "'");
+    return 0;
+  }
+  // A copy of node `p` (appended; apply() restores the topological order) whose outputs only
+  // `reader` reads, at its input `slot`. Returns the copy's index.
+  size_t copy_for(size_t p, size_t reader, size_t slot) {
+    ir::Node c = g_.nodes[p];
+    c.name = fresh_name((c.name.empty() ? c.label() : c.name) + "_pruned");
+    for (auto& o : c.outputs) {
+      if (o.empty()) continue;
+      const std::string fresh = fresh_name(o + "_pruned");
+      if (g_.nodes[reader].inputs[slot] == o) g_.nodes[reader].inputs[slot] = fresh;
+      if (node_copies_) node_copies_->emplace_back(fresh, o);
+      o = fresh;
+    }
+    g_.nodes.push_back(std::move(c));
+    return g_.nodes.size() - 1;
+  }
+  // `base`, or base_1, base_2 ...: a name no value or node has.
+  std::string fresh_name(const std::string& base) const {
+    auto taken = [&](const std::string& s) {
+      if (g_.find_initializer(s)) return true;
+      for (const auto& v : g_.inputs)
+        if (v.name == s) return true;
+      for (const auto& n : g_.nodes) {
+        if (n.name == s) return true;
+        for (const auto& o : n.outputs)
+          if (o == s) return true;
+      }
+      return false;
+    };
+    std::string name = base;
+    for (int k = 1; taken(name); ++k) name = base + "_" + std::to_string(k);
+    return name;
+  }
   int64_t readers(const std::string& name) const {
     int64_t r = 0;
     for (const auto& n : g_.nodes)
@@ -249,6 +628,8 @@ class Editor final : public ops::ChannelEditor {
   const DepGraph& dg_;
   const std::vector<char>& removed_;
   std::unordered_set<std::string>& replaced_;
+  std::vector<std::pair<std::string, std::string>>& copies_;  // (a reader's copy, the original)
+  std::vector<std::pair<std::string, std::string>>* node_copies_;  // (copy's output, original's)
 };
 
 }  // namespace
@@ -303,12 +684,17 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
         if (io.small_ints[j].defined()) recorded[node->outputs[j]] = io.small_ints[j];
   // Values derived from a channel count (through Shape): the channels they depend on.
   std::unordered_map<std::string, std::vector<int64_t>> taint;
+  // Values computed from constants only (the same on every run), and the shape arithmetic
+  // followed entry by entry.
+  std::unordered_set<std::string> constant;
+  for (const auto& i : g.initializers) constant.insert(i.name);
+  ShapeFollower follower(g, dg.folded);
   NodeIO none;
   for (size_t idx : g.topological_order()) {
     const ir::Node& n = g.nodes[idx];
     auto it = shapes.find(&n);
-    Context ctx(model, idx, it == shapes.end() ? none : it->second, dg, tracked, whole_heads,
-                recorded, shapes_of);
+    const NodeIO& io = it == shapes.end() ? none : it->second;
+    Context ctx(model, idx, io, dg, tracked, whole_heads, recorded, shapes_of, follower);
     bool any_tracked = false;
     for (const auto& r : ir::node_reads(n)) any_tracked |= tracked.count(r) > 0;
     const ops::OpDef* def = table.find(n.domain, n.op_type);
@@ -344,6 +730,34 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
         taint[n.outputs[o]] = std::move(mine);
       }
     }
+    const ops::OpDef* op = table.find(n.domain, n.op_type);
+    bool from_constants = op && op->deterministic && !has_subgraph && it != shapes.end();
+    for (const auto& r : ir::node_reads(n)) from_constants = from_constants && constant.count(r);
+    if (from_constants)
+      for (size_t o = 0; o < n.outputs.size(); ++o) {
+        if (n.outputs[o].empty()) continue;
+        constant.insert(n.outputs[o]);
+        if (o < io.small_ints.size() && small_int(io.small_ints[o]) && n.op_type != "Constant")
+          dg.folded[n.outputs[o]] = io.small_ints[o];
+      }
+    follower.follow(n, io, model.opset(n.domain), tracked, taint);
+  }
+  // NOTE: a tied weight (one initializer two layers read, or a layer and an embedding: GPT-2's
+  // and BERT's output projection is the token embedding's table) is one tensor: what its readers
+  // track along one of its axes is one channel per position, so their atoms are coupled and the
+  // tensor is sliced once, alike for all of them. Only weights: exporters also store equal
+  // constants once (an untrained model's BatchNorm ones), which must not tie their layers.
+  std::map<std::pair<std::string, int64_t>, size_t> first_slice;  // (weight, axis) -> slice
+  for (size_t i = 0; i < dg.slices.size(); ++i) {
+    const Slice& sl = dg.slices[i];
+    if (!sl.ref.is_initializer ||
+        (sl.role != ops::ParamRole::kWeightOut && sl.role != ops::ParamRole::kWeightIn))
+      continue;
+    const int64_t axis = sl.ref.perm.empty() ? sl.axis : sl.ref.perm[size_t(sl.axis)];
+    auto [it, fresh] = first_slice.try_emplace({sl.ref.name, axis}, i);
+    const Slice& other = dg.slices[it->second];
+    if (fresh || other.atoms.size() != sl.atoms.size()) continue;
+    for (size_t k = 0; k < sl.atoms.size(); ++k) dg.unite(other.atoms[k], sl.atoms[k]);
   }
   for (const auto& o : g.outputs) {
     if (auto t = tracked.find(o.name); t != tracked.end())
@@ -354,13 +768,60 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
   return dg;
 }
 
+namespace {
+
+// NOTE: a shared initializer's first reader gets a copy (the others still read the original)
+// and the last reader edits the original in place. A tie (GPT-2's lm_head weight, which the
+// embedding's Gather reads too) is sliced alike for every reader, so such a copy ends up equal to
+// the original: its readers go back to the original, and the tie stays one tensor.
+void rejoin_copies(ir::Graph& g, const std::vector<std::pair<std::string, std::string>>& copies) {
+  std::unordered_map<std::string, std::string> to;  // copy -> the initializer it equals
+  for (const auto& [copy, orig] : copies) {
+    const ir::Initializer* c = g.find_initializer(copy);
+    const ir::Initializer* o = g.find_initializer(orig);
+    if (c && o && o->value.sizes() == c->value.sizes() &&
+        o->value.scalar_type() == c->value.scalar_type() && at::equal(o->value, c->value))
+      to[copy] = orig;
+  }
+  if (to.empty()) return;
+  for (auto& n : g.nodes)
+    for (auto& in : n.inputs)
+      if (auto it = to.find(in); it != to.end()) in = it->second;
+  g.initializers.erase(std::remove_if(g.initializers.begin(), g.initializers.end(),
+                                      [&](const ir::Initializer& i) { return to.count(i.name); }),
+                       g.initializers.end());
+}
+
+// Copies of shape arithmetic (Editor::copy_for) that ended up reading what their original reads
+// (every reader kept the same count, and rejoin_copies gave them the original constants back):
+// their readers read the original again, and the copies go with the unread nodes. Latest copies
+// first: a copy of a Concat reads a copy of an Unsqueeze made after it.
+void rejoin_node_copies(ir::Graph& g,
+                        const std::vector<std::pair<std::string, std::string>>& node_copies) {
+  for (auto it = node_copies.rbegin(); it != node_copies.rend(); ++it) {
+    const ir::Node* c = producer(g, it->first);
+    const ir::Node* o = producer(g, it->second);
+    if (!c || !o || c->op_type != o->op_type || c->domain != o->domain || c->inputs != o->inputs)
+      continue;
+    for (auto& n : g.nodes)
+      for (auto& in : n.inputs)
+        if (in == it->first) in = it->second;
+  }
+}
+
+}  // namespace
+
 void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_class) {
   ir::Graph& g = model.graph;
   std::unordered_set<std::string> replaced;
+  std::vector<std::pair<std::string, std::string>> copies;
+  std::vector<std::pair<std::string, std::string>> node_copies;
   for (const auto& e : dg.edits) {
-    Editor ed(g, e.node, dg, removed_class, replaced);
+    Editor ed(g, e.node, dg, removed_class, replaced, copies, &node_copies);
     e.fn(ed);
   }
+  rejoin_copies(g, copies);
+  rejoin_node_copies(g, node_copies);
   // Nodes left with no reader (the shape arithmetic of a Reshape target now constant).
   std::unordered_set<std::string> read;
   for (bool again = true; again;) {
@@ -375,6 +836,12 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
                                  }),
                   g.nodes.end());
     again = g.nodes.size() != before;
+  }
+  {  // copies of shape arithmetic (Editor::set_shape_entry) were appended: back in order
+    std::vector<ir::Node> sorted;
+    sorted.reserve(g.nodes.size());
+    for (size_t i : g.topological_order()) sorted.push_back(std::move(g.nodes[i]));
+    g.nodes = std::move(sorted);
   }
   // Constants that every reader stopped using (`read` is after the last pass), and intermediate
   // shapes that changed.

@@ -4,7 +4,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "lopper/analysis.h"
@@ -49,6 +51,10 @@ struct DepGraph {
   std::vector<std::vector<int64_t>> parts;
   std::vector<std::string> barriers;        // once each
   std::vector<std::string> tracked_values;  // values whose shape may change
+  // Shape operands computed from constants only, with their value (the rules see them as
+  // constants; an edit gives its node an initializer instead).
+  std::unordered_map<std::string, at::Tensor> folded;
+  std::set<int64_t> head_dims;  // features per head of the whole-head splits so far
 
   int64_t find(int64_t a) {
     while (parent[a] != a) a = parent[a] = parent[parent[a]];

@@ -14,7 +14,8 @@ namespace lopper {
 std::regex compile_regex(const std::string& re, const std::string& what);
 
 /// An `exclude` option: an ECMAScript regex searched in each name of a layer (its nodes, its
-/// weight), compiled once. Empty: it leaves nothing out.
+/// weight, its PyTorch parameter: PrunableWeight::names), compiled once. Empty: it leaves nothing
+/// out.
 class LayerFilter {
  public:
   /// Throws lopper::Error (option "exclude") when `exclude` is not a valid regex.

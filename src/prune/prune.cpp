@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <regex>
@@ -23,6 +24,7 @@ namespace {
 
 struct Target {
   const ir::Node* node = nullptr;
+  PrunableWeight weight;
   ir::Initializer* init = nullptr;
   int64_t in_axis = -1, out_axis = -1;  // axes of the initializer, -1 when there is none
   size_t report = 0;                    // index in PruneReport::layers
@@ -125,15 +127,137 @@ void check_layer_options(const PruneLayerOptions& o) {
     LOPPER_CHECK(o.norm == 1 || o.norm == 2, "[prune] norm must be 1 or 2, got ", o.norm);
 }
 
+namespace {
+
+// Ops that hand a tensor on with its values unchanged but for layout or type: a weight read
+// through them is still read.
+bool passes_on(const ir::Node& n) {
+  static const std::unordered_set<std::string> ops = {
+      "Identity", "Transpose", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten"};
+  return n.domain.empty() && ops.count(n.op_type) > 0;
+}
+
+// Readers of the shape alone: pruning keeps every shape.
+bool reads_shape(const ir::Node& n) {
+  return n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size");
+}
+
+// Who reads which value: (node index, input position; -1 for a read from inside a subgraph).
+using Readers = std::unordered_map<std::string, std::vector<std::pair<size_t, int64_t>>>;
+
+Readers readers_of(const ir::Graph& g) {
+  Readers r;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    std::unordered_set<std::string> direct;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (!n.inputs[k].empty())
+        r[n.inputs[k]].emplace_back(i, int64_t(k)), direct.insert(n.inputs[k]);
+    for (const auto& v : ir::node_reads(n))
+      if (!direct.count(v)) r[v].emplace_back(i, -1);
+  }
+  return r;
+}
+
+// Every reader of initializer `w` but `first`, through the ops that pass it on.
+std::vector<WeightUse> other_uses(const ir::Graph& g, const Readers& readers,
+                                  const std::unordered_set<std::string>& outputs,
+                                  const ir::Initializer* w, const ir::Node* first) {
+  std::map<size_t, std::string> use;  // node index -> use, in node order
+  std::vector<WeightUse> out;
+  std::vector<std::pair<std::string, int>> todo = {{w->name, 0}};
+  std::unordered_set<std::string> seen;
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!seen.insert(v).second) continue;
+    if (outputs.count(v)) out.push_back({v, "", "", "output"});
+    auto it = readers.find(v);
+    if (it == readers.end()) continue;
+    for (const auto& [i, k] : it->second) {
+      const ir::Node& n = g.nodes[i];
+      if (k == 0 && passes_on(n) && depth < 16) {
+        for (const auto& o : n.outputs)
+          if (!o.empty()) todo.emplace_back(o, depth + 1);
+        continue;
+      }
+      if (k >= 0 && reads_shape(n)) continue;
+      std::string u = k == 1 && layer_weight(g, n) == w                     ? "layer"
+                      : k == 0 && n.domain.empty() && n.op_type == "Gather" ? "embedding"
+                                                                            : "other";
+      auto [at, fresh] = use.emplace(i, u);
+      if (!fresh && at->second != u) at->second = "other";  // read twice, not only as a weight
+    }
+  }
+  for (const auto& [i, u] : use) {
+    const ir::Node& n = g.nodes[i];
+    if (&n == first && u == "layer") continue;
+    out.push_back({n.label(), n.op_type, torch_module(n), u});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string WeightUse::describe() const {
+  if (use == "output") return "graph output '" + node + "'";
+  const std::string name = "'" + (module.empty() ? node : module) + "' (" + op + ")";
+  if (use == "embedding") return "embedding " + name;
+  if (use == "layer") return "layer " + name;
+  return name;
+}
+
+std::vector<std::string> PrunableWeight::names() const {
+  std::vector<std::string> out = {node ? node->label() : "", weight, param};
+  for (const auto& u : shared)
+    if (u.use == "layer") out.push_back(u.node);
+  return out;
+}
+
+std::string PrunableWeight::label() const {
+  return !param.empty() ? param : node ? node->label() : weight;
+}
+
+bool PrunableWeight::tied() const {
+  return std::any_of(shared.begin(), shared.end(),
+                     [](const WeightUse& u) { return u.use != "layer"; });
+}
+
+std::string PrunableWeight::tie_reason() const {
+  std::vector<const WeightUse*> ties;
+  for (const auto& u : shared)
+    if (u.use != "layer") ties.push_back(&u);
+  if (ties.empty()) return "";
+  const WeightUse& u = *ties.front();
+  std::string s = (u.use == "output"      ? "also the "
+                   : u.use == "embedding" ? "tied with "
+                                          : "shared with ") +
+                  u.describe();
+  if (u.use == "other") s += ", not a prunable layer";
+  if (ties.size() > 1) s += " (+" + std::to_string(ties.size() - 1) + " more)";
+  s += ": pruning would change ";
+  s += u.use == "embedding" ? "the embedding too"
+       : u.use == "output"  ? "that output too"
+                            : "it too";
+  return s;
+}
+
 std::vector<PrunableWeight> prunable_weights(const ir::Graph& g) {
+  const Readers readers = readers_of(g);
+  std::unordered_set<std::string> outputs;
+  for (const auto& o : g.outputs) outputs.insert(o.name);
   std::vector<PrunableWeight> out;
   std::unordered_set<std::string> seen;
   for (const auto& n : g.nodes) {
     const ir::Initializer* w = layer_weight(g, n);
     if (!w || !seen.insert(w->name).second) continue;
-    PrunableWeight p{&n, w->name};
+    PrunableWeight p;
+    p.node = &n;
+    p.weight = w->name;
+    p.param = param_name(n, w->name);
     find_axes(g, n, w->value, p.in_axis, p.out_axis);
-    out.push_back(p);
+    p.shared = other_uses(g, readers, outputs, w, &n);
+    out.push_back(std::move(p));
   }
   return out;
 }
@@ -218,24 +342,24 @@ std::string amount_string(const PruneLayerOptions& o) {
 // in the report.
 std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
   std::vector<Target> all;
-  std::unordered_set<std::string> seen;
-  for (const auto& n : g.nodes) {
-    const ir::Initializer* w = layer_weight(g, n);
-    if (!w || !seen.insert(w->name).second) continue;
+  for (auto& pw : prunable_weights(g)) {
     Target t;
-    t.node = &n;
-    t.init = g.find_initializer(w->name);
-    find_axes(g, n, t.init->value, t.in_axis, t.out_axis);
+    t.node = pw.node;
+    t.init = g.find_initializer(pw.weight);
+    t.in_axis = pw.in_axis, t.out_axis = pw.out_axis;
     t.report = report.layers.size();
     PruneLayerReport l;
-    l.name = n.label();
-    l.op = n.op_type;
-    l.weight = w->name;
-    l.shape = w->value.sizes().vec();
-    l.params = w->value.numel();
-    l.nonzero_before = l.nonzero_after = w->value.count_nonzero().item<int64_t>();
+    l.name = pw.node->label();
+    l.op = pw.node->op_type;
+    l.weight = pw.weight;
+    l.param = pw.param;
+    l.shared = pw.shared;
+    l.shape = t.init->value.sizes().vec();
+    l.params = t.init->value.numel();
+    l.nonzero_before = l.nonzero_after = t.init->value.count_nonzero().item<int64_t>();
     report.layers.push_back(std::move(l));
-    all.push_back(t);
+    t.weight = std::move(pw);
+    all.push_back(std::move(t));
   }
   LOPPER_CHECK(!all.empty(),
                "[prune] the model has no prunable weights (Conv, ConvTranspose, Gemm or MatMul "
@@ -340,7 +464,7 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
     report.nonzero_before += l.nonzero_before;
     report.nonzero_after += l.nonzero_after;
     if (l.skipped.empty() && l.nonzero_before > 0 && l.nonzero_after == 0)
-      emptied.push_back(l.name);
+      emptied.push_back(l.label());
   }
   // NOTE: torch's rule, kept: a float amount is a fraction, an int a count, so "--amount 1.0"
   // removes every weight while "--amount 1" removes one. A layer left with no weight at all is
@@ -353,6 +477,24 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
         std::to_string(emptied.size()) + " layer" + (emptied.size() == 1 ? "" : "s") + " (" +
         names + ") lost every weight: the model outputs constants. An amount with a point (1.0) " +
         "is a fraction of the weights, an integer (1) a count, as in torch.nn.utils.prune");
+  }
+}
+
+// The report's word on each tied weight: left alone (`remedy` says what allows it), or pruned
+// together with what shares it.
+void note_ties(PruneReport& report, const std::vector<Target>& all, const std::string& remedy) {
+  for (const auto& t : all) {
+    if (!t.weight.tied()) continue;
+    PruneLayerReport& l = report.layers[t.report];
+    if (l.skipped == t.weight.tie_reason()) {
+      l.skipped += remedy;
+      report.warnings.push_back(l.label() + " left alone: " + l.skipped);
+    } else if (l.skipped.empty()) {
+      std::string with;
+      for (const auto& u : t.weight.shared)
+        if (u.use != "layer") with += (with.empty() ? "" : ", ") + u.describe();
+      report.warnings.push_back(l.label() + " is tied with " + with + ": pruned both (allow_tied)");
+    }
   }
 }
 
@@ -370,18 +512,21 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
     PruneLayerReport& l = report.layers[t.report];
     if (!t.init->value.is_floating_point()) {
       l.skipped = "not a float tensor";
-    } else if (exclude.excludes(l.name, l.weight)) {
+    } else if (exclude.excludes(t.weight.names())) {
       l.skipped = "excluded (--exclude)";
     } else if (opts.skip_first_last && i == 0) {
       l.skipped = "first layer (--skip-first-last)";
     } else if (opts.skip_first_last && i + 1 == all.size()) {
       l.skipped = "last layer (--skip-first-last)";
+    } else if (!opts.allow_tied && t.weight.tied()) {
+      l.skipped = t.weight.tie_reason();
     } else {
       l.skipped = layer_skip_reason(t, opts);
     }
     if (l.skipped.empty()) targets.push_back(t);
   }
   if (!exclude.unmatched_warning().empty()) report.warnings.push_back(exclude.unmatched_warning());
+  note_ties(report, all, "; pass --allow-tied to prune both");
   LOPPER_CHECK(!targets.empty(),
                "[prune] nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
@@ -475,12 +620,14 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
   for (auto& t : all) {
     PruneLayerReport& l = report.layers[t.report];
     size_t rule = recipe.rules.size();
-    for (size_t i = 0; i < res.size(); ++i)
-      if (std::regex_search(l.name, res[i]) || std::regex_search(l.weight, res[i])) {
-        rule = i;
-        matched[i] = true;
-        break;
-      }
+    const std::vector<std::string> names = t.weight.names();
+    for (size_t i = 0; i < res.size() && rule == recipe.rules.size(); ++i)
+      for (const auto& name : names)
+        if (!name.empty() && std::regex_search(name, res[i])) {
+          rule = i;
+          matched[i] = true;
+          break;
+        }
     const PruneLayerOptions* o = nullptr;
     if (rule < recipe.rules.size()) {
       l.rule = recipe.rules[rule].where;
@@ -495,6 +642,8 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
       l.skipped = "no recipe rule matches (the defaults have no method)";
     }
     if (o && !t.init->value.is_floating_point()) l.skipped = "not a float tensor";
+    if (o && l.skipped.empty() && !o->allow_tied && t.weight.tied())
+      l.skipped = t.weight.tie_reason();
     if (o && l.skipped.empty()) l.skipped = layer_skip_reason(t, *o);
     if (!l.skipped.empty()) continue;
     targets.push_back(t);
@@ -505,6 +654,7 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
     if (!matched[i])
       report.warnings.push_back("recipe " + recipe.rules[i].where + ": match '" +
                                 recipe.rules[i].match + "' matched no layer");
+  note_ties(report, all, "; set allow_tied: true in its recipe rule to prune both");
   LOPPER_CHECK(!targets.empty(), "[prune] recipe ", recipe.source,
                ": nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");

@@ -44,8 +44,8 @@ struct Parser {
   // map may hold. Returns whether it names a method; sets has_amount / has_threshold.
   void options(const YAML::Node& map, const std::string& path, const std::set<std::string>& extra,
                PruneLayerOptions& o, bool& has_method, bool& has_amount, bool& has_threshold) {
-    static const std::set<std::string> keys = {"method",  "amount", "threshold",
-                                               "pattern", "norm",   "seed"};
+    static const std::set<std::string> keys = {"method", "amount", "threshold", "pattern",
+                                               "norm",   "seed",   "allow_tied"};
     for (auto it = map.begin(); it != map.end(); ++it) {
       const YAML::Node& k = it->first;
       const YAML::Node& v = it->second;
@@ -74,6 +74,8 @@ struct Parser {
           o.norm = as<int>(v, key, "1 or 2");
         } else if (name == "seed") {
           o.seed = as<uint64_t>(v, key, "an integer >= 0");
+        } else if (name == "allow_tied") {
+          o.allow_tied = as<bool>(v, key, "true or false");
         }
       } catch (const Error& e) {
         std::string m = e.render(recipe_key);
@@ -155,7 +157,8 @@ PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& sourc
     p.options(n, path, {"match", "skip"}, rule.options, own_method, has_amount, has_threshold);
     has_method = has_method || own_method;
     const YAML::Node m = n["match"];
-    if (!m) p.fail(n, path, "needs 'match' (a regex on the layer or weight name)");
+    if (!m)
+      p.fail(n, path, "needs 'match' (a regex on the layer's node, weight or parameter name)");
     rule.match = p.scalar(m, path + ".match");
     try {
       std::regex re(rule.match);

@@ -1,6 +1,7 @@
 // Gradient saliencies from calibration batches: the model runs under autograd through the
-// executor, the loss is cross-entropy on the dataset's labels, and each prunable weight's gradient
-// is accumulated as every gradient criterion of the table says (importance::GradientStats).
+// executor, the loss is the calibration's (lopper/loss.h: classification, language models), and
+// each prunable weight's gradient is accumulated as every gradient criterion of the table says
+// (importance::GradientStats).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -24,7 +25,8 @@ Saliency compute_saliency(const ir::Model& model, DataLoader& data,
   eo.device = opts.device;
   eo.autograd = true;  // eval semantics (BatchNorm running statistics, no dropout), gradients on
   Executor ex(model, eo);
-  ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model, ex);
+  Objective objective(opts.loss, io);
 
   std::unordered_set<std::string> prunable;
   for (const auto& n : model.graph.nodes)
@@ -43,10 +45,9 @@ Saliency compute_saliency(const ir::Model& model, DataLoader& data,
   Batch b;
   double loss_sum = 0;
   while (s.batches < of && data.next(b)) {
-    at::Tensor x = fit_to_input(b.x, io.dims, io.input).to(ex.device());
-    at::Tensor y = b.y.to(ex.device());
-    std::vector<at::Tensor> out = ex.run({{io.input, x}});
-    at::Tensor loss = classification_loss(out.at(0), y, io.out_op);
+    objective.prepare(b, s.batches);
+    std::vector<at::Tensor> out = ex.run(feeds(io, b, ex.device()));
+    at::Tensor loss = objective.loss(objective.targets(out.at(0), b));
     loss.backward();
     {
       c10::NoGradGuard no_grad;
@@ -59,7 +60,7 @@ Saliency compute_saliency(const ir::Model& model, DataLoader& data,
       }
     }
     loss_sum += loss.item<double>();
-    s.samples += b.y.size(0);
+    s.samples += b.size();
     ++s.batches;
     stats.end_batch();
     if (opts.progress) opts.progress(s.batches, of, loss_sum / double(s.batches));

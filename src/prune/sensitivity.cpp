@@ -29,7 +29,7 @@ namespace {
 
 // The evaluation batches, read once.
 struct EvalSet {
-  std::vector<at::Tensor> x, y;
+  std::vector<Batch> batches;
   int64_t samples = 0;
 };
 
@@ -37,10 +37,10 @@ EvalSet read_batches(DataLoader& data, int64_t n) {
   EvalSet s;
   data.start_epoch(0);
   Batch b;
-  while (int64_t(s.x.size()) < n && data.next(b)) {
-    s.x.push_back(b.x.clone());
-    s.y.push_back(b.y.clone());
-    s.samples += b.y.size(0);
+  while (int64_t(s.batches.size()) < n && data.next(b)) {
+    s.samples += b.size();
+    s.batches.push_back(std::move(b));
+    b = Batch();
   }
   LOPPER_CHECK(s.samples > 0, "[sensitivity] ", data.dataset().name(), " gave no sample");
   return s;
@@ -53,18 +53,26 @@ ExecOptions eval_options(const std::string& device) {
   return eo;
 }
 
-// Mean cross-entropy and top-1 of `ex` over `s`.
-std::pair<double, double> evaluate_on(Executor& ex, const ModelIO& io, const EvalSet& s) {
+// Mean loss (lopper/loss.h) and top-1 of `ex` over `s`: per target (samples, or tokens).
+std::pair<double, double> evaluate_on(Executor& ex, const ir::Model& model, const EvalSet& s,
+                                      const LossOptions& loss) {
   c10::NoGradGuard no_grad;
-  double loss = 0, hit = 0;
-  for (size_t i = 0; i < s.x.size(); ++i) {
-    at::Tensor x = fit_to_input(s.x[i], io.dims, io.input).to(ex.device());
-    const int64_t n = s.y[i].size(0);
-    at::Tensor out = ex.run({{io.input, x}}).at(0).reshape({n, -1}).to(at::kCPU, at::kFloat);
-    loss += classification_loss(out, s.y[i], io.out_op).item<double>() * double(n);
-    hit += double(out.argmax(1).eq(s.y[i]).sum().item<int64_t>());
+  const ModelIO io = model_io(model, ex);
+  Objective objective(loss, io);
+  double sum = 0, hit = 0;
+  int64_t counted = 0;
+  for (size_t i = 0; i < s.batches.size(); ++i) {
+    // NOTE: masked-lm picks the same tokens at every point: a function of the batch's index.
+    Batch b = s.batches[i];
+    objective.prepare(b, int64_t(i));
+    at::Tensor out = ex.run(feeds(io, b, ex.device())).at(0).to(at::kCPU);
+    const Objective::Targets t = objective.targets(out, b);
+    const int64_t n = t.labels.size(0);
+    sum += objective.loss(t).item<double>() * double(n);
+    hit += double(Objective::correct(t));
+    counted += n;
   }
-  return {loss / double(s.samples), hit / double(s.samples)};
+  return {sum / double(counted), hit / double(counted)};
 }
 
 void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
@@ -86,16 +94,21 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
   for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
 
   Executor ex(model, eval_options(o.device));
-  const ModelIO io = model_io(model, ex);
-  std::tie(r.loss, r.top1) = evaluate_on(ex, io, s);
+  std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss);
   std::unordered_map<std::string, at::Tensor> params;
   for (const auto& [name, t] : ex.parameters()) params[name] = t;
 
   LayerFilter exclude(o.exclude);
   std::vector<PrunableWeight> todo;
-  for (const auto& pw : prunable_weights(model.graph))
-    if (!exclude.excludes(pw.node->label(), pw.weight)) todo.push_back(pw);
-  LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse", exclude.leaves_none());
+  bool tied = false;  // left out, as prune() leaves it
+  for (const auto& pw : prunable_weights(model.graph)) {
+    if (pw.tied() && !o.allow_tied)
+      tied = true;
+    else if (!exclude.excludes(pw.names()))
+      todo.push_back(pw);
+  }
+  LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse", exclude.leaves_none(),
+               tied ? " (tied weights stay unless " LOPPER_OPTION("allow_tied") ")" : "");
   const int64_t total = int64_t(todo.size() * o.amounts.size());
   int64_t done = 0;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
@@ -106,6 +119,7 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
     LayerSensitivity ls;
     ls.name = pw.node->label();
     ls.weight = pw.weight;
+    ls.param = pw.param;
     ls.layers = {ls.name};
     ls.params = orig.numel();
     ls.macs = macs_of[pw.weight];
@@ -119,7 +133,7 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
       pt.amount = a;
       const int64_t nz = w.count_nonzero().item<int64_t>();
       pt.removed = ls.params ? 1.0 - double(nz) / double(ls.params) : 0.0;
-      std::tie(pt.loss, pt.top1) = evaluate_on(ex, io, s);
+      std::tie(pt.loss, pt.top1) = evaluate_on(ex, model, s, o.loss);
       pt.params = base.params - (nz0 - nz);
       pt.macs = base.macs - int64_t(std::llround(double(ls.macs) * double(nz0 - nz) /
                                                  double(std::max<int64_t>(ls.params, 1))));
@@ -148,7 +162,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   r.params = base.params, r.macs = base.macs;
   {
     Executor ex(model, eval_options(o.device));
-    std::tie(r.loss, r.top1) = evaluate_on(ex, model_io(model, ex), s);
+    std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss);
   }
   std::unordered_map<std::string, const LayerCost*> layer_cost;
   for (const auto& l : cost.layers) layer_cost[l.name] = &l;
@@ -165,7 +179,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
     LayerSensitivity ls;
     ls.group = g->id;
     ls.layers = g->layers;
-    ls.name = fmt::format("group {}: {}", g->id, g->layers.empty() ? "?" : g->layers.front());
+    ls.name = fmt::format("group {}: {}", g->id, g->layers.empty() ? "?" : g->layer_label(0));
     for (const auto& name : g->layers)
       if (auto it = layer_cost.find(name); it != layer_cost.end())
         ls.params += it->second->params, ls.macs += it->second->macs;
@@ -180,7 +194,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
       pt.removed =
           after.size_before ? 1.0 - double(after.size_after) / double(after.size_before) : 0.0;
       Executor ex(pruned, eval_options(o.device));
-      std::tie(pt.loss, pt.top1) = evaluate_on(ex, model_io(pruned, ex), s);
+      std::tie(pt.loss, pt.top1) = evaluate_on(ex, pruned, s, o.loss);
       const EffectiveCost c = effective_cost(pruned, shapes);
       pt.params = c.params, pt.macs = c.macs;
       ls.points.push_back(pt);
@@ -269,6 +283,7 @@ std::string sensitivity_json(const SensitivityResult& r) {
                          {"macs", l.macs},
                          {"points", pts}};
     if (!l.weight.empty()) jl["weight"] = l.weight;
+    if (!l.param.empty()) jl["param"] = l.param;
     if (l.group >= 0) jl["group"] = l.group;
     layers.push_back(jl);
   }
@@ -303,6 +318,7 @@ SensitivityResult parse_sensitivity(const std::string& text, const std::string& 
       l.name = jl.at("name").get<std::string>();
       l.layers = jl.at("layers").get<std::vector<std::string>>();
       l.weight = jl.value("weight", "");
+      l.param = jl.value("param", "");
       l.group = jl.value("group", int64_t(-1));
       l.params = jl.at("params").get<int64_t>();
       l.macs = jl.at("macs").get<int64_t>();

@@ -205,6 +205,16 @@ std::string layer_names(const ir::Graph& g, const Group& grp, std::vector<std::s
   return all;
 }
 
+// Per layer of the group, its weight's PyTorch parameter name ("" without one).
+std::vector<std::string> layer_params(const ir::Graph& g, const Group& grp) {
+  std::vector<std::string> out;
+  for (size_t i : grp.layers) {
+    const ir::Initializer* w = layer_weight(g, g.nodes[i]);
+    out.push_back(w ? param_name(g.nodes[i], w->name) : "");
+  }
+  return out;
+}
+
 // How many of n channels may go at most: one stays (one per block for grouped convolutions, one
 // per disjoint part).
 int64_t cap(const Group& g, int64_t k, int64_t round_to) {
@@ -262,6 +272,7 @@ StructuredReport report_of(const ir::Model& model, const Analysis& a,
     gr.id = int64_t(gi);
     gr.kind = g.head ? "head" : "channel";
     layer_names(model.graph, g, &gr.layers);
+    gr.layer_params = layer_params(model.graph, g);
     gr.size_before = int64_t(g.classes.size());
     gr.size_after = gr.size_before - int64_t(removed[gi].size());
     if (!g.score.empty())
@@ -353,6 +364,8 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     // NOTE: each name is searched on its own, so that ^ and $ anchor to a layer's name.
     std::vector<std::string> names;
     layer_names(graph, g, &names);
+    for (auto& p : layer_params(graph, g))
+      if (!p.empty()) names.push_back(std::move(p));  // a rule may name a parameter too
     if (exclude.excludes(names)) {
       g.blocked = "excluded (--exclude)";
       continue;

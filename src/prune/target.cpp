@@ -51,6 +51,7 @@ SensitivityOptions sensitivity_options(const TargetOptions& o) {
   so.criterion = o.criterion;
   so.round_to = o.round_to;
   so.exclude = o.exclude;
+  so.allow_tied = o.allow_tied;
   so.device = o.device;
   so.input_shapes = o.input_shapes;
   if (!o.structured) so.amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99};
@@ -195,8 +196,10 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
                                      "sensitivity without it");
   LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
   // The data must describe this model.
+  StructuredReport groups;
+  std::unordered_map<std::string, PrunableWeight> weights;
   if (o.structured) {
-    const StructuredReport groups = channel_groups(model, structured_options(o));
+    groups = channel_groups(model, structured_options(o));
     for (const auto& l : s.layers) {
       const bool ok = l.group >= 0 && size_t(l.group) < groups.groups.size() &&
                       groups.groups[size_t(l.group)].layers == l.layers &&
@@ -205,22 +208,33 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
                    "): rerun lopper sensitivity on it");
     }
   } else {
-    std::unordered_set<std::string> prunable;
-    for (const auto& pw : prunable_weights(model.graph)) prunable.insert(pw.weight);
+    for (auto& pw : prunable_weights(model.graph)) weights.emplace(pw.weight, std::move(pw));
     for (const auto& l : s.layers)
-      LOPPER_CHECK(prunable.count(l.weight),
+      LOPPER_CHECK(weights.count(l.weight),
                    "[prune] the sensitivity data does not match this "
                    "model (no prunable weight '",
                    l.weight, "'): rerun lopper sensitivity on it");
   }
   LayerFilter exclude(o.exclude);
   std::vector<const LayerSensitivity*> units;
+  int64_t tied = 0;
   for (const auto& l : s.layers) {
     std::vector<std::string> names = l.layers;
-    names.push_back(l.weight);
+    if (o.structured) {
+      const auto& params = groups.groups[size_t(l.group)].layer_params;
+      names.insert(names.end(), params.begin(), params.end());
+    } else {
+      const PrunableWeight& pw = weights.at(l.weight);
+      if (pw.tied() && !o.allow_tied) {  // as prune() leaves it
+        ++tied;
+        continue;
+      }
+      names = pw.names();
+    }
     if (!exclude.excludes(names)) units.push_back(&l);
   }
-  LOPPER_CHECK(!units.empty(), "[prune] " LOPPER_OPTION("exclude") " leaves no layer to prune");
+  LOPPER_CHECK(!units.empty(), "[prune] no layer to prune", exclude.leaves_none(),
+               tied ? " (tied weights stay unless " LOPPER_OPTION("allow_tied") ")" : "");
 
   const double base_latency = o.kind == TargetKind::kLatency ? before : 0;
   int64_t measured_points = 0, to_measure = 0;
@@ -272,6 +286,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
       tu.name = units[u]->name;
       tu.layers = units[u]->layers;
       tu.weight = units[u]->weight;
+      tu.param = units[u]->param;
       tu.group = units[u]->group;
       tu.amount = curves[u].amount[pick[u]];
       tu.est_loss_increase = curves[u].dloss[pick[u]];
@@ -424,7 +439,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
       TargetUnit tu;
       tu.group = g.id;
       tu.layers = g.layers;
-      tu.name = fmt::format("group {}: {}", g.id, g.layers.empty() ? "?" : g.layers.front());
+      tu.name = fmt::format("group {}: {}", g.id, g.layers.empty() ? "?" : g.layer_label(0));
       tu.amount = g.size_before ? 1.0 - double(g.size_after) / double(g.size_before) : 0;
       r.units.push_back(tu);
     }
@@ -448,8 +463,13 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
   const ModelCost cost = analyze(model, shapes);
   std::unordered_map<std::string, int64_t> macs_of;
   for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
+  int64_t tied = 0;
   for (const auto& pw : prunable_weights(model.graph)) {
-    if (exclude.excludes(pw.node->label(), pw.weight)) continue;
+    if (pw.tied() && !o.allow_tied) {  // as prune() leaves it
+      ++tied;
+      continue;
+    }
+    if (exclude.excludes(pw.names())) continue;
     const at::Tensor& w = model.graph.find_initializer(pw.weight)->value;
     const at::Tensor scores = importance::weight_scores({lamp, w, pw.weight, no_perm, nullptr});
     const at::Tensor score =
@@ -461,7 +481,8 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     params.push_back(w.numel());
     macs_per_weight.push_back(double(macs_of[pw.weight]) / double(std::max<int64_t>(w.numel(), 1)));
   }
-  LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude.leaves_none());
+  LOPPER_CHECK(!units.empty(), "[prune] no prunable layer", exclude.leaves_none(),
+               tied ? " (tied weights stay unless " LOPPER_OPTION("allow_tied") ")" : "");
   std::stable_sort(all.begin(), all.end(),
                    [](const Entry& a, const Entry& b) { return a.score < b.score; });
   // The model with the k lowest scores removed, and its per-layer counts.
@@ -511,6 +532,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
     tu.name = units[u].node->label();
     tu.layers = {tu.name};
     tu.weight = units[u].weight;
+    tu.param = units[u].param;
     tu.amount = params[u] ? double(n[u]) / double(params[u]) : 0;
     r.units.push_back(tu);
   }

@@ -97,8 +97,12 @@ void HtmlReport::add_model(const ReportModel& m, const ModelCost& cost) {
     auto it = row.find(l.name);
     if (it == row.end()) {
       nlohmann::json zeros = std::vector<int64_t>(column, 0);
-      layers.push_back(
-          {{"name", l.name}, {"op", l.op}, {"params", zeros}, {"nonzero", zeros}, {"macs", zeros}});
+      layers.push_back({{"name", l.name},
+                        {"param", l.param},
+                        {"op", l.op},
+                        {"params", zeros},
+                        {"nonzero", zeros},
+                        {"macs", zeros}});
       it = row.emplace(l.name, layers.size() - 1).first;
     }
     nlohmann::json& jl = layers[it->second];
@@ -118,6 +122,7 @@ void HtmlReport::add_sensitivity(const SensitivityResult& r, bool tradeoff) {
                        {"macs", r.macs},       {"layers", nlohmann::json::array()}};
   for (const auto& l : r.layers) {
     nlohmann::json jl = {{"name", l.name},
+                         {"param", l.param},
                          {"params", l.params},
                          {"macs", l.macs},
                          {"points", nlohmann::json::array()}};
@@ -141,7 +146,7 @@ void HtmlReport::add_sensitivity(const SensitivityResult& r, bool tradeoff) {
     add_tradeoff("share of the nonzero parameters removed", "top-1", intro,
                  {"unpruned", {{0.0, r.top1, ""}}, false, "reference"});
   for (const auto& l : r.layers) {
-    ReportSeries s{l.name, {}, true, ""};
+    ReportSeries s{l.label(), {}, true, ""};
     s.points.push_back({0.0, r.top1, "unpruned"});
     for (const auto& p : l.points)
       s.points.push_back(

@@ -25,6 +25,7 @@ nlohmann::json to_json(const PruneReport& r) {
     nlohmann::json jl = {{"name", l.name},
                          {"op", l.op},
                          {"weight", l.weight},
+                         {"param", l.param},
                          {"shape", l.shape},
                          {"params", l.params},
                          {"nonzero_before", l.nonzero_before},
@@ -34,6 +35,14 @@ nlohmann::json to_json(const PruneReport& r) {
                          {"amount", l.amount}};
     if (!l.skipped.empty()) jl["skipped"] = l.skipped;
     if (!l.rule.empty()) jl["rule"] = l.rule;
+    if (!l.shared.empty()) {
+      jl["shared"] = nlohmann::json::array();
+      for (const auto& u : l.shared) {
+        nlohmann::json ju = {{"node", u.node}, {"op", u.op}, {"use", u.use}};
+        if (!u.module.empty()) ju["module"] = u.module;
+        jl["shared"].push_back(ju);
+      }
+    }
     j["layers"].push_back(jl);
   }
   return j;
@@ -50,6 +59,7 @@ nlohmann::json to_json(const StructuredReport& r) {
     nlohmann::json jg = {{"id", g.id},
                          {"kind", g.kind},
                          {"layers", g.layers},
+                         {"layer_params", g.layer_params},
                          {"size_before", g.size_before},
                          {"size_after", g.size_after},
                          {"score", g.score},
@@ -81,6 +91,7 @@ nlohmann::json to_json(const TargetReport& r, bool with_sensitivity) {
   for (const auto& u : r.units) {
     nlohmann::json ju = {{"name", u.name}, {"layers", u.layers}, {"amount", u.amount}};
     if (!u.weight.empty()) ju["weight"] = u.weight;
+    if (!u.param.empty()) ju["param"] = u.param;
     if (u.group >= 0) ju["group"] = u.group;
     if (with_sensitivity) ju["est_loss_increase"] = u.est_loss_increase;
     j["layers"].push_back(ju);
@@ -105,7 +116,15 @@ nlohmann::json to_json(const TrainResult& r) {
 }
 
 nlohmann::json to_json(const EvalResult& r) {
-  nlohmann::json j = {{"top1", r.top1}, {"top5", r.top5}, {"loss", r.loss}, {"samples", r.samples}};
+  nlohmann::json j = {{"top1", r.top1},
+                      {"top5", r.top5},
+                      {"loss", r.loss},
+                      {"loss_kind", r.loss_kind},
+                      {"samples", r.samples}};
+  if (r.tokens > 0) {
+    j["tokens"] = r.tokens;
+    j["perplexity"] = r.perplexity;
+  }
   j["per_class"] = nlohmann::json::array();
   for (size_t c = 0; c < r.per_class.size(); ++c)
     j["per_class"].push_back(

@@ -10,6 +10,7 @@
 #include "lopper/report.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
+#include "lopper/train.h"
 
 namespace lopper {
 
@@ -25,15 +26,22 @@ std::string fit_name(const std::string& name, size_t width) {
 
 std::string to_table(const PruneReport& r) {
   std::vector<std::string> names;
-  for (const auto& l : r.layers) names.push_back(l.name);
+  for (const auto& l : r.layers) names.push_back(l.label());
   const size_t w = name_column_width(names, 5);
   std::string s = fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>9}  {}\n", "layer", w, "op",
                               "params", "nonzero was", "nonzero", "sparsity", "method");
   for (const auto& l : r.layers) {
     std::string how = l.skipped.empty() ? l.method + " " + l.amount : "skipped: " + l.skipped;
     if (l.skipped.empty() && !l.rule.empty()) how += "  [" + l.rule + "]";
-    s += fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", fit_name(l.name, w), w,
-                     l.op, l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(), how);
+    if (l.skipped.empty() && !l.shared.empty()) {  // pruned for every reader at once
+      std::string with;
+      for (size_t i = 0; i < l.shared.size() && i < 2; ++i)
+        with += (i ? ", " : "") + l.shared[i].describe();
+      if (l.shared.size() > 2) with += fmt::format(" (+{})", l.shared.size() - 2);
+      how += "  [shared with " + with + "]";
+    }
+    s += fmt::format("{:<{}}  {:<13} {:>12} {:>12} {:>12} {:>8.1f}%  {}\n", fit_name(l.label(), w),
+                     w, l.op, l.params, l.nonzero_before, l.nonzero_after, 100 * l.sparsity(), how);
   }
   const double sparsity = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
   s += fmt::format("\nprunable params {:>14}\nnonzero         {:>14}  (was {}, sparsity {:.1f}%)\n",
@@ -46,7 +54,8 @@ std::string to_table(const StructuredReport& r) {
                               "after", "score", "layers");
   for (const auto& g : r.groups) {
     std::string layers;
-    for (size_t i = 0; i < g.layers.size() && i < 3; ++i) layers += (i ? ", " : "") + g.layers[i];
+    for (size_t i = 0; i < g.layers.size() && i < 3; ++i)
+      layers += (i ? ", " : "") + g.layer_label(i);
     if (g.layers.size() > 3) layers += fmt::format(" (+{})", g.layers.size() - 3);
     if (!g.blocked.empty()) layers += "  [kept: " + g.blocked + "]";
     s += fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12.4g}  {}\n", g.id, g.kind, g.size_before,
@@ -60,14 +69,22 @@ std::string to_table(const StructuredReport& r) {
 
 std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity) {
   std::vector<std::string> names;
-  for (const auto& u : r.units) names.push_back(u.name);
+  for (const auto& u : r.units) names.push_back(u.label());
   const size_t w = name_column_width(names, 5);
   std::string s = fmt::format("{:<{}}  {:>8}{}\n", structured ? "group" : "layer", w, "amount",
                               with_sensitivity ? "  est. loss +" : "");
   for (const auto& u : r.units)
-    s += fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.name, w), w, 100 * u.amount,
+    s += fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.label(), w), w, 100 * u.amount,
                      with_sensitivity ? fmt::format("  {:>11.4f}", u.est_loss_increase) : "");
   return s;
+}
+
+std::string eval_summary(const EvalResult& r) {
+  if (r.tokens > 0)
+    return fmt::format("loss {:.4f}  perplexity {:.2f}  top-1 {:.2f}% of {} tokens  ({} samples)",
+                       r.loss, r.perplexity, 100 * r.top1, r.tokens, r.samples);
+  return fmt::format("top-1 {:.2f}%  top-5 {:.2f}%  loss {:.4f}  ({} samples)", 100 * r.top1,
+                     100 * r.top5, r.loss, r.samples);
 }
 
 }  // namespace lopper

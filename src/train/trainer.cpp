@@ -84,25 +84,13 @@ class AutocastScope {
   at::ScalarType prev_dtype_ = at::kFloat;
 };
 
-at::Tensor loss_of(TrainLoss kind, const at::Tensor& out, const at::Tensor& y,
-                   const std::string& out_op) {
-  if (kind == TrainLoss::kCrossEntropy) return classification_loss(out, y, out_op);
-  at::Tensor o = out.reshape({out.size(0), -1});
-  LOPPER_CHECK(y.numel() == 0 || y.max().item<int64_t>() < o.size(1), "[loss] the model has ",
-               o.size(1), " outputs per sample, but the data has label ", y.max().item<int64_t>());
-  return at::mse_loss(o.to(at::kFloat), at::one_hot(y, o.size(1)).to(at::kFloat));
-}
-
-int64_t correct_of(const at::Tensor& out, const at::Tensor& y) {
-  return out.reshape({out.size(0), -1}).argmax(1).eq(y).sum().item<int64_t>();
-}
-
 // One trained initializer.
 struct Param {
   std::string name;
   at::Tensor value;  // the executor's leaf
   at::Tensor keep;   // prunable weights with zeros: true where the weight is alive (else undefined)
   bool prunable = false, bn_scale = false;
+  bool tied = false;  // prunable, but the schedule leaves it alone (PruneLayerOptions::allow_tied)
   int64_t out_axis = -1;
 };
 
@@ -177,6 +165,7 @@ class Trainer {
     ex_.reset();
     ex_ = std::make_unique<Executor>(model_, eo);
     io_ = model_io(model_, *ex_);
+    if (!objective_) objective_.emplace(o_.loss, io_);
     params_.clear();
     collect_params();
     std::vector<at::Tensor> leaves;
@@ -230,7 +219,11 @@ class Trainer {
         bn_stats.insert(n.inputs[4]);
       }
     std::unordered_map<std::string, int64_t> prunable;
-    for (const auto& w : prunable_weights(model_.graph)) prunable[w.weight] = w.out_axis;
+    std::unordered_set<std::string> tied;  // left alone by the schedule's prune() (allow_tied)
+    for (const auto& w : prunable_weights(model_.graph)) {
+      prunable[w.weight] = w.out_axis;
+      if (w.tied() && !o_.prune.allow_tied) tied.insert(w.weight);
+    }
     std::optional<std::regex> freeze;
     if (!o_.freeze.empty()) {
       try {
@@ -251,6 +244,7 @@ class Trainer {
       auto it = prunable.find(name);
       p.prunable = it != prunable.end();
       p.out_axis = p.prunable ? it->second : -1;
+      p.tied = tied.count(name) > 0;
       p.bn_scale = bn_scales.count(name) > 0;
       params_.push_back(std::move(p));
     }
@@ -270,7 +264,7 @@ class Trainer {
   double sparsity_now() const {
     int64_t n = 0, nz = 0;
     for (const auto& p : params_)
-      if (p.prunable) {
+      if (p.prunable && !p.tied) {  // what the schedule prunes: a tied weight would hold it back
         n += p.value.numel();
         nz += p.value.detach().count_nonzero().item<int64_t>();
       }
@@ -321,24 +315,26 @@ class Trainer {
   bool needs_saliency() const { return saliency_.has_value(); }
 
   struct StepResult {
-    double loss = 0;
-    int64_t correct = 0;
-    bool finite = true;  // false: fp16 gradients overflowed, the step must be skipped
+    double loss = 0;      // mean over the batch's targets
+    int64_t correct = 0;  // top-1 hits among them
+    int64_t count = 0;    // targets: samples, or tokens for language models
+    bool finite = true;   // false: fp16 gradients overflowed, the step must be skipped
   };
 
   // Forward (under autocast for bf16/fp16) and backward on one batch. Gradients are averaged
   // over ranks, unscaled (fp16) and masked.
-  StepResult forward_backward(const Batch& b) {
-    at::Tensor x = fit_to_input(b.x, io_.dims, io_.input).to(ex_->device());
-    at::Tensor y = b.y.to(ex_->device());
+  StepResult forward_backward(Batch b, int64_t step) {
+    objective_->prepare(b, step);
+    NamedInputs in = feeds(io_, b, ex_->device());
     std::vector<at::Tensor> out;
     {
       AutocastScope amp(ex_->device().type(), precision_);
-      out = ex_->run({{io_.input, x}});
+      out = ex_->run(in);
     }
-    at::Tensor logits = out.at(0).is_floating_point() ? out.at(0).to(at::kFloat) : out.at(0);
-    at::Tensor loss = loss_of(o_.loss, logits, y, io_.out_op);
+    const Objective::Targets t = objective_->targets(out.at(0), b);
+    at::Tensor loss = objective_->loss(t);
     double lv = loss.item<double>();
+    const int64_t count = t.labels.size(0);
     LOPPER_CHECK(
         std::isfinite(lv), "[train] the loss is ", lv,
         ": lower " LOPPER_OPTION("lr") " or clip gradients (" LOPPER_OPTION("grad_clip") ")");
@@ -355,13 +351,13 @@ class Trainer {
     }
     if (dist_ && dist_->world() > 1) dist_->allreduce_mean(grads);
     // NOTE: after the all-reduce every rank holds the same gradients, so all skip alike.
-    if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(logits.detach(), y), false};
+    if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(t), count, false};
     for (auto& p : params_) {
       if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
       if (needs_saliency() && p.prunable) saliency_->add(p.name, p.value.detach(), p.value.grad());
     }
     if (needs_saliency()) saliency_->end_batch();
-    return {lv, correct_of(logits.detach(), y), true};
+    return {lv, correct_of(t), count, true};
   }
 
   void clip_gradients() {
@@ -455,7 +451,12 @@ class Trainer {
   void calibrate() {
     data_.start_epoch(0);
     Batch b;
-    for (int i = 0; i < 32 && data_.next(b); ++i) forward_backward(b);
+    for (int i = 0; i < 32 && data_.next(b); ++i) forward_backward(b, i);
+  }
+
+  static int64_t correct_of(const Objective::Targets& t) {
+    c10::NoGradGuard no_grad;
+    return Objective::correct(t);
   }
 
   void reset_saliency() {
@@ -501,25 +502,25 @@ class Trainer {
     data_.start_epoch(e);
     Batch b;
     double loss_sum = 0;
-    int64_t correct = 0, samples = 0, step = 0;
+    int64_t correct = 0, counted = 0, samples = 0, step = 0;
     double lr = o_.lr;
     while (data_.next(b)) {
       maybe_prune_step(e, step);
       lr = lr_at(e, step);
-      auto [lv, c, finite] = forward_backward(b);
+      auto [lv, c, n, finite] = forward_backward(b, e * steps_per_epoch_ + step);
       if (finite) {
         clip_gradients();
         opt_->step(lr);
         apply_masks();
       }
-      int64_t n = b.y.size(0);
       loss_sum += lv * double(n);
       correct += c;
-      samples += n;
+      counted += n;
+      samples += b.size();
       ++step;
       if (cb_.step && (!dist_ || dist_->is_main()))
-        cb_.step(e + 1, step, steps_per_epoch_, loss_sum / double(samples),
-                 double(correct) / double(samples), lr);
+        cb_.step(e + 1, step, steps_per_epoch_, loss_sum / double(counted),
+                 double(correct) / double(counted), lr);
     }
     if (o_.schedule == PruneSchedule::kAgp && e + 1 == o_.epochs &&
         o_.end_epoch == o_.epochs)  // the ramp ends with training: reach s_f now
@@ -527,15 +528,16 @@ class Trainer {
     EpochStats s;
     if (dist_ && dist_->world() > 1) {
       std::vector<at::Tensor> m = {
-          at::tensor({loss_sum, double(correct), double(samples)}, at::kDouble)};
+          at::tensor({loss_sum, double(correct), double(counted), double(samples)}, at::kDouble)};
       dist_->allreduce_sum(m);
       loss_sum = m[0][0].item<double>();
       correct = int64_t(m[0][1].item<double>());
-      samples = int64_t(m[0][2].item<double>());
+      counted = int64_t(m[0][2].item<double>());
+      samples = int64_t(m[0][3].item<double>());
     }
     s.epoch = e + 1;
-    s.loss = samples ? loss_sum / double(samples) : 0;
-    s.accuracy = samples ? double(correct) / double(samples) : 0;
+    s.loss = counted ? loss_sum / double(counted) : 0;
+    s.accuracy = counted ? double(correct) / double(counted) : 0;
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.samples_per_s = s.seconds > 0 ? double(samples) / s.seconds : 0;
     s.lr = lr;
@@ -670,6 +672,7 @@ class Trainer {
   std::unique_ptr<Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
   ModelIO io_;
+  std::optional<Objective> objective_;  // made with the first executor; kept across rebuilds
   std::vector<Param> params_;
   TrainResult result_;
   int64_t steps_per_epoch_ = 0, first_epoch_ = 0;
@@ -687,48 +690,64 @@ TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
   return Trainer(model, data, opts, cb, dist).run();
 }
 
-EvalResult evaluate(const ir::Model& model, DataLoader& data, const std::string& device,
-                    const std::function<void(int64_t, int64_t)>& progress, at::ScalarType precision,
-                    int64_t max_batches) {
+EvalResult evaluate(const ir::Model& model, DataLoader& data, const EvalOptions& o) {
   ExecOptions eo;
-  eo.device = device;
-  eo.precision = precision;
+  eo.device = o.device;
+  eo.precision = o.precision;
   Executor ex(model, eo);
-  ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model, ex);
+  Objective objective(o.loss, io);
   EvalResult r;
-  int64_t classes = data.dataset().num_classes();
-  std::vector<int64_t> hit(classes, 0);
-  r.per_class_count.assign(classes, 0);
+  std::vector<int64_t> hit;
   double loss_sum = 0, top1 = 0, top5 = 0;
+  int64_t counted = 0;
   data.start_epoch(0);
   Batch b;
   int64_t batch = 0, of = data.batches_per_epoch();
-  if (max_batches > 0) of = std::min(of, max_batches);
+  if (o.max_batches > 0) of = std::min(of, o.max_batches);
   while (batch < of && data.next(b)) {
-    at::Tensor x = fit_to_input(b.x, io.dims, io.input).to(ex.device());
-    at::Tensor out = ex.run({{io.input, x}}).at(0).reshape({b.x.size(0), -1}).to(at::kCPU);
-    at::Tensor y = b.y;
-    loss_sum += classification_loss(out, y, io.out_op).item<double>() * double(y.size(0));
-    int64_t k = std::min<int64_t>(5, out.size(1));
-    at::Tensor best = std::get<1>(out.topk(k, 1));
+    // NOTE: the same tokens are masked on every run (masked-lm): the pick is a function of the
+    // batch's index and the seed.
+    objective.prepare(b, batch);
+    at::Tensor out = ex.run(feeds(io, b, ex.device())).at(0).to(at::kCPU);
+    const Objective::Targets t = objective.targets(out, b);
+    const at::Tensor& y = t.labels;
+    const int64_t n = y.size(0);
+    loss_sum += objective.loss(t).item<double>() * double(n);
+    int64_t k = std::min<int64_t>(5, t.logits.size(1));
+    at::Tensor best = std::get<1>(t.logits.topk(k, 1));
     at::Tensor first = best.select(1, 0).eq(y);
     top1 += double(first.sum().item<int64_t>());
     top5 += double(best.eq(y.unsqueeze(1)).any(1).sum().item<int64_t>());
-    auto yc = y.accessor<int64_t, 1>();
-    auto fc = first.accessor<bool, 1>();
-    for (int64_t i = 0; i < y.size(0); ++i) {
-      ++r.per_class_count[yc[i]];
-      hit[yc[i]] += fc[i];
+    // Per class: for classifiers (not over a language model's vocabulary).
+    if (!is_language_model(objective.kind())) {
+      const int64_t classes = std::max(data.dataset().num_classes(), t.logits.size(1));
+      if (int64_t(hit.size()) < classes) {
+        hit.resize(classes, 0);
+        r.per_class_count.resize(classes, 0);
+      }
+      auto yc = y.accessor<int64_t, 1>();
+      auto fc = first.accessor<bool, 1>();
+      for (int64_t i = 0; i < n; ++i) {
+        ++r.per_class_count[yc[i]];
+        hit[yc[i]] += fc[i];
+      }
     }
-    r.samples += y.size(0);
+    counted += n;
+    r.samples += b.size();
     ++batch;
-    if (progress) progress(batch, of);
+    if (o.progress) o.progress(batch, of);
   }
-  LOPPER_CHECK(r.samples > 0, "[eval] ", data.dataset().name(), " gave no sample");
-  r.top1 = top1 / double(r.samples);
-  r.top5 = top5 / double(r.samples);
-  r.loss = loss_sum / double(r.samples);
-  for (int64_t c = 0; c < classes; ++c)
+  LOPPER_CHECK(counted > 0, "[eval] ", data.dataset().name(), " gave no sample");
+  r.loss_kind = loss_name(objective.kind());
+  r.top1 = top1 / double(counted);
+  r.top5 = top5 / double(counted);
+  r.loss = loss_sum / double(counted);
+  if (is_language_model(objective.kind())) {
+    r.tokens = counted;
+    r.perplexity = std::exp(r.loss);
+  }
+  for (size_t c = 0; c < hit.size(); ++c)
     r.per_class.push_back(r.per_class_count[c] ? double(hit[c]) / double(r.per_class_count[c])
                                                : std::nan(""));
   return r;
@@ -749,7 +768,6 @@ struct Spellings {
 };
 constexpr Spellings<Optimizer, 3> kOptimizers{{"sgd", "adam", "adamw"}};
 constexpr Spellings<LrSchedule, 3> kLrSchedules{{"constant", "step", "cosine"}};
-constexpr Spellings<TrainLoss, 2> kLosses{{"cross-entropy", "mse"}};
 
 }  // namespace
 
@@ -763,12 +781,8 @@ LrSchedule parse_lr_schedule(const std::string& s) {
 }
 const char* lr_schedule_name(LrSchedule s) { return kLrSchedules.name(s); }
 
-TrainLoss parse_train_loss(const std::string& s) {
-  return kLosses.parse(s, LOPPER_OPTION("loss"), "losses: cross-entropy, mse");
-}
-const char* train_loss_name(TrainLoss l) { return kLosses.name(l); }
-
 void check_train_options(const TrainOptions& o) {
+  check_loss_options(o.loss);
   LOPPER_CHECK(
       o.precision == at::kFloat || o.precision == at::kBFloat16 || o.precision == at::kHalf,
       "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(o.precision));

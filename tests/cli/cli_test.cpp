@@ -111,6 +111,12 @@ TEST(Cli, InspectCountsParamsAndMacs) {
   EXPECT_EQ(j["params"].get<int64_t>(), 11689512);
   EXPECT_NEAR(j["macs"].get<double>() / 1e9, 1.82, 0.01);
   EXPECT_EQ(j["layers"].size(), 21u);  // 20 convolutions + fc
+  // Each layer by the PyTorch parameter its weight is, which the table shows too.
+  EXPECT_EQ(j["layers"][1]["name"], "/layer1/layer1.0/conv1/Conv");
+  EXPECT_EQ(j["layers"][1]["param"], "layer1.0.conv1.weight");
+  r = lopper_cli("inspect " + fixture("resnet18.preserve.onnx"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\nlayer1.0.conv1.weight "), std::string::npos) << r.out;
 }
 
 TEST(Cli, BenchReportsLatency) {

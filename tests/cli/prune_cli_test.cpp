@@ -1,5 +1,6 @@
 // lopper prune on the command line: the output and its report, and bad input -> one line, the
 // right exit code, no output file.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +60,81 @@ TEST(PruneCli, WritesTheModelAndItsReport) {
               ->value.count_nonzero()
               .item<int64_t>();
   EXPECT_EQ(nz, 117376);
+}
+
+TEST(PruneCli, TiedEmbeddingIsLeftAloneUnlessAllowed) {
+  // transformers' GPT-2 from torch.export: lm_head's weight is the token embedding's table, one
+  // initializer read by the Gather and (through a Transpose) by lm_head's MatMul.
+  test::TempDir tmp;
+  const std::string in = fixture("gpt2.dynamo.onnx"), out = tmp / "p.onnx";
+  const at::Tensor table = onnx::load_model(in).graph.find_initializer("m.lm_head.weight")->value;
+  auto r = lopper_cli("prune " + in + " -o " + out + " --method l1 --scope global --amount 0.8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("lopper: [prune] warning: m.lm_head.weight left alone: tied with embedding "
+                       "'m.transformer.wte' (Gather): pruning would change the embedding too; "
+                       "pass --allow-tied to prune both"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("\nm.lm_head.weight "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nm.transformer.h.0.attn.c_attn.weight "), std::string::npos) << r.out;
+  EXPECT_TRUE(
+      at::equal(onnx::load_model(out).graph.find_initializer("m.lm_head.weight")->value, table));
+  auto j = nlohmann::json::parse(slurp(out + ".report.json"));
+  const auto& head = j["layers"].back();
+  EXPECT_EQ(head["param"], "m.lm_head.weight");
+  EXPECT_EQ(head["shared"][0]["use"], "embedding");
+  EXPECT_EQ(head["shared"][0]["module"], "m.transformer.wte");
+  EXPECT_NE(head["skipped"].get<std::string>().find("--allow-tied"), std::string::npos);
+  int64_t params = 0, nonzero = 0;  // the 80% come from the other layers
+  for (const auto& l : j["layers"])
+    if (!l.contains("skipped"))
+      params += l["params"].get<int64_t>(), nonzero += l["nonzero"].get<int64_t>();
+  EXPECT_EQ(params - nonzero, 78643);  // round(0.8 * 98304)
+
+  r = lopper_cli("prune " + in + " -o " + out + " --method l1 --amount 0.5 --allow-tied");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("m.lm_head.weight is tied with embedding 'm.transformer.wte' (Gather): "
+                       "pruned both"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("[shared with embedding 'm.transformer.wte' (Gather)]"), std::string::npos);
+  const ir::Model pruned = onnx::load_model(out);
+  EXPECT_EQ(
+      pruned.graph.find_initializer("m.lm_head.weight")->value.count_nonzero().item<int64_t>(),
+      32000);
+
+  // TorchScript's export folds the Transpose into a copy (onnx::MatMul_N): nothing is tied there.
+  r = lopper_cli("prune " + fixture("gpt2.ts.onnx") + " -o " + out + " --method l1 --amount 0.5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("tied"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("\n/m/lm_head/MatMul "), std::string::npos) << r.out;
+
+  const BadCase cases[] = {
+      {"--structured channel --amount 0.3 --allow-tied", 2, "--allow-tied"},
+      {"--recipe " + example("recipe.yaml") + " --allow-tied", 2, "drop --allow-tied"},
+  };
+  fs::remove(out);
+  fs::remove(out + ".report.json");
+  expect_refused(in, out, cases);
+}
+
+TEST(PruneCli, ExcludeMatchesTheParameterName) {
+  // torch.export's BERT: weights are folded constants (val_N) whose parameters the metadata names.
+  test::TempDir tmp;
+  const std::string out = tmp / "p.onnx";
+  auto r = lopper_cli("prune " + fixture("bert.dynamo.onnx") + " -o " + out +
+                      " --method l1 --amount 0.5 --exclude 'attention\\.self\\.query\\.weight$' "
+                      "--json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  int excluded = 0;
+  for (const auto& l : j["layers"]) {
+    const std::string param = l["param"];
+    const bool query = param.find("attention.self.query.weight") != std::string::npos;
+    EXPECT_EQ(l.value("skipped", ""), query ? "excluded (--exclude)" : "") << param;
+    excluded += query;
+  }
+  EXPECT_EQ(excluded, 2);
 }
 
 TEST(PruneCli, BadInputIsOneLineAndNoOutput) {

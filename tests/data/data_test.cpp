@@ -566,7 +566,10 @@ TEST(DataSpec, BadSpecsAreOneLineErrors) {
   std::string e = error_of([] { open_dataset("mnist"); });
   EXPECT_TRUE(is_data_error(e));
   EXPECT_TRUE(has(e, "unknown dataset 'mnist'")) << e;
-  EXPECT_TRUE(has(e, "fashion-mnist, idx:DIR, cifar10:DIR, folder:DIR or npy:X.npy,Y.npy")) << e;
+  EXPECT_TRUE(has(e,
+                  "fashion-mnist, idx:DIR, cifar10:DIR, folder:DIR, npy:X.npy,Y.npy or "
+                  "tokens:IDS.npy"))
+      << e;
   e = error_of([] { open_dataset("tfrecord:/data"); });
   EXPECT_TRUE(has(e, "unknown dataset 'tfrecord:/data'")) << e;
   e = error_of([] { open_dataset("cifar10:"); });

@@ -529,3 +529,271 @@ TEST(DepGraph, SplitPartNeverLosesAllItsChannels) {
   Executor e(pruned);
   EXPECT_EQ(e.run({{"x", at::randn({1, 3, 4, 4})}})[0].sizes().vec(), (Ints{1, 3, 4, 4}));
 }
+
+// x [N, S, 32] with a dynamic batch and sequence (the symbolic dims "N" and "S").
+static Net dynamic_net() {
+  Net n({1, 3, 32});
+  n.m.graph.inputs[0].type.dims = {{-1, "N"}, {-1, "S"}, {32, ""}};
+  return n;
+}
+
+// `name` = Unsqueeze(Gather(Shape(x), i)): one run-time size of x as a 1-element vector.
+static void size_of(Net& n, const std::string& x, int64_t i, const std::string& name) {
+  n.init(name + "_i", longs({i}).reshape({}));
+  n.op("Shape", {x}, {name + "_shape"});
+  n.op("Gather", {name + "_shape", name + "_i"}, {name + "_g"}, {attr("axis", int64_t(0))});
+  n.op("Unsqueeze", {name + "_g", "zero"}, {name});
+}
+
+// Self-attention, 4 heads of 8, as torch.export writes it with a dynamic batch and sequence:
+// the heads' target [N, S, -1, 8] is Concat(Shape(x)[0], Shape(x)[1], -1, 8), one shared by
+// Q, K and V; the merge's [N, S, H * D] multiplies the sizes of the merged tensor (H * D =
+// Shape(ct)[2] * Shape(ct)[3]).
+static Net dynamic_attention(const Ints& low_cols) {
+  at::manual_seed(10);
+  Net n = dynamic_net();
+  for (const char* w : {"wq", "wk", "wv"}) n.init(w, scaled(at::randn({32, 32}), 1, low_cols));
+  n.init("wo", scaled(at::randn({32, 32}), 0, low_cols));
+  n.init("zero", longs({0}));
+  n.init("minus1", longs({-1}));
+  n.init("hd", longs({8}));
+  size_of(n, "x", 0, "b");
+  size_of(n, "x", 1, "s");
+  n.op("Concat", {"b", "s", "minus1", "hd"}, {"hs"}, {attr("axis", int64_t(0))});
+  for (std::string p : {"q", "k", "v"}) {
+    n.op("MatMul", {"x", "w" + p}, {p});
+    n.op("Reshape", {p, "hs"}, {p + "r"});
+  }
+  n.op("Transpose", {"qr"}, {"qt"}, {attr("perm", Ints{0, 2, 1, 3})});
+  n.op("Transpose", {"kr"}, {"kt"}, {attr("perm", Ints{0, 2, 3, 1})});
+  n.op("Transpose", {"vr"}, {"vt"}, {attr("perm", Ints{0, 2, 1, 3})});
+  n.op("MatMul", {"qt", "kt"}, {"sc"});
+  n.op("Softmax", {"sc"}, {"p"}, {attr("axis", int64_t(-1))});
+  n.op("MatMul", {"p", "vt"}, {"ctx"});
+  n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
+  n.init("two", longs({2}).reshape({}));
+  n.init("three", longs({3}).reshape({}));
+  n.op("Shape", {"ct"}, {"cts"});
+  n.op("Gather", {"cts", "two"}, {"heads"}, {attr("axis", int64_t(0))});
+  n.op("Gather", {"cts", "three"}, {"head_dim"}, {attr("axis", int64_t(0))});
+  n.op("Mul", {"heads", "head_dim"}, {"hidden"});
+  n.op("Unsqueeze", {"hidden", "zero"}, {"hidden1"});
+  n.op("Concat", {"b", "s", "hidden1"}, {"os"}, {attr("axis", int64_t(0))});
+  n.op("Reshape", {"ct", "os"}, {"o"});
+  n.op("MatMul", {"o", "wo"}, {"y"});
+  return n;
+}
+
+// The literal a Reshape's computed target holds at entry 3: the 1-element initializer the
+// Concat making its target reads as input 3.
+static int64_t head_dim_of(const ir::Model& m, const std::string& reshape) {
+  const std::string& target = node(m, reshape).inputs.at(1);
+  for (const auto& c : m.graph.nodes)
+    if (!c.outputs.empty() && c.outputs[0] == target)
+      return init(m, c.inputs.at(3)).item<int64_t>();
+  throw std::runtime_error("no node makes " + target);
+}
+
+// The pruned model runs at every input shape in `shapes` and equals `zeroed` there.
+static void expect_runs_as_at(const ir::Model& pruned, const ir::Model& zeroed,
+                              const std::vector<Ints>& shapes) {
+  for (const auto& s : shapes) {
+    at::manual_seed(11);
+    at::Tensor x = at::randn(s);
+    Executor a(pruned), b(zeroed);
+    at::Tensor ya = a.run({{"x", x}})[0], yb = b.run({{"x", x}})[0];
+    EXPECT_EQ(ya.sizes().vec(), yb.sizes().vec());
+    EXPECT_LE(test::relative_max_diff(ya, yb), 1e-5) << at::IntArrayRef(s);
+  }
+}
+
+// --structured head on a dynamic-shape export: the targets computed from Shape are followed, so
+// whole heads go; the -1 takes the new head count, the batch and sequence stay run-time sizes,
+// and the merge's Shape(ct)[2] * Shape(ct)[3] follows by itself. The model runs at other batch
+// and sequence sizes.
+TEST(DepGraph, DynamicShapeTargetsFollowHeads) {
+  const Ints cols = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};  // heads 1, 3
+  Net n = dynamic_attention(cols);
+  StructuredReport g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_EQ(g.groups[0].kind, "head");
+  EXPECT_EQ(g.groups[0].size_before, 4);
+  EXPECT_EQ(g.groups[0].blocked, "");
+
+  ir::Model pruned = n.m;
+  StructuredReport r = prune_structured(pruned, amount(0.5, StructuredUnit::kHead));
+  EXPECT_EQ(r.groups[0].removed, (Ints{1, 3}));
+  const Ints keep = kept(32, cols);
+  for (const char* w : {"wq", "wk", "wv"}) expect_slice(n.m, pruned, w, 1, keep);
+  expect_slice(n.m, pruned, "wo", 0, keep);
+  for (const char* rs : {"qr", "kr", "vr"}) {
+    EXPECT_EQ(node(pruned, rs).inputs[1], "hs") << rs;  // untouched: -1 and 8
+    EXPECT_EQ(head_dim_of(pruned, rs), 8) << rs;
+  }
+  EXPECT_TRUE(at::equal(init(pruned, "minus1"), longs({-1})));
+  EXPECT_EQ(node(pruned, "o").inputs[1], "os");
+  expect_runs_as_at(pruned, zeroed(n.m, {"wo"}, 0, cols), {{1, 3, 32}, {3, 11, 32}, {2, 1, 32}});
+}
+
+// --structured channel on the same export: head_dim is the tracked axis, so the literal 8 in the
+// shared target is rewritten. Q and K lose 2 dims per head, V 4 (amounts per group): V's reshape
+// and K get copies of the Concat with 6, V keeps the original with 4.
+TEST(DepGraph, DynamicShapeTargetsFollowHeadDimPerReader) {
+  Ints qk_low, v_low;
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t d : {1, 6}) qk_low.push_back(8 * h + d);
+    for (int64_t d : {0, 2, 5, 7}) v_low.push_back(8 * h + d);
+  }
+  std::sort(qk_low.begin(), qk_low.end());
+  std::sort(v_low.begin(), v_low.end());
+  Net n = dynamic_attention({});
+  n.m.graph.find_initializer("wq")->value = scaled(init(n.m, "wq"), 1, qk_low);
+  n.m.graph.find_initializer("wk")->value = scaled(init(n.m, "wk"), 1, qk_low);
+  n.m.graph.find_initializer("wv")->value = scaled(init(n.m, "wv"), 1, v_low);
+  n.m.graph.find_initializer("wo")->value = scaled(init(n.m, "wo"), 0, v_low);
+  StructuredReport g = channel_groups(n.m);
+  ASSERT_EQ(g.groups.size(), 3u);
+  EXPECT_EQ(g.groups[0].layers, (Names{"q", "k"}));
+  EXPECT_EQ(g.groups[1].layers, (Names{"v", "y"}));
+  EXPECT_EQ(g.groups[0].blocked, "");
+  EXPECT_EQ(g.groups[1].blocked, "");
+
+  ir::Model pruned = n.m;
+  StructuredOptions o;
+  o.group_amounts = {{0, 0.25}, {1, 0.5}};
+  StructuredReport r = prune_structured(pruned, o);
+  EXPECT_EQ(r.groups[0].removed, (Ints{1, 6}));
+  EXPECT_EQ(r.groups[1].removed, (Ints{0, 2, 5, 7}));
+  EXPECT_EQ(head_dim_of(pruned, "qr"), 6);
+  EXPECT_EQ(head_dim_of(pruned, "kr"), 6);
+  EXPECT_EQ(head_dim_of(pruned, "vr"), 4);
+  EXPECT_NE(node(pruned, "vr").inputs[1], node(pruned, "qr").inputs[1]);
+  expect_slice(n.m, pruned, "wq", 1, kept(32, qk_low));
+  expect_slice(n.m, pruned, "wv", 1, kept(32, v_low));
+  expect_slice(n.m, pruned, "wo", 0, kept(32, v_low));
+  ir::Model z = zeroed(zeroed(n.m, {"wq", "wk"}, 1, qk_low), {"wv"}, 1, v_low);
+  expect_runs_as_at(pruned, z, {{1, 3, 32}, {3, 11, 32}});
+}
+
+// Where the shape arithmetic cannot be followed, the Reshape is a barrier that says what stops
+// it and what to do: here the heads' head_dim is Div(Shape(q)[2], 4) — after a head goes it
+// would no longer be 8 — and, in a second model, the batch entry comes from a Max lopper does
+// not follow. With static input dims the analysis run's target is used instead, and heads go.
+TEST(DepGraph, UnfollowedShapeArithmeticNamesWhatStopsIt) {
+  auto with_target = [](bool div) {
+    Net n = dynamic_attention({});
+    std::string from;  // the Concat's new input
+    if (div) {         // 8 = Shape(q)[2] / 4
+      n.init("four", longs({4}).reshape({}));
+      n.op("Shape", {"q"}, {"qs"});
+      n.op("Gather", {"qs", "two"}, {"qh"}, {attr("axis", int64_t(0))});
+      n.op("Div", {"qh", "four"}, {"qd"});
+      n.op("Unsqueeze", {"qd", "zero"}, {"qd1"});
+      from = "qd1";
+    } else {  // batch = Max(b, b)
+      n.op("Max", {"b", "b"}, {"mx"});
+      from = "mx";
+    }
+    for (auto& x : n.m.graph.nodes)
+      if (x.name == "hs") x.inputs[div ? 3 : 0] = from;
+    return n;
+  };
+  const std::string hint = "; export the model with static input shapes to prune across it";
+  for (bool div : {true, false}) {
+    Net n = with_target(div);
+    ir::Model m = n.m;
+    try {
+      prune_structured(m, amount(0.5, StructuredUnit::kHead));
+      ADD_FAILURE() << "pruned heads across an unfollowed target";
+    } catch (const Error& e) {
+      const std::string why =
+          div ? "its entry 3 follows a channel count on an axis without one"
+              : "its entry 0 is not followed: it is computed by node 'mx' (Max), which lopper "
+                "does not follow";
+      EXPECT_EQ(std::string(e.what()),
+                "[prune] no channel group can be pruned: barriers: node 'qr' (Reshape): Reshape "
+                "to a shape computed at run time (" +
+                    why + ")" + hint);
+    }
+    n.m.graph.inputs[0].type.dims = {{1, ""}, {3, ""}, {32, ""}};
+    m = n.m;
+    StructuredReport r;
+    ASSERT_NO_THROW(r = prune_structured(m, amount(0.5, StructuredUnit::kHead))) << div;
+    EXPECT_EQ(r.groups[0].size_after, 2);
+    Executor e(m);
+    EXPECT_EQ(e.run({{"x", at::randn({1, 3, 32})}})[0].sizes().vec(), (Ints{1, 3, 32}));
+  }
+}
+
+// Grouped-query attention, 4 query heads and 2 key/value heads of 8, LLaMA's repeat_kv
+// (Unsqueeze, Expand to [1, 2, 2, 3, 8], Reshape to [1, 4, 3, 8]); K's Expand shape is
+// TorchScript's Where(Equal(shape, -1), 1, shape) on constants. Query heads 2j, 2j+1 read
+// key/value head j, so a kv head and its two query heads are one class: --structured head
+// removes them together (the split [1, 3, 2, 8] takes heads, not head_dim, after the query
+// split showed head_dim 8), and every shape follows.
+TEST(DepGraph, GroupedQueryHeadsGoWithTheirKeyValueHead) {
+  at::manual_seed(12);
+  Net n({1, 3, 32});
+  Ints q_low, kv_low;  // kv head 1: query heads 2 and 3
+  for (int64_t i = 16; i < 32; ++i) q_low.push_back(i);
+  for (int64_t i = 8; i < 16; ++i) kv_low.push_back(i);
+  n.init("wq", scaled(at::randn({32, 32}), 1, q_low));
+  n.init("wk", scaled(at::randn({32, 16}), 1, kv_low));
+  n.init("wv", scaled(at::randn({32, 16}), 1, kv_low));
+  n.init("wo", scaled(at::randn({32, 32}), 0, q_low));
+  n.init("qs", longs({1, 3, 4, 8}));
+  n.init("kvs", longs({1, 3, 2, 8}));
+  n.init("two", longs({2}));
+  n.init("rep", longs({1, 2, 2, 3, 8}));  // V's Expand shape
+  n.init("rep_k", longs({1, 2, 2, 3, 8}));
+  n.init("five", longs({5}));
+  n.init("minus1", longs({-1}).reshape({}));
+  n.init("merged", longs({1, 4, 3, 8}));
+  n.init("os", longs({1, 3, 32}));
+  n.op("MatMul", {"x", "wq"}, {"q"});
+  n.op("Reshape", {"q", "qs"}, {"qr"});
+  n.op("Transpose", {"qr"}, {"qt"}, {attr("perm", Ints{0, 2, 1, 3})});
+  // Where(Equal(rep_k, -1 * ones(5)), ones(5), rep_k): rep_k, computed from constants.
+  n.op("ConstantOfShape", {"five"}, {"ones"},
+       {{.name = "value", .type = ir::AttrType::kTensor, .t = longs({1})}});
+  n.op("Mul", {"ones", "minus1"}, {"neg"});
+  n.op("Equal", {"rep_k", "neg"}, {"eq"});
+  n.op("Where", {"eq", "ones", "rep_k"}, {"rep_kw"});
+  for (std::string p : {"k", "v"}) {
+    n.op("MatMul", {"x", "w" + p}, {p});
+    n.op("Reshape", {p, "kvs"}, {p + "r"});
+    n.op("Transpose", {p + "r"}, {p + "t"}, {attr("perm", Ints{0, 2, 1, 3})});
+    n.op("Unsqueeze", {p + "t", "two"}, {p + "u"});
+    n.op("Expand", {p + "u", p == "k" ? "rep_kw" : "rep"}, {p + "e"});
+    n.op("Reshape", {p + "e", "merged"}, {p + "m"});
+  }
+  n.op("Transpose", {"km"}, {"kmt"}, {attr("perm", Ints{0, 1, 3, 2})});
+  n.op("MatMul", {"qt", "kmt"}, {"sc"});
+  n.op("Softmax", {"sc"}, {"p"}, {attr("axis", int64_t(-1))});
+  n.op("MatMul", {"p", "vm"}, {"ctx"});
+  n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
+  n.op("Reshape", {"ct", "os"}, {"o"});
+  n.op("MatMul", {"o", "wo"}, {"y"});
+
+  StructuredReport g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_EQ(g.groups[0].kind, "head");
+  EXPECT_EQ(g.groups[0].size_before, 2);  // two kv groups
+  EXPECT_EQ(g.groups[0].layers, (Names{"q", "k", "v", "y"}));
+  EXPECT_EQ(g.groups[0].blocked, "");
+
+  ir::Model pruned = n.m;
+  StructuredReport r = prune_structured(pruned, amount(0.5, StructuredUnit::kHead));
+  EXPECT_EQ(r.groups[0].removed, Ints{1});
+  expect_slice(n.m, pruned, "wq", 1, kept(32, q_low));
+  expect_slice(n.m, pruned, "wk", 1, kept(16, kv_low));
+  expect_slice(n.m, pruned, "wv", 1, kept(16, kv_low));
+  expect_slice(n.m, pruned, "wo", 0, kept(32, q_low));
+  EXPECT_TRUE(at::equal(input_of(pruned, "qr", 1), longs({1, 3, 2, 8})));
+  EXPECT_TRUE(at::equal(input_of(pruned, "kr", 1), longs({1, 3, 1, 8})));
+  EXPECT_TRUE(at::equal(input_of(pruned, "ke", 1), longs({1, 1, 2, 3, 8})));
+  EXPECT_TRUE(at::equal(input_of(pruned, "ve", 1), longs({1, 1, 2, 3, 8})));
+  EXPECT_TRUE(at::equal(input_of(pruned, "km", 1), longs({1, 2, 3, 8})));
+  EXPECT_TRUE(at::equal(input_of(pruned, "o", 1), longs({1, 3, 16})));
+  expect_runs_as(pruned, zeroed(n.m, {"wo"}, 0, q_low), {1, 3, 32}, {1, 3, 32});
+}

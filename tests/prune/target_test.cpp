@@ -198,7 +198,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
     lo.batch_size = 4;  // the fixture's fixed batch
     lo.shuffle = false;
     DataLoader dl(open_dataset(data), lo);
-    const EvalResult e = evaluate(onnx::load_model(out), dl, "cpu", {}, at::kFloat, 2);
+    const EvalResult e = evaluate(onnx::load_model(out), dl, EvalOptions{"cpu", at::kFloat, 2});
     EXPECT_EQ(e.samples, 8);
     EXPECT_NEAR(j["target"]["loss"]["measured"].get<double>(), e.loss, 1e-9);
     EXPECT_NEAR(j["target"]["loss"]["top1_measured"].get<double>(), e.top1, 1e-12);

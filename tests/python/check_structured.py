@@ -1,11 +1,16 @@
 """Structured pruning on real exported models: every shrunk model passes onnx's checker with shape
 inference, runs in ONNX Runtime with the original output shape, agrees with lopper's own run of it
 (<= 1e-4 relative), is smaller on disk, and lost the channels asked for; amount 0 is the identity.
+A tied embedding (the output projection is the token embedding's table) stays one initializer.
 
 Models: the fixtures of tests/fixtures/make_models.py — torchvision resnet18, resnet50, mobilenet_v2, mobilenet_v3_small (squeeze-excite),
 vgg11_bn, densenet121 (concat), resnext50_32x4d (grouped conv), vit_b_16 and a TransformerEncoder,
 each exported by both exporters, the CNNs with BatchNorm folded and kept from each (ts, dynamo,
-preserve, dynamo_folded).
+preserve, dynamo_folded); transformers' GPT-2, BERT and LLaMA (grouped-query attention), and as
+issue 18 met them: a BERT classifier and masked LM with dynamic batch and sequence axes (their
+reshape targets computed from Shape at run time), and GPT-2 with n_embd 128 from torch.export.
+Heads are counted in the written models (the [batch, seq, heads, head_dim] splits, run in ONNX
+Runtime); the dynamic exports also run at another batch and sequence length.
 Usage: check_structured.py LOPPER FIXTURES_DIR
 """
 
@@ -31,7 +36,9 @@ LMS = ["gpt2", "bert", "llama"]
 MODELS = [f"{m}.{e}" for m in CNNS for e in ("ts", "dynamo", "preserve", "dynamo_folded")] + [
     "transformer_encoder.ts", "transformer_encoder.dynamo", "vit_b_16.ts", "vit_b_16.dynamo"] + [
     f"{m}.{e}" for m in LMS for e in ("ts", "dynamo")]
-INPUT_INDEX = {"input": 0, "src": 0, "input_ids": 0, "attention_mask": 1}
+INPUT_INDEX = {"input": 0, "src": 0, "input_ids": 0, "attention_mask": 1, "token_type_ids": 2}
+# Exported with dynamic batch and sequence axes (tests/fixtures/make_models.py's DYNAMIC).
+DYNAMIC_LMS = ["bert_cls", "bert_mlm"]
 
 
 def session(path):
@@ -67,11 +74,31 @@ def lopper_run(lopper, path, inputs, tmp):
     return outdir
 
 
-def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel"):
+def tied_weights(path):
+    """Initializers that a Gather reads as its table and a MatMul or Gemm as its weight (directly or
+    through a Transpose): tied embeddings, by name, with their shapes."""
+    g = onnx.load(path, load_external_data=False).graph
+    inits = {i.name: list(i.dims) for i in g.initializer}
+    through = {n.output[0]: n.input[0] for n in g.node
+               if n.op_type == "Transpose" and n.input[0] in inits}
+    tables = {n.input[0] for n in g.node if n.op_type == "Gather" and n.input[0] in inits}
+    weights = {through.get(n.input[1], n.input[1]) for n in g.node
+               if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1}
+    return {t: inits[t] for t in tables & weights}
+
+
+def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel", tag=""):
     src = os.path.join(fixtures, stem + ".onnx")
-    out = os.path.join(tmp, f"{stem}.{unit}.{amount}.onnx")
+    out = os.path.join(tmp, f"{stem}.{unit}.{amount}{tag}.onnx")
     j = prune(lopper, src, out, "--structured", unit, "--amount", str(amount))
     onnx.checker.check_model(out, full_check=True)
+    # A tie is one tensor before and after: sliced once, alike for the embedding and the layer.
+    tied, still = tied_weights(src), tied_weights(out)
+    assert still.keys() == tied.keys(), f"tied weights {sorted(tied)} became {sorted(still)}"
+    names = [i.name for i in onnx.load(out, load_external_data=False).graph.initializer]
+    for t in tied:
+        assert not any(n.startswith(t + "_pruned") for n in names), f"{t} was copied"
+
     ref, got = session(src), session(out)
     x = feeds(ref, fixtures, stem.split(".")[0])
     want, have = ref.run(None, x), got.run(None, x)
@@ -102,6 +129,101 @@ def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel"):
     return j
 
 
+def other_feeds(sess, batch=3, seq=11):
+    """Inputs of a transformers LM at another batch and sequence length than its fixture's: ids
+    (vocabulary 1000), a mask with the last sequence padded, token types 0 then 1."""
+    rng = np.random.default_rng(1)
+    x = {}
+    for i in sess.get_inputs():
+        if i.name == "input_ids":
+            v = rng.integers(0, 1000, (batch, seq))
+        elif i.name == "attention_mask":
+            v = np.ones((batch, seq))
+            v[-1, seq - 3:] = 0
+        else:
+            v = np.zeros((batch, seq))
+            v[:, seq // 2:] = 1
+        x[i.name] = v.astype(np.int64)
+    return x
+
+
+def head_splits(path, x):
+    """{Reshape node: (heads, head_dim)} for every split of a hidden axis into heads in the model
+    at `path` ([batch, seq, heads, head_dim], read by a Transpose to [batch, heads, ...]), from
+    ONNX Runtime's run on `x`."""
+    m = onnx.load(path)
+    readers = {}
+    for n in m.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    splits = []
+    for n in m.graph.node:
+        if n.op_type == "Reshape" and any(
+                r.op_type == "Transpose" and
+                [list(a.ints) for a in r.attribute if a.name == "perm"] in ([[0, 2, 1, 3]], [[0, 2, 3, 1]])
+                for r in readers.get(n.output[0], [])):
+            splits.append(n)
+    assert splits, f"{path}: no head split found"
+    for n in splits:
+        m.graph.output.append(onnx.helper.make_tensor_value_info(n.output[0], onnx.TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    got = sess.run([n.output[0] for n in splits], x)
+    return {n.name: tuple(v.shape[2:]) for n, v in zip(splits, got)}
+
+
+def check_head_counts(src, out, x, unit):
+    """Every head split of the written model has half the heads of the original's (--structured
+    head: a grouped-query attention's key/value heads too) and the same head_dim, or (channels)
+    the same heads and a head_dim no larger."""
+    before, after = head_splits(src, x), head_splits(out, x)
+    assert before.keys() == after.keys(), f"head splits {sorted(before)} became {sorted(after)}"
+    for name, (h, d) in before.items():
+        h2, d2 = after[name]
+        if unit == "head":
+            assert (h2, d2) == (h // 2, d), f"{name}: {h} heads of {d} became {h2} of {d2}, asked {h // 2}"
+        else:
+            assert h2 == h and d2 <= d, f"{name}: {h} heads of {d} became {h2} of {d2}"
+    return before, after
+
+
+def check_dynamic(lopper, fixtures, tmp, stem, amount, unit):
+    """A dynamic-shape export: pruned like any model (check_shrunk), its batch and sequence stay
+    symbolic, its heads are what was asked, and at batch 3, sequence 11 it runs in ONNX Runtime
+    with the original's output shapes and lopper agrees with it."""
+    j = check_shrunk(lopper, fixtures, tmp, stem, amount, unit)
+    src = os.path.join(fixtures, stem + ".onnx")
+    out = os.path.join(tmp, f"{stem}.{unit}.{amount}.onnx")
+    for i in onnx.load(out).graph.input:
+        dims = i.type.tensor_type.shape.dim
+        assert all(d.dim_param for d in dims[:2]), f"input {i.name} lost its dynamic axes: {dims}"
+    ref, got = session(src), session(out)
+    x = other_feeds(ref)
+    check_head_counts(src, out, x, unit)
+    want, have = ref.run(None, x), got.run(None, x)
+    for w, h in zip(want, have):
+        assert w.shape == h.shape, f"batch 3, seq 11: output shape {h.shape}, the original has {w.shape}"
+    outdir = lopper_run(lopper, out, x, tmp)
+    for o, h in zip(got.get_outputs(), have):
+        mine = np.load(os.path.join(outdir, o.name + ".npy"))
+        rel = np.abs(mine - h).max() / max(np.abs(h).max(), 1e-12)
+        assert rel <= 1e-4, f"batch 3, seq 11: lopper vs ONNX Runtime: max rel diff {rel:.2e}"
+    return j
+
+
+def check_gqa_heads(lopper, fixtures, tmp, stem):
+    """LLaMA's grouped-query attention (4 query heads, 2 key/value heads): heads 50% removes one
+    key/value head with the two query heads that read it, in each layer's one head group."""
+    j = check_shrunk(lopper, fixtures, tmp, stem, 0.5, unit="head")
+    heads = [g for g in j["groups"] if g["kind"] == "head" and "blocked" not in g]
+    assert len(heads) == 2 and all((g["size_before"], g["size_after"]) == (2, 1) for g in heads), heads
+    src = os.path.join(fixtures, stem + ".onnx")
+    out = os.path.join(tmp, f"{stem}.head.0.5.onnx")
+    before, _ = check_head_counts(src, out, feeds(session(src), fixtures, "llama"), "head")
+    assert sorted(h for h, _ in before.values()) == [2, 2, 2, 2, 4, 4], before  # q, k, v per layer
+
+
 def check_identity(lopper, fixtures, tmp, stem):
     src = os.path.join(fixtures, stem + ".onnx")
     out = os.path.join(tmp, f"{stem}.zero.onnx")
@@ -119,6 +241,20 @@ def check_heads(lopper, fixtures, tmp, stem, heads_before):
     for g in heads:
         assert g["size_before"] == heads_before and g["size_after"] == heads_before // 2, \
             f"heads {g['size_before']} -> {g['size_after']}"
+
+
+def check_tie_kept(lopper, fixtures, tmp, stem):
+    """The fixture's output projection is its token embedding's table, one initializer read by a
+    Gather and, through a Transpose, by a MatMul (GPT-2's lm_head; BERT's masked-LM decoder, behind
+    a dense layer of its own whose channels the tie couples with the hidden size): after the hidden
+    size shrinks it is still one initializer, narrower, and the model runs (check_shrunk)."""
+    tied = tied_weights(os.path.join(fixtures, stem + ".onnx"))
+    assert tied, "the fixture has no tied embedding"
+    check_shrunk(lopper, fixtures, tmp, stem, 0.3, tag=".tie")
+    still = tied_weights(os.path.join(tmp, f"{stem}.channel.0.3.tie.onnx"))
+    assert still.keys() == tied.keys(), f"tied weights {sorted(tied)} became {sorted(still)}"
+    for t, shape in tied.items():
+        assert still[t][0] == shape[0] and still[t][1] < shape[1], f"{t}: {shape} -> {still[t]}"
 
 
 def check_shared_norm_tensors(lopper, tmp):
@@ -163,6 +299,9 @@ def main():
         for stem in ("resnet18.ts", "densenet121.dynamo", "transformer_encoder.dynamo"):
             cases.append((f"{stem} amount 0 is the identity",
                           lambda s=stem: check_identity(lopper, fixtures, tmp, s)))
+        for stem in ("gpt2.dynamo", "bert_mlm.dynamo"):
+            cases.append((f"{stem} tied embedding stays one initializer",
+                          lambda s=stem: check_tie_kept(lopper, fixtures, tmp, s)))
         cases.append(("BatchNorm tensors shared through Identity",
                       lambda: check_shared_norm_tensors(lopper, tmp)))
         cases.append(("transformer_encoder.dynamo heads 50%",
@@ -173,11 +312,22 @@ def main():
                       lambda: check_scale_from_shape_pins(lopper, fixtures, tmp)))
         cases.append(("vit_b_16.dynamo heads 50%",
                       lambda: check_heads(lopper, fixtures, tmp, "vit_b_16.dynamo", 12)))
-        # NOTE: llama's grouped-query attention (4 query heads, 2 key/value heads) is not yet
-        # pruned by heads (issue 18).
         for stem in ("gpt2.ts", "gpt2.dynamo", "bert.ts", "bert.dynamo"):
             cases.append((f"{stem} heads 50%",
                           lambda s=stem: check_heads(lopper, fixtures, tmp, s, 4)))
+        for stem in ("llama.ts", "llama.dynamo"):
+            cases.append((f"{stem} grouped-query heads 50%",
+                          lambda s=stem: check_gqa_heads(lopper, fixtures, tmp, s)))
+        # Issue 18: dynamic batch and sequence (targets computed from Shape), heads and channels.
+        for stem in (f"{m}.{e}" for m in DYNAMIC_LMS for e in ("ts", "dynamo")):
+            for unit, amount in (("head", 0.5), ("channel", 0.3), ("channel", 0.5)):
+                cases.append((f"{stem} {unit}s {amount:.0%}, dynamic axes",
+                              lambda s=stem, u=unit, a=amount: check_dynamic(lopper, fixtures, tmp, s, a, u)))
+        # Issue 18's GPT-2 (n_embd 128, ids [1, 16]): the full checker passes (no stale value_info).
+        for stem in ("gpt2_wide.dynamo", "gpt2_wide.ts"):
+            for amount in (0.25, 0.5):
+                cases.append((f"{stem} channels {amount:.0%}",
+                              lambda s=stem, a=amount: check_shrunk(lopper, fixtures, tmp, s, a)))
         return run(cases, jobs=2)
 
 

@@ -56,6 +56,28 @@ TEST(HtmlReport, MatchesLayersByNameAcrossModels) {
   EXPECT_EQ(d["layers"][2]["macs"], nlohmann::json({0, 10}));
 }
 
+TEST(HtmlReport, LayersCarryTheirParameterNames) {
+  HtmlReport rep("prune", "t", "lopper prune a.onnx");
+  ModelCost cost;
+  cost.layers = {layer("node_MatMul_58", 100, 100, 1000), layer("/fc/Gemm", 10, 10, 10)};
+  cost.layers[0].param = "m.encoder.layer.0.query.weight";
+  rep.add_model(ReportModel{"before", "a.onnx", 110, 110, 1010, 10}, cost);
+  SensitivityResult s;
+  s.unit = "weight";
+  LayerSensitivity l;
+  l.name = "node_MatMul_58";
+  l.param = "m.encoder.layer.0.query.weight";
+  s.layers = {l};
+  rep.add_sensitivity(s, false);
+  const auto& d = rep.data();
+  EXPECT_EQ(d["layers"][0]["name"], "node_MatMul_58");
+  EXPECT_EQ(d["layers"][0]["param"], "m.encoder.layer.0.query.weight");
+  EXPECT_EQ(d["layers"][1]["param"], "");  // the page shows the node's name
+  EXPECT_EQ(d["sensitivity"]["layers"][0]["param"], "m.encoder.layer.0.query.weight");
+  // The page labels a layer by its parameter, else its node.
+  EXPECT_NE(rep.html().find("short(l.param || l.name)"), std::string::npos);
+}
+
 TEST(HtmlReport, PageInlinesChartJsAndEscapedData) {
   HtmlReport rep("sensitivity", "</script><script>alert(1)</script>", "lopper sensitivity");
   rep.add_note("a note with </script> inside and {{data}} and {{chart.js}}");

@@ -65,6 +65,39 @@ TEST(TrainSchedule, AgpFollowsTheCubicRamp) {
   EXPECT_EQ(r.notes.size(), 3u);
 }
 
+TEST(TrainSchedule, TiedWeightsFollowThePrunePolicy) {
+  // The schedule's prune() leaves a tied weight alone (allow_tied off): the ramp reaches its
+  // target on the weights it prunes, not by emptying them to make up for the tie.
+  test::TempDir tmp;
+  std::string data = npy_data(tmp, 16);
+  for (bool allow : {false, true}) {
+    ir::Model m = tied_classifier();
+    TrainOptions o;
+    o.epochs = 3;
+    o.lr = 0.01;
+    o.schedule = PruneSchedule::kAgp;
+    o.prune.criterion = "l1";
+    o.prune.scope = PruneScope::kGlobal;
+    o.prune.amount = PruneAmount{0.6, false};
+    o.prune.allow_tied = allow;
+    o.start_epoch = 0;
+    o.end_epoch = 2;
+    TrainResult r = train(m, *loader(data), o);
+    ASSERT_EQ(r.epochs.size(), 3u);
+    EXPECT_NEAR(r.epochs.back().sparsity, 0.6, 1e-3) << allow;
+    const at::Tensor& w1 = init(m, "w1");
+    const at::Tensor& e = init(m, "E");
+    const double w1_sparsity =
+        1.0 - double(w1.count_nonzero().item<int64_t>()) / double(w1.numel());
+    if (allow) {
+      EXPECT_NEAR(prunable_sparsity(m), 0.6, 1e-3);
+    } else {
+      EXPECT_NEAR(w1_sparsity, 0.6, 1e-3);
+      EXPECT_EQ(e.count_nonzero().item<int64_t>(), e.numel());
+    }
+  }
+}
+
 TEST(TrainSchedule, IterativePrunesTheSameShareEachRound) {
   test::TempDir tmp;
   std::string data = npy_data(tmp);

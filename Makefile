@@ -42,7 +42,8 @@ bench: build
 # The code's one format (.clang-format): `make format` applies it, `make format-check` (run by
 # .ci/run) fails on any file that differs.
 FORMATTED = $(shell git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'include/*.h' \
-                      'tests/*.cpp' 'tests/*.h' 'bench/*.cpp' 'bench/*.h' 'examples/*.cpp')
+                      'tests/*.cpp' 'tests/*.h' 'bench/*.cpp' 'bench/*.h' 'examples/*.cpp' \
+                      'python/*.cpp' 'python/*.h')
 format: deps
 	@clang-format -i $(FORMATTED) && echo "clang-format: $(words $(FORMATTED)) files formatted"
 

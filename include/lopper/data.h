@@ -110,6 +110,13 @@ struct Batch {
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<Dataset> data, LoaderOptions opts);
+  /// A loader over batches already made (the Python package's calibration data, handed over as
+  /// tensors): every epoch gives them as they are, in their order (no shuffling, sharding,
+  /// normalization or background thread); they may differ in size and, past the batch dim, in
+  /// shape (token batches padded each to its own length). Labels become int64. `name` names the
+  /// data in messages. Throws lopper::Error when there is no batch, a batch has no samples, or
+  /// its labels (integers) or named inputs do not have its batch size.
+  DataLoader(std::vector<Batch> batches, std::string name);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;

@@ -113,6 +113,19 @@ std::vector<PrunableWeight> prunable_weights(const ir::Graph& g);
 /// outside 1..256).
 /// Data-driven criteria take an amount like l1; their Saliency is checked when pruning.
 void check_layer_options(const PruneLayerOptions& o);
+/// check_layer_options(), and throws when scope is global with a pattern other than unstructured
+/// and block, or `exclude` is not a valid regex: every check prune() makes before any work.
+void check_prune_options(const PruneOptions& o);
+/// What a criterion that ranks single weights asks of its caller (the table of
+/// src/prune/importance.cpp), for checking a caller's options before any work.
+struct CriterionInfo {
+  std::string name;
+  bool takes_threshold = false;  // removes |w| < threshold (abs); the others take an amount
+  bool needs_data = false;       // ranks by calibration data: prune() needs a Saliency
+  std::string data_needed;       // "by their gradients" (needs_data), for messages
+};
+/// The criterion called `name`. Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
+CriterionInfo weight_criterion_info(const std::string& name);
 /// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" | "block:RxC" (e.g. "block:8x1") into
 /// o.pattern (and o.n, o.m or o.block_r, o.block_c); throws lopper::Error on anything else.
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);

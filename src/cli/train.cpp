@@ -195,9 +195,10 @@ Action add_train_command(CLI::App& app, bool finetune) {
       if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)
         t.epochs = t.rounds * t.epochs_per_round;
     } else if (!o->prune_method.empty() || !o->prune_amount.empty() ||
-               !o->prune_structured.empty()) {
+               !o->prune_structured.empty() || t.prune.allow_tied) {
       throw UsageError(
-          "[train] --prune-method/--prune-amount/--prune-structured need --schedule iterative|agp");
+          "[train] --prune-method/--prune-amount/--prune-structured/--allow-tied need --schedule "
+          "iterative|agp");
     }
 
     // Every flag checked before any work (the trainer checks them again).

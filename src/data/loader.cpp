@@ -7,6 +7,7 @@
 extern "C" void omp_set_num_threads(int) __attribute__((weak));
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <condition_variable>
@@ -77,6 +78,79 @@ std::string dims_str(const std::vector<int64_t>& dims) {
   return os.str();
 }
 
+// The samples of batches already made (DataLoader(batches, name)), as a Dataset: sample i is row
+// i of the batches laid end to end. The loader hands the batches out whole; get() serves whoever
+// reads samples through dataset().
+class BatchesDataset : public Dataset {
+ public:
+  BatchesDataset(const std::vector<Batch>& batches, std::string name)
+      : batches_(batches), name_(std::move(name)) {
+    for (const Batch& b : batches_) {
+      starts_.push_back(size_);
+      size_ += b.size();
+      labels_ = labels_ && b.y.defined();
+      if (b.y.defined() && b.y.numel() > 0)
+        classes_ = std::max(classes_, b.y.max().item<int64_t>() + 1);
+    }
+  }
+  int64_t size() const override { return size_; }
+  std::vector<int64_t> sample_shape() const override {
+    return batches_.front().x.sizes().slice(1).vec();
+  }
+  int64_t num_classes() const override { return labels_ ? classes_ : 0; }
+  std::string name() const override { return name_; }
+  std::string sample_input() const override { return batches_.front().x_input; }
+  bool integer_samples() const override { return !batches_.front().x.is_floating_point(); }
+  bool has_labels() const override { return labels_; }
+
+  void get(const std::vector<int64_t>& indices, at::Tensor& x, at::Tensor& y) const override {
+    std::vector<at::Tensor> xs, ys;
+    for (int64_t i : indices) {
+      const auto [b, row] = locate(i);
+      xs.push_back(batches_[b].x[row]);
+      if (labels_) ys.push_back(batches_[b].y[row]);
+    }
+    x = stack(xs, "samples");
+    y = labels_ ? stack(ys, "labels") : at::Tensor();
+  }
+  NamedInputs get_inputs(const std::vector<int64_t>& indices) const override {
+    NamedInputs out;
+    for (const auto& [name, t] : batches_.front().inputs) {
+      std::vector<at::Tensor> rows;
+      for (int64_t i : indices) {
+        const auto [b, row] = locate(i);
+        const at::Tensor* in = nullptr;
+        for (const auto& [n, v] : batches_[b].inputs)
+          if (n == name) in = &v;
+        LOPPER_CHECK(in, "[data] ", name_, ": batch ", b, " has no input '", name, "'");
+        rows.push_back((*in)[row]);
+      }
+      out.emplace_back(name, stack(rows, "input '" + name + "'"));
+    }
+    return out;
+  }
+
+ private:
+  std::pair<size_t, int64_t> locate(int64_t i) const {
+    LOPPER_CHECK(i >= 0 && i < size_, "[data] ", name_, ": sample ", i, " is out of range [0, ",
+                 size_, ")");
+    size_t b = size_t(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin()) - 1;
+    return {b, i - starts_[b]};
+  }
+  at::Tensor stack(const std::vector<at::Tensor>& rows, const std::string& what) const {
+    for (const auto& r : rows)
+      LOPPER_CHECK(r.sizes() == rows.front().sizes(), "[data] ", name_, ": ", what, " of shapes ",
+                   rows.front().sizes(), " and ", r.sizes(), " cannot share a batch");
+    return at::stack(rows);
+  }
+
+  const std::vector<Batch>& batches_;  // the loader's, which outlives its dataset() reference
+  std::string name_;
+  std::vector<int64_t> starts_;
+  int64_t size_ = 0, classes_ = 0;
+  bool labels_ = true;
+};
+
 }  // namespace
 
 void parse_normalize(const std::string& s, LoaderOptions& o) {
@@ -120,10 +194,15 @@ struct DataLoader::Impl {
   std::deque<Batch> queue;
   std::exception_ptr error;
   bool stop = false, done = false, started = false;
+  // DataLoader(batches, name): the batches, handed out in order by next(); no worker.
+  std::vector<Batch> given;
+  bool fixed = false;
+  size_t next_given = 0;
 
   ~Impl() { stop_worker(); }
 
   int64_t batches() const {
+    if (fixed) return int64_t(given.size());
     int64_t b = opts.batch_size;
     return opts.drop_last ? per_rank / b : (per_rank + b - 1) / b;
   }
@@ -246,11 +325,45 @@ DataLoader::DataLoader(std::shared_ptr<Dataset> data, LoaderOptions opts)
   impl_->opts = std::move(opts);
 }
 
+DataLoader::DataLoader(std::vector<Batch> batches, std::string name)
+    : impl_(std::make_unique<Impl>()) {
+  LOPPER_CHECK(!batches.empty(), "[data] ", name, " has no batch");
+  for (size_t i = 0; i < batches.size(); ++i) {
+    Batch& b = batches[i];
+    LOPPER_CHECK(b.x.defined() && b.x.dim() >= 1 && b.x.size(0) >= 1, "[data] ", name, ": batch ",
+                 i, " has no samples (a tensor [B, ...] with B >= 1)");
+    const int64_t n = b.x.size(0);
+    if (b.y.defined()) {
+      LOPPER_CHECK(
+          !b.y.is_floating_point() && !b.y.is_complex() && b.y.dim() >= 1 && b.y.size(0) == n,
+          "[data] ", name, ": batch ", i, " has ", n, " samples, so its labels must be integers [",
+          n, "] or [", n, ", T], got ", c10::toString(b.y.scalar_type()), " ", b.y.sizes());
+      b.y = b.y.to(at::kLong);
+    }
+    for (const auto& [input, t] : b.inputs)
+      LOPPER_CHECK(t.defined() && t.dim() >= 1 && t.size(0) == n, "[data] ", name, ": batch ", i,
+                   " has ", n, " samples, but its input '", input, "' is ",
+                   t.defined() ? t.sizes() : at::IntArrayRef{});
+  }
+  impl_->fixed = true;
+  impl_->given = std::move(batches);
+  impl_->data = std::make_shared<BatchesDataset>(impl_->given, std::move(name));
+  impl_->per_rank = impl_->data->size();
+  impl_->opts.batch_size = impl_->given.front().size();
+  impl_->opts.shuffle = false;
+  impl_->opts.prefetch = 0;
+}
+
 DataLoader::~DataLoader() = default;
 
 void DataLoader::start_epoch(int64_t epoch) {
   LOPPER_CHECK(epoch >= 0, "[data] epoch must be >= 0, got ", epoch);
   Impl& m = *impl_;
+  if (m.fixed) {
+    m.next_given = 0;
+    m.started = true;
+    return;
+  }
   m.stop_worker();
   const LoaderOptions& o = m.opts;
   int64_t n = m.data->size();
@@ -276,6 +389,11 @@ void DataLoader::start_epoch(int64_t epoch) {
 bool DataLoader::next(Batch& out) {
   Impl& m = *impl_;
   if (!m.started) start_epoch(0);
+  if (m.fixed) {
+    if (m.next_given >= m.given.size()) return false;
+    out = m.given[m.next_given++];
+    return true;
+  }
   std::unique_lock<std::mutex> lock(m.mu);
   m.ready.wait(lock, [&] { return !m.queue.empty() || m.done; });
   if (!m.queue.empty()) {
@@ -294,6 +412,7 @@ bool DataLoader::next(Batch& out) {
 
 int64_t DataLoader::batches_per_epoch() const { return impl_->batches(); }
 int64_t DataLoader::samples_per_epoch() const {
+  if (impl_->fixed) return impl_->per_rank;
   return impl_->opts.drop_last ? impl_->batches() * impl_->opts.batch_size : impl_->per_rank;
 }
 const Dataset& DataLoader::dataset() const { return *impl_->data; }

@@ -89,6 +89,16 @@ const Criterion& criterion_of(const PruneLayerOptions& o) {
 
 }  // namespace
 
+CriterionInfo weight_criterion_info(const std::string& name) {
+  const Criterion& c = importance::find(name, importance::Use::kWeights);
+  CriterionInfo i;
+  i.name = c.name;
+  i.takes_threshold = c.weights == WeightRank::kThreshold;
+  i.needs_data = c.needs_data();
+  if (i.needs_data) i.data_needed = importance::data_needed(c);
+  return i;
+}
+
 void check_layer_options(const PruneLayerOptions& o) {
   const Criterion& c = criterion_of(o);
   if (c.weights == WeightRank::kThreshold) {
@@ -291,9 +301,7 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
   }
 }
 
-namespace {
-
-void check_options(const PruneOptions& o) {
+void check_prune_options(const PruneOptions& o) {
   check_layer_options(o);
   // NOTE: a block's score is a mean, comparable across layers like |w| is; rows, columns and N:M
   // groups have no such common scale (a row's norm grows with the layer's fan-in).
@@ -301,7 +309,10 @@ void check_options(const PruneOptions& o) {
                           o.pattern == PrunePattern::kBlock,
                       "[prune] " LOPPER_OPTION("scope") " global ranks single weights or blocks: "
                       "use " LOPPER_OPTION("pattern") " unstructured or block:RxC");
+  LayerFilter check_regex(o.exclude);
 }
+
+namespace {
 
 std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
   const Criterion& c = criterion_of(o);
@@ -501,7 +512,7 @@ void note_ties(PruneReport& report, const std::vector<Target>& all, const std::s
 }  // namespace
 
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
-  check_options(opts);
+  check_prune_options(opts);
   PruneReport report;
   std::vector<Target> all = find_targets(model.graph, report);
 

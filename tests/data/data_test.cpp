@@ -621,6 +621,69 @@ TEST(DataLoader, ShuffleIsAFunctionOfSeedAndEpoch) {
   EXPECT_EQ(epoch_labels(plain, 5), all);
 }
 
+TEST(DataLoader, GivenBatchesComeOutAsTheyAreEveryEpoch) {
+  // Token batches of their own lengths and sizes, labels of another integer type, named inputs.
+  std::vector<Batch> given(3);
+  const int64_t sizes[] = {4, 4, 2}, lengths[] = {8, 12, 5};
+  for (int i = 0; i < 3; ++i) {
+    given[i].x = at::randint(0, 100, {sizes[i], lengths[i]}, at::kLong);
+    given[i].y = at::randint(0, 7, {sizes[i]}, at::kInt);
+    given[i].inputs = {{"attention_mask", at::ones({sizes[i], lengths[i]}, at::kLong)}};
+    given[i].x_input = "input_ids";
+  }
+  DataLoader loader(given, "data");
+  EXPECT_EQ(loader.batches_per_epoch(), 3);
+  EXPECT_EQ(loader.samples_per_epoch(), 10);
+  EXPECT_EQ(loader.dataset().name(), "data");
+  EXPECT_EQ(loader.dataset().size(), 10);
+  EXPECT_TRUE(loader.dataset().integer_samples());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    loader.start_epoch(epoch);
+    Batch b;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(loader.next(b));
+      EXPECT_TRUE(at::equal(b.x, given[i].x));
+      EXPECT_EQ(b.y.scalar_type(), at::kLong);
+      EXPECT_TRUE(at::equal(b.y, given[i].y.to(at::kLong)));
+      ASSERT_EQ(b.inputs.size(), 1u);
+      EXPECT_EQ(b.inputs[0].first, "attention_mask");
+      EXPECT_EQ(b.x_input, "input_ids");
+    }
+    EXPECT_FALSE(loader.next(b));
+  }
+  // Samples read through dataset(): rows of the batches laid end to end, where shapes agree.
+  at::Tensor x, y;
+  loader.dataset().get({6, 5}, x, y);
+  EXPECT_TRUE(at::equal(x[0], given[1].x[2]));
+  EXPECT_TRUE(at::equal(x[1], given[1].x[1]));
+  EXPECT_EQ(y[1].item<int64_t>(), given[1].y[1].item<int>());
+  EXPECT_TRUE(is_data_error(error_of([&] { loader.dataset().get({0, 4}, x, y); })));
+}
+
+TEST(DataLoader, GivenBatchesThatCannotBeBatchesAreOneLineErrors) {
+  auto err = [](std::vector<Batch> b) {
+    return error_of([&] { DataLoader loader(std::move(b), "data"); });
+  };
+  EXPECT_TRUE(has(err({}), "[data] data has no batch"));
+  Batch empty;
+  empty.x = at::zeros({0, 3});
+  EXPECT_TRUE(is_data_error(err({empty})));
+  Batch floats;
+  floats.x = at::zeros({2, 3});
+  floats.y = at::zeros({2});
+  const std::string e = err({floats});
+  EXPECT_TRUE(is_data_error(e));
+  EXPECT_TRUE(has(e, "labels must be integers [2]")) << e;
+  Batch short_labels;
+  short_labels.x = at::zeros({2, 3});
+  short_labels.y = at::zeros({3}, at::kLong);
+  EXPECT_TRUE(is_data_error(err({short_labels})));
+  Batch short_input;
+  short_input.x = at::zeros({2, 3});
+  short_input.inputs = {{"attention_mask", at::ones({1, 3})}};
+  EXPECT_TRUE(has(err({short_input}), "its input 'attention_mask' is [1, 3]"));
+}
+
 TEST(DataLoader, RanksPartitionTheEpoch) {
   TempDir dir;
   auto d = open_dataset(counting_npy(dir, 101));

@@ -255,6 +255,34 @@ TEST(PruneModel, BadOptionsAreErrorsAndLeaveTheModelAlone) {
   EXPECT_THROW(prune(none, PruneOptions{}), Error);
 }
 
+TEST(PruneOptions, CheckedBeforeAnyWork) {
+  PruneOptions o;
+  o.amount = frac(0.5);
+  EXPECT_NO_THROW(check_prune_options(o));
+  o.scope = PruneScope::kGlobal;
+  o.pattern = PrunePattern::kColumn;
+  EXPECT_NE(error_of([&] { check_prune_options(o); }).find("scope global ranks single weights"),
+            std::string::npos);
+  o.pattern = PrunePattern::kUnstructured;
+  o.exclude = "(";
+  EXPECT_NE(error_of([&] { check_prune_options(o); }).find("exclude '(' is not a valid regex"),
+            std::string::npos);
+  o.exclude = "";
+  o.amount = frac(2);
+  EXPECT_NE(error_of([&] { check_prune_options(o); }).find("amount must be in [0, 1]"),
+            std::string::npos);
+
+  EXPECT_TRUE(weight_criterion_info("abs").takes_threshold);
+  EXPECT_FALSE(weight_criterion_info("abs").needs_data);
+  const CriterionInfo taylor = weight_criterion_info("taylor");
+  EXPECT_TRUE(taylor.needs_data && !taylor.takes_threshold);
+  EXPECT_EQ(taylor.data_needed, "by their gradients");
+  EXPECT_NE(error_of([] { weight_criterion_info("nope"); }).find("unknown method 'nope'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { weight_criterion_info("bn"); }).find("unknown method 'bn'"),
+            std::string::npos);  // ranks channels only
+}
+
 TEST(PruneRecipe, FirstMatchWinsSkipAndDefaults) {
   at::manual_seed(7);
   // fc1 (w1) and fc2 (w2): the first rule that matches decides, the weight name matches too.

@@ -279,6 +279,7 @@ TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
       {"--data " + data + " --lr-schedule linear", 2, "unknown --lr-schedule"},
       {"--data " + data + " --schedule agp", 2, "needs --prune-method"},
       {"--data " + data + " --prune-structured channel", 2, "need --schedule"},
+      {"--data " + data + " --allow-tied", 2, "--allow-tied need --schedule"},
       {"--data " + data +
            " --schedule agp --prune-method l1 --prune-amount 0.5 --end-epoch 1"
            " --prune-structured rows",

@@ -1,0 +1,273 @@
+"""lopper.prune: unstructured, N:M, row, column and block pruning of an nn.Module in place.
+
+The module is exported to ONNX in memory; lopper's C++ library (lopper._lopper._prune_onnx) prunes
+the export exactly as `lopper prune` would and hands back a keep-mask per pruned weight, which is
+applied with torch.nn.utils.prune.custom_from_mask. This file only moves the module across.
+"""
+import copy
+import sys
+import warnings
+
+import torch
+from torch.nn.utils import prune as _torch_prune
+
+from lopper import _lopper
+from lopper._lopper import PruneLayerReport, PruneReport  # noqa: F401 (re-exported)
+
+__all__ = ["PruneLayerReport", "PruneReport", "prune"]
+
+
+def prune(module, example_inputs, *, method=None, amount=None, threshold=None, scope="local",
+          pattern=None, norm=None, seed=None, exclude=None, skip_first_last=False,
+          allow_tied=False, recipe=None, data=None, loss="auto", mask_token=None,
+          calib_batches=32, device=None, progress=True):
+    """Prunes the weights of ``module`` in place, the way ``lopper prune`` prunes its ONNX export.
+
+    Every Conv, ConvTranspose and Linear weight (any parameter a convolution or a matrix product
+    reads, GPT-2's Conv1D included; biases and normalization parameters are never touched) is
+    ranked and masked with ``torch.nn.utils.prune.custom_from_mask``: the submodule gains
+    ``<name>_orig`` (the parameter) and ``<name>_mask`` (a buffer of ones and zeros), and a
+    forward pre-hook sets ``<name> = <name>_orig * <name>_mask``, so a training loop of your own
+    keeps pruned weights at zero, and ``torch.nn.utils.prune.remove(submodule, "weight")`` makes
+    them permanent. The masks are the zeros ``lopper prune`` writes for the same weights (and,
+    for ``l1``, the weights ``torch.nn.utils.prune.l1_unstructured`` / ``global_unstructured``
+    remove). Pruning is cumulative, like torch's PruningContainer: a weight already masked stays
+    masked and ``amount`` counts from the weights left. A parameter that several submodules hold
+    (tied weights) is masked in each of them alike.
+
+    Args:
+        module (torch.nn.Module): the model; it must export with ``torch.onnx.export(...,
+            dynamo=True)`` on ``example_inputs``. It is exported in eval mode (its modes are put
+            back) and left untouched when anything fails.
+        example_inputs: what ``module`` is called with: a tensor, a tuple of positional
+            arguments, or a dict of keyword arguments.
+        method (str): what ranks the weights (default ``"l1"``): ``"abs"`` (|w| < threshold),
+            ``"l1"`` (|w|), ``"lamp"``, ``"random"`` (seeded), ``"grad"`` (mean |dL/dw| over the
+            calibration batches) or ``"taylor"`` (sum of |w * dL/dw|); the last two need ``data``.
+        amount (float or int): a float is the fraction in [0, 1] of the remaining weights to
+            remove (rounded half to even, as torch does), an int that many weights (or rows,
+            columns, blocks). Required for every method but ``abs`` and N:M patterns.
+        threshold (float): ``abs`` removes every weight with |w| < threshold.
+        scope (str): ``"local"`` (default: ``amount`` of each weight) or ``"global"`` (one
+            ranking over all weights, as ``global_unstructured``; unstructured and block only).
+        pattern (str): ``"unstructured"`` (default), ``"N:M"`` (e.g. ``"2:4"``: keep N of every
+            M consecutive weights along the reduction dim, the layout of sparse tensor cores),
+            ``"row"``, ``"column"``, or ``"block:RxC"`` (R outputs x C inputs, each 1..256).
+        norm (int): rows and columns with ``l1``: rank by the L1 (1, default) or L2 (2) norm;
+            blocks: by mean |w| (1) or root mean square (2).
+        seed (int): ``random``: the seed (default 0).
+        exclude (str): leave alone the layers whose node, weight or parameter name (e.g.
+            ``"fc1.weight"``) matches this regular expression (ECMAScript, searched).
+        skip_first_last (bool): leave the first and last layers alone.
+        allow_tied (bool): prune tied weights too (one that a non-layer also reads: GPT-2's
+            lm_head is its token embedding). Off, they are left alone with a warning.
+        recipe (dict or str or os.PathLike): per-layer rules instead of the arguments above: a
+            dict, or the path of a YAML file, as ``lopper prune --recipe`` reads (``defaults``
+            and ``rules``, each rule with ``match`` and ``method``/``amount``/``pattern``/...
+            or ``skip``; first match wins).
+        data (iterable): calibration batches for ``grad`` and ``taylor`` (at most
+            ``calib_batches`` are read, each as given): tensors of samples, ``(samples,
+            labels)`` tuples, or dicts of named inputs (the forward's argument names) with
+            ``"labels"``, as torch DataLoaders and transformers collators give them.
+        loss (str): the calibration loss on the first output: ``"auto"`` (default: cross-entropy
+            for labels [B], token classification for [B, T], next-token prediction for a
+            language model without labels), ``"cross-entropy"``, ``"mse"``, ``"causal-lm"``,
+            ``"masked-lm"`` (needs ``mask_token``) or ``"token-classification"``.
+        mask_token (int): ``"masked-lm"``: the [MASK] token's ID.
+        calib_batches (int): how many batches of ``data`` to read (default 32).
+        device (str): where calibration runs: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (default: the
+            module's device).
+        progress (bool): show calibration progress on stderr (tqdm when installed, else a few
+            plain lines).
+
+    Returns:
+        PruneReport: per layer (``report.layers``: name, param, params, nonzero, sparsity,
+        method, skipped, ...) and in total; ``str(report)`` is the CLI's table and
+        ``report.to_dict()`` its JSON. Its warnings are also issued with ``warnings.warn``.
+
+    Note:
+        The export is held in memory as one ONNX model, so the weights must fit protobuf's 2 GB.
+        A module pruned before is exported from a copy with its masks made permanent, which
+        shares every other parameter and buffer with it.
+
+    Raises:
+        ValueError: a bad argument, with lopper's one-line message (an unknown method, an
+            amount outside [0, 1], a pattern that no layer's shape divides, a bad recipe).
+        TypeError: an argument of the wrong type.
+        RuntimeError: the module cannot be exported, or lopper cannot prune or run its export.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"[prune] module must be a torch.nn.Module, got {type(module).__name__}")
+    args, kwargs = _split_inputs(example_inputs)
+    if device is None:
+        first = next(module.parameters(), None)
+        device = str(first.device) if first is not None else "cpu"
+    exported, holders = _export(module, args, kwargs, dynamic=data is not None)
+    bar = _Progress("calibrate") if progress and data is not None else None
+    try:
+        masks, report = _lopper._prune_onnx(
+            exported, method=method, amount=amount, threshold=threshold, scope=scope,
+            pattern=pattern, norm=norm, seed=seed, exclude=exclude,
+            skip_first_last=skip_first_last, allow_tied=allow_tied, recipe=recipe, data=data,
+            loss=loss, mask_token=mask_token, calib_batches=calib_batches, device=device,
+            parameters=list(holders), progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    del exported
+    # Every mask is matched to its parameters before the first is applied: all or nothing.
+    todo = []
+    for name, mask in masks.items():
+        for sub, attr in holders[name]:
+            todo.append((sub, attr, mask))
+    for sub, attr, mask in todo:
+        _torch_prune.custom_from_mask(sub, attr, mask.to(getattr(sub, attr).device))
+    for w in report.warnings:
+        warnings.warn(f"[prune] {w}", stacklevel=2)
+    return report
+
+
+def _split_inputs(example_inputs):
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise TypeError("[prune] example_inputs must be a tensor, a tuple of positional arguments or a "
+                    f"dict of keyword arguments, got {type(example_inputs).__name__}")
+
+
+def _pruned(module):
+    """(submodule name, submodule, tensor name) of every tensor torch.nn.utils.prune masks."""
+    out = []
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for hook in sub._forward_pre_hooks.values():
+            if isinstance(hook, _torch_prune.BasePruningMethod):
+                out.append((prefix, sub, hook._tensor_name))
+    return out
+
+
+def _holders(module):
+    """{parameter name as the export names it: [(submodule, attribute), ...]}: every submodule
+    that holds the parameter (a tied one has several), a masked ``weight`` under its own name."""
+    masked = {(id(sub), name) for _, sub, name in _pruned(module)}
+    by_name, by_param = {}, {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for attr, p in sub._parameters.items():
+            if p is None:
+                continue
+            if attr.endswith("_orig") and (id(sub), attr[:-5]) in masked:
+                attr = attr[:-5]
+            name = f"{prefix}.{attr}" if prefix else attr
+            by_name[name] = p
+            by_param.setdefault(id(p), [])
+            if (sub, attr) not in by_param[id(p)]:
+                by_param[id(p)].append((sub, attr))
+    return {name: by_param[id(p)] for name, p in by_name.items()}
+
+
+def _export(module, args, kwargs, dynamic):
+    """The module's ONNX bytes, exported by torch.export with every parameter an initializer under
+    its own name, and _holders(module)."""
+    holders = _holders(module)
+    target = module
+    pruned = _pruned(module)
+    if pruned:
+        # NOTE: a masked weight is computed in forward (orig * mask), so the export would not see
+        # it as a weight: export a copy with the masks made permanent. The copy shares every other
+        # parameter and buffer with the module (memo), and a computed weight is a plain tensor to
+        # deepcopy (which refuses non-leaf tensors).
+        memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+        for _, sub, name in pruned:
+            memo.pop(id(getattr(sub, name + "_orig")), None)
+            memo[id(getattr(sub, name))] = getattr(sub, name).detach()
+        target = copy.deepcopy(module, memo)
+        for _, sub, name in _pruned(target):
+            _torch_prune.remove(sub, name)
+    params = {name for name, _ in target.named_parameters(remove_duplicate=False)}
+    modes = [(m, m.training) for m in target.modules()]
+    target.eval()
+
+    def specs(x):
+        if isinstance(x, torch.Tensor):
+            return {i: torch.export.Dim.AUTO for i in range(x.dim())}
+        return None
+
+    def export(shapes):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(target, args, kwargs=kwargs, dynamo=True, optimize=False,
+                                        verbose=False, dynamic_shapes=shapes)
+        # NOTE: not the exporter's optimizer: it folds a Transpose of a weight into a new,
+        # renamed constant, fuses BatchNorm into convolutions and merges equal initializers. Only
+        # constant folding that reads no parameter (it turns SplitToSequence into Split, shape
+        # arithmetic into constants).
+        import onnxscript.optimizer
+
+        def should_fold(node):
+            for v in node.inputs:
+                if v is not None and v.is_initializer() and v.name in params:
+                    return False
+            return None
+
+        onnxscript.optimizer.fold_constants(program.model, should_fold=should_fold)
+        onnxscript.optimizer.remove_unused_nodes(program.model)
+        return program.model_proto.SerializeToString()
+
+    try:
+        if dynamic:
+            # Calibration batches may differ from the example in batch size and sequence length:
+            # every dim is dynamic where the module lets it be (else the example's shapes).
+            shapes = tuple(torch.utils._pytree.tree_map(specs, a) for a in args) + tuple(
+                torch.utils._pytree.tree_map(specs, v) for v in kwargs.values())
+            try:
+                return export(shapes), holders
+            except Exception:
+                pass
+        try:
+            return export(None), holders
+        except Exception as e:
+            raise RuntimeError(
+                f"[prune] the module does not export to ONNX: {_first_line(e)}") from e
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _first_line(e):
+    cause = e
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"
+
+
+class _Progress:
+    """Calibration progress: a tqdm bar when tqdm is installed, else a few plain lines."""
+
+    def __init__(self, label):
+        self.label = label
+        self.bar = None
+        self.printed = 0
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            tqdm = None
+        self.tqdm = tqdm
+
+    def __call__(self, done, total, loss):
+        if self.tqdm is not None:
+            if self.bar is None:
+                self.bar = self.tqdm(total=total, desc=self.label, unit="batch")
+            self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+            self.bar.update(done - self.bar.n)
+            return
+        # Plain lines: about four over the run, and always the last.
+        if done == total or done * 4 >= (self.printed + 1) * total:
+            self.printed += 1
+            print(f"{self.label} {done}/{total}  loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,491 @@
+// lopper.prune's C++ half: prunes a model exported from the user's nn.Module (its ONNX bytes) as
+// `lopper prune` does — every criterion, local or global, N:M, rows, columns, blocks, recipes,
+// gradient criteria on the user's batches — and hands back one keep-mask per pruned weight (what
+// the CLI writes: weight != 0) with the report. python/lopper/prune.py exports the module and
+// applies the masks with torch.nn.utils.prune. The GIL is released while lopper works.
+#include <ATen/ATen.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/graph.h"
+#include "lopper/loss.h"
+#include "lopper/onnx_io.h"
+#include "lopper/prune.h"
+#include "lopper/report.h"
+
+namespace py = pybind11;
+
+namespace lopper::python {
+namespace {
+
+std::string type_name(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+// Runs `f`, turning lopper's errors into usage errors: what it checks is the caller's arguments
+// (ValueError in Python, module.cpp).
+template <typename F>
+auto as_usage(F&& f) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// torch.nn.utils.prune's `amount`: an int is a count, a float a fraction.
+PruneAmount to_amount(py::handle a) {
+  PruneAmount out;
+  if (PyBool_Check(a.ptr()))
+    throw py::type_error(
+        "[prune] amount must be a float (a fraction) or an int (a count), got bool");
+  // NOTE: as torch's numbers.Integral: an int, numpy's integers, anything with __index__.
+  if (PyIndex_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
+    out.value = double(py::reinterpret_steal<py::int_>(PyNumber_Index(a.ptr())).cast<int64_t>());
+    out.is_count = true;
+  } else if (PyFloat_Check(a.ptr()) || py::hasattr(a, "__float__")) {
+    out.value = PyFloat_AsDouble(a.ptr());
+    if (PyErr_Occurred()) throw py::error_already_set();
+  } else {
+    throw py::type_error("[prune] amount must be a float (a fraction) or an int (a count), got " +
+                         type_name(a));
+  }
+  return out;
+}
+
+template <typename T>
+std::optional<T> optional_arg(py::handle h, const char* what, const char* kind) {
+  if (h.is_none()) return std::nullopt;
+  try {
+    return h.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("[prune] ") + what + " must be " + kind + ", got " +
+                         type_name(h));
+  }
+}
+
+std::string string_arg(py::handle h, const char* what) {
+  if (!py::isinstance<py::str>(h))
+    throw py::type_error(std::string("[prune] ") + what + " must be a str, got " + type_name(h));
+  return h.cast<std::string>();
+}
+
+std::string path_of(py::handle p) {
+  return py::module_::import("os").attr("fsdecode")(p).cast<std::string>();
+}
+
+// --- Calibration batches ---------------------------------------------------------------------
+
+at::Tensor batch_tensor(py::handle h, const std::string& where) {
+  if (!THPVariable_Check(h.ptr()))
+    throw py::type_error("[prune] data: " + where + " is a " + type_name(h) +
+                         ", not a torch.Tensor");
+  return THPVariable_Unpack(h.ptr()).detach();
+}
+
+// {input name: tensor, ..., "labels": tensor}: the samples are input_ids when given, else the first
+// input.
+void from_mapping(py::handle m, Batch& b, const std::string& where) {
+  py::object items = m.attr("items")();
+  std::string first;
+  for (auto kv : items) {
+    auto pair = kv.cast<py::tuple>();
+    if (!py::isinstance<py::str>(pair[0]))
+      throw py::type_error("[prune] data: " + where + " has a key of type " + type_name(pair[0]) +
+                           " (input names are str)");
+    const auto name = pair[0].cast<std::string>();
+    if (pair[1].is_none()) continue;
+    at::Tensor t = batch_tensor(pair[1], where + "['" + name + "']");
+    if (name == "labels") {
+      b.y = t;
+    } else {
+      if (first.empty()) first = name;
+      b.inputs.emplace_back(name, t);
+    }
+  }
+  std::string x = first;
+  for (const auto& [name, t] : b.inputs)
+    if (name == "input_ids") x = name;
+  if (x.empty()) throw UsageError("[prune] data: " + where + " names no model input");
+  for (auto it = b.inputs.begin(); it != b.inputs.end(); ++it)
+    if (it->first == x) {
+      b.x = it->second;
+      b.x_input = x;
+      b.inputs.erase(it);
+      break;
+    }
+}
+
+// One item of the user's data: a tensor of samples, (samples, labels), or a mapping of named
+// inputs (and "labels"), as torch DataLoaders and transformers' collators give them.
+Batch to_batch(py::handle item, size_t i) {
+  const std::string where = "batch " + std::to_string(i);
+  const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+  Batch b;
+  if (THPVariable_Check(item.ptr())) {
+    b.x = batch_tensor(item, where);
+  } else if (py::isinstance(item, mapping)) {
+    from_mapping(item, b, where);
+  } else if (py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) {
+    auto seq = item.cast<py::sequence>();
+    if (seq.size() < 1 || seq.size() > 2)
+      throw UsageError("[prune] data: " + where + " has " + std::to_string(seq.size()) +
+                       " items; give (samples, labels), (samples,) or samples");
+    const py::object samples = seq[0];
+    if (py::isinstance(samples, mapping))
+      from_mapping(samples, b, where + "[0]");
+    else
+      b.x = batch_tensor(samples, where + "[0]");
+    const py::object labels = seq.size() == 2 ? py::object(seq[1]) : py::none();
+    if (!labels.is_none()) {
+      if (b.y.defined())
+        throw UsageError("[prune] data: " + where +
+                         " gives labels twice (in the mapping and beside it)");
+      b.y = batch_tensor(labels, where + "[1]");
+    }
+  } else {
+    throw py::type_error("[prune] data: " + where + " is a " + type_name(item) +
+                         "; give tensors, (samples, labels) tuples or dicts of named inputs");
+  }
+  return b;
+}
+
+// --- The report ------------------------------------------------------------------------------
+
+py::object json_to_python(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+py::list shared_of(const PruneLayerReport& l) {
+  py::list out;
+  for (const auto& u : l.shared) {
+    py::dict d;
+    d["node"] = u.node;
+    d["op"] = u.op;
+    d["use"] = u.use;
+    d["module"] = u.module;
+    out.append(d);
+  }
+  return out;
+}
+
+// --- The call --------------------------------------------------------------------------------
+
+struct Args {
+  std::optional<PruneOptions> options;  // method/amount/...: one way for every layer
+  std::optional<PruneRecipe> recipe;    // or per layer
+  bool needs_data = false;
+  std::string data_method;  // the first criterion that needs data, for messages
+  CalibrationOptions calib;
+};
+
+Args parse_args(const py::object& method, const py::object& amount, const py::object& threshold,
+                const py::object& scope_arg, const py::object& pattern, const py::object& norm,
+                const py::object& seed, const py::object& exclude, bool skip_first_last,
+                bool allow_tied, const py::object& recipe, bool have_data,
+                const py::object& loss_arg, const py::object& mask_token, int64_t calib_batches,
+                const py::object& device_arg) {
+  const std::string scope = string_arg(scope_arg, "scope"), loss = string_arg(loss_arg, "loss"),
+                    device = string_arg(device_arg, "device");
+  Args a;
+  auto note = [&](const PruneLayerOptions& o) {
+    const CriterionInfo c = as_usage([&] { return weight_criterion_info(o.criterion); });
+    if (c.needs_data && !a.needs_data) a.needs_data = true, a.data_method = c.name;
+  };
+  if (!recipe.is_none()) {
+    const std::pair<const char*, bool> per_layer[] = {
+        {"method", !method.is_none()},       {"amount", !amount.is_none()},
+        {"threshold", !threshold.is_none()}, {"pattern", !pattern.is_none()},
+        {"norm", !norm.is_none()},           {"seed", !seed.is_none()},
+        {"exclude", !exclude.is_none()},     {"skip_first_last", skip_first_last},
+        {"allow_tied", allow_tied}};
+    for (const auto& [name, given] : per_layer)
+      if (given)
+        throw UsageError(std::string("[prune] recipe sets each layer's pruning: drop ") + name +
+                         " (put it in the recipe)");
+    if (scope != "local")
+      throw UsageError("[prune] recipe prunes layer by layer: scope '" + scope +
+                       "' does not go with it");
+    const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+    if (py::isinstance(recipe, mapping)) {
+      // NOTE: JSON is YAML: the dict goes through the recipe parser as it is, so its errors and
+      // checks are the YAML file's (line numbers count the indented JSON's lines).
+      py::object text = py::module_::import("json").attr("dumps")(recipe, py::arg("indent") = 1);
+      const auto yaml = text.cast<std::string>();
+      a.recipe = as_usage([&] { return parse_prune_recipe(yaml, "recipe"); });
+    } else if (py::isinstance<py::str>(recipe) || py::hasattr(recipe, "__fspath__")) {
+      const std::string path = path_of(recipe);
+      a.recipe = as_usage([&] { return load_prune_recipe(path); });
+    } else {
+      throw py::type_error("[prune] recipe must be a dict or the path of a YAML file, got " +
+                           type_name(recipe));
+    }
+    if (a.recipe->has_defaults) note(a.recipe->defaults);
+    for (const auto& r : a.recipe->rules)
+      if (!r.skip) note(r.options);
+  } else {
+    PruneOptions o;
+    o.criterion =
+        method.is_none() ? "l1" : optional_arg<std::string>(method, "method", "a str").value();
+    const CriterionInfo c = as_usage([&] { return weight_criterion_info(o.criterion); });
+    if (scope == "local")
+      o.scope = PruneScope::kLocal;
+    else if (scope == "global")
+      o.scope = PruneScope::kGlobal;
+    else
+      throw UsageError("[prune] unknown scope '" + scope + "' (scopes: local, global)");
+    const std::string pat = pattern.is_none()
+                                ? "unstructured"
+                                : optional_arg<std::string>(pattern, "pattern", "a str").value();
+    as_usage([&] { parse_prune_pattern(pat, o); });
+    if (c.takes_threshold) {
+      if (threshold.is_none())
+        throw UsageError("[prune] method " + c.name +
+                         " needs a threshold (removes |w| < threshold)");
+      if (!amount.is_none())
+        throw UsageError("[prune] method " + c.name + " takes a threshold, not an amount");
+      o.threshold = optional_arg<double>(threshold, "threshold", "a float").value();
+    } else {
+      if (!threshold.is_none())
+        throw UsageError("[prune] threshold is for method abs; method " + c.name +
+                         " takes an amount");
+      if (o.pattern == PrunePattern::kNM) {
+        if (!amount.is_none())
+          throw UsageError("[prune] N:M keeps N of every M weights: drop amount");
+      } else {
+        if (amount.is_none())
+          throw UsageError("[prune] method " + c.name +
+                           " needs an amount (a fraction in [0, 1] or a count)");
+        o.amount = to_amount(amount);
+      }
+    }
+    if (!seed.is_none()) o.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0").value();
+    if (!norm.is_none()) o.norm = optional_arg<int>(norm, "norm", "1 or 2").value();
+    if (!exclude.is_none())
+      o.exclude = optional_arg<std::string>(exclude, "exclude", "a str").value();
+    a.calib.loss.seed = o.seed;  // masked-lm: which tokens are picked
+    o.skip_first_last = skip_first_last;
+    o.allow_tied = allow_tied;
+    as_usage([&] { check_prune_options(o); });
+    if (c.needs_data) a.needs_data = true, a.data_method = c.name;
+    a.options = std::move(o);
+  }
+  if (a.needs_data && !have_data)
+    throw UsageError("[prune] " + a.data_method + " ranks weights " +
+                     weight_criterion_info(a.data_method).data_needed +
+                     " on data: give data (an iterable of batches)");
+  if (!a.needs_data && have_data)
+    throw UsageError("[prune] data is for the methods that rank weights by data (grad, taylor)");
+  if (calib_batches < 1)
+    throw UsageError("[prune] calib_batches must be >= 1, got " + std::to_string(calib_batches));
+  a.calib.batches = calib_batches;
+  a.calib.device = device;
+  a.calib.loss.loss = as_usage([&] { return parse_loss(loss); });
+  if (!mask_token.is_none())
+    a.calib.loss.mask_token = optional_arg<int64_t>(mask_token, "mask_token", "an int").value();
+  as_usage([&] { check_loss_options(a.calib.loss); });
+  return a;
+}
+
+// Regex special characters escaped: `s` matched literally.
+std::string regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+constexpr const char* kNotParameter =
+    "not a parameter of the module (a buffer or a constant of the export)";
+
+py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
+                     const py::object& amount, const py::object& threshold, const py::object& scope,
+                     const py::object& pattern, const py::object& norm, const py::object& seed,
+                     const py::object& exclude, bool skip_first_last, bool allow_tied,
+                     const py::object& recipe, const py::object& data, const py::object& loss,
+                     const py::object& mask_token, const py::object& calib_batches_arg,
+                     const py::object& device, const std::vector<std::string>& parameters,
+                     const py::object& progress) {
+  const int64_t calib_batches =
+      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int").value_or(32);
+  Args a =
+      parse_args(method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last,
+                 allow_tied, recipe, !data.is_none(), loss, mask_token, calib_batches, device);
+  // The batches, at most calib_batches of them: the iterable may be endless.
+  std::vector<Batch> batches;
+  if (a.needs_data) {
+    if (!py::hasattr(data, "__iter__"))
+      throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
+    for (auto item : data) {
+      batches.push_back(to_batch(item, batches.size()));
+      if (int64_t(batches.size()) == calib_batches) break;
+    }
+  }
+  std::unique_ptr<DataLoader> loader;
+  if (a.needs_data)
+    loader = as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
+  if (!progress.is_none())
+    a.calib.progress = [&progress](int64_t b, int64_t of, double loss) {
+      py::gil_scoped_acquire gil;
+      progress(b, of, loss);
+      // NOTE: Ctrl-C reaches Python only when it runs: let it stop the calibration here.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    };
+  const std::set<std::string> params(parameters.begin(), parameters.end());
+
+  const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
+  const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
+  PruneReport report;
+  std::vector<std::pair<std::string, at::Tensor>> masks;
+  {
+    py::gil_scoped_release nogil;
+    ir::Model model = onnx::parse_model(bytes, size);
+    // Weights the module does not hold as parameters (torch.nn.utils.prune masks parameters only)
+    // are left alone, with the reason in their row.
+    std::set<std::string> constants;
+    std::string anchored;
+    for (const auto& w : prunable_weights(model.graph))
+      if (!params.count(w.weight)) {
+        constants.insert(w.weight);
+        anchored += (anchored.empty() ? "" : "|") + regex_escape(w.weight);
+      }
+    if (!anchored.empty()) {
+      anchored = "^(?:" + anchored + ")$";
+      if (a.options) {
+        std::string& ex = a.options->exclude;
+        ex = ex.empty() ? anchored : "(?:" + ex + ")|" + anchored;
+      } else {
+        PruneRule skip;
+        skip.match = anchored;
+        skip.skip = true;
+        skip.where = "(parameters only)";
+        a.recipe->rules.insert(a.recipe->rules.begin(), skip);
+      }
+    }
+    std::optional<Saliency> saliency;
+    if (a.needs_data) saliency = compute_saliency(model, *loader, a.calib);
+    const Saliency* sal = saliency ? &*saliency : nullptr;
+    // NOTE: the options were checked above, so what prune() still refuses is options that do not
+    // fit this model (a count past a layer's size, a pattern that no layer's shape divides, an
+    // exclude that leaves no layer): the arguments' doing, as torch's ValueError for an amount
+    // past a tensor's size.
+    report = as_usage(
+        [&] { return a.options ? prune(model, *a.options, sal) : prune(model, *a.recipe, sal); });
+    for (auto& l : report.layers) {
+      if (constants.count(l.weight)) {
+        l.skipped = kNotParameter;
+        l.rule.clear();
+        continue;
+      }
+      if (!l.skipped.empty()) continue;
+      const ir::Initializer* w = model.graph.find_initializer(l.weight);
+      LOPPER_ASSERT(w, "no initializer '", l.weight, "' after pruning");
+      masks.emplace_back(l.weight, w->value.ne(0));
+    }
+  }
+  py::dict out;
+  for (auto& [name, mask] : masks) out[py::str(name)] = py::cast(std::move(mask));
+  return py::make_tuple(out, report);
+}
+
+}  // namespace
+
+void bind_prune(py::module_& m) {
+  py::class_<PruneLayerReport>(m, "PruneLayerReport",
+                               R"(How one prunable weight (a Conv, ConvTranspose, Gemm or MatMul
+weight) was pruned: one row of PruneReport.layers.)")
+      .def_readonly("name", &PruneLayerReport::name, "The layer's node name in the export (str).")
+      .def_readonly("op", &PruneLayerReport::op, "Its ONNX op: Conv, ConvTranspose, Gemm, MatMul.")
+      .def_readonly("weight", &PruneLayerReport::weight, "The weight's initializer name (str).")
+      .def_readonly("param", &PruneLayerReport::param,
+                    "The PyTorch parameter's name (str, e.g. \"fc1.weight\"; \"\" when unknown).")
+      .def_readonly("shape", &PruneLayerReport::shape, "The weight's shape (list of int).")
+      .def_readonly("params", &PruneLayerReport::params, "Its element count (int).")
+      .def_readonly("nonzero_before", &PruneLayerReport::nonzero_before,
+                    "Nonzero weights before pruning (int).")
+      .def_readonly("nonzero", &PruneLayerReport::nonzero_after,
+                    "Nonzero weights after pruning (int).")
+      .def_property_readonly("sparsity", &PruneLayerReport::sparsity,
+                             "The share of zeros after pruning (float in [0, 1]).")
+      .def_readonly("method", &PruneLayerReport::method,
+                    "How it was pruned (\"l1 global\", \"l1 2:4\", ...); \"\" when skipped.")
+      .def_readonly("amount", &PruneLayerReport::amount, "The amount or threshold as given (str).")
+      .def_readonly("skipped", &PruneLayerReport::skipped,
+                    "Why the layer was left alone (str); \"\" when it was pruned.")
+      .def_readonly("rule", &PruneLayerReport::rule,
+                    "Recipes: the rule that chose its pruning (\"rules[1] (line 7)\", "
+                    "\"defaults\").")
+      .def_property_readonly("shared", &shared_of,
+                             "The weight's other readers (list of dict: node, op, use, module): "
+                             "another layer, or a tied embedding.")
+      .def("__repr__", [](const PruneLayerReport& l) {
+        return "PruneLayerReport(" + py::repr(py::str(l.label())).cast<std::string>() +
+               ", sparsity=" + py::repr(py::float_(l.sparsity())).cast<std::string>() +
+               (l.skipped.empty()
+                    ? ""
+                    : ", skipped=" + py::repr(py::str(l.skipped)).cast<std::string>()) +
+               ")";
+      });
+
+  py::class_<PruneReport>(m, "PruneReport", R"(What lopper.prune did: per layer and in total.
+
+str(report) is the table `lopper prune` prints; report.to_dict() the JSON it writes beside the
+model (without the file entries).)")
+      .def_readonly("layers", &PruneReport::layers,
+                    "One PruneLayerReport per prunable weight, in the model's order.")
+      .def_readonly("warnings", &PruneReport::warnings,
+                    "What deserves a look (list of str): a tied weight left alone, an exclude "
+                    "that matched nothing, a recipe rule that matched no layer.")
+      .def_readonly("params", &PruneReport::params, "Weights of the prunable layers (int).")
+      .def_readonly("nonzero_before", &PruneReport::nonzero_before,
+                    "Their nonzero weights before pruning (int).")
+      .def_readonly("nonzero", &PruneReport::nonzero_after,
+                    "Their nonzero weights after pruning (int).")
+      .def_property_readonly(
+          "sparsity",
+          [](const PruneReport& r) {
+            return r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
+          },
+          "The share of zeros over the prunable layers after pruning (float in [0, 1]).")
+      .def(
+          "to_dict", [](const PruneReport& r) { return json_to_python(to_json(r)); },
+          "The report as `lopper prune` writes it in OUT.report.json (a dict).")
+      .def("__str__", [](const PruneReport& r) { return to_table(r); })
+      .def("__repr__", [](const PruneReport& r) {
+        const double s = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
+        return "PruneReport(layers=" + std::to_string(r.layers.size()) +
+               ", params=" + std::to_string(r.params) +
+               ", nonzero=" + std::to_string(r.nonzero_after) +
+               ", sparsity=" + py::repr(py::float_(s)).cast<std::string>() + ")";
+      });
+
+  m.def("_prune_onnx", &prune_onnx, py::arg("model"), py::kw_only(), py::arg("method") = py::none(),
+        py::arg("amount") = py::none(), py::arg("threshold") = py::none(),
+        py::arg("scope") = py::str("local"), py::arg("pattern") = py::none(),
+        py::arg("norm") = py::none(), py::arg("seed") = py::none(), py::arg("exclude") = py::none(),
+        py::arg("skip_first_last") = false, py::arg("allow_tied") = false,
+        py::arg("recipe") = py::none(), py::arg("data") = py::none(),
+        py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
+        py::arg("calib_batches") = py::int_(32), py::arg("device") = py::str("cpu"),
+        py::arg("parameters") = std::vector<std::string>{}, py::arg("progress") = py::none(),
+        R"(Prunes a serialized ONNX model as lopper.prune says (its arguments, the same names) and
+returns ({weight initializer: bool keep-mask (weight != 0 after pruning)}, PruneReport) for the
+weights it pruned. Weights whose initializer is not in `parameters` are left alone. `progress`
+is called as progress(batch, of, loss) after each calibration batch. Internal: lopper.prune
+exports the module and applies the masks.)");
+}
+
+}  // namespace lopper::python

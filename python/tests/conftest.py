@@ -1,0 +1,58 @@
+"""Shared fixtures of the Python package's tests.
+
+Run by ctest (`python`, tests/CMakeLists.txt) with PYTHONPATH=BUILD/python and the environment
+below; by hand: PYTHONPATH=build/python .venv/bin/python -m pytest python/tests
+  LOPPER_FIXTURES_DIR  the models tests/fixtures/make_models.py wrote (default build/fixtures)
+  LOPPER_BUILD_DIR     the CMake build folder (default build)
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+SOURCE = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("LOPPER_BUILD_DIR", SOURCE / "build"))
+FIXTURES = Path(os.environ.get("LOPPER_FIXTURES_DIR", BUILD / "fixtures"))
+
+
+@pytest.fixture(scope="session")
+def fixtures():
+    if not (FIXTURES / "resnet18.ts.onnx").is_file():
+        pytest.fail(f"no fixture models in {FIXTURES}: run ctest -R fixtures first")
+    return FIXTURES
+
+
+def multi_output_model():
+    """x [batch, 4] float -> relu (Relu), neg (Neg), twice (x + x), same (x itself), const (an
+    initializer): five outputs, two of them memory lopper does not own."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+            for n, s in [("relu", ["batch", 4]), ("neg", ["batch", 4]), ("twice", ["batch", 4]),
+                         ("same", ["batch", 4]), ("const", [3])]]
+    nodes = [helper.make_node("Relu", ["x"], ["relu"]), helper.make_node("Neg", ["x"], ["neg"]),
+             helper.make_node("Add", ["x", "x"], ["twice"]),
+             helper.make_node("Identity", ["x"], ["same"]),
+             helper.make_node("Identity", ["c"], ["const"])]
+    init = [helper.make_tensor("c", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])]
+    graph = helper.make_graph(nodes, "multi", [x], outs, init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="session")
+def multi_output_bytes():
+    return multi_output_model()
+
+
+def assert_close(got, want, rtol=1e-4):
+    """Within rtol of the reference's largest magnitude, elementwise."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype}"
+    scale = max(float(np.abs(want).max()), 1e-6)
+    err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+    assert err <= rtol * scale, f"max |diff| {err:.3g} > {rtol} x {scale:.3g}"

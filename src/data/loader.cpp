@@ -20,6 +20,7 @@ extern "C" void omp_set_num_threads(int) __attribute__((weak));
 #include "data/images.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "util/random.h"
 
 namespace lopper {
 namespace {
@@ -58,10 +59,7 @@ bool parse_size(const std::string& s, int64_t& v) {
 // splitmix64 folds all of (seed, epoch) into those bits, so that nearby seeds and epochs do not
 // collide.
 uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
-  uint64_t z = seed + uint64_t(epoch) * 0x9E3779B97F4A7C15ULL + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return splitmix64(seed + uint64_t(epoch) * 0x9E3779B97F4A7C15ULL + 0x9E3779B97F4A7C15ULL);
 }
 
 std::string dims_str(const std::vector<int64_t>& dims) {

@@ -9,6 +9,7 @@
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
+#include "util/random.h"
 
 namespace lopper {
 namespace {
@@ -50,10 +51,7 @@ at::Tensor attention_mask(const Batch& b) {
 
 // splitmix64 of (seed, step): the masked-LM pick of one batch.
 uint64_t step_seed(uint64_t seed, int64_t step) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + uint64_t(step) + 0x632BE59BD9B4E019ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return splitmix64(seed * 0x9E3779B97F4A7C15ULL + uint64_t(step) + 0x632BE59BD9B4E019ULL);
 }
 
 }  // namespace

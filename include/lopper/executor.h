@@ -72,11 +72,15 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  /// Runs the graph. Inputs are checked against the graph's declared types and static dims.
-  /// Returns the graph outputs in declaration order. The first inference run also prepacks
-  /// weights and times candidate kernels per layer, so it is slower than the ones after it.
-  /// One run at a time per executor (runs update per-node state).
+  /// Runs the graph. Inputs are checked first (check_inputs). Returns the graph outputs in
+  /// declaration order. The first inference run also prepacks weights and times candidate
+  /// kernels per layer, so it is slower than the ones after it. One run at a time per executor
+  /// (runs update per-node state).
   std::vector<at::Tensor> run(const NamedTensors& inputs);
+  /// Throws lopper::Error ("[run] ...") naming the first input of `inputs` that the graph does
+  /// not declare, the first declared input it lacks (one without an initializer default), or the
+  /// first whose dtype or static dims differ from the declaration: what run() checks first.
+  void check_inputs(const NamedTensors& inputs) const;
 
   /// Names and declared types of the inputs a caller must feed.
   const std::vector<const ir::ValueInfo*>& inputs() const;
@@ -104,5 +108,9 @@ class Executor {
 
 /// Parses "cpu" / "cuda" / "cuda:N", checking that CUDA is available for the latter.
 at::Device parse_device(const std::string& spec);
+/// parse_device() for a device the user named: a spec that is not "cpu", "cuda" or "cuda:N" (N of
+/// 1 to 3 digits) throws lopper::UsageError (the caller's mistake), CUDA without a GPU
+/// lopper::Error.
+at::Device check_device(const std::string& spec);
 
 }  // namespace lopper

@@ -4,12 +4,20 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "lopper/loss.h"
+
 namespace lopper {
 
+namespace ir {
+struct Model;  // lopper/graph.h
+}  // namespace ir
+class DataLoader;          // lopper/data.h
+struct LatencyStats;       // lopper/latency.h
 struct ModelCost;          // lopper/analysis.h
 struct SensitivityResult;  // lopper/sensitivity.h
 struct TrainResult;        // lopper/train.h
@@ -48,9 +56,21 @@ std::string to_table(const PruneReport& r);
 /// Per group: kind, size before and after, score, layers (parameter names where known; and why a
 /// group was kept); then the channels left.
 std::string to_table(const StructuredReport& r);
+/// "params N (was M, -x%)" and the same for MACs, one line each: what structured pruning saved.
+std::string cost_change(const ModelCost& before, const ModelCost& after);
 /// Per layer (or group, `structured`): the amount chosen (and, with sensitivity data, the loss
 /// increase it is estimated to cost).
 std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity);
+/// What pruning to a target came to, under its table: the target (`value` as asked) and the
+/// estimator, predicted and measured cost; with sensitivity data `sens`, the loss (and `measured`:
+/// the pruned model's loss and top-1 on the sweep's batches); the parameters and MACs `before`
+/// and `after`.
+std::string target_summary(const TargetReport& r, double value, const SensitivityResult* sens,
+                           const EvalResult* measured, const ModelCost& before,
+                           const ModelCost& after);
+/// The unpruned top-1, loss and samples, then per layer (or channel group) its parameters and
+/// the top-1 at each amount.
+std::string to_table(const SensitivityResult& r);
 /// One line: "top-1 91.20%  top-5 99.80%  loss 0.2512  (10000 samples)", or for a language model
 /// "loss 4.1211  perplexity 61.64  top-1 12.50% of 3840 tokens  (256 samples)".
 std::string eval_summary(const EvalResult& r);
@@ -86,6 +106,27 @@ struct ReportSeries {
   bool line = false;  // joined by a line (a curve) or loose points
   std::string role;   // "reference" (before, unpruned), "result" (after), "": one of a family
 };
+
+/// How a report's models are measured (measure_report_model).
+struct ReportMeasure {
+  std::string device = "cpu";
+  std::map<std::string, std::vector<int64_t>> shapes;  // inputs for latency (dynamic dims: 1)
+  DataLoader* data = nullptr;                          // top-1 and loss on it, when given ...
+  int64_t eval_batches = 0;                            // ... on its first batches (0: all)
+  std::string data_name;                               // "fashion-mnist (test)"
+  LossOptions loss;                                    // what the loss on `data` is
+};
+
+/// `m`'s summary column (label, costs from `cost`, latency, top-1 and loss on `how.data`); the
+/// caller sets what only it knows (path, file_bytes). A wide latency spread is in
+/// latency_warning.
+ReportModel measure_report_model(const std::string& label, const ir::Model& m,
+                                 const ModelCost& cost, const ReportMeasure& how);
+/// A latency measurement into `m`: its median, p10, p90, runs and the wide-spread warning.
+void set_latency(ReportModel& m, const LatencyStats& s);
+/// Top-1 and loss measured on `samples` samples of `data_name`, into `m` (and its `measured` note).
+void set_accuracy(ReportModel& m, double top1, double loss, int64_t samples,
+                  const std::string& data_name);
 
 class HtmlReport {
  public:

@@ -25,6 +25,14 @@ namespace lopper {
 
 enum class StructuredUnit { kChannel, kHead };
 
+/// An initializer's axis that structured pruning leaves whole (axis -1: every axis); `why` is the
+/// barrier the report lists (once for every FixedAxis with the same `why`).
+struct FixedAxis {
+  std::string weight;
+  int64_t axis = -1;
+  std::string why;
+};
+
 struct StructuredOptions {
   StructuredUnit unit = StructuredUnit::kChannel;  // kHead: only groups that hold attention heads
   /// What ranks the channels: a criterion of the table (src/prune/importance.cpp) that ranks
@@ -45,6 +53,10 @@ struct StructuredOptions {
   std::map<int64_t, double> group_amounts;
   /// Input shapes for the analysis run (by name); dynamic dims default to 1.
   std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// Parameter axes that must keep their size, and why: the groups whose channels they hold are
+  /// blocked with that reason (lopper.prune_structured pins what a module cannot follow, e.g.
+  /// nn.MultiheadAttention's projections).
+  std::vector<FixedAxis> fixed;
 };
 
 struct ChannelGroupReport {
@@ -71,6 +83,14 @@ struct StructuredReport {
   std::vector<std::string> warnings;
   int64_t channels_before = 0, channels_after = 0;  // over the groups that could be pruned
 };
+
+/// The criterion called `name` among those that rank channels (l1, l2, bn, fpgm, random, taylor).
+/// Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
+CriterionInfo channel_criterion_info(const std::string& name);
+
+/// Throws lopper::Error naming the first option out of range (what prune_structured() checks
+/// before it looks at the model).
+void check_structured_options(const StructuredOptions& opts);
 
 /// The channel groups of `model` and its barriers, without pruning.
 StructuredReport channel_groups(const ir::Model& model, const StructuredOptions& opts = {});

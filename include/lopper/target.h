@@ -82,6 +82,11 @@ struct TargetReport {
 /// high target, 95% of the weights removed overall, needs some layers past 95%).
 SensitivityOptions sensitivity_options(const TargetOptions& o);
 
+/// Throws lopper::Error ("[prune] ...") naming the first option out of range (a share outside
+/// (0, 1), a latency <= 0, round_to < 1, a channel criterion that needs data): what
+/// prune_to_target() checks first.
+void check_target_options(const TargetOptions& o);
+
 /// Prunes `model` in place to the target. Throws lopper::Error ("[prune] ...") when the options
 /// are bad, the sensitivity data does not match the model, or the target cannot be reached (every
 /// layer at its largest amount is not enough); the model is untouched then.

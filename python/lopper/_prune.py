@@ -96,12 +96,10 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
         TypeError: an argument of the wrong type.
         RuntimeError: the module cannot be exported, or lopper cannot prune or run its export.
     """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"[prune] module must be a torch.nn.Module, got {type(module).__name__}")
+    _check_module(module, "prune")
     args, kwargs = _split_inputs(example_inputs)
     if device is None:
-        first = next(module.parameters(), None)
-        device = str(first.device) if first is not None else "cpu"
+        device = _module_device(module)
     exported, holders = _export(module, args, kwargs, dynamic=data is not None)
     bar = _Progress("calibrate") if progress and data is not None else None
     try:
@@ -115,6 +113,26 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
         if bar is not None:
             bar.close()
     del exported
+    _apply_masks(masks, holders)
+    for w in report.warnings:
+        warnings.warn(f"[prune] {w}", stacklevel=2)
+    return report
+
+
+def _check_module(module, op):
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"[{op}] module must be a torch.nn.Module, got {type(module).__name__}")
+
+
+def _module_device(module):
+    """The device of the module's first parameter ("cpu" without parameters)."""
+    first = next(module.parameters(), None)
+    return str(first.device) if first is not None else "cpu"
+
+
+def _apply_masks(masks, holders):
+    """Applies {parameter name: keep-mask} with torch.nn.utils.prune.custom_from_mask to every
+    submodule that holds the parameter (``holders`` as _holders gives it)."""
     # Every mask is matched to its parameters before the first is applied: all or nothing.
     todo = []
     for name, mask in masks.items():
@@ -122,19 +140,16 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             todo.append((sub, attr, mask))
     for sub, attr, mask in todo:
         _torch_prune.custom_from_mask(sub, attr, mask.to(getattr(sub, attr).device))
-    for w in report.warnings:
-        warnings.warn(f"[prune] {w}", stacklevel=2)
-    return report
 
 
-def _split_inputs(example_inputs):
+def _split_inputs(example_inputs, op="prune"):
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     if isinstance(example_inputs, dict):
         return (), dict(example_inputs)
     if isinstance(example_inputs, (tuple, list)):
         return tuple(example_inputs), {}
-    raise TypeError("[prune] example_inputs must be a tensor, a tuple of positional arguments or a "
+    raise TypeError(f"[{op}] example_inputs must be a tensor, a tuple of positional arguments or a "
                     f"dict of keyword arguments, got {type(example_inputs).__name__}")
 
 
@@ -167,7 +182,7 @@ def _holders(module):
     return {name: by_param[id(p)] for name, p in by_name.items()}
 
 
-def _export(module, args, kwargs, dynamic):
+def _export(module, args, kwargs, dynamic, op="prune"):
     """The module's ONNX bytes, exported by torch.export with every parameter an initializer under
     its own name, and _holders(module)."""
     holders = _holders(module)
@@ -229,7 +244,7 @@ def _export(module, args, kwargs, dynamic):
             return export(None), holders
         except Exception as e:
             raise RuntimeError(
-                f"[prune] the module does not export to ONNX: {_first_line(e)}") from e
+                f"[{op}] the module does not export to ONNX: {_first_line(e)}") from e
     finally:
         for m, mode in modes:
             m.training = mode
@@ -244,7 +259,11 @@ def _first_line(e):
 
 
 class _Progress:
-    """Calibration progress: a tqdm bar when tqdm is installed, else a few plain lines."""
+    """Progress of long work: a tqdm bar when tqdm is installed, else a few plain lines on stderr.
+
+    Called as progress(done, total, info) after each step: ``info`` is the loss (a float, shown as
+    "loss 0.1234") or what the step did (a str); ``total`` 0 or None when it is not known.
+    """
 
     def __init__(self, label):
         self.label = label
@@ -256,17 +275,28 @@ class _Progress:
             tqdm = None
         self.tqdm = tqdm
 
-    def __call__(self, done, total, loss):
+    def __call__(self, done, total, info):
+        text = info if isinstance(info, str) else f"loss {info:.4f}"
+        total = total or None
         if self.tqdm is not None:
             if self.bar is None:
-                self.bar = self.tqdm(total=total, desc=self.label, unit="batch")
-            self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+                unit = "step" if isinstance(info, str) else "batch"
+                self.bar = self.tqdm(total=total, desc=self.label, unit=unit)
+            elif total is not None and self.bar.total != total:
+                self.bar.total = total
+            self.bar.set_postfix_str(text, refresh=False)
             self.bar.update(done - self.bar.n)
             return
-        # Plain lines: about four over the run, and always the last.
-        if done == total or done * 4 >= (self.printed + 1) * total:
+        # Plain lines: about four over the run, and always the last; without a total, at steps
+        # 1, 2, 4, 8, ...
+        if total is None:
+            due = (done & (done - 1)) == 0
+        else:
+            due = done == total or done * 4 >= (self.printed + 1) * total
+        if due:
             self.printed += 1
-            print(f"{self.label} {done}/{total}  loss {loss:.4f}", file=sys.stderr, flush=True)
+            of = f"/{total}" if total is not None else ""
+            print(f"{self.label} {done}{of}  {text}", file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:

@@ -10,5 +10,11 @@ namespace lopper::python {
 void bind_session(pybind11::module_& m);
 /// lopper.PruneReport, lopper.PruneLayerReport and _prune_onnx, behind lopper.prune (prune.cpp).
 void bind_prune(pybind11::module_& m);
+/// lopper.StructuredReport and _prune_structured_onnx, behind lopper.prune_structured
+/// (structured.cpp).
+void bind_structured(pybind11::module_& m);
+/// lopper.SensitivityReport, lopper.TargetReport and their C++ halves, behind lopper.sensitivity
+/// and lopper.prune_to_target (analysis.cpp).
+void bind_analysis(pybind11::module_& m);
 
 }  // namespace lopper::python

@@ -32,4 +32,6 @@ PYBIND11_MODULE(_lopper, m) {
 
   lopper::python::bind_session(m);
   lopper::python::bind_prune(m);
+  lopper::python::bind_structured(m);
+  lopper::python::bind_analysis(m);
 }

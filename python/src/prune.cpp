@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "convert.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/graph.h"
@@ -28,144 +29,6 @@ namespace py = pybind11;
 
 namespace lopper::python {
 namespace {
-
-std::string type_name(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
-
-// Runs `f`, turning lopper's errors into usage errors: what it checks is the caller's arguments
-// (ValueError in Python, module.cpp).
-template <typename F>
-auto as_usage(F&& f) {
-  try {
-    return f();
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
-}
-
-// torch.nn.utils.prune's `amount`: an int is a count, a float a fraction.
-PruneAmount to_amount(py::handle a) {
-  PruneAmount out;
-  if (PyBool_Check(a.ptr()))
-    throw py::type_error(
-        "[prune] amount must be a float (a fraction) or an int (a count), got bool");
-  // NOTE: as torch's numbers.Integral: an int, numpy's integers, anything with __index__.
-  if (PyIndex_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
-    out.value = double(py::reinterpret_steal<py::int_>(PyNumber_Index(a.ptr())).cast<int64_t>());
-    out.is_count = true;
-  } else if (PyFloat_Check(a.ptr()) || py::hasattr(a, "__float__")) {
-    out.value = PyFloat_AsDouble(a.ptr());
-    if (PyErr_Occurred()) throw py::error_already_set();
-  } else {
-    throw py::type_error("[prune] amount must be a float (a fraction) or an int (a count), got " +
-                         type_name(a));
-  }
-  return out;
-}
-
-template <typename T>
-std::optional<T> optional_arg(py::handle h, const char* what, const char* kind) {
-  if (h.is_none()) return std::nullopt;
-  try {
-    return h.cast<T>();
-  } catch (const py::cast_error&) {
-    throw py::type_error(std::string("[prune] ") + what + " must be " + kind + ", got " +
-                         type_name(h));
-  }
-}
-
-std::string string_arg(py::handle h, const char* what) {
-  if (!py::isinstance<py::str>(h))
-    throw py::type_error(std::string("[prune] ") + what + " must be a str, got " + type_name(h));
-  return h.cast<std::string>();
-}
-
-std::string path_of(py::handle p) {
-  return py::module_::import("os").attr("fsdecode")(p).cast<std::string>();
-}
-
-// --- Calibration batches ---------------------------------------------------------------------
-
-at::Tensor batch_tensor(py::handle h, const std::string& where) {
-  if (!THPVariable_Check(h.ptr()))
-    throw py::type_error("[prune] data: " + where + " is a " + type_name(h) +
-                         ", not a torch.Tensor");
-  return THPVariable_Unpack(h.ptr()).detach();
-}
-
-// {input name: tensor, ..., "labels": tensor}: the samples are input_ids when given, else the first
-// input.
-void from_mapping(py::handle m, Batch& b, const std::string& where) {
-  py::object items = m.attr("items")();
-  std::string first;
-  for (auto kv : items) {
-    auto pair = kv.cast<py::tuple>();
-    if (!py::isinstance<py::str>(pair[0]))
-      throw py::type_error("[prune] data: " + where + " has a key of type " + type_name(pair[0]) +
-                           " (input names are str)");
-    const auto name = pair[0].cast<std::string>();
-    if (pair[1].is_none()) continue;
-    at::Tensor t = batch_tensor(pair[1], where + "['" + name + "']");
-    if (name == "labels") {
-      b.y = t;
-    } else {
-      if (first.empty()) first = name;
-      b.inputs.emplace_back(name, t);
-    }
-  }
-  std::string x = first;
-  for (const auto& [name, t] : b.inputs)
-    if (name == "input_ids") x = name;
-  if (x.empty()) throw UsageError("[prune] data: " + where + " names no model input");
-  for (auto it = b.inputs.begin(); it != b.inputs.end(); ++it)
-    if (it->first == x) {
-      b.x = it->second;
-      b.x_input = x;
-      b.inputs.erase(it);
-      break;
-    }
-}
-
-// One item of the user's data: a tensor of samples, (samples, labels), or a mapping of named
-// inputs (and "labels"), as torch DataLoaders and transformers' collators give them.
-Batch to_batch(py::handle item, size_t i) {
-  const std::string where = "batch " + std::to_string(i);
-  const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
-  Batch b;
-  if (THPVariable_Check(item.ptr())) {
-    b.x = batch_tensor(item, where);
-  } else if (py::isinstance(item, mapping)) {
-    from_mapping(item, b, where);
-  } else if (py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) {
-    auto seq = item.cast<py::sequence>();
-    if (seq.size() < 1 || seq.size() > 2)
-      throw UsageError("[prune] data: " + where + " has " + std::to_string(seq.size()) +
-                       " items; give (samples, labels), (samples,) or samples");
-    const py::object samples = seq[0];
-    if (py::isinstance(samples, mapping))
-      from_mapping(samples, b, where + "[0]");
-    else
-      b.x = batch_tensor(samples, where + "[0]");
-    const py::object labels = seq.size() == 2 ? py::object(seq[1]) : py::none();
-    if (!labels.is_none()) {
-      if (b.y.defined())
-        throw UsageError("[prune] data: " + where +
-                         " gives labels twice (in the mapping and beside it)");
-      b.y = batch_tensor(labels, where + "[1]");
-    }
-  } else {
-    throw py::type_error("[prune] data: " + where + " is a " + type_name(item) +
-                         "; give tensors, (samples, labels) tuples or dicts of named inputs");
-  }
-  return b;
-}
-
-// --- The report ------------------------------------------------------------------------------
-
-py::object json_to_python(const nlohmann::json& j) {
-  return py::module_::import("json").attr("loads")(j.dump());
-}
 
 py::list shared_of(const PruneLayerReport& l) {
   py::list out;
@@ -196,8 +59,7 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
                 bool allow_tied, const py::object& recipe, bool have_data,
                 const py::object& loss_arg, const py::object& mask_token, int64_t calib_batches,
                 const py::object& device_arg) {
-  const std::string scope = string_arg(scope_arg, "scope"), loss = string_arg(loss_arg, "loss"),
-                    device = string_arg(device_arg, "device");
+  const std::string scope = string_arg(scope_arg, "scope");
   Args a;
   auto note = [&](const PruneLayerOptions& o) {
     const CriterionInfo c = as_usage([&] { return weight_criterion_info(o.criterion); });
@@ -217,20 +79,7 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
     if (scope != "local")
       throw UsageError("[prune] recipe prunes layer by layer: scope '" + scope +
                        "' does not go with it");
-    const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
-    if (py::isinstance(recipe, mapping)) {
-      // NOTE: JSON is YAML: the dict goes through the recipe parser as it is, so its errors and
-      // checks are the YAML file's (line numbers count the indented JSON's lines).
-      py::object text = py::module_::import("json").attr("dumps")(recipe, py::arg("indent") = 1);
-      const auto yaml = text.cast<std::string>();
-      a.recipe = as_usage([&] { return parse_prune_recipe(yaml, "recipe"); });
-    } else if (py::isinstance<py::str>(recipe) || py::hasattr(recipe, "__fspath__")) {
-      const std::string path = path_of(recipe);
-      a.recipe = as_usage([&] { return load_prune_recipe(path); });
-    } else {
-      throw py::type_error("[prune] recipe must be a dict or the path of a YAML file, got " +
-                           type_name(recipe));
-    }
+    a.recipe = recipe_arg(recipe);
     if (a.recipe->has_defaults) note(a.recipe->defaults);
     for (const auto& r : a.recipe->rules)
       if (!r.skip) note(r.options);
@@ -287,14 +136,7 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
                      " on data: give data (an iterable of batches)");
   if (!a.needs_data && have_data)
     throw UsageError("[prune] data is for the methods that rank weights by data (grad, taylor)");
-  if (calib_batches < 1)
-    throw UsageError("[prune] calib_batches must be >= 1, got " + std::to_string(calib_batches));
-  a.calib.batches = calib_batches;
-  a.calib.device = device;
-  a.calib.loss.loss = as_usage([&] { return parse_loss(loss); });
-  if (!mask_token.is_none())
-    a.calib.loss.mask_token = optional_arg<int64_t>(mask_token, "mask_token", "an int").value();
-  as_usage([&] { check_loss_options(a.calib.loss); });
+  a.calib = calibration_arg(loss_arg, mask_token, calib_batches, device_arg, a.calib.loss.seed);
   return a;
 }
 
@@ -324,26 +166,9 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
   Args a =
       parse_args(method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last,
                  allow_tied, recipe, !data.is_none(), loss, mask_token, calib_batches, device);
-  // The batches, at most calib_batches of them: the iterable may be endless.
-  std::vector<Batch> batches;
-  if (a.needs_data) {
-    if (!py::hasattr(data, "__iter__"))
-      throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
-    for (auto item : data) {
-      batches.push_back(to_batch(item, batches.size()));
-      if (int64_t(batches.size()) == calib_batches) break;
-    }
-  }
   std::unique_ptr<DataLoader> loader;
-  if (a.needs_data)
-    loader = as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
-  if (!progress.is_none())
-    a.calib.progress = [&progress](int64_t b, int64_t of, double loss) {
-      py::gil_scoped_acquire gil;
-      progress(b, of, loss);
-      // NOTE: Ctrl-C reaches Python only when it runs: let it stop the calibration here.
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    };
+  if (a.needs_data) loader = loader_arg(data, calib_batches);
+  if (!progress.is_none()) a.calib.progress = progress_arg(progress);
   const std::set<std::string> params(parameters.begin(), parameters.end());
 
   const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());

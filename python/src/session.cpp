@@ -174,6 +174,7 @@ class Session {
           "[session] path_or_bytes must be a path (str or os.PathLike) or the model's bytes, got " +
           type_name(path_or_bytes));
     }
+    (void)check_device(device);  // a bad spec is a ValueError, CUDA without a GPU a RuntimeError
     const char* data = bytes ? PyBytes_AS_STRING(bytes.ptr()) : nullptr;
     const size_t size = bytes ? static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr())) : 0;
     py::gil_scoped_release nogil;
@@ -235,6 +236,14 @@ class Session {
     std::vector<at::Tensor> outs;
     {
       py::gil_scoped_release nogil;
+      // NOTE: a feed that does not match the model's inputs (a name it lacks, a missing input, a
+      // dtype or static dim that differs) is the caller's argument: a ValueError, as ONNX
+      // Runtime's InvalidArgument. What fails while the graph runs stays a RuntimeError.
+      try {
+        exec_->check_inputs(feeds);
+      } catch (const Error& e) {
+        throw UsageError(e.what());
+      }
       std::lock_guard<std::mutex> lock(mutex_);
       ThreadsScope scope(threads_);
       std::vector<at::Tensor> all = exec_->run(feeds);
@@ -331,10 +340,10 @@ Args:
         same process-wide pool).
 
 Raises:
-    ValueError: a bad argument (threads < 0).
+    ValueError: a bad argument (threads < 0, a device that is not "cpu", "cuda" or "cuda:N").
     TypeError: path_or_bytes is neither a path nor bytes.
     RuntimeError: the file or model cannot be read or run (an unsupported op, a missing file,
-        corrupt bytes, a bad device or "cuda" without a GPU), with lopper's one-line message.)doc")
+        corrupt bytes, "cuda" without a GPU), with lopper's one-line message.)doc")
       .def("run", &Session::run, py::arg("output_names"), py::arg("input_feed"),
            py::arg("run_options") = py::none(),
            R"doc(Runs the model and returns the outputs asked for.
@@ -356,11 +365,12 @@ Returns:
     for them is handed over without a copy.
 
 Raises:
-    ValueError: a bad argument (an unknown output name, numpy and torch mixed, an array torch
-        cannot view).
+    ValueError: a bad argument, with lopper's one line: an input or output name the model does
+        not have, a missing input, a dtype or static dimension that differs from the model's,
+        numpy and torch mixed, an array torch cannot view.
     TypeError: input_feed is not a dict, a name is not a str.
-    RuntimeError: lopper's one line when the model cannot run on these inputs (an unknown or
-        missing input, a dtype or static dimension that differs from the model's).)doc")
+    RuntimeError: lopper's one line when the model fails while it runs on these inputs (e.g.
+        dynamic dimensions that do not fit each other).)doc")
       .def("get_inputs", &Session::inputs,
            "The inputs a caller feeds (initializers excluded), as a list of NodeArg.")
       .def("get_outputs", &Session::outputs, "The model's outputs, as a list of NodeArg.")

@@ -153,7 +153,7 @@ def test_strided_and_list_inputs(multi_output_bytes):
     (neg,) = sess.run(["neg"], {"x": torch.from_numpy(base).t()[1:3, :4]})
     assert torch.equal(neg, -torch.from_numpy(base).t()[1:3, :4])
     # Anything numpy.asarray takes, with its dtype: a list of ints is int64, refused as ORT does.
-    with pytest.raises(RuntimeError, match="expected float32, got int64"):
+    with pytest.raises(ValueError, match="expected float32, got int64"):
         sess.run(["twice"], {"x": [[1, 2, 3, 4]]})
 
 
@@ -185,19 +185,30 @@ def one_line(excinfo, *parts):
 
 
 def test_bad_inputs_fail_with_lopper_line(resnet):
+    """A feed that does not match the model's inputs is a bad argument (ValueError, as ONNX
+    Runtime's InvalidArgument), with lopper's one line."""
     _, sess, x = resnet
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
         sess.run(None, {"image": x})
     one_line(e, "[run]", "no input named 'image'")
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
+        sess.run(None, {"input": x, "image": x})
+    one_line(e, "[run]", "no input named 'image'")
+    with pytest.raises(ValueError) as e:
         sess.run(None, {"input": x.astype(np.float64)})
     one_line(e, "input 'input'", "float32", "float64")
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
         sess.run(None, {"input": x[0]})
     one_line(e, "input 'input'", "shape")
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
+        sess.run(None, {"input": torch.from_numpy(x).double()})
+    one_line(e, "input 'input'", "float32", "float64")
+    with pytest.raises(ValueError) as e:
         sess.run(None, {})
     one_line(e, "missing input 'input'")
+    # The session still runs after each refusal.
+    (out,) = sess.run(None, {"input": x})
+    assert out.shape[0] == x.shape[0]
     with pytest.raises(ValueError) as e:
         sess.run(["logits"], {"input": x})
     one_line(e, "no output named 'logits'")
@@ -327,10 +338,13 @@ def test_cuda_without_a_gpu_is_one_line(multi_output_bytes):
     one_line(e, "[device]", "cuda")
 
 
-def test_bad_device_is_one_line(multi_output_bytes):
-    with pytest.raises(RuntimeError) as e:
-        lopper.InferenceSession(multi_output_bytes, device="tpu")
-    one_line(e, "[device]", "tpu")
+@pytest.mark.parametrize("device", ["tpu", "cuda:", "cuda:x", "cuda:1234", "CPU", ""])
+def test_bad_device_is_a_value_error(multi_output_bytes, device):
+    """A device lopper cannot parse is a bad argument; "cuda" without a GPU is not
+    (test_cuda_without_a_gpu_is_one_line)."""
+    with pytest.raises(ValueError) as e:
+        lopper.InferenceSession(multi_output_bytes, device=device)
+    one_line(e, "[device]", f"'{device}'")
 
 
 @pytest.mark.skipif(not CUDA, reason="no CUDA GPU")

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -205,12 +204,7 @@ std::string method_help() {
   return s;
 }
 
-void check_device_flag(const std::string& device) {
-  static const std::regex kDevice("cpu|cuda(:[0-9]{1,3})?");
-  if (!std::regex_match(device, kDevice))
-    throw UsageError("[device] bad device '" + device + "' (expected cpu, cuda or cuda:N)");
-  (void)parse_device(device);  // is it there?
-}
+void check_device_flag(const std::string& device) { (void)check_device(device); }
 
 ExecOptions exec_options(const std::string& device, const std::string& precision) {
   ExecOptions eo;

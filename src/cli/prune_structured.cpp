@@ -86,12 +86,7 @@ int run_structured(const Opts& o) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0; };
-  std::cout << to_table(r)
-            << fmt::format("params   {:>14}  (was {}, -{:.1f}%)\n", after.params, before.params,
-                           pct(after.params, before.params))
-            << fmt::format("MACs     {:>14}  (was {}, -{:.1f}%)\n", after.macs, before.macs,
-                           pct(after.macs, before.macs))
+  std::cout << to_table(r) << cost_change(before, after)
             << fmt::format("file     {:>14} bytes (was {})\n", j["file_bytes_after"].get<int64_t>(),
                            j["file_bytes_before"].get<int64_t>());
   if (!r.barriers.empty()) {

@@ -141,32 +141,9 @@ int run_target(const Opts& o, TargetKind kind) {
     return 0;
   }
   std::cout << to_table(r, t.structured, sens.has_value());
-  auto fmt_cost = [&](double v) {
-    return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
-  };
-  std::cout << fmt::format("\ntarget   {} {} = {} (estimator: {}, {} round{})\n",
-                           target_name(r.kind),
-                           latency ? fmt_cost(t.value)
-                                   : fmt::format("{:g} of {}", t.value, fmt_cost(r.before)),
-                           fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s")
-            << fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
-                           fmt_cost(r.measured));
-  if (sens)
-    std::cout << fmt::format(
-        "loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
-        "increases){}\n",
-        r.base_loss, r.predicted_loss,
-        measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
-  if (measured)
-    std::cout << fmt::format(
-        "top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
-        "samples, before fine-tuning)\n",
-        100 * sens->top1, 100 * measured->top1, measured->samples);
-  const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
-  std::cout << fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
-                           before.nonzero)
-            << fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n", after.macs,
-                           before.macs, ea.macs, eb.macs)
+  std::cout << "\n"
+            << target_summary(r, t.value, sens ? &*sens : nullptr, measured ? &*measured : nullptr,
+                              before, after)
             << "report   " << report_path << "\n";
   if (!o.report.empty()) std::cout << "report   " << o.report << "\n";
   return 0;

@@ -42,27 +42,6 @@ std::vector<double> parse_amounts(const std::string& s) {
   return out;
 }
 
-void print_table(const SensitivityResult& r) {
-  std::vector<std::string> names;
-  for (const auto& l : r.layers) names.push_back(l.label());
-  const size_t w = name_column_width(names, 12);
-  std::cout << fmt::format(
-      "top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
-      "samples)\n",
-      r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss, r.samples);
-  std::string head =
-      fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w, "params");
-  if (!r.layers.empty())
-    for (const auto& p : r.layers.front().points)
-      head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
-  std::cout << head << "\n";
-  for (const auto& l : r.layers) {
-    std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.label(), w), w, l.params);
-    for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
-    std::cout << line << "\n";
-  }
-}
-
 }  // namespace
 
 Action add_sensitivity(CLI::App& app) {
@@ -169,7 +148,7 @@ Action add_sensitivity(CLI::App& app) {
     if (o->json) {
       std::cout << js << "\n";
     } else {
-      print_table(r);
+      std::cout << to_table(r);
       if (!o->out.empty()) std::cout << "wrote " << o->out << "\n";
       if (!o->report.empty()) std::cout << "report " << o->report << "\n";
     }

@@ -176,6 +176,14 @@ at::Device parse_device(const std::string& spec) {
   throw Error(detail::concat("[device] bad device '", spec, "' (expected cpu, cuda or cuda:N)"));
 }
 
+at::Device check_device(const std::string& spec) {
+  const bool index = spec.size() > 5 && spec.size() < 9 && spec.compare(0, 5, "cuda:") == 0 &&
+                     spec.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (spec != "cpu" && spec != "cuda" && !index)
+    throw UsageError("[device] bad device '" + spec + "' (expected cpu, cuda or cuda:N)");
+  return parse_device(spec);
+}
+
 namespace {
 
 struct Step {
@@ -482,24 +490,22 @@ NamedTensors Executor::parameters() const { return impl_->params; }
 const at::Device& Executor::device() const { return impl_->device; }
 std::vector<KernelDecision> Executor::kernel_decisions() const { return impl_->decisions; }
 
-std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
+void Executor::check_inputs(const NamedTensors& inputs) const {
   const ir::Graph& g = impl_->model.graph;
-  std::unordered_map<std::string, at::Tensor> given;
+  std::unordered_map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : inputs) {
     bool known = false;
     for (const auto& v : g.inputs) known |= v.name == name;
     LOPPER_CHECK(known, "[run] the model has no input named '", name, "'");
-    given[name] = t;
+    given[name] = &t;
   }
-  std::vector<at::Tensor> ordered;
   for (const auto& v : g.inputs) {
     auto it = given.find(v.name);
     if (it == given.end()) {
       LOPPER_CHECK(g.find_initializer(v.name), "[run] missing input '", v.name, "'");
-      ordered.emplace_back();  // initializer default
       continue;
     }
-    at::Tensor t = it->second;
+    const at::Tensor& t = *it->second;
     if (v.type.is_tensor() && v.type.elem_type != ir::DType::kUndefined) {
       auto want = onnx::to_scalar_type(v.type.elem_type);
       LOPPER_CHECK(t.scalar_type() == want, "[run] input '", v.name, "': expected ",
@@ -514,7 +520,22 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
       LOPPER_CHECK(ok, "[run] input '", v.name, "': expected shape ", shape_str(dims), ", got ",
                    shape_str(t.sizes()));
     }
-    t = t.to(impl_->device);
+  }
+}
+
+std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
+  check_inputs(inputs);
+  const ir::Graph& g = impl_->model.graph;
+  std::unordered_map<std::string, at::Tensor> given;
+  for (const auto& [name, t] : inputs) given[name] = t;
+  std::vector<at::Tensor> ordered;
+  for (const auto& v : g.inputs) {
+    auto it = given.find(v.name);
+    if (it == given.end()) {
+      ordered.emplace_back();  // initializer default
+      continue;
+    }
+    at::Tensor t = it->second.to(impl_->device);
     if (impl_->lowered() && t.scalar_type() == at::kFloat) t = t.to(impl_->opts.precision);
     ordered.push_back(t);
   }

@@ -16,6 +16,14 @@
 
 namespace lopper::depgraph {
 
+void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::string& where) {
+  bool any = false;
+  for (int64_t a : atoms)
+    if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
+  if (any && std::find(dg.barriers.begin(), dg.barriers.end(), where) == dg.barriers.end())
+    dg.barriers.push_back(where);
+}
+
 namespace {
 
 const ir::Node* producer(const ir::Graph& g, const std::string& name) {
@@ -23,15 +31,6 @@ const ir::Node* producer(const ir::Graph& g, const std::string& name) {
     for (const auto& o : n.outputs)
       if (o == name) return &n;
   return nullptr;
-}
-
-// Pins `atoms` (those not pinned yet) for `where`, and lists `where` once among the barriers.
-void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::string& where) {
-  bool any = false;
-  for (int64_t a : atoms)
-    if (dg.pinned[a].empty()) dg.pinned[a] = where, any = true;
-  if (any && std::find(dg.barriers.begin(), dg.barriers.end(), where) == dg.barriers.end())
-    dg.barriers.push_back(where);
 }
 
 // Every value some node (or the graph's outputs) reads.

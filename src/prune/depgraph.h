@@ -70,6 +70,9 @@ struct DepGraph {
 /// ops::ChannelContext::whole_heads.
 DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_heads);
 
+/// Pins `atoms` (those not pinned yet) for `where`, and lists `where` once among the barriers.
+void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::string& where);
+
 /// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either).
 bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref,
                       at::Tensor& value);

@@ -46,6 +46,12 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
   NodeShapes io = node_shapes(model, shapes);
   a.dg = depgraph::build(model, io, opts.unit == StructuredUnit::kHead);
   auto& dg = a.dg;
+  for (const auto& f : opts.fixed)
+    for (const auto& sl : dg.slices) {
+      if (!sl.ref.is_initializer || sl.ref.name != f.weight) continue;
+      const int64_t stored = sl.ref.perm.empty() ? sl.axis : sl.ref.perm.at(size_t(sl.axis));
+      if (f.axis < 0 || f.axis == stored) depgraph::pin_atoms(dg, sl.atoms, f.why);
+    }
   const int64_t n_atoms = int64_t(dg.parent.size());
   // Classes and their sources.
   std::map<int64_t, std::set<size_t>> sources;
@@ -327,16 +333,33 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
   return out;
 }
 
-StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
-                                  const Saliency* saliency) {
-  PruneLayerOptions amount_only;  // the amount's checks are prune()'s
-  amount_only.amount = opts.amount;
-  check_layer_options(amount_only);
+CriterionInfo channel_criterion_info(const std::string& name) {
+  const importance::Criterion& c = importance::find(name, importance::Use::kChannels);
+  CriterionInfo i;
+  i.name = c.name;
+  i.needs_data = c.needs_data();
+  if (i.needs_data) i.data_needed = importance::data_needed(c);
+  return i;
+}
+
+void check_structured_options(const StructuredOptions& opts) {
+  if (opts.group_amounts.empty() && !opts.recipe) {
+    PruneLayerOptions amount_only;  // the amount's checks are prune()'s
+    amount_only.amount = opts.amount;
+    check_layer_options(amount_only);
+  }
   LOPPER_CHECK(opts.max_layer_amount > 0 && opts.max_layer_amount <= 1,
                "[prune] " LOPPER_OPTION("max_layer_amount") " must be in (0, 1], got ",
                opts.max_layer_amount);
   LOPPER_CHECK(opts.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
                opts.round_to);
+  (void)importance::find(opts.criterion, importance::Use::kChannels);
+  (void)LayerFilter(opts.exclude);
+}
+
+StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
+                                  const Saliency* saliency) {
+  check_structured_options(opts);
   const importance::Criterion& crit = importance::find(opts.criterion, importance::Use::kChannels);
   LOPPER_CHECK(!crit.needs_data() || saliency, "[prune] " LOPPER_OPTION("criterion") " ", crit.name,
                " needs calibration data: a Saliency");

@@ -546,17 +546,7 @@ const char* target_name(TargetKind k) {
   return k == TargetKind::kParams ? "params" : k == TargetKind::kMacs ? "macs" : "latency-ms";
 }
 
-TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
-  // Every latency measurement of the search is counted, so a busy machine is reported.
-  int measurements = 0, wide = 0;
-  LatencyStats widest;
-  TargetOptions o = opts;
-  o.on_latency = [&](const LatencyStats& s) {
-    ++measurements;
-    if (s.wide) ++wide;
-    if (s.spread > widest.spread) widest = s;
-    if (opts.on_latency) opts.on_latency(s);
-  };
+void check_target_options(const TargetOptions& o) {
   if (o.kind == TargetKind::kLatency)
     LOPPER_CHECK(std::isfinite(o.value) && o.value > 0, "[prune] ", target_option(o.kind),
                  " must be > 0, got ", o.value);
@@ -571,6 +561,20 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
                  importance::names(
                      importance::Use::kChannels,
                      [](const importance::Criterion& c) { return !c.needs_data(); }, " or "));
+}
+
+TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
+  // Every latency measurement of the search is counted, so a busy machine is reported.
+  int measurements = 0, wide = 0;
+  LatencyStats widest;
+  TargetOptions o = opts;
+  o.on_latency = [&](const LatencyStats& s) {
+    ++measurements;
+    if (s.wide) ++wide;
+    if (s.spread > widest.spread) widest = s;
+    if (opts.on_latency) opts.on_latency(s);
+  };
+  check_target_options(o);
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const double before = cost_of(model, o, shapes);
   const double target = o.kind == TargetKind::kLatency ? o.value : o.value * before;

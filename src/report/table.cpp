@@ -6,8 +6,10 @@
 
 #include <algorithm>
 
+#include "lopper/analysis.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
+#include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
@@ -67,6 +69,14 @@ std::string to_table(const StructuredReport& r) {
   return s;
 }
 
+std::string cost_change(const ModelCost& before, const ModelCost& after) {
+  auto pct = [](int64_t a, int64_t b) { return b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0; };
+  return fmt::format("params   {:>14}  (was {}, -{:.1f}%)\n", after.params, before.params,
+                     pct(after.params, before.params)) +
+         fmt::format("MACs     {:>14}  (was {}, -{:.1f}%)\n", after.macs, before.macs,
+                     pct(after.macs, before.macs));
+}
+
 std::string to_table(const TargetReport& r, bool structured, bool with_sensitivity) {
   std::vector<std::string> names;
   for (const auto& u : r.units) names.push_back(u.label());
@@ -76,6 +86,60 @@ std::string to_table(const TargetReport& r, bool structured, bool with_sensitivi
   for (const auto& u : r.units)
     s += fmt::format("{:<{}}  {:>7.1f}%{}\n", fit_name(u.label(), w), w, 100 * u.amount,
                      with_sensitivity ? fmt::format("  {:>11.4f}", u.est_loss_increase) : "");
+  return s;
+}
+
+std::string target_summary(const TargetReport& r, double value, const SensitivityResult* sens,
+                           const EvalResult* measured, const ModelCost& before,
+                           const ModelCost& after) {
+  const bool latency = r.kind == TargetKind::kLatency;
+  auto fmt_cost = [&](double v) {
+    return latency ? fmt::format("{:.3f} ms", v) : fmt::format("{:.0f}", v);
+  };
+  std::string s =
+      fmt::format("target   {} {} = {} (estimator: {}, {} round{})\n", target_name(r.kind),
+                  latency ? fmt_cost(value) : fmt::format("{:g} of {}", value, fmt_cost(r.before)),
+                  fmt_cost(r.target), r.estimator, r.rounds, r.rounds == 1 ? "" : "s") +
+      fmt::format("result   predicted {}, measured {}\n", fmt_cost(r.predicted),
+                  fmt_cost(r.measured));
+  if (sens)
+    s += fmt::format(
+        "loss     {:.4f} unpruned, {:.4f} predicted (sum of the layers' "
+        "increases){}\n",
+        r.base_loss, r.predicted_loss,
+        measured ? fmt::format(", {:.4f} measured", measured->loss) : "");
+  if (sens && measured)
+    s += fmt::format(
+        "top-1    {:.2f}% unpruned, {:.2f}% measured (on the same {} "
+        "samples, before fine-tuning)\n",
+        100 * sens->top1, 100 * measured->top1, measured->samples);
+  const EffectiveCost eb = effective_cost(before), ea = effective_cost(after);
+  s += fmt::format("params   {:>14}  (nonzero {}, was {})\n", after.params, after.nonzero,
+                   before.nonzero) +
+       fmt::format("MACs     {:>14}  (was {}; on nonzero weights {}, was {})\n", after.macs,
+                   before.macs, ea.macs, eb.macs);
+  return s;
+}
+
+std::string to_table(const SensitivityResult& r) {
+  std::vector<std::string> names;
+  for (const auto& l : r.layers) names.push_back(l.label());
+  const size_t w = name_column_width(names, 12);
+  std::string s = fmt::format(
+      "top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
+      "samples)\n",
+      r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss, r.samples);
+  std::string head =
+      fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w, "params");
+  if (!r.layers.empty())
+    for (const auto& p : r.layers.front().points)
+      head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
+  s += head + "\n";
+  for (const auto& l : r.layers) {
+    std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.label(), w), w, l.params);
+    for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
+    s += line + "\n";
+  }
   return s;
 }
 

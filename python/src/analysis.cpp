@@ -1,0 +1,772 @@
+// lopper.sensitivity and lopper.prune_to_target's C++ half: the sweep and the target on a model
+// exported from the user's nn.Module, as `lopper sensitivity` and `lopper prune --target-*` make
+// them, with their reports (table, JSON, HTML page). python/lopper/_analysis.py hands over the
+// export (a callable, called once the arguments and the data are checked) and applies a target's
+// keep-masks with torch.nn.utils.prune. The GIL is released while lopper works; progress and
+// Ctrl-C reach Python between steps.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "convert.h"
+#include "lopper/analysis.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/graph.h"
+#include "lopper/onnx_io.h"
+#include "lopper/prune.h"
+#include "lopper/report.h"
+#include "lopper/sensitivity.h"
+#include "lopper/structured.h"
+#include "lopper/target.h"
+#include "lopper/train.h"
+
+namespace py = pybind11;
+
+namespace lopper::python {
+namespace {
+
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+// --- Arguments ---------------------------------------------------------------------------------
+
+// The library names options as its structs spell them; these are the Python arguments' names.
+std::string python_name(const std::string& option) {
+  if (option == "criterion") return "method";
+  if (option == "target_params") return "params";
+  if (option == "target_macs") return "macs";
+  if (option == "target_latency-ms") return "latency_ms";
+  return option;
+}
+
+// Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
+// options as the Python arguments do.
+template <typename F>
+auto pythonic(F&& f) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(python_name));
+  } catch (const Error& e) {
+    throw Error(e.render(python_name));
+  }
+}
+
+// Runs `f`, whose errors are the caller's arguments' doing (ValueError).
+template <typename F>
+auto usage(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw UsageError(e.render(python_name));
+  }
+}
+
+template <typename T>
+T arg(py::handle h, const char* op, const char* what, const char* kind) {
+  // NOTE: a bool is an int to pybind11; as an amount, a count or a size it is a mistake.
+  if (PyBool_Check(h.ptr()) && !std::is_same<T, bool>::value)
+    throw py::type_error(fmt::format("[{}] {} must be {}, got bool", op, what, kind));
+  try {
+    return h.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(fmt::format("[{}] {} must be {}, got {}", op, what, kind, type_name(h)));
+  }
+}
+
+bool flag(py::handle h, const char* op, const char* what) {
+  if (!PyBool_Check(h.ptr()))
+    throw py::type_error(fmt::format("[{}] {} must be a bool, got {}", op, what, type_name(h)));
+  return h.ptr() == Py_True;
+}
+
+std::vector<double> amounts_arg(py::handle h) {
+  if (py::isinstance<py::str>(h) || !py::hasattr(h, "__iter__"))
+    throw py::type_error("[sensitivity] amounts must be a list of floats in [0, 1), got " +
+                         type_name(h));
+  std::vector<double> out;
+  for (auto a : h) out.push_back(arg<double>(a, "sensitivity", "every amount", "a float"));
+  return out;
+}
+
+// `exclude` is searched as an ECMAScript regex: one that does not compile is a bad argument.
+void check_regex(const std::string& re, const char* op) {
+  try {
+    (void)std::regex(re, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw UsageError(fmt::format("[{}] exclude '{}' is not a valid regex: {}", op, re, e.what()));
+  }
+}
+
+// The names of the export's weights that are not the module's parameters (constants), as one
+// anchored regex: lopper leaves them out ("" when there are none).
+std::string constants_regex(const ir::Model& model, const std::set<std::string>& params) {
+  std::string any;
+  for (const auto& w : prunable_weights(model.graph)) {
+    if (params.count(w.weight)) continue;
+    std::string escaped;
+    for (char c : w.weight) {
+      if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) escaped += '\\';
+      escaped += c;
+    }
+    any += (any.empty() ? "" : "|") + escaped;
+  }
+  return any.empty() ? "" : "^(?:" + any + ")$";
+}
+
+void exclude_also(std::string& exclude, const std::string& regex) {
+  if (regex.empty()) return;
+  exclude = exclude.empty() ? regex : "(?:" + exclude + ")|" + regex;
+}
+
+// The export's input shapes from the example's tensors (in the forward's order), so that MACs
+// and latency are those of a call on the example: dynamic dims take the example's sizes.
+Shapes input_shapes(const ir::Model& model, const std::vector<std::vector<int64_t>>& example) {
+  Shapes out;
+  std::vector<std::string> names;
+  for (const auto& v : model.graph.inputs)
+    if (!model.graph.find_initializer(v.name)) names.push_back(v.name);
+  if (names.size() != example.size()) return out;  // dynamic dims default to 1
+  for (size_t i = 0; i < names.size(); ++i) out[names[i]] = example[i];
+  return out;
+}
+
+// progress(label, done, total, what) in Python, with the GIL held; Ctrl-C stops the work there.
+void call_progress(const py::object& progress, const char* label, int64_t done, int64_t total,
+                   const std::string& what) {
+  py::gil_scoped_acquire gil;
+  progress(label, done, total, what);
+  // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
+// The module's export, from the callable _analysis.py hands over: (ONNX bytes, the names of the
+// module's parameters as the export names them).
+struct Export {
+  py::bytes bytes;
+  std::set<std::string> params;
+};
+
+Export call_export(const py::object& fn) {
+  py::tuple t = fn();
+  Export e;
+  e.bytes = t[0].cast<py::bytes>();
+  for (auto n : t[1]) e.params.insert(n.cast<std::string>());
+  return e;
+}
+
+ir::Model parse(const py::bytes& b) {
+  return onnx::parse_model(PyBytes_AS_STRING(b.ptr()), size_t(PyBytes_GET_SIZE(b.ptr())));
+}
+
+// Writes a report page; a file that cannot be written is an OSError, as open() raises.
+void write_page(const HtmlReport& rep, const std::string& path) {
+  try {
+    rep.write(path);
+  } catch (const Error& e) {
+    PyErr_SetString(PyExc_OSError, e.what());
+    throw py::error_already_set();
+  }
+}
+
+void warn(const std::string& text) {
+  if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 1) != 0) throw py::error_already_set();
+}
+
+// --- lopper.sensitivity ------------------------------------------------------------------------
+
+struct Sensitivity {
+  SensitivityResult r;
+  // What save_html measures: the export, at the example's shapes, on the device of the sweep.
+  std::shared_ptr<const ir::Model> model;
+  Shapes shapes;
+  std::string device, name, command;
+  int64_t file_bytes = 0;
+};
+
+std::shared_ptr<Sensitivity> sensitivity_call(
+    const py::object& export_fn, const py::object& data, const py::object& structured_arg,
+    const py::object& method, const py::object& amounts, const py::object& eval_batches,
+    const py::object& round_to, const py::object& exclude, const py::object& seed,
+    const py::object& allow_tied_arg, const py::object& loss, const py::object& mask_token,
+    const py::object& device, const std::vector<std::vector<int64_t>>& example,
+    const py::object& progress, const std::string& name, const std::string& command) {
+  SensitivityOptions so;
+  const bool structured = flag(structured_arg, "sensitivity", "structured");
+  const bool allow_tied = flag(allow_tied_arg, "sensitivity", "allow_tied");
+  so.structured = structured;
+  const std::string m =
+      method.is_none() ? "l1" : arg<std::string>(method, "sensitivity", "method", "a str");
+  so.criterion = usage(
+      [&] { return structured ? channel_criterion_info(m).name : weight_criterion_info(m).name; });
+  if (!amounts.is_none()) so.amounts = amounts_arg(amounts);
+  so.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
+  so.round_to = arg<int64_t>(round_to, "sensitivity", "round_to", "an int");
+  if (!exclude.is_none()) so.exclude = arg<std::string>(exclude, "sensitivity", "exclude", "a str");
+  if (!seed.is_none()) so.seed = arg<uint64_t>(seed, "sensitivity", "seed", "an int >= 0");
+  if (allow_tied && structured)
+    throw UsageError("[sensitivity] allow_tied is for single weights, not structured");
+  so.allow_tied = allow_tied;
+  usage([&] { check_sensitivity_options(so); });
+  check_regex(so.exclude, "sensitivity");
+  so.device = arg<std::string>(device, "sensitivity", "device", "a str");
+  (void)check_device(so.device);
+  so.loss = calibration_arg(loss, mask_token, so.eval_batches, device, so.seed).loss;
+  if (data.is_none())
+    throw UsageError(
+        "[sensitivity] data is needed: the sweep evaluates the module on it (an iterable of "
+        "batches: tensors, (samples, labels) or dicts of named inputs)");
+  std::unique_ptr<DataLoader> loader = loader_arg(data, so.eval_batches);
+  if (!progress.is_none())
+    so.progress = [&progress](int64_t done, int64_t total, const std::string& what) {
+      call_progress(progress, "sensitivity", done, total, what);
+    };
+
+  Export e = call_export(export_fn);
+  auto out = std::make_shared<Sensitivity>();
+  out->device = so.device;
+  out->name = name;
+  out->command = command;
+  out->file_bytes = int64_t(PyBytes_GET_SIZE(e.bytes.ptr()));
+  {
+    py::gil_scoped_release nogil;
+    auto model = std::make_shared<ir::Model>(parse(e.bytes));
+    so.input_shapes = out->shapes = input_shapes(*model, example);
+    exclude_also(so.exclude, constants_regex(*model, e.params));
+    out->r = pythonic([&] { return sensitivity(*model, *loader, so); });
+    out->model = std::move(model);
+  }
+  return out;
+}
+
+void sensitivity_html(const Sensitivity& s, const std::string& path) {
+  HtmlReport rep("sensitivity", "Sensitivity of " + s.name, s.command);
+  std::string warning;
+  {
+    py::gil_scoped_release nogil;
+    ReportMeasure how;
+    how.device = s.device;
+    how.shapes = s.shapes;
+    const ModelCost cost = analyze(*s.model, resolve_input_shapes(*s.model, s.shapes, 1));
+    ReportModel m = measure_report_model("model", *s.model, cost, how);
+    m.file_bytes = s.file_bytes;
+    set_accuracy(m, s.r.top1, s.r.loss, s.r.samples, "the data, the sweep's own batches");
+    warning = m.latency_warning;
+    rep.add_model(m, cost);
+    rep.add_sensitivity(s.r);
+  }
+  if (!warning.empty()) warn("[sensitivity] " + warning);
+  write_page(rep, path);
+}
+
+// --- lopper.prune_to_target --------------------------------------------------------------------
+
+struct Target {
+  TargetReport r;
+  bool structured = false;
+  double value = 0;
+  std::string device, name, command;
+  std::shared_ptr<Sensitivity> sens;   // the data it used (given, or measured on `data`)
+  std::optional<EvalResult> measured;  // the pruned export on the sweep's batches (data given)
+  ModelCost before, after;
+  std::shared_ptr<const ir::Model> model_before, model_after;  // for save_html
+  Shapes shapes;
+  int64_t file_bytes = 0;  // the export's
+  std::vector<std::string> warnings;
+};
+
+// The report as `lopper prune --target-*` writes it in OUT.report.json, without the files.
+nlohmann::json target_json(const Target& t) {
+  nlohmann::json j = to_json(t.r, t.sens != nullptr);
+  j["target"]["value"] = t.value;
+  if (t.r.kind == TargetKind::kLatency) j["target"]["device"] = t.device;
+  if (t.sens && t.measured) {
+    j["target"]["loss"]["measured"] = t.measured->loss;
+    j["target"]["loss"]["top1_base"] = t.sens->r.top1;
+    j["target"]["loss"]["top1_measured"] = t.measured->top1;
+  }
+  j["structured"] = t.structured;
+  j["params_before"] = t.before.params;
+  j["params"] = t.after.params;
+  j["macs_before"] = t.before.macs;
+  j["macs"] = t.after.macs;
+  j["nonzero_before"] = t.before.nonzero;
+  j["nonzero"] = t.after.nonzero;
+  return j;
+}
+
+std::string target_text(const Target& t) {
+  return to_table(t.r, t.structured, t.sens != nullptr) + "\n" +
+         target_summary(t.r, t.value, t.sens ? &t.sens->r : nullptr,
+                        t.measured ? &*t.measured : nullptr, t.before, t.after);
+}
+
+py::tuple target_call(const py::object& export_fn, const py::object& macs, const py::object& params,
+                      const py::object& latency_ms, const py::object& structured_arg,
+                      const py::object& data, const py::object& sensitivity_arg,
+                      const py::object& method, const py::object& round_to,
+                      const py::object& exclude, const py::object& allow_tied_arg,
+                      const py::object& eval_batches_arg, const py::object& loss,
+                      const py::object& mask_token, const py::object& device,
+                      const std::vector<std::vector<int64_t>>& example, const py::object& progress,
+                      const std::string& name, const std::string& command) {
+  TargetOptions t;
+  const bool structured = flag(structured_arg, "prune", "structured");
+  const bool allow_tied = flag(allow_tied_arg, "prune", "allow_tied");
+  struct Given {
+    const py::object& value;
+    TargetKind kind;
+    const char* name;
+  };
+  int given = 0;
+  for (const Given& g :
+       {Given{macs, TargetKind::kMacs, "macs"}, Given{params, TargetKind::kParams, "params"},
+        Given{latency_ms, TargetKind::kLatency, "latency_ms"}}) {
+    if (g.value.is_none()) continue;
+    ++given;
+    t.kind = g.kind;
+    t.value = arg<double>(g.value, "prune", g.name, "a float");
+  }
+  if (given != 1)
+    throw UsageError(std::string("[prune] give one target: macs or params (the share kept, in "
+                                 "(0, 1)) or latency_ms, got ") +
+                     (given ? "several" : "none"));
+  // TODO(structured): the export prunes to a structured target as it does to an unstructured one;
+  // what is missing is shrinking the module in place (_structured._shrink_in_place).
+  if (structured) throw UsageError("[prune] structured targets: not yet");
+  t.structured = structured;
+  const std::string m =
+      method.is_none() ? "l1" : arg<std::string>(method, "prune", "method", "a str");
+  if (structured)
+    t.criterion = usage([&] { return channel_criterion_info(m).name; });
+  else if (usage([&] { return weight_criterion_info(m).name; }) != "l1")
+    throw UsageError("[prune] a target prunes weights by magnitude (l1); method " + m +
+                     " does not go with it");
+  t.round_to = arg<int64_t>(round_to, "prune", "round_to", "an int");
+  if (!exclude.is_none()) t.exclude = arg<std::string>(exclude, "prune", "exclude", "a str");
+  if (allow_tied && structured)
+    throw UsageError("[prune] allow_tied is for unstructured pruning, not structured");
+  t.allow_tied = allow_tied;
+  usage([&] { check_target_options(t); });
+  check_regex(t.exclude, "prune");
+  t.device = arg<std::string>(device, "prune", "device", "a str");
+  (void)check_device(t.device);
+  const int64_t eval_batches = arg<int64_t>(eval_batches_arg, "prune", "eval_batches", "an int");
+  if (eval_batches < 1)
+    throw UsageError("[prune] eval_batches must be > 0, got " + std::to_string(eval_batches));
+  const LossOptions loss_options = calibration_arg(loss, mask_token, eval_batches, device, 0).loss;
+  std::shared_ptr<Sensitivity> sens;
+  if (!sensitivity_arg.is_none()) {
+    if (!py::isinstance<Sensitivity>(sensitivity_arg))
+      throw py::type_error(
+          "[prune] sensitivity must be a SensitivityReport (what lopper.sensitivity returns), "
+          "got " +
+          type_name(sensitivity_arg));
+    sens = sensitivity_arg.cast<std::shared_ptr<Sensitivity>>();
+    if (!data.is_none())
+      throw UsageError("[prune] sensitivity already holds the measurements: drop data");
+    const std::string unit = structured ? "channel" : "weight";
+    if (sens->r.unit != unit)
+      throw UsageError("[prune] the sensitivity is per " +
+                       std::string(sens->r.unit == "channel" ? "channel group" : "weight") + ": " +
+                       (structured ? "measure it with lopper.sensitivity(..., structured=True)"
+                                   : "measure it with lopper.sensitivity(..., structured=False)"));
+  }
+  std::unique_ptr<DataLoader> loader;
+  if (!data.is_none()) loader = loader_arg(data, eval_batches);
+  auto out = std::make_shared<Target>();
+  if (!progress.is_none())
+    t.progress = [&progress](const std::string& what, int64_t done, int64_t total) {
+      call_progress(progress, "target", done, total, what);
+    };
+
+  Export e = call_export(export_fn);
+  out->structured = structured;
+  out->value = t.value;
+  out->device = t.device;
+  out->name = name;
+  out->command = command;
+  out->file_bytes = int64_t(PyBytes_GET_SIZE(e.bytes.ptr()));
+  std::vector<std::pair<std::string, at::Tensor>> masks;
+  {
+    py::gil_scoped_release nogil;
+    ir::Model model = parse(e.bytes);
+    t.input_shapes = out->shapes = input_shapes(model, example);
+    exclude_also(t.exclude, constants_regex(model, e.params));
+    if (sens) {
+      // The sweep must be of this module's export: the weights it names are its prunable ones.
+      std::set<std::string> weights;
+      for (const auto& w : prunable_weights(model.graph)) weights.insert(w.weight);
+      for (const auto& l : sens->r.layers)
+        if (!l.weight.empty() && !weights.count(l.weight))
+          throw UsageError("[prune] the sensitivity is of another module (it names a weight '" +
+                           l.weight + "' that this one lacks): measure it on this one");
+    }
+    auto before = std::make_shared<ir::Model>(model);  // shares the tensors: the target replaces
+    if (loader && !sens) {
+      SensitivityOptions so = sensitivity_options(t);
+      so.eval_batches = eval_batches;
+      so.loss = loss_options;
+      if (t.progress)
+        so.progress = [&progress](int64_t done, int64_t total, const std::string& what) {
+          call_progress(progress, "sensitivity", done, total, what);
+        };
+      sens = std::make_shared<Sensitivity>();
+      sens->r = pythonic([&] { return sensitivity(model, *loader, so); });
+      sens->model = before;
+      sens->shapes = out->shapes;
+      sens->device = t.device;
+      sens->name = name;
+      sens->command = command;
+      sens->file_bytes = out->file_bytes;
+    }
+    t.sensitivity = sens ? &sens->r : nullptr;
+    const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
+    out->before = analyze(model, shapes);
+    out->r = pythonic([&] { return prune_to_target(model, t); });
+    out->after = analyze(model, shapes);
+    if (loader && sens) {
+      EvalOptions eo;
+      eo.device = t.device;
+      eo.max_batches = eval_batches;
+      eo.loss = loss_options;
+      out->measured = pythonic([&] { return evaluate(model, *loader, eo); });
+    }
+    for (const auto& u : out->r.units) {
+      if (u.weight.empty()) continue;
+      const ir::Initializer* w = model.graph.find_initializer(u.weight);
+      LOPPER_ASSERT(w, "no initializer '", u.weight, "' after pruning to a target");
+      masks.emplace_back(u.weight, w->value.ne(0));
+    }
+    out->model_before = std::move(before);
+    out->model_after = std::make_shared<ir::Model>(std::move(model));
+  }
+  out->sens = sens;
+  const TargetReport& r = out->r;
+  if (r.kind == TargetKind::kLatency && r.measured > r.target)
+    out->warnings.push_back(fmt::format(
+        "measured {:.3f} ms, over the target {:.3f} ms (latency is noisy: measure again)",
+        r.measured, r.target));
+  const nlohmann::json j = to_json(r, false);
+  if (j["target"].contains("latency_warning"))
+    out->warnings.push_back(j["target"]["latency_warning"].get<std::string>());
+  py::dict mask_dict;
+  for (auto& [weight, mask] : masks) mask_dict[py::str(weight)] = py::cast(std::move(mask));
+  return py::make_tuple(mask_dict, out);
+}
+
+void target_html(const Target& t, const std::string& path) {
+  HtmlReport rep("prune", "Pruning " + t.name, t.command);
+  std::vector<std::string> warnings;
+  {
+    py::gil_scoped_release nogil;
+    ReportMeasure how;
+    how.device = t.device;
+    how.shapes = t.shapes;
+    ReportModel mb = measure_report_model("before", *t.model_before, t.before, how);
+    ReportModel ma = measure_report_model("after", *t.model_after, t.after, how);
+    mb.file_bytes = t.file_bytes;
+    ma.file_bytes = int64_t(onnx::serialize_model(*t.model_after).size());
+    if (t.sens && t.measured) {
+      const std::string data = "the data, the sweep's own batches";
+      set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
+      set_accuracy(ma, t.measured->top1, t.measured->loss, t.measured->samples, data);
+    }
+    for (const ReportModel* m : {&mb, &ma})
+      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+    rep.add_model(mb, t.before);
+    rep.add_model(ma, t.after);
+    if (mb.top1 >= 0 && t.before.nonzero > 0) {
+      const std::string x = "share of the nonzero parameters removed", y = "top-1";
+      const std::string intro =
+          "The model before and after pruning; with sensitivity data, also every point of the "
+          "sweep (one layer or group pruned alone), on its own evaluation batches.";
+      rep.add_tradeoff(x, y, intro, {"before", {{0.0, mb.top1, ""}}, false, "reference"});
+      rep.add_tradeoff(x, y, intro,
+                       {"after",
+                        {{1.0 - double(t.after.nonzero) / double(t.before.nonzero), ma.top1, ""}},
+                        false,
+                        "result"});
+    }
+    std::vector<std::pair<std::string, double>> chosen;
+    for (const auto& u : t.r.units) chosen.emplace_back(u.label(), u.amount);
+    rep.add_target(target_json(t)["target"], chosen);
+    if (t.sens) rep.add_sensitivity(t.sens->r);
+  }
+  for (const auto& w : warnings) warn("[prune] " + w);
+  write_page(rep, path);
+}
+
+py::object optional_float(bool has, double v) {
+  return has ? py::object(py::float_(v)) : py::none();
+}
+
+}  // namespace
+
+void bind_analysis(py::module_& m) {
+  py::class_<SensitivityPoint>(m, "SensitivityPoint",
+                               R"(One point of a sensitivity curve: the module with one layer (or
+channel group) alone pruned to `amount`, evaluated on the sweep's batches.)")
+      .def_readonly("amount", &SensitivityPoint::amount, "The share asked to be removed (float).")
+      .def_readonly("removed", &SensitivityPoint::removed,
+                    "The share actually removed (float; rounding, round_to and weights already "
+                    "zero make it differ).")
+      .def_readonly("loss", &SensitivityPoint::loss, "The mean loss on the batches (float).")
+      .def_readonly("top1", &SensitivityPoint::top1, "The top-1 accuracy (float in [0, 1]).")
+      .def_readonly("params", &SensitivityPoint::params,
+                    "The module's nonzero parameters with only this layer pruned (int).")
+      .def_readonly("macs", &SensitivityPoint::macs,
+                    "Its MACs at the example's shapes, sparsity counted (int).")
+      .def("__repr__", [](const SensitivityPoint& p) {
+        return fmt::format("SensitivityPoint(amount={:g}, loss={:.4f}, top1={:.4f})", p.amount,
+                           p.loss, p.top1);
+      });
+
+  py::class_<LayerSensitivity>(m, "SensitivityLayer",
+                               R"(The sensitivity curve of one layer (or channel group): one
+SensitivityPoint per amount, in the order asked.)")
+      .def_readonly("name", &LayerSensitivity::name,
+                    "The layer's node in the export, or \"group N: first layer\" (str).")
+      .def_property_readonly("label", &LayerSensitivity::label,
+                             "What tables show: the parameter's name, else `name` (str).")
+      .def_readonly("param", &LayerSensitivity::param,
+                    "Single weights: the PyTorch parameter (str, e.g. \"fc1.weight\"; \"\" when "
+                    "unknown).")
+      .def_readonly("weight", &LayerSensitivity::weight,
+                    "Single weights: the weight's initializer in the export (str).")
+      .def_readonly("group", &LayerSensitivity::group,
+                    "Channel groups: the group's id (int; -1 for single weights).")
+      .def_readonly("layers", &LayerSensitivity::layers,
+                    "The export's layers that are pruned together (list of str).")
+      .def_readonly("params", &LayerSensitivity::params,
+                    "The layer's (or group's layers') weights, dense (int).")
+      .def_readonly("macs", &LayerSensitivity::macs, "Their MACs, dense (int).")
+      .def_readonly("points", &LayerSensitivity::points, "One SensitivityPoint per amount.")
+      .def("__repr__", [](const LayerSensitivity& l) {
+        return fmt::format("SensitivityLayer({}, points={})",
+                           py::repr(py::str(l.label())).cast<std::string>(), l.points.size());
+      });
+
+  py::class_<Sensitivity, std::shared_ptr<Sensitivity>>(m, "SensitivityReport",
+                                                        R"(What lopper.sensitivity measured: the
+unpruned module's loss and top-1 on the sweep's batches, and per layer (or channel group) the
+same with that layer alone pruned to each amount.
+
+str(report) is the table `lopper sensitivity` prints; report.to_dict() the JSON it writes with -o
+(what lopper.prune_to_target(sensitivity=...) reads); report.save_html(path) its --report page.)")
+      .def_property_readonly(
+          "unit", [](const Sensitivity& s) { return s.r.unit; },
+          "\"weight\" (each layer's weights) or \"channel\" (channel groups, structured=True).")
+      .def_property_readonly(
+          "method", [](const Sensitivity& s) { return s.r.method; },
+          "The criterion that ranked the weights or channels (str).")
+      .def_property_readonly(
+          "loss", [](const Sensitivity& s) { return s.r.loss; },
+          "The unpruned module's mean loss on the sweep's batches (float).")
+      .def_property_readonly(
+          "top1", [](const Sensitivity& s) { return s.r.top1; },
+          "Its top-1 accuracy there (float in [0, 1]).")
+      .def_property_readonly(
+          "samples", [](const Sensitivity& s) { return s.r.samples; },
+          "The samples evaluated at each point (int).")
+      .def_property_readonly(
+          "params", [](const Sensitivity& s) { return s.r.params; },
+          "The unpruned module's nonzero parameters (int).")
+      .def_property_readonly(
+          "macs", [](const Sensitivity& s) { return s.r.macs; },
+          "Its MACs at the example's shapes (int).")
+      .def_property_readonly(
+          "layers", [](const Sensitivity& s) { return s.r.layers; },
+          "One SensitivityLayer per layer (or channel group) analysed, in the model's order.")
+      .def(
+          "to_dict",
+          [](const Sensitivity& s) {
+            return py::module_::import("json").attr("loads")(sensitivity_json(s.r));
+          },
+          "The sweep as `lopper sensitivity -o FILE` writes it (a dict, format "
+          "\"lopper.sensitivity/1\").")
+      .def(
+          "save_html",
+          [](const Sensitivity& s, const py::object& path) { sensitivity_html(s, path_of(path)); },
+          py::arg("path"),
+          R"(Writes the page `lopper sensitivity --report` writes: one self-contained HTML file
+(the data and Chart.js inlined) with the curves, the accuracy-sparsity trade-off and the module's
+layers, its latency measured now on the sweep's device at the example's shapes.
+
+Args:
+    path (str or os.PathLike): the file; written to a temporary file in the same folder and
+        renamed, so a failure leaves nothing behind.
+
+Raises:
+    OSError: the file cannot be written (no such folder, a folder of that name, ...).)")
+      .def("__str__", [](const Sensitivity& s) { return to_table(s.r); })
+      .def("__repr__", [](const Sensitivity& s) {
+        return fmt::format("SensitivityReport(unit='{}', layers={}, loss={:.4f}, top1={:.4f})",
+                           s.r.unit, s.r.layers.size(), s.r.loss, s.r.top1);
+      });
+
+  py::class_<TargetUnit>(m, "TargetLayer", R"(The amount pruning to a target chose for one layer
+(or channel group).)")
+      .def_readonly("name", &TargetUnit::name,
+                    "The layer's node in the export, or \"group N: first layer\" (str).")
+      .def_property_readonly("label", &TargetUnit::label,
+                             "What tables show: the parameter's name, else `name` (str).")
+      .def_readonly("param", &TargetUnit::param,
+                    "The PyTorch parameter (str, e.g. \"fc1.weight\"; \"\" when unknown).")
+      .def_readonly("weight", &TargetUnit::weight, "The weight's initializer in the export (str).")
+      .def_readonly("group", &TargetUnit::group,
+                    "Channel groups: the group's id (int; -1 for single weights).")
+      .def_readonly("layers", &TargetUnit::layers, "The export's layers it prunes (list of str).")
+      .def_readonly("amount", &TargetUnit::amount,
+                    "The share of its weights (channels) removed (float in [0, 1]).")
+      .def_readonly("est_loss_increase", &TargetUnit::est_loss_increase,
+                    "With sensitivity data: the loss increase the amount is estimated to cost "
+                    "(float; 0 without).")
+      .def("__repr__", [](const TargetUnit& u) {
+        return fmt::format("TargetLayer({}, amount={:.4f})",
+                           py::repr(py::str(u.label())).cast<std::string>(), u.amount);
+      });
+
+  py::class_<Target, std::shared_ptr<Target>>(m, "TargetReport",
+                                              R"(What lopper.prune_to_target did: the amount chosen
+per layer, the target and how it was met, the module's parameters and MACs before and after.
+
+str(report) is what `lopper prune --target-*` prints; report.to_dict() the JSON it writes beside
+the model (without the file entries); report.save_html(path) its --report page.)")
+      .def_property_readonly(
+          "kind", [](const Target& t) { return std::string(target_name(t.r.kind)); },
+          "\"params\", \"macs\" or \"latency-ms\".")
+      .def_property_readonly(
+          "value", [](const Target& t) { return t.value; },
+          "The target as asked (float: the share kept, or milliseconds).")
+      .def_property_readonly(
+          "goal", [](const Target& t) { return t.r.target; },
+          "The target in its unit (float: nonzero parameters, MACs or ms).")
+      .def_property_readonly(
+          "before", [](const Target& t) { return t.r.before; },
+          "The unpruned module's cost in that unit (float).")
+      .def_property_readonly(
+          "predicted", [](const Target& t) { return t.r.predicted; },
+          "The pruned module's cost as the search predicted it (float).")
+      .def_property_readonly(
+          "measured", [](const Target& t) { return t.r.measured; },
+          "The pruned module's cost as measured (float).")
+      .def_property_readonly(
+          "estimator", [](const Target& t) { return t.r.estimator; },
+          "What chose the amounts: \"sensitivity\", \"lamp\" or \"global channel ranking\".")
+      .def_property_readonly(
+          "rounds", [](const Target& t) { return t.r.rounds; },
+          "Allocations until the measurement met the target (int).")
+      .def_property_readonly(
+          "layers", [](const Target& t) { return t.r.units; },
+          "One TargetLayer per layer (or group) the target could prune.")
+      .def_property_readonly(
+          "sensitivity", [](const Target& t) { return t.sens; },
+          "The SensitivityReport the amounts were chosen from (given, or measured on `data`); "
+          "None without.")
+      .def_property_readonly(
+          "base_loss",
+          [](const Target& t) { return optional_float(t.sens != nullptr, t.r.base_loss); },
+          "With sensitivity data: the unpruned module's loss (float; None without).")
+      .def_property_readonly(
+          "predicted_loss",
+          [](const Target& t) { return optional_float(t.sens != nullptr, t.r.predicted_loss); },
+          "With sensitivity data: the loss estimated from the curves (float; None without).")
+      .def_property_readonly(
+          "measured_loss",
+          [](const Target& t) {
+            return optional_float(t.measured.has_value(), t.measured ? t.measured->loss : 0);
+          },
+          "With data: the pruned module's loss on the sweep's batches (float; None without).")
+      .def_property_readonly(
+          "measured_top1",
+          [](const Target& t) {
+            return optional_float(t.measured.has_value(), t.measured ? t.measured->top1 : 0);
+          },
+          "With data: the pruned module's top-1 there (float; None without).")
+      .def_property_readonly(
+          "params_before", [](const Target& t) { return t.before.params; },
+          "The module's parameters (int; BatchNorm statistics not counted).")
+      .def_property_readonly(
+          "nonzero_before", [](const Target& t) { return t.before.nonzero; },
+          "Its nonzero parameters before (int).")
+      .def_property_readonly(
+          "nonzero", [](const Target& t) { return t.after.nonzero; },
+          "Its nonzero parameters after (int).")
+      .def_property_readonly(
+          "macs_before", [](const Target& t) { return t.before.macs; },
+          "MACs of one call on the example inputs, before (int; dense).")
+      .def_property_readonly(
+          "macs", [](const Target& t) { return t.after.macs; }, "The same after (int; dense).")
+      .def_property_readonly(
+          "warnings", [](const Target& t) { return t.warnings; },
+          "What deserves a look (list of str): a latency over the target, latency measurements "
+          "with a wide spread.")
+      .def(
+          "to_dict", [](const Target& t) { return json_to_python(target_json(t)); },
+          "The report as `lopper prune --target-*` writes it in OUT.report.json (a dict).")
+      .def(
+          "save_html",
+          [](const Target& t, const py::object& path) { target_html(t, path_of(path)); },
+          py::arg("path"),
+          R"(Writes the page `lopper prune --target-* --report` writes: one self-contained HTML
+file (the data and Chart.js inlined) with the module before and after (parameters, MACs,
+latency measured now on the target's device at the example's shapes; top-1 and loss when data
+was given), the amount chosen per layer and the target's figures, and the sensitivity curves.
+
+Args:
+    path (str or os.PathLike): the file; written to a temporary file in the same folder and
+        renamed, so a failure leaves nothing behind.
+
+Raises:
+    OSError: the file cannot be written (no such folder, a folder of that name, ...).)")
+      .def("__str__", &target_text)
+      .def("__repr__", [](const Target& t) {
+        return fmt::format("TargetReport(kind='{}', goal={:.6g}, measured={:.6g}, layers={})",
+                           target_name(t.r.kind), t.r.target, t.r.measured, t.r.units.size());
+      });
+
+  m.def("_sensitivity", &sensitivity_call, py::arg("export"), py::arg("data"), py::kw_only(),
+        py::arg("structured") = false, py::arg("method") = py::none(),
+        py::arg("amounts") = py::none(), py::arg("eval_batches") = 16, py::arg("round_to") = 1,
+        py::arg("exclude") = py::none(), py::arg("seed") = py::none(),
+        py::arg("allow_tied") = false, py::arg("loss") = py::str("auto"),
+        py::arg("mask_token") = py::none(), py::arg("device") = py::str("cpu"),
+        py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
+        py::arg("name") = "module", py::arg("command") = "lopper.sensitivity",
+        R"(The sweep of lopper.sensitivity (its arguments, the same names). `export()` is called
+once the arguments and the data are checked and returns (ONNX bytes, the module's parameter
+names); `example` holds the example's input shapes in the export's input order; `progress` is
+called as progress(label, done, total, what). Internal.)");
+
+  m.def("_prune_to_target", &target_call, py::arg("export"), py::kw_only(),
+        py::arg("macs") = py::none(), py::arg("params") = py::none(),
+        py::arg("latency_ms") = py::none(), py::arg("structured") = false,
+        py::arg("data") = py::none(), py::arg("sensitivity") = py::none(),
+        py::arg("method") = py::none(), py::arg("round_to") = 1, py::arg("exclude") = py::none(),
+        py::arg("allow_tied") = false, py::arg("eval_batches") = 16,
+        py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
+        py::arg("device") = py::str("cpu"),
+        py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
+        py::arg("name") = "module", py::arg("command") = "lopper.prune_to_target",
+        R"(Prunes the export to a target as lopper.prune_to_target says (its arguments, the same
+names) and returns ({weight initializer: bool keep-mask}, TargetReport) for the layers the target
+could prune. `export`, `example` and `progress` as _sensitivity's. Internal.)");
+}
+
+}  // namespace lopper::python

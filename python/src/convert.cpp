@@ -1,0 +1,173 @@
+// What the bindings share (convert.h).
+#include "convert.h"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace py = pybind11;
+
+namespace lopper::python {
+
+std::string type_name(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+PruneAmount to_amount(py::handle a) {
+  PruneAmount out;
+  if (PyBool_Check(a.ptr()))
+    throw py::type_error(
+        "[prune] amount must be a float (a fraction) or an int (a count), got bool");
+  // NOTE: as torch's numbers.Integral: an int, numpy's integers, anything with __index__.
+  if (PyIndex_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
+    out.value = double(py::reinterpret_steal<py::int_>(PyNumber_Index(a.ptr())).cast<int64_t>());
+    out.is_count = true;
+  } else if (PyFloat_Check(a.ptr()) || py::hasattr(a, "__float__")) {
+    out.value = PyFloat_AsDouble(a.ptr());
+    if (PyErr_Occurred()) throw py::error_already_set();
+  } else {
+    throw py::type_error("[prune] amount must be a float (a fraction) or an int (a count), got " +
+                         type_name(a));
+  }
+  return out;
+}
+
+std::string string_arg(py::handle h, const char* what) {
+  if (!py::isinstance<py::str>(h))
+    throw py::type_error(std::string("[prune] ") + what + " must be a str, got " + type_name(h));
+  return h.cast<std::string>();
+}
+
+std::string path_of(py::handle p) {
+  return py::module_::import("os").attr("fsdecode")(p).cast<std::string>();
+}
+
+// --- Calibration batches ---------------------------------------------------------------------
+
+static at::Tensor batch_tensor(py::handle h, const std::string& where) {
+  if (!THPVariable_Check(h.ptr()))
+    throw py::type_error("[prune] data: " + where + " is a " + type_name(h) +
+                         ", not a torch.Tensor");
+  return THPVariable_Unpack(h.ptr()).detach();
+}
+
+// {input name: tensor, ..., "labels": tensor}: the samples are input_ids when given, else the first
+// input.
+static void from_mapping(py::handle m, Batch& b, const std::string& where) {
+  py::object items = m.attr("items")();
+  std::string first;
+  for (auto kv : items) {
+    auto pair = kv.cast<py::tuple>();
+    if (!py::isinstance<py::str>(pair[0]))
+      throw py::type_error("[prune] data: " + where + " has a key of type " + type_name(pair[0]) +
+                           " (input names are str)");
+    const auto name = pair[0].cast<std::string>();
+    if (pair[1].is_none()) continue;
+    at::Tensor t = batch_tensor(pair[1], where + "['" + name + "']");
+    if (name == "labels") {
+      b.y = t;
+    } else {
+      if (first.empty()) first = name;
+      b.inputs.emplace_back(name, t);
+    }
+  }
+  std::string x = first;
+  for (const auto& [name, t] : b.inputs)
+    if (name == "input_ids") x = name;
+  if (x.empty()) throw UsageError("[prune] data: " + where + " names no model input");
+  for (auto it = b.inputs.begin(); it != b.inputs.end(); ++it)
+    if (it->first == x) {
+      b.x = it->second;
+      b.x_input = x;
+      b.inputs.erase(it);
+      break;
+    }
+}
+
+Batch to_batch(py::handle item, size_t i) {
+  const std::string where = "batch " + std::to_string(i);
+  const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+  Batch b;
+  if (THPVariable_Check(item.ptr())) {
+    b.x = batch_tensor(item, where);
+  } else if (py::isinstance(item, mapping)) {
+    from_mapping(item, b, where);
+  } else if (py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) {
+    auto seq = item.cast<py::sequence>();
+    if (seq.size() < 1 || seq.size() > 2)
+      throw UsageError("[prune] data: " + where + " has " + std::to_string(seq.size()) +
+                       " items; give (samples, labels), (samples,) or samples");
+    const py::object samples = seq[0];
+    if (py::isinstance(samples, mapping))
+      from_mapping(samples, b, where + "[0]");
+    else
+      b.x = batch_tensor(samples, where + "[0]");
+    const py::object labels = seq.size() == 2 ? py::object(seq[1]) : py::none();
+    if (!labels.is_none()) {
+      if (b.y.defined())
+        throw UsageError("[prune] data: " + where +
+                         " gives labels twice (in the mapping and beside it)");
+      b.y = batch_tensor(labels, where + "[1]");
+    }
+  } else {
+    throw py::type_error("[prune] data: " + where + " is a " + type_name(item) +
+                         "; give tensors, (samples, labels) tuples or dicts of named inputs");
+  }
+  return b;
+}
+
+py::object json_to_python(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+CalibrationOptions calibration_arg(py::handle loss, py::handle mask_token, int64_t calib_batches,
+                                   py::handle device, uint64_t seed) {
+  CalibrationOptions c;
+  if (calib_batches < 1)
+    throw UsageError("[prune] calib_batches must be >= 1, got " + std::to_string(calib_batches));
+  c.batches = calib_batches;
+  c.device = string_arg(device, "device");
+  c.loss.seed = seed;
+  const std::string name = string_arg(loss, "loss");
+  c.loss.loss = as_usage([&] { return parse_loss(name); });
+  if (!mask_token.is_none())
+    c.loss.mask_token = optional_arg<int64_t>(mask_token, "mask_token", "an int").value();
+  as_usage([&] { check_loss_options(c.loss); });
+  return c;
+}
+
+std::unique_ptr<DataLoader> loader_arg(py::handle data, int64_t limit) {
+  if (!py::hasattr(data, "__iter__"))
+    throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
+  std::vector<Batch> batches;
+  for (auto item : data) {
+    batches.push_back(to_batch(item, batches.size()));
+    if (int64_t(batches.size()) == limit) break;
+  }
+  return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
+}
+
+std::function<void(int64_t, int64_t, double)> progress_arg(const py::object& progress) {
+  return [progress](int64_t done, int64_t total, double loss) {
+    py::gil_scoped_acquire gil;
+    progress(done, total, loss);
+    // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
+PruneRecipe recipe_arg(py::handle recipe) {
+  const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+  if (py::isinstance(recipe, mapping)) {
+    // NOTE: JSON is YAML: the dict goes through the recipe parser as it is, so its errors and
+    // checks are the YAML file's (line numbers count the indented JSON's lines).
+    py::object text = py::module_::import("json").attr("dumps")(recipe, py::arg("indent") = 1);
+    const auto yaml = text.cast<std::string>();
+    return as_usage([&] { return parse_prune_recipe(yaml, "recipe"); });
+  }
+  if (py::isinstance<py::str>(recipe) || py::hasattr(recipe, "__fspath__")) {
+    const std::string path = path_of(recipe);
+    return as_usage([&] { return load_prune_recipe(path); });
+  }
+  throw py::type_error("[prune] recipe must be a dict or the path of a YAML file, got " +
+                       type_name(recipe));
+}
+
+}  // namespace lopper::python

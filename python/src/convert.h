@@ -1,0 +1,80 @@
+// What the bindings share: Python arguments and batches converted to lopper's types, with the
+// package's errors (a TypeError for a wrong type, lopper's UsageError -> ValueError for a bad
+// value; module.cpp translates lopper's errors).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <pybind11/pybind11.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/loss.h"
+#include "lopper/prune.h"
+
+namespace lopper::python {
+
+/// The Python type's name of `h`, for messages.
+std::string type_name(pybind11::handle h);
+
+// Runs `f`, turning lopper's errors into usage errors: what it checks is the caller's arguments
+// (ValueError in Python, module.cpp).
+template <typename F>
+auto as_usage(F&& f) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+/// torch.nn.utils.prune's `amount`: an int is a count, a float a fraction.
+PruneAmount to_amount(pybind11::handle a);
+
+template <typename T>
+std::optional<T> optional_arg(pybind11::handle h, const char* what, const char* kind) {
+  if (h.is_none()) return std::nullopt;
+  try {
+    return h.cast<T>();
+  } catch (const pybind11::cast_error&) {
+    throw pybind11::type_error(std::string("[prune] ") + what + " must be " + kind + ", got " +
+                         type_name(h));
+  }
+}
+
+/// `h` as a str; a TypeError naming `what` otherwise.
+std::string string_arg(pybind11::handle h, const char* what);
+
+/// os.fsdecode(p): a str or an os.PathLike as a path.
+std::string path_of(pybind11::handle p);
+
+/// One item of the user's data: a tensor of samples, (samples, labels), or a mapping of named
+/// inputs (and "labels"), as torch DataLoaders and transformers' collators give them.
+Batch to_batch(pybind11::handle item, size_t i);
+
+/// Calibration options from lopper.prune's arguments of the same names (loss, mask_token,
+/// calib_batches, device); `seed` picks masked-LM's tokens.
+CalibrationOptions calibration_arg(pybind11::handle loss, pybind11::handle mask_token,
+                                   int64_t calib_batches, pybind11::handle device, uint64_t seed);
+
+/// The first `limit` batches of the iterable `data` (it may be endless) as a DataLoader.
+std::unique_ptr<DataLoader> loader_arg(pybind11::handle data, int64_t limit);
+
+/// A Python callable progress(done, total, loss) as lopper's callback: called with the GIL held,
+/// and Ctrl-C (a pending signal) stops the work there.
+std::function<void(int64_t, int64_t, double)> progress_arg(const pybind11::object& progress);
+
+/// `j` as Python objects (dicts, lists, numbers, str).
+pybind11::object json_to_python(const nlohmann::json& j);
+
+/// A recipe argument: a dict (parsed as the YAML it is) or the path of a YAML file.
+PruneRecipe recipe_arg(pybind11::handle recipe);
+
+}  // namespace lopper::python

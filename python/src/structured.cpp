@@ -1,0 +1,266 @@
+// lopper.prune_structured's C++ half: prunes a model exported from the user's nn.Module (its ONNX
+// bytes) as `lopper prune --structured channel|head` does, and hands back what the module needs to
+// shrink in place: the new value of every parameter and buffer whose shape changed (the pruned
+// graph's initializer of the same name), the pruned graph's outputs on the example inputs (the
+// reference the shrunk module is checked against), and the report. python/lopper/_structured.py
+// exports the module, applies the values and updates the modules' attributes. The GIL is released
+// while lopper works.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "convert.h"
+#include "lopper/analysis.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/graph.h"
+#include "lopper/onnx_io.h"
+#include "lopper/prune.h"
+#include "lopper/report.h"
+#include "lopper/structured.h"
+
+namespace py = pybind11;
+
+namespace lopper::python {
+namespace {
+
+// What lopper.prune_structured returns: the groups, and the model's cost before and after.
+struct StructuredPruneReport {
+  StructuredReport r;
+  std::string unit, method, scope;
+  ModelCost before, after;
+};
+
+nlohmann::json to_json(const StructuredPruneReport& s) {
+  nlohmann::json j = lopper::to_json(s.r);
+  j["structured"] = s.unit;
+  j["method"] = s.method;
+  j["scope"] = s.scope;
+  j["params_before"] = s.before.params;
+  j["params"] = s.after.params;
+  j["macs_before"] = s.before.macs;
+  j["macs"] = s.after.macs;
+  return j;
+}
+
+std::string to_text(const StructuredPruneReport& s) {
+  std::string t = to_table(s.r) + cost_change(s.before, s.after);
+  if (!s.r.barriers.empty()) {
+    t += "barriers (channels kept):\n";
+    for (const auto& b : s.r.barriers) t += "  " + b + "\n";
+  }
+  return t;
+}
+
+std::vector<FixedAxis> fixed_arg(const py::handle& fixed) {
+  std::vector<FixedAxis> out;
+  for (auto item : fixed) {
+    auto t = item.cast<std::tuple<std::string, int64_t, std::string>>();
+    out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+  }
+  return out;
+}
+
+py::tuple prune_structured_onnx(
+    const py::bytes& model_bytes, const std::string& unit, const py::object& method,
+    const py::object& amount, const std::string& scope, double max_layer_amount, int64_t round_to,
+    const py::object& exclude, const py::object& seed, const py::object& recipe,
+    const py::object& data, const py::object& loss, const py::object& mask_token,
+    int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
+    const py::object& fixed, const std::vector<at::Tensor>& inputs, const py::object& progress,
+    bool check_only) {
+  StructuredOptions so;
+  if (unit == "channel")
+    so.unit = StructuredUnit::kChannel;
+  else if (unit == "head")
+    so.unit = StructuredUnit::kHead;
+  else
+    throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head)");
+  const std::string crit_name =
+      method.is_none() ? "l1" : optional_arg<std::string>(method, "method", "a str").value();
+  const CriterionInfo crit = as_usage([&] { return channel_criterion_info(crit_name); });
+  so.criterion = crit.name;
+  std::optional<PruneRecipe> rc;
+  if (!recipe.is_none()) {
+    if (!amount.is_none())
+      throw UsageError("[prune] recipe sets each group's amount: drop amount (put it in the "
+                       "recipe)");
+    rc = recipe_arg(recipe);
+    so.recipe = &*rc;
+  } else {
+    if (amount.is_none())
+      throw UsageError("[prune] amount is needed: the share of each group's channels to remove "
+                       "(a fraction in [0, 1]) or a count");
+    so.amount = to_amount(amount);
+  }
+  if (scope == "global")
+    so.scope = PruneScope::kGlobal;
+  else if (scope != "local")
+    throw UsageError("[prune] unknown scope '" + scope + "' (scopes: local, global)");
+  so.max_layer_amount = max_layer_amount;
+  so.round_to = round_to;
+  if (!exclude.is_none())
+    so.exclude = optional_arg<std::string>(exclude, "exclude", "a str").value();
+  if (!seed.is_none()) so.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0").value();
+  so.fixed = fixed_arg(fixed);
+  as_usage([&] { check_structured_options(so); });
+  CalibrationOptions calib = calibration_arg(loss, mask_token, calib_batches, device, so.seed);
+  if (crit.needs_data && data.is_none())
+    throw UsageError("[prune] " + crit.name + " ranks channels " + crit.data_needed +
+                     " on data: give data (an iterable of batches)");
+  if (!crit.needs_data && !data.is_none())
+    throw UsageError("[prune] data is for the methods that rank by data (taylor)");
+  if (check_only) return py::tuple();
+  std::unique_ptr<DataLoader> loader;
+  if (crit.needs_data) loader = loader_arg(data, calib_batches);
+  if (!progress.is_none()) calib.progress = progress_arg(progress);
+  const std::set<std::string> names(parameters.begin(), parameters.end());
+
+  const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
+  const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
+  StructuredPruneReport rep;
+  rep.unit = unit, rep.method = so.criterion, rep.scope = scope;
+  std::vector<std::pair<std::string, at::Tensor>> changed;
+  std::vector<std::string> diverged, gone;
+  std::vector<at::Tensor> outputs, outputs_before;
+  {
+    py::gil_scoped_release nogil;
+    ir::Model model = onnx::parse_model(bytes, size);
+    LOPPER_CHECK(inputs.size() == model.graph.inputs.size(), "[prune] the export takes ",
+                 model.graph.inputs.size(), " inputs, the example gives ", inputs.size());
+    NamedTensors feeds;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string& name = model.graph.inputs[i].name;
+      so.input_shapes[name] = inputs[i].sizes().vec();
+      feeds.emplace_back(name, inputs[i]);
+    }
+    rep.before = analyze(model, so.input_shapes);
+    ExecOptions eo;
+    eo.device = calib.device;
+    outputs_before = Executor(model, eo).run(feeds);
+    std::optional<Saliency> saliency;
+    if (loader) saliency = compute_saliency(model, *loader, calib);
+    const ir::Model original = model;
+    rep.r = prune_structured(model, so, saliency ? &*saliency : nullptr);
+    rep.after = analyze(model, so.input_shapes);
+    for (const auto& name : names) {
+      const ir::Initializer* was = original.graph.find_initializer(name);
+      if (!was) continue;
+      const ir::Initializer* now = model.graph.find_initializer(name);
+      // A reader whose slice differs from another's got its own copy, NAME_pruned[_k].
+      for (const auto& i : model.graph.initializers)
+        if (i.name.rfind(name + "_pruned", 0) == 0 &&
+            (i.name.size() == name.size() + 7 || i.name[name.size() + 7] == '_'))
+          diverged.push_back(name);
+      if (!now) {
+        gone.push_back(name);
+      } else if (now->value.sizes() != was->value.sizes()) {
+        changed.emplace_back(name, now->value);
+      }
+    }
+    outputs = Executor(model, eo).run(feeds);
+  }
+  py::dict values;
+  for (auto& [name, t] : changed) values[py::str(name)] = py::cast(std::move(t));
+  return py::make_tuple(values, outputs_before, outputs, diverged, gone, rep);
+}
+
+}  // namespace
+
+void bind_structured(py::module_& m) {
+  py::class_<ChannelGroupReport>(m, "ChannelGroup",
+                                 R"(One channel group of lopper.prune_structured's report: channels
+(or attention heads) that must go together, and what it lost.)")
+      .def_readonly("id", &ChannelGroupReport::id, "The group's number (int).")
+      .def_readonly("kind", &ChannelGroupReport::kind, "\"channel\" or \"head\".")
+      .def_readonly("layers", &ChannelGroupReport::layers,
+                    "The export's nodes that shrink with it (list of str).")
+      .def_readonly("layer_params", &ChannelGroupReport::layer_params,
+                    "Per layer, its weight's parameter name (\"\" for a node without one).")
+      .def_readonly("size_before", &ChannelGroupReport::size_before, "Channels before (int).")
+      .def_readonly("size_after", &ChannelGroupReport::size_after, "Channels after (int).")
+      .def_readonly("removed", &ChannelGroupReport::removed,
+                    "Indices of the removed channels (list of int).")
+      .def_readonly("score", &ChannelGroupReport::score,
+                    "Mean importance of its channels (float).")
+      .def_readonly("blocked", &ChannelGroupReport::blocked,
+                    "Why it was kept whole (str; \"\" when it could be pruned).")
+      .def("__repr__", [](const ChannelGroupReport& g) {
+        return fmt::format("ChannelGroup(id={}, kind='{}', {} -> {}{})", g.id, g.kind,
+                           g.size_before, g.size_after,
+                           g.blocked.empty() ? "" : ", blocked='" + g.blocked + "'");
+      });
+
+  py::class_<StructuredPruneReport>(m, "StructuredReport",
+                                    R"(What lopper.prune_structured did: per channel group, and the
+module's parameters and MACs before and after. str(report) is the table
+`lopper prune --structured` prints; report.to_dict() its JSON.)")
+      .def_property_readonly(
+          "groups", [](const StructuredPruneReport& s) { return s.r.groups; },
+          "One ChannelGroup per group, pruned or kept (list).")
+      .def_property_readonly(
+          "barriers", [](const StructuredPruneReport& s) { return s.r.barriers; },
+          "What kept channels whole (list of str): an op lopper cannot follow channels "
+          "through, a graph output, a module that cannot change a size.")
+      .def_property_readonly(
+          "warnings", [](const StructuredPruneReport& s) { return s.r.warnings; },
+          "What deserves a look (list of str).")
+      .def_property_readonly(
+          "params_before", [](const StructuredPruneReport& s) { return s.before.params; },
+          "The module's parameters before (int; BatchNorm statistics not counted).")
+      .def_property_readonly(
+          "params", [](const StructuredPruneReport& s) { return s.after.params; },
+          "Its parameters after (int).")
+      .def_property_readonly(
+          "macs_before", [](const StructuredPruneReport& s) { return s.before.macs; },
+          "Multiply-accumulates of one call on the example inputs, before (int).")
+      .def_property_readonly(
+          "macs", [](const StructuredPruneReport& s) { return s.after.macs; },
+          "The same after (int).")
+      .def(
+          "to_dict", [](const StructuredPruneReport& s) { return json_to_python(to_json(s)); },
+          "The report as `lopper prune --structured` writes it in OUT.report.json (a dict).")
+      .def("__str__", &to_text)
+      .def("__repr__", [](const StructuredPruneReport& s) {
+        return fmt::format("StructuredReport(groups={}, params={} -> {}, macs={} -> {})",
+                           s.r.groups.size(), s.before.params, s.after.params, s.before.macs,
+                           s.after.macs);
+      });
+
+  m.def("_prune_structured_onnx", &prune_structured_onnx, py::arg("model"), py::kw_only(),
+        py::arg("unit") = "channel", py::arg("method") = py::none(),
+        py::arg("amount") = py::none(), py::arg("scope") = "local",
+        py::arg("max_layer_amount") = 0.9, py::arg("round_to") = 1,
+        py::arg("exclude") = py::none(), py::arg("seed") = py::none(),
+        py::arg("recipe") = py::none(), py::arg("data") = py::none(),
+        py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
+        py::arg("calib_batches") = 32, py::arg("device") = py::str("cpu"),
+        py::arg("parameters") = std::vector<std::string>{}, py::arg("fixed") = py::list(),
+        py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
+        py::arg("check_only") = false,
+        R"(Prunes a serialized ONNX model's channels or heads as lopper.prune_structured says (its
+arguments, the same names) and returns (values, before, after, diverged, gone,
+StructuredReport): values {name: tensor} for each name of `parameters` whose initializer changed
+shape, the graph's outputs on `inputs` (in the graph's input order) before and after pruning, the
+names read by several layers that
+shrank differently, and the names the pruned graph no longer has. `fixed` lists (initializer,
+axis or -1, why) that must keep their size. With `check_only`, only the arguments are checked
+(and () returned), before any export. Internal: lopper.prune_structured exports the module
+and applies the values.)");
+}
+
+}  // namespace lopper::python

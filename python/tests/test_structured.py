@@ -1,0 +1,369 @@
+"""lopper.prune_structured on nn.Modules: torchvision and transformers models shrink in place, keep
+their output shape and compute what `lopper prune --structured` writes for the same export (run
+in ONNX Runtime); the standard modules' size attributes follow; a forward() that hard-codes a width
+gets one clear error and the module comes back bit-identical; bad arguments are one-line errors;
+the shrunk module trains."""
+import copy
+import subprocess
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn as nn
+
+import lopper
+from conftest import BUILD
+from lopper import _prune as lopper_prune_module
+
+
+def quiet(*a, **k):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lopper.prune_structured(*a, **k)
+
+
+def snapshot(module):
+    """Everything a failed call must leave as it was: the tensors (values and objects) and every
+    module attribute."""
+    params = {n: (p, p.data, p.detach().clone()) for n, p in module.named_parameters()}
+    buffers = {n: (b, b.clone()) for n, b in module.named_buffers()}
+    attrs = {n: {k: copy.copy(v) for k, v in vars(m).items() if not k.startswith("_")}
+             for n, m in module.named_modules()}
+    return params, buffers, attrs
+
+
+def assert_same(module, snap):
+    params, buffers, attrs = snap
+    now = dict(module.named_parameters())
+    assert now.keys() == params.keys()
+    for n, (p, data, value) in params.items():
+        assert now[n] is p, n
+        assert p.data.data_ptr() == data.data_ptr(), n
+        assert torch.equal(p.detach(), value), n
+    nowb = dict(module.named_buffers())
+    for n, (b, value) in buffers.items():
+        assert nowb[n] is b and torch.equal(b, value), n
+    for n, m in module.named_modules():
+        for k, v in attrs[n].items():
+            assert getattr(m, k) == v, f"{n}.{k}"
+
+
+def run_cli(tmp_path, module, x, flags):
+    """Exports `module` as lopper.prune_structured does, prunes the file with the CLI, and returns
+    ONNX Runtime's outputs of the CLI's model on x."""
+    cli = BUILD / "lopper"
+    if not cli.is_file():
+        pytest.skip(f"no {cli}")
+    args, kw = lopper_prune_module._split_inputs(x)
+    data, _ = lopper_prune_module._export(module, args, kw, dynamic=False)
+    (tmp_path / "m.onnx").write_bytes(data)
+    subprocess.run([str(cli), "prune", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "p.onnx"),
+                    *flags], check=True, capture_output=True)
+    sess = ort.InferenceSession(str(tmp_path / "p.onnx"), providers=["CPUExecutionProvider"])
+    leaves = [t for t in (args + tuple(kw.values())) if isinstance(t, torch.Tensor)]
+    feeds = {i.name: t.numpy() for i, t in zip(sess.get_inputs(), leaves)}
+    return sess.run(None, feeds)
+
+
+def first_output(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    return out[0]
+
+
+def assert_close(got, want, rtol=1e-4):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    scale = max(float(np.abs(want).max()), 1e-6)
+    assert float(np.abs(got - want).max()) <= rtol * scale
+
+
+# --- Models -------------------------------------------------------------------------------------
+
+
+def torchvision_model(name):
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    m = getattr(tv.models, name)(weights=None).eval()
+    for mod in m.modules():  # trained-looking statistics: BatchNorm in eval mode is not identity
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.2, 0.2)
+            mod.running_var.uniform_(0.5, 1.5)
+    size = 224 if name == "vit_b_16" else 96
+    return m, torch.randn(1, 3, size, size)
+
+
+def bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  max_position_embeddings=32, attn_implementation="eager")
+    m = transformers.BertForSequenceClassification(cfg).eval()
+    ids = torch.randint(0, 200, (2, 12))
+    return m, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, max_position_embeddings=32,
+                                   attn_implementation="eager", use_cache=False)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    return m, {"input_ids": torch.randint(0, 200, (1, 12))}
+
+
+MODELS = {
+    "resnet18": lambda: torchvision_model("resnet18"),
+    "mobilenet_v3_small": lambda: torchvision_model("mobilenet_v3_small"),
+    "vit_b_16": lambda: torchvision_model("vit_b_16"),
+    "bert": bert,
+    "llama": llama,
+}
+
+
+# What the attention layers' parameter names match, per model.
+ATTENTION = {"vit_b_16": "self_attention", "bert": r"attention\.self\.", "llama": "self_attn"}
+
+
+def call(m, x):
+    with torch.no_grad():
+        return first_output(m(**x) if isinstance(x, dict) else m(x))
+
+
+@pytest.mark.parametrize("name,unit", [("resnet18", "channel"), ("mobilenet_v3_small", "channel"),
+                                       ("vit_b_16", "channel"), ("bert", "channel"),
+                                       ("bert", "head"), ("llama", "channel"),
+                                       ("llama", "head")])
+def test_shrinks_in_place_and_equals_the_cli(tmp_path, name, unit):
+    m, x = MODELS[name]()
+    want_shape = call(m, x).shape
+    params_before = sum(p.numel() for p in m.parameters())
+    exclude = None
+    flags = ["--structured", unit, "--amount", "0.5"]
+    if unit == "channel" and name in ATTENTION:
+        # The CLI knows nothing of the modules' forward: keep what lopper.prune_structured pins
+        # (nn.MultiheadAttention's projections, the heads' widths) out of its pruning.
+        flags += ["--exclude", ATTENTION[name]]
+    cli_out = run_cli(tmp_path, m, x, flags)[0]
+    report = quiet(m, x, unit=unit, amount=0.5, exclude=exclude)
+    out = call(m, x)
+    assert out.shape == want_shape
+    assert_close(out.numpy(), cli_out)
+    params_after = sum(p.numel() for p in m.parameters())
+    assert params_after < params_before
+    assert report.params < report.params_before and report.macs < report.macs_before
+    assert any(g.size_after < g.size_before for g in report.groups)
+    text = str(report)
+    assert "group" in text and "params" in text and "MACs" in text
+    d = report.to_dict()
+    assert d["structured"] == unit and d["params"] == report.params
+
+
+def test_attributes_follow():
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),  # depthwise
+        nn.Conv2d(16, 32, 1, groups=4), nn.GroupNorm(1, 32), nn.PReLU(32),  # grouped
+        nn.Conv2d(32, 24, 1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 40), nn.LayerNorm(40), nn.ReLU(),
+        nn.Linear(40, 10)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    before = call(m, x)
+    report = quiet(m, x, amount=0.5)
+    after = call(m, x)
+    assert after.shape == before.shape
+    for mod in m.modules():
+        if isinstance(mod, nn.Conv2d):
+            assert mod.weight.shape[0] == mod.out_channels
+            assert mod.weight.shape[1] * mod.groups == mod.in_channels
+        if isinstance(mod, nn.Linear):
+            assert tuple(mod.weight.shape) == (mod.out_features, mod.in_features)
+        if isinstance(mod, nn.BatchNorm2d):
+            assert mod.running_mean.shape[0] == mod.num_features
+        if isinstance(mod, nn.LayerNorm):
+            assert tuple(mod.weight.shape) == mod.normalized_shape
+    assert m[0].out_channels == 8 and m[3].groups == 8 and m[3].in_channels == 8
+    assert m[13].out_features == 20 and m[14].normalized_shape == (20,)
+    assert report.params < report.params_before
+
+
+class HardCoded(nn.Module):
+    """forward() reshapes with a width of its own: pruning the first layer breaks it."""
+
+    def __init__(self):
+        super().__init__()
+        self.width = 32
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x)).reshape(-1, self.width)
+        return self.fc2(h)
+
+
+def test_hard_coded_width_is_named_and_the_module_comes_back():
+    torch.manual_seed(0)
+    m = HardCoded().eval()
+    x = torch.randn(3, 16)
+    snap = snapshot(m)
+    with pytest.raises(RuntimeError) as e:
+        lopper.prune_structured(m, x, amount=0.5)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "module '' (HardCoded) attribute 'width' = 32" in msg, msg
+    assert_same(m, snap)
+
+
+class Parameters(nn.Module):
+    """Raw nn.Parameters read by the ops directly (no standard module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(12, 8))
+        self.b1 = nn.Parameter(torch.randn(12))
+        self.w2 = nn.Parameter(torch.randn(5, 12))
+        self.register_buffer("scale", torch.rand(12) + 0.5)
+
+    def forward(self, x):
+        h = torch.relu(x @ self.w1.t() + self.b1) * self.scale
+        return h @ self.w2.t()
+
+
+def test_raw_parameters_and_buffers_are_sliced_by_name():
+    torch.manual_seed(0)
+    m = Parameters()
+    x = torch.randn(4, 8)
+    w1 = m.w1
+    quiet(m, x, amount=0.5)
+    assert m.w1 is w1  # the same Parameter object, smaller
+    assert m.w1.shape == (6, 8) and m.b1.shape == (6,) and m.w2.shape == (5, 6)
+    assert m.scale.shape == (6,)
+    assert call(m, x).shape == (4, 5)
+
+
+def test_multihead_attention_keeps_its_heads():
+    torch.manual_seed(0)
+    m = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+    x = torch.randn(2, 5, 32)
+    report = quiet(m, x, amount=0.5)
+    assert m.self_attn.in_proj_weight.shape == (96, 32) and m.self_attn.num_heads == 4
+    assert m.linear1.out_features == 32  # the feed-forward neurons did go
+    assert any("MultiheadAttention" in b for b in report.barriers)
+
+
+def test_a_shrunk_module_trains():
+    torch.manual_seed(0)
+    m, x = torchvision_model("resnet18")
+    quiet(m, x, amount=0.5)
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    y = torch.tensor([3])
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+    assert all(p.grad is None or p.grad.shape == p.shape for p in m.parameters())
+
+
+def test_taylor_with_data():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    x = torch.randn(4, 8)
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(3)]
+    report = quiet(m, x, method="taylor", amount=0.25, data=data, progress=False)
+    assert m[0].out_features == 24 and m[2].in_features == 24
+    assert report.to_dict()["method"] == "taylor"
+
+
+BAD = [
+    (dict(amount=1.5), ValueError, "amount"),
+    (dict(amount=0.5, method="nope"), ValueError, "unknown structured method 'nope'"),
+    (dict(amount=0.5, unit="neuron"), ValueError, "unknown unit 'neuron'"),
+    (dict(), ValueError, "amount"),
+    (dict(amount=0.5, method="taylor"), ValueError, "data"),
+    (dict(amount=0.5, round_to=0), ValueError, "round_to"),
+    (dict(amount="half"), TypeError, "amount"),
+]
+
+
+@pytest.mark.parametrize("kwargs,kind,message", BAD)
+def test_bad_arguments(kwargs, kind, message):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    snap = snapshot(m)
+    with pytest.raises(kind) as e:
+        lopper.prune_structured(m, torch.randn(2, 8), **kwargs)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert_same(m, snap)
+
+
+def test_wrong_example_inputs_and_unexportable_modules():
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    snap = snapshot(m)
+    with pytest.raises(ValueError, match="fails on the example inputs") as e:
+        lopper.prune_structured(m, torch.randn(2, 7), amount=0.5)
+    assert "\n" not in str(e.value)
+    assert_same(m, snap)
+
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x) if float(x.sum()) > 0 else -self.fc(x)
+
+    m = DataDependent()
+    snap = snapshot(m)
+    with pytest.raises(RuntimeError, match="does not export") as e:
+        lopper.prune_structured(m, torch.ones(2, 4), amount=0.5)
+    assert "\n" not in str(e.value)
+    assert_same(m, snap)
+
+
+def test_nothing_to_prune_is_a_runtime_error():
+    m = nn.Sequential(nn.Linear(8, 2))  # its only channels are the output's
+    snap = snapshot(m)
+    with pytest.raises(RuntimeError, match="no channel group can be pruned"):
+        lopper.prune_structured(m, torch.randn(2, 8), amount=0.5)
+    assert_same(m, snap)
+
+
+def test_another_thread_runs_while_lopper_prunes():
+    """The C++ work (analysis, pruning, the check's graph runs) releases the GIL: a counting thread
+    advances during the call itself, not only between Python bytecodes."""
+    import threading
+    import time
+
+    from lopper import _lopper
+    m, x = torchvision_model("resnet18")
+    data, holders = lopper_prune_module._export(m, (x,), {}, dynamic=False)
+    count, stop = [0], threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=counter)
+    t.start()
+    try:
+        time.sleep(0.05)
+        start, t0 = count[0], time.perf_counter()
+        _lopper._prune_structured_onnx(data, amount=0.5, parameters=list(holders), inputs=[x])
+        elapsed, ticks = time.perf_counter() - t0, count[0] - start
+    finally:
+        stop.set()
+        t.join()
+    assert elapsed > 0.3, elapsed  # long enough to tell
+    assert ticks > 0.2 * elapsed / 0.001, (ticks, elapsed)  # the thread ran most of the time

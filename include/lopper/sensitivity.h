@@ -36,6 +36,8 @@ struct SensitivityOptions {
   LossOptions loss;  // lopper/loss.h: what the points' loss and top-1 measure
   /// Input shapes for MAC counts (dynamic dims default to 1).
   std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// Structured: parameter axes that keep their size (StructuredOptions::fixed).
+  std::vector<FixedAxis> fixed;
   /// After each evaluated point: done of total, and what was evaluated ("layer @ 0.5").
   std::function<void(int64_t done, int64_t total, const std::string& what)> progress;
 };

@@ -45,6 +45,8 @@ struct TargetOptions {
   std::vector<double> grid = {0.1, 0.3, 0.5, 0.7, 0.9};
   std::string device = "cpu";
   std::map<std::string, std::vector<int64_t>> input_shapes;  // dynamic dims default to 1
+  /// Structured: parameter axes that keep their size (StructuredOptions::fixed).
+  std::vector<FixedAxis> fixed;
   int latency_iters = 20;
   std::function<void(const std::string& what, int64_t done, int64_t total)> progress;
   /// kLatency: called with each latency measurement of the search (before, candidates, result).

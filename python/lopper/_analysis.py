@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from lopper import _lopper, _prune
+from lopper import _lopper, _structured, _prune
 from lopper._lopper import (  # noqa: F401 (re-exported)
     SensitivityLayer, SensitivityPoint, SensitivityReport, TargetLayer, TargetReport)
 
@@ -100,7 +100,9 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
         return _lopper._sensitivity(export, data, **options,
                                     example=_example_shapes(module, args, kwargs),
                                     progress=bars.callback, name=type(module).__name__,
-                                    command=command)
+                                    command=command,
+                                    fixed=_structured._fixed(module, "channel") if structured
+                                    else [])
 
 
 def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_ms=None,
@@ -132,8 +134,10 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
         latency_ms (float): milliseconds per call on ``example_inputs`` on ``device``, as
             lopper's executor runs the export. Exactly one of ``macs``, ``params`` and
             ``latency_ms``.
-        structured (bool): remove whole channels instead of single weights. Not yet: raises
-            ValueError.
+        structured (bool): remove whole channels instead of single weights: the module
+            shrinks in place as ``lopper.prune_structured`` shrinks it (its parameters and
+            buffers sliced by name, the standard modules' sizes updated, the result checked
+            against lopper's pruned export, everything put back on a mismatch).
         data (iterable): batches to measure the sensitivity curves on (as ``lopper.sensitivity``
             reads them); the pruned module's loss and top-1 are then measured on them too.
         sensitivity (SensitivityReport): curves measured before on this module by
@@ -175,9 +179,22 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
     if device is None:
         device = _prune._module_device(module)
     holders = {}
+    extra = {}
+    if structured:
+        # The module shrinks in place: its tensors (buffers too) are taken by name, what its
+        # forward cannot follow is pinned, and it is checked against the pruned export.
+        kwargs = _structured._in_signature_order(module, kwargs)
+        before = _structured._check_runs(module, args, kwargs)
+        extra = dict(fixed=_structured._fixed(module, "channel"),
+                     inputs=[t.detach().contiguous() for t in _structured._tensors((args, kwargs))])
 
     def export():
-        exported, held = _prune._export(module, args, kwargs, dynamic=data is not None)
+        # NOTE: a sensitivity report's channel groups are numbered in its own export, which is
+        # dynamic: the same export here numbers them alike.
+        dynamic = data is not None or sensitivity is not None
+        exported, held = _prune._export(module, args, kwargs, dynamic=dynamic)
+        if structured:
+            held = _structured._holders(module)
         holders.update(held)
         return exported, list(held)
 
@@ -187,12 +204,13 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
                    mask_token=mask_token, device=device)
     command = _command("prune_to_target", module, options, prune_to_target)
     with _Bars(progress) as bars:
-        masks, report = _lopper._prune_to_target(
+        result, report = _lopper._prune_to_target(
             export, **options, example=_example_shapes(module, args, kwargs),
-            progress=bars.callback, name=type(module).__name__, command=command)
-    # TODO(structured): structured=True shrinks the module in place
-    # (_structured._shrink_in_place) from the pruned export; _prune_to_target refuses it so far.
-    _prune._apply_masks(masks, holders)
+            progress=bars.callback, name=type(module).__name__, command=command, **extra)
+    if structured:
+        _structured._shrink_in_place(module, holders, args, kwargs, before, result, 1e-4)
+    else:
+        _prune._apply_masks(result, holders)
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     return report

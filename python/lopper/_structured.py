@@ -132,14 +132,25 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     exported, _ = _export(module, args, kwargs, dynamic=data is not None)
     bar = _Progress("calibrate") if progress and data is not None else None
     try:
-        values, graph_before, reference, diverged, gone, report = _lopper._prune_structured_onnx(
+        *shrunk, report = _lopper._prune_structured_onnx(
             exported, parameters=list(holders), fixed=_fixed(module, unit), inputs=leaves,
             progress=bar, **options)
     finally:
         if bar is not None:
             bar.close()
     del exported
-    for name in diverged + gone:
+    _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol)
+    for w in report.warnings:
+        warnings.warn(f"[prune] {w}", stacklevel=2)
+    return report
+
+
+def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol):
+    """Puts the pruned export's values into the module and checks it (see prune_structured).
+    `shrunk`: (values, graph outputs before, after, diverged names, gone names) from the C++
+    side; `before`: the module's own outputs before, from _check_runs."""
+    values, graph_before, reference, diverged, gone = shrunk
+    for name in list(diverged) + list(gone):
         raise RuntimeError(
             f"[prune] '{name}' is read by layers that shrink differently, and the module holds "
             "it once: exclude one of its layers (exclude=...)")
@@ -147,9 +158,6 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     # rounding in another order), ten times over, where that exceeds rtol.
     noise = [_difference(a, b)[0] for a, b in zip(before, graph_before)]
     _apply(module, holders, values, args, kwargs, reference, rtol, noise)
-    for w in report.warnings:
-        warnings.warn(f"[prune] {w}", stacklevel=2)
-    return report
 
 
 def _in_signature_order(module, kwargs):

@@ -35,6 +35,7 @@
 #include "lopper/structured.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
+#include "shrink.h"
 
 namespace py = pybind11;
 
@@ -205,8 +206,10 @@ std::shared_ptr<Sensitivity> sensitivity_call(
     const py::object& round_to, const py::object& exclude, const py::object& seed,
     const py::object& allow_tied_arg, const py::object& loss, const py::object& mask_token,
     const py::object& device, const std::vector<std::vector<int64_t>>& example,
-    const py::object& progress, const std::string& name, const std::string& command) {
+    const py::object& progress, const std::string& name, const std::string& command,
+    const py::object& fixed) {
   SensitivityOptions so;
+  so.fixed = fixed_arg(fixed);
   const bool structured = flag(structured_arg, "sensitivity", "structured");
   const bool allow_tied = flag(allow_tied_arg, "sensitivity", "allow_tied");
   so.structured = structured;
@@ -324,8 +327,10 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
                       const py::object& eval_batches_arg, const py::object& loss,
                       const py::object& mask_token, const py::object& device,
                       const std::vector<std::vector<int64_t>>& example, const py::object& progress,
-                      const std::string& name, const std::string& command) {
+                      const std::string& name, const std::string& command, const py::object& fixed,
+                      const std::vector<at::Tensor>& inputs) {
   TargetOptions t;
+  t.fixed = fixed_arg(fixed);
   const bool structured = flag(structured_arg, "prune", "structured");
   const bool allow_tied = flag(allow_tied_arg, "prune", "allow_tied");
   struct Given {
@@ -346,9 +351,6 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     throw UsageError(std::string("[prune] give one target: macs or params (the share kept, in "
                                  "(0, 1)) or latency_ms, got ") +
                      (given ? "several" : "none"));
-  // TODO(structured): the export prunes to a structured target as it does to an unstructured one;
-  // what is missing is shrinking the module in place (_structured._shrink_in_place).
-  if (structured) throw UsageError("[prune] structured targets: not yet");
   t.structured = structured;
   const std::string m =
       method.is_none() ? "l1" : arg<std::string>(method, "prune", "method", "a str");
@@ -403,6 +405,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
   out->command = command;
   out->file_bytes = int64_t(PyBytes_GET_SIZE(e.bytes.ptr()));
   std::vector<std::pair<std::string, at::Tensor>> masks;
+  Shrunk shrunk;
   {
     py::gil_scoped_release nogil;
     ir::Model model = parse(e.bytes);
@@ -447,6 +450,10 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
       eo.loss = loss_options;
       out->measured = pythonic([&] { return evaluate(model, *loader, eo); });
     }
+    if (structured) {
+      const std::vector<std::string> names(e.params.begin(), e.params.end());
+      shrunk = shrunk_values(*before, model, names, example_feeds(model, inputs), t.device);
+    }
     for (const auto& u : out->r.units) {
       if (u.weight.empty()) continue;
       const ir::Initializer* w = model.graph.find_initializer(u.weight);
@@ -465,6 +472,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
   const nlohmann::json j = to_json(r, false);
   if (j["target"].contains("latency_warning"))
     out->warnings.push_back(j["target"]["latency_warning"].get<std::string>());
+  if (structured) return py::make_tuple(to_python(std::move(shrunk)), out);
   py::dict mask_dict;
   for (auto& [weight, mask] : masks) mask_dict[py::str(weight)] = py::cast(std::move(mask));
   return py::make_tuple(mask_dict, out);
@@ -749,6 +757,7 @@ Raises:
         py::arg("mask_token") = py::none(), py::arg("device") = py::str("cpu"),
         py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
         py::arg("name") = "module", py::arg("command") = "lopper.sensitivity",
+        py::arg("fixed") = py::list(),
         R"(The sweep of lopper.sensitivity (its arguments, the same names). `export()` is called
 once the arguments and the data are checked and returns (ONNX bytes, the module's parameter
 names); `example` holds the example's input shapes in the export's input order; `progress` is
@@ -764,9 +773,11 @@ called as progress(label, done, total, what). Internal.)");
         py::arg("device") = py::str("cpu"),
         py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
         py::arg("name") = "module", py::arg("command") = "lopper.prune_to_target",
+        py::arg("fixed") = py::list(), py::arg("inputs") = std::vector<at::Tensor>{},
         R"(Prunes the export to a target as lopper.prune_to_target says (its arguments, the same
 names) and returns ({weight initializer: bool keep-mask}, TargetReport) for the layers the target
-could prune. `export`, `example` and `progress` as _sensitivity's. Internal.)");
+could prune; structured, (what _structured._shrink_in_place takes, TargetReport), `inputs` being
+the example's tensors and `fixed` as _prune_structured_onnx's. `export`, `example` and `progress` as _sensitivity's. Internal.)");
 }
 
 }  // namespace lopper::python

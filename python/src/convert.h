@@ -45,7 +45,7 @@ std::optional<T> optional_arg(pybind11::handle h, const char* what, const char* 
     return h.cast<T>();
   } catch (const pybind11::cast_error&) {
     throw pybind11::type_error(std::string("[prune] ") + what + " must be " + kind + ", got " +
-                         type_name(h));
+                               type_name(h));
   }
 }
 

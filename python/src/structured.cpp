@@ -32,6 +32,7 @@
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/structured.h"
+#include "shrink.h"
 
 namespace py = pybind11;
 
@@ -66,23 +67,16 @@ std::string to_text(const StructuredPruneReport& s) {
   return t;
 }
 
-std::vector<FixedAxis> fixed_arg(const py::handle& fixed) {
-  std::vector<FixedAxis> out;
-  for (auto item : fixed) {
-    auto t = item.cast<std::tuple<std::string, int64_t, std::string>>();
-    out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
-  }
-  return out;
-}
-
-py::tuple prune_structured_onnx(
-    const py::bytes& model_bytes, const std::string& unit, const py::object& method,
-    const py::object& amount, const std::string& scope, double max_layer_amount, int64_t round_to,
-    const py::object& exclude, const py::object& seed, const py::object& recipe,
-    const py::object& data, const py::object& loss, const py::object& mask_token,
-    int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
-    const py::object& fixed, const std::vector<at::Tensor>& inputs, const py::object& progress,
-    bool check_only) {
+py::tuple prune_structured_onnx(const py::bytes& model_bytes, const std::string& unit,
+                                const py::object& method, const py::object& amount,
+                                const std::string& scope, double max_layer_amount, int64_t round_to,
+                                const py::object& exclude, const py::object& seed,
+                                const py::object& recipe, const py::object& data,
+                                const py::object& loss, const py::object& mask_token,
+                                int64_t calib_batches, const py::object& device,
+                                const std::vector<std::string>& parameters, const py::object& fixed,
+                                const std::vector<at::Tensor>& inputs, const py::object& progress,
+                                bool check_only) {
   StructuredOptions so;
   if (unit == "channel")
     so.unit = StructuredUnit::kChannel;
@@ -97,14 +91,16 @@ py::tuple prune_structured_onnx(
   std::optional<PruneRecipe> rc;
   if (!recipe.is_none()) {
     if (!amount.is_none())
-      throw UsageError("[prune] recipe sets each group's amount: drop amount (put it in the "
-                       "recipe)");
+      throw UsageError(
+          "[prune] recipe sets each group's amount: drop amount (put it in the "
+          "recipe)");
     rc = recipe_arg(recipe);
     so.recipe = &*rc;
   } else {
     if (amount.is_none())
-      throw UsageError("[prune] amount is needed: the share of each group's channels to remove "
-                       "(a fraction in [0, 1]) or a count");
+      throw UsageError(
+          "[prune] amount is needed: the share of each group's channels to remove "
+          "(a fraction in [0, 1]) or a count");
     so.amount = to_amount(amount);
   }
   if (scope == "global")
@@ -128,55 +124,26 @@ py::tuple prune_structured_onnx(
   std::unique_ptr<DataLoader> loader;
   if (crit.needs_data) loader = loader_arg(data, calib_batches);
   if (!progress.is_none()) calib.progress = progress_arg(progress);
-  const std::set<std::string> names(parameters.begin(), parameters.end());
-
   const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
   const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
   StructuredPruneReport rep;
   rep.unit = unit, rep.method = so.criterion, rep.scope = scope;
-  std::vector<std::pair<std::string, at::Tensor>> changed;
-  std::vector<std::string> diverged, gone;
-  std::vector<at::Tensor> outputs, outputs_before;
+  Shrunk shrunk;
   {
     py::gil_scoped_release nogil;
     ir::Model model = onnx::parse_model(bytes, size);
-    LOPPER_CHECK(inputs.size() == model.graph.inputs.size(), "[prune] the export takes ",
-                 model.graph.inputs.size(), " inputs, the example gives ", inputs.size());
-    NamedTensors feeds;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const std::string& name = model.graph.inputs[i].name;
-      so.input_shapes[name] = inputs[i].sizes().vec();
-      feeds.emplace_back(name, inputs[i]);
-    }
+    const NamedTensors feeds = example_feeds(model, inputs);
+    for (const auto& [name, t] : feeds) so.input_shapes[name] = t.sizes().vec();
     rep.before = analyze(model, so.input_shapes);
-    ExecOptions eo;
-    eo.device = calib.device;
-    outputs_before = Executor(model, eo).run(feeds);
     std::optional<Saliency> saliency;
     if (loader) saliency = compute_saliency(model, *loader, calib);
-    const ir::Model original = model;
+    const ir::Model original = model;  // shares the tensors: pruning replaces the ones it cuts
     rep.r = prune_structured(model, so, saliency ? &*saliency : nullptr);
     rep.after = analyze(model, so.input_shapes);
-    for (const auto& name : names) {
-      const ir::Initializer* was = original.graph.find_initializer(name);
-      if (!was) continue;
-      const ir::Initializer* now = model.graph.find_initializer(name);
-      // A reader whose slice differs from another's got its own copy, NAME_pruned[_k].
-      for (const auto& i : model.graph.initializers)
-        if (i.name.rfind(name + "_pruned", 0) == 0 &&
-            (i.name.size() == name.size() + 7 || i.name[name.size() + 7] == '_'))
-          diverged.push_back(name);
-      if (!now) {
-        gone.push_back(name);
-      } else if (now->value.sizes() != was->value.sizes()) {
-        changed.emplace_back(name, now->value);
-      }
-    }
-    outputs = Executor(model, eo).run(feeds);
+    shrunk = shrunk_values(original, model, parameters, feeds, calib.device);
   }
-  py::dict values;
-  for (auto& [name, t] : changed) values[py::str(name)] = py::cast(std::move(t));
-  return py::make_tuple(values, outputs_before, outputs, diverged, gone, rep);
+  py::tuple t = to_python(std::move(shrunk));
+  return py::make_tuple(t[0], t[1], t[2], t[3], t[4], rep);
 }
 
 }  // namespace
@@ -195,8 +162,7 @@ void bind_structured(py::module_& m) {
       .def_readonly("size_after", &ChannelGroupReport::size_after, "Channels after (int).")
       .def_readonly("removed", &ChannelGroupReport::removed,
                     "Indices of the removed channels (list of int).")
-      .def_readonly("score", &ChannelGroupReport::score,
-                    "Mean importance of its channels (float).")
+      .def_readonly("score", &ChannelGroupReport::score, "Mean importance of its channels (float).")
       .def_readonly("blocked", &ChannelGroupReport::blocked,
                     "Why it was kept whole (str; \"\" when it could be pruned).")
       .def("__repr__", [](const ChannelGroupReport& g) {
@@ -242,9 +208,8 @@ module's parameters and MACs before and after. str(report) is the table
       });
 
   m.def("_prune_structured_onnx", &prune_structured_onnx, py::arg("model"), py::kw_only(),
-        py::arg("unit") = "channel", py::arg("method") = py::none(),
-        py::arg("amount") = py::none(), py::arg("scope") = "local",
-        py::arg("max_layer_amount") = 0.9, py::arg("round_to") = 1,
+        py::arg("unit") = "channel", py::arg("method") = py::none(), py::arg("amount") = py::none(),
+        py::arg("scope") = "local", py::arg("max_layer_amount") = 0.9, py::arg("round_to") = 1,
         py::arg("exclude") = py::none(), py::arg("seed") = py::none(),
         py::arg("recipe") = py::none(), py::arg("data") = py::none(),
         py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),

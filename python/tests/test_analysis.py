@@ -211,6 +211,36 @@ def test_params_target_is_met_with_torch_masks():
     assert d["nonzero"] == after and d["structured"] is False
 
 
+def test_structured_macs_target_shrinks_the_module():
+    m, x = cnn()
+    want = m(x).shape
+    report = lopper.prune_to_target(m, x, macs=0.5, structured=True, progress=False)
+    assert m(x).shape == want
+    d = report.to_dict()
+    assert d["structured"] is True
+    assert report.macs <= 0.5 * report.macs_before * 1.001
+    # The module itself shrank: its convolutions have fewer filters and agree with their weights.
+    assert m[0].out_channels < 8 or m[4].out_channels < 16
+    for mod in m.modules():
+        if isinstance(mod, nn.Conv2d):
+            assert mod.weight.shape[0] == mod.out_channels
+            assert mod.weight.shape[1] == mod.in_channels
+        if isinstance(mod, nn.BatchNorm2d):
+            assert mod.running_mean.shape[0] == mod.num_features
+
+
+def test_structured_target_with_sensitivity_data():
+    m, x = cnn()
+    data = [(torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))) for _ in range(2)]
+    sens = lopper.sensitivity(m, x, data, structured=True, amounts=[0.3, 0.6, 0.9],
+                            progress=False)
+    report = lopper.prune_to_target(m, x, params=0.9, structured=True, sensitivity=sens,
+                                    progress=False)
+    assert sum(p.numel() for p in m.parameters()) < sum(
+        p.numel() for p in cnn()[0].parameters())
+    assert report.to_dict()["target"]["estimator"] == "sensitivity"
+
+
 def test_macs_target_with_sensitivity(sweep):
     m0, x, data, _, sens = sweep
     m = copy.deepcopy(m0)
@@ -310,7 +340,7 @@ BAD_TARGETS = [
     (dict(params=0.5, exclude="("), "not a valid regex"),
     (dict(params=0.5, device="tpu"), "[device] bad device 'tpu'"),
     (dict(params=0.5, round_to=0), "round_to must be >= 1"),
-    (dict(params=0.5, structured=True), "structured targets: not yet"),
+    (dict(params=0.5, structured=True, method="nope"), "unknown structured method 'nope'"),
     (dict(params=0.5, data=[torch.randn(2, 784)], eval_batches=0), "eval_batches must be > 0"),
 ]
 

@@ -156,6 +156,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   so.seed = o.seed;
   so.exclude = o.exclude;
   so.input_shapes = o.input_shapes;
+  so.fixed = o.fixed;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);

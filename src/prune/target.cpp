@@ -40,6 +40,7 @@ StructuredOptions structured_options(const TargetOptions& o) {
   so.criterion = o.criterion;
   so.round_to = o.round_to;
   so.input_shapes = o.input_shapes;
+  so.fixed = o.fixed;
   return so;
 }
 
@@ -54,6 +55,7 @@ SensitivityOptions sensitivity_options(const TargetOptions& o) {
   so.allow_tied = o.allow_tied;
   so.device = o.device;
   so.input_shapes = o.input_shapes;
+  so.fixed = o.fixed;
   if (!o.structured) so.amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99};
   return so;
 }

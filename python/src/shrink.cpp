@@ -1,0 +1,65 @@
+// What an nn.Module needs to shrink in place from its pruned export (shrink.h).
+#include "shrink.h"
+
+#include <ATen/ATen.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <tuple>
+
+#include "lopper/error.h"
+
+namespace py = pybind11;
+
+namespace lopper::python {
+
+NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>& inputs) {
+  LOPPER_CHECK(inputs.size() == model.graph.inputs.size(), "[prune] the export takes ",
+               model.graph.inputs.size(), " inputs, the example gives ", inputs.size());
+  NamedTensors feeds;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    feeds.emplace_back(model.graph.inputs[i].name, inputs[i]);
+  return feeds;
+}
+
+Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
+                     const std::vector<std::string>& names, const NamedTensors& feeds,
+                     const std::string& device) {
+  Shrunk s;
+  for (const auto& name : names) {
+    const ir::Initializer* was = before.graph.find_initializer(name);
+    if (!was) continue;
+    // A reader whose slice differs from another's got its own copy, NAME_pruned[_k].
+    const std::string copy = name + "_pruned";
+    for (const auto& i : after.graph.initializers)
+      if (i.name.rfind(copy, 0) == 0 && (i.name.size() == copy.size() || i.name[copy.size()] == '_'))
+        s.diverged.push_back(name);
+    const ir::Initializer* now = after.graph.find_initializer(name);
+    if (!now)
+      s.gone.push_back(name);
+    else if (now->value.sizes() != was->value.sizes())
+      s.values.emplace_back(name, now->value);
+  }
+  ExecOptions eo;
+  eo.device = device;
+  s.before = Executor(before, eo).run(feeds);
+  s.after = Executor(after, eo).run(feeds);
+  return s;
+}
+
+py::tuple to_python(Shrunk&& s) {
+  py::dict values;
+  for (auto& [name, t] : s.values) values[py::str(name)] = py::cast(std::move(t));
+  return py::make_tuple(values, s.before, s.after, s.diverged, s.gone);
+}
+
+std::vector<FixedAxis> fixed_arg(const py::handle& fixed) {
+  std::vector<FixedAxis> out;
+  for (auto item : fixed) {
+    auto t = item.cast<std::tuple<std::string, int64_t, std::string>>();
+    out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+  }
+  return out;
+}
+
+}  // namespace lopper::python

@@ -205,8 +205,13 @@ def _export(module, args, kwargs, dynamic, op="prune"):
     target.eval()
 
     def specs(x):
+        # The batch dim is dynamic, and every dim of an integer input (token ids, masks: the
+        # sequence length varies). Float inputs (images, features) keep their other dims: a
+        # convolution's output size computed from a dynamic height is shape arithmetic a
+        # Flatten's target would carry, and channels could not be followed through it.
         if isinstance(x, torch.Tensor):
-            return {i: torch.export.Dim.AUTO for i in range(x.dim())}
+            dims = range(x.dim()) if not x.is_floating_point() else range(min(x.dim(), 1))
+            return {i: torch.export.Dim.AUTO for i in dims}
         return None
 
     def export(shapes):
@@ -233,7 +238,7 @@ def _export(module, args, kwargs, dynamic, op="prune"):
     try:
         if dynamic:
             # Calibration batches may differ from the example in batch size and sequence length:
-            # every dim is dynamic where the module lets it be (else the example's shapes).
+            # those dims are dynamic where the module lets them be (else the example's shapes).
             shapes = tuple(torch.utils._pytree.tree_map(specs, a) for a in args) + tuple(
                 torch.utils._pytree.tree_map(specs, v) for v in kwargs.values())
             try:

@@ -98,7 +98,7 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
     command = _command("sensitivity", module, options, sensitivity)
     with _Bars(progress) as bars:
         return _lopper._sensitivity(export, data, **options,
-                                    example=_example_shapes(module, args, kwargs),
+                                    example=_prune._example_shapes(module, args, kwargs),
                                     progress=bars.callback, name=type(module).__name__,
                                     command=command,
                                     fixed=_structured._fixed(module, "channel") if structured
@@ -205,7 +205,7 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
     command = _command("prune_to_target", module, options, prune_to_target)
     with _Bars(progress) as bars:
         result, report = _lopper._prune_to_target(
-            export, **options, example=_example_shapes(module, args, kwargs),
+            export, **options, example=_prune._example_shapes(module, args, kwargs),
             progress=bars.callback, name=type(module).__name__, command=command, **extra)
     if structured:
         _structured._shrink_in_place(module, holders, args, kwargs, before, result, 1e-4)
@@ -214,17 +214,6 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     return report
-
-
-def _example_shapes(module, args, kwargs):
-    """The shapes of the example's tensors in the export's input order: the forward's parameters
-    in order (torch.export orders keyword arguments so), each flattened."""
-    try:
-        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments.values()
-    except (TypeError, ValueError):
-        bound = list(args) + list(kwargs.values())
-    leaves = torch.utils._pytree.tree_leaves(list(bound))
-    return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def _command(op, module, options, fn):

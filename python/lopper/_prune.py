@@ -5,6 +5,7 @@ the export exactly as `lopper prune` would and hands back a keep-mask per pruned
 applied with torch.nn.utils.prune.custom_from_mask. This file only moves the module across.
 """
 import copy
+import inspect
 import sys
 import warnings
 
@@ -108,7 +109,10 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             pattern=pattern, norm=norm, seed=seed, exclude=exclude,
             skip_first_last=skip_first_last, allow_tied=allow_tied, recipe=recipe, data=data,
             loss=loss, mask_token=mask_token, calib_batches=calib_batches, device=device,
-            parameters=list(holders), progress=bar)
+            parameters=list(holders), progress=bar, example=_example_shapes(module, args, kwargs),
+            name=type(module).__name__, command=_command(module, method=method, amount=amount,
+                                                          threshold=threshold, scope=scope,
+                                                          pattern=pattern, recipe=recipe))
     finally:
         if bar is not None:
             bar.close()
@@ -117,6 +121,24 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     return report
+
+
+def _example_shapes(module, args, kwargs):
+    """The shapes of the example's tensors in the export's input order: the forward's parameters
+    in order (torch.export orders keyword arguments so), each flattened."""
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments.values()
+    except (TypeError, ValueError):
+        bound = list(args) + list(kwargs.values())
+    leaves = torch.utils._pytree.tree_leaves(list(bound))
+    return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _command(module, **given):
+    """The call as a report's header shows it: lopper.prune(ModuleClass, the arguments given)."""
+    parts = [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()
+                                       if v is not None and not (k == "scope" and v == "local")]
+    return "lopper.prune({})".format(", ".join(parts))
 
 
 def _check_module(module, op):

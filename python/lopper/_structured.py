@@ -96,8 +96,9 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     Returns:
         StructuredReport: per channel group (``report.groups``: layers, size before and after,
         removed indices, why a group was kept), the parameters and MACs before and after;
-        ``str(report)`` is the CLI's table and ``report.to_dict()`` its JSON. Its warnings are
-        also issued with ``warnings.warn``.
+        ``str(report)`` is the CLI's table, ``report.to_dict()`` its JSON and
+        ``report.save_html(path)`` its HTML page. Its warnings are also issued with
+        ``warnings.warn``.
 
     Raises:
         ValueError: a bad argument (an unknown method or unit, an amount outside [0, 1], a bad
@@ -132,9 +133,14 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     exported, _ = _export(module, args, kwargs, dynamic=data is not None)
     bar = _Progress("calibrate") if progress and data is not None else None
     try:
+        given = {k: v for k, v in options.items()
+                 if k in ("unit", "method", "amount", "scope", "round_to", "exclude", "recipe")
+                 and v is not None and not (k == "round_to" and v == 1)}
+        command = "lopper.prune_structured({})".format(", ".join(
+            [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()]))
         *shrunk, report = _lopper._prune_structured_onnx(
             exported, parameters=list(holders), fixed=_fixed(module, unit), inputs=leaves,
-            progress=bar, **options)
+            progress=bar, name=type(module).__name__, command=command, **options)
     finally:
         if bar is not None:
             bar.close()

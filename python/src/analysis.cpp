@@ -114,39 +114,6 @@ void check_regex(const std::string& re, const char* op) {
   }
 }
 
-// The names of the export's weights that are not the module's parameters (constants), as one
-// anchored regex: lopper leaves them out ("" when there are none).
-std::string constants_regex(const ir::Model& model, const std::set<std::string>& params) {
-  std::string any;
-  for (const auto& w : prunable_weights(model.graph)) {
-    if (params.count(w.weight)) continue;
-    std::string escaped;
-    for (char c : w.weight) {
-      if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) escaped += '\\';
-      escaped += c;
-    }
-    any += (any.empty() ? "" : "|") + escaped;
-  }
-  return any.empty() ? "" : "^(?:" + any + ")$";
-}
-
-void exclude_also(std::string& exclude, const std::string& regex) {
-  if (regex.empty()) return;
-  exclude = exclude.empty() ? regex : "(?:" + exclude + ")|" + regex;
-}
-
-// The export's input shapes from the example's tensors (in the forward's order), so that MACs
-// and latency are those of a call on the example: dynamic dims take the example's sizes.
-Shapes input_shapes(const ir::Model& model, const std::vector<std::vector<int64_t>>& example) {
-  Shapes out;
-  std::vector<std::string> names;
-  for (const auto& v : model.graph.inputs)
-    if (!model.graph.find_initializer(v.name)) names.push_back(v.name);
-  if (names.size() != example.size()) return out;  // dynamic dims default to 1
-  for (size_t i = 0; i < names.size(); ++i) out[names[i]] = example[i];
-  return out;
-}
-
 // progress(label, done, total, what) in Python, with the GIL held; Ctrl-C stops the work there.
 void call_progress(const py::object& progress, const char* label, int64_t done, int64_t total,
                    const std::string& what) {
@@ -176,19 +143,6 @@ ir::Model parse(const py::bytes& b) {
 }
 
 // Writes a report page; a file that cannot be written is an OSError, as open() raises.
-void write_page(const HtmlReport& rep, const std::string& path) {
-  try {
-    rep.write(path);
-  } catch (const Error& e) {
-    PyErr_SetString(PyExc_OSError, e.what());
-    throw py::error_already_set();
-  }
-}
-
-void warn(const std::string& text) {
-  if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 1) != 0) throw py::error_already_set();
-}
-
 // --- lopper.sensitivity ------------------------------------------------------------------------
 
 struct Sensitivity {

@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <set>
 
 namespace py = pybind11;
 
@@ -151,6 +152,51 @@ std::function<void(int64_t, int64_t, double)> progress_arg(const py::object& pro
     // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   };
+}
+
+std::map<std::string, std::vector<int64_t>> input_shapes(
+    const ir::Model& model, const std::vector<std::vector<int64_t>>& example) {
+  std::map<std::string, std::vector<int64_t>> out;
+  std::vector<std::string> names;
+  for (const auto& v : model.graph.inputs)
+    if (!model.graph.find_initializer(v.name)) names.push_back(v.name);
+  if (names.size() != example.size()) return out;  // dynamic dims default to 1
+  for (size_t i = 0; i < names.size(); ++i) out[names[i]] = example[i];
+  return out;
+}
+
+// The names of the export's weights that are not the module's parameters (constants), as one
+// anchored regex: lopper leaves them out ("" when there are none).
+std::string constants_regex(const ir::Model& model, const std::set<std::string>& params) {
+  std::string any;
+  for (const auto& w : prunable_weights(model.graph)) {
+    if (params.count(w.weight)) continue;
+    std::string escaped;
+    for (char c : w.weight) {
+      if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) escaped += '\\';
+      escaped += c;
+    }
+    any += (any.empty() ? "" : "|") + escaped;
+  }
+  return any.empty() ? "" : "^(?:" + any + ")$";
+}
+
+void exclude_also(std::string& exclude, const std::string& regex) {
+  if (regex.empty()) return;
+  exclude = exclude.empty() ? regex : "(?:" + exclude + ")|" + regex;
+}
+
+void write_page(const HtmlReport& rep, const std::string& path) {
+  try {
+    rep.write(path);
+  } catch (const Error& e) {
+    PyErr_SetString(PyExc_OSError, e.what());
+    throw py::error_already_set();
+  }
+}
+
+void warn(const std::string& text) {
+  if (PyErr_WarnEx(PyExc_UserWarning, text.c_str(), 1) != 0) throw py::error_already_set();
 }
 
 PruneRecipe recipe_arg(py::handle recipe) {

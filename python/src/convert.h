@@ -7,15 +7,20 @@
 #include <pybind11/pybind11.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/graph.h"
 #include "lopper/loss.h"
 #include "lopper/prune.h"
+#include "lopper/report.h"
 
 namespace lopper::python {
 
@@ -70,6 +75,24 @@ std::unique_ptr<DataLoader> loader_arg(pybind11::handle data, int64_t limit);
 /// A Python callable progress(done, total, loss) as lopper's callback: called with the GIL held,
 /// and Ctrl-C (a pending signal) stops the work there.
 std::function<void(int64_t, int64_t, double)> progress_arg(const pybind11::object& progress);
+
+/// The example's input shapes (in the export's input order) by the graph's input names; empty
+/// (dynamic dims then default to 1) when their count differs from the graph's inputs.
+std::map<std::string, std::vector<int64_t>> input_shapes(
+    const ir::Model& model, const std::vector<std::vector<int64_t>>& example);
+
+/// The names of the export's prunable weights that are not in `params` (constants of the export,
+/// buffers), as one anchored regex that matches them literally ("" when there are none).
+std::string constants_regex(const ir::Model& model, const std::set<std::string>& params);
+/// Adds `regex` to `exclude` (an alternative).
+void exclude_also(std::string& exclude, const std::string& regex);
+
+/// Writes the page to `path` (a temporary file, then a rename); an OSError, as open()'s, when it
+/// cannot.
+void write_page(const HtmlReport& rep, const std::string& path);
+
+/// warnings.warn(text) (a UserWarning).
+void warn(const std::string& text);
 
 /// `j` as Python objects (dicts, lists, numbers, str).
 pybind11::object json_to_python(const nlohmann::json& j);

@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,8 +19,10 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/executor.h"
 #include "lopper/graph.h"
 #include "lopper/loss.h"
 #include "lopper/onnx_io.h"
@@ -140,14 +144,36 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
   return a;
 }
 
-// Regex special characters escaped: `s` matched literally.
-std::string regex_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) out += '\\';
-    out += c;
+// lopper.prune's report: the library's, and what save_html measures (the export before and after,
+// sharing the tensors pruning left alone, at the example's shapes, on the calibration device).
+struct ModulePruneReport : PruneReport {
+  std::shared_ptr<const ir::Model> model_before, model_after;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  ModelCost before, after;
+  std::string device, name, command;
+  int64_t file_bytes = 0;
+};
+
+void prune_html(const ModulePruneReport& r, const std::string& path) {
+  HtmlReport rep("prune", "Pruning " + r.name, r.command);
+  std::vector<std::string> warnings;
+  {
+    py::gil_scoped_release nogil;
+    ReportMeasure how;
+    how.device = r.device;
+    how.shapes = r.shapes;
+    ReportModel mb = measure_report_model("before", *r.model_before, r.before, how);
+    ReportModel ma = measure_report_model("after", *r.model_after, r.after, how);
+    mb.file_bytes = r.file_bytes;
+    ma.file_bytes = int64_t(onnx::serialize_model(*r.model_after).size());
+    for (const ReportModel* m : {&mb, &ma})
+      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+    rep.add_model(mb, r.before);
+    rep.add_model(ma, r.after);
+    for (const auto& w : r.warnings) rep.add_note(w);
   }
-  return out;
+  for (const auto& w : warnings) warn("[prune] " + w);
+  write_page(rep, path);
 }
 
 constexpr const char* kNotParameter =
@@ -160,7 +186,8 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
                      const py::object& recipe, const py::object& data, const py::object& loss,
                      const py::object& mask_token, const py::object& calib_batches_arg,
                      const py::object& device, const std::vector<std::string>& parameters,
-                     const py::object& progress) {
+                     const py::object& progress, const std::vector<std::vector<int64_t>>& example,
+                     const std::string& name, const std::string& command) {
   const int64_t calib_batches =
       optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int").value_or(32);
   Args a =
@@ -173,25 +200,23 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
 
   const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
   const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
-  PruneReport report;
+  ModulePruneReport report;
   std::vector<std::pair<std::string, at::Tensor>> masks;
   {
     py::gil_scoped_release nogil;
     ir::Model model = onnx::parse_model(bytes, size);
+    report.shapes = input_shapes(model, example);
+    const auto shapes = resolve_input_shapes(model, report.shapes, 1);
+    report.before = analyze(model, shapes);
+    auto before = std::make_shared<const ir::Model>(model);  // shares the tensors
     // Weights the module does not hold as parameters (torch.nn.utils.prune masks parameters only)
     // are left alone, with the reason in their row.
     std::set<std::string> constants;
-    std::string anchored;
     for (const auto& w : prunable_weights(model.graph))
-      if (!params.count(w.weight)) {
-        constants.insert(w.weight);
-        anchored += (anchored.empty() ? "" : "|") + regex_escape(w.weight);
-      }
-    if (!anchored.empty()) {
-      anchored = "^(?:" + anchored + ")$";
+      if (!params.count(w.weight)) constants.insert(w.weight);
+    if (const std::string anchored = constants_regex(model, params); !anchored.empty()) {
       if (a.options) {
-        std::string& ex = a.options->exclude;
-        ex = ex.empty() ? anchored : "(?:" + ex + ")|" + anchored;
+        exclude_also(a.options->exclude, anchored);
       } else {
         PruneRule skip;
         skip.match = anchored;
@@ -207,8 +232,9 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
     // fit this model (a count past a layer's size, a pattern that no layer's shape divides, an
     // exclude that leaves no layer): the arguments' doing, as torch's ValueError for an amount
     // past a tensor's size.
-    report = as_usage(
+    static_cast<PruneReport&>(report) = as_usage(
         [&] { return a.options ? prune(model, *a.options, sal) : prune(model, *a.recipe, sal); });
+    report.after = analyze(model, shapes);
     for (auto& l : report.layers) {
       if (constants.count(l.weight)) {
         l.skipped = kNotParameter;
@@ -220,7 +246,13 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
       LOPPER_ASSERT(w, "no initializer '", l.weight, "' after pruning");
       masks.emplace_back(l.weight, w->value.ne(0));
     }
+    report.model_before = std::move(before);
+    report.model_after = std::make_shared<const ir::Model>(std::move(model));
+    report.device = a.calib.device;
+    report.file_bytes = int64_t(size);
   }
+  report.name = name;
+  report.command = command;
   py::dict out;
   for (auto& [name, mask] : masks) out[py::str(name)] = py::cast(std::move(mask));
   return py::make_tuple(out, report);
@@ -265,10 +297,10 @@ weight) was pruned: one row of PruneReport.layers.)")
                ")";
       });
 
-  py::class_<PruneReport>(m, "PruneReport", R"(What lopper.prune did: per layer and in total.
+  py::class_<ModulePruneReport>(m, "PruneReport", R"(What lopper.prune did: per layer and in total.
 
 str(report) is the table `lopper prune` prints; report.to_dict() the JSON it writes beside the
-model (without the file entries).)")
+model (without the file entries); report.save_html(path) its --report page.)")
       .def_readonly("layers", &PruneReport::layers,
                     "One PruneLayerReport per prunable weight, in the model's order.")
       .def_readonly("warnings", &PruneReport::warnings,
@@ -281,15 +313,30 @@ model (without the file entries).)")
                     "Their nonzero weights after pruning (int).")
       .def_property_readonly(
           "sparsity",
-          [](const PruneReport& r) {
+          [](const ModulePruneReport& r) {
             return r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
           },
           "The share of zeros over the prunable layers after pruning (float in [0, 1]).")
       .def(
-          "to_dict", [](const PruneReport& r) { return json_to_python(to_json(r)); },
+          "to_dict", [](const ModulePruneReport& r) { return json_to_python(to_json(r)); },
           "The report as `lopper prune` writes it in OUT.report.json (a dict).")
-      .def("__str__", [](const PruneReport& r) { return to_table(r); })
-      .def("__repr__", [](const PruneReport& r) {
+      .def_property_readonly(
+          "params_before", [](const ModulePruneReport& r) { return r.before.params; },
+          "The module's parameters (int; BatchNorm statistics not counted).")
+      .def_property_readonly(
+          "macs_before", [](const ModulePruneReport& r) { return r.before.macs; },
+          "Multiply-accumulates of one call on the example inputs (int; dense: a sparse "
+          "kernel computes fewer, see to_dict()).")
+      .def(
+          "save_html",
+          [](const ModulePruneReport& r, const py::object& path) { prune_html(r, path_of(path)); },
+          py::arg("path"),
+          R"(Writes the page `lopper prune ... --report FILE` writes: the module before and after
+(parameters, nonzeros, MACs, file size, latency measured now with lopper's executor and its sparse
+kernels) and per-layer charts. Written to a temporary file and renamed; an OSError when the path
+cannot be written. The report keeps both exports for this (deleting it frees them).)")
+      .def("__str__", [](const ModulePruneReport& r) { return to_table(r); })
+      .def("__repr__", [](const ModulePruneReport& r) {
         const double s = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;
         return "PruneReport(layers=" + std::to_string(r.layers.size()) +
                ", params=" + std::to_string(r.params) +
@@ -306,6 +353,8 @@ model (without the file entries).)")
         py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
         py::arg("calib_batches") = py::int_(32), py::arg("device") = py::str("cpu"),
         py::arg("parameters") = std::vector<std::string>{}, py::arg("progress") = py::none(),
+        py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("name") = "module",
+        py::arg("command") = "lopper.prune",
         R"(Prunes a serialized ONNX model as lopper.prune says (its arguments, the same names) and
 returns ({weight initializer: bool keep-mask (weight != 0 after pruning)}, PruneReport) for the
 weights it pruned. Weights whose initializer is not in `parameters` are left alone. `progress`

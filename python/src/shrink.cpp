@@ -32,7 +32,8 @@ Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
     // A reader whose slice differs from another's got its own copy, NAME_pruned[_k].
     const std::string copy = name + "_pruned";
     for (const auto& i : after.graph.initializers)
-      if (i.name.rfind(copy, 0) == 0 && (i.name.size() == copy.size() || i.name[copy.size()] == '_'))
+      if (i.name.rfind(copy, 0) == 0 &&
+          (i.name.size() == copy.size() || i.name[copy.size()] == '_'))
         s.diverged.push_back(name);
     const ir::Initializer* now = after.graph.find_initializer(name);
     if (!now)

@@ -44,7 +44,36 @@ struct StructuredPruneReport {
   StructuredReport r;
   std::string unit, method, scope;
   ModelCost before, after;
+  // What save_html measures: the export before and after (sharing the tensors that stayed), at
+  // the example's shapes, on the device lopper ran on.
+  std::shared_ptr<const ir::Model> model_before, model_after;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::string device, name, command;
+  int64_t file_bytes = 0;
 };
+
+void structured_html(const StructuredPruneReport& s, const std::string& path) {
+  HtmlReport rep("prune", "Pruning " + s.name, s.command);
+  std::vector<std::string> warnings;
+  {
+    py::gil_scoped_release nogil;
+    ReportMeasure how;
+    how.device = s.device;
+    how.shapes = s.shapes;
+    ReportModel mb = measure_report_model("before", *s.model_before, s.before, how);
+    ReportModel ma = measure_report_model("after", *s.model_after, s.after, how);
+    mb.file_bytes = s.file_bytes;
+    ma.file_bytes = int64_t(onnx::serialize_model(*s.model_after).size());
+    for (const ReportModel* m : {&mb, &ma})
+      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+    rep.add_model(mb, s.before);
+    rep.add_model(ma, s.after);
+    for (const auto& b : s.r.barriers) rep.add_note("channels kept: " + b);
+    for (const auto& w : s.r.warnings) rep.add_note(w);
+  }
+  for (const auto& w : warnings) warn("[prune] " + w);
+  write_page(rep, path);
+}
 
 nlohmann::json to_json(const StructuredPruneReport& s) {
   nlohmann::json j = lopper::to_json(s.r);
@@ -67,16 +96,14 @@ std::string to_text(const StructuredPruneReport& s) {
   return t;
 }
 
-py::tuple prune_structured_onnx(const py::bytes& model_bytes, const std::string& unit,
-                                const py::object& method, const py::object& amount,
-                                const std::string& scope, double max_layer_amount, int64_t round_to,
-                                const py::object& exclude, const py::object& seed,
-                                const py::object& recipe, const py::object& data,
-                                const py::object& loss, const py::object& mask_token,
-                                int64_t calib_batches, const py::object& device,
-                                const std::vector<std::string>& parameters, const py::object& fixed,
-                                const std::vector<at::Tensor>& inputs, const py::object& progress,
-                                bool check_only) {
+py::tuple prune_structured_onnx(
+    const py::bytes& model_bytes, const std::string& unit, const py::object& method,
+    const py::object& amount, const std::string& scope, double max_layer_amount, int64_t round_to,
+    const py::object& exclude, const py::object& seed, const py::object& recipe,
+    const py::object& data, const py::object& loss, const py::object& mask_token,
+    int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
+    const py::object& fixed, const std::vector<at::Tensor>& inputs, const py::object& progress,
+    bool check_only, const std::string& name, const std::string& command) {
   StructuredOptions so;
   if (unit == "channel")
     so.unit = StructuredUnit::kChannel;
@@ -137,11 +164,19 @@ py::tuple prune_structured_onnx(const py::bytes& model_bytes, const std::string&
     rep.before = analyze(model, so.input_shapes);
     std::optional<Saliency> saliency;
     if (loader) saliency = compute_saliency(model, *loader, calib);
-    const ir::Model original = model;  // shares the tensors: pruning replaces the ones it cuts
+    // Shares the tensors: pruning replaces the ones it cuts.
+    auto original = std::make_shared<const ir::Model>(model);
     rep.r = prune_structured(model, so, saliency ? &*saliency : nullptr);
     rep.after = analyze(model, so.input_shapes);
-    shrunk = shrunk_values(original, model, parameters, feeds, calib.device);
+    shrunk = shrunk_values(*original, model, parameters, feeds, calib.device);
+    rep.model_before = std::move(original);
+    rep.model_after = std::make_shared<const ir::Model>(std::move(model));
+    rep.shapes = so.input_shapes;
+    rep.device = calib.device;
+    rep.file_bytes = int64_t(size);
   }
+  rep.name = name;
+  rep.command = command;
   py::tuple t = to_python(std::move(shrunk));
   return py::make_tuple(t[0], t[1], t[2], t[3], t[4], rep);
 }
@@ -200,6 +235,16 @@ module's parameters and MACs before and after. str(report) is the table
       .def(
           "to_dict", [](const StructuredPruneReport& s) { return json_to_python(to_json(s)); },
           "The report as `lopper prune --structured` writes it in OUT.report.json (a dict).")
+      .def(
+          "save_html",
+          [](const StructuredPruneReport& s, const py::object& path) {
+            structured_html(s, path_of(path));
+          },
+          py::arg("path"),
+          R"(Writes the page `lopper prune --structured ... --report FILE` writes: the module
+before and after (parameters, MACs, file size, latency measured now on the device lopper ran on),
+per-layer charts and the barriers. Written to a temporary file and renamed; an OSError when the
+path cannot be written. The report keeps both exports for this (deleting it frees them).)")
       .def("__str__", &to_text)
       .def("__repr__", [](const StructuredPruneReport& s) {
         return fmt::format("StructuredReport(groups={}, params={} -> {}, macs={} -> {})",
@@ -216,7 +261,8 @@ module's parameters and MACs before and after. str(report) is the table
         py::arg("calib_batches") = 32, py::arg("device") = py::str("cpu"),
         py::arg("parameters") = std::vector<std::string>{}, py::arg("fixed") = py::list(),
         py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
-        py::arg("check_only") = false,
+        py::arg("check_only") = false, py::arg("name") = "module",
+        py::arg("command") = "lopper.prune_structured",
         R"(Prunes a serialized ONNX model's channels or heads as lopper.prune_structured says (its
 arguments, the same names) and returns (values, before, after, diverged, gone,
 StructuredReport): values {name: tensor} for each name of `parameters` whose initializer changed

@@ -621,3 +621,24 @@ def test_modes_are_put_back():
 def test_not_a_module():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         lopper.prune(lambda x: x, torch.randn(2), method="l1", amount=0.5)
+
+
+def test_save_html(tmp_path):
+    import json
+    import re
+    m, x = mlp()
+    report = quiet_prune(m, x, method="l1", amount=0.5, scope="global")
+    assert report.params_before == sum(p.numel() for p in m.parameters())
+    page = tmp_path / "r.html"
+    report.save_html(page)
+    body = re.search(r'<script type="application/json" id="lopper-data">(.*?)</script>',
+                     page.read_text(), re.S).group(1)
+    data = json.loads(body.replace("<\\/", "</"))
+    assert data["format"] == "lopper.report/1" and data["kind"] == "prune"
+    before, after = data["models"]
+    assert before["label"] == "before" and after["label"] == "after"
+    assert after["nonzero"] < before["nonzero"]
+    assert data["command"].startswith("lopper.prune(Sequential, method='l1', amount=0.5")
+    with pytest.raises(OSError):
+        report.save_html(tmp_path / "missing" / "r.html")
+    assert not (tmp_path / "missing").exists()

@@ -251,6 +251,27 @@ def test_raw_parameters_and_buffers_are_sliced_by_name():
     assert call(m, x).shape == (4, 5)
 
 
+def test_save_html(tmp_path):
+    import json
+    import re
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    report = quiet(m, torch.randn(2, 8), amount=0.5)
+    page = tmp_path / "r.html"
+    report.save_html(page)
+    text = page.read_text()
+    body = re.search(r'<script type="application/json" id="lopper-data">(.*?)</script>', text,
+                     re.S).group(1)
+    data = json.loads(body.replace("<\\/", "</"))
+    assert data["format"] == "lopper.report/1" and data["kind"] == "prune"
+    assert [m["label"] for m in data["models"]] == ["before", "after"]
+    assert data["models"][1]["params"] == report.params
+    assert "lopper.prune_structured(Sequential, unit='channel'" in data["command"]
+    with pytest.raises(OSError):
+        report.save_html(tmp_path / "no" / "r.html")
+    assert not (tmp_path / "no").exists()
+
+
 def test_multihead_attention_keeps_its_heads():
     torch.manual_seed(0)
     m = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()

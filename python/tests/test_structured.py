@@ -367,7 +367,8 @@ def test_another_thread_runs_while_lopper_prunes():
     import time
 
     from lopper import _lopper
-    m, x = torchvision_model("resnet18")
+    m, _ = torchvision_model("resnet18")
+    x = torch.randn(1, 3, 224, 224)  # about a second of C++ work
     data, holders = lopper_prune_module._export(m, (x,), {}, dynamic=False)
     count, stop = [0], threading.Event()
 
@@ -386,5 +387,5 @@ def test_another_thread_runs_while_lopper_prunes():
     finally:
         stop.set()
         t.join()
-    assert elapsed > 0.3, elapsed  # long enough to tell
+    assert elapsed > 0.2, elapsed  # long enough to tell
     assert ticks > 0.2 * elapsed / 0.001, (ticks, elapsed)  # the thread ran most of the time

@@ -440,17 +440,13 @@ void target_html(const Target& t, const std::string& path) {
     ReportMeasure how;
     how.device = t.device;
     how.shapes = t.shapes;
-    ReportModel mb = measure_report_model("before", *t.model_before, t.before, how);
-    ReportModel ma = measure_report_model("after", *t.model_after, t.after, how);
-    mb.file_bytes = t.file_bytes;
-    ma.file_bytes = int64_t(onnx::serialize_model(*t.model_after).size());
+    auto [mb, ma] = measure_before_after(*t.model_before, *t.model_after, t.before, t.after, how,
+                                         t.file_bytes, warnings);
     if (t.sens && t.measured) {
       const std::string data = "the data, the sweep's own batches";
       set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
       set_accuracy(ma, t.measured->top1, t.measured->loss, t.measured->samples, data);
     }
-    for (const ReportModel* m : {&mb, &ma})
-      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
     rep.add_model(mb, t.before);
     rep.add_model(ma, t.after);
     if (mb.top1 >= 0 && t.before.nonzero > 0) {

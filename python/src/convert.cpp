@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <set>
 
+#include "lopper/onnx_io.h"
+
 namespace py = pybind11;
 
 namespace lopper::python {
@@ -184,6 +186,19 @@ std::string constants_regex(const ir::Model& model, const std::set<std::string>&
 void exclude_also(std::string& exclude, const std::string& regex) {
   if (regex.empty()) return;
   exclude = exclude.empty() ? regex : "(?:" + exclude + ")|" + regex;
+}
+
+std::pair<ReportModel, ReportModel> measure_before_after(
+    const ir::Model& before, const ir::Model& after, const ModelCost& cost_before,
+    const ModelCost& cost_after, const ReportMeasure& how, int64_t file_bytes,
+    std::vector<std::string>& warnings) {
+  ReportModel mb = measure_report_model("before", before, cost_before, how);
+  ReportModel ma = measure_report_model("after", after, cost_after, how);
+  mb.file_bytes = file_bytes;
+  ma.file_bytes = int64_t(onnx::serialize_model(after).size());
+  for (const ReportModel* m : {&mb, &ma})
+    if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+  return {std::move(mb), std::move(ma)};
 }
 
 void write_page(const HtmlReport& rep, const std::string& path) {

@@ -13,8 +13,10 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/graph.h"
@@ -86,6 +88,14 @@ std::map<std::string, std::vector<int64_t>> input_shapes(
 std::string constants_regex(const ir::Model& model, const std::set<std::string>& params);
 /// Adds `regex` to `exclude` (an alternative).
 void exclude_also(std::string& exclude, const std::string& regex);
+
+/// A report page's two summary columns, "before" and "after": the exports' costs and their latency
+/// measured now as `how` says; `file_bytes` is the unpruned export's size. Latency warnings are
+/// appended to `warnings` ("before: ..."). Call with the GIL released.
+std::pair<ReportModel, ReportModel> measure_before_after(
+    const ir::Model& before, const ir::Model& after, const ModelCost& cost_before,
+    const ModelCost& cost_after, const ReportMeasure& how, int64_t file_bytes,
+    std::vector<std::string>& warnings);
 
 /// Writes the page to `path` (a temporary file, then a rename); an OSError, as open()'s, when it
 /// cannot.

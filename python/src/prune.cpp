@@ -162,12 +162,8 @@ void prune_html(const ModulePruneReport& r, const std::string& path) {
     ReportMeasure how;
     how.device = r.device;
     how.shapes = r.shapes;
-    ReportModel mb = measure_report_model("before", *r.model_before, r.before, how);
-    ReportModel ma = measure_report_model("after", *r.model_after, r.after, how);
-    mb.file_bytes = r.file_bytes;
-    ma.file_bytes = int64_t(onnx::serialize_model(*r.model_after).size());
-    for (const ReportModel* m : {&mb, &ma})
-      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+    auto [mb, ma] = measure_before_after(*r.model_before, *r.model_after, r.before, r.after, how,
+                                         r.file_bytes, warnings);
     rep.add_model(mb, r.before);
     rep.add_model(ma, r.after);
     for (const auto& w : r.warnings) rep.add_note(w);

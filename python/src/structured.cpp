@@ -60,12 +60,8 @@ void structured_html(const StructuredPruneReport& s, const std::string& path) {
     ReportMeasure how;
     how.device = s.device;
     how.shapes = s.shapes;
-    ReportModel mb = measure_report_model("before", *s.model_before, s.before, how);
-    ReportModel ma = measure_report_model("after", *s.model_after, s.after, how);
-    mb.file_bytes = s.file_bytes;
-    ma.file_bytes = int64_t(onnx::serialize_model(*s.model_after).size());
-    for (const ReportModel* m : {&mb, &ma})
-      if (!m->latency_warning.empty()) warnings.push_back(m->label + ": " + m->latency_warning);
+    auto [mb, ma] = measure_before_after(*s.model_before, *s.model_after, s.before, s.after, how,
+                                         s.file_bytes, warnings);
     rep.add_model(mb, s.before);
     rep.add_model(ma, s.after);
     for (const auto& b : s.r.barriers) rep.add_note("channels kept: " + b);

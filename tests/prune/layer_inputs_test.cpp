@@ -1,0 +1,111 @@
+// Layer input statistics (issue 20's calibration for Wanda and SparseGPT): per Gemm weight, the
+// squared norm of each input feature and the Gram matrix over every calibration sample, equal to
+// what the layer's input computed directly gives; batches add up; a MatMul language model counts
+// tokens.
+#include "prune/layer_inputs.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/onnx_io.h"
+#include "lopper/prune.h"
+#include "test_util.h"
+#include "util/npy.h"
+
+using namespace lopper;
+
+namespace {
+
+DataLoader npy_loader(const at::Tensor& x, const test::TempDir& tmp, const std::string& stem,
+                      int64_t batch) {
+  const std::string xs = tmp / (stem + "_x.npy"), ys = tmp / (stem + "_y.npy");
+  save_npy(x, xs);
+  save_npy(at::zeros({x.size(0)}, at::kLong), ys);  // labels the statistics do not read
+  LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = false;
+  return DataLoader(open_dataset("npy:" + xs + "," + ys), lo);
+}
+
+}  // namespace
+
+TEST(LayerInputs, NormsAndGramAreTheLayersInputs) {
+  ir::Model m = onnx::load_model(test::fixture("mlp.ts.onnx"));
+  test::TempDir tmp;
+  at::manual_seed(7);
+  at::Tensor x = at::rand({8, 1, 28, 28});
+  DataLoader loader = npy_loader(x, tmp, "x", 4);  // the fixture's fixed batch
+  LayerInputOptions o;
+  o.gram = true;
+  int64_t calls = 0;
+  o.progress = [&](int64_t b, int64_t of) {
+    EXPECT_EQ(b, ++calls);
+    EXPECT_EQ(of, 2);
+  };
+  auto stats = collect_layer_inputs(m, loader, o);
+  EXPECT_EQ(calls, 2);
+  const auto weights = prunable_weights(m.graph);
+  ASSERT_EQ(weights.size(), 3u);
+  ASSERT_EQ(stats.size(), 3u);
+  // The inputs layer by layer: Flatten, then Gemm (transB) and Relu.
+  at::Tensor h = x.reshape({8, -1}).to(at::kDouble);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const ir::Node& n = *weights[i].node;
+    ASSERT_EQ(n.op_type, "Gemm");
+    ASSERT_TRUE(n.attr("transB") && n.attr("transB")->i == 1);
+    const LayerInput& li = stats.at(weights[i].weight);
+    EXPECT_EQ(li.tokens, 8);
+    EXPECT_TRUE(at::allclose(li.sq_norm, h.square().sum(0), 1e-5, 1e-6)) << weights[i].weight;
+    EXPECT_TRUE(at::allclose(li.gram, h.t().mm(h), 1e-5, 1e-5)) << weights[i].weight;
+    const at::Tensor w = m.graph.find_initializer(weights[i].weight)->value.to(at::kDouble);
+    const at::Tensor b = m.graph.find_initializer(n.inputs[2])->value.to(at::kDouble);
+    h = at::linear(h, w, b);
+    if (i + 1 < weights.size()) h = h.relu();
+  }
+}
+
+TEST(LayerInputs, BatchesAddUp) {
+  ir::Model m = onnx::load_model(test::fixture("mlp.ts.onnx"));
+  test::TempDir tmp;
+  at::manual_seed(8);
+  at::Tensor x = at::rand({8, 1, 28, 28});
+  DataLoader both = npy_loader(x, tmp, "both", 4);
+  DataLoader first = npy_loader(x.slice(0, 0, 4), tmp, "first", 4);
+  LayerInputOptions o;
+  auto all = collect_layer_inputs(m, both, o);
+  auto half = collect_layer_inputs(m, first, o);
+  o.batches = 1;
+  auto one = collect_layer_inputs(m, both, o);  // at most one batch: the first half
+  for (const auto& [name, li] : all) {
+    EXPECT_FALSE(li.gram.defined());
+    EXPECT_TRUE(at::allclose(one.at(name).sq_norm, half.at(name).sq_norm)) << name;
+    EXPECT_TRUE(at::all(li.sq_norm >= half.at(name).sq_norm - 1e-9).item<bool>()) << name;
+  }
+  o.batches = 0;
+  EXPECT_THROW(collect_layer_inputs(m, both, o), Error);
+}
+
+TEST(LayerInputs, LanguageModelCountsTokens) {
+  ir::Model m = onnx::load_model(test::fixture("gpt2.dynamo.onnx"));
+  test::TempDir tmp;
+  at::manual_seed(9);
+  at::Tensor ids = at::randint(0, 100, {4, 16}, at::kLong);
+  const std::string path = tmp / "ids.npy";
+  save_npy(ids, path);
+  LoaderOptions lo;
+  lo.batch_size = 2;
+  lo.shuffle = false;
+  DataLoader loader(open_dataset("tokens:" + path), lo);
+  auto stats = collect_layer_inputs(m, loader, LayerInputOptions{});
+  ASSERT_FALSE(stats.empty());
+  for (const auto& pw : prunable_weights(m.graph)) {
+    auto it = stats.find(pw.weight);
+    if (it == stats.end()) continue;  // a tied embedding's lm_head is one of them too
+    const at::Tensor& w = m.graph.find_initializer(pw.weight)->value;
+    EXPECT_EQ(it->second.sq_norm.size(0), w.size(pw.in_axis)) << pw.weight;
+    EXPECT_EQ(it->second.tokens % 64, 0) << pw.weight;  // 4 sequences of 16 tokens, per reader
+    EXPECT_GT(it->second.sq_norm.sum().item<double>(), 0) << pw.weight;
+  }
+}

@@ -201,6 +201,25 @@ std::pair<ReportModel, ReportModel> measure_before_after(
   return {std::move(mb), std::move(ma)};
 }
 
+void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& notes,
+                        const std::string& path) {
+  HtmlReport rep("prune", "Pruning " + e.name, e.command);
+  std::vector<std::string> warnings;
+  {
+    py::gil_scoped_release nogil;
+    ReportMeasure how;
+    how.device = e.device;
+    how.shapes = e.shapes;
+    auto [mb, ma] = measure_before_after(*e.model_before, *e.model_after, e.before, e.after, how,
+                                         e.file_bytes, warnings);
+    rep.add_model(mb, e.before);
+    rep.add_model(ma, e.after);
+    for (const auto& n : notes) rep.add_note(n);
+  }
+  for (const auto& w : warnings) warn("[prune] " + w);
+  write_page(rep, path);
+}
+
 void write_page(const HtmlReport& rep, const std::string& path) {
   try {
     rep.write(path);

@@ -89,6 +89,23 @@ std::string constants_regex(const ir::Model& model, const std::set<std::string>&
 /// Adds `regex` to `exclude` (an alternative).
 void exclude_also(std::string& exclude, const std::string& regex);
 
+/// What a pruning report's save_html measures: the export before and after pruning (sharing the
+/// tensors pruning left alone), the example's input shapes and the device lopper ran on; the page's
+/// title names the module and shows the call.
+struct PrunedExport {
+  std::shared_ptr<const ir::Model> model_before, model_after;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  ModelCost before, after;
+  std::string device, name, command;
+  int64_t file_bytes = 0;  // the unpruned export's
+};
+
+/// Writes the page `lopper prune ... --report FILE` writes for `e` (the module before and after,
+/// measured now) with `notes`, to `path` (write_page); latency warnings are issued as Python
+/// warnings.
+void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& notes,
+                        const std::string& path);
+
 /// A report page's two summary columns, "before" and "after": the exports' costs and their latency
 /// measured now as `how` says; `file_bytes` is the unpruned export's size. Latency warnings are
 /// appended to `warnings` ("before: ..."). Call with the GIL released.

@@ -144,33 +144,8 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
   return a;
 }
 
-// lopper.prune's report: the library's, and what save_html measures (the export before and after,
-// sharing the tensors pruning left alone, at the example's shapes, on the calibration device).
-struct ModulePruneReport : PruneReport {
-  std::shared_ptr<const ir::Model> model_before, model_after;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  ModelCost before, after;
-  std::string device, name, command;
-  int64_t file_bytes = 0;
-};
-
-void prune_html(const ModulePruneReport& r, const std::string& path) {
-  HtmlReport rep("prune", "Pruning " + r.name, r.command);
-  std::vector<std::string> warnings;
-  {
-    py::gil_scoped_release nogil;
-    ReportMeasure how;
-    how.device = r.device;
-    how.shapes = r.shapes;
-    auto [mb, ma] = measure_before_after(*r.model_before, *r.model_after, r.before, r.after, how,
-                                         r.file_bytes, warnings);
-    rep.add_model(mb, r.before);
-    rep.add_model(ma, r.after);
-    for (const auto& w : r.warnings) rep.add_note(w);
-  }
-  for (const auto& w : warnings) warn("[prune] " + w);
-  write_page(rep, path);
-}
+// lopper.prune's report: the library's, and what save_html measures.
+struct ModulePruneReport : PruneReport, PrunedExport {};
 
 constexpr const char* kNotParameter =
     "not a parameter of the module (a buffer or a constant of the export)";
@@ -325,7 +300,9 @@ model (without the file entries); report.save_html(path) its --report page.)")
           "kernel computes fewer, see to_dict()).")
       .def(
           "save_html",
-          [](const ModulePruneReport& r, const py::object& path) { prune_html(r, path_of(path)); },
+          [](const ModulePruneReport& r, const py::object& path) {
+            write_pruning_page(r, r.warnings, path_of(path));
+          },
           py::arg("path"),
           R"(Writes the page `lopper prune ... --report FILE` writes: the module before and after
 (parameters, nonzeros, MACs, file size, latency measured now with lopper's executor and its sparse

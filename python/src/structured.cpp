@@ -39,36 +39,18 @@ namespace py = pybind11;
 namespace lopper::python {
 namespace {
 
-// What lopper.prune_structured returns: the groups, and the model's cost before and after.
-struct StructuredPruneReport {
+// What lopper.prune_structured returns: the groups, the model's cost before and after, and what
+// save_html measures.
+struct StructuredPruneReport : PrunedExport {
   StructuredReport r;
   std::string unit, method, scope;
-  ModelCost before, after;
-  // What save_html measures: the export before and after (sharing the tensors that stayed), at
-  // the example's shapes, on the device lopper ran on.
-  std::shared_ptr<const ir::Model> model_before, model_after;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  std::string device, name, command;
-  int64_t file_bytes = 0;
 };
 
 void structured_html(const StructuredPruneReport& s, const std::string& path) {
-  HtmlReport rep("prune", "Pruning " + s.name, s.command);
-  std::vector<std::string> warnings;
-  {
-    py::gil_scoped_release nogil;
-    ReportMeasure how;
-    how.device = s.device;
-    how.shapes = s.shapes;
-    auto [mb, ma] = measure_before_after(*s.model_before, *s.model_after, s.before, s.after, how,
-                                         s.file_bytes, warnings);
-    rep.add_model(mb, s.before);
-    rep.add_model(ma, s.after);
-    for (const auto& b : s.r.barriers) rep.add_note("channels kept: " + b);
-    for (const auto& w : s.r.warnings) rep.add_note(w);
-  }
-  for (const auto& w : warnings) warn("[prune] " + w);
-  write_page(rep, path);
+  std::vector<std::string> notes;
+  for (const auto& b : s.r.barriers) notes.push_back("channels kept: " + b);
+  notes.insert(notes.end(), s.r.warnings.begin(), s.r.warnings.end());
+  write_pruning_page(s, notes, path);
 }
 
 nlohmann::json to_json(const StructuredPruneReport& s) {

@@ -5,17 +5,37 @@ below; by hand: PYTHONPATH=build/python .venv/bin/python -m pytest python/tests
   LOPPER_FIXTURES_DIR  the models tests/fixtures/make_models.py wrote (default build/fixtures)
   LOPPER_BUILD_DIR     the CMake build folder (default build)
 """
+import functools
 import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import torch
+import torch.nn as nn
 from onnx import TensorProto, helper
 
 SOURCE = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("LOPPER_BUILD_DIR", SOURCE / "build"))
 FIXTURES = Path(os.environ.get("LOPPER_FIXTURES_DIR", BUILD / "fixtures"))
+
+
+def seeded(make):
+    """`make` with torch seeded 0 first: the same model every call."""
+    @functools.wraps(make)
+    def wrapped(*a, **k):
+        torch.manual_seed(0)
+        return make(*a, **k)
+    return wrapped
+
+
+@seeded
+def mlp():
+    """A LeNet-300-100-like MLP on 28x28 inputs, and a batch of 4."""
+    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                      nn.Linear(32, 10))
+    return m, torch.randn(4, 1, 28, 28)
 
 
 @pytest.fixture(scope="session")

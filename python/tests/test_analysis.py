@@ -3,7 +3,6 @@ losses (unpruned, and one layer pruned by torch.nn.utils.prune), the module left
 targets on parameters, MACs and latency met and applied as torch.nn.utils.prune masks, the HTML
 page, errors of both kinds, the GIL released during the sweep, and progress."""
 import copy
-import functools
 import itertools
 import json
 import sys
@@ -17,24 +16,10 @@ import torch.nn.functional as F
 from torch.nn.utils import prune as torch_prune
 
 import lopper
+from conftest import mlp, seeded
 from lopper import _prune as lopper_prune_module
 
 AMOUNTS = [0.25, 0.5, 0.9]
-
-
-def seeded(make):
-    @functools.wraps(make)
-    def wrapped(*a, **k):
-        torch.manual_seed(0)
-        return make(*a, **k)
-    return wrapped
-
-
-@seeded
-def mlp():
-    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                      nn.Linear(32, 10))
-    return m, torch.randn(4, 1, 28, 28)
 
 
 @seeded

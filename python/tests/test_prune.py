@@ -3,7 +3,6 @@ second round), the zeros `lopper prune` writes for the same export, N:M, blocks,
 and YAML), grad/taylor on the user's batches (against torch's own gradients), a training loop
 that keeps the zeros, tied weights, progress, and errors that leave the module untouched."""
 import copy
-import functools
 import subprocess
 import sys
 import warnings
@@ -18,23 +17,8 @@ from onnx import numpy_helper
 from torch.nn.utils import prune as torch_prune
 
 import lopper
-from conftest import BUILD
+from conftest import BUILD, mlp, seeded
 from lopper import _prune as lopper_prune_module
-
-
-def seeded(make):
-    @functools.wraps(make)
-    def wrapped(*a, **k):
-        torch.manual_seed(0)
-        return make(*a, **k)
-    return wrapped
-
-
-@seeded
-def mlp():
-    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                      nn.Linear(32, 10))
-    return m, torch.randn(4, 1, 28, 28)
 
 
 @seeded

@@ -233,17 +233,12 @@ void sensitivity_html(const Sensitivity& s, const std::string& path) {
 
 // --- lopper.prune_to_target --------------------------------------------------------------------
 
-struct Target {
+struct Target : PrunedExport {  // the exports before and after, for save_html
   TargetReport r;
   bool structured = false;
   double value = 0;
-  std::string device, name, command;
   std::shared_ptr<Sensitivity> sens;   // the data it used (given, or measured on `data`)
   std::optional<EvalResult> measured;  // the pruned export on the sweep's batches (data given)
-  ModelCost before, after;
-  std::shared_ptr<const ir::Model> model_before, model_after;  // for save_html
-  Shapes shapes;
-  int64_t file_bytes = 0;  // the export's
   std::vector<std::string> warnings;
 };
 

@@ -2,6 +2,7 @@
 // masks applied to a model.
 #include "lopper/prune.h"
 #include "prune/masks.h"
+#include "prune/plan.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,14 +22,6 @@
 namespace lopper {
 
 namespace {
-
-struct Target {
-  const ir::Node* node = nullptr;
-  PrunableWeight weight;
-  ir::Initializer* init = nullptr;
-  int64_t in_axis = -1, out_axis = -1;  // axes of the initializer, -1 when there is none
-  size_t report = 0;                    // index in PruneReport::layers
-};
 
 // The initializer axes that hold the layer's output units and input (reduction) units. A weight
 // read through a Transpose has its axes mapped back through the permutation.
@@ -314,41 +307,6 @@ void check_prune_options(const PruneOptions& o) {
 
 namespace {
 
-std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
-  const Criterion& c = criterion_of(o);
-  std::string s = c.name;
-  if (scope == PruneScope::kGlobal && c.weights != WeightRank::kThreshold) s += " global";
-  switch (o.pattern) {
-    case PrunePattern::kUnstructured:
-      break;
-    case PrunePattern::kNM:
-      s += " " + nm_name(o);
-      break;
-    case PrunePattern::kRow:
-      s += " row";
-      break;
-    case PrunePattern::kColumn:
-      s += " column";
-      break;
-    case PrunePattern::kBlock:
-      s += " " + block_name(o);
-      break;
-  }
-  if (ranks_by_norm(o.pattern) && c.weights == WeightRank::kMagnitude)
-    s += " L" + std::to_string(o.norm);
-  return s;
-}
-
-std::string amount_string(const PruneLayerOptions& o) {
-  if (criterion_of(o).weights == WeightRank::kThreshold) {
-    std::ostringstream os;
-    os << "|w| < " << o.threshold;
-    return os.str();
-  }
-  if (o.pattern == PrunePattern::kNM) return "";
-  return o.amount.str();
-}
-
 // The prunable weights, once each (a weight shared by two layers is pruned once), and their rows
 // in the report.
 std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
@@ -394,8 +352,61 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
   return "";
 }
 
-// The scores ranking a layer's weights for a kScores criterion (undefined for the others, which
-// read |w| or draw at random).
+// The report's word on each tied weight: left alone (`remedy` says what allows it), or pruned
+// together with what shares it.
+void note_ties(PruneReport& report, const std::vector<Target>& all, const std::string& remedy) {
+  for (const auto& t : all) {
+    if (!t.weight.tied()) continue;
+    PruneLayerReport& l = report.layers[t.report];
+    if (l.skipped == t.weight.tie_reason()) {
+      l.skipped += remedy;
+      report.warnings.push_back(l.label() + " left alone: " + l.skipped);
+    } else if (l.skipped.empty()) {
+      std::string with;
+      for (const auto& u : t.weight.shared)
+        if (u.use != "layer") with += (with.empty() ? "" : ", ") + u.describe();
+      report.warnings.push_back(l.label() + " is tied with " + with + ": pruned both (allow_tied)");
+    }
+  }
+}
+
+}  // namespace
+
+std::string method_string(const PruneLayerOptions& o, PruneScope scope) {
+  const Criterion& c = criterion_of(o);
+  std::string s = c.name;
+  if (scope == PruneScope::kGlobal && c.weights != WeightRank::kThreshold) s += " global";
+  switch (o.pattern) {
+    case PrunePattern::kUnstructured:
+      break;
+    case PrunePattern::kNM:
+      s += " " + nm_name(o);
+      break;
+    case PrunePattern::kRow:
+      s += " row";
+      break;
+    case PrunePattern::kColumn:
+      s += " column";
+      break;
+    case PrunePattern::kBlock:
+      s += " " + block_name(o);
+      break;
+  }
+  if (ranks_by_norm(o.pattern) && c.weights == WeightRank::kMagnitude)
+    s += " L" + std::to_string(o.norm);
+  return s;
+}
+
+std::string amount_string(const PruneLayerOptions& o) {
+  if (criterion_of(o).weights == WeightRank::kThreshold) {
+    std::ostringstream os;
+    os << "|w| < " << o.threshold;
+    return os.str();
+  }
+  if (o.pattern == PrunePattern::kNM) return "";
+  return o.amount.str();
+}
+
 at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency) {
   if (c.weights != WeightRank::kScores) return {};
   LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] " LOPPER_OPTION("criterion") " ",
@@ -409,8 +420,6 @@ at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* sali
   return s.to(at::kFloat).contiguous();
 }
 
-// One layer's keep-mask (true = keep) under `o`, local scope. `where` names the layer in errors.
-// `score`: grad/taylor saliencies ranking the weights instead of |w|.
 at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,
                       const std::string& where, const at::Tensor& score) {
   const at::Tensor& w = t.init->value;
@@ -453,8 +462,8 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
   throw Error("[prune] unknown pattern");
 }
 
-// Zeroes the weights each `drop` mask flags (every one computed before, so that an error leaves
-// the model as it was) and fills in the report's counts.
+// Every drop mask is computed before the first is applied, so that an error leaves the model as
+// it was.
 void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& drop,
                  PruneReport& report) {
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -469,6 +478,9 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
     drop[i].reset();
     report.layers[targets[i].report].nonzero_after = init.value.count_nonzero().item<int64_t>();
   }
+}
+
+void finish_report(PruneReport& report) {
   std::vector<std::string> emptied;
   for (const auto& l : report.layers) {
     report.params += l.params;
@@ -491,33 +503,23 @@ void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& dr
   }
 }
 
-// The report's word on each tied weight: left alone (`remedy` says what allows it), or pruned
-// together with what shares it.
-void note_ties(PruneReport& report, const std::vector<Target>& all, const std::string& remedy) {
-  for (const auto& t : all) {
-    if (!t.weight.tied()) continue;
-    PruneLayerReport& l = report.layers[t.report];
-    if (l.skipped == t.weight.tie_reason()) {
-      l.skipped += remedy;
-      report.warnings.push_back(l.label() + " left alone: " + l.skipped);
-    } else if (l.skipped.empty()) {
-      std::string with;
-      for (const auto& u : t.weight.shared)
-        if (u.use != "layer") with += (with.empty() ? "" : ", ") + u.describe();
-      report.warnings.push_back(l.label() + " is tied with " + with + ": pruned both (allow_tied)");
-    }
-  }
+at::Generator& PrunePlan::generator(size_t i) {
+  auto it = generators_.find(stream[i]);
+  if (it == generators_.end())
+    it = generators_.emplace(stream[i], at::make_generator<at::CPUGeneratorImpl>(how[i]->seed))
+             .first;
+  return it->second;
 }
 
-}  // namespace
-
-PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
+PrunePlan plan_prune(ir::Model& model, const PruneOptions& opts) {
   check_prune_options(opts);
-  PruneReport report;
-  std::vector<Target> all = find_targets(model.graph, report);
+  PrunePlan plan;
+  plan.scope = opts.scope;
+  PruneReport& report = plan.report;
+  std::vector<Target>& all = plan.all;
+  all = find_targets(model.graph, report);
 
   LayerFilter exclude(opts.exclude);
-  std::vector<Target> targets;
   for (size_t i = 0; i < all.size(); ++i) {
     Target& t = all[i];
     PruneLayerReport& l = report.layers[t.report];
@@ -534,70 +536,21 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
     } else {
       l.skipped = layer_skip_reason(t, opts);
     }
-    if (l.skipped.empty()) targets.push_back(t);
+    if (!l.skipped.empty()) continue;
+    plan.targets.push_back(t);
+    plan.how.push_back(&opts);
+    plan.stream.push_back(0);
   }
   if (!exclude.unmatched_warning().empty()) report.warnings.push_back(exclude.unmatched_warning());
   note_ties(report, all, "; pass --allow-tied to prune both");
-  LOPPER_CHECK(!targets.empty(),
+  LOPPER_CHECK(!plan.targets.empty(),
                "[prune] nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts.seed);
-  const Criterion& crit = criterion_of(opts);
-  std::vector<at::Tensor> drop;
-  if (opts.scope == PruneScope::kGlobal && opts.pattern == PrunePattern::kBlock) {
-    std::vector<BlockWeight> ws;
-    for (const auto& t : targets)
-      ws.push_back({t.init->value, t.out_axis, t.in_axis, layer_score(t, crit, saliency)});
-    drop = block_masks(ws, opts.block_r, opts.block_c, opts.amount,
-                       crit.weights == WeightRank::kDrawn ? 0 : opts.norm, &gen,
-                       "all prunable layers");
-    for (auto& d : drop) d = d.logical_not();
-  } else if (opts.scope == PruneScope::kGlobal && crit.weights != WeightRank::kThreshold) {
-    // NOTE: one pass over the weights themselves: no copy of the scores (|w| is taken inside the
-    // selection), so a model of any size is pruned in little more than its own memory.
-    std::vector<at::Tensor> weights, alive;
-    int64_t total = 0;
-    for (const auto& t : targets) {
-      weights.push_back(t.init->value);
-      total += report.layers[t.report].nonzero_before;
-    }
-    int64_t k = opts.amount.count_of(total, "all prunable layers");
-    if (crit.weights == WeightRank::kScores) {
-      std::vector<at::Tensor> scores;
-      for (const auto& t : targets) {
-        scores.push_back(layer_score(t, crit, saliency));
-        alive.push_back(t.init->value.ne(0));
-      }
-      drop = smallest_k(scores, alive, k);
-    } else if (crit.weights == WeightRank::kMagnitude) {
-      drop = smallest_k(weights, std::vector<at::Tensor>(weights.size()), k, /*absolute=*/true);
-    } else {
-      // The k smallest of one uniform draw per alive weight: a uniformly random k-subset.
-      std::vector<at::Tensor> draws;
-      for (const auto& w : weights) {
-        alive.push_back(w.ne(0));
-        draws.push_back(at::rand(w.sizes(), gen));
-      }
-      drop = smallest_k(draws, alive, k);
-    }
-  } else {
-    for (const auto& t : targets)
-      drop.push_back(
-          layer_keep(t, opts, gen, report.layers[t.report].name, layer_score(t, crit, saliency))
-              .logical_not());
-  }
-
-  std::string method = method_string(opts, opts.scope), amount = amount_string(opts);
-  for (const auto& t : targets) {
-    report.layers[t.report].method = method;
-    report.layers[t.report].amount = amount;
-  }
-  apply_masks(targets, drop, report);
-  return report;
+  return plan;
 }
 
-PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency) {
+PrunePlan plan_prune(ir::Model& model, const PruneRecipe& recipe) {
   auto in_recipe = [&](const std::string& where, const std::string& msg) {
     return "[prune] recipe " + recipe.source + ": " + where + ": " + msg;
   };
@@ -622,12 +575,11 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
     }
   }
 
-  PruneReport report;
-  std::vector<Target> all = find_targets(model.graph, report);
+  PrunePlan plan;
+  PruneReport& report = plan.report;
+  std::vector<Target>& all = plan.all;
+  all = find_targets(model.graph, report);
   std::vector<bool> matched(recipe.rules.size(), false);
-  std::vector<Target> targets;
-  std::vector<const PruneLayerOptions*> how;
-  std::vector<size_t> gen_of;  // rules.size() = the defaults
   for (auto& t : all) {
     PruneLayerReport& l = report.layers[t.report];
     size_t rule = recipe.rules.size();
@@ -657,35 +609,98 @@ PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* s
       l.skipped = t.weight.tie_reason();
     if (o && l.skipped.empty()) l.skipped = layer_skip_reason(t, *o);
     if (!l.skipped.empty()) continue;
-    targets.push_back(t);
-    how.push_back(o);
-    gen_of.push_back(rule);
+    plan.targets.push_back(t);
+    plan.how.push_back(o);
+    plan.stream.push_back(rule);  // rules.size(): the defaults
   }
   for (size_t i = 0; i < matched.size(); ++i)
     if (!matched[i])
       report.warnings.push_back("recipe " + recipe.rules[i].where + ": match '" +
                                 recipe.rules[i].match + "' matched no layer");
   note_ties(report, all, "; set allow_tied: true in its recipe rule to prune both");
-  LOPPER_CHECK(!targets.empty(), "[prune] recipe ", recipe.source,
+  LOPPER_CHECK(!plan.targets.empty(), "[prune] recipe ", recipe.source,
                ": nothing left to prune: every prunable layer was skipped (",
                report.layers[all[0].report].name, ": ", report.layers[all[0].report].skipped, ")");
 
-  // One generator per rule (and one for the defaults), seeded with that rule's seed and drawn in
-  // layer order, so a rule's random layers are the same whatever the other rules say.
-  std::map<size_t, at::Generator> gens;
+  return plan;
+}
+
+PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
+  PrunePlan plan = plan_prune(model, opts);
+  PruneReport& report = plan.report;
+  const std::vector<Target>& targets = plan.targets;
+  const Criterion& crit = criterion_of(opts);
   std::vector<at::Tensor> drop;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    auto it = gens.find(gen_of[i]);
-    if (it == gens.end())
-      it = gens.emplace(gen_of[i], at::make_generator<at::CPUGeneratorImpl>(how[i]->seed)).first;
-    PruneLayerReport& l = report.layers[targets[i].report];
-    drop.push_back(layer_keep(targets[i], *how[i], it->second, l.name,
-                              layer_score(targets[i], criterion_of(*how[i]), saliency))
-                       .logical_not());
-    l.method = method_string(*how[i], PruneScope::kLocal);
-    l.amount = amount_string(*how[i]);
+  if (opts.scope == PruneScope::kGlobal && opts.pattern == PrunePattern::kBlock) {
+    std::vector<BlockWeight> ws;
+    for (const auto& t : targets)
+      ws.push_back({t.init->value, t.out_axis, t.in_axis, layer_score(t, crit, saliency)});
+    drop = block_masks(ws, opts.block_r, opts.block_c, opts.amount,
+                       crit.weights == WeightRank::kDrawn ? 0 : opts.norm, &plan.generator(0),
+                       "all prunable layers");
+    for (auto& d : drop) d = d.logical_not();
+  } else if (opts.scope == PruneScope::kGlobal && crit.weights != WeightRank::kThreshold) {
+    // NOTE: one pass over the weights themselves: no copy of the scores (|w| is taken inside the
+    // selection), so a model of any size is pruned in little more than its own memory.
+    std::vector<at::Tensor> weights, alive;
+    int64_t total = 0;
+    for (const auto& t : targets) {
+      weights.push_back(t.init->value);
+      total += report.layers[t.report].nonzero_before;
+    }
+    int64_t k = opts.amount.count_of(total, "all prunable layers");
+    if (crit.weights == WeightRank::kScores) {
+      std::vector<at::Tensor> scores;
+      for (const auto& t : targets) {
+        scores.push_back(layer_score(t, crit, saliency));
+        alive.push_back(t.init->value.ne(0));
+      }
+      drop = smallest_k(scores, alive, k);
+    } else if (crit.weights == WeightRank::kMagnitude) {
+      drop = smallest_k(weights, std::vector<at::Tensor>(weights.size()), k, /*absolute=*/true);
+    } else {
+      // The k smallest of one uniform draw per alive weight: a uniformly random k-subset.
+      std::vector<at::Tensor> draws;
+      for (const auto& w : weights) {
+        alive.push_back(w.ne(0));
+        draws.push_back(at::rand(w.sizes(), plan.generator(0)));
+      }
+      drop = smallest_k(draws, alive, k);
+    }
+  } else {
+    for (size_t i = 0; i < targets.size(); ++i)
+      drop.push_back(layer_keep(targets[i], opts, plan.generator(i),
+                                report.layers[targets[i].report].name,
+                                layer_score(targets[i], crit, saliency))
+                         .logical_not());
+  }
+
+  std::string method = method_string(opts, opts.scope), amount = amount_string(opts);
+  for (const auto& t : targets) {
+    report.layers[t.report].method = method;
+    report.layers[t.report].amount = amount;
   }
   apply_masks(targets, drop, report);
+  finish_report(report);
+  return report;
+}
+
+PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency) {
+  PrunePlan plan = plan_prune(model, recipe);
+  PruneReport& report = plan.report;
+  std::vector<at::Tensor> drop;
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    const Target& t = plan.targets[i];
+    const PruneLayerOptions& o = *plan.how[i];
+    PruneLayerReport& l = report.layers[t.report];
+    drop.push_back(
+        layer_keep(t, o, plan.generator(i), l.name, layer_score(t, criterion_of(o), saliency))
+            .logical_not());
+    l.method = method_string(o, PruneScope::kLocal);
+    l.amount = amount_string(o);
+  }
+  apply_masks(plan.targets, drop, report);
+  finish_report(report);
   return report;
 }
 

@@ -43,3 +43,4 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/pip install --progress-bar off -q -r "$req"
   echo "$want" > "$stamp"
 fi
+scripts/install-llmcompressor.sh   # llm-compressor in .venv-llmc: the peer of tests/python/check_llm_parity.py

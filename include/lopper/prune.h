@@ -46,7 +46,8 @@ struct PruneAmount {
 /// command line, and what one rule of a recipe sets.
 struct PruneLayerOptions {
   /// What ranks the weights: a criterion of the table (src/prune/importance.cpp) that ranks single
-  /// weights: abs (|w| under `threshold`), l1, lamp, random, grad and taylor (by a Saliency).
+  /// weights: abs (|w| under `threshold`), l1, lamp, random, grad and taylor (by a Saliency),
+  /// wanda and sparsegpt (by the layers' inputs: prune_calibrated()).
   std::string criterion = "l1";
   PrunePattern pattern = PrunePattern::kUnstructured;
   double threshold = -1;  // abs: remove |w| < threshold (required, >= 0)
@@ -63,12 +64,25 @@ struct PruneLayerOptions {
   /// A weight that several prunable layers share is pruned once, for all of them, when every one
   /// of them is selected (an `exclude` or recipe rule that matches any of them leaves it alone).
   bool allow_tied = false;
+  int64_t block_size = 128;  // sparsegpt: columns pruned together (the lazy batch update)
+  double dampening = 0.01;   // sparsegpt: added to the Hessian's diagonal, a fraction of its mean
+};
+
+/// OWL (Yin et al. 2023), outlier-weighted layer-wise sparsity: blocks whose Wanda scores hold more
+/// outliers (scores above M x the block's mean) keep more weights. Amounts spread linearly by the
+/// outlier ratio over [amount - lambda, amount + lambda] and average the model's amount. A block is
+/// a transformer layer (the layers whose parameter or node names share a prefix ending in a
+/// number, `model.layers.3`); another layer is a block of its own.
+struct OwlOptions {
+  double lambda = 0;  // 0: off
+  double m = 5;
 };
 
 struct PruneOptions : PruneLayerOptions {
   PruneScope scope = PruneScope::kLocal;
   std::string exclude;  // ECMAScript regex on each of a layer's names (PrunableWeight::names)
   bool skip_first_last = false;
+  OwlOptions owl;  // prune_calibrated() with unstructured fractions
 };
 
 /// A node, besides a prunable weight's first layer, that reads the weight: directly or through
@@ -121,7 +135,8 @@ void check_prune_options(const PruneOptions& o);
 struct CriterionInfo {
   std::string name;
   bool takes_threshold = false;  // removes |w| < threshold (abs); the others take an amount
-  bool needs_data = false;       // ranks by calibration data: prune() needs a Saliency
+  bool needs_data = false;       // ranks by calibration data
+  bool reads_inputs = false;     // ... by the layers' inputs: prune_calibrated(), not a Saliency
   std::string data_needed;       // "by their gradients" (needs_data), for messages
 };
 /// The criterion called `name`. Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
@@ -137,8 +152,9 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 //     - {match: "^/0/Conv$", skip: true}
 //     - {match: "Gemm", method: l1, pattern: "2:4"}
 //
-// Keys of `defaults` and of a rule: method (a criterion: abs, l1, lamp, random, grad, taylor),
-// amount (fraction or count), threshold, pattern, norm, seed, allow_tied (bool); a rule also has
+// Keys of `defaults` and of a rule: method (a criterion: abs, l1, lamp, random, grad, taylor,
+// wanda, sparsegpt), amount (fraction or count), threshold, pattern, norm, seed, allow_tied (bool),
+// block_size and dampening (sparsegpt); a rule also has
 // match (required; ECMAScript regex searched in each name of the layer: its node name, the weight
 // (initializer) name, the PyTorch parameter name; a weight several layers share: each of theirs)
 // and skip (bool). A rule's keys override the defaults.
@@ -193,6 +209,8 @@ struct PruneReport {
 
 // --- Data-driven importance (grad, taylor). --------------------------------------------------
 
+class DataLoader;  // lopper/data.h
+
 /// The scores of the criteria that rank by gradients, per criterion (by name: "grad" is the mean
 /// over the batches of |dL/dw|, "taylor" the sum of |w * dL/dw|) and per prunable weight (by
 /// initializer name): scores >= 0 of the weight's shape, on the CPU.
@@ -203,14 +221,21 @@ struct Saliency {
 };
 
 struct CalibrationOptions {
-  int64_t batches = 32;  // at most this many batches (fewer when an epoch has fewer)
+  /// At most this many batches (fewer when an epoch has fewer); prune_calibrated() needs this
+  /// many and throws when the data has fewer.
+  int64_t batches = 32;
   std::string device = "cpu";
   LossOptions loss;  // lopper/loss.h
   /// Called after each batch (1-based) with the running mean loss.
   std::function<void(int64_t batch, int64_t of, double loss)> progress;
+  /// prune_calibrated(): block by block, each block's layers calibrated on the outputs of the
+  /// blocks before it, already pruned (SparseGPT's and Wanda's sequential calibration). Off: every
+  /// layer on the unpruned model's activations, in one pass.
+  bool sequential = true;
+  /// prune_calibrated(): called as each calibration pass starts (1-based), with what it calibrates
+  /// ("model.layers.3", "OWL outlier ratios").
+  std::function<void(int64_t pass, int64_t of, const std::string& what)> on_pass;
 };
-
-class DataLoader;  // lopper/data.h
 
 /// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's
 /// gradient saliencies, for every criterion that ranks by gradients. The loss is opts.loss on the
@@ -229,5 +254,25 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
 /// Prunes each layer as the first recipe rule that matches it says (or as the defaults), in place.
 /// Warns for a rule that matches no layer; throws when nothing is left to prune (model untouched).
 PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency = nullptr);
+
+// --- One-shot pruning with calibration data: wanda, sparsegpt, OWL (issue 20). -------------------
+
+/// Whether pruning with `opts` (or `recipe`) reads the layers' inputs: a criterion that ranks by
+/// them (wanda, sparsegpt) or OWL. Such pruning is prune_calibrated()'s, not prune()'s.
+bool reads_layer_inputs(const PruneOptions& opts);
+bool reads_layer_inputs(const PruneRecipe& recipe);
+
+/// Prunes as prune() does, with `calib.batches` batches of `data` as calibration: the layers
+/// whose criterion reads their inputs (Gemm, MatMul and one-group Conv) are calibrated on them,
+/// block by block in the graph's order (CalibrationOptions::sequential), then pruned before the
+/// next block's inputs are computed; the other layers are pruned as prune() would, in their turn.
+/// Gradient criteria in a recipe get their Saliency from the unpruned model first. Throws
+/// lopper::Error on bad options, when `data` has fewer than `calib.batches` batches, and when a
+/// layer's Hessian stays singular (sparsegpt); the model may then be partly pruned: prune a copy
+/// to keep the original (the CLI writes nothing on an error).
+PruneReport prune_calibrated(ir::Model& model, const PruneOptions& opts, DataLoader& data,
+                             const CalibrationOptions& calib);
+PruneReport prune_calibrated(ir::Model& model, const PruneRecipe& recipe, DataLoader& data,
+                             const CalibrationOptions& calib);
 
 }  // namespace lopper

@@ -41,6 +41,28 @@
 
 namespace lopper::cli {
 
+// Pruning that reads the layers' inputs (wanda, sparsegpt, OWL): calibrated block by block.
+PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOptions* po,
+                              const PruneRecipe* recipe, bool batches_given) {
+  LoaderOptions lo = o.data.loader(model);
+  lo.seed = o.seed;
+  lo.drop_last = true;  // every calibration batch the same size
+  DataLoader loader(o.data.dataset(), lo);
+  CalibrationOptions co;
+  // The papers' 128 calibration samples unless told otherwise.
+  co.batches = batches_given ? o.calib_batches : (128 + lo.batch_size - 1) / lo.batch_size;
+  co.device = o.device;
+  co.loss = o.data.loss_options(o.seed);
+  co.sequential = !o.one_pass;
+  std::unique_ptr<Progress> bar;
+  co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
+    if (!bar) bar = std::make_unique<Progress>("calibrate", of);
+    bar->update(pass, what);  // as the pass starts: the block being calibrated
+  };
+  return recipe ? prune_calibrated(model, *recipe, loader, co)
+                : prune_calibrated(model, *po, loader, co);
+}
+
 // Gradient saliencies on calibration batches (grad, taylor).
 Saliency calibrate(const Opts& o, const ir::Model& model) {
   LoaderOptions lo = o.data.loader(model);
@@ -190,12 +212,30 @@ Action add_prune(CLI::App& app) {
                   /*default_batch_size=*/32);
   auto* data = data_opts.front();
   data_opts.erase(data_opts.begin());
-  data_opts.push_back(cmd->add_option("--calib-batches", o->calib_batches,
-                                      data_methods() + ": batches (default 32)"));
+  auto* calib_batches = cmd->add_option(
+      "--calib-batches", o->calib_batches,
+      data_methods() + ": batches (default 32; wanda, sparsegpt and OWL: 128 samples)");
+  data_opts.push_back(calib_batches);
   data_opts.push_back(cmd->add_option("--device", o->device,
                                       data_methods() + ", targets: cpu (default) | cuda | cuda:N"));
-  std::vector<CLI::Option*> per_layer = {method, th,      amount, seed,      pattern,
-                                         norm,   exclude, sfl,    allow_tied};
+  auto* block_size = cmd->add_option("--block-size", o->block_size,
+                                     "sparsegpt: columns pruned together (default 128)");
+  auto* dampening = cmd->add_option(
+      "--dampening", o->dampening,
+      "sparsegpt: added to the Hessian's diagonal, a fraction of its mean (default 0.01)");
+  auto* owl_lambda = cmd->add_option(
+      "--owl-lambda", o->owl_lambda,
+      "OWL layer budgets: transformer blocks with more outlier weights keep more, amounts in "
+      "amount +- lambda (e.g. 0.08; needs --data)");
+  auto* owl_m = cmd->add_option("--owl-m", o->owl_m,
+                                "OWL: an outlier scores above M x its block's mean (default 5)");
+  auto* one_pass = cmd->add_flag(
+      "--one-pass", o->one_pass,
+      "wanda, sparsegpt: calibrate every layer on the unpruned model in one pass (default: block "
+      "by block, each on the blocks before it already pruned)");
+  std::vector<CLI::Option*> per_layer = {method,    th,         amount, seed,       pattern,
+                                         norm,      exclude,    sfl,    allow_tied, block_size,
+                                         dampening, owl_lambda, owl_m};
   std::vector<CLI::Option*> targets = {
       cmd->add_option("--target-macs", o->target_macs,
                       "keep this share of the MACs, in (0, 1): per-layer amounts chosen"),
@@ -217,7 +257,8 @@ Action add_prune(CLI::App& app) {
   auto* recipe_opt = cmd->get_option("--recipe");
   add_threads_option(cmd, o->threads);
   return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
-          sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied]() {
+          sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied, calib_batches,
+          block_size, dampening, owl_lambda, owl_m, one_pass]() {
     configure_threads(o->threads);
     int given = 0;
     TargetKind kind = TargetKind::kMacs;
@@ -226,6 +267,16 @@ Action add_prune(CLI::App& app) {
       if (targets[i]->count() > 0) ++given, kind = kinds[i];
     if (given > 1)
       throw UsageError("[prune] give one of --target-macs, --target-params, --target-latency-ms");
+    for (const auto* opt : {block_size, dampening, owl_lambda, owl_m, one_pass})
+      if (opt->count() > 0 && (given > 0 || structured->count() > 0))
+        throw UsageError("[prune] " + opt->get_name() + " is for --method " +
+                         importance::names(
+                             importance::Use::kWeights,
+                             [](const importance::Criterion& c) {
+                               return c.needs == importance::Needs::kActivations;
+                             },
+                             " and ") +
+                         " (and OWL's amounts)");
     if (given == 1) {
       for (const auto* opt : {amount, th, pattern, norm, sfl, scope, mla, recipe_opt})
         if (opt->count() > 0)
@@ -277,8 +328,12 @@ Action add_prune(CLI::App& app) {
     } else {
       note(po);
     }
-    const bool needs_data = by_data != nullptr;
-    if (needs_data && !o->data.given())
+    if (owl_lambda->count() > 0 && !by_data && o->recipe.empty() && !o->data.given())
+      throw UsageError(
+          "[prune] OWL weighs each block by its outlier activations: give --data SPEC (e.g. "
+          "--data tokens:ids.npy)");
+    const bool needs_data = by_data != nullptr || owl_lambda->count() > 0;
+    if (by_data && !o->data.given())
       throw UsageError("[prune] " + std::string(by_data->name) + " ranks weights " +
                        importance::data_needed(*by_data) +
                        " on data: give --data SPEC (e.g. --data fashion-mnist)");
@@ -315,18 +370,32 @@ Action add_prune(CLI::App& app) {
       po.exclude = o->exclude;
       po.skip_first_last = o->skip_first_last;
       po.allow_tied = o->allow_tied;
-      parse_flag([&] { check_layer_options(po); });  // every flag checked before any work
+      po.block_size = o->block_size;
+      po.dampening = o->dampening;
+      po.owl.lambda = o->owl_lambda;
+      po.owl.m = o->owl_m;
+      parse_flag([&] { check_prune_options(po); });  // every flag checked before any work
     }
+    const bool inputs = recipe ? reads_layer_inputs(*recipe) : reads_layer_inputs(po);
+    if (one_pass->count() > 0 && !inputs)
+      throw UsageError("[prune] --one-pass is for --method wanda and sparsegpt (and OWL)");
+    if (inputs && o->data.given() && o->calib_batches < 1)
+      throw UsageError("[prune] --calib-batches: must be >= 1, got " +
+                       std::to_string(o->calib_batches));
 
     OutputFiles files("prune");
     declare_files(files, *o);
     ir::Model model = load_input_model(files, o->model);
-    std::optional<Saliency> saliency;
-    if (needs_data) {
-      saliency = calibrate(*o, model);
+    PruneReport r;
+    if (inputs) {
+      r = prune_with_inputs(*o, model, recipe ? nullptr : &po, recipe ? &*recipe : nullptr,
+                            calib_batches->count() > 0);
+    } else {
+      std::optional<Saliency> saliency;
+      if (needs_data) saliency = calibrate(*o, model);
+      const Saliency* sal = saliency ? &*saliency : nullptr;
+      r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);
     }
-    const Saliency* sal = saliency ? &*saliency : nullptr;
-    PruneReport r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
     onnx::save_model(model, o->out, so, files);

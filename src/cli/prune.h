@@ -23,7 +23,10 @@ struct Opts {
   double threshold = -1;
   uint64_t seed = 0;
   int norm = 1;
-  int64_t calib_batches = 32;
+  int64_t calib_batches = 32;  // wanda, sparsegpt, OWL: 128 samples by default
+  int64_t block_size = 128;
+  double dampening = 0.01, owl_lambda = 0, owl_m = 5;
+  bool one_pass = false;
   bool skip_first_last = false, sparse = false, json = false, have_threshold = false,
        allow_tied = false;
   std::string structured;

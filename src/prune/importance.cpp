@@ -9,6 +9,7 @@
 
 #include "lopper/error.h"
 #include "lopper/prune.h"
+#include "prune/layer_inputs.h"
 
 namespace lopper::importance {
 
@@ -38,6 +39,22 @@ at::Tensor lamp(const WeightInput& in) {
   const at::Tensor suffix = sorted.flip(0).cumsum(0).flip(0);
   const at::Tensor score = at::where(sorted.gt(0), sorted / suffix, at::zeros_like(sorted));
   return at::zeros_like(score).index_put_({order}, score).to(at::kFloat).reshape(in.w.sizes());
+}
+
+// Wanda (Sun et al. 2023): |w_ij| * ||x_j||_2, the weight times the norm of the input feature it
+// multiplies over every calibration token. Features are the weight's axes but the output one, in
+// memory order (a Conv's C x kh x kw, as im2col lays out its patches).
+at::Tensor wanda(const WeightInput& in) {
+  if (!in.input || !in.input->sq_norm.defined() || in.out_axis < 0) return {};
+  const at::Tensor w = in.w.to(at::kCPU).movedim(in.out_axis, 0);
+  const at::Tensor norm = in.input->sq_norm.sqrt().to(at::kFloat);
+  LOPPER_CHECK(norm.numel() * w.size(0) == w.numel(), "[prune] wanda: '", in.name, "' has ",
+               w.numel() / std::max<int64_t>(w.size(0), 1), " inputs per output, its layer read ",
+               norm.numel());
+  return (w.abs().reshape({w.size(0), -1}) * norm.unsqueeze(0))
+      .reshape(w.sizes())
+      .movedim(0, in.out_axis)
+      .contiguous();
 }
 
 at::Tensor l2_term(const SliceInput& s) {
@@ -104,6 +121,23 @@ std::vector<Criterion> make_table() {
     add(c);
   }
   {
+    Criterion c{"wanda", "the smallest |w| x ||input||_2 within each output row (Wanda)"};
+    c.needs = Needs::kActivations;
+    c.weights = WeightRank::kScores;
+    c.weight_scores = wanda;
+    c.per_row = true;
+    add(c);
+  }
+  {
+    Criterion c{"sparsegpt",
+                "SparseGPT: removes by the inverse Hessian of the layer's inputs and updates the "
+                "kept weights to reconstruct its output"};
+    c.needs = Needs::kActivations;
+    c.weights = WeightRank::kReconstruct;
+    c.needs_gram = true;
+    add(c);
+  }
+  {
     Criterion c{"grad", "the smallest mean |dL/dw| over calibration batches"};
     c.needs = Needs::kGradients;
     c.weights = WeightRank::kScores;
@@ -165,6 +199,7 @@ at::Tensor weight_scores(const WeightInput& in) {
       return in.criterion.weight_scores(in);
     case WeightRank::kNone:
     case WeightRank::kDrawn:
+    case WeightRank::kReconstruct:
       break;
   }
   LOPPER_ASSERT(false, "criterion ", in.criterion.name, " has no per-weight scores");

@@ -12,7 +12,8 @@
 
 namespace lopper {
 
-struct Saliency;  // lopper/prune.h
+struct Saliency;    // lopper/prune.h
+struct LayerInput;  // prune/layer_inputs.h
 
 namespace importance {
 
@@ -20,7 +21,7 @@ namespace importance {
 enum class Needs {
   kWeights,      // the weights alone
   kGradients,    // gradients of the loss on calibration data, accumulated into a Saliency
-  kActivations,  // the layers' inputs on calibration data (no criterion of the table yet)
+  kActivations,  // the layers' inputs on calibration data (LayerInput, prune/layer_inputs.h)
 };
 
 /// How a criterion ranks single weights.
@@ -30,6 +31,8 @@ enum class WeightRank {
   kThreshold,  // |w| against a threshold instead of an amount
   kDrawn,      // at random (seeded), as torch's random_unstructured / random_structured
   kScores,     // by the scores weight_scores() computes (>= 0, the weight's shape)
+  kReconstruct,  // by a solver that also updates the weights it keeps so that the layer's output
+                 // on the calibration inputs changes least (SparseGPT; prune/sparsegpt.h)
 };
 
 /// How a criterion ranks the channels of a structured group.
@@ -51,6 +54,8 @@ struct WeightInput {
   const std::vector<int64_t>& perm;  // the Transpose between the initializer and its reader (empty:
                                      // none); saliencies are stored in the initializer's layout
   const Saliency* saliency;          // Needs::kGradients
+  const LayerInput* input = nullptr;  // Needs::kActivations: the layer's inputs
+  int64_t out_axis = -1;              // the weight's output axis (Needs::kActivations)
 };
 
 /// One parameter slice of a channel group (depgraph::Slice, without the graph).
@@ -74,6 +79,12 @@ struct Criterion {
   /// its gradient), summed over the batches ...
   at::Tensor (*gradient_term)(const at::Tensor& w, const at::Tensor& g) = nullptr;
   bool mean_over_batches = false;  // ... and divided by their number
+  /// Needs::kActivations: the Gram matrix of the inputs too (LayerInput::gram), not only their
+  /// squared norms.
+  bool needs_gram = false;
+  /// Compares a weight only with the others of its output row (Wanda): unstructured pruning
+  /// removes the amount from each row, and scores do not compare across layers (no global scope).
+  bool per_row = false;
 
   SliceRank slices = SliceRank::kNone;
   /// kCustom: a slice's term per index along its axis (double), or undefined when the slice does

@@ -4,8 +4,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-#include <unordered_map>
-
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
@@ -15,58 +13,110 @@
 
 namespace lopper {
 
+namespace {
+
+std::vector<int64_t> ints_attr(const ir::Node& n, const char* name, size_t size, int64_t value) {
+  const ir::Attribute* a = n.attr(name);
+  if (a && a->ints.size() == size) return a->ints;
+  return std::vector<int64_t>(size, value);
+}
+
+// A Conv's input as the rows its weight multiplies: [N * positions, C * kh * kw] (im2col).
+at::Tensor conv_patches(const ir::Node& n, at::Tensor x, const at::Tensor& w) {
+  const int64_t spatial = w.dim() - 2;
+  if (spatial == 1) x = x.unsqueeze(2);  // [N, C, 1, L]
+  std::vector<int64_t> k = spatial == 1 ? std::vector<int64_t>{1, w.size(2)}
+                                        : std::vector<int64_t>{w.size(2), w.size(3)};
+  auto two = [&](std::vector<int64_t> v, int64_t fill) {
+    return spatial == 1 ? std::vector<int64_t>{fill, v[0]} : v;
+  };
+  std::vector<int64_t> stride = two(ints_attr(n, "strides", spatial, 1), 1);
+  std::vector<int64_t> dil = two(ints_attr(n, "dilations", spatial, 1), 1);
+  std::vector<int64_t> pads = ints_attr(n, "pads", 2 * spatial, 0);  // begins, then ends
+  std::vector<int64_t> pad_nd;  // constant_pad_nd: last dim first, (begin, end) each
+  if (spatial == 1)
+    pad_nd = {pads[0], pads[1]};
+  else
+    pad_nd = {pads[1], pads[3], pads[0], pads[2]};
+  x = at::constant_pad_nd(x, pad_nd, 0);
+  at::Tensor cols = at::im2col(x, k, dil, {0, 0}, stride);  // [N, C*kh*kw, L]
+  return cols.transpose(1, 2).reshape({-1, cols.size(1)});
+}
+
+}  // namespace
+
+std::string layer_input_unsupported(const ir::Node& n, const at::Tensor& w) {
+  if (n.op_type == "Gemm") return "";
+  if (n.op_type == "MatMul") return w.dim() == 2 ? "" : "a MatMul weight of rank > 2";
+  if (n.op_type == "Conv") {
+    const ir::Attribute* g = n.attr("group");
+    if (g && g->i != 1) return "a grouped convolution";
+    const ir::Attribute* ap = n.attr("auto_pad");
+    if (ap && !ap->s.empty() && ap->s != "NOTSET" && ap->s != "VALID")
+      return "a convolution with auto_pad " + ap->s;
+    if (w.dim() != 3 && w.dim() != 4) return "a " + std::to_string(w.dim() - 2) + "-D convolution";
+    return "";
+  }
+  return "a " + n.op_type + " layer";
+}
+
+LayerInputCollector::LayerInputCollector(const ir::Graph& g,
+                                         const std::map<std::string, bool>& watch) {
+  for (const auto& n : g.nodes) {
+    if (n.outputs.empty()) continue;
+    const ir::Initializer* w = layer_weight(g, n);  // through a Transpose too
+    if (!w) continue;
+    auto it = watch.find(w->name);
+    if (it == watch.end() || !layer_input_unsupported(n, w->value).empty()) continue;
+    layers_[n.outputs[0]] = {it->first, it->second, &n};
+  }
+}
+
+void LayerInputCollector::observe(const ir::Node& n, const std::vector<at::Tensor>& in) {
+  if (n.outputs.empty() || in.size() < 2 || !in[0].defined()) return;
+  auto it = layers_.find(n.outputs[0]);
+  if (it == layers_.end()) return;
+  const Layer& l = it->second;
+  at::Tensor rows;
+  if (n.op_type == "Conv") {
+    rows = conv_patches(n, in[0], in[1]);
+  } else {
+    const ir::Attribute* ta = n.attr("transA");
+    at::Tensor x = ta && ta->i != 0 ? in[0].t() : in[0];
+    rows = x.reshape({-1, x.size(-1)});
+  }
+  rows = rows.to(at::kDouble);
+  const int64_t k = rows.size(1);
+  LayerInput& li = stats_[l.weight];
+  if (!li.sq_norm.defined()) {
+    li.sq_norm = at::zeros({k}, rows.options());
+    if (l.gram) li.gram = at::zeros({k, k}, rows.options());
+  }
+  LOPPER_ASSERT(li.sq_norm.size(0) == k, "layer input of ", k, " features for weight '", l.weight,
+                "', was ", li.sq_norm.size(0));
+  li.sq_norm += rows.square().sum(0);
+  if (l.gram) li.gram.addmm_(rows.t(), rows);
+  li.tokens += rows.size(0);
+}
+
+std::map<std::string, LayerInput> LayerInputCollector::take() { return std::move(stats_); }
+
 std::map<std::string, LayerInput> collect_layer_inputs(const ir::Model& model, DataLoader& data,
                                                        const LayerInputOptions& opts) {
   LOPPER_CHECK(opts.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
                opts.batches);
-  // The layers, by their first output (what the executor's own copy of the graph keeps).
-  struct Layer {
-    std::string weight;
-    bool trans_a = false;
-  };
-  std::unordered_map<std::string, Layer> layers;
-  std::map<std::string, LayerInput> out;
-  for (const auto& pw : prunable_weights(model.graph)) {
-    std::vector<const ir::Node*> readers{pw.node};
-    for (const auto& u : pw.shared)
-      for (const auto& n : model.graph.nodes)
-        if (n.label() == u.node && (n.op_type == "Gemm" || n.op_type == "MatMul"))
-          readers.push_back(&n);
-    for (const ir::Node* n : readers) {
-      if (n->op_type != "Gemm" && n->op_type != "MatMul") continue;
-      if (pw.in_axis < 0 || n->outputs.empty()) continue;
-      const ir::Attribute* ta = n->attr("transA");
-      layers[n->outputs[0]] = {pw.weight, ta && ta->i != 0};
-      out.try_emplace(pw.weight);
-    }
-  }
-  LOPPER_CHECK(!layers.empty(), "[prune] the model has no Gemm or MatMul weights to calibrate");
+  std::map<std::string, bool> watch;
+  for (const auto& pw : prunable_weights(model.graph)) watch[pw.weight] = opts.gram;
+  LayerInputCollector collector(model.graph, watch);
 
   ExecOptions eo;
   eo.device = opts.device;
   eo.fuse = false;  // every layer runs as itself, with its own input
   Executor ex(model, eo);
-  const ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model);
   Objective objective(opts.loss, io);
   ex.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
-                   const std::vector<at::Tensor>&) {
-    if (n.outputs.empty()) return;
-    auto it = layers.find(n.outputs[0]);
-    if (it == layers.end() || in.empty() || !in[0].defined()) return;
-    at::Tensor x = it->second.trans_a ? in[0].t() : in[0];
-    const int64_t k = x.size(-1);
-    LayerInput& li = out[it->second.weight];
-    at::Tensor rows = x.reshape({-1, k}).to(at::kDouble);
-    if (!li.sq_norm.defined()) {
-      li.sq_norm = at::zeros({k}, rows.options());
-      if (opts.gram) li.gram = at::zeros({k, k}, rows.options());
-    }
-    LOPPER_ASSERT(li.sq_norm.size(0) == k, "layer input of ", k, " features for weight '",
-                  it->second.weight, "', was ", li.sq_norm.size(0));
-    li.sq_norm += rows.square().sum(0);
-    if (opts.gram) li.gram.addmm_(rows.t(), rows);
-    li.tokens += rows.size(0);
-  };
+                   const std::vector<at::Tensor>&) { collector.observe(n, in); };
 
   const int64_t of = std::min<int64_t>(opts.batches, data.batches_per_epoch());
   LOPPER_CHECK(of > 0, "[prune] ", data.dataset().name(), " has no full batch to calibrate on");
@@ -81,8 +131,9 @@ std::map<std::string, LayerInput> collect_layer_inputs(const ir::Model& model, D
     if (opts.progress) opts.progress(done, of);
   }
   LOPPER_CHECK(done > 0, "[prune] ", data.dataset().name(), " gave no batch to calibrate on");
-  for (auto it = out.begin(); it != out.end();)  // a layer the data never reached
-    it = it->second.sq_norm.defined() ? std::next(it) : out.erase(it);
+  auto out = collector.take();
+  LOPPER_CHECK(!out.empty(),
+               "[prune] the model has no Gemm, MatMul or Conv weights whose inputs to calibrate");
   return out;
 }
 

@@ -420,4 +420,19 @@ std::vector<at::Tensor> block_masks(const std::vector<BlockWeight>& ws, int64_t 
   return keep;
 }
 
+at::Tensor smallest_per_row(const at::Tensor& scores, const at::Tensor& alive,
+                            const PruneAmount& amount) {
+  LOPPER_ASSERT(!amount.is_count && scores.dim() == 2 && alive.sizes() == scores.sizes(),
+                "smallest_per_row: scores ", scores.sizes(), ", alive ", alive.sizes());
+  // The dead entries sort first (-1 < every score), then the alive ones, stably.
+  const at::Tensor s = scores.to(at::kFloat).masked_fill(alive.logical_not(), -1);
+  const at::Tensor order = std::get<1>(s.sort(/*stable=*/true, /*dim=*/1, /*descending=*/false));
+  const at::Tensor n_alive = alive.sum(1).to(at::kDouble);
+  // torch.round rounds half to even, as PruneAmount::count_of.
+  const at::Tensor take = (double(scores.size(1)) - n_alive) + (n_alive * amount.value).round();
+  const at::Tensor drop_sorted =
+      at::arange(scores.size(1), n_alive.options()).unsqueeze(0) < take.unsqueeze(1);
+  return at::zeros_like(alive, at::kBool).scatter_(1, order, drop_sorted);
+}
+
 }  // namespace lopper

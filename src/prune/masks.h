@@ -23,6 +23,11 @@ namespace lopper {
 std::vector<at::Tensor> smallest_k(const std::vector<at::Tensor>& scores,
                                    const std::vector<at::Tensor>& alive, int64_t k,
                                    bool absolute = false);
+/// Per row of `scores` ([rows, cols], >= 0): removes round(amount x the row's `alive` count) of
+/// its alive entries, the smallest first, ties in column order (Wanda's stable sort). A fraction
+/// only. True = removed (the dead entries are flagged too).
+at::Tensor smallest_per_row(const at::Tensor& scores, const at::Tensor& alive,
+                            const PruneAmount& amount);
 /// torch's l1_unstructured on one tensor, counted from its nonzero weights.
 at::Tensor l1_mask(const at::Tensor& w, const PruneAmount& amount);
 /// random_unstructured: `amount` of the nonzero weights, drawn with `gen`.

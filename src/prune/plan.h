@@ -18,6 +18,7 @@ namespace lopper {
 namespace importance {
 struct Criterion;
 }
+struct LayerInput;  // prune/layer_inputs.h
 
 /// One prunable weight of the model being pruned.
 struct Target {
@@ -47,7 +48,8 @@ struct PrunePlan {
   std::map<size_t, at::Generator> generators_;
 };
 
-/// Checks `opts` and picks the layers it prunes. Throws lopper::Error when nothing is left to prune.
+/// Checks `opts` and picks the layers it prunes. Throws lopper::Error when nothing is left to
+/// prune.
 PrunePlan plan_prune(ir::Model& model, const PruneOptions& opts);
 /// The same for a recipe (local scope): each layer as the first rule that matches it says.
 PrunePlan plan_prune(ir::Model& model, const PruneRecipe& recipe);
@@ -58,7 +60,9 @@ std::string amount_string(const PruneLayerOptions& o);
 
 /// The scores ranking a layer's weights for a kScores criterion (undefined for the others, which
 /// read |w| or draw at random).
-at::Tensor layer_score(const Target& t, const importance::Criterion& c, const Saliency* saliency);
+/// `input`: the layer's inputs, for a criterion that reads them.
+at::Tensor layer_score(const Target& t, const importance::Criterion& c, const Saliency* saliency,
+                       const LayerInput* input = nullptr);
 /// One layer's keep-mask (true = keep) under `o`, local scope. `where` names the layer in errors.
 /// `score`: the criterion's scores ranking the weights instead of |w|.
 at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,

@@ -18,6 +18,7 @@
 #include "lopper/error.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
+#include "prune/layer_inputs.h"
 
 namespace lopper {
 
@@ -88,6 +89,7 @@ CriterionInfo weight_criterion_info(const std::string& name) {
   i.name = c.name;
   i.takes_threshold = c.weights == WeightRank::kThreshold;
   i.needs_data = c.needs_data();
+  i.reads_inputs = c.needs == importance::Needs::kActivations;
   if (i.needs_data) i.data_needed = importance::data_needed(c);
   return i;
 }
@@ -122,6 +124,20 @@ void check_layer_options(const PruneLayerOptions& o) {
                      },
                      " or "));
   }
+  if (c.weights == WeightRank::kReconstruct) {
+    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured || o.pattern == PrunePattern::kNM,
+                 "[prune] " LOPPER_OPTION("criterion") " ", c.name,
+                 " removes single weights: use " LOPPER_OPTION("pattern") " unstructured or N:M");
+    LOPPER_CHECK(o.block_size >= 1 && o.block_size <= (int64_t(1) << 20),
+                 "[prune] " LOPPER_OPTION("block_size") " must be in 1..1048576, got ",
+                 o.block_size);
+    LOPPER_CHECK(o.dampening > 0 && std::isfinite(o.dampening),
+                 "[prune] " LOPPER_OPTION("dampening") " must be > 0, got ", o.dampening);
+  }
+  if (c.per_row && o.pattern == PrunePattern::kUnstructured)
+    LOPPER_CHECK(!o.amount.is_count, "[prune] ", c.name,
+                 " removes the amount from each output row: give it as a fraction, got ",
+                 o.amount.str());
   if (o.pattern == PrunePattern::kBlock)
     LOPPER_CHECK(o.block_r >= 1 && o.block_r <= 256 && o.block_c >= 1 && o.block_c <= 256,
                  "[prune] bad pattern '", block_name(o),
@@ -302,7 +318,38 @@ void check_prune_options(const PruneOptions& o) {
                           o.pattern == PrunePattern::kBlock,
                       "[prune] " LOPPER_OPTION("scope") " global ranks single weights or blocks: "
                       "use " LOPPER_OPTION("pattern") " unstructured or block:RxC");
+  const Criterion& c = criterion_of(o);
+  LOPPER_CHECK(o.scope == PruneScope::kLocal || (!c.per_row && c.weights != WeightRank::kReconstruct),
+               "[prune] ", c.name,
+               " compares weights within each layer: use " LOPPER_OPTION("scope") " local (OWL "
+               "spreads the amount over the layers)");
+  if (o.owl.lambda != 0) {
+    LOPPER_CHECK(o.owl.lambda > 0 && std::isfinite(o.owl.lambda),
+                 "[prune] " LOPPER_OPTION("owl_lambda") " must be > 0, got ", o.owl.lambda);
+    LOPPER_CHECK(o.owl.m > 0 && std::isfinite(o.owl.m),
+                 "[prune] " LOPPER_OPTION("owl_m") " must be > 0, got ", o.owl.m);
+    LOPPER_CHECK(o.pattern == PrunePattern::kUnstructured && !o.amount.is_count &&
+                     c.weights != WeightRank::kThreshold && o.scope == PruneScope::kLocal,
+                 "[prune] OWL spreads a fraction of unstructured weights over the layers: give "
+                 "an amount as a fraction, " LOPPER_OPTION(
+                     "pattern") " unstructured and " LOPPER_OPTION("scope") " local");
+    LOPPER_CHECK(o.amount.value - o.owl.lambda >= 0 && o.amount.value + o.owl.lambda <= 1,
+                 "[prune] OWL's amounts span amount +- lambda, which must stay in [0, 1]: ",
+                 o.amount.value, " +- ", o.owl.lambda);
+  }
   LayerFilter check_regex(o.exclude);
+}
+
+bool reads_layer_inputs(const PruneOptions& opts) {
+  return criterion_of(opts).needs == importance::Needs::kActivations || opts.owl.lambda != 0;
+}
+
+bool reads_layer_inputs(const PruneRecipe& recipe) {
+  bool reads =
+      recipe.has_defaults && criterion_of(recipe.defaults).needs == importance::Needs::kActivations;
+  for (const auto& r : recipe.rules)
+    reads |= !r.skip && criterion_of(r.options).needs == importance::Needs::kActivations;
+  return reads;
 }
 
 namespace {
@@ -344,11 +391,19 @@ std::string layer_skip_reason(const Target& t, const PruneLayerOptions& o) {
                                             : t.init->value.size(t.in_axis);
     if (t.in_axis < 0 || k % o.m != 0)
       return "reduction dim " + std::to_string(k) + " not divisible by M=" + std::to_string(o.m);
-  } else if ((o.pattern == PrunePattern::kRow && t.out_axis < 0) ||
-             (o.pattern == PrunePattern::kColumn && t.in_axis < 0) ||
-             (o.pattern == PrunePattern::kBlock && (t.out_axis < 0 || t.in_axis < 0))) {
-    return "no row/column axis (1-D weight)";
   }
+  const Criterion& c = criterion_of(o);
+  if (c.needs == importance::Needs::kActivations) {
+    const std::string why = layer_input_unsupported(*t.node, t.init->value);
+    if (!why.empty())
+      return std::string(c.name) +
+             " reads the inputs of Gemm, MatMul and one-group Conv layers, not of " + why;
+    if (t.out_axis < 0 || t.in_axis < 0) return "no row/column axis (1-D weight)";
+  }
+  if ((o.pattern == PrunePattern::kRow && t.out_axis < 0) ||
+      (o.pattern == PrunePattern::kColumn && t.in_axis < 0) ||
+      (o.pattern == PrunePattern::kBlock && (t.out_axis < 0 || t.in_axis < 0)))
+    return "no row/column axis (1-D weight)";
   return "";
 }
 
@@ -407,13 +462,19 @@ std::string amount_string(const PruneLayerOptions& o) {
   return o.amount.str();
 }
 
-at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency) {
+at::Tensor layer_score(const Target& t, const Criterion& c, const Saliency* saliency,
+                       const LayerInput* input) {
   if (c.weights != WeightRank::kScores) return {};
-  LOPPER_CHECK(!c.needs_data() || saliency != nullptr, "[prune] " LOPPER_OPTION("criterion") " ",
-               c.name, " ranks weights ", importance::data_needed(c),
-               ": give calibration data (a Saliency)");
+  const bool reads_inputs = c.needs == importance::Needs::kActivations;
+  LOPPER_CHECK(reads_inputs || !c.needs_data() || saliency != nullptr,
+               "[prune] " LOPPER_OPTION("criterion") " ", c.name, " ranks weights ",
+               importance::data_needed(c), ": give calibration data (a Saliency)");
+  LOPPER_CHECK(!reads_inputs || input != nullptr, "[prune] " LOPPER_OPTION("criterion") " ", c.name,
+               " ranks weights ", importance::data_needed(c),
+               ": prune with calibration data (prune_calibrated)");
   static const std::vector<int64_t> no_perm;
-  at::Tensor s = importance::weight_scores({c, t.init->value, t.init->name, no_perm, saliency});
+  at::Tensor s = importance::weight_scores(
+      {c, t.init->value, t.init->name, no_perm, saliency, input, t.out_axis});
   LOPPER_CHECK(s.defined(), "[prune] no ", c.name, " saliency for weight '", t.init->name, "'");
   LOPPER_CHECK(s.sizes() == t.init->value.sizes(), "[prune] the ", c.name, " saliency of '",
                t.init->name, "' has shape ", s.sizes(), ", the weight ", t.init->value.sizes());
@@ -432,6 +493,15 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
         at::Tensor alive = w.ne(0);
         int64_t k = o.amount.count_of(alive.sum().item<int64_t>(), where);
         if (rank == WeightRank::kDrawn) return random_mask(w, PruneAmount{double(k), true}, gen);
+        if (score.defined() && criterion_of(o).per_row && t.out_axis >= 0) {
+          auto rows = [&](const at::Tensor& x) {
+            return x.movedim(t.out_axis, 0).reshape({w.size(t.out_axis), -1});
+          };
+          at::Tensor drop = smallest_per_row(rows(score), rows(alive), o.amount);
+          return alive & drop.reshape(w.movedim(t.out_axis, 0).sizes())
+                             .movedim(0, t.out_axis)
+                             .logical_not();
+        }
         if (score.defined()) return alive & smallest_k({score}, {alive}, k)[0].logical_not();
         return alive & smallest_k({w}, {alive}, k, /*absolute=*/true)[0].logical_not();
       }
@@ -625,7 +695,19 @@ PrunePlan plan_prune(ir::Model& model, const PruneRecipe& recipe) {
   return plan;
 }
 
+namespace {
+
+void refuse_layer_inputs(bool reads, const std::string& what) {
+  LOPPER_CHECK(!reads, "[prune] ", what,
+               " reads the layers' inputs: prune with calibration data (prune_calibrated)");
+}
+
+}  // namespace
+
 PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* saliency) {
+  check_prune_options(opts);
+  refuse_layer_inputs(reads_layer_inputs(opts),
+                      opts.owl.lambda != 0 ? std::string("OWL") : opts.criterion);
   PrunePlan plan = plan_prune(model, opts);
   PruneReport& report = plan.report;
   const std::vector<Target>& targets = plan.targets;
@@ -686,6 +768,7 @@ PruneReport prune(ir::Model& model, const PruneOptions& opts, const Saliency* sa
 }
 
 PruneReport prune(ir::Model& model, const PruneRecipe& recipe, const Saliency* saliency) {
+  refuse_layer_inputs(reads_layer_inputs(recipe), "recipe " + recipe.source);
   PrunePlan plan = plan_prune(model, recipe);
   PruneReport& report = plan.report;
   std::vector<at::Tensor> drop;

@@ -44,8 +44,9 @@ struct Parser {
   // map may hold. Returns whether it names a method; sets has_amount / has_threshold.
   void options(const YAML::Node& map, const std::string& path, const std::set<std::string>& extra,
                PruneLayerOptions& o, bool& has_method, bool& has_amount, bool& has_threshold) {
-    static const std::set<std::string> keys = {"method", "amount", "threshold", "pattern",
-                                               "norm",   "seed",   "allow_tied"};
+    static const std::set<std::string> keys = {"method",     "amount",     "threshold",
+                                               "pattern",    "norm",       "seed",
+                                               "allow_tied", "block_size", "dampening"};
     for (auto it = map.begin(); it != map.end(); ++it) {
       const YAML::Node& k = it->first;
       const YAML::Node& v = it->second;
@@ -76,6 +77,10 @@ struct Parser {
           o.seed = as<uint64_t>(v, key, "an integer >= 0");
         } else if (name == "allow_tied") {
           o.allow_tied = as<bool>(v, key, "true or false");
+        } else if (name == "block_size") {
+          o.block_size = as<int64_t>(v, key, "an integer >= 1");
+        } else if (name == "dampening") {
+          o.dampening = as<double>(v, key, "a number > 0");
         }
       } catch (const Error& e) {
         std::string m = e.render(recipe_key);

@@ -25,7 +25,7 @@ Saliency compute_saliency(const ir::Model& model, DataLoader& data,
   eo.device = opts.device;
   eo.autograd = true;  // eval semantics (BatchNorm running statistics, no dropout), gradients on
   Executor ex(model, eo);
-  const ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model);
   Objective objective(opts.loss, io);
 
   std::unordered_set<std::string> prunable;

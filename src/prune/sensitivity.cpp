@@ -57,7 +57,7 @@ ExecOptions eval_options(const std::string& device) {
 std::pair<double, double> evaluate_on(Executor& ex, const ir::Model& model, const EvalSet& s,
                                       const LossOptions& loss) {
   c10::NoGradGuard no_grad;
-  const ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model);
   Objective objective(loss, io);
   double sum = 0, hit = 0;
   int64_t counted = 0;

@@ -76,10 +76,11 @@ void check_loss_options(const LossOptions& o) {
                "[loss] " LOPPER_OPTION("mask_prob") " must be in (0, 1], got ", o.mask_prob);
 }
 
-ModelIO model_io(const ir::Model& model, const Executor& ex) {
-  LOPPER_CHECK(!ex.inputs().empty(), "[data] the model has no input to feed data to");
+ModelIO model_io(const ir::Model& model) {
+  const std::vector<const ir::ValueInfo*> inputs = model.graph.real_inputs();
+  LOPPER_CHECK(!inputs.empty(), "[data] the model has no input to feed data to");
   ModelIO io;
-  for (const ir::ValueInfo* v : ex.inputs()) {
+  for (const ir::ValueInfo* v : inputs) {
     ModelIO::Input in;
     in.name = v->name;
     for (const auto& d : v->type.dims) in.dims.push_back(d.is_static() ? d.value : -1);

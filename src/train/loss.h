@@ -31,7 +31,7 @@ struct ModelIO {
   std::vector<int64_t> out_dims;
 };
 /// Throws lopper::Error ("[data] ...") when the model has no input to feed.
-ModelIO model_io(const ir::Model& model, const Executor& ex);
+ModelIO model_io(const ir::Model& model);
 
 /// The model's inputs for batch `b`, in their dtypes, on `device`. The samples go to
 /// b.x_input, else to input_ids when the model has it, else to the first input the batch does not

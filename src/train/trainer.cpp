@@ -164,7 +164,7 @@ class Trainer {
     eo.training = true;
     ex_.reset();
     ex_ = std::make_unique<Executor>(model_, eo);
-    io_ = model_io(model_, *ex_);
+    io_ = model_io(model_);
     if (!objective_) objective_.emplace(o_.loss, io_);
     params_.clear();
     collect_params();
@@ -695,7 +695,7 @@ EvalResult evaluate(const ir::Model& model, DataLoader& data, const EvalOptions&
   eo.device = o.device;
   eo.precision = o.precision;
   Executor ex(model, eo);
-  const ModelIO io = model_io(model, ex);
+  const ModelIO io = model_io(model);
   Objective objective(o.loss, io);
   EvalResult r;
   std::vector<int64_t> hit;

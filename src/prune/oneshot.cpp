@@ -1,0 +1,395 @@
+// prune_calibrated(): one-shot pruning with calibration data, block by block (lopper/prune.h).
+//
+// The graph, in topological order, is cut before the first layer of each block (a transformer
+// layer: the layers whose names share a prefix ending in a number; any other layer alone). Every
+// calibration batch's values that cross a cut are carried from one block to the next: a block
+// runs once on them to collect its layers' inputs (LayerInputCollector), its layers are pruned,
+// and it runs again, pruned, to hand the next block its inputs. The whole model never runs twice.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "lopper/executor.h"
+#include "lopper/prune.h"
+#include "prune/importance.h"
+#include "prune/layer_inputs.h"
+#include "prune/plan.h"
+#include "prune/sparsegpt.h"
+#include "train/loss.h"
+
+namespace lopper {
+
+namespace {
+
+using importance::Criterion;
+using importance::Needs;
+using importance::WeightRank;
+
+const Criterion& criterion_of(const PruneLayerOptions& o) {
+  return importance::find(o.criterion, importance::Use::kWeights);
+}
+
+bool reads_inputs(const PruneLayerOptions& o) {
+  return criterion_of(o).needs == Needs::kActivations;
+}
+
+// "model.layers.3" for "model.layers.3.mlp.up_proj.weight" or "/model/layers.3/mlp/MatMul": the
+// name up to its first component that is a number; "" when it has none.
+std::string block_key(const std::string& name) {
+  size_t start = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i < name.size() && name[i] != '.' && name[i] != '/') continue;
+    if (i > start && std::all_of(name.begin() + long(start), name.begin() + long(i),
+                                 [](char c) { return c >= '0' && c <= '9'; }))
+      return name.substr(0, i);
+    start = i + 1;
+  }
+  return "";
+}
+
+// The block a target belongs to, by its parameter's, its layer's or its weight's name.
+std::string block_of(const Target& t) {
+  for (const std::string& n : {t.weight.param, t.node->label(), t.weight.weight}) {
+    std::string k = block_key(n);
+    if (!k.empty()) return k;
+  }
+  return "";
+}
+
+// A run of consecutive nodes (positions [begin, end) of the topological order) and the targets
+// whose first layer is among them.
+struct Segment {
+  size_t begin = 0, end = 0;
+  std::vector<size_t> targets;  // indices into PrunePlan::targets
+  std::string name;             // the block, or the layer's label
+};
+
+class Calibration {
+ public:
+  Calibration(ir::Model& model, PrunePlan& plan, DataLoader& data, const CalibrationOptions& calib)
+      : model_(model), plan_(plan), calib_(calib) {
+    const ir::Graph& g = model.graph;
+    order_ = g.topological_order();
+    std::vector<size_t> pos(g.nodes.size());
+    for (size_t p = 0; p < order_.size(); ++p) pos[order_[p]] = p;
+    for (size_t p = 0; p < order_.size(); ++p)
+      for (const auto& v : ir::node_reads(g.nodes[order_[p]]))
+        if (!v.empty()) last_read_[v] = p;
+    for (const auto& init : g.initializers) constants_.insert(init.name);
+    target_pos_.resize(plan.targets.size());
+    for (size_t i = 0; i < plan.targets.size(); ++i)
+      target_pos_[i] = pos[size_t(plan.targets[i].node - g.nodes.data())];
+    load_batches(data);
+  }
+
+  // The model's segments: one per block (`by_block`), else one for the whole graph.
+  std::vector<Segment> segments(bool by_block) const {
+    std::vector<size_t> by_pos(plan_.targets.size());
+    for (size_t i = 0; i < by_pos.size(); ++i) by_pos[i] = i;
+    std::stable_sort(by_pos.begin(), by_pos.end(),
+                     [&](size_t a, size_t b) { return target_pos_[a] < target_pos_[b]; });
+    std::vector<Segment> out;
+    std::string last_key;
+    for (size_t i : by_pos) {
+      const std::string key = block_of(plan_.targets[i]);
+      const bool same = !out.empty() && (!by_block || (!key.empty() && key == last_key));
+      if (!same) {
+        Segment s;
+        s.begin = out.empty() ? 0 : target_pos_[i];
+        s.name = !by_block     ? "the model"
+                 : key.empty() ? plan_.targets[i].weight.label()
+                               : key;
+        if (!out.empty()) out.back().end = s.begin;
+        out.push_back(std::move(s));
+      }
+      out.back().targets.push_back(i);
+      last_key = key;
+    }
+    if (!out.empty()) out.back().end = order_.size();
+    return out;
+  }
+
+  // Each watched weight's inputs over every batch, with the segment as it is now.
+  std::map<std::string, LayerInput> collect(const Segment& s,
+                                            const std::map<std::string, bool>& watch) {
+    ir::Model sub = segment_model(s);
+    LayerInputCollector collector(sub.graph, watch);
+    Executor ex = executor(sub);
+    ex.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
+                     const std::vector<at::Tensor>&) { collector.observe(n, in); };
+    const std::vector<std::string> ins = inputs_of(sub);
+    for (auto& live : live_) (void)ex.run(gather(live, ins));
+    return collector.take();
+  }
+
+  // Runs the segment (as pruned now) on every batch, so that the live values are the next one's.
+  void advance(const Segment& s) {
+    ir::Model sub = segment_model(s);
+    Executor ex = executor(sub);
+    const std::vector<std::string> ins = inputs_of(sub);
+    for (auto& live : live_) {
+      std::vector<at::Tensor> outs = ex.run(gather(live, ins));
+      for (auto it = live.begin(); it != live.end();)
+        it = last_read(it->first) < s.end ? live.erase(it) : std::next(it);
+      for (size_t k = 0; k < outs.size(); ++k) live[sub.graph.outputs[k].name] = outs[k];
+    }
+  }
+
+  int64_t batches() const { return int64_t(live_.size()); }
+
+ private:
+  size_t last_read(const std::string& v) const {
+    auto it = last_read_.find(v);
+    return it == last_read_.end() ? 0 : it->second;
+  }
+
+  void load_batches(DataLoader& data) {
+    const ModelIO io = model_io(model_);
+    Objective objective(calib_.loss, io);
+    const at::Device device = parse_device(calib_.device);
+    data.start_epoch(0);
+    Batch b;
+    for (int64_t i = 0; i < calib_.batches && data.next(b); ++i) {
+      objective.prepare(b, i);
+      std::unordered_map<std::string, at::Tensor> live;
+      for (auto& [name, t] : feeds(io, b, device)) live[name] = t;
+      live_.push_back(std::move(live));
+    }
+    LOPPER_CHECK(int64_t(live_.size()) == calib_.batches, "[prune] ", data.dataset().name(),
+                 " gave ", live_.size(), " calibration batches of ", calib_.batches, " asked");
+  }
+
+  // Nodes [s.begin, s.end) as a model of their own: its inputs are the values they read that
+  // are not constants (carried from the blocks before), its outputs the values they make that a
+  // later node reads. Initializers are shared, not copied.
+  ir::Model segment_model(const Segment& s) const {
+    const ir::Graph& g = model_.graph;
+    ir::Model sub;
+    sub.ir_version = model_.ir_version;
+    sub.opset_import = model_.opset_import;
+    sub.functions = model_.functions;
+    sub.graph.name = g.name;
+    sub.graph.value_info = g.value_info;
+    std::unordered_set<std::string> made, added;
+    std::set<std::string> reads;
+    for (size_t p = s.begin; p < s.end; ++p) {
+      const ir::Node& n = g.nodes[order_[p]];
+      sub.graph.nodes.push_back(n);
+      for (const auto& v : ir::node_reads(n))
+        if (!v.empty() && !made.count(v)) reads.insert(v);
+      for (const auto& o : n.outputs)
+        if (!o.empty()) made.insert(o);
+    }
+    for (const auto& v : reads) {
+      if (constants_.count(v)) {
+        sub.graph.initializers.push_back(*g.find_initializer(v));
+      } else if (!made.count(v)) {
+        sub.graph.inputs.push_back({v, {}, ""});
+      }
+    }
+    for (size_t p = s.begin; p < s.end; ++p)
+      for (const auto& o : g.nodes[order_[p]].outputs)
+        if (!o.empty() && last_read(o) >= s.end && added.insert(o).second)
+          sub.graph.outputs.push_back({o, {}, ""});
+    return sub;
+  }
+
+  static std::vector<std::string> inputs_of(const ir::Model& sub) {
+    std::vector<std::string> out;
+    for (const auto& v : sub.graph.inputs) out.push_back(v.name);
+    return out;
+  }
+
+  NamedTensors gather(const std::unordered_map<std::string, at::Tensor>& live,
+                      const std::vector<std::string>& names) const {
+    NamedTensors in;
+    for (const auto& n : names) {
+      auto it = live.find(n);
+      LOPPER_ASSERT(it != live.end(), "calibration: value '", n, "' was not carried");
+      in.emplace_back(n, it->second);
+    }
+    return in;
+  }
+
+  Executor executor(const ir::Model& sub) const {
+    ExecOptions eo;
+    eo.device = calib_.device;
+    eo.fuse = false;  // every layer runs as itself, with its own input
+    return Executor(sub, eo);
+  }
+
+  ir::Model& model_;
+  PrunePlan& plan_;
+  const CalibrationOptions& calib_;
+  std::vector<size_t> order_, target_pos_;
+  std::unordered_map<std::string, size_t> last_read_;
+  std::unordered_set<std::string> constants_;
+  std::vector<std::unordered_map<std::string, at::Tensor>> live_;  // per batch
+};
+
+// A weight as [outputs, inputs]: the output axis first, the other axes flattened in order.
+at::Tensor as_rows(const at::Tensor& w, int64_t out_axis) {
+  return w.movedim(out_axis, 0).reshape({w.size(out_axis), -1});
+}
+
+// Prunes target i of the plan under `o` with its layer's inputs (`in`, null for the criteria that
+// do not read them).
+void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const LayerInput* in,
+                  const Saliency* saliency) {
+  const Target& t = plan.targets[i];
+  PruneLayerReport& l = plan.report.layers[t.report];
+  const Criterion& c = criterion_of(o);
+  l.method = method_string(o, PruneScope::kLocal);
+  l.amount = amount_string(o);
+  if (c.needs == Needs::kActivations && !in) {
+    l.skipped = "the calibration data never reached it";
+    plan.report.warnings.push_back(l.label() + " left alone: the calibration data never reached it");
+    return;
+  }
+  if (c.weights == WeightRank::kReconstruct) {
+    at::Tensor& v = t.init->value;
+    SparseGptOptions so;
+    so.block_size = o.block_size;
+    so.dampening = o.dampening;
+    if (o.pattern == PrunePattern::kNM) {
+      so.n = o.n;
+      so.m = o.m;
+    } else {
+      so.amount = o.amount.is_count ? o.amount.value / double(std::max<int64_t>(l.nonzero_before, 1))
+                                    : o.amount.value;
+    }
+    SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), in->gram, so, l.label());
+    at::Tensor w = r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
+                       .movedim(0, t.out_axis)
+                       .to(v.scalar_type());
+    if (v.is_contiguous() && v.use_count() == 1 && v.storage().use_count() == 1)
+      v.copy_(w);
+    else
+      v = w.contiguous();
+    l.nonzero_after = v.count_nonzero().item<int64_t>();
+    return;
+  }
+  std::vector<at::Tensor> drop = {
+      layer_keep(t, o, plan.generator(i), l.name, layer_score(t, c, saliency, in)).logical_not()};
+  apply_masks({t}, drop, plan.report);
+}
+
+// OWL's amount per target: blocks with more outlier Wanda scores (above M x the block's mean)
+// keep more weights; amounts spread over amount +- lambda and average the amount.
+std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment>& blocks,
+                                const std::map<std::string, LayerInput>& inputs,
+                                const PruneOptions& opts) {
+  static const Criterion& wanda = importance::find("wanda", importance::Use::kWeights);
+  std::vector<double> ratio;
+  for (const auto& b : blocks) {
+    std::vector<at::Tensor> scores;
+    for (size_t i : b.targets) {
+      const Target& t = plan.targets[i];
+      auto it = inputs.find(t.init->name);
+      if (it == inputs.end()) continue;
+      scores.push_back(layer_score(t, wanda, nullptr, &it->second).flatten());
+    }
+    if (scores.empty()) {
+      ratio.push_back(0);
+      continue;
+    }
+    const at::Tensor all = at::cat(scores).to(at::kDouble);
+    const double mean = all.mean().item<double>();
+    ratio.push_back(100.0 * all.gt(opts.owl.m * mean).sum().item<double>() / double(all.numel()));
+  }
+  const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+  const double lo_v = *lo, span = *hi - *lo;
+  std::vector<double> keep(ratio.size());
+  double mean_keep = 0;
+  for (size_t b = 0; b < ratio.size(); ++b) {
+    keep[b] = span > 0 ? (ratio[b] - lo_v) / span * opts.owl.lambda * 2 : 0;
+    mean_keep += keep[b] / double(ratio.size());
+  }
+  std::vector<double> amount(plan.targets.size(), opts.amount.value);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (size_t i : blocks[b].targets)
+      amount[i] = std::clamp(1 - (keep[b] - mean_keep + (1 - opts.amount.value)), 0.0, 1.0);
+  return amount;
+}
+
+PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
+                const CalibrationOptions& calib, const PruneOptions* opts) {
+  LOPPER_CHECK(calib.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
+               calib.batches);
+  const int64_t have = data.batches_per_epoch();
+  LOPPER_CHECK(have >= calib.batches, "[prune] ", data.dataset().name(), " has ", have,
+               " calibration batch", have == 1 ? "" : "es", " of ", data.options().batch_size,
+               ", fewer than the ", calib.batches, " asked: give more data or fewer batches");
+  // Gradient criteria (a recipe's) score on the unpruned model first.
+  std::optional<Saliency> saliency;
+  bool gradients = false;
+  for (const auto* o : plan.how) gradients |= criterion_of(*o).needs == Needs::kGradients;
+  if (gradients) saliency = compute_saliency(model, data, calib);
+
+  c10::NoGradGuard no_grad;
+  Calibration cal(model, plan, data, calib);
+  const std::vector<Segment> segments = cal.segments(calib.sequential);
+
+  // OWL: the outlier ratios of the unpruned model's blocks, in one pass.
+  std::vector<PruneLayerOptions> owl_how;
+  const bool owl = opts && opts->owl.lambda != 0;
+  const int64_t passes = int64_t(segments.size()) + (owl ? 1 : 0);
+  int64_t pass = 0;
+  if (owl) {
+    if (calib.on_pass) calib.on_pass(++pass, passes, "OWL outlier ratios");
+    std::map<std::string, bool> watch;
+    for (const auto& t : plan.targets) watch[t.init->name] = false;
+    const auto inputs = cal.collect(cal.segments(false).front(), watch);
+    const std::vector<double> amount = owl_amounts(plan, cal.segments(true), inputs, *opts);
+    owl_how.reserve(plan.targets.size());
+    for (size_t i = 0; i < plan.targets.size(); ++i) {
+      owl_how.push_back(*plan.how[i]);
+      owl_how.back().amount = PruneAmount{amount[i], false};
+      plan.how[i] = &owl_how.back();
+    }
+  }
+
+  for (size_t si = 0; si < segments.size(); ++si) {
+    const Segment& s = segments[si];
+    if (calib.on_pass) calib.on_pass(++pass, passes, s.name);
+    std::map<std::string, bool> watch;
+    for (size_t i : s.targets)
+      if (reads_inputs(*plan.how[i]))
+        watch[plan.targets[i].init->name] |= criterion_of(*plan.how[i]).needs_gram;
+    std::map<std::string, LayerInput> inputs;
+    if (!watch.empty()) inputs = cal.collect(s, watch);
+    for (size_t i : s.targets) {
+      auto it = inputs.find(plan.targets[i].init->name);
+      prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second,
+                   saliency ? &*saliency : nullptr);
+    }
+    if (si + 1 < segments.size()) cal.advance(s);
+  }
+  finish_report(plan.report);
+  return std::move(plan.report);
+}
+
+}  // namespace
+
+PruneReport prune_calibrated(ir::Model& model, const PruneOptions& opts, DataLoader& data,
+                             const CalibrationOptions& calib) {
+  PrunePlan plan = plan_prune(model, opts);
+  return run(model, plan, data, calib, &opts);
+}
+
+PruneReport prune_calibrated(ir::Model& model, const PruneRecipe& recipe, DataLoader& data,
+                             const CalibrationOptions& calib) {
+  PrunePlan plan = plan_prune(model, recipe);
+  return run(model, plan, data, calib, nullptr);
+}
+
+}  // namespace lopper

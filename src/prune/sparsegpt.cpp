@@ -1,0 +1,113 @@
+// SparseGPT's column-block solver (sparsegpt.h).
+#include "prune/sparsegpt.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "lopper/error.h"
+
+namespace lopper {
+
+namespace {
+
+// Python's round (half to even), as PruneAmount counts.
+int64_t round_half_even(double x) { return int64_t(std::nearbyint(x)); }
+
+// The upper Cholesky factor of H^-1 for H + damp * mean(diag H) * I, or undefined when H + damp
+// is not positive definite.
+at::Tensor inverse_factor(const at::Tensor& h, double damp) {
+  at::Tensor hd = h.clone();
+  hd.diagonal().add_(damp * h.diagonal().mean().item<double>());
+  auto [l, info] = at::linalg_cholesky_ex(hd);
+  if (info.item<int64_t>() != 0) return {};
+  at::Tensor inv = at::cholesky_inverse(l);
+  auto [u, info2] = at::linalg_cholesky_ex(inv, /*upper=*/true);
+  if (info2.item<int64_t>() != 0) return {};
+  return u;
+}
+
+}  // namespace
+
+SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const SparseGptOptions& o,
+                          const std::string& where) {
+  LOPPER_ASSERT(w.dim() == 2 && gram.dim() == 2 && gram.size(0) == w.size(1) &&
+                    gram.size(1) == w.size(1),
+                "sparsegpt: weight ", w.sizes(), " and Hessian ", gram.sizes());
+  LOPPER_CHECK(o.block_size >= 1, "[prune] sparsegpt: block size must be >= 1, got ",
+               o.block_size);
+  LOPPER_CHECK(o.dampening > 0 && std::isfinite(o.dampening),
+               "[prune] sparsegpt: dampening must be > 0, got ", o.dampening);
+  LOPPER_CHECK(at::isfinite(gram).all().item<bool>(), "[prune] sparsegpt: the inputs of layer '",
+               where, "' hold NaN or Inf on the calibration data");
+  const int64_t cols = w.size(1);
+  at::Tensor W = w.to(at::kCPU, at::kFloat).clone();
+  const at::Tensor dead_w = W.eq(0);  // zero already: stays zero, not counted by the amount
+  at::Tensor H = gram.to(at::kCPU, at::kDouble).clone();
+  const at::Tensor dead = H.diagonal().eq(0);
+  H.diagonal().masked_fill_(dead, 1);
+  W.masked_fill_(dead.unsqueeze(0), 0);
+
+  SparseGptResult r;
+  at::Tensor hinv;
+  for (double damp = o.dampening; damp <= o.dampening * 100 * (1 + 1e-9); damp *= 10) {
+    hinv = inverse_factor(H, damp);
+    if (hinv.defined()) {
+      r.dampening = damp;
+      break;
+    }
+  }
+  LOPPER_CHECK(hinv.defined(), "[prune] sparsegpt: the Hessian of layer '", where,
+               "' is not positive definite even with dampening ", o.dampening * 100,
+               " (100x the dampening asked): give more calibration data, or a larger dampening");
+  hinv = hinv.to(at::kFloat);
+
+  const bool nm = o.n > 0;
+  for (int64_t i1 = 0; i1 < cols; i1 += o.block_size) {
+    const int64_t i2 = std::min(i1 + o.block_size, cols), count = i2 - i1;
+    at::Tensor W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
+    at::Tensor Q1 = at::zeros_like(W1), Err1 = at::zeros_like(W1);
+    const at::Tensor Hinv1 = hinv.slice(0, i1, i2).slice(1, i1, i2);
+    const at::Tensor d1 = Hinv1.diagonal();
+    const at::Tensor dead1 = dead_w.slice(1, i1, i2);
+    at::Tensor mask1 = dead1.clone(at::MemoryFormat::Contiguous);
+    if (!nm) {
+      // The block's k weights of least (w / [H^-1]_ii)^2, among those not zero already.
+      const int64_t alive = W1.numel() - dead1.sum().item<int64_t>();
+      const int64_t k = round_half_even(o.amount * double(alive));
+      if (k > 0) {
+        at::Tensor tmp = (W1.square() / d1.square().unsqueeze(0)).masked_fill(dead1, -1);
+        const int64_t take = W1.numel() - alive + k;  // the dead ones come first (-1)
+        at::Tensor idx = std::get<1>(tmp.flatten().topk(take, 0, /*largest=*/false));
+        mask1.view({-1}).index_fill_(0, idx, true);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      if (nm && i % o.m == 0) {
+        // Of the group's m columns, the m - n of least (w / [H^-1]_ii)^2 go (dead ones first).
+        const int64_t g = std::min(o.m, count - i);
+        at::Tensor tmp = (W1.slice(1, i, i + g).square() / d1.slice(0, i, i + g).square())
+                             .masked_fill(dead1.slice(1, i, i + g), -1);
+        const int64_t drop = std::max<int64_t>(0, g - o.n);
+        if (drop > 0) {
+          at::Tensor idx = std::get<1>(tmp.topk(drop, 1, /*largest=*/false));
+          mask1.slice(1, i, i + g).scatter_(1, idx, true);
+        }
+      }
+      const at::Tensor col = W1.select(1, i);
+      at::Tensor q = col.masked_fill(mask1.select(1, i), 0);
+      Q1.select(1, i).copy_(q);
+      const double d = Hinv1[i][i].item<double>();
+      at::Tensor err = (col - q) / d;
+      r.error += err.square().sum().item<double>() / 2;
+      W1.slice(1, i).addr_(err, Hinv1.select(0, i).slice(0, i), 1, -1);
+      Err1.select(1, i).copy_(err);
+    }
+    W.slice(1, i1, i2).copy_(Q1);
+    if (i2 < cols) W.slice(1, i2).addmm_(Err1, hinv.slice(0, i1, i2).slice(1, i2), 1, -1);
+  }
+  r.weight = W;
+  return r;
+}
+
+}  // namespace lopper

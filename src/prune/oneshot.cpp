@@ -71,6 +71,7 @@ struct Segment {
   size_t begin = 0, end = 0;
   std::vector<size_t> targets;  // indices into PrunePlan::targets
   std::string name;             // the block, or the layer's label
+  bool block = false;           // a block of layers named alike (a transformer layer)
 };
 
 class Calibration {
@@ -105,9 +106,8 @@ class Calibration {
       if (!same) {
         Segment s;
         s.begin = out.empty() ? 0 : target_pos_[i];
-        s.name = !by_block     ? "the model"
-                 : key.empty() ? plan_.targets[i].weight.label()
-                               : key;
+        s.name = !by_block ? "the model" : key.empty() ? plan_.targets[i].weight.label() : key;
+        s.block = by_block && !key.empty();
         if (!out.empty()) out.back().end = s.begin;
         out.push_back(std::move(s));
       }
@@ -252,7 +252,8 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const L
   l.amount = amount_string(o);
   if (c.needs == Needs::kActivations && !in) {
     l.skipped = "the calibration data never reached it";
-    plan.report.warnings.push_back(l.label() + " left alone: the calibration data never reached it");
+    plan.report.warnings.push_back(l.label() +
+                                   " left alone: the calibration data never reached it");
     return;
   }
   if (c.weights == WeightRank::kReconstruct) {
@@ -264,8 +265,9 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const L
       so.n = o.n;
       so.m = o.m;
     } else {
-      so.amount = o.amount.is_count ? o.amount.value / double(std::max<int64_t>(l.nonzero_before, 1))
-                                    : o.amount.value;
+      so.amount = o.amount.is_count
+                      ? o.amount.value / double(std::max<int64_t>(l.nonzero_before, 1))
+                      : o.amount.value;
     }
     SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), in->gram, so, l.label());
     at::Tensor w = r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
@@ -284,13 +286,17 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const L
 }
 
 // OWL's amount per target: blocks with more outlier Wanda scores (above M x the block's mean)
-// keep more weights; amounts spread over amount +- lambda and average the amount.
+// keep more weights; amounts spread over amount +- lambda and average the amount. A layer outside
+// the model's blocks (an LM head) keeps the amount.
 std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment>& blocks,
                                 const std::map<std::string, LayerInput>& inputs,
                                 const PruneOptions& opts) {
   static const Criterion& wanda = importance::find("wanda", importance::Use::kWeights);
   std::vector<double> ratio;
+  std::vector<const Segment*> owl_blocks;
   for (const auto& b : blocks) {
+    if (!b.block) continue;
+    owl_blocks.push_back(&b);
     std::vector<at::Tensor> scores;
     for (size_t i : b.targets) {
       const Target& t = plan.targets[i];
@@ -306,6 +312,7 @@ std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment
     const double mean = all.mean().item<double>();
     ratio.push_back(100.0 * all.gt(opts.owl.m * mean).sum().item<double>() / double(all.numel()));
   }
+  if (ratio.empty()) return std::vector<double>(plan.targets.size(), opts.amount.value);
   const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
   const double lo_v = *lo, span = *hi - *lo;
   std::vector<double> keep(ratio.size());
@@ -315,8 +322,8 @@ std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment
     mean_keep += keep[b] / double(ratio.size());
   }
   std::vector<double> amount(plan.targets.size(), opts.amount.value);
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (size_t i : blocks[b].targets)
+  for (size_t b = 0; b < owl_blocks.size(); ++b)
+    for (size_t i : owl_blocks[b]->targets)
       amount[i] = std::clamp(1 - (keep[b] - mean_keep + (1 - opts.amount.value)), 0.0, 1.0);
   return amount;
 }

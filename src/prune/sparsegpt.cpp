@@ -31,11 +31,10 @@ at::Tensor inverse_factor(const at::Tensor& h, double damp) {
 
 SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const SparseGptOptions& o,
                           const std::string& where) {
-  LOPPER_ASSERT(w.dim() == 2 && gram.dim() == 2 && gram.size(0) == w.size(1) &&
-                    gram.size(1) == w.size(1),
-                "sparsegpt: weight ", w.sizes(), " and Hessian ", gram.sizes());
-  LOPPER_CHECK(o.block_size >= 1, "[prune] sparsegpt: block size must be >= 1, got ",
-               o.block_size);
+  LOPPER_ASSERT(
+      w.dim() == 2 && gram.dim() == 2 && gram.size(0) == w.size(1) && gram.size(1) == w.size(1),
+      "sparsegpt: weight ", w.sizes(), " and Hessian ", gram.sizes());
+  LOPPER_CHECK(o.block_size >= 1, "[prune] sparsegpt: block size must be >= 1, got ", o.block_size);
   LOPPER_CHECK(o.dampening > 0 && std::isfinite(o.dampening),
                "[prune] sparsegpt: dampening must be > 0, got ", o.dampening);
   LOPPER_CHECK(at::isfinite(gram).all().item<bool>(), "[prune] sparsegpt: the inputs of layer '",

@@ -12,16 +12,16 @@
 namespace lopper {
 
 struct SparseGptOptions {
-  double amount = 0.5;        // unstructured: the fraction of each block's nonzero weights removed
-  int64_t n = 0, m = 0;       // N:M (n > 0): keep n of every m consecutive columns of a row
-  int64_t block_size = 128;   // columns pruned together (the lazy batch update)
-  double dampening = 0.01;    // added to H's diagonal, as a fraction of its mean
+  double amount = 0.5;       // unstructured: the fraction of each block's nonzero weights removed
+  int64_t n = 0, m = 0;      // N:M (n > 0): keep n of every m consecutive columns of a row
+  int64_t block_size = 128;  // columns pruned together (the lazy batch update)
+  double dampening = 0.01;   // added to H's diagonal, as a fraction of its mean
 };
 
 struct SparseGptResult {
-  at::Tensor weight;       // [rows, cols] float32, the pruned and updated weight
-  double error = 0;        // sum over rows and columns of (w - q)^2 / [H^-1]_ii^2 / 2
-  double dampening = 0;    // the dampening the factorisation needed (o.dampening or more)
+  at::Tensor weight;     // [rows, cols] float32, the pruned and updated weight
+  double error = 0;      // sum over rows and columns of (w - q)^2 / [H^-1]_ii^2 / 2
+  double dampening = 0;  // the dampening the factorisation needed (o.dampening or more)
 };
 
 /// Prunes `w` ([rows, cols]: outputs by inputs) given `gram` ([cols, cols], X^T X over the

@@ -2,8 +2,12 @@
 // bytes present, and external data must stay inside the model's folder.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "lopper/graph.h"
@@ -14,6 +18,43 @@ namespace lopper::onnx {
 
 /// Reads an ONNX model. External data is resolved relative to the model's folder.
 ir::Model load_model(const std::string& path);
+
+/// A model's external data, copied and mapped into memory (LoadOptions::external_copy): the
+/// initializers are views of the copy, read from disk as they are used, written back to it by the
+/// kernel when changed, and dropped from memory by release(). What bounds a big model's memory.
+class MappedData {
+ public:
+  MappedData(const std::string& path, size_t size);  // maps `path` (shared, writable)
+  ~MappedData();
+  MappedData(const MappedData&) = delete;
+  MappedData& operator=(const MappedData&) = delete;
+
+  const std::string& path() const { return path_; }
+  /// The offset in the file of the bytes `t` views, or -1 when it views none of it.
+  int64_t offset_of(const at::Tensor& t) const;
+  /// Drops the pages in memory (the data stays in the file; the next read brings them back).
+  void release() const;
+  char* data() const { return static_cast<char*>(base_); }
+  size_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct LoadOptions {
+  /// Where to copy the model's one external data file (asked when the model turns out to have
+  /// one): the copy is mapped and the initializers stored there view it (MappedData) instead of
+  /// being read into memory; writing to them writes the copy, never the model's own file. Unset:
+  /// external data is read as usual. Throws when the model's external data is in several files.
+  std::function<std::string()> external_copy;
+};
+
+/// load_model() with options; `mapped` receives the mapping (null when nothing was mapped: the
+/// model has no external data).
+ir::Model load_model(const std::string& path, const LoadOptions& opts,
+                     std::shared_ptr<MappedData>* mapped);
 
 /// Parses an ONNX model from memory. `base_dir` is where external data lives; when empty, a model
 /// that references external data is refused.
@@ -30,6 +71,11 @@ struct SaveOptions {
   bool external_data = false;
   /// Tensors smaller than this stay inside the model when writing external data.
   size_t external_min_bytes = 1024;
+  /// Initializers that still view this mapped external data (LoadOptions::external_copy) are
+  /// written as references to it, under the name `mapped_location` (the data file's final name,
+  /// beside the model); the others are written inside the model.
+  std::shared_ptr<const MappedData> mapped;
+  std::string mapped_location;
 };
 
 /// Writes a model. The file (and its external data) is written to a temporary name in the same

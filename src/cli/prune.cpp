@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -43,7 +44,8 @@ namespace lopper::cli {
 
 // Pruning that reads the layers' inputs (wanda, sparsegpt, OWL): calibrated block by block.
 PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOptions* po,
-                              const PruneRecipe* recipe, bool batches_given) {
+                              const PruneRecipe* recipe, bool batches_given,
+                              const onnx::MappedData* mapped) {
   LoaderOptions lo = o.data.loader(model);
   lo.seed = o.seed;
   lo.drop_last = true;  // every calibration batch the same size
@@ -54,6 +56,7 @@ PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOption
   co.device = o.device;
   co.loss = o.data.loss_options(o.seed);
   co.sequential = !o.one_pass;
+  if (mapped) co.after_block = [mapped] { mapped->release(); };
   std::unique_ptr<Progress> bar;
   co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
     if (!bar) bar = std::make_unique<Progress>("calibrate", of);
@@ -385,11 +388,28 @@ Action add_prune(CLI::App& app) {
 
     OutputFiles files("prune");
     declare_files(files, *o);
-    ir::Model model = load_input_model(files, o->model);
+    // Calibrated pruning streams a model with external data: the data file is copied to the
+    // output's and mapped, each block's weights are read as it is calibrated, pruned in the copy
+    // and dropped from memory (peak memory: a block, not the model).
+    std::shared_ptr<onnx::MappedData> mapped;
+    const std::string data_out = o->out + ".data";
+    ir::Model model;
+    if (inputs) {
+      files.input(o->model);
+      onnx::LoadOptions lo;
+      lo.external_copy = [&] {
+        if (!files.declared(data_out)) files.declare(data_out, "external data of " + o->out);
+        return files.temp(data_out);
+      };
+      model = onnx::load_model(o->model, lo, &mapped);
+      for (const auto& f : model.external_files) files.input(f);
+    } else {
+      model = load_input_model(files, o->model);
+    }
     PruneReport r;
     if (inputs) {
       r = prune_with_inputs(*o, model, recipe ? nullptr : &po, recipe ? &*recipe : nullptr,
-                            calib_batches->count() > 0);
+                            calib_batches->count() > 0, mapped.get());
     } else {
       std::optional<Saliency> saliency;
       if (needs_data) saliency = calibrate(*o, model);
@@ -398,6 +418,10 @@ Action add_prune(CLI::App& app) {
     }
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
+    if (mapped) {
+      so.mapped = mapped;
+      so.mapped_location = std::filesystem::path(data_out).filename().string();
+    }
     onnx::save_model(model, o->out, so, files);
     for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
 

@@ -289,7 +289,30 @@ void save_model(const ir::Model& model, const std::string& path, const SaveOptio
   constexpr size_t kLimit = size_t(1) << 30 | size_t(1) << 29 | size_t(1) << 28;  // 1.75 GiB
   size_t total = p.ByteSizeLong();
   for (const auto& t : tail) total += 1 + varint_size(tail_size(t)) + tail_size(t);
-  bool external = opts.external_data || total > kLimit;
+  if (opts.mapped) {
+    // The initializers that still view the mapped copy are references to it; the rest stay inside.
+    total = p.ByteSizeLong();
+    for (auto& t : tail) {
+      const int64_t at = t.data.defined() ? opts.mapped->offset_of(t.data) : -1;
+      if (at >= 0 && t.data.nbytes() > 0) {
+        auto add = [&](const char* k, const std::string& v) {
+          auto* e = t.meta.add_external_data();
+          e->set_key(k);
+          e->set_value(v);
+        };
+        add("location", opts.mapped_location);
+        add("offset", std::to_string(at));
+        add("length", std::to_string(t.data.nbytes()));
+        t.meta.set_data_location(TensorProto::EXTERNAL);
+        t.data = at::Tensor();
+      }
+      total += 1 + varint_size(tail_size(t)) + tail_size(t);
+    }
+    LOPPER_CHECK(total <= kLimit,
+                 "[export] the initializers outside the mapped external data "
+                 "push the model past 2 GB");
+  }
+  bool external = !opts.mapped && (opts.external_data || total > kLimit);
   std::string data_tmp, data_path;
   if (external) {
     std::filesystem::path mp(path);

@@ -178,10 +178,13 @@ ir::Graph convert_graph(GraphProto& g, const ExternalDataContext& ctx, int depth
 namespace {
 
 // The model's own fields; its graph's initializers take over the parsed bytes (`m` is consumed).
-ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir) {
+ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir,
+                        const LoadOptions& opts = {},
+                        std::shared_ptr<MappedData>* mapped = nullptr) {
   LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
   ExternalDataContext ctx{base_dir};
+  ctx.copy_to = opts.external_copy;
   ctx.sparse_budget = sparse_budget_for(size);
   std::set<std::string> external;
   ctx.files = &external;
@@ -200,6 +203,7 @@ ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir)
   out.external_files.assign(external.begin(), external.end());
   if (out.opset_import.empty()) out.opset_import.push_back({"", 1});  // as ONNX specifies
   ir::validate(out);
+  if (mapped) *mapped = ctx.mapped;
   return out;
 }
 
@@ -233,7 +237,10 @@ ir::Model parse_model(const void* data, size_t size, const std::string& base_dir
   return convert_model(m, size, base_dir);
 }
 
-ir::Model load_model(const std::string& path) {
+ir::Model load_model(const std::string& path) { return load_model(path, {}, nullptr); }
+
+ir::Model load_model(const std::string& path, const LoadOptions& opts,
+                     std::shared_ptr<MappedData>* mapped) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   // NOTE: parsed straight from the file, never read into one buffer first: with the initializers
@@ -255,7 +262,7 @@ ir::Model load_model(const std::string& path) {
       google::protobuf::io::CopyingInputStreamAdaptor stream(&in, 1 << 20);
       LOPPER_CHECK(m.ParseFromZeroCopyStream(&stream), kCorrupt);
     }
-    return convert_model(m, size, dir);
+    return convert_model(m, size, dir, opts, mapped);
   } catch (const Error& e) {
     throw Error(detail::concat(e.what(), " (", path, ")"));
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -200,6 +201,29 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
     throw Error(detail::concat("[import] ", what, ": external data '", location, "' has ",
                                st.st_size, " bytes, but the tensor needs ", nbytes,
                                " bytes at offset ", offset));
+  }
+  if (ctx.copy_to) {
+    if (!ctx.mapped) {
+      ::close(fd);
+      const std::string to = ctx.copy_to();
+      std::error_code ec;
+      std::filesystem::copy_file(path, to, std::filesystem::copy_options::overwrite_existing, ec);
+      LOPPER_CHECK(!ec, "[import] cannot copy external data '", location, "' to '", to,
+                   "': ", ec.message());
+      ctx.mapped = std::make_shared<MappedData>(to, size_t(st.st_size));
+      ctx.mapped_source = path;
+    } else {
+      ::close(fd);
+      LOPPER_CHECK(path == ctx.mapped_source, "[import] ", what,
+                   ": external data in a second file '", location,
+                   "': mapping needs the model's external data in one file");
+    }
+    if (offset % int64_t(c10::elementSize(type)) == 0) {
+      std::shared_ptr<MappedData> keep = ctx.mapped;
+      return at::from_blob(
+          ctx.mapped->data() + offset, dims, [keep](void*) {}, at::TensorOptions().dtype(type));
+    }
+    fd = open_regular_file(ctx.mapped->path(), "[import] " + what + ": external data");
   }
   at::Tensor t;
   try {
@@ -449,6 +473,37 @@ void tensor_to_sparse_proto(const at::Tensor& t, const std::string& name,
   tensor_to_proto(vals, p->mutable_values());
   p->mutable_values()->set_name(name);
   tensor_to_proto(idx, p->mutable_indices());
+}
+
+MappedData::MappedData(const std::string& path, size_t size) : path_(path), size_(size) {
+  if (size_ == 0) return;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  LOPPER_CHECK(fd >= 0, "[import] cannot map '", path, "': ", std::strerror(errno));
+  base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    throw Error(detail::concat("[import] cannot map '", path, "': ", std::strerror(err)));
+  }
+}
+
+MappedData::~MappedData() {
+  if (base_) ::munmap(base_, size_);
+}
+
+int64_t MappedData::offset_of(const at::Tensor& t) const {
+  if (!base_ || !t.defined() || !t.is_cpu()) return -1;
+  const char* p = static_cast<const char*>(t.const_data_ptr());
+  const char* b = static_cast<const char*>(base_);
+  if (p < b || p + t.nbytes() > b + size_) return -1;
+  return int64_t(p - b);
+}
+
+void MappedData::release() const {
+  // NOTE: for a shared file mapping the pages' contents live on in the file (and the page cache):
+  // the next read of a tensor maps them back.
+  if (base_) ::madvise(base_, size_, MADV_DONTNEED);
 }
 
 }  // namespace lopper::onnx

@@ -3,9 +3,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <set>
 #include <string>
 
+#include "lopper/onnx_io.h"
 #include "onnx.pb.h"
 
 namespace lopper::onnx {
@@ -19,6 +21,10 @@ struct ExternalDataContext {
   mutable int64_t sparse_budget = int64_t(1) << 28;
   /// When set, every external data file read is added here (resolved paths).
   std::set<std::string>* files = nullptr;
+  /// LoadOptions::external_copy: where the external data file is copied and mapped.
+  std::function<std::string()> copy_to;
+  mutable std::shared_ptr<MappedData> mapped;  // the mapping of copy_to, once made
+  mutable std::string mapped_source;           // the external data file it copies
 };
 
 /// The sparse budget of a model of `model_bytes` bytes: 256 MiB, or 1024 times the model's size

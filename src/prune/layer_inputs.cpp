@@ -77,29 +77,45 @@ void LayerInputCollector::observe(const ir::Node& n, const std::vector<at::Tenso
   auto it = layers_.find(n.outputs[0]);
   if (it == layers_.end()) return;
   const Layer& l = it->second;
-  at::Tensor rows;
-  if (n.op_type == "Conv") {
-    rows = conv_patches(n, in[0], in[1]);
-  } else {
-    const ir::Attribute* ta = n.attr("transA");
-    at::Tensor x = ta && ta->i != 0 ? in[0].t() : in[0];
-    rows = x.reshape({-1, x.size(-1)});
+  // Layers that read the same input (a transformer's q, k and v; gate and up) share one batch's
+  // statistics: the input tensor is the same object, computed once.
+  const bool same = last_.input.defined() && last_.input.is_same(in[0]) && last_.op == n.op_type &&
+                    n.op_type != "Conv" && !(n.attr("transA") && n.attr("transA")->i != 0) &&
+                    (!l.gram || last_.gram.defined());
+  if (!same) {
+    at::Tensor rows;
+    if (n.op_type == "Conv") {
+      rows = conv_patches(n, in[0], in[1]);
+    } else {
+      const ir::Attribute* ta = n.attr("transA");
+      at::Tensor x = ta && ta->i != 0 ? in[0].t() : in[0];
+      rows = x.reshape({-1, x.size(-1)});
+    }
+    // One batch's sums in float32 (the rows of a batch), added up over batches in float64.
+    rows = rows.to(at::kFloat).contiguous();
+    last_.input = in[0];
+    last_.op = n.op_type;
+    last_.tokens = rows.size(0);
+    last_.sq_norm = rows.square().sum(0).to(at::kDouble);
+    last_.gram = l.gram ? rows.t().mm(rows).to(at::kDouble) : at::Tensor();
   }
-  rows = rows.to(at::kDouble);
-  const int64_t k = rows.size(1);
+  const int64_t k = last_.sq_norm.size(0);
   LayerInput& li = stats_[l.weight];
   if (!li.sq_norm.defined()) {
-    li.sq_norm = at::zeros({k}, rows.options());
-    if (l.gram) li.gram = at::zeros({k, k}, rows.options());
+    li.sq_norm = at::zeros({k}, last_.sq_norm.options());
+    if (l.gram) li.gram = at::zeros({k, k}, last_.sq_norm.options());
   }
   LOPPER_ASSERT(li.sq_norm.size(0) == k, "layer input of ", k, " features for weight '", l.weight,
                 "', was ", li.sq_norm.size(0));
-  li.sq_norm += rows.square().sum(0);
-  if (l.gram) li.gram.addmm_(rows.t(), rows);
-  li.tokens += rows.size(0);
+  li.sq_norm += last_.sq_norm;
+  if (l.gram) li.gram += last_.gram;
+  li.tokens += last_.tokens;
 }
 
-std::map<std::string, LayerInput> LayerInputCollector::take() { return std::move(stats_); }
+std::map<std::string, LayerInput> LayerInputCollector::take() {
+  last_ = {};
+  return std::move(stats_);
+}
 
 std::map<std::string, LayerInput> collect_layer_inputs(const ir::Model& model, DataLoader& data,
                                                        const LayerInputOptions& opts) {

@@ -50,6 +50,11 @@ class LayerInputCollector {
   };
   std::unordered_map<std::string, Layer> layers_;  // by the layer's first output
   std::map<std::string, LayerInput> stats_;
+  struct Last {  // the last input's batch statistics, for the next layer that reads it too
+    at::Tensor input, sq_norm, gram;
+    std::string op;
+    int64_t tokens = 0;
+  } last_;
 };
 
 struct LayerInputOptions {

@@ -380,6 +380,7 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
                    saliency ? &*saliency : nullptr);
     }
     if (si + 1 < segments.size()) cal.advance(s);
+    if (calib.after_block) calib.after_block();
   }
   finish_report(plan.report);
   return std::move(plan.report);

@@ -102,14 +102,14 @@ TEST(SparseGpt, BadHessiansAreOneLineErrorsNamingTheLayer) {
   SparseGptOptions o;
   at::Tensor nan = at::eye(8, at::kDouble);
   nan[2][3] = std::nan("");
-  EXPECT_NE(test::error_of([&] { sparsegpt(w, nan, o, "blk.0.q"); })
-                .find("inputs of layer 'blk.0.q' hold NaN or Inf"),
+  EXPECT_NE(test::error_of([&] {
+              sparsegpt(w, nan, o, "blk.0.q");
+            }).find("inputs of layer 'blk.0.q' hold NaN or Inf"),
             std::string::npos);
   // Not positive definite even with 100x the dampening: the retries end in one error.
   const at::Tensor indefinite = -at::eye(8, at::kDouble);
   const std::string e = test::error_of([&] { sparsegpt(w, indefinite, o, "blk.1.up"); });
-  EXPECT_NE(e.find("Hessian of layer 'blk.1.up' is not positive definite"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("Hessian of layer 'blk.1.up' is not positive definite"), std::string::npos) << e;
   // An input no token ever set: its weights go (H_jj = 0), as in the reference.
   at::Tensor dead = at::eye(8, at::kDouble);
   dead[5][5] = 0;
@@ -158,8 +158,8 @@ TEST(PruneCalibrated, WandaLayerByLayerOnThePrunedLayersBefore) {
     const auto weights = prunable_weights(m.graph);
     for (size_t i = 0; i < weights.size(); ++i) {
       const at::Tensor got = m.graph.find_initializer(weights[i].weight)->value.eq(0);
-      EXPECT_TRUE(got.equal(want[i])) << weights[i].weight << ": "
-                                      << got.ne(want[i]).sum().item<int64_t>() << " differ";
+      EXPECT_TRUE(got.equal(want[i]))
+          << weights[i].weight << ": " << got.ne(want[i]).sum().item<int64_t>() << " differ";
     }
     EXPECT_EQ(r.nonzero_after * 2, r.nonzero_before);
   }
@@ -183,8 +183,11 @@ TEST(PruneCalibrated, AConvReadsItsPatches) {
   const LayerInput& li = stats.at(conv.inputs[1]);
   const at::Tensor w = m.graph.find_initializer(conv.inputs[1])->value;
   const at::Tensor v = at::randn(w.sizes());
-  const double direct =
-      at::conv2d(x, v, {}, /*stride=*/1, /*padding=*/1).to(at::kDouble).square().sum().item<double>();
+  const double direct = at::conv2d(x, v, {}, /*stride=*/1, /*padding=*/1)
+                            .to(at::kDouble)
+                            .square()
+                            .sum()
+                            .item<double>();
   const at::Tensor v2 = v.reshape({v.size(0), -1}).to(at::kDouble);
   const double via_gram = v2.mm(li.gram).mm(v2.t()).trace().item<double>();
   EXPECT_NEAR(via_gram, direct, 1e-6 * direct);
@@ -243,17 +246,23 @@ TEST(PruneCalibratedCli, BadInputIsOneLineAndWritesNothing) {
       {"--method wanda --amount 0.5", "wanda ranks weights by the layers' inputs on data", 2},
       {"--method wanda --amount 0.5 --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
        "has 4 calibration batches of 2, fewer than the 64 asked", 1},
-      {"--method wanda --amount 0.5 --calib-batches 4 --batch-size 2 --data tokens:" + (tmp / "far.npy"),
+      {"--method wanda --amount 0.5 --calib-batches 4 --batch-size 2 --data tokens:" +
+           (tmp / "far.npy"),
        "index out of range", 1},
-      {"--method wanda --amount 0.5 --scope global --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
+      {"--method wanda --amount 0.5 --scope global --batch-size 2 --data tokens:" +
+           (tmp / "ids.npy"),
        "use --scope local", 2},
-      {"--method wanda --amount 3 --batch-size 2 --data tokens:" + (tmp / "ids.npy"), "give it as a fraction", 2},
-      {"--method sparsegpt --amount 0.5 --dampening 0 --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
+      {"--method wanda --amount 3 --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
+       "give it as a fraction", 2},
+      {"--method sparsegpt --amount 0.5 --dampening 0 --batch-size 2 --data tokens:" +
+           (tmp / "ids.npy"),
        "--dampening must be > 0", 2},
-      {"--method sparsegpt --pattern row --amount 0.5 --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
+      {"--method sparsegpt --pattern row --amount 0.5 --batch-size 2 --data tokens:" +
+           (tmp / "ids.npy"),
        "unstructured or N:M", 2},
       {"--method l1 --amount 0.5 --owl-lambda 0.1", "OWL weighs each block", 2},
-      {"--method wanda --amount 0.5 --owl-lambda 0.6 --batch-size 2 --data tokens:" + (tmp / "ids.npy"),
+      {"--method wanda --amount 0.5 --owl-lambda 0.6 --batch-size 2 --data tokens:" +
+           (tmp / "ids.npy"),
        "must stay in [0, 1]", 2},
       {"--structured channel --amount 0.5 --block-size 64", "--block-size is for --method", 2},
       {"--method l1 --amount 0.5 --one-pass", "--one-pass is for --method wanda", 2},
@@ -266,4 +275,44 @@ TEST(PruneCalibratedCli, BadInputIsOneLineAndWritesNothing) {
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(out));
   }
+}
+
+// A model with external data is streamed: its data file is copied to the output's and mapped, each
+// block's weights pruned in the copy. The result equals the in-memory run's, the input's files are
+// untouched, and a failure leaves no file behind.
+TEST(PruneCalibratedCli, ExternalDataIsStreamedThroughACopy) {
+  test::TempDir tmp;
+  const ir::Model m = onnx::load_model(test::fixture("llama.dynamo.onnx"));
+  const std::string in = tmp / "in.onnx";
+  onnx::SaveOptions so;
+  so.external_data = true;
+  onnx::save_model(m, in, so);
+  const std::string in_data = test::slurp(in + ".data"), in_model = test::slurp(in);
+  ASSERT_GT(in_data.size(), 100000u);
+  save_npy(at::randint(1, 100, {8, 16}, at::kLong), tmp / "ids.npy");
+  save_npy(at::randint(1, 5000, {8, 16}, at::kLong), tmp / "far.npy");
+  const std::string args = " --method sparsegpt --amount 0.5 --batch-size 2 --calib-batches 4 ";
+  auto streamed = test::lopper_cli("prune " + in + " -o " + (tmp / "s.onnx") + args +
+                                   "--data tokens:" + (tmp / "ids.npy"));
+  ASSERT_EQ(streamed.code, 0) << streamed.err;
+  auto whole = test::lopper_cli("prune " + test::fixture("llama.dynamo.onnx") + " -o " +
+                                (tmp / "w.onnx") + args + "--data tokens:" + (tmp / "ids.npy"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "s.onnx.data"));
+  EXPECT_LT(std::filesystem::file_size(tmp / "s.onnx"), 300000u);  // the weights are outside
+  const ir::Model s = onnx::load_model(tmp / "s.onnx"), w = onnx::load_model(tmp / "w.onnx");
+  ASSERT_EQ(s.graph.initializers.size(), w.graph.initializers.size());
+  for (const auto& init : w.graph.initializers)
+    EXPECT_TRUE(s.graph.find_initializer(init.name)->value.equal(init.value)) << init.name;
+  EXPECT_EQ(test::slurp(in + ".data"), in_data);
+  EXPECT_EQ(test::slurp(in), in_model);
+
+  auto bad = test::lopper_cli("prune " + in + " -o " + (tmp / "b.onnx") + args +
+                              "--data tokens:" + (tmp / "far.npy"));
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  for (const auto& f : std::filesystem::directory_iterator(tmp.path))
+    EXPECT_EQ(f.path().filename().string().rfind("b.onnx", 0), std::string::npos) << f.path();
+  size_t files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(tmp.path)) files += f.is_regular_file();
+  EXPECT_EQ(files, 9u);  // in (2), ids, far, s (model, data, report), w (model, report): no more
 }

@@ -297,8 +297,9 @@ def main():
 
     print(f"{'case':<16} {'weights':>7} {'mask agreement':>15} {'max rel diff':>13} {'ties':>5} "
           f"{'lopper s':>9} {'llm-compressor s':>17}  check")
+    failed = {f.split(":")[0] for f in failures}
     for case, count, agreement, max_rel, ties, lopper_s, ref_s in rows:
-        what = "pass/fail" if case.checked else "measured"
+        what = ("FAIL" if case.name in failed else "pass") if case.checked else "measured"
         print(f"{case.name:<16} {count:>7} {agreement:>15.6f} {max_rel:>13.2e} {ties:>5} "
               f"{lopper_s:>9.2f} {ref_s:>17.2f}  {what}")
     for case, _, agreement, max_rel, *_ in rows:

@@ -26,6 +26,10 @@ struct ExecOptions {
   /// Rewrite a private copy of the graph for speed (inference only): BatchNorm folded into Conv,
   /// activations and residual adds fused into the convolution.
   bool fuse = true;
+  /// Prepare constant weights at the first inference run (transposed and packed copies, the
+  /// fastest kernel of each layer chosen by timing). Off: every layer computes on its weights as
+  /// they are, with ATen, no copy: for one pass over a model too big to hold twice (calibration).
+  bool prepack = true;
   /// Inference precision: kFloat, kBFloat16 or kHalf (CUDA only). Below fp32, float32
   /// initializers and inputs are cast once, the graph computes in that type, and float outputs
   /// come back as float32. Ignored with autograd.

@@ -43,6 +43,11 @@ class MappedData {
   size_t size_ = 0;
 };
 
+/// When `t` views a live MappedData, drops the pages of its bytes from memory (they stay in the
+/// file); otherwise does nothing. For a pass over every weight of a mapped model (counting zeros)
+/// that must not leave the whole model resident.
+void drop_pages(const at::Tensor& t);
+
 struct LoadOptions {
   /// Where to copy the model's one external data file (asked when the model turns out to have
   /// one): the copy is mapped and the initializers stored there view it (MappedData) instead of

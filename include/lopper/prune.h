@@ -235,9 +235,10 @@ struct CalibrationOptions {
   /// prune_calibrated(): called as each calibration pass starts (1-based), with what it calibrates
   /// ("model.layers.3", "OWL outlier ratios").
   std::function<void(int64_t pass, int64_t of, const std::string& what)> on_pass;
-  /// prune_calibrated(): called after each block is pruned and has handed on its outputs, e.g. to
-  /// drop a mapped model's pages from memory (onnx::MappedData::release).
-  std::function<void()> after_block;
+  /// prune_calibrated(): called whenever the weights read so far need not stay in memory (after
+  /// the layers are counted, after each block is pruned and has handed on its outputs), e.g. to
+  /// drop a mapped model's pages (onnx::MappedData::release).
+  std::function<void()> release_memory;
 };
 
 /// Runs `model` under autograd on batches of `data` and accumulates each prunable weight's

@@ -56,7 +56,7 @@ PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOption
   co.device = o.device;
   co.loss = o.data.loss_options(o.seed);
   co.sequential = !o.one_pass;
-  if (mapped) co.after_block = [mapped] { mapped->release(); };
+  if (mapped) co.release_memory = [mapped] { mapped->release(); };
   std::unique_ptr<Progress> bar;
   co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
     if (!bar) bar = std::make_unique<Progress>("calibrate", of);

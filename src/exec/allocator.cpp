@@ -3,6 +3,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -47,6 +49,21 @@ class CachingCpuAllocator final : public c10::Allocator {
     default_copy_data(dest, src, count);
   }
 
+  // Frees every cached block.
+  void empty() {
+    std::vector<void*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [n, ps] : free_) blocks.insert(blocks.end(), ps.begin(), ps.end());
+      free_.clear();
+      cached_ = 0;
+    }
+    for (void* p : blocks) std::free(p);
+    // glibc keeps freed heap memory in its arenas (blocks under its mmap threshold, which grows
+    // to 32 MiB as large blocks are freed): hand what it can back too.
+    malloc_trim(0);
+  }
+
   static CachingCpuAllocator& instance() {
     static CachingCpuAllocator* a = new CachingCpuAllocator();  // outlives every tensor
     return *a;
@@ -84,5 +101,7 @@ void install_caching_cpu_allocator() {
   static std::once_flag once;
   std::call_once(once, [] { c10::SetCPUAllocator(&CachingCpuAllocator::instance(), 1); });
 }
+
+void empty_cpu_cache() { CachingCpuAllocator::instance().empty(); }
 
 }  // namespace lopper::exec

@@ -10,4 +10,8 @@ namespace lopper::exec {
 /// Shapes repeat from one run to the next, so exact-size reuse hits almost always.
 void install_caching_cpu_allocator();
 
+/// Gives every cached block back to the OS: for a job whose shapes change (one model block after
+/// another) and whose memory must stay bounded.
+void empty_cpu_cache();
+
 }  // namespace lopper::exec

@@ -387,6 +387,7 @@ struct Executor::Impl {
     ctx.state_ = &st.state;
     ctx.decisions_ = &decisions;
     ctx.grad_mode_ = opts.autograd;
+    ctx.prepack_ = opts.prepack;
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
     };

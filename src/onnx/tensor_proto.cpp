@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <vector>
 
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
@@ -475,6 +477,31 @@ void tensor_to_sparse_proto(const at::Tensor& t, const std::string& name,
   tensor_to_proto(idx, p->mutable_indices());
 }
 
+namespace {
+
+// The live mappings, for drop_pages().
+std::mutex mappings_mu;
+std::vector<const MappedData*>& mappings() {
+  static std::vector<const MappedData*> all;
+  return all;
+}
+
+}  // namespace
+
+void drop_pages(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(mappings_mu);
+  for (const MappedData* m : mappings()) {
+    const int64_t at = m->offset_of(t);
+    if (at < 0) continue;
+    // The whole pages inside the tensor's bytes (a page shared with a neighbour stays).
+    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    const size_t begin = (size_t(at) + page - 1) / page * page,
+                 end = (size_t(at) + t.nbytes()) / page * page;
+    if (end > begin) ::madvise(m->data() + begin, end - begin, MADV_DONTNEED);
+    return;
+  }
+}
+
 MappedData::MappedData(const std::string& path, size_t size) : path_(path), size_(size) {
   if (size_ == 0) return;
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -486,9 +513,16 @@ MappedData::MappedData(const std::string& path, size_t size) : path_(path), size
     base_ = nullptr;
     throw Error(detail::concat("[import] cannot map '", path, "': ", std::strerror(err)));
   }
+  std::lock_guard<std::mutex> lock(mappings_mu);
+  mappings().push_back(this);
 }
 
 MappedData::~MappedData() {
+  {
+    std::lock_guard<std::mutex> lock(mappings_mu);
+    auto& all = mappings();
+    all.erase(std::remove(all.begin(), all.end(), this), all.end());
+  }
   if (base_) ::munmap(base_, size_);
 }
 

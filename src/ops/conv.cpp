@@ -98,7 +98,7 @@ void conv_forward(OpContext& c) {
   // NOTE: inference on the CPU runs oneDNN with the weight reordered once and the activations in
   // channels-last layout (kept from one convolution to the next), the layout its kernels read
   // without reorders; the activation and residual add are fused into the kernel.
-  if (x.dim() == 4 && !c.grad_mode() && c.is_constant(1) && (!b.defined() || c.is_constant(2)) &&
+  if (x.dim() == 4 && c.prepack() && c.is_constant(1) && (!b.defined() || c.is_constant(2)) &&
       onednn::usable(x) && onednn::usable(w)) {
     auto& st = c.state<ConvState>();
     in = in.contiguous(at::MemoryFormat::ChannelsLast);

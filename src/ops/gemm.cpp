@@ -172,7 +172,7 @@ void gemm_forward(OpContext& c) {
                   (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == n);
 
   // The common case, a Linear layer: constant weight, bias per output, alpha = beta = 1.
-  if (c.is_constant(1) && (!bias.defined() || c.is_constant(2)) && !c.grad_mode() &&
+  if (c.is_constant(1) && (!bias.defined() || c.is_constant(2)) && c.prepack() &&
       a.is_floating_point() && alpha == 1.0f && (beta == 1.0f || !bias.defined()) && row_bias) {
     auto& st = c.state<LinearState>();
     if (!st.weight.defined()) st.weight = trans_b ? b.contiguous() : b.t().contiguous();
@@ -208,7 +208,7 @@ void matmul_forward(OpContext& c) {
   c.check(a.dim() >= 1 && b.dim() >= 1, "MatMul inputs must be at least 1-D");
   int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
-  if (b.dim() == 2 && a.dim() >= 2 && a.is_floating_point() && c.is_constant(1) && !c.grad_mode()) {
+  if (b.dim() == 2 && a.dim() >= 2 && a.is_floating_point() && c.is_constant(1) && c.prepack()) {
     // A constant [K, N] weight: a linear layer with the weight prepacked as [N, K].
     auto& st = c.state<LinearState>();
     if (!st.weight.defined()) st.weight = b.t().contiguous();
@@ -231,7 +231,7 @@ void fused_matmul_forward(OpContext& c) {
   c.check(x.size(-1) == k, "inner dimensions differ: ", x.size(-1), " vs ", k);
   if (bias.defined()) c.check(bias.numel() == n, "bias must have ", n, " elements");
   if (x.dim() >= 2 && x.is_floating_point() && c.is_constant(1) &&
-      (!bias.defined() || c.is_constant(2)) && !c.grad_mode()) {
+      (!bias.defined() || c.is_constant(2)) && c.prepack()) {
     auto& st = c.state<LinearState>();
     if (!st.weight.defined()) st.weight = trans_b ? w.contiguous() : w.t().contiguous();
     c.set_output(0, run_linear(c, x, st, bias.defined() ? bias.reshape({n}) : bias, post));

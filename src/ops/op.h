@@ -66,6 +66,10 @@ class OpContext : public AttrReader {
   bool training() const { return training_; }
   /// True when autograd is on: prepacked state must not be used, it would cut the gradient.
   bool grad_mode() const { return grad_mode_; }
+  /// Whether constant weights may be prepared at the first run (transposed or packed copies,
+  /// kernels chosen by timing): not under autograd, nor when the executor is told not to
+  /// (ExecOptions::prepack, for one-off passes over big models).
+  bool prepack() const { return !grad_mode_ && prepack_; }
   const at::Device& device() const { return device_; }
 
   size_t num_inputs() const { return inputs_.size(); }
@@ -108,6 +112,7 @@ class OpContext : public AttrReader {
   std::vector<KernelDecision>* decisions_ = nullptr;  // where kernel choices are reported
   SubgraphRunner subgraph_runner_;
   bool grad_mode_ = false;
+  bool prepack_ = true;
 
  private:
   int64_t opset_;

@@ -200,7 +200,7 @@ void max_pool(OpContext& c) {
   at::Tensor xf = x.to(float_type(x));
   std::vector<int64_t> ap;
   if (!c.wants_output(1) && aten_pads(g, ap)) {
-    if (g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && !c.grad_mode() &&
+    if (g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
         x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
       c.set_output(0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, ap, g.dilations));
       return;

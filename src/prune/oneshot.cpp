@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "exec/allocator.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -223,7 +224,9 @@ class Calibration {
   Executor executor(const ir::Model& sub) const {
     ExecOptions eo;
     eo.device = calib_.device;
-    eo.fuse = false;  // every layer runs as itself, with its own input
+    eo.fuse = false;     // every layer runs as itself, with its own input
+    eo.prepack = false;  // no weight copies, no kernel timing: two passes per block
+    eo.fold_constants = false;
     return Executor(sub, eo);
   }
 
@@ -243,7 +246,7 @@ at::Tensor as_rows(const at::Tensor& w, int64_t out_axis) {
 
 // Prunes target i of the plan under `o` with its layer's inputs (`in`, null for the criteria that
 // do not read them).
-void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const LayerInput* in,
+void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerInput* in,
                   const Saliency* saliency) {
   const Target& t = plan.targets[i];
   PruneLayerReport& l = plan.report.layers[t.report];
@@ -269,7 +272,7 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, const L
                       ? o.amount.value / double(std::max<int64_t>(l.nonzero_before, 1))
                       : o.amount.value;
     }
-    SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), in->gram, so, l.label());
+    SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), std::move(in->gram), so, l.label());
     at::Tensor w = r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
                        .movedim(0, t.out_axis)
                        .to(v.scalar_type());
@@ -342,6 +345,9 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
   for (const auto* o : plan.how) gradients |= criterion_of(*o).needs == Needs::kGradients;
   if (gradients) saliency = compute_saliency(model, data, calib);
 
+  // The plan counted every weight's zeros: its pages and temporaries need not stay.
+  exec::empty_cpu_cache();
+  if (calib.release_memory) calib.release_memory();
   c10::NoGradGuard no_grad;
   Calibration cal(model, plan, data, calib);
   const std::vector<Segment> segments = cal.segments(calib.sequential);
@@ -378,9 +384,14 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
       auto it = inputs.find(plan.targets[i].init->name);
       prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second,
                    saliency ? &*saliency : nullptr);
+      if (it != inputs.end()) inputs.erase(it);
+      exec::empty_cpu_cache();  // the solver's K x K matrices
     }
     if (si + 1 < segments.size()) cal.advance(s);
-    if (calib.after_block) calib.after_block();
+    // NOTE: the next block's shapes are the same, but its Hessians and the solver's copies are
+    // freed now: memory stays at about one block's, not a high-water mark of cached blocks.
+    exec::empty_cpu_cache();
+    if (calib.release_memory) calib.release_memory();
   }
   finish_report(plan.report);
   return std::move(plan.report);

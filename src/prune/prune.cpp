@@ -16,6 +16,7 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/onnx_io.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
 #include "prune/layer_inputs.h"
@@ -373,6 +374,7 @@ std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
     l.shape = t.init->value.sizes().vec();
     l.params = t.init->value.numel();
     l.nonzero_before = l.nonzero_after = t.init->value.count_nonzero().item<int64_t>();
+    onnx::drop_pages(t.init->value);  // a mapped model's weight is read again when pruned
     report.layers.push_back(std::move(l));
     t.weight = std::move(pw);
     all.push_back(std::move(t));

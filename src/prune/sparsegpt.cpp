@@ -15,13 +15,16 @@ namespace {
 int64_t round_half_even(double x) { return int64_t(std::nearbyint(x)); }
 
 // The upper Cholesky factor of H^-1 for H + damp * mean(diag H) * I, or undefined when H + damp
-// is not positive definite.
-at::Tensor inverse_factor(const at::Tensor& h, double damp) {
-  at::Tensor hd = h.clone();
-  hd.diagonal().add_(damp * h.diagonal().mean().item<double>());
-  auto [l, info] = at::linalg_cholesky_ex(hd);
+// is not positive definite. H's diagonal is changed and put back; each step frees the one before
+// (a K x K float64 matrix is 254 MB for a 5632-wide input: at most three live at once).
+at::Tensor inverse_factor(at::Tensor& h, double damp) {
+  const at::Tensor diag = h.diagonal().clone();
+  h.diagonal().add_(damp * diag.mean().item<double>());
+  auto [l, info] = at::linalg_cholesky_ex(h);
+  h.diagonal().copy_(diag);
   if (info.item<int64_t>() != 0) return {};
   at::Tensor inv = at::cholesky_inverse(l);
+  l.reset();
   auto [u, info2] = at::linalg_cholesky_ex(inv, /*upper=*/true);
   if (info2.item<int64_t>() != 0) return {};
   return u;
@@ -29,7 +32,7 @@ at::Tensor inverse_factor(const at::Tensor& h, double damp) {
 
 }  // namespace
 
-SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const SparseGptOptions& o,
+SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptOptions& o,
                           const std::string& where) {
   LOPPER_ASSERT(
       w.dim() == 2 && gram.dim() == 2 && gram.size(0) == w.size(1) && gram.size(1) == w.size(1),
@@ -42,7 +45,10 @@ SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const Spa
   const int64_t cols = w.size(1);
   at::Tensor W = w.to(at::kCPU, at::kFloat).clone();
   const at::Tensor dead_w = W.eq(0);  // zero already: stays zero, not counted by the amount
-  at::Tensor H = gram.to(at::kCPU, at::kDouble).clone();
+  // In place when the caller handed its Gram matrix over (std::move): no second copy.
+  at::Tensor H = gram.to(at::kCPU, at::kDouble);
+  if (H.use_count() > 1 || !H.is_contiguous()) H = H.clone(at::MemoryFormat::Contiguous);
+  gram.reset();
   const at::Tensor dead = H.diagonal().eq(0);
   H.diagonal().masked_fill_(dead, 1);
   W.masked_fill_(dead.unsqueeze(0), 0);
@@ -59,6 +65,7 @@ SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const Spa
   LOPPER_CHECK(hinv.defined(), "[prune] sparsegpt: the Hessian of layer '", where,
                "' is not positive definite even with dampening ", o.dampening * 100,
                " (100x the dampening asked): give more calibration data, or a larger dampening");
+  H.reset();
   hinv = hinv.to(at::kFloat);
 
   const bool nm = o.n > 0;

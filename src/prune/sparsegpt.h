@@ -25,11 +25,12 @@ struct SparseGptResult {
 };
 
 /// Prunes `w` ([rows, cols]: outputs by inputs) given `gram` ([cols, cols], X^T X over the
-/// calibration inputs). Weights that are zero already stay zero and the amount counts from the
+/// calibration inputs; worked on in place when the caller moves it in and holds no other
+/// reference). Weights that are zero already stay zero and the amount counts from the
 /// others; the inputs no calibration token ever set (a zero on H's diagonal) get their weights
 /// zeroed, as the reference does. When H + dampening is not positive definite the dampening is
 /// raised tenfold, twice; then it throws lopper::Error naming `where`.
-SparseGptResult sparsegpt(const at::Tensor& w, const at::Tensor& gram, const SparseGptOptions& o,
+SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptOptions& o,
                           const std::string& where);
 
 }  // namespace lopper

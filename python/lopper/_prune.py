@@ -1,8 +1,11 @@
-"""lopper.prune: unstructured, N:M, row, column and block pruning of an nn.Module in place.
+"""lopper.prune: unstructured, N:M, row, column and block pruning of an nn.Module in place, and
+one-shot LLM pruning (Wanda, SparseGPT, OWL) on calibration batches.
 
 The module is exported to ONNX in memory; lopper's C++ library (lopper._lopper._prune_onnx) prunes
 the export exactly as `lopper prune` would and hands back a keep-mask per pruned weight, which is
-applied with torch.nn.utils.prune.custom_from_mask. This file only moves the module across.
+applied with torch.nn.utils.prune.custom_from_mask, and the new values of the weights whose kept
+entries it changed (SparseGPT), copied into the parameters first. This file only moves the module
+across.
 """
 import copy
 import inspect
@@ -21,7 +24,8 @@ __all__ = ["PruneLayerReport", "PruneReport", "prune"]
 def prune(module, example_inputs, *, method=None, amount=None, threshold=None, scope="local",
           pattern=None, norm=None, seed=None, exclude=None, skip_first_last=False,
           allow_tied=False, recipe=None, data=None, loss="auto", mask_token=None,
-          calib_batches=32, device=None, progress=True):
+          calib_batches=None, device=None, block_size=128, dampening=0.01, owl_lambda=None,
+          owl_m=5, sequential=True, progress=True):
     """Prunes the weights of ``module`` in place, the way ``lopper prune`` prunes its ONNX export.
 
     Every Conv, ConvTranspose and Linear weight (any parameter a convolution or a matrix product
@@ -36,6 +40,18 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
     masked and ``amount`` counts from the weights left. A parameter that several submodules hold
     (tied weights) is masked in each of them alike.
 
+    One-shot LLM pruning: ``method="wanda"`` (Sun et al. 2023) and ``method="sparsegpt"`` (Frantar
+    & Alistarh 2023) rank each layer's weights by the inputs the layer sees on ``data``, and
+    ``owl_lambda`` (OWL, Yin et al. 2023) gives transformer blocks with more outliers more weights
+    to keep. They calibrate block by block, as ``lopper prune --method wanda|sparsegpt``: each
+    transformer block (the layers whose names share a prefix ending in a number,
+    ``model.layers.3``) is calibrated on the outputs of the blocks before it, already pruned, then
+    pruned (``sequential=False``: every layer on the unpruned module's inputs, in one pass). Wanda
+    only masks. SparseGPT also updates the weights it keeps, so that the layer's outputs on the
+    calibration inputs change least: those new values are copied into the parameters (``<name>``
+    of an unpruned submodule, ``<name>_orig`` of one pruned before) before the masks are applied,
+    so ``module`` computes what lopper's pruned export computes.
+
     Args:
         module (torch.nn.Module): the model; it must export with ``torch.onnx.export(...,
             dynamo=True)`` on ``example_inputs``. It is exported in eval mode (its modes are put
@@ -44,7 +60,11 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             arguments, or a dict of keyword arguments.
         method (str): what ranks the weights (default ``"l1"``): ``"abs"`` (|w| < threshold),
             ``"l1"`` (|w|), ``"lamp"``, ``"random"`` (seeded), ``"grad"`` (mean |dL/dw| over the
-            calibration batches) or ``"taylor"`` (sum of |w * dL/dw|); the last two need ``data``.
+            calibration batches), ``"taylor"`` (sum of |w * dL/dw|), ``"wanda"`` (the smallest
+            |w| x ||input||_2 within each output row) or ``"sparsegpt"`` (the weights whose removal
+            the kept ones, updated, make up for best: SparseGPT's solver on the inputs' Hessian);
+            the last four need ``data``. ``wanda`` and ``sparsegpt`` take an amount as a fraction
+            (or an N:M pattern) and local scope.
         amount (float or int): a float is the fraction in [0, 1] of the remaining weights to
             remove (rounded half to even, as torch does), an int that many weights (or rows,
             columns, blocks). Required for every method but ``abs`` and N:M patterns.
@@ -66,20 +86,43 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             dict, or the path of a YAML file, as ``lopper prune --recipe`` reads (``defaults``
             and ``rules``, each rule with ``match`` and ``method``/``amount``/``pattern``/...
             or ``skip``; first match wins).
-        data (iterable): calibration batches for ``grad`` and ``taylor`` (at most
-            ``calib_batches`` are read, each as given): tensors of samples, ``(samples,
-            labels)`` tuples, or dicts of named inputs (the forward's argument names) with
-            ``"labels"``, as torch DataLoaders and transformers collators give them.
+        data (iterable): calibration batches for ``grad``, ``taylor``, ``wanda``, ``sparsegpt``
+            and OWL (at most ``calib_batches`` are read, each as given): tensors of samples,
+            ``(samples, labels)`` tuples, or dicts of named inputs (the forward's argument names)
+            with ``"labels"``, as torch DataLoaders and transformers collators give them (token
+            IDs ``{"input_ids": ...}`` for a language model). For ``wanda``, ``sparsegpt`` and
+            OWL, a last batch smaller than the first (a DataLoader's remainder) is left out, as
+            ``lopper prune`` drops it.
         loss (str): the calibration loss on the first output: ``"auto"`` (default: cross-entropy
             for labels [B], token classification for [B, T], next-token prediction for a
             language model without labels), ``"cross-entropy"``, ``"mse"``, ``"causal-lm"``,
             ``"masked-lm"`` (needs ``mask_token``) or ``"token-classification"``.
         mask_token (int): ``"masked-lm"``: the [MASK] token's ID.
-        calib_batches (int): how many batches of ``data`` to read (default 32).
+        calib_batches (int): how many batches of ``data`` to read, at most. Default: 32 for
+            ``grad`` and ``taylor``; for ``wanda``, ``sparsegpt`` and OWL the papers' 128
+            samples (``ceil(128 / B)`` batches of the first batch's size B, as ``lopper prune``).
         device (str): where calibration runs: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (default: the
             module's device).
+        block_size (int): ``sparsegpt``: columns pruned and updated together (the solver's lazy
+            batch update; default 128, the paper's). Also the mask's granularity for unstructured
+            amounts: each block of columns picks its own weights.
+        dampening (float): ``sparsegpt``: added to the Hessian's diagonal as a fraction of its
+            mean (default 0.01, the paper's), so that it can be inverted; > 0.
+        owl_lambda (float): OWL's outlier-weighted layer-wise sparsity (Yin et al. 2023): each
+            transformer block's amount is spread over ``amount - owl_lambda .. amount +
+            owl_lambda`` by its share of outlier Wanda scores (blocks with more outliers keep
+            more weights), and they average ``amount``; layers outside the blocks (an LM head)
+            keep ``amount``. E.g. 0.08; default None: off. Needs
+            ``data``, an amount as a fraction, unstructured pattern and local scope, with any
+            ranking ``method`` but ``abs``.
+        owl_m (float): OWL: a score is an outlier above ``owl_m`` times its block's mean (default
+            5, the paper's M).
+        sequential (bool): ``wanda``, ``sparsegpt`` and OWL: calibrate block by block, each on the
+            pruned blocks before it (default True, as the papers); False: every layer on the
+            unpruned module, in one pass (faster, a little less accurate).
         progress (bool): show calibration progress on stderr (tqdm when installed, else a few
-            plain lines).
+            plain lines): batches for ``grad`` and ``taylor``, the block being calibrated for
+            ``wanda``, ``sparsegpt`` and OWL.
 
     Returns:
         PruneReport: per layer (``report.layers``: name, param, params, nonzero, sparsity,
@@ -93,9 +136,12 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
 
     Raises:
         ValueError: a bad argument, with lopper's one-line message (an unknown method, an
-            amount outside [0, 1], a pattern that no layer's shape divides, a bad recipe).
+            amount outside [0, 1], a pattern that no layer's shape divides, a bad recipe,
+            ``block_size`` < 1, ``dampening`` <= 0, ``owl_lambda`` without ``data``, ``wanda``
+            or ``sparsegpt`` with global scope).
         TypeError: an argument of the wrong type.
-        RuntimeError: the module cannot be exported, or lopper cannot prune or run its export.
+        RuntimeError: the module cannot be exported, or lopper cannot prune or run its export
+            (calibration batches the module cannot take, a Hessian that stays singular).
     """
     _check_module(module, "prune")
     args, kwargs = _split_inputs(example_inputs)
@@ -103,24 +149,32 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
         device = _module_device(module)
     exported, holders = _export(module, args, kwargs, dynamic=data is not None)
     bar = _Progress("calibrate") if progress and data is not None else None
+    one_shot = dict(block_size=block_size, dampening=dampening, owl_lambda=owl_lambda,
+                    owl_m=owl_m, sequential=sequential)
     try:
-        masks, report = _lopper._prune_onnx(
+        masks, values, report = _lopper._prune_onnx(
             exported, method=method, amount=amount, threshold=threshold, scope=scope,
             pattern=pattern, norm=norm, seed=seed, exclude=exclude,
             skip_first_last=skip_first_last, allow_tied=allow_tied, recipe=recipe, data=data,
             loss=loss, mask_token=mask_token, calib_batches=calib_batches, device=device,
             parameters=list(holders), progress=bar, example=_example_shapes(module, args, kwargs),
-            name=type(module).__name__, command=_command(module, method=method, amount=amount,
-                                                          threshold=threshold, scope=scope,
-                                                          pattern=pattern, recipe=recipe))
+            name=type(module).__name__,
+            command=_command(module, method=method, amount=amount, threshold=threshold,
+                             scope=scope, pattern=pattern, recipe=recipe,
+                             **{k: v for k, v in one_shot.items() if v != _ONE_SHOT[k]}),
+            **one_shot)
     finally:
         if bar is not None:
             bar.close()
     del exported
-    _apply_masks(masks, holders)
+    _apply(masks, values, holders)
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     return report
+
+
+# lopper.prune's one-shot defaults (the papers'): the report's command shows the others.
+_ONE_SHOT = dict(block_size=128, dampening=0.01, owl_lambda=None, owl_m=5, sequential=True)
 
 
 def _example_shapes(module, args, kwargs):
@@ -152,14 +206,50 @@ def _module_device(module):
     return str(first.device) if first is not None else "cpu"
 
 
+def _parameter(sub, attr):
+    """The parameter that holds ``sub.<attr>``: ``<attr>_orig`` when torch.nn.utils.prune masks
+    it (``<attr>`` is then computed from it), else ``<attr>`` itself."""
+    for hook in sub._forward_pre_hooks.values():
+        if isinstance(hook, _torch_prune.BasePruningMethod) and hook._tensor_name == attr:
+            return sub._parameters[attr + "_orig"]
+    return sub._parameters[attr]
+
+
 def _apply_masks(masks, holders):
-    """Applies {parameter name: keep-mask} with torch.nn.utils.prune.custom_from_mask to every
-    submodule that holds the parameter (``holders`` as _holders gives it)."""
-    # Every mask is matched to its parameters before the first is applied: all or nothing.
-    todo = []
+    """_apply without new values (lopper.prune_to_target's masks)."""
+    _apply(masks, {}, holders)
+
+
+def _apply(masks, values, holders):
+    """Copies {parameter name: new value} into the parameters (in their dtype and on their
+    device), then applies {parameter name: keep-mask} with torch.nn.utils.prune.custom_from_mask
+    to every submodule that holds the parameter (``holders`` as _holders gives it).
+
+    The export keeps each parameter as an initializer of its own name and layout (a Linear's
+    weight [out, in] as it is, read through a Transpose or Gemm's transB; GPT-2's Conv1D [in, out]
+    as it is), so a value or mask has the parameter's shape; one that has not is a RuntimeError,
+    raised before anything changes."""
+    # Every value and mask is matched to its parameters before the first is applied: all or
+    # nothing.
+    copies, todo = {}, []
+    for name, value in values.items():
+        for sub, attr in holders[name]:
+            p = _parameter(sub, attr)
+            copies[id(p)] = (p, value)  # a tied parameter once
     for name, mask in masks.items():
         for sub, attr in holders[name]:
             todo.append((sub, attr, mask))
+    for p, value in copies.values():
+        if tuple(p.shape) != tuple(value.shape):
+            raise RuntimeError(f"[prune] the export's weight has shape {list(value.shape)}, its "
+                               f"parameter {list(p.shape)}")
+    for sub, attr, mask in todo:
+        if tuple(getattr(sub, attr).shape) != tuple(mask.shape):
+            raise RuntimeError(f"[prune] the export's weight has shape {list(mask.shape)}, its "
+                               f"parameter {list(getattr(sub, attr).shape)}")
+    with torch.no_grad():
+        for p, value in copies.values():
+            p.copy_(value.to(device=p.device, dtype=p.dtype))
     for sub, attr, mask in todo:
         _torch_prune.custom_from_mask(sub, attr, mask.to(getattr(sub, attr).device))
 
@@ -296,6 +386,7 @@ class _Progress:
         self.label = label
         self.bar = None
         self.printed = 0
+        self.kind = None  # the info of the series shown: True a str, False a loss
         try:
             from tqdm.auto import tqdm
         except ImportError:
@@ -305,6 +396,12 @@ class _Progress:
     def __call__(self, done, total, info):
         text = info if isinstance(info, str) else f"loss {info:.4f}"
         total = total or None
+        kind = isinstance(info, str)
+        if self.kind is not None and self.kind != kind:
+            # Another series (a recipe's gradient batches, then the calibration passes): a new bar.
+            self.close()
+            self.bar, self.printed = None, 0
+        self.kind = kind
         if self.tqdm is not None:
             if self.bar is None:
                 unit = "step" if isinstance(info, str) else "batch"

@@ -13,6 +13,12 @@ namespace lopper::python {
 
 std::string type_name(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
 
+std::string python_option(const std::string& option) {
+  if (option == "criterion") return "method";
+  if (option == "batches") return "calib_batches";
+  return option;
+}
+
 PruneAmount to_amount(py::handle a) {
   PruneAmount out;
   if (PyBool_Check(a.ptr()))

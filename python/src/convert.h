@@ -29,16 +29,18 @@ namespace lopper::python {
 /// The Python type's name of `h`, for messages.
 std::string type_name(pybind11::handle h);
 
+/// The Python argument that sets the library's option `option` (marked LOPPER_OPTION in its
+/// messages): "criterion" -> "method", "batches" -> "calib_batches", the others as they are.
+std::string python_option(const std::string& option);
+
 // Runs `f`, turning lopper's errors into usage errors: what it checks is the caller's arguments
-// (ValueError in Python, module.cpp).
+// (ValueError in Python, module.cpp). Options are named as the Python arguments (python_option).
 template <typename F>
 auto as_usage(F&& f) {
   try {
     return f();
-  } catch (const UsageError&) {
-    throw;
   } catch (const Error& e) {
-    throw UsageError(e.what());
+    throw UsageError(e.render(python_option));
   }
 }
 

@@ -1,8 +1,10 @@
 // lopper.prune's C++ half: prunes a model exported from the user's nn.Module (its ONNX bytes) as
 // `lopper prune` does — every criterion, local or global, N:M, rows, columns, blocks, recipes,
-// gradient criteria on the user's batches — and hands back one keep-mask per pruned weight (what
-// the CLI writes: weight != 0) with the report. python/lopper/prune.py exports the module and
-// applies the masks with torch.nn.utils.prune. The GIL is released while lopper works.
+// gradient criteria on the user's batches, wanda, sparsegpt and OWL calibrated block by block on
+// them — and hands back one keep-mask per pruned weight (what the CLI writes: weight != 0), the new
+// values of the weights whose kept entries changed (sparsegpt updates them), and the report.
+// python/lopper/_prune.py exports the module, copies the values into the parameters and applies
+// the masks with torch.nn.utils.prune. The GIL is released while lopper works.
 #include <ATen/ATen.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -53,16 +55,45 @@ struct Args {
   std::optional<PruneOptions> options;  // method/amount/...: one way for every layer
   std::optional<PruneRecipe> recipe;    // or per layer
   bool needs_data = false;
-  std::string data_method;  // the first criterion that needs data, for messages
+  bool reads_inputs = false;  // wanda, sparsegpt, OWL: prune_calibrated()
+  std::string data_method;    // the first criterion that needs data, for messages
   CalibrationOptions calib;
 };
+
+// The papers' defaults (Wanda, SparseGPT, OWL), as lopper.prune's signature has them.
+constexpr int64_t kBlockSize = 128;
+constexpr double kDampening = 0.01;
+constexpr double kOwlM = 5;
+// wanda, sparsegpt, OWL without calib_batches: batches until this many samples (the papers').
+constexpr int64_t kCalibSamples = 128;
+
+// The one-shot arguments (block_size, dampening, owl_lambda, owl_m) as Python gave them.
+struct OneShotArgs {
+  int64_t block_size = kBlockSize;
+  double dampening = kDampening;
+  std::optional<double> owl_lambda;
+  double owl_m = kOwlM;
+};
+
+OneShotArgs one_shot_arg(const py::object& block_size, const py::object& dampening,
+                         const py::object& owl_lambda, const py::object& owl_m) {
+  OneShotArgs o;
+  // NOTE: a bool is an int to pybind11; as a block size it is a mistake.
+  if (PyBool_Check(block_size.ptr()))
+    throw py::type_error("[prune] block_size must be an int, got bool");
+  o.block_size = optional_arg<int64_t>(block_size, "block_size", "an int").value_or(kBlockSize);
+  o.dampening = optional_arg<double>(dampening, "dampening", "a float").value_or(kDampening);
+  o.owl_lambda = optional_arg<double>(owl_lambda, "owl_lambda", "a float");
+  o.owl_m = optional_arg<double>(owl_m, "owl_m", "a float").value_or(kOwlM);
+  return o;
+}
 
 Args parse_args(const py::object& method, const py::object& amount, const py::object& threshold,
                 const py::object& scope_arg, const py::object& pattern, const py::object& norm,
                 const py::object& seed, const py::object& exclude, bool skip_first_last,
                 bool allow_tied, const py::object& recipe, bool have_data,
                 const py::object& loss_arg, const py::object& mask_token, int64_t calib_batches,
-                const py::object& device_arg) {
+                const py::object& device_arg, const OneShotArgs& one_shot, bool sequential) {
   const std::string scope = string_arg(scope_arg, "scope");
   Args a;
   auto note = [&](const PruneLayerOptions& o) {
@@ -70,12 +101,21 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
     if (c.needs_data && !a.needs_data) a.needs_data = true, a.data_method = c.name;
   };
   if (!recipe.is_none()) {
+    // NOTE: the one-shot arguments have the papers' values as defaults: only others are given.
     const std::pair<const char*, bool> per_layer[] = {
-        {"method", !method.is_none()},       {"amount", !amount.is_none()},
-        {"threshold", !threshold.is_none()}, {"pattern", !pattern.is_none()},
-        {"norm", !norm.is_none()},           {"seed", !seed.is_none()},
-        {"exclude", !exclude.is_none()},     {"skip_first_last", skip_first_last},
-        {"allow_tied", allow_tied}};
+        {"method", !method.is_none()},
+        {"amount", !amount.is_none()},
+        {"threshold", !threshold.is_none()},
+        {"pattern", !pattern.is_none()},
+        {"norm", !norm.is_none()},
+        {"seed", !seed.is_none()},
+        {"exclude", !exclude.is_none()},
+        {"skip_first_last", skip_first_last},
+        {"allow_tied", allow_tied},
+        {"block_size", one_shot.block_size != kBlockSize},
+        {"dampening", one_shot.dampening != kDampening},
+        {"owl_lambda", one_shot.owl_lambda.has_value()},
+        {"owl_m", one_shot.owl_m != kOwlM}};
     for (const auto& [name, given] : per_layer)
       if (given)
         throw UsageError(std::string("[prune] recipe sets each layer's pruning: drop ") + name +
@@ -87,6 +127,7 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
     if (a.recipe->has_defaults) note(a.recipe->defaults);
     for (const auto& r : a.recipe->rules)
       if (!r.skip) note(r.options);
+    a.reads_inputs = reads_layer_inputs(*a.recipe);
   } else {
     PruneOptions o;
     o.criterion =
@@ -130,8 +171,18 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
     a.calib.loss.seed = o.seed;  // masked-lm: which tokens are picked
     o.skip_first_last = skip_first_last;
     o.allow_tied = allow_tied;
+    o.block_size = one_shot.block_size;
+    o.dampening = one_shot.dampening;
+    o.owl.lambda = one_shot.owl_lambda.value_or(0);  // 0: off, as the library has it
+    o.owl.m = one_shot.owl_m;
     as_usage([&] { check_prune_options(o); });
     if (c.needs_data) a.needs_data = true, a.data_method = c.name;
+    a.reads_inputs = reads_layer_inputs(o);
+    if (o.owl.lambda != 0 && !have_data)
+      throw UsageError(
+          "[prune] OWL weighs each block by its outlier activations: give data (an iterable of "
+          "batches)");
+    a.needs_data |= a.reads_inputs;
     a.options = std::move(o);
   }
   if (a.needs_data && !have_data)
@@ -139,9 +190,55 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
                      weight_criterion_info(a.data_method).data_needed +
                      " on data: give data (an iterable of batches)");
   if (!a.needs_data && have_data)
-    throw UsageError("[prune] data is for the methods that rank weights by data (grad, taylor)");
+    throw UsageError(
+        "[prune] data is for the methods that rank weights by data (grad, taylor, wanda, "
+        "sparsegpt) and OWL (owl_lambda)");
+  if (!sequential && !a.reads_inputs)
+    throw UsageError(
+        "[prune] sequential=False is for method wanda and sparsegpt (and OWL): drop it");
   a.calib = calibration_arg(loss_arg, mask_token, calib_batches, device_arg, a.calib.loss.seed);
+  a.calib.sequential = sequential;
   return a;
+}
+
+// The calibration batches of wanda, sparsegpt and OWL, as the CLI reads them: `limit` batches
+// (without one, enough for the papers' 128 samples, counted in batches of the first one's size),
+// and a last batch smaller than the first left out (the CLI's drop_last: a torch DataLoader's
+// remainder) when others are there.
+std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<int64_t> limit) {
+  if (!py::hasattr(data, "__iter__"))
+    throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
+  auto samples = [](const Batch& b) { return b.x.dim() > 0 ? b.x.size(0) : int64_t(0); };
+  std::vector<Batch> batches;
+  int64_t want = limit.value_or(0);
+  bool ended = true;  // the iterable ran out before `want` batches
+  for (auto item : data) {
+    batches.push_back(to_batch(item, batches.size()));
+    if (!limit && batches.size() == 1) {
+      const int64_t b = std::max<int64_t>(samples(batches.front()), 1);
+      want = (kCalibSamples + b - 1) / b;
+    }
+    if (int64_t(batches.size()) == want) {
+      ended = false;
+      break;
+    }
+  }
+  if (ended && batches.size() > 1 && samples(batches.back()) < samples(batches.front()))
+    batches.pop_back();
+  return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
+}
+
+// Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
+// options as the Python arguments do.
+template <typename F>
+auto pythonic(F&& f) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(python_option));
+  } catch (const Error& e) {
+    throw Error(e.render(python_option));
+  }
 }
 
 // lopper.prune's report: the library's, and what save_html measures.
@@ -150,29 +247,59 @@ struct ModulePruneReport : PruneReport, PrunedExport {};
 constexpr const char* kNotParameter =
     "not a parameter of the module (a buffer or a constant of the export)";
 
+// Whether pruning changed the weights it kept (sparsegpt's update), not only zeroed some: `after`
+// differs from `before` where it is nonzero.
+bool kept_changed(const at::Tensor& before, const at::Tensor& after) {
+  if (!before.sizes().equals(after.sizes()) || before.scalar_type() != after.scalar_type())
+    return true;
+  const at::Tensor b = before.to(after.device());
+  return !at::equal(after, at::where(after.ne(0), b, at::zeros_like(b)));
+}
+
 py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
                      const py::object& amount, const py::object& threshold, const py::object& scope,
                      const py::object& pattern, const py::object& norm, const py::object& seed,
                      const py::object& exclude, bool skip_first_last, bool allow_tied,
                      const py::object& recipe, const py::object& data, const py::object& loss,
                      const py::object& mask_token, const py::object& calib_batches_arg,
-                     const py::object& device, const std::vector<std::string>& parameters,
-                     const py::object& progress, const std::vector<std::vector<int64_t>>& example,
-                     const std::string& name, const std::string& command) {
-  const int64_t calib_batches =
-      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int").value_or(32);
-  Args a =
-      parse_args(method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last,
-                 allow_tied, recipe, !data.is_none(), loss, mask_token, calib_batches, device);
+                     const py::object& device, const py::object& block_size,
+                     const py::object& dampening, const py::object& owl_lambda,
+                     const py::object& owl_m, bool sequential,
+                     const std::vector<std::string>& parameters, const py::object& progress,
+                     const std::vector<std::vector<int64_t>>& example, const std::string& name,
+                     const std::string& command) {
+  if (PyBool_Check(calib_batches_arg.ptr()))
+    throw py::type_error("[prune] calib_batches must be an int, got bool");
+  const std::optional<int64_t> calib_batches =
+      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int");
+  const OneShotArgs one_shot = one_shot_arg(block_size, dampening, owl_lambda, owl_m);
+  Args a = parse_args(method, amount, threshold, scope, pattern, norm, seed, exclude,
+                      skip_first_last, allow_tied, recipe, !data.is_none(), loss, mask_token,
+                      calib_batches.value_or(32), device, one_shot, sequential);
   std::unique_ptr<DataLoader> loader;
-  if (a.needs_data) loader = loader_arg(data, calib_batches);
-  if (!progress.is_none()) a.calib.progress = progress_arg(progress);
+  if (a.reads_inputs) {
+    loader = calibration_loader(data, calib_batches);
+    // NOTE: prune_calibrated() needs every batch it is told of; the user's iterable may hold
+    // fewer than asked, as grad's "at most calib_batches" has it.
+    a.calib.batches = loader->batches_per_epoch();
+  } else if (a.needs_data) {
+    loader = loader_arg(data, a.calib.batches);
+  }
+  if (!progress.is_none()) {
+    a.calib.progress = progress_arg(progress);
+    a.calib.on_pass = [progress](int64_t pass, int64_t of, const std::string& what) {
+      py::gil_scoped_acquire gil;
+      progress(pass, of, what);  // as the pass starts: the block being calibrated
+      // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    };
+  }
   const std::set<std::string> params(parameters.begin(), parameters.end());
 
   const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
   const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
   ModulePruneReport report;
-  std::vector<std::pair<std::string, at::Tensor>> masks;
+  std::vector<std::pair<std::string, at::Tensor>> masks, values;
   {
     py::gil_scoped_release nogil;
     ir::Model model = onnx::parse_model(bytes, size);
@@ -196,15 +323,24 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
         a.recipe->rules.insert(a.recipe->rules.begin(), skip);
       }
     }
-    std::optional<Saliency> saliency;
-    if (a.needs_data) saliency = compute_saliency(model, *loader, a.calib);
-    const Saliency* sal = saliency ? &*saliency : nullptr;
-    // NOTE: the options were checked above, so what prune() still refuses is options that do not
-    // fit this model (a count past a layer's size, a pattern that no layer's shape divides, an
-    // exclude that leaves no layer): the arguments' doing, as torch's ValueError for an amount
-    // past a tensor's size.
-    static_cast<PruneReport&>(report) = as_usage(
-        [&] { return a.options ? prune(model, *a.options, sal) : prune(model, *a.recipe, sal); });
+    if (a.reads_inputs) {
+      // NOTE: not as_usage: what prune_calibrated() throws past the options' checks is mostly the
+      // model's or the data's doing (batches the model cannot take, a singular Hessian).
+      static_cast<PruneReport&>(report) = pythonic([&] {
+        return a.options ? prune_calibrated(model, *a.options, *loader, a.calib)
+                         : prune_calibrated(model, *a.recipe, *loader, a.calib);
+      });
+    } else {
+      std::optional<Saliency> saliency;
+      if (a.needs_data) saliency = compute_saliency(model, *loader, a.calib);
+      const Saliency* sal = saliency ? &*saliency : nullptr;
+      // NOTE: the options were checked above, so what prune() still refuses is options that do
+      // not fit this model (a count past a layer's size, a pattern that no layer's shape divides,
+      // an exclude that leaves no layer): the arguments' doing, as torch's ValueError for an
+      // amount past a tensor's size.
+      static_cast<PruneReport&>(report) = as_usage(
+          [&] { return a.options ? prune(model, *a.options, sal) : prune(model, *a.recipe, sal); });
+    }
     report.after = analyze(model, shapes);
     for (auto& l : report.layers) {
       if (constants.count(l.weight)) {
@@ -216,6 +352,9 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
       const ir::Initializer* w = model.graph.find_initializer(l.weight);
       LOPPER_ASSERT(w, "no initializer '", l.weight, "' after pruning");
       masks.emplace_back(l.weight, w->value.ne(0));
+      const ir::Initializer* was = before->graph.find_initializer(l.weight);
+      LOPPER_ASSERT(was, "no initializer '", l.weight, "' before pruning");
+      if (kept_changed(was->value, w->value)) values.emplace_back(l.weight, w->value);
     }
     report.model_before = std::move(before);
     report.model_after = std::make_shared<const ir::Model>(std::move(model));
@@ -226,7 +365,9 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
   report.command = command;
   py::dict out;
   for (auto& [name, mask] : masks) out[py::str(name)] = py::cast(std::move(mask));
-  return py::make_tuple(out, report);
+  py::dict changed;
+  for (auto& [name, value] : values) changed[py::str(name)] = py::cast(std::move(value));
+  return py::make_tuple(out, changed, report);
 }
 
 }  // namespace
@@ -324,15 +465,20 @@ cannot be written. The report keeps both exports for this (deleting it frees the
         py::arg("skip_first_last") = false, py::arg("allow_tied") = false,
         py::arg("recipe") = py::none(), py::arg("data") = py::none(),
         py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
-        py::arg("calib_batches") = py::int_(32), py::arg("device") = py::str("cpu"),
-        py::arg("parameters") = std::vector<std::string>{}, py::arg("progress") = py::none(),
-        py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("name") = "module",
-        py::arg("command") = "lopper.prune",
+        py::arg("calib_batches") = py::none(), py::arg("device") = py::str("cpu"),
+        py::arg("block_size") = py::int_(kBlockSize), py::arg("dampening") = py::float_(kDampening),
+        py::arg("owl_lambda") = py::none(), py::arg("owl_m") = py::float_(kOwlM),
+        py::arg("sequential") = true, py::arg("parameters") = std::vector<std::string>{},
+        py::arg("progress") = py::none(), py::arg("example") = std::vector<std::vector<int64_t>>{},
+        py::arg("name") = "module", py::arg("command") = "lopper.prune",
         R"(Prunes a serialized ONNX model as lopper.prune says (its arguments, the same names) and
-returns ({weight initializer: bool keep-mask (weight != 0 after pruning)}, PruneReport) for the
-weights it pruned. Weights whose initializer is not in `parameters` are left alone. `progress`
-is called as progress(batch, of, loss) after each calibration batch. Internal: lopper.prune
-exports the module and applies the masks.)");
+returns ({weight initializer: bool keep-mask (weight != 0 after pruning)}, {weight initializer:
+its new value} for the pruned weights whose kept entries changed (sparsegpt), PruneReport) for the
+weights it pruned. Weights whose initializer is not in `parameters` are left alone.
+`calib_batches` None: 32 batches (grad, taylor), or enough for 128 samples (wanda, sparsegpt,
+OWL). `progress` is called as progress(batch, of, loss) after each gradient calibration batch and
+as progress(pass, of, what) as each calibration pass of wanda, sparsegpt and OWL starts. Internal:
+lopper.prune exports the module, copies the values and applies the masks.)");
 }
 
 }  // namespace lopper::python

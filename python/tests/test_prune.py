@@ -1,7 +1,9 @@
 """lopper.prune on nn.Modules: the masks torch.nn.utils.prune computes (l1 local and global, a
 second round), the zeros `lopper prune` writes for the same export, N:M, blocks, recipes (dict
 and YAML), grad/taylor on the user's batches (against torch's own gradients), a training loop
-that keeps the zeros, tied weights, progress, and errors that leave the module untouched."""
+that keeps the zeros, tied weights, progress, wanda/sparsegpt/OWL against the CLI (masks,
+sparsegpt's updated weights, outputs against ONNX Runtime), and errors that leave the module
+untouched."""
 import copy
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from onnx import numpy_helper
 from torch.nn.utils import prune as torch_prune
 
 import lopper
-from conftest import BUILD, mlp, seeded
+from conftest import BUILD, assert_close, mlp, seeded
 from lopper import _prune as lopper_prune_module
 
 
@@ -531,6 +533,35 @@ BAD_ARGUMENTS = [
     (dict(method="grad", amount=0.5, data=[torch.randn(2, 784)], calib_batches=0),
      "calib_batches must be >= 1"),
     (dict(method="grad", amount=0.5, data=[torch.randn(2, 784)], loss="hinge"), "hinge"),
+    # wanda, sparsegpt, OWL
+    (dict(method="sparsegpt", amount=0.5, block_size=0, data=[torch.randn(2, 784)]),
+     "[prune] block_size must be in 1..1048576, got 0"),
+    (dict(method="sparsegpt", amount=0.5, dampening=-1, data=[torch.randn(2, 784)]),
+     "[prune] dampening must be > 0, got -1"),
+    (dict(method="wanda", amount=0.5, owl_lambda=0.1),
+     "[prune] OWL weighs each block by its outlier activations: give data"),
+    (dict(method="l1", amount=0.5, owl_lambda=0.1), "OWL weighs each block"),
+    (dict(method="wanda", amount=0.5, scope="global", data=[torch.randn(2, 784)]),
+     "[prune] wanda compares weights within each layer: use scope local"),
+    (dict(method="sparsegpt", amount=0.5, scope="global", data=[torch.randn(2, 784)]),
+     "[prune] sparsegpt compares weights within each layer"),
+    (dict(method="wanda", amount=0.5), "wanda ranks weights by the layers' inputs on data"),
+    (dict(method="sparsegpt", amount=0.5, pattern="row", data=[torch.randn(2, 784)]),
+     "[prune] method sparsegpt removes single weights: use pattern unstructured or N:M"),
+    (dict(method="wanda", amount=100, data=[torch.randn(2, 784)]), "give it as a fraction"),
+    (dict(method="wanda", amount=0.5, owl_lambda=-0.1, data=[torch.randn(2, 784)]),
+     "owl_lambda must be > 0, got -0.1"),
+    (dict(method="wanda", amount=0.5, owl_lambda=0.6, data=[torch.randn(2, 784)]),
+     "OWL's amounts span amount +- lambda"),
+    (dict(method="wanda", amount=0.5, owl_lambda=0.1, owl_m=0, data=[torch.randn(2, 784)]),
+     "owl_m must be > 0"),
+    (dict(method="wanda", pattern="2:4", owl_lambda=0.1, data=[torch.randn(2, 784)]),
+     "OWL spreads a fraction of unstructured weights"),
+    (dict(method="l1", amount=0.5, sequential=False), "sequential=False is for method wanda"),
+    (dict(method="wanda", amount=0.5, data=[torch.randn(2, 784)], calib_batches=0),
+     "calib_batches must be >= 1"),
+    (dict(recipe={"defaults": {"method": "wanda", "amount": 0.5}}, block_size=64,
+          data=[torch.randn(2, 784)]), "recipe sets each layer's pruning: drop block_size"),
 ]
 
 
@@ -554,6 +585,11 @@ BAD_TYPES = [
     dict(method="grad", amount=0.5, data=5),
     dict(method="l1", amount=0.5, scope=5),
     dict(method="grad", amount=0.5, data=[torch.randn(2, 784)], calib_batches="3"),
+    dict(method="sparsegpt", amount=0.5, data=[torch.randn(2, 784)], block_size=1.5),
+    dict(method="sparsegpt", amount=0.5, data=[torch.randn(2, 784)], block_size=True),
+    dict(method="sparsegpt", amount=0.5, data=[torch.randn(2, 784)], dampening="0.01"),
+    dict(method="wanda", amount=0.5, data=[torch.randn(2, 784)], owl_lambda="0.1"),
+    dict(method="wanda", amount=0.5, data=5),
 ]
 
 
@@ -626,3 +662,157 @@ def test_save_html(tmp_path):
     with pytest.raises(OSError):
         report.save_html(tmp_path / "missing" / "r.html")
     assert not (tmp_path / "missing").exists()
+
+
+# --- (i) one-shot LLM pruning: wanda, sparsegpt, OWL on the user's batches ----------------------
+
+
+@seeded
+def llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, max_position_embeddings=32,
+                                   attn_implementation="eager", use_cache=False)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    return m, {"input_ids": torch.randint(0, 200, (1, 12))}
+
+
+def token_batches(n=16, t=12, seed=4):
+    """n token sequences, one per batch, and the same as one int64 array (the CLI's tokens:)."""
+    ids = torch.randint(0, 200, (n, t), generator=torch.Generator().manual_seed(seed))
+    return [{"input_ids": ids[i:i + 1]} for i in range(n)], ids.numpy()
+
+
+def sample_batches(n=16, seed=4):
+    """mlp's inputs and labels, one sample per batch, and the same as arrays (the CLI's npy:)."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return [(x[i:i + 1], y[i:i + 1]) for i in range(n)], (x.numpy(), y.numpy())
+
+
+# NOTE: one sample per batch: lopper sums a batch's statistics in float32 and the batches in
+# float64, so the CLI's shuffled order of the same samples gives the same statistics, and the same
+# masks and weights (--calib-batches: all of them).
+ONE_SHOT_CASES = [
+    (llama, None, dict(method="wanda", amount=0.5), ["--amount", "0.5"]),
+    (llama, None, dict(method="sparsegpt", amount=0.5), ["--amount", "0.5"]),
+    (llama, None, dict(method="wanda", amount=0.5, owl_lambda=0.1, owl_m=3),
+     ["--amount", "0.5", "--owl-lambda", "0.1", "--owl-m", "3"]),
+    # Pruned before (masks held): sparsegpt's values go into weight_orig.
+    (mlp, dict(method="l1", amount=0.3),
+     dict(method="sparsegpt", pattern="2:4", block_size=16, dampening=0.05, sequential=False),
+     ["--pattern", "2:4", "--block-size", "16", "--dampening", "0.05", "--one-pass"]),
+]
+
+
+@pytest.mark.parametrize("make,first,kwargs,flags", ONE_SHOT_CASES,
+                         ids=["llama-wanda", "llama-sparsegpt", "llama-wanda-owl",
+                              "mlp-sparsegpt-2:4-again"])
+def test_one_shot_is_what_the_cli_writes(tmp_path, make, first, kwargs, flags):
+    cli = BUILD / "lopper"
+    if not cli.is_file():
+        pytest.skip(f"no {cli}")
+    m, x = make()
+    if first:
+        lopper.prune(m, x, **first)
+    if make is llama:
+        data, ids = token_batches()
+        np.save(tmp_path / "ids.npy", ids)
+        spec = f"tokens:{tmp_path / 'ids.npy'}"
+    else:
+        data, (xs, ys) = sample_batches()
+        np.save(tmp_path / "x.npy", xs)
+        np.save(tmp_path / "y.npy", ys)
+        spec = f"npy:{tmp_path / 'x.npy'},{tmp_path / 'y.npy'}"
+    args, kw = lopper_prune_module._split_inputs(x)
+    exported, _ = lopper_prune_module._export(m, args, kw, dynamic=True)
+    (tmp_path / "m.onnx").write_bytes(exported)
+    subprocess.run([str(cli), "prune", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "p.onnx"),
+                    "--method", kwargs["method"], *flags, "--data", spec, "--batch-size", "1",
+                    "--calib-batches", str(len(data))], check=True, capture_output=True)
+    written = {t.name: numpy_helper.to_array(t)
+               for t in onnx.load(str(tmp_path / "p.onnx")).graph.initializer}
+    before = {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+    report = quiet_prune(m, x, data=data, progress=False, **kwargs)  # 128 samples: all 16
+    got = masks(m)
+    pruned = [l.param for l in report.layers if not l.skipped]
+    assert sorted(got) == sorted(pruned) and got
+    for name, mask in got.items():
+        assert np.array_equal(mask.numpy() != 0, written[name] != 0), name
+    # The weights as the module computes them (<name>_orig * <name>_mask): lopper's.
+    for name in got:
+        sub, _, attr = name.rpartition(".")
+        sub = m.get_submodule(sub)
+        w = (getattr(sub, attr + "_orig") * getattr(sub, attr + "_mask")).detach().numpy()
+        np.testing.assert_allclose(w, written[name], rtol=0, atol=1e-6, err_msg=name)
+        orig = before[name + "_orig" if first else name]
+        kept = getattr(sub, attr + "_mask").bool()
+        if kwargs["method"] == "sparsegpt":  # the kept weights changed, in the parameter
+            assert not torch.equal(getattr(sub, attr + "_orig")[kept], orig[kept]), name
+        else:  # wanda only masks
+            assert torch.equal(getattr(sub, attr + "_orig"), orig), name
+
+    # The module computes what ONNX Runtime computes on the CLI's file.
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(tmp_path / "p.onnx"), providers=["CPUExecutionProvider"])
+    feed = dict(zip([i.name for i in sess.get_inputs()],
+                    [t.numpy() for t in (x.values() if isinstance(x, dict) else [x])]))
+    want = sess.run(None, feed)[0]
+    with torch.no_grad():
+        out = m(**x) if isinstance(x, dict) else m(x)
+    assert_close((out.logits if hasattr(out, "logits") else out).numpy(), want, rtol=1e-4)
+
+
+def test_one_shot_batches_read():
+    # Without calib_batches, the papers' 128 samples: 16 batches of 8 from an endless generator.
+    read = []
+
+    def endless(size=8):
+        g = torch.Generator().manual_seed(2)
+        while True:
+            read.append(1)
+            yield torch.randn(size, 1, 28, 28, generator=g)
+
+    m, x = mlp()
+    lopper.prune(m, x, method="wanda", amount=0.5, data=endless(), progress=False)
+    assert len(read) == 16
+    read.clear()
+    m2, _ = mlp()
+    lopper.prune(m2, x, method="wanda", amount=0.5, data=endless(), calib_batches=3,
+                 progress=False)
+    assert len(read) == 3
+    # A last batch smaller than the first (a DataLoader's remainder) is left out, as the CLI's
+    # drop_last does.
+    g = torch.Generator().manual_seed(3)
+    full = [torch.randn(8, 1, 28, 28, generator=g) for _ in range(2)]
+    rest = torch.randn(3, 1, 28, 28, generator=g) * 10
+    a, _ = mlp()
+    b, _ = mlp()
+    c, _ = mlp()
+    lopper.prune(a, x, method="wanda", amount=0.5, data=full + [rest], progress=False)
+    lopper.prune(b, x, method="wanda", amount=0.5, data=full, progress=False)
+    lopper.prune(c, x, method="wanda", amount=0.5, data=full + [rest, rest], progress=False)
+    assert all(torch.equal(masks(a)[k], masks(b)[k]) for k in masks(b))
+    assert any(not torch.equal(masks(c)[k], masks(b)[k]) for k in masks(b))
+
+
+def test_one_shot_progress_names_the_blocks(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    m, x = llama()
+    data, _ = token_batches(n=2)
+    report = quiet_prune(m, x, method="sparsegpt", pattern="2:4", data=data)
+    err = capsys.readouterr().err
+    assert "calibrate" in err and "model.layers.1" in err
+    assert all(l.method == "sparsegpt 2:4" for l in report.layers if not l.skipped)
+    for name, mask in masks(m).items():  # 2:4 along the reduction dim (Linear: [out, in])
+        assert torch.all(mask.reshape(mask.shape[0], -1, 4).sum(-1) == 2), name
+
+
+def test_sequential_calibration_reaches_every_layer():
+    # A block starts at the Transpose that hands its first layer's weight on, not at the layer.
+    m, x = llama()
+    data, _ = token_batches(n=2)
+    report = quiet_prune(m, x, method="wanda", amount=0.5, data=data, progress=False)
+    assert [l.param for l in report.layers if l.skipped] == []

@@ -66,6 +66,13 @@ std::string block_of(const Target& t) {
   return "";
 }
 
+// Ops that hand a weight on with its values unchanged but for layout or type.
+bool passes_weight_on(const ir::Node& n) {
+  static const std::unordered_set<std::string> ops = {
+      "Identity", "Transpose", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten"};
+  return n.domain.empty() && ops.count(n.op_type) > 0;
+}
+
 // A run of consecutive nodes (positions [begin, end) of the topological order) and the targets
 // whose first layer is among them.
 struct Segment {
@@ -87,9 +94,24 @@ class Calibration {
       for (const auto& v : ir::node_reads(g.nodes[order_[p]]))
         if (!v.empty()) last_read_[v] = p;
     for (const auto& init : g.initializers) constants_.insert(init.name);
+    // A block starts at the first node that reads one of its weights: the layer itself, or a
+    // Transpose (Cast, Reshape...) that hands the weight to it. Cut at the layer, such a node would
+    // run in the block before, on the weight not yet pruned, and hand it over as an activation.
     target_pos_.resize(plan.targets.size());
-    for (size_t i = 0; i < plan.targets.size(); ++i)
-      target_pos_[i] = pos[size_t(plan.targets[i].node - g.nodes.data())];
+    for (size_t i = 0; i < plan.targets.size(); ++i) {
+      size_t first = pos[size_t(plan.targets[i].node - g.nodes.data())];
+      std::unordered_set<std::string> views = {plan.targets[i].init->name};
+      for (size_t p = 0; p < order_.size() && p < first; ++p) {
+        const ir::Node& n = g.nodes[order_[p]];
+        const bool reads = std::any_of(n.inputs.begin(), n.inputs.end(),
+                                       [&](const std::string& v) { return views.count(v) > 0; });
+        if (!reads) continue;
+        first = std::min(first, p);
+        if (passes_weight_on(n))
+          for (const auto& o : n.outputs) views.insert(o);
+      }
+      target_pos_[i] = first;
+    }
     load_batches(data);
   }
 

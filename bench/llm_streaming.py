@@ -54,8 +54,9 @@ oneshot(model=model, recipe=[SparseGPTModifier(sparsity=0.5, mask_structure="0:0
         dataset=data, tokenizer=placeholder_tokenizer(), pipeline="sequential", batch_size=4,
         num_calibration_samples=len(ids), shuffle_calibration_samples=False,
         max_seq_length=ids.shape[1])
-w = model.model.layers[0].mlp.down_proj.weight
-print("oneshot_s", time.perf_counter() - t, "sparsity", float((w == 0).float().mean()))
+ws = [m.weight for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)]
+zeros = sum(int((w == 0).sum()) for w in ws) / sum(w.numel() for w in ws)
+print("oneshot_s", time.perf_counter() - t, "sparsity", zeros)
 """
 
 
@@ -129,9 +130,10 @@ def main():
         r = run_measured(cmd)
         if r["rc"] != 0:
             sys.exit(f"lopper failed: {r['stderr'][-2000:]}")
-        rep = json.loads(r["stdout"])
+        pruned = [l for l in json.loads(r["stdout"])["layers"] if l["method"]]
+        zeros = sum(l["params"] - l["nonzero"] for l in pruned) / sum(l["params"] for l in pruned)
         res["jobs"]["lopper"] = dict(wall_s=r["wall_s"], peak_rss_mb=r["peak_rss_mb"],
-                                     sparsity=1 - rep["nonzero"] / rep["nonzero_before"])
+                                     sparsity=zeros)
         log(f"lopper: {r['wall_s']:.0f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
 
     if not a.no_llmc:

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <vector>
 
 #include "lopper/error.h"
 
@@ -69,16 +70,17 @@ SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptO
   hinv = hinv.to(at::kFloat);
 
   const bool nm = o.n > 0;
+  // NOTE: each block is worked on transposed, [columns, rows], so that the column the loop prunes
+  // and the columns it updates are contiguous rows of memory.
   for (int64_t i1 = 0; i1 < cols; i1 += o.block_size) {
     const int64_t i2 = std::min(i1 + o.block_size, cols), count = i2 - i1;
-    at::Tensor W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
-    at::Tensor Q1 = at::zeros_like(W1), Err1 = at::zeros_like(W1);
     const at::Tensor Hinv1 = hinv.slice(0, i1, i2).slice(1, i1, i2);
-    const at::Tensor d1 = Hinv1.diagonal();
+    const at::Tensor d1 = Hinv1.diagonal().contiguous();
     const at::Tensor dead1 = dead_w.slice(1, i1, i2);
     at::Tensor mask1 = dead1.clone(at::MemoryFormat::Contiguous);
     if (!nm) {
       // The block's k weights of least (w / [H^-1]_ii)^2, among those not zero already.
+      const at::Tensor W1 = W.slice(1, i1, i2);
       const int64_t alive = W1.numel() - dead1.sum().item<int64_t>();
       const int64_t k = round_half_even(o.amount * double(alive));
       if (k > 0) {
@@ -88,29 +90,34 @@ SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptO
         mask1.view({-1}).index_fill_(0, idx, true);
       }
     }
+    at::Tensor W1t = W.slice(1, i1, i2).t().contiguous();  // [count, rows]
+    at::Tensor mask1t = mask1.t().contiguous();
+    const at::Tensor dead1t = dead1.t().contiguous();
+    at::Tensor Q1t = at::empty_like(W1t), Err1t = at::empty_like(W1t);
+    const std::vector<float> d(d1.data_ptr<float>(), d1.data_ptr<float>() + count);
     for (int64_t i = 0; i < count; ++i) {
       if (nm && i % o.m == 0) {
         // Of the group's m columns, the m - n of least (w / [H^-1]_ii)^2 go (dead ones first).
         const int64_t g = std::min(o.m, count - i);
-        at::Tensor tmp = (W1.slice(1, i, i + g).square() / d1.slice(0, i, i + g).square())
-                             .masked_fill(dead1.slice(1, i, i + g), -1);
         const int64_t drop = std::max<int64_t>(0, g - o.n);
         if (drop > 0) {
-          at::Tensor idx = std::get<1>(tmp.topk(drop, 1, /*largest=*/false));
-          mask1.slice(1, i, i + g).scatter_(1, idx, true);
+          at::Tensor tmp =
+              (W1t.slice(0, i, i + g).square() / d1.slice(0, i, i + g).square().unsqueeze(1))
+                  .masked_fill(dead1t.slice(0, i, i + g), -1);
+          at::Tensor idx = std::get<1>(tmp.topk(drop, 0, /*largest=*/false));
+          mask1t.slice(0, i, i + g).scatter_(0, idx, true);
         }
       }
-      const at::Tensor col = W1.select(1, i);
-      at::Tensor q = col.masked_fill(mask1.select(1, i), 0);
-      Q1.select(1, i).copy_(q);
-      const double d = Hinv1[i][i].item<double>();
-      at::Tensor err = (col - q) / d;
-      r.error += err.square().sum().item<double>() / 2;
-      W1.slice(1, i).addr_(err, Hinv1.select(0, i).slice(0, i), 1, -1);
-      Err1.select(1, i).copy_(err);
+      const at::Tensor col = W1t[i];
+      at::Tensor q = Q1t[i];
+      q.copy_(col).masked_fill_(mask1t[i], 0);
+      at::Tensor err = Err1t[i];
+      at::sub_out(err, col, q).div_(d[size_t(i)]);
+      if (i + 1 < count) W1t.slice(0, i + 1).addr_(Hinv1[i].slice(0, i + 1), err, 1, -1);
     }
-    W.slice(1, i1, i2).copy_(Q1);
-    if (i2 < cols) W.slice(1, i2).addmm_(Err1, hinv.slice(0, i1, i2).slice(1, i2), 1, -1);
+    r.error += Err1t.square().sum().item<double>() / 2;
+    W.slice(1, i1, i2).copy_(Q1t.t());
+    if (i2 < cols) W.slice(1, i2).addmm_(Err1t.t(), hinv.slice(0, i1, i2).slice(1, i2), 1, -1);
   }
   r.weight = W;
   return r;

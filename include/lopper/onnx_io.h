@@ -52,7 +52,8 @@ struct LoadOptions {
   /// Where to copy the model's one external data file (asked when the model turns out to have
   /// one): the copy is mapped and the initializers stored there view it (MappedData) instead of
   /// being read into memory; writing to them writes the copy, never the model's own file. Unset:
-  /// external data is read as usual. Throws when the model's external data is in several files.
+  /// external data is read as usual, as is the data of any other file of a model split over
+  /// several.
   std::function<std::string()> external_copy;
 };
 

@@ -45,7 +45,7 @@ auto parse_flag(F&& parse) -> decltype(parse()) {
 /// (empty: l1). An unknown name is a UsageError that lists the methods.
 const importance::Criterion& weight_criterion(const std::string& name);
 const importance::Criterion& channel_criterion(const std::string& name);
-/// The weight criteria that rank by data, for messages: "grad and taylor".
+/// The weight criteria that rank by data, for messages: "grad, taylor, wanda and sparsegpt".
 std::string data_methods();
 /// --method's help: every weight criterion with its one-line summary.
 std::string method_help();

@@ -204,7 +204,9 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
                                st.st_size, " bytes, but the tensor needs ", nbytes,
                                " bytes at offset ", offset));
   }
-  if (ctx.copy_to) {
+  // NOTE: one file is mapped; the tensors of another (a model split over several files) are read
+  // into memory as usual.
+  if (ctx.copy_to && (!ctx.mapped || path == ctx.mapped_source)) {
     if (!ctx.mapped) {
       ::close(fd);
       const std::string to = ctx.copy_to();
@@ -216,9 +218,6 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
       ctx.mapped_source = path;
     } else {
       ::close(fd);
-      LOPPER_CHECK(path == ctx.mapped_source, "[import] ", what,
-                   ": external data in a second file '", location,
-                   "': mapping needs the model's external data in one file");
     }
     if (offset % int64_t(c10::elementSize(type)) == 0) {
       std::shared_ptr<MappedData> keep = ctx.mapped;

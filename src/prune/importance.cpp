@@ -121,23 +121,6 @@ std::vector<Criterion> make_table() {
     add(c);
   }
   {
-    Criterion c{"wanda", "the smallest |w| x ||input||_2 within each output row (Wanda)"};
-    c.needs = Needs::kActivations;
-    c.weights = WeightRank::kScores;
-    c.weight_scores = wanda;
-    c.per_row = true;
-    add(c);
-  }
-  {
-    Criterion c{"sparsegpt",
-                "SparseGPT: removes by the inverse Hessian of the layer's inputs and updates the "
-                "kept weights to reconstruct its output"};
-    c.needs = Needs::kActivations;
-    c.weights = WeightRank::kReconstruct;
-    c.needs_gram = true;
-    add(c);
-  }
-  {
     Criterion c{"grad", "the smallest mean |dL/dw| over calibration batches"};
     c.needs = Needs::kGradients;
     c.weights = WeightRank::kScores;
@@ -153,6 +136,23 @@ std::vector<Criterion> make_table() {
     c.weight_scores = from_saliency;
     c.gradient_term = [](const at::Tensor& w, const at::Tensor& g) { return (w * g).abs(); };
     c.slices = SliceRank::kWeightScores;
+    add(c);
+  }
+  {
+    Criterion c{"wanda", "the smallest |w| x ||input||_2 within each output row (Wanda)"};
+    c.needs = Needs::kActivations;
+    c.weights = WeightRank::kScores;
+    c.weight_scores = wanda;
+    c.per_row = true;
+    add(c);
+  }
+  {
+    Criterion c{"sparsegpt",
+                "SparseGPT: removes by the inverse Hessian of the layer's inputs and updates the "
+                "kept weights to reconstruct its output"};
+    c.needs = Needs::kActivations;
+    c.weights = WeightRank::kReconstruct;
+    c.needs_gram = true;
     add(c);
   }
   return t;

@@ -373,6 +373,11 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
   c10::NoGradGuard no_grad;
   Calibration cal(model, plan, data, calib);
   const std::vector<Segment> segments = cal.segments(calib.sequential);
+  if (calib.sequential && segments.size() > 1 &&
+      std::none_of(segments.begin(), segments.end(), [](const Segment& s) { return s.block; }))
+    plan.report.warnings.push_back(
+        "no transformer blocks in the layer names (a prefix ending in a number, model.layers.3): "
+        "each layer was calibrated as a block of its own, on the layers before it pruned");
 
   // OWL: the outlier ratios of the unpruned model's blocks, in one pass.
   std::vector<PruneLayerOptions> owl_how;

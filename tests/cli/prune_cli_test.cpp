@@ -153,7 +153,7 @@ TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
       {"--method grad --amount 0.1", 2, "give --data"},
       {"--method taylor --amount 0.1", 2, "give --data"},
       {"--method l1 --amount 0.1 --data fashion-mnist", 2,
-       "--data is for wanda, sparsegpt, grad and taylor only"},
+       "--data is for grad, taylor, wanda and sparsegpt only"},
       {"--method l1 --amount 0.1 --calib-batches 4", 2, "only"},
       {"--method taylor --amount 0.1 --data cifar10:" + tmp / "none", 1, "no such file"},
       {"--method taylor --amount 0.1 --data mnist:/x", 1, "mnist:/x"},

@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/prune.h"
 #include "lopper/structured.h"
 #include "test_models.h"
+#include "util/npy.h"
 
 namespace lopper {
 namespace {
@@ -23,12 +25,13 @@ ir::Model mlp(at::Tensor w1, at::Tensor w2) {
 }
 
 TEST(Importance, LookupsAndMessages) {
-  EXPECT_EQ(importance::names(Use::kWeights), "abs, l1, lamp, random, grad, taylor");
+  EXPECT_EQ(importance::names(Use::kWeights),
+            "abs, l1, lamp, random, grad, taylor, wanda, sparsegpt");
   EXPECT_EQ(importance::names(Use::kChannels), "l1, l2, bn, fpgm, random, taylor");
   EXPECT_EQ(
       importance::names(
           Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); }, " and "),
-      "grad and taylor");
+      "grad, taylor, wanda and sparsegpt");
   EXPECT_STREQ(importance::find("taylor", Use::kChannels).name, "taylor");
   try {
     importance::find("grad", Use::kChannels);  // grad ranks single weights only
@@ -119,9 +122,34 @@ TEST(Importance, EveryCriterionPrunes) {
       sal.scores[c.name]["w1"] = at::rand({8, 16});
       sal.scores[c.name]["w2"] = at::rand({8, 4});
     }
+  // The layers' inputs, for the criteria that read them (the model's input is [1, 16]).
+  test::TempDir tmp;
+  save_npy(at::randn({4, 16}), tmp / "x.npy");
+  save_npy(at::zeros({4}, at::kLong), tmp / "y.npy");
+  LoaderOptions lo;
+  lo.batch_size = 1;
+  lo.shuffle = false;
   for (const auto& c : importance::criteria()) {
     SCOPED_TRACE(c.name);
-    ASSERT_NE(c.needs, importance::Needs::kActivations) << "no test data for activations yet";
+    if (c.needs == importance::Needs::kActivations) {
+      ir::Model m = mlp(w1.clone(), w2.clone());
+      PruneOptions o;
+      o.criterion = c.name;
+      o.amount = PruneAmount{0.5, false};
+      DataLoader data(open_dataset("npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy")), lo);
+      CalibrationOptions co;
+      co.batches = 4;
+      const PruneReport r = prune_calibrated(m, o, data, co);
+      EXPECT_EQ(r.nonzero_after, 80);  // half of each layer
+      EXPECT_EQ(init(m, "w1").count_nonzero().item<int64_t>(), 64);
+      EXPECT_EQ(init(m, "w2").count_nonzero().item<int64_t>(), 16);
+      ir::Model u = mlp(w1.clone(), w2.clone());
+      EXPECT_THROW(prune(u, o), Error);  // without its data: one error, the model untouched
+      EXPECT_TRUE(at::equal(init(u, "w1"), w1));
+      o.scope = PruneScope::kGlobal;  // compared within layers: no global ranking
+      EXPECT_THROW(prune_calibrated(u, o, data, co), Error);
+      continue;
+    }
     const Saliency* s = c.needs_data() ? &sal : nullptr;
     if (c.ranks_weights()) {
       ir::Model m = mlp(w1.clone(), w2.clone());

@@ -147,7 +147,7 @@ TEST(ReportCli, RefusesBadReportPathsBeforeAnyWork) {
        "--eval-batches is for"},
       {"prune " + in + " -o " + out + " --method l1 --amount 0.5 --data " + data +
            " --calib-batches 2 --report " + (tmp / "r.html"),
-       "--calib-batches is for grad and taylor only"},
+       "--calib-batches is for grad, taylor, wanda and sparsegpt only"},
       {"prune " + in + " -o " + out + " --target-macs 0.5 --report " + (tmp / "x/r.html"),
        "no folder"},
       {"prune " + in + " -o " + out + " --structured channel --amount 0.5 --report " + out +

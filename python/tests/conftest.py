@@ -38,6 +38,18 @@ def mlp():
     return m, torch.randn(4, 1, 28, 28)
 
 
+@seeded
+def llama():
+    """A tiny transformers LLaMA (2 layers, hidden 64, grouped-query heads) and an input."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128, max_position_embeddings=32,
+                                   attn_implementation="eager", use_cache=False)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    return m, {"input_ids": torch.randint(0, 200, (1, 12))}
+
+
 @pytest.fixture(scope="session")
 def fixtures():
     if not (FIXTURES / "resnet18.ts.onnx").is_file():

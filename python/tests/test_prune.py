@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from torch.nn.utils import prune as torch_prune
 
 import lopper
-from conftest import BUILD, assert_close, mlp, seeded
+from conftest import BUILD, assert_close, llama, mlp, seeded
 from lopper import _prune as lopper_prune_module
 
 
@@ -665,17 +665,6 @@ def test_save_html(tmp_path):
 
 
 # --- (i) one-shot LLM pruning: wanda, sparsegpt, OWL on the user's batches ----------------------
-
-
-@seeded
-def llama():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=128, max_position_embeddings=32,
-                                   attn_implementation="eager", use_cache=False)
-    m = transformers.LlamaForCausalLM(cfg).eval()
-    return m, {"input_ids": torch.randint(0, 200, (1, 12))}
 
 
 def token_batches(n=16, t=12, seed=4):

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import lopper
-from conftest import BUILD
+from conftest import BUILD, llama
 from lopper import _prune as lopper_prune_module
 
 
@@ -108,17 +108,6 @@ def bert():
     m = transformers.BertForSequenceClassification(cfg).eval()
     ids = torch.randint(0, 200, (2, 12))
     return m, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
-def llama():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=128, max_position_embeddings=32,
-                                   attn_implementation="eager", use_cache=False)
-    m = transformers.LlamaForCausalLM(cfg).eval()
-    return m, {"input_ids": torch.randint(0, 200, (1, 12))}
 
 
 MODELS = {

@@ -221,6 +221,9 @@ struct Saliency {
 };
 
 struct CalibrationOptions {
+  /// The papers' calibration for the criteria that read the layers' inputs (Wanda, SparseGPT,
+  /// OWL): this many samples, when the caller does not say how many batches.
+  static constexpr int64_t kLayerInputSamples = 128;
   /// At most this many batches (fewer when an epoch has fewer); prune_calibrated() needs this
   /// many and throws when the data has fewer.
   int64_t batches = 32;

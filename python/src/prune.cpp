@@ -60,12 +60,12 @@ struct Args {
   CalibrationOptions calib;
 };
 
-// The papers' defaults (Wanda, SparseGPT, OWL), as lopper.prune's signature has them.
-constexpr int64_t kBlockSize = 128;
-constexpr double kDampening = 0.01;
-constexpr double kOwlM = 5;
-// wanda, sparsegpt, OWL without calib_batches: batches until this many samples (the papers').
-constexpr int64_t kCalibSamples = 128;
+// The library's defaults (the papers': Wanda, SparseGPT, OWL), as lopper.prune's signature has
+// them.
+const int64_t kBlockSize = PruneLayerOptions{}.block_size;
+const double kDampening = PruneLayerOptions{}.dampening;
+const double kOwlM = OwlOptions{}.m;
+constexpr int64_t kCalibSamples = CalibrationOptions::kLayerInputSamples;
 
 // The one-shot arguments (block_size, dampening, owl_lambda, owl_m) as Python gave them.
 struct OneShotArgs {

@@ -52,7 +52,8 @@ PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOption
   DataLoader loader(o.data.dataset(), lo);
   CalibrationOptions co;
   // The papers' 128 calibration samples unless told otherwise.
-  co.batches = batches_given ? o.calib_batches : (128 + lo.batch_size - 1) / lo.batch_size;
+  constexpr int64_t samples = CalibrationOptions::kLayerInputSamples;
+  co.batches = batches_given ? o.calib_batches : (samples + lo.batch_size - 1) / lo.batch_size;
   co.device = o.device;
   co.loss = o.data.loss_options(o.seed);
   co.sequential = !o.one_pass;

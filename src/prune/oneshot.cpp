@@ -266,6 +266,29 @@ at::Tensor as_rows(const at::Tensor& w, int64_t out_axis) {
   return w.movedim(out_axis, 0).reshape({w.size(out_axis), -1});
 }
 
+}  // namespace
+
+at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor gram,
+                       int64_t nonzero, const std::string& where) {
+  const at::Tensor& v = t.init->value;
+  SparseGptOptions so;
+  so.block_size = o.block_size;
+  so.dampening = o.dampening;
+  if (o.pattern == PrunePattern::kNM) {
+    so.n = o.n;
+    so.m = o.m;
+  } else {
+    so.amount =
+        o.amount.is_count ? o.amount.value / double(std::max<int64_t>(nonzero, 1)) : o.amount.value;
+  }
+  SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), std::move(gram), so, where);
+  return r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
+      .movedim(0, t.out_axis)
+      .to(v.scalar_type());
+}
+
+namespace {
+
 // Prunes target i of the plan under `o` with its layer's inputs (`in`, null for the criteria that
 // do not read them).
 void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerInput* in,
@@ -283,21 +306,7 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerIn
   }
   if (c.weights == WeightRank::kReconstruct) {
     at::Tensor& v = t.init->value;
-    SparseGptOptions so;
-    so.block_size = o.block_size;
-    so.dampening = o.dampening;
-    if (o.pattern == PrunePattern::kNM) {
-      so.n = o.n;
-      so.m = o.m;
-    } else {
-      so.amount = o.amount.is_count
-                      ? o.amount.value / double(std::max<int64_t>(l.nonzero_before, 1))
-                      : o.amount.value;
-    }
-    SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), std::move(in->gram), so, l.label());
-    at::Tensor w = r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
-                       .movedim(0, t.out_axis)
-                       .to(v.scalar_type());
+    at::Tensor w = layer_solve(t, o, std::move(in->gram), l.nonzero_before, l.label());
     if (v.is_contiguous() && v.use_count() == 1 && v.storage().use_count() == 1)
       v.copy_(w);
     else

@@ -68,6 +68,12 @@ at::Tensor layer_score(const Target& t, const importance::Criterion& c, const Sa
 at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator& gen,
                       const std::string& where, const at::Tensor& score);
 
+/// Target `t`'s weight pruned under `o` by the criterion that reconstructs the layer (sparsegpt),
+/// from the Gram matrix of its inputs (consumed): the new value, in the weight's layout and type
+/// (the weight itself is not written). `nonzero`: its weights left, for a count amount.
+at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor gram,
+                       int64_t nonzero, const std::string& where);
+
 /// Zeroes the weights each `drop` mask flags (in place when nothing else holds the tensor) and
 /// sets the targets' nonzero_after; the masks are released as they are used.
 void apply_masks(const std::vector<Target>& targets, std::vector<at::Tensor>& drop,

@@ -279,6 +279,9 @@ bool reads_layer_inputs(const PruneRecipe& recipe);
 /// to keep the original (the CLI writes nothing on an error).
 PruneReport prune_calibrated(ir::Model& model, const PruneOptions& opts, DataLoader& data,
                              const CalibrationOptions& calib);
+/// What prune_calibrated() checks of its data before any work: throws lopper::Error when
+/// `calib.batches` < 1 or `data` has fewer batches than that.
+void check_calibration(const DataLoader& data, const CalibrationOptions& calib);
 PruneReport prune_calibrated(ir::Model& model, const PruneRecipe& recipe, DataLoader& data,
                              const CalibrationOptions& calib);
 

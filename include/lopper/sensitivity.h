@@ -22,9 +22,16 @@ struct SensitivityOptions {
   /// Each in [0, 1): the share of a layer's weights (structured: of a group's channels) removed.
   std::vector<double> amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
   bool structured = false;  // channel groups (structured.h) instead of single weights
-  /// What ranks the weights (l1, random) or the channels (a criterion of the weights alone: l1,
-  /// l2, bn, fpgm, random); data-driven criteria would need gradients at every point.
+  /// What ranks the weights (l1, random, or by the layer's inputs: wanda, sparsegpt) or the
+  /// channels (a criterion of the weights alone: l1, l2, bn, fpgm, random); gradient criteria
+  /// would need gradients at every point.
   std::string criterion = "l1";
+  /// wanda, sparsegpt: the layers' inputs are collected once, on the unpruned model (only one
+  /// layer is pruned at a time), over this many of the data's first batches (0: enough for
+  /// CalibrationOptions::kLayerInputSamples samples); the evaluated batches are among them.
+  int64_t calib_batches = 0;
+  int64_t block_size = PruneLayerOptions().block_size;  // sparsegpt
+  double dampening = PruneLayerOptions().dampening;     // sparsegpt
   int64_t round_to = 1;  // structured: channel counts a multiple of this
   uint64_t seed = 0;     // random
   std::string exclude;   // ECMAScript regex: layers (or groups with a layer) left out
@@ -70,6 +77,9 @@ struct SensitivityResult {
   int64_t samples = 0;
   int64_t params = 0, macs = 0;  // the unpruned model (nonzero parameters; MACs as above)
   std::vector<LayerSensitivity> layers;
+  /// Layers that could not be analysed, each with why ("lm_head: the calibration data never
+  /// reached it").
+  std::vector<std::string> skipped;
 };
 
 /// Throws lopper::Error naming the first option out of range (what sensitivity() checks first).
@@ -78,6 +88,8 @@ void check_sensitivity_options(const SensitivityOptions& o);
 /// Evaluates `model` on the first `eval_batches` batches of `data` (cross-entropy loss and top-1
 /// against its labels), then once per layer and amount with only that layer pruned. Throws
 /// lopper::Error on bad options (an amount outside [0, 1), no layer to analyse, taylor/grad).
+/// wanda and sparsegpt analyse the Gemm, MatMul and Conv layers whose inputs can be collected
+/// (the others are left out, each named in `skipped`).
 SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
                               const SensitivityOptions& opts);
 

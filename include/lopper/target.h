@@ -20,6 +20,7 @@
 
 #include "lopper/graph.h"
 #include "lopper/latency.h"
+#include "lopper/prune.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 
@@ -33,8 +34,16 @@ struct TargetOptions {
   /// kParams, kMacs: the share of the unpruned model's nonzero parameters or MACs kept, in (0, 1);
   /// kLatency: milliseconds per run at the input shapes on `device`.
   double value = 0.5;
-  bool structured = false;       // channel groups (the model shrinks) instead of single weights
-  std::string criterion = "l1";  // structured, without sensitivity data: ranks the channels
+  bool structured = false;  // channel groups (the model shrinks) instead of single weights
+  /// Structured, without sensitivity data: what ranks the channels. Unstructured: l1, or with
+  /// sensitivity data measured by it, a criterion that reads the layers' inputs (wanda,
+  /// sparsegpt): the amounts are chosen on the curves, then applied by prune_calibrated() on
+  /// `calibration_data` (target_recipe()).
+  std::string criterion = "l1";
+  DataLoader* calibration_data = nullptr;
+  CalibrationOptions calibration;
+  int64_t block_size = PruneLayerOptions().block_size;  // sparsegpt
+  double dampening = PruneLayerOptions().dampening;     // sparsegpt
   int64_t round_to = 1;
   std::string exclude;  // layers (or groups with a layer) left alone
   /// Unstructured: prune tied weights too (PruneLayerOptions::allow_tied); off, they stay.
@@ -88,6 +97,11 @@ SensitivityOptions sensitivity_options(const TargetOptions& o);
 /// (0, 1), a latency <= 0, round_to < 1, a channel criterion that needs data): what
 /// prune_to_target() checks first.
 void check_target_options(const TargetOptions& o);
+
+/// The chosen amounts as a recipe: one rule per unit with an amount > 0 (matching its weight's
+/// name exactly), each pruned as `how` says with the unit's amount; every other layer is left
+/// alone. Unstructured units only.
+PruneRecipe target_recipe(const TargetReport& r, const PruneLayerOptions& how);
 
 /// Prunes `model` in place to the target. Throws lopper::Error ("[prune] ...") when the options
 /// are bad, the sensitivity data does not match the model, or the target cannot be reached (every

@@ -134,7 +134,7 @@ def test_sensitivity_measures_the_modules_own_losses(sweep):
 def test_sensitivity_table_and_json(sweep):
     _, _, _, _, report = sweep
     text = str(report)
-    assert text.startswith("top-1 with one layer pruned alone (unpruned:")
+    assert text.startswith("top-1 with one layer pruned alone by l1 (unpruned:")
     for name in ("1.weight", "3.weight", "5.weight", "0.25", "0.5", "0.9"):
         assert name in text
     assert len(text.strip().splitlines()) == 2 + 3

@@ -10,6 +10,7 @@
 //   [--recipe FILE.yaml] [--shape NAME=DIMS] [--seed S] [--json]   (taylor: --data SPEC ...)
 // lopper prune MODEL -o OUT --target-macs F | --target-params F | --target-latency-ms X
 //   [--structured channel] [--sensitivity FILE | --data SPEC [--eval-batches N]] [--device D]
+//   [--method wanda|sparsegpt --data SPEC [--calib-batches N] [--block-size B] [--dampening D]]
 // Any of them: [--report FILE.html] (with --data: top-1 before and after on --eval-batches batches)
 #include "lopper/prune.h"
 
@@ -42,21 +43,26 @@
 
 namespace lopper::cli {
 
-// Pruning that reads the layers' inputs (wanda, sparsegpt, OWL): calibrated block by block.
-PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOptions* po,
-                              const PruneRecipe* recipe, bool batches_given,
-                              const onnx::MappedData* mapped) {
+std::pair<LoaderOptions, CalibrationOptions> input_calibration(const Opts& o,
+                                                               const ir::Model& model) {
   LoaderOptions lo = o.data.loader(model);
   lo.seed = o.seed;
   lo.drop_last = true;  // every calibration batch the same size
-  DataLoader loader(o.data.dataset(), lo);
   CalibrationOptions co;
-  // The papers' 128 calibration samples unless told otherwise.
   constexpr int64_t samples = CalibrationOptions::kLayerInputSamples;
-  co.batches = batches_given ? o.calib_batches : (samples + lo.batch_size - 1) / lo.batch_size;
+  co.batches =
+      o.calib_batches_given ? o.calib_batches : (samples + lo.batch_size - 1) / lo.batch_size;
   co.device = o.device;
   co.loss = o.data.loss_options(o.seed);
   co.sequential = !o.one_pass;
+  return {lo, co};
+}
+
+// Pruning that reads the layers' inputs (wanda, sparsegpt, OWL): calibrated block by block.
+PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOptions* po,
+                              const PruneRecipe* recipe, const onnx::MappedData* mapped) {
+  auto [lo, co] = input_calibration(o, model);
+  DataLoader loader(o.data.dataset(), lo);
   if (mapped) co.release_memory = [mapped] { mapped->release(); };
   std::unique_ptr<Progress> bar;
   co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
@@ -271,8 +277,10 @@ Action add_prune(CLI::App& app) {
       if (targets[i]->count() > 0) ++given, kind = kinds[i];
     if (given > 1)
       throw UsageError("[prune] give one of --target-macs, --target-params, --target-latency-ms");
+    o->calib_batches_given = calib_batches->count() > 0;
     for (const auto* opt : {block_size, dampening, owl_lambda, owl_m, one_pass})
-      if (opt->count() > 0 && (given > 0 || structured->count() > 0))
+      if (opt->count() > 0 &&
+          (structured->count() > 0 || (given > 0 && opt != block_size && opt != dampening)))
         throw UsageError("[prune] " + opt->get_name() + " is for --method " +
                          importance::names(
                              importance::Use::kWeights,
@@ -410,7 +418,7 @@ Action add_prune(CLI::App& app) {
     PruneReport r;
     if (inputs) {
       r = prune_with_inputs(*o, model, recipe ? nullptr : &po, recipe ? &*recipe : nullptr,
-                            calib_batches->count() > 0, mapped.get());
+                            mapped.get());
     } else {
       std::optional<Saliency> saliency;
       if (needs_data) saliency = calibrate(*o, model);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/common.h"
+#include "lopper/data.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/target.h"
@@ -23,7 +24,8 @@ struct Opts {
   double threshold = -1;
   uint64_t seed = 0;
   int norm = 1;
-  int64_t calib_batches = 32;  // wanda, sparsegpt, OWL: 128 samples by default
+  int64_t calib_batches = 32;  // wanda, sparsegpt, OWL: 128 samples unless given
+  bool calib_batches_given = false;
   int64_t block_size = 128;
   double dampening = 0.01, owl_lambda = 0, owl_m = 5;
   bool one_pass = false;
@@ -39,6 +41,10 @@ struct Opts {
   int threads = 0;
 };
 
+// The calibration of the criteria that read the layers' inputs (wanda, sparsegpt, OWL): every
+// batch the same size, the papers' 128 samples unless --calib-batches says otherwise.
+std::pair<LoaderOptions, CalibrationOptions> input_calibration(const Opts& o,
+                                                               const ir::Model& model);
 // Gradient saliencies on calibration batches (criteria that rank by gradients).
 Saliency calibrate(const Opts& o, const ir::Model& model);
 // --report: the models before (read again from --model) and after, measured on --device, top-1

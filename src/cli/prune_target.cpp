@@ -39,12 +39,27 @@ int run_target(const Opts& o, TargetKind kind) {
     t.criterion = channel_criterion(o.method).name;
     if (o.allow_tied)
       throw UsageError("[prune] --allow-tied is for unstructured pruning, not --structured");
-  } else if (!o.method.empty() && o.method != "l1") {
-    throw UsageError("[prune] a target prunes weights by magnitude (l1); --method " + o.method +
-                     " does not go with it");
+  } else if (!o.method.empty()) {
+    t.criterion = weight_criterion(o.method).name;
   }
-  if (!o.sensitivity.empty() && o.data.given())
+  // wanda, sparsegpt: amounts chosen on their own sensitivity curves, then pruned by them on the
+  // calibration data.
+  const bool inputs =
+      !t.structured && importance::find(t.criterion, importance::Use::kWeights).needs ==
+                           importance::Needs::kActivations;
+  if (!t.structured && !inputs && t.criterion != "l1")
+    throw UsageError("[prune] a target prunes weights by l1, wanda or sparsegpt; --method " +
+                     o.method + " does not go with it");
+  if (inputs && !o.data.given())
+    throw UsageError("[prune] a target with --method " + t.criterion +
+                     " calibrates on the layers' inputs: give --data SPEC (e.g. --data "
+                     "tokens:ids.npy)");
+  if (!o.sensitivity.empty() && o.data.given() && !inputs)
     throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
+  if (!inputs && o.calib_batches_given)
+    throw UsageError("[prune] --calib-batches is for a target with --method wanda or sparsegpt");
+  t.block_size = o.block_size;
+  t.dampening = o.dampening;
   t.round_to = o.round_to;
   t.exclude = o.exclude;
   t.allow_tied = o.allow_tied;
@@ -56,7 +71,15 @@ int run_target(const Opts& o, TargetKind kind) {
   ir::Model model = load_input_model(files, o.model);
   std::optional<SensitivityResult> sens;
   std::unique_ptr<DataLoader> loader;  // --data: the sensitivity's batches, then the loss measured
-  if (o.data.given()) {
+  std::unique_ptr<DataLoader> calib;   // wanda, sparsegpt: the calibration's batches
+  if (inputs) {
+    auto [lo, co] = input_calibration(o, model);
+    calib = std::make_unique<DataLoader>(o.data.dataset(), lo);
+    t.calibration = co;
+    t.calibration_data = calib.get();
+    check_calibration(*calib, co);  // before the sweep
+  }
+  if (o.data.given() && o.sensitivity.empty()) {
     LoaderOptions lo = o.data.loader(model);
     lo.shuffle = false;
     loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
@@ -66,6 +89,7 @@ int run_target(const Opts& o, TargetKind kind) {
   } else if (loader) {
     SensitivityOptions so = sensitivity_options(t);
     so.eval_batches = o.eval_batches;
+    if (inputs && o.calib_batches_given) so.calib_batches = o.calib_batches;
     so.loss = o.data.loss_options(o.seed);
     std::unique_ptr<Progress> bar;
     so.progress = [&](int64_t done, int64_t total, const std::string& what) {

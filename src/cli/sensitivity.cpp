@@ -1,5 +1,6 @@
 // lopper sensitivity MODEL --data D [--structured channel] [--method M] [--amounts 0.1,...,0.95]
-//                    [--eval-batches 16] [--split test] [--device cpu|cuda] [--exclude REGEX]
+//                    [--calib-batches N] [--block-size 128] [--dampening 0.01] [--eval-batches 16]
+//                    [--split test] [--device cpu|cuda] [--exclude REGEX]
 //                    [--round-to N] [--seed S] [--allow-tied] [-o FILE.json] [--json]
 //                    [--report FILE.html]
 // Each prunable layer (or channel group) pruned alone to each amount; loss and top-1 per point.
@@ -51,7 +52,8 @@ Action add_sensitivity(CLI::App& app) {
     std::string device = "cpu", exclude;
     std::vector<std::string> shapes;
     DataFlags data;
-    int64_t eval_batches = 16, round_to = 1;
+    int64_t eval_batches = 16, round_to = 1, calib_batches = 0;
+    SensitivityOptions defaults;
     uint64_t seed = 0;
     bool json = false, allow_tied = false;
     int threads = 0;
@@ -65,9 +67,18 @@ Action add_sensitivity(CLI::App& app) {
   o->data.add(cmd, "test");
   cmd->add_option("--structured", o->structured,
                   "channel: prune each channel group (the model shrinks) instead of each weight");
-  cmd->add_option(
-      "--method", o->method,
-      "weights: l1 (default) | random; channels: l1 (default) | l2 | bn | fpgm | random");
+  cmd->add_option("--method", o->method,
+                  "weights: l1 (default) | random | wanda | sparsegpt (by the layers' inputs on "
+                  "the data); channels: l1 (default) | l2 | bn | fpgm | random");
+  auto* calib = cmd->add_option(
+      "--calib-batches", o->calib_batches,
+      "wanda, sparsegpt: the data's first batches the layers' inputs are collected on (default: "
+      "128 samples; the evaluated batches are among them)");
+  auto* block = cmd->add_option("--block-size", o->defaults.block_size,
+                                "sparsegpt: columns pruned together (default 128)");
+  auto* damp = cmd->add_option("--dampening", o->defaults.dampening,
+                               "sparsegpt: added to the Hessian's diagonal, a share of its mean "
+                               "(default 0.01)");
   cmd->add_option("--amounts", o->amounts,
                   "comma-separated shares removed, each in [0, 1) (default 0.1,...,0.9,0.95)");
   cmd->add_option("--eval-batches", o->eval_batches,
@@ -88,7 +99,7 @@ Action add_sensitivity(CLI::App& app) {
                   "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "
                   "model's layers");
   add_threads_option(cmd, o->threads);
-  return [o]() {
+  return [o, calib, block, damp]() {
     configure_threads(o->threads);
     SensitivityOptions so;
     so.amounts = parse_flag([&] { return parse_amounts(o->amounts); });
@@ -100,6 +111,17 @@ Action add_sensitivity(CLI::App& app) {
     } else if (!o->method.empty()) {
       so.criterion = weight_criterion(o->method).name;
     }
+    const importance::Criterion& c = importance::find(
+        so.criterion, so.structured ? importance::Use::kChannels : importance::Use::kWeights);
+    const bool inputs = c.needs == importance::Needs::kActivations;
+    if (!inputs && calib->count())
+      throw UsageError("[sensitivity] --calib-batches is for wanda and sparsegpt");
+    if (c.weights != importance::WeightRank::kReconstruct && (block->count() || damp->count()))
+      throw UsageError(std::string("[sensitivity] ") +
+                       (block->count() ? "--block-size" : "--dampening") + " is for sparsegpt");
+    so.calib_batches = o->calib_batches;
+    so.block_size = o->defaults.block_size;
+    so.dampening = o->defaults.dampening;
     so.eval_batches = o->eval_batches;
     so.device = o->device;
     so.exclude = o->exclude;

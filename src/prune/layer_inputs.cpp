@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <set>
+
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
@@ -122,7 +124,9 @@ std::map<std::string, LayerInput> collect_layer_inputs(const ir::Model& model, D
   LOPPER_CHECK(opts.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
                opts.batches);
   std::map<std::string, bool> watch;
-  for (const auto& pw : prunable_weights(model.graph)) watch[pw.weight] = opts.gram;
+  const std::set<std::string> only(opts.weights.begin(), opts.weights.end());
+  for (const auto& pw : prunable_weights(model.graph))
+    if (only.empty() || only.count(pw.weight)) watch[pw.weight] = opts.gram;
   LayerInputCollector collector(model.graph, watch);
 
   ExecOptions eo;

@@ -61,6 +61,8 @@ struct LayerInputOptions {
   int64_t batches = 128;  // at most this many batches (fewer when an epoch has fewer)
   std::string device = "cpu";
   bool gram = false;
+  /// The prunable weights whose inputs to collect (empty: every one).
+  std::vector<std::string> weights;
   LossOptions loss;  // only how batches feed the model's inputs (lopper/loss.h)
   /// Called after each batch (1-based).
   std::function<void(int64_t batch, int64_t of)> progress;

@@ -29,6 +29,15 @@
 
 namespace lopper {
 
+void check_calibration(const DataLoader& data, const CalibrationOptions& calib) {
+  LOPPER_CHECK(calib.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
+               calib.batches);
+  const int64_t have = data.batches_per_epoch();
+  LOPPER_CHECK(have >= calib.batches, "[prune] ", data.dataset().name(), " has ", have,
+               " calibration batch", have == 1 ? "" : "es", " of ", data.options().batch_size,
+               ", fewer than the ", calib.batches, " asked: give more data or fewer batches");
+}
+
 namespace {
 
 using importance::Criterion;
@@ -364,12 +373,7 @@ std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment
 
 PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
                 const CalibrationOptions& calib, const PruneOptions* opts) {
-  LOPPER_CHECK(calib.batches > 0, "[prune] " LOPPER_OPTION("batches") " must be > 0, got ",
-               calib.batches);
-  const int64_t have = data.batches_per_epoch();
-  LOPPER_CHECK(have >= calib.batches, "[prune] ", data.dataset().name(), " has ", have,
-               " calibration batch", have == 1 ? "" : "es", " of ", data.options().batch_size,
-               ", fewer than the ", calib.batches, " asked: give more data or fewer batches");
+  check_calibration(data, calib);
   // Gradient criteria (a recipe's) score on the unpruned model first.
   std::optional<Saliency> saliency;
   bool gradients = false;

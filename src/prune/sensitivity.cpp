@@ -21,7 +21,9 @@
 #include "lopper/executor.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
+#include "prune/layer_inputs.h"
 #include "prune/masks.h"
+#include "prune/plan.h"
 #include "train/loss.h"
 
 namespace lopper {
@@ -75,17 +77,62 @@ std::pair<double, double> evaluate_on(Executor& ex, const ir::Model& model, cons
   return {sum / double(counted), hit / double(counted)};
 }
 
+// wanda, sparsegpt: the layers whose inputs can be collected, in passes over the calibration
+// batches (the others leave `todo`, named in `skipped`). Gram matrices (sparsegpt) are collected a
+// share of the layers at a time, so that no pass holds more than kGramBytes of them.
+struct Calibration {
+  std::vector<std::vector<std::string>> passes;
+  LayerInputOptions options;
+};
+
+Calibration plan_calibration(const ir::Model& model, const DataLoader& data,
+                             const SensitivityOptions& o, std::vector<PrunableWeight>& todo,
+                             std::vector<std::string>& skipped) {
+  constexpr int64_t kGramBytes = int64_t(1) << 30;
+  Calibration c;
+  LayerInputOptions& lo = c.options;
+  const int64_t batch = std::max<int64_t>(data.options().batch_size, 1);
+  lo.batches = o.calib_batches > 0 ? o.calib_batches
+                                   : (CalibrationOptions::kLayerInputSamples + batch - 1) / batch;
+  LOPPER_CHECK(o.calib_batches <= data.batches_per_epoch(), "[sensitivity] ", data.dataset().name(),
+               " has ", data.batches_per_epoch(), " batches, ", LOPPER_OPTION("calib_batches"),
+               " asks for ", o.calib_batches);
+  lo.batches = std::min<int64_t>(lo.batches, data.batches_per_epoch());
+  lo.device = o.device;
+  lo.gram = importance::find(o.criterion, importance::Use::kWeights).needs_gram;
+  lo.loss = o.loss;
+  int64_t bytes = 0;
+  std::vector<PrunableWeight> kept;
+  for (auto& pw : todo) {
+    const at::Tensor& w = model.graph.find_initializer(pw.weight)->value;
+    if (std::string why = layer_input_unsupported(*pw.node, w); !why.empty()) {
+      skipped.push_back(pw.label() + ": " + why);
+      continue;
+    }
+    const int64_t k = w.numel() / std::max<int64_t>(w.size(pw.out_axis), 1);
+    const int64_t b = lo.gram ? k * k * int64_t(sizeof(double)) : 0;
+    if (c.passes.empty() || (bytes > 0 && bytes + b > kGramBytes))
+      c.passes.emplace_back(), bytes = 0;
+    c.passes.back().push_back(pw.weight);
+    bytes += b;
+    kept.push_back(std::move(pw));
+  }
+  todo = std::move(kept);
+  return c;
+}
+
 void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
   ++done;
   if (o.progress) o.progress(done, total, what);
 }
 
-SensitivityResult weights(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
+SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSet& s,
+                          const SensitivityOptions& o) {
   SensitivityResult r;
   r.unit = "weight";
   r.method = o.criterion;
-  const bool drawn = importance::find(o.criterion, importance::Use::kWeights).weights ==
-                     importance::WeightRank::kDrawn;
+  const importance::Criterion& crit = importance::find(o.criterion, importance::Use::kWeights);
+  const bool drawn = crit.weights == importance::WeightRank::kDrawn;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);
@@ -109,13 +156,56 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
   }
   LOPPER_CHECK(!todo.empty(), "[sensitivity] no prunable layer to analyse", exclude.leaves_none(),
                tied ? " (tied weights stay unless " LOPPER_OPTION("allow_tied") ")" : "");
-  const int64_t total = int64_t(todo.size() * o.amounts.size());
+  // wanda, sparsegpt: each layer's inputs on the unpruned model (sensitivity prunes one layer at a
+  // time, so no layer's inputs change).
+  std::map<std::string, LayerInput> inputs;
+  Calibration calib;
+  if (crit.needs == importance::Needs::kActivations) {
+    calib = plan_calibration(model, data, o, todo, r.skipped);
+    LOPPER_CHECK(!todo.empty(), "[sensitivity] ", o.criterion, " has no layer to analyse (",
+                 r.skipped.front(), ")");
+  }
+  int64_t total = int64_t(calib.passes.size()) * calib.options.batches +
+                  int64_t(todo.size() * o.amounts.size());
   int64_t done = 0;
+  for (size_t i = 0; i < calib.passes.size(); ++i) {
+    calib.options.weights = calib.passes[i];
+    calib.options.progress = [&](int64_t b, int64_t of) {
+      report(o, done, total,
+             calib.passes.size() > 1
+                 ? fmt::format("calibration {}/{}: batch {}/{}", i + 1, calib.passes.size(), b, of)
+                 : fmt::format("calibration: batch {}/{}", b, of));
+    };
+    for (auto& [name, in] : collect_layer_inputs(model, data, calib.options))
+      inputs[name] = std::move(in);
+  }
+  if (!calib.passes.empty()) {
+    std::vector<PrunableWeight> reached;
+    for (auto& pw : todo) {
+      if (inputs.count(pw.weight))
+        reached.push_back(std::move(pw));
+      else
+        r.skipped.push_back(pw.label() + ": the calibration data never reached it");
+    }
+    total -= int64_t((todo.size() - reached.size()) * o.amounts.size());
+    todo = std::move(reached);
+    LOPPER_CHECK(!todo.empty(), "[sensitivity] ", o.criterion, " has no layer to analyse (",
+                 r.skipped.front(), ")");
+  }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   c10::NoGradGuard no_grad;
   for (const auto& pw : todo) {
     at::Tensor p = params.at(pw.weight);
     const at::Tensor orig = p.detach().to(at::kCPU, at::kFloat).clone();
+    // The layer as prune_calibrated() sees it, its weight the unpruned one.
+    ir::Initializer init{pw.weight, orig, "", false};
+    Target t;
+    t.node = pw.node;
+    t.weight = pw;
+    t.init = &init;
+    t.in_axis = pw.in_axis, t.out_axis = pw.out_axis;
+    const LayerInput* in = inputs.count(pw.weight) ? &inputs.at(pw.weight) : nullptr;
+    const at::Tensor score = in ? layer_score(t, crit, nullptr, in) : at::Tensor();
     LayerSensitivity ls;
     ls.name = pw.node->label();
     ls.weight = pw.weight;
@@ -126,8 +216,22 @@ SensitivityResult weights(const ir::Model& model, const EvalSet& s, const Sensit
     const int64_t nz0 = orig.count_nonzero().item<int64_t>();
     for (double a : o.amounts) {
       const PruneAmount amount{a, false};
-      at::Tensor keep = drawn ? random_mask(orig, amount, gen) : l1_mask(orig, amount);
-      at::Tensor w = orig * keep;
+      at::Tensor w;
+      if (crit.weights == importance::WeightRank::kReconstruct) {
+        PruneLayerOptions lo;
+        lo.criterion = o.criterion;
+        lo.amount = amount;
+        lo.block_size = o.block_size;
+        lo.dampening = o.dampening;
+        w = layer_solve(t, lo, in->gram.clone(), nz0, ls.label());
+      } else if (score.defined()) {
+        PruneLayerOptions lo;
+        lo.criterion = o.criterion;
+        lo.amount = amount;
+        w = orig * layer_keep(t, lo, gen, ls.name, score);
+      } else {
+        w = orig * (drawn ? random_mask(orig, amount, gen) : l1_mask(orig, amount));
+      }
       p.detach().copy_(w.to(p.device(), p.scalar_type()));
       SensitivityPoint pt;
       pt.amount = a;
@@ -231,14 +335,33 @@ void check_sensitivity_options(const SensitivityOptions& o) {
         " needs gradients per point)");
   } else {
     auto sweeps = [](const Criterion& x) {
-      return !x.needs_data() && (x.weights == importance::WeightRank::kMagnitude ||
-                                 x.weights == importance::WeightRank::kDrawn);
+      return x.needs == importance::Needs::kActivations ||
+             (!x.needs_data() && (x.weights == importance::WeightRank::kMagnitude ||
+                                  x.weights == importance::WeightRank::kDrawn));
     };
+    auto gradients = [](const Criterion& x) { return x.needs == importance::Needs::kGradients; };
     const Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
     LOPPER_CHECK(sweeps(c), "[sensitivity] " LOPPER_OPTION("criterion") " must be ",
                  importance::names(importance::Use::kWeights, sweeps, " or "), " (",
-                 importance::names(importance::Use::kWeights, data, " and "),
-                 ": prune with them after choosing amounts)");
+                 importance::names(importance::Use::kWeights, gradients, " and "),
+                 " need gradients per point: prune with them after choosing amounts)");
+    if (c.needs == importance::Needs::kActivations) {
+      LOPPER_CHECK(o.calib_batches >= 0,
+                   "[sensitivity] " LOPPER_OPTION("calib_batches") " must be >= 0, got ",
+                   o.calib_batches);
+      PruneLayerOptions lo;
+      lo.criterion = o.criterion;
+      lo.block_size = o.block_size;
+      lo.dampening = o.dampening;
+      try {
+        check_layer_options(lo);
+      } catch (const Error& e) {
+        // The same message, options still marked for the caller to name, as the sweep's.
+        std::string m = e.render([](const std::string& n) { return "\x1e" + n + "\x1f"; });
+        if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
+        throw Error("[sensitivity] " + m);
+      }
+    }
   }
 }
 
@@ -262,7 +385,7 @@ SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
                               const SensitivityOptions& opts) {
   check_sensitivity_options(opts);
   const EvalSet s = read_batches(data, opts.eval_batches);
-  SensitivityResult r = opts.structured ? channels(model, s, opts) : weights(model, s, opts);
+  SensitivityResult r = opts.structured ? channels(model, s, opts) : weights(model, data, s, opts);
   r.samples = s.samples;
   return r;
 }
@@ -295,6 +418,7 @@ std::string sensitivity_json(const SensitivityResult& r) {
       {"base", {{"loss", r.loss}, {"top1", r.top1}, {"params", r.params}, {"macs", r.macs}}},
       {"samples", r.samples},
       {"layers", layers}};
+  if (!r.skipped.empty()) j["skipped"] = r.skipped;
   return j.dump(1);
 }
 
@@ -314,6 +438,7 @@ SensitivityResult parse_sensitivity(const std::string& text, const std::string& 
     r.params = b.at("params").get<int64_t>();
     r.macs = b.at("macs").get<int64_t>();
     r.samples = j.at("samples").get<int64_t>();
+    r.skipped = j.value("skipped", std::vector<std::string>());
     for (const auto& jl : j.at("layers")) {
       LayerSensitivity l;
       l.name = jl.at("name").get<std::string>();

@@ -34,6 +34,10 @@ std::string target_option(TargetKind k) {
   return std::string("\x1e") + "target_" + target_name(k) + "\x1f";
 }
 
+bool reads_inputs(const importance::Criterion& c) {
+  return c.needs == importance::Needs::kActivations;
+}
+
 // The structured options a target implies (criterion, rounding, analysis shapes).
 StructuredOptions structured_options(const TargetOptions& o) {
   StructuredOptions so;
@@ -53,6 +57,8 @@ SensitivityOptions sensitivity_options(const TargetOptions& o) {
   so.round_to = o.round_to;
   so.exclude = o.exclude;
   so.allow_tied = o.allow_tied;
+  so.block_size = o.block_size;
+  so.dampening = o.dampening;
   so.device = o.device;
   so.input_shapes = o.input_shapes;
   so.fixed = o.fixed;
@@ -78,13 +84,39 @@ ir::Model apply(const ir::Model& model, const TargetOptions& o,
     prune_structured(m, so);
     return m;
   }
+  const importance::Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
+  std::unordered_map<std::string, int64_t> out_axis;
+  if (c.per_row || c.weights == importance::WeightRank::kReconstruct)
+    for (const auto& pw : prunable_weights(m.graph)) out_axis[pw.weight] = pw.out_axis;
   for (const auto& [name, a] : weights) {
     if (a <= 0) continue;
     ir::Initializer* init = m.graph.find_initializer(name);
     LOPPER_CHECK(init, "[prune] no weight '", name, "'");
     // NOTE: a copied ir::Model shares its tensors: replace, never write in place.
+    const at::Tensor& w = init->value;
     const PruneAmount amount{counts ? std::round(a) : a, counts};
-    init->value = init->value * l1_mask(init->value, amount);
+    auto axis = out_axis.find(name);
+    if (axis == out_axis.end() || axis->second < 0 || counts) {
+      init->value = w * l1_mask(w, amount);
+      continue;
+    }
+    // The criterion's own counts, by magnitude: wanda's per output row, sparsegpt's per block of
+    // columns (what it prunes at `a`, so the costs measured here are those it will have).
+    const at::Tensor rows = w.movedim(axis->second, 0).reshape({w.size(axis->second), -1});
+    at::Tensor drop;
+    if (c.per_row) {
+      drop = smallest_per_row(rows.abs(), rows.ne(0), amount);
+    } else {
+      drop = at::zeros(rows.sizes(), at::kBool);
+      for (int64_t i = 0; i < rows.size(1); i += o.block_size) {
+        const at::Tensor b = rows.slice(1, i, std::min(i + o.block_size, rows.size(1)));
+        const at::Tensor alive = b.ne(0);
+        const auto k = int64_t(std::nearbyint(a * double(alive.sum().item<int64_t>())));
+        drop.slice(1, i, i + b.size(1)).copy_(smallest_k({b}, {alive}, k, true)[0]);
+      }
+    }
+    init->value =
+        w.masked_fill(drop.reshape(w.movedim(axis->second, 0).sizes()).movedim(0, axis->second), 0);
   }
   return m;
 }
@@ -557,12 +589,50 @@ void check_target_options(const TargetOptions& o) {
                  target_option(o.kind), " is the share kept, in (0, 1), got ", o.value);
   LOPPER_CHECK(o.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
                o.round_to);
-  if (o.structured)
+  if (o.structured) {
     LOPPER_CHECK(!importance::find(o.criterion, importance::Use::kChannels).needs_data(),
                  "[prune] pruning to a target ranks channels by ",
                  importance::names(
                      importance::Use::kChannels,
                      [](const importance::Criterion& c) { return !c.needs_data(); }, " or "));
+    return;
+  }
+  const importance::Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
+  if (!reads_inputs(c)) {
+    LOPPER_CHECK(c.name == std::string("l1"), "[prune] a target prunes weights by l1 or ",
+                 importance::names(importance::Use::kWeights, reads_inputs, " or "), ", not ",
+                 c.name);
+    return;
+  }
+  LOPPER_CHECK(o.sensitivity != nullptr, "[prune] a target with ", c.name,
+               " chooses each layer's amount on sensitivity curves measured with it: give "
+               "sensitivity data (lopper sensitivity " LOPPER_OPTION("criterion") " ",
+               c.name, ")");
+  LOPPER_CHECK(o.calibration_data != nullptr, "[prune] a target with ", c.name,
+               " prunes with the layers' inputs: give calibration data");
+  PruneLayerOptions lo;
+  lo.criterion = c.name;
+  lo.block_size = o.block_size;
+  lo.dampening = o.dampening;
+  check_layer_options(lo);
+}
+
+PruneRecipe target_recipe(const TargetReport& r, const PruneLayerOptions& how) {
+  PruneRecipe recipe;
+  recipe.source = "the target's amounts";
+  for (const auto& u : r.units) {
+    LOPPER_CHECK(u.group < 0, "[prune] target_recipe: ", u.name,
+                 " is a channel group (structured targets prune channels, not by a recipe)");
+    if (u.amount <= 0) continue;
+    PruneRule rule;
+    rule.match =
+        "^" + std::regex_replace(u.weight, std::regex(R"([.^$|()\[\]{}*+?\\/])"), R"(\$&)") + "$";
+    rule.options = how;
+    rule.options.amount = PruneAmount{u.amount, false};
+    rule.where = u.label();
+    recipe.rules.push_back(std::move(rule));
+  }
+  return recipe;
 }
 
 TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
@@ -577,6 +647,14 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
     if (opts.on_latency) opts.on_latency(s);
   };
   check_target_options(o);
+  const bool calibrated =
+      !o.structured && reads_inputs(importance::find(o.criterion, importance::Use::kWeights));
+  if (calibrated)
+    LOPPER_CHECK(o.sensitivity->method == o.criterion,
+                 "[prune] the sensitivity data was measured with ", o.sensitivity->method,
+                 ", the target prunes with ", o.criterion, ": measure it with ", o.criterion);
+  if (calibrated) check_calibration(*o.calibration_data, o.calibration);
+  const ir::Model original = model;  // shares its tensors: nothing below writes through them
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const double before = cost_of(model, o, shapes);
   const double target = o.kind == TargetKind::kLatency ? o.value : o.value * before;
@@ -587,6 +665,19 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
   } else {
     r = o.sensitivity ? by_sensitivity(model, o, shapes, before, target)
                       : by_ranking(model, o, shapes, before, target);
+    if (calibrated) {
+      // The amounts were chosen on the curves and checked with magnitude masks of the same
+      // counts; the model is pruned by the criterion itself, from the original.
+      PruneLayerOptions how;
+      how.criterion = o.criterion;
+      how.block_size = o.block_size;
+      how.dampening = o.dampening;
+      how.allow_tied = o.allow_tied;
+      ir::Model pruned = original;
+      prune_calibrated(pruned, target_recipe(r, how), *o.calibration_data, o.calibration);
+      model = std::move(pruned);
+      r.measured = cost_of(model, o, shapes);
+    }
   }
   r.kind = o.kind;
   r.before = before;

@@ -126,9 +126,10 @@ std::string to_table(const SensitivityResult& r) {
   for (const auto& l : r.layers) names.push_back(l.label());
   const size_t w = name_column_width(names, 12);
   std::string s = fmt::format(
-      "top-1 with one {} pruned alone (unpruned: {:.2f}%, loss {:.4f}, {} "
+      "top-1 with one {} pruned alone{} (unpruned: {:.2f}%, loss {:.4f}, {} "
       "samples)\n",
-      r.unit == "channel" ? "channel group" : "layer", 100 * r.top1, r.loss, r.samples);
+      r.unit == "channel" ? "channel group" : "layer",
+      r.method.empty() ? std::string() : " by " + r.method, 100 * r.top1, r.loss, r.samples);
   std::string head =
       fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w, "params");
   if (!r.layers.empty())
@@ -140,6 +141,7 @@ std::string to_table(const SensitivityResult& r) {
     for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
     s += line + "\n";
   }
+  for (const auto& why : r.skipped) s += "not analysed: " + why + "\n";
   return s;
 }
 

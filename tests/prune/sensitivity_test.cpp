@@ -106,6 +106,53 @@ TEST(Sensitivity, EachPointIsThatLayerPrunedAlone) {
   }
 }
 
+// wanda and sparsegpt: each point is that one layer pruned by prune_calibrated() with a one-rule
+// recipe (its inputs are the unpruned model's: the layers before it stay), then evaluated; the
+// layers' inputs are collected first, and the progress counts those batches too.
+TEST(Sensitivity, CalibratedPointsArePruneCalibratedOnThatLayerAlone) {
+  test::TempDir tmp;
+  const std::string data = npy_data(tmp);
+  const ir::Model model = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  for (const char* method : {"wanda", "sparsegpt"}) {
+    SCOPED_TRACE(method);
+    SensitivityOptions o;
+    o.criterion = method;
+    o.amounts = {0.5, 0.9};
+    o.eval_batches = 8;
+    o.calib_batches = 6;
+    int64_t calls = 0, calibration = 0, last_total = 0;
+    o.progress = [&](int64_t done, int64_t total, const std::string& what) {
+      EXPECT_EQ(done, ++calls);
+      calibration += what.rfind("calibration", 0) == 0;
+      last_total = total;
+    };
+    const SensitivityResult r = sensitivity(model, *loader(data), o);
+    EXPECT_EQ(r.method, method);
+    ASSERT_EQ(r.layers.size(), prunable_weights(model.graph).size());
+    EXPECT_TRUE(r.skipped.empty());
+    EXPECT_EQ(calibration, 6);
+    EXPECT_EQ(last_total, calls);
+    EXPECT_EQ(calls, 6 + int64_t(r.layers.size() * 2));
+    for (const auto& l : r.layers) {
+      for (const auto& p : l.points) {
+        ir::Model pruned = model;
+        PruneRecipe rc = parse_prune_recipe("rules:\n  - {match: '^" + escape(l.weight) +
+                                                "$', method: " + method +
+                                                ", amount: " + std::to_string(p.amount) + "}\n",
+                                            "test");
+        CalibrationOptions co;
+        co.batches = 6;
+        auto dl = loader(data);
+        prune_calibrated(pruned, rc, *dl, co);
+        const EvalResult e = evaluate(pruned, *loader(data));
+        EXPECT_NEAR(p.loss, e.loss, 1e-4 * std::max(1.0, e.loss)) << l.name << " @ " << p.amount;
+        EXPECT_NEAR(p.top1, e.top1, 1.0 / 32 + 1e-9) << l.name << " @ " << p.amount;
+        EXPECT_NEAR(p.removed, p.amount, 0.5 / 9 + 1e-9) << l.name;  // per row: the Conv's 9
+      }
+    }
+  }
+}
+
 TEST(Sensitivity, ChannelGroupsShrinkTheModelPerPoint) {
   test::TempDir tmp;
   const std::string data = npy_data(tmp);
@@ -172,7 +219,12 @@ TEST(SensitivityCli, PrintsWritesAndRefusesBadInput) {
       {"--amounts ''", 2, "lists no amount"},
       {"--eval-batches 0", 2, "--eval-batches must be > 0"},
       {"--structured rows", 2, "--structured takes channel"},
-      {"--method taylor", 2, "--method must be l1 or random"},
+      {"--method taylor", 2, "--method must be l1, random, wanda or sparsegpt"},
+      {"--method wanda --structured channel", 2, "unknown structured method 'wanda'"},
+      {"--method wanda --calib-batches 9", 1, "has 8 batches, --calib-batches asks for 9"},
+      {"--method sparsegpt --dampening 0", 2, "--dampening must be > 0"},
+      {"--calib-batches 2", 2, "--calib-batches is for wanda and sparsegpt"},
+      {"--method wanda --block-size 64", 2, "--block-size is for sparsegpt"},
       {"--structured channel --method taylor", 2, "taylor needs gradients"},
       {"--method nope", 2, "nope"},
       {"--exclude 'Conv|Gemm'", 1, "no prunable layer"},

@@ -175,6 +175,80 @@ TEST(PruneTarget, StructuredSensitivityLandsOnTheTargetOfAResNet) {
   }
 }
 
+// wanda and sparsegpt: the amounts come from their own sensitivity curves, the costs the search
+// measures are those the criterion's own counts give (per row, per column block), and the model
+// is what prune_calibrated() makes of the chosen amounts (target_recipe()).
+TEST(PruneTarget, CalibratedCriteriaPruneByTheirOwnCurvesAndCounts) {
+  test::TempDir tmp;
+  const std::string data = random_npy_data(tmp, 32, 21);
+  const ir::Model model = onnx::load_model(fixture("small_cnn.preserve.onnx"));
+  const auto shapes = resolve_input_shapes(model, {}, 1);
+  auto loader = [&] {
+    LoaderOptions lo;
+    lo.batch_size = 4;  // the fixture's fixed batch
+    lo.shuffle = false;
+    return std::make_unique<DataLoader>(open_dataset(data), lo);
+  };
+  for (const char* method : {"wanda", "sparsegpt"}) {
+    SCOPED_TRACE(method);
+    TargetOptions o;
+    o.kind = TargetKind::kParams;
+    o.value = 0.5;
+    o.criterion = method;
+    SensitivityOptions so = sensitivity_options(o);
+    so.eval_batches = 2;
+    so.calib_batches = 4;
+    const SensitivityResult s = sensitivity(model, *loader(), so);
+    EXPECT_EQ(s.method, method);
+    o.sensitivity = &s;
+    auto calib = loader();
+    o.calibration_data = calib.get();
+    o.calibration.batches = 4;
+    ir::Model m = model;
+    const TargetReport r = prune_to_target(m, o);
+    const EffectiveCost after = effective_cost(m, shapes);
+    EXPECT_DOUBLE_EQ(r.measured, double(after.params));
+    EXPECT_LE(r.measured, r.target);
+    EXPECT_GE(r.measured, 0.98 * r.target);
+    // The model is the recipe of the chosen amounts, pruned by the criterion.
+    PruneLayerOptions how;
+    how.criterion = method;
+    const PruneRecipe rc = target_recipe(r, how);
+    EXPECT_FALSE(rc.rules.empty());
+    ir::Model want = model;
+    auto again = loader();
+    prune_calibrated(want, rc, *again, o.calibration);
+    for (const auto& u : r.units)
+      EXPECT_TRUE(m.graph.find_initializer(u.weight)->value.equal(
+          want.graph.find_initializer(u.weight)->value))
+          << u.name;
+    // sparsegpt moved the weights it kept: not a mask of the original.
+    if (std::string(method) == "sparsegpt") {
+      const auto& u = r.units.front();
+      const at::Tensor& w0 = model.graph.find_initializer(u.weight)->value;
+      const at::Tensor& w1 = m.graph.find_initializer(u.weight)->value;
+      if (u.amount > 0) EXPECT_FALSE(w1.equal(w0 * w1.ne(0))) << u.name;
+    }
+    // What it needs: its own curves, calibration data.
+    ir::Model untouched = model;
+    TargetOptions bad = o;
+    bad.sensitivity = nullptr;
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);
+    bad = o;
+    bad.calibration_data = nullptr;
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);
+    bad = o;
+    bad.calibration.batches = 9;  // the data has 8
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);
+    bad = o;
+    bad.criterion = std::string(method) == "wanda" ? "sparsegpt" : "wanda";
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);  // curves of another criterion
+    bad.criterion = "taylor";
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);
+    EXPECT_EQ(effective_cost(untouched, shapes).params, effective_cost(model, shapes).params);
+  }
+}
+
 TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   test::TempDir tmp;
   const std::string in = fixture("small_cnn.preserve.onnx"), out = tmp / "p.onnx";
@@ -207,6 +281,15 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   auto sens = lopper_cli("sensitivity " + in + " --data " + data + " --eval-batches 2 -o " +
                          (tmp / "s.json"));
   ASSERT_EQ(sens.code, 0) << sens.err;
+  // wanda from the command line: its own sweep on --data, then pruned by it on the same data.
+  auto wanda = lopper_cli("prune " + in + " -o " + (tmp / "w.onnx") +
+                          " --target-params 0.5 --method wanda --calib-batches 4 --batch-size 4 "
+                          "--eval-batches 2 --json --data " +
+                          data + threads);
+  ASSERT_EQ(wanda.code, 0) << wanda.err;
+  auto jw = nlohmann::json::parse(wanda.out);
+  EXPECT_LE(jw["nonzero"].get<double>(), 0.5 * jw["nonzero_before"].get<double>() + 1);
+  EXPECT_TRUE(jw["target"].contains("loss"));
   auto params = lopper_cli("prune " + in + " -o " + (tmp / "q.onnx") +
                            " --target-params 0.5 --sensitivity " + (tmp / "s.json"));
   ASSERT_EQ(params.code, 0) << params.err;
@@ -233,6 +316,15 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--target-macs 0.5 --amount 0.3", 2, "drop --amount"},
       {"--target-macs 0.5 --recipe x.yaml", 2, "drop --recipe"},
       {"--target-macs 0.5 --method random", 2, "does not go with it"},
+      {"--target-macs 0.5 --method wanda", 2, "give --data SPEC"},
+      {"--target-macs 0.5 --calib-batches 4 --data " + data, 2,
+       "--calib-batches is for a target with --method wanda or sparsegpt"},
+      {"--target-macs 0.5 --method wanda --batch-size 4 --data " + data, 1,
+       "fewer than the 32 asked"},
+      {"--target-macs 0.5 --method wanda --calib-batches 2 --batch-size 4 --sensitivity " +
+           (tmp / "s.json") + " --data " + data,
+       1, "the sensitivity data was measured with l1"},
+      {"--target-macs 0.5 --owl-lambda 0.1", 2, "--owl-lambda is for"},
       {"--target-macs 0.5 --structured head", 2, "not 'head'"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "bad.json"), 1, "bad.json"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "none.json"), 1, "none.json"},

@@ -100,10 +100,30 @@ void LayerInputCollector::observe(const ir::Node& n, const std::vector<at::Tenso
     last_.tokens = rows.size(0);
     last_.sq_norm = rows.square().sum(0).to(at::kDouble);
     last_.gram = l.gram ? rows.t().mm(rows).to(at::kDouble) : at::Tensor();
+    last_.first = l.weight;
   }
   const int64_t k = last_.sq_norm.size(0);
   LayerInput& li = stats_[l.weight];
+  li.tokens += last_.tokens;
+  // NOTE: a layer that reads the same input as the first layer of its run, as it did from the
+  // first batch on, holds that layer's sums themselves (q, k and v: one Gram matrix, not three);
+  // the sums are added once, by the first. Should the runs ever differ, the two part ways.
+  auto follows = follows_.find(l.weight);
+  if (follows != follows_.end()) {
+    if (same && follows->second == last_.first) return;
+    li.sq_norm = li.sq_norm.clone();
+    if (li.gram.defined()) li.gram = li.gram.clone();
+    follows_.erase(follows);
+  }
   if (!li.sq_norm.defined()) {
+    const LayerInput& first = stats_[last_.first];
+    if (same && last_.first != l.weight && first.tokens == li.tokens &&
+        (!l.gram || first.gram.defined())) {
+      li.sq_norm = first.sq_norm;
+      if (l.gram) li.gram = first.gram;
+      follows_[l.weight] = last_.first;
+      return;
+    }
     li.sq_norm = at::zeros({k}, last_.sq_norm.options());
     if (l.gram) li.gram = at::zeros({k, k}, last_.sq_norm.options());
   }
@@ -111,11 +131,11 @@ void LayerInputCollector::observe(const ir::Node& n, const std::vector<at::Tenso
                 "', was ", li.sq_norm.size(0));
   li.sq_norm += last_.sq_norm;
   if (l.gram) li.gram += last_.gram;
-  li.tokens += last_.tokens;
 }
 
 std::map<std::string, LayerInput> LayerInputCollector::take() {
   last_ = {};
+  follows_.clear();
   return std::move(stats_);
 }
 

@@ -39,7 +39,8 @@ class LayerInputCollector {
   LayerInputCollector(const ir::Graph& g, const std::map<std::string, bool>& watch);
   /// The executor's on_node: adds the node's input when it is a watched layer.
   void observe(const ir::Node& n, const std::vector<at::Tensor>& in);
-  /// The statistics so far, per weight the data reached.
+  /// The statistics so far, per weight the data reached. Layers that read the same input hold the
+  /// same tensors (LayerInput::sq_norm, gram): a caller that writes one in place copies it first.
   std::map<std::string, LayerInput> take();
 
  private:
@@ -54,7 +55,9 @@ class LayerInputCollector {
     at::Tensor input, sq_norm, gram;
     std::string op;
     int64_t tokens = 0;
+    std::string first;  // the weight of the first layer that read it
   } last_;
+  std::unordered_map<std::string, std::string> follows_;  // weight -> the one whose sums it holds
 };
 
 struct LayerInputOptions {

@@ -315,7 +315,10 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerIn
   }
   if (c.weights == WeightRank::kReconstruct) {
     at::Tensor& v = t.init->value;
-    at::Tensor w = layer_solve(t, o, std::move(in->gram), l.nonzero_before, l.label());
+    at::Tensor gram = std::move(in->gram);
+    // Shared with another layer of the same input (q, k and v): the solver works on it in place.
+    if (gram.use_count() > 1) gram = gram.clone();
+    at::Tensor w = layer_solve(t, o, std::move(gram), l.nonzero_before, l.label());
     if (v.is_contiguous() && v.use_count() == 1 && v.storage().use_count() == 1)
       v.copy_(w);
     else

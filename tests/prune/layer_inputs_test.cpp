@@ -109,3 +109,40 @@ TEST(LayerInputs, LanguageModelCountsTokens) {
     EXPECT_GT(it->second.sq_norm.sum().item<double>(), 0) << pw.weight;
   }
 }
+
+// A transformer's q, k and v read one input, and so do gate and up: they hold one set of sums (one
+// Gram matrix, not three), equal to what each collected alone gives; the others have their own.
+TEST(LayerInputs, LayersOfOneInputShareTheirSums) {
+  ir::Model m = onnx::load_model(test::fixture("llama.dynamo.onnx"));
+  test::TempDir tmp;
+  at::manual_seed(10);
+  save_npy(at::randint(1, 100, {4, 16}, at::kLong), tmp / "ids.npy");
+  LoaderOptions lo;
+  lo.batch_size = 2;
+  lo.shuffle = false;
+  DataLoader loader(open_dataset("tokens:" + (tmp / "ids.npy")), lo);
+  LayerInputOptions o;
+  o.gram = true;
+  const auto all = collect_layer_inputs(m, loader, o);
+  std::map<std::string, std::string> param;  // "q_proj" -> its weight, block 0
+  for (const auto& pw : prunable_weights(m.graph))
+    for (const char* p :
+         {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+      if (pw.param.find("layers.0.") != std::string::npos && pw.param.find(p) != std::string::npos)
+        param[p] = pw.weight;
+  ASSERT_EQ(param.size(), 7u);
+  auto gram = [&](const char* p) { return all.at(param.at(p)).gram; };
+  EXPECT_TRUE(gram("k_proj").is_same(gram("q_proj")));
+  EXPECT_TRUE(gram("v_proj").is_same(gram("q_proj")));
+  EXPECT_TRUE(gram("up_proj").is_same(gram("gate_proj")));
+  EXPECT_FALSE(gram("o_proj").is_same(gram("q_proj")));
+  EXPECT_FALSE(gram("down_proj").is_same(gram("gate_proj")));
+  for (const char* p : {"k_proj", "up_proj", "o_proj"}) {
+    o.weights = {param.at(p)};
+    const LayerInput alone = collect_layer_inputs(m, loader, o).at(param.at(p));
+    const LayerInput& shared = all.at(param.at(p));
+    EXPECT_EQ(shared.tokens, alone.tokens) << p;
+    EXPECT_TRUE(at::allclose(shared.gram, alone.gram, 1e-9, 1e-9)) << p;
+    EXPECT_TRUE(at::allclose(shared.sq_norm, alone.sq_norm, 1e-9, 1e-9)) << p;
+  }
+}

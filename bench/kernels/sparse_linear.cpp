@@ -104,6 +104,58 @@ BENCHMARK(BM_Sparse<4, 1, kc::Algo::kCols>)->Name("bcsr4x1-cols")->Apply(sparse_
 BENCHMARK(BM_Sparse<8, 1, kc::Algo::kRows>)->Name("bcsr8x1-rows")->Apply(sparse_shapes);
 BENCHMARK(BM_Sparse<8, 1, kc::Algo::kCols>)->Name("bcsr8x1-cols")->Apply(sparse_shapes);
 
+namespace {
+
+// The decode regime (issue 21): a few rows of x against a weight far larger than the caches,
+// unstructured 50% (random) or 2:4, float32 or bfloat16 weights; dense ATen in the same dtype.
+// Arguments: in, out, batch, sparsity (%; 24: 2:4), bf16 (0/1).
+at::Tensor decode_weight(int64_t out, int64_t in, int64_t sp) {
+  at::manual_seed(7);
+  at::Tensor w = at::randn({out, in});
+  if (sp == 24) {
+    const at::Tensor g = w.abs().reshape({out, -1, 4});
+    return (w * (g >= std::get<0>(g.topk(2, -1)).narrow(-1, 1, 1)).reshape({out, in}))
+        .contiguous();
+  }
+  return (w * (at::rand({out, in}) >= double(sp) / 100.0)).contiguous();
+}
+
+void BM_DecodeDense(benchmark::State& state) {
+  const int64_t in = state.range(0), out = state.range(1), batch = state.range(2);
+  const auto dt = state.range(4) ? at::kBFloat16 : at::kFloat;
+  at::Tensor w = decode_weight(out, in, 50).to(dt);
+  at::Tensor b = at::randn({out}).to(dt), x = at::randn({batch, in}).to(dt);
+  for (auto _ : state) benchmark::DoNotOptimize(at::linear(x, w, b));
+  state.counters["bytes"] = double(w.numel() * w.element_size());
+}
+
+void BM_DecodeMasked(benchmark::State& state) {
+  const int64_t in = state.range(0), out = state.range(1), batch = state.range(2);
+  const auto dt = state.range(4) ? at::kBFloat16 : at::kFloat;
+  at::Tensor w = decode_weight(out, in, state.range(3)).to(dt);
+  at::Tensor b = at::randn({out}), x = at::randn({batch, in}).to(dt);
+  kc::MaskedWeight mw(w, b);
+  const kc::Isa isa = kc::active_isa();
+  for (auto _ : state) benchmark::DoNotOptimize(mw.linear(x, {}, isa));
+  state.counters["bytes"] = double(mw.bytes());
+  state.SetLabel(std::string(kc::isa_name(isa)) + (mw.fixed() ? " fixed" : ""));
+}
+
+void decode_shapes(benchmark::internal::Benchmark* b) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{4096, 4096}, {4096, 11008}, {11008, 4096}})
+    for (int64_t batch : {1, 4, 16})
+      for (int64_t sp : {50, 24})
+        for (int64_t bf16 : {0, 1}) b->Args({in, out, batch, sp, bf16});
+  b->ArgNames({"in", "out", "batch", "sparsity", "bf16"})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_DecodeDense)->Apply(decode_shapes);
+BENCHMARK(BM_DecodeMasked)->Apply(decode_shapes);
+
 // On a GPU (registered only where one is): lopper's sparse kernel against cuBLAS for the decode
 // shape, W 8192x8192 bf16, batch 1-16, 90% and 95% zero. Each timed iteration is 20 launches and
 // one synchronisation.

@@ -165,6 +165,67 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
   EXPECT_GT(checked, 300);
 }
 
+// The bitmask format (MaskedWeight) for the decode regime: every ISA x float32 and bfloat16
+// weights x float32 and bfloat16 activations against ATen's dense result, odd sizes (k not a
+// multiple of 16 or 8), 0% and 100%, empty rows and inputs, 2:4 weights (addressed without
+// counting), batches 1 to 33.
+TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
+  std::mt19937 rng(4321);
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+  int checked = 0, fixed = 0;
+  for (kc::Isa isa : isas()) {
+    std::vector<Case> cases;
+    for (int i = 0; i < 60; ++i) {
+      Case c = random_case(rng, kc::BlockShape{});
+      c.k = pick({1, 5, 8, 13, 16, 17, 24, 64, 97, 768});
+      c.m = pick({1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33});
+      c.block_pruned = false;
+      c.pad = 0;
+      cases.push_back(c);
+    }
+    for (double s : {0.0, 1.0})
+      cases.push_back({33, 19, 1, s, false, false, true, {kc::Activation::kRelu}, 0});
+    cases.push_back({130, 97, 16, 0.5, false, true, true, {kc::Activation::kNone}, 0});
+    for (int two_four = 0; two_four < 2; ++two_four)
+      for (int64_t k : {16, 64, 80, 100}) cases.push_back({9, k, 3, -1, false, false, true, {}, 0});
+    for (const Case& c : cases) {
+      for (at::ScalarType wt : {at::kFloat, at::kBFloat16}) {
+        for (at::ScalarType xt : {at::kFloat, at::kBFloat16}) {
+          at::Tensor w;
+          if (c.sparsity < 0) {  // 2:4: the 2 largest |w| of every 4 inputs
+            w = at::randn({c.n, c.k}, gen);
+            const at::Tensor g = w.abs().reshape({c.n, -1, 4});
+            const at::Tensor keep = g >= std::get<0>(g.topk(2, -1)).narrow(-1, 1, 1);
+            w = w * keep.reshape({c.n, c.k});
+          } else {
+            w = make_weight(c, kc::BlockShape{}, gen);
+          }
+          w = w.to(wt);
+          at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
+          kc::MaskedWeight mw(w, bias);
+          SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) + " masked w=" +
+                       c10::toString(wt) + " x=" + c10::toString(xt));
+          ASSERT_EQ(mw.nonzeros(), w.count_nonzero().item<int64_t>());
+          ASSERT_EQ(mw.bf16(), wt == at::kBFloat16);
+          if (c.sparsity < 0 && c.k % 16 == 0) ASSERT_TRUE(mw.fixed());
+          fixed += mw.fixed();
+          at::Tensor x = at::randn({c.m, c.k}, gen).to(xt);
+          at::Tensor y = mw.linear(x, c.act, isa);
+          ASSERT_EQ(y.scalar_type(), xt);
+          at::Tensor ref = reference(x, w, bias, c.act);
+          ASSERT_EQ(y.sizes(), ref.sizes());
+          // float32 sums; bfloat16 activations come back rounded to bfloat16
+          ASSERT_LT(nmse(y, ref), xt == at::kFloat ? 1e-10 : 1e-4);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 200);
+  EXPECT_GT(fixed, 0);
+}
+
 TEST(SparseKernels, PackingCountsAndRefusals) {
   // 8x1 blocks of a weight with one nonzero: one block of 8 stored values.
   at::Tensor w = at::zeros({16, 8});

@@ -294,4 +294,106 @@ at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Is
   return y;
 }
 
+MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
+  LOPPER_CHECK(w_in.dim() == 2 && (w_in.scalar_type() == at::kFloat ||
+                                   w_in.scalar_type() == at::kBFloat16),
+               "[kernels] masked weight: w must be 2-D float32 or bfloat16, got ",
+               w_in.scalar_type(), " ", w_in.sizes());
+  const at::Tensor w = w_in.to(at::kCPU).contiguous();
+  const int64_t n = w.size(0), k = w.size(1), chunks = ceil_div(k, 16);
+  view_.n = n, view_.k = k, view_.chunks = chunks;
+  view_.bf16 = w.scalar_type() == at::kBFloat16;
+  mask_.assign(size_t(n * chunks), 0);
+  off_.assign(size_t(n + 1), 0);
+  // The raw bits: float32, or bfloat16's 16.
+  const uint32_t* w32 = view_.bf16 ? nullptr : reinterpret_cast<const uint32_t*>(w.data_ptr());
+  const uint16_t* w16 = view_.bf16 ? reinterpret_cast<const uint16_t*>(w.data_ptr()) : nullptr;
+  auto nonzero = [&](int64_t i) {  // not +0 nor -0
+    return view_.bf16 ? (w16[i] & 0x7fffu) != 0 : (w32[i] & 0x7fffffffu) != 0;
+  };
+  bool eight = true;  // every full chunk holds 4 + 4 values
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t count = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint32_t m = 0;
+      for (int64_t j = c * 16; j < std::min(k, c * 16 + 16); ++j)
+        if (nonzero(r * k + j)) m |= 1u << (j - c * 16);
+      mask_[size_t(r * chunks + c)] = static_cast<uint16_t>(m);
+      count += __builtin_popcount(m);
+      if (c * 16 + 16 <= k)
+        eight &= __builtin_popcount(m & 0xffu) == 4 && __builtin_popcount(m >> 8) == 4;
+    }
+    off_[size_t(r + 1)] = off_[size_t(r)] + count;
+  }
+  nonzeros_ = off_.back();
+  view_.fixed = eight && k >= 16 ? 8 : 0;
+  const size_t stored = size_t(nonzeros_) + 16;  // the kernels load whole vectors
+  if (view_.bf16)
+    val16_.assign(stored, 0);
+  else
+    val_.assign(stored, 0.f);
+  int64_t at = 0;
+  for (int64_t i = 0; i < n * k; ++i) {
+    if (!nonzero(i)) continue;
+    if (view_.bf16)
+      val16_[size_t(at++)] = w16[i];
+    else
+      std::memcpy(&val_[size_t(at++)], &w32[i], sizeof(float));
+  }
+  if (bias.defined()) {
+    const at::Tensor b = bias.to(at::kCPU, at::kFloat).contiguous();
+    LOPPER_CHECK(b.numel() == n, "[kernels] masked weight: bias has ", b.numel(), " values for ",
+                 n, " outputs");
+    bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + n);
+  }
+  view_.mask = mask_.data();
+  view_.off = off_.data();
+  view_.val = view_.bf16 ? static_cast<const void*>(val16_.data()) : val_.data();
+  // Rows split by their values plus a fixed cost each (the reduction and the epilogue).
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  auto cost = [&](int64_t r) { return off_[size_t(r)] + chunks * r / 4 + 16 * r; };
+  bounds_ = {0};
+  for (int64_t q = 1; q < parts; ++q) {
+    const int64_t target = cost(n) * q / parts;
+    int64_t lo = bounds_.back(), hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (cost(mid) < target)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    bounds_.push_back(lo);
+  }
+  bounds_.push_back(n);
+}
+
+int64_t MaskedWeight::bytes() const {
+  return int64_t(mask_.size() * sizeof(uint16_t) + off_.size() * sizeof(int64_t)) +
+         nonzeros_ * (view_.bf16 ? 2 : 4);
+}
+
+at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa) const {
+  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == view_.k &&
+                   (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
+               "[kernels] masked linear: x must be [m, ", view_.k, "] float32 or bfloat16, got ",
+               x_in.scalar_type(), " ", x_in.sizes());
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0);
+  at::Tensor y = at::empty({m, view_.n}, x.options());
+  if (m > 0 && view_.n > 0) {
+    const SparseIsaOps& ops = ops_of(isa);
+    const Epilogue e = epilogue(act, bias_);
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int64_t parts = static_cast<int64_t>(bounds_.size()) - 1;
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t q = begin; q < end; ++q)
+        ops.masked(view_, bounds_[size_t(q)], bounds_[size_t(q + 1)], xp, view_.k, m, yp, view_.n,
+                   e);
+    });
+  }
+  return x_in.scalar_type() == at::kFloat ? y : y.to(x_in.scalar_type());
+}
+
 }  // namespace lopper::kernels::cpu

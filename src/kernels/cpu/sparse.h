@@ -73,4 +73,36 @@ class SparseWeight {
   std::vector<float> val_, bias_;  // bias_ padded with zeros to whole blocks (empty: no bias)
 };
 
+/// A weight packed by bitmask for a few rows of x at a time (the decode regime): per output row one
+/// bit per weight and the kept values, float32 or bfloat16 (as the weight is given), so that at
+/// 50% a float32 weight moves 2.125 bytes per weight instead of 4 (CSR: 4). Rows whose every
+/// chunk of 16 holds 8 values (2:4, 4:8) are addressed without counting.
+class MaskedWeight {
+ public:
+  /// Packs w [n, k] (float32 or bfloat16, CPU; rows are outputs) and its bias [n] (optional).
+  MaskedWeight(const at::Tensor& w, const at::Tensor& bias = {});
+
+  int64_t n() const { return view_.n; }
+  int64_t k() const { return view_.k; }
+  int64_t nonzeros() const { return nonzeros_; }
+  bool bf16() const { return view_.bf16; }
+  bool fixed() const { return view_.fixed > 0; }
+  /// What a product reads of the weight: masks, offsets and values.
+  int64_t bytes() const;
+
+  /// y [m, n] = act(x [m, k] . w^T + bias) for x float32 or bfloat16 (computed in float32), y of
+  /// x's type.
+  at::Tensor linear(const at::Tensor& x, Activation act, Isa isa) const;
+
+ private:
+  MaskView view_;
+  int64_t nonzeros_ = 0;
+  std::vector<uint16_t> mask_;
+  std::vector<int64_t> off_;
+  std::vector<float> val_;       // float32 values (+16 readable past the end)
+  std::vector<uint16_t> val16_;  // bfloat16 values (+16)
+  std::vector<float> bias_;
+  std::vector<int64_t> bounds_;  // row ranges of near-equal value counts, one per thread
+};
+
 }  // namespace lopper::kernels::cpu

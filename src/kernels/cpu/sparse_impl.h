@@ -16,6 +16,7 @@
 // NOTE: GCC 12's own AVX-512 headers (gathers, reductions) start from deliberately undefined
 // vectors and trip this warning.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #define LOPPER_UNROLL _Pragma("GCC unroll 16")
 
@@ -405,6 +406,200 @@ __attribute__((optimize("no-tree-vectorize"))) void dot(const SpView& s, int64_t
   }
 }
 
+// --- masked: bitmask-packed weights times a few rows of x (batch-1 to 16 decoding) -------------
+//
+// Per output row and chunk of 16 inputs, the chunk's kept values are read packed and spread to
+// their lanes by the chunk's mask (AVX-512: an expand; AVX2: a permutation from a table, 8 lanes
+// at a time; scalar: bit by bit), then multiplied by x's chunk: a weight costs 1/8 byte of mask
+// plus its value only when kept. R output rows are worked at once so that their chains of packed
+// offsets overlap; x's chunk is loaded once for the R rows.
+
+inline uint32_t popcount16(uint32_t m) { return static_cast<uint32_t>(__builtin_popcount(m)); }
+
+#if LOPPER_SPARSE_ISA > 1
+template <bool kBf16>
+inline __m512 masked_values(const void* val, int64_t at, __mmask16 m) {
+  if constexpr (kBf16) {
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(val) + at));
+    return _mm512_maskz_expand_ps(
+        m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  } else {
+    return _mm512_maskz_expand_ps(m, _mm512_loadu_ps(static_cast<const float*>(val) + at));
+  }
+}
+
+template <int M, int R, bool kBf16, bool kFixed>
+inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t ldx, float* y,
+                         int64_t ldy, const Epilogue& e) {
+  __m512 acc[R][M];
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) LOPPER_UNROLL for (int b = 0; b < M; ++b) acc[i][b] =
+      _mm512_setzero_ps();
+  int64_t at[R];
+  const uint16_t* mk[R];
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+    at[i] = w.off[r + i];
+    mk[i] = w.mask + (r + i) * w.chunks;
+  }
+  const int64_t full = w.k / 16;
+  auto chunk = [&](int64_t c, __mmask16 xm) __attribute__((always_inline)) {
+    __m512 wv[R];
+    LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+      const uint32_t m = mk[i][c];
+      wv[i] = masked_values<kBf16>(w.val, at[i], static_cast<__mmask16>(m));
+      at[i] += kFixed ? w.fixed : popcount16(m);
+    }
+    LOPPER_UNROLL for (int b = 0; b < M; ++b) {
+      const __m512 xv = _mm512_maskz_loadu_ps(xm, x + b * ldx + c * 16);
+      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] = _mm512_fmadd_ps(wv[i], xv, acc[i][b]);
+    }
+  };
+  for (int64_t c = 0; c < full; ++c) chunk(c, static_cast<__mmask16>(0xffff));
+  if (full < w.chunks) chunk(full, static_cast<__mmask16>((1u << (w.k - full * 16)) - 1u));
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+    const float bias = e.bias ? e.bias[r + i] : 0.f;
+    LOPPER_UNROLL for (int b = 0; b < M; ++b) y[b * ldy + r + i] =
+        activate_scalar(_mm512_reduce_add_ps(acc[i][b]) + bias, e);
+  }
+}
+#elif LOPPER_SPARSE_ISA > 0
+// Per 8-bit mask: where each lane takes its value from among the packed ones.
+struct ExpandTable {
+  int32_t idx[256][8];
+};
+constexpr ExpandTable make_expand_table() {
+  ExpandTable t{};
+  for (int m = 0; m < 256; ++m) {
+    int p = 0;
+    for (int j = 0; j < 8; ++j) t.idx[m][j] = (m >> j) & 1 ? p++ : 0;
+  }
+  return t;
+}
+alignas(32) constexpr ExpandTable kExpand = make_expand_table();
+
+template <bool kBf16>
+inline __m256 masked_values(const void* val, int64_t at, uint32_t m8) {
+  __m256 v;
+  if constexpr (kBf16) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(val) + at));
+    v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    v = _mm256_loadu_ps(static_cast<const float*>(val) + at);
+  }
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i lanes =
+      _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(m8)), bits), bits);
+  const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[m8]));
+  return _mm256_and_ps(_mm256_permutevar8x32_ps(v, idx), _mm256_castsi256_ps(lanes));
+}
+
+template <int M, int R, bool kBf16, bool kFixed>
+inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t ldx, float* y,
+                         int64_t ldy, const Epilogue& e) {
+  __m256 acc[R][M];
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) LOPPER_UNROLL for (int b = 0; b < M; ++b) acc[i][b] =
+      _mm256_setzero_ps();
+  int64_t at[R];
+  const uint16_t* mk[R];
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+    at[i] = w.off[r + i];
+    mk[i] = w.mask + (r + i) * w.chunks;
+  }
+  const int64_t halves = (w.k + 7) / 8, full = w.k / 8;
+  auto half = [&](int64_t h, bool partial) __attribute__((always_inline)) {
+    __m256 wv[R];
+    LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+      const uint32_t m8 = (uint32_t(mk[i][h / 2]) >> ((h & 1) * 8)) & 0xffu;
+      wv[i] = masked_values<kBf16>(w.val, at[i], m8);
+      at[i] += kFixed ? w.fixed / 2 : popcount16(m8);
+    }
+    LOPPER_UNROLL for (int b = 0; b < M; ++b) {
+      const float* xp = x + b * ldx + h * 8;
+      const __m256 xv = partial ? V8::loadm(xp, int(w.k - h * 8)) : _mm256_loadu_ps(xp);
+      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] = _mm256_fmadd_ps(wv[i], xv, acc[i][b]);
+    }
+  };
+  for (int64_t h = 0; h < full; ++h) half(h, false);
+  if (full < halves) half(full, true);
+  LOPPER_UNROLL for (int i = 0; i < R; ++i) {
+    const float bias = e.bias ? e.bias[r + i] : 0.f;
+    LOPPER_UNROLL for (int b = 0; b < M; ++b) {
+      const __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[i][b]),
+                                  _mm256_extractf128_ps(acc[i][b], 1));
+      const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+      const float sum = _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+      y[b * ldy + r + i] = activate_scalar(sum + bias, e);
+    }
+  }
+}
+#else
+template <int M, int R, bool kBf16, bool kFixed>
+inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t ldx, float* y,
+                         int64_t ldy, const Epilogue& e) {
+  for (int i = 0; i < R; ++i) {
+    float acc[M] = {};
+    int64_t at = w.off[r + i];
+    const uint16_t* mk = w.mask + (r + i) * w.chunks;
+    for (int64_t c = 0; c < w.chunks; ++c) {
+      for (uint32_t m = mk[c]; m != 0; m &= m - 1) {
+        const int64_t j = c * 16 + __builtin_ctz(m);
+        float v;
+        if constexpr (kBf16) {
+          const uint32_t bits = uint32_t(static_cast<const uint16_t*>(w.val)[at]) << 16;
+          std::memcpy(&v, &bits, sizeof v);
+        } else {
+          v = static_cast<const float*>(w.val)[at];
+        }
+        ++at;
+        for (int b = 0; b < M; ++b) acc[b] += v * x[b * ldx + j];
+      }
+    }
+    const float bias = e.bias ? e.bias[r + i] : 0.f;
+    for (int b = 0; b < M; ++b) y[b * ldy + r + i] = activate_scalar(acc[b] + bias, e);
+  }
+}
+#endif
+
+// R output rows at a time: enough independent accumulators for the FMA latency, few enough for
+// the register file (R x M accumulators).
+template <int M, bool kBf16, bool kFixed>
+void masked_m(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, float* y,
+              int64_t ldy, const Epilogue& e) {
+  constexpr int R = LOPPER_SPARSE_ISA == 0 ? 1 : (M <= 4 ? 4 : (M <= 8 ? 2 : 1));
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) masked_block<M, R, kBf16, kFixed>(w, r, x, ldx, y, ldy, e);
+  for (; r < r1; ++r) masked_block<M, 1, kBf16, kFixed>(w, r, x, ldx, y, ldy, e);
+}
+
+template <bool kBf16, bool kFixed>
+void masked_dtype(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx,
+                  int64_t rows, float* y, int64_t ldy, const Epilogue& e) {
+  // Rows of x in groups the templates cover: 16, 8, 4, 2, 1.
+  int64_t m = 0;
+  for (; m + 16 <= rows; m += 16)
+    masked_m<16, kBf16, kFixed>(w, r0, r1, x + m * ldx, ldx, y + m * ldy, ldy, e);
+  if (rows - m >= 8)
+    masked_m<8, kBf16, kFixed>(w, r0, r1, x + m * ldx, ldx, y + m * ldy, ldy, e), m += 8;
+  if (rows - m >= 4)
+    masked_m<4, kBf16, kFixed>(w, r0, r1, x + m * ldx, ldx, y + m * ldy, ldy, e), m += 4;
+  if (rows - m >= 2)
+    masked_m<2, kBf16, kFixed>(w, r0, r1, x + m * ldx, ldx, y + m * ldy, ldy, e), m += 2;
+  if (rows - m >= 1) masked_m<1, kBf16, kFixed>(w, r0, r1, x + m * ldx, ldx, y + m * ldy, ldy, e);
+}
+
+void masked(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t rows,
+            float* y, int64_t ldy, const Epilogue& e) {
+  // NOTE: a fixed count per chunk must be even (AVX2 works 8 lanes at a time: half each).
+  const bool fixed = w.fixed > 0 && w.fixed % 2 == 0;
+  if (w.bf16)
+    fixed ? masked_dtype<true, true>(w, r0, r1, x, ldx, rows, y, ldy, e)
+          : masked_dtype<true, false>(w, r0, r1, x, ldx, rows, y, ldy, e);
+  else
+    fixed ? masked_dtype<false, true>(w, r0, r1, x, ldx, rows, y, ldy, e)
+          : masked_dtype<false, false>(w, r0, r1, x, ldx, rows, y, ldy, e);
+}
+
 #if LOPPER_SPARSE_ISA > 0
 // dst[j][i] = src[i][j] for an 8 x 8 tile, in registers.
 inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
@@ -445,6 +640,6 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float*
 }  // namespace
 
 extern const SparseIsaOps LOPPER_OPS_NAME;
-const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL, cols, rows, gather, dot, transpose};
+const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL, cols, rows, gather, dot, masked, transpose};
 
 }  // namespace lopper::kernels::cpu

@@ -21,6 +21,20 @@ struct SpView {
   const float* val = nullptr;
 };
 
+/// A weight W [n, k] packed by bitmask: per output row, one 16-bit mask per 16 inputs (bit j of
+/// chunk c: input 16c + j is kept) and the kept values packed in order, float32 or bfloat16 (the
+/// high half of a float32). Rows start at off[r] values into val; val is readable 16 values past
+/// its end (the kernels load whole vectors). `fixed` > 0: every chunk holds exactly that many
+/// values (2:4 holds 8), so a row's chunk c starts at off[r] + c * fixed.
+struct MaskView {
+  int64_t n = 0, k = 0, chunks = 0;  // chunks = ceil(k / 16)
+  const uint16_t* mask = nullptr;    // [n][chunks]
+  const int64_t* off = nullptr;      // [n + 1]
+  const void* val = nullptr;         // float32, or uint16 bfloat16 when bf16
+  bool bf16 = false;
+  int fixed = 0;
+};
+
 /// Fused output stage: y = act(acc + bias[n]).
 struct Epilogue {
   enum Act : int { kNone = 0, kRelu = 1, kClip = 2, kLeaky = 3 };
@@ -47,6 +61,10 @@ struct SparseIsaOps {
   /// slow on some CPUs).
   void (*dot)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t rows,
               float* y, int64_t ldy, const Epilogue& e);
+  /// y[m][r] = act(x[m, :] . W[r, :] + bias[r]) for m < rows (at most 16) and the outputs
+  /// [r0, r1) of a bitmask-packed W; x (float32, rows ldx apart) is read only where W has a value.
+  void (*masked)(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx,
+                 int64_t rows, float* y, int64_t ldy, const Epilogue& e);
   /// dst[j][i] = src[i][j] for i < rows, j < cols.
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);

@@ -14,6 +14,9 @@ namespace {
 constexpr double kMaxDensity = 0.7;
 // A block format is tried when its blocks store at most this many values per nonzero.
 constexpr double kMaxBlockFill = 1.2;
+// The bitmask format: for products of at most this many rows, weights at most this dense.
+constexpr int64_t kMaxMaskedRows = 16;
+constexpr double kMaxMaskedDensity = 0.85;
 
 bool sparse_disabled() {
   const char* v = std::getenv("LOPPER_SPARSE");
@@ -23,12 +26,20 @@ bool sparse_disabled() {
 }  // namespace
 
 std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at::Tensor& bias,
-                                               std::vector<kc::Algo> algos) {
+                                               std::vector<kc::Algo> algos, int64_t rows) {
   std::vector<SparseCandidate> out;
   if (sparse_disabled() || w_in.dim() != 2 || w_in.numel() == 0) return out;
-  at::Tensor w = w_in.to(at::kFloat).contiguous();
-  const int64_t nonzeros = w.count_nonzero().item<int64_t>();
-  if (double(nonzeros) > kMaxDensity * double(w.numel())) return out;
+  const int64_t nonzeros = w_in.count_nonzero().item<int64_t>();
+  const double density = double(nonzeros) / double(w_in.numel());
+  // The bitmask format moves 1/8 byte per weight plus the kept values: it can win up to a higher
+  // density than CSR (its indices cost as much as the values).
+  if (algos.empty() && rows > 0 && rows <= kMaxMaskedRows && density <= kMaxMaskedDensity) {
+    auto masked = std::make_shared<const kc::MaskedWeight>(w_in, bias);
+    out.push_back(
+        {masked->fixed() ? "bitmask-8of16" : "bitmask", nullptr, kc::Algo::kRows, masked});
+  }
+  if (w_in.scalar_type() != at::kFloat || density > kMaxDensity) return out;
+  at::Tensor w = w_in.contiguous();
   if (algos.empty()) algos = {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot};
   for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
     const bool csr = b.r == 1 && b.c == 1;
@@ -68,6 +79,7 @@ at::Tensor finish(at::Tensor y, const onednn::PostOp& post, const kc::Activation
 at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
                              const onednn::PostOp& post) {
   kc::Activation act = fused_activation(post);
+  if (s.masked) return finish(s.masked->linear(x, act, kc::active_isa()), post, act);
   return finish(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
 }
 

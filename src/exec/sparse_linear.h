@@ -13,17 +13,21 @@ namespace lopper::ops {
 
 /// One way to run y = act(x . w^T + b) sparsely: a packed format and a kernel.
 struct SparseCandidate {
-  std::string name;  // "csr-gather", "bcsr8x1-rows", ...
+  std::string name;  // "csr-gather", "bcsr8x1-rows", "bitmask", ...
   std::shared_ptr<const kernels::cpu::SparseWeight> weight;
   kernels::cpu::Algo algo = kernels::cpu::Algo::kCols;
+  /// Or the bitmask format (float32 or bfloat16 values), for a few rows of x at a time.
+  std::shared_ptr<const kernels::cpu::MaskedWeight> masked;
 };
 
 /// Every (format, kernel) pair worth timing for w [N, K] (float32) and its bias: CSR always, a
-/// block format when its blocks are nearly full (the weight was pruned in that pattern). Empty
-/// when the weight is too dense for a sparse kernel to win, or when LOPPER_SPARSE=off. `algos`
-/// restricts the kernels (e.g. only kCols for im2col columns).
+/// block format when its blocks are nearly full (the weight was pruned in that pattern), and the
+/// bitmask format for products of a few rows (`rows` <= 16, every algo allowed); a bfloat16 `w`
+/// gets the bitmask format only. Empty when the weight is too dense for a sparse kernel to win,
+/// or when LOPPER_SPARSE=off. `algos` restricts the kernels (e.g. only kCols for im2col columns).
 std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Tensor& bias,
-                                               std::vector<kernels::cpu::Algo> algos = {});
+                                               std::vector<kernels::cpu::Algo> algos = {},
+                                               int64_t rows = 0);
 
 /// The activation the kernels fuse for `post` (kNone when they cannot: run_* applies it after).
 kernels::cpu::Activation fused_activation(const onednn::PostOp& post);

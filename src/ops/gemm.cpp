@@ -125,19 +125,23 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
                        st.weight.scalar_type() == at::kFloat &&
                        (!bias.defined() || bias.scalar_type() == at::kFloat);
-  if (!cpu_f32) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  // bfloat16 on the CPU: ATen, or the bitmask format for a few rows.
+  const bool cpu_bf16 = x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
+                        st.weight.scalar_type() == at::kBFloat16 &&
+                        (!bias.defined() || bias.scalar_type() == at::kBFloat16);
+  if (!cpu_f32 && !cpu_bf16) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
   using K = LinearState::Kernel;
   if (st.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{
         {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
     std::vector<K> kinds{K::kAten};
-    if (onednn::usable(x) && onednn::usable(st.weight)) {
+    if (cpu_f32 && onednn::usable(x) && onednn::usable(st.weight)) {
       st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
       cands.push_back({"onednn", [&] { onednn::linear(x2, st.packed, bias, post); }});
       kinds.push_back(K::kOnednn);
     }
-    auto sparse = sparse_candidates(st.weight, bias);
+    auto sparse = sparse_candidates(st.weight, bias, {}, x2.size(0));
     for (const auto& sc : sparse) {
       cands.push_back({sc.name, [&x2, &post, sc] { run_sparse_linear(sc, x2, post); }});
       kinds.push_back(K::kSparse);

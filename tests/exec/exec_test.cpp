@@ -210,6 +210,40 @@ TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// The bitmask format (the decode regime: a few rows of x) in float32 and bfloat16, unstructured
+// 50% and 2:4, forced on the MLP's Gemms (batch 4): the result of ATen at the same precision.
+TEST(Exec, BitmaskKernelRunsFewRowsInFloatAndBfloat16) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  for (const char* pattern : {"unstructured", "2:4"}) {
+    ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+    PruneOptions po;
+    po.amount = PruneAmount::parse("0.5");
+    parse_prune_pattern(pattern, po);
+    prune(m, po);
+    NamedTensors feeds = fixture_feeds(m, "mlp");
+    for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::string(pattern) + " " + c10::toString(precision));
+      ExecOptions plain;  // ATen only
+      plain.autograd = true;
+      plain.precision = precision;
+      const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+      setenv("LOPPER_FORCE_KERNEL", "bitmask,bitmask-8of16", 1);
+      ExecOptions eo;
+      eo.precision = precision;
+      Executor exec(m, eo);
+      const at::Tensor got = exec.run(feeds)[0];
+      unsetenv("LOPPER_FORCE_KERNEL");
+      EXPECT_LE(test::relative_max_diff(got, want), precision == at::kFloat ? 1e-5 : 2e-2);
+      int bitmask = 0;
+      for (const auto& d : exec.kernel_decisions())
+        bitmask += d.chosen.find("bitmask") != std::string::npos &&
+                   d.chosen.find("(forced)") != std::string::npos;
+      EXPECT_EQ(bitmask, 3);
+    }
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // --precision: bf16 computes in bf16 (the result moves off fp32's, within bf16's rounding) and
 // hands back float32; fp16 needs a GPU; other types are refused.
 TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {

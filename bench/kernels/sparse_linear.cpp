@@ -114,8 +114,7 @@ at::Tensor decode_weight(int64_t out, int64_t in, int64_t sp) {
   at::Tensor w = at::randn({out, in});
   if (sp == 24) {
     const at::Tensor g = w.abs().reshape({out, -1, 4});
-    return (w * (g >= std::get<0>(g.topk(2, -1)).narrow(-1, 1, 1)).reshape({out, in}))
-        .contiguous();
+    return (w * (g >= std::get<0>(g.topk(2, -1)).narrow(-1, 1, 1)).reshape({out, in})).contiguous();
   }
   return (w * (at::rand({out, in}) >= double(sp) / 100.0)).contiguous();
 }

@@ -204,8 +204,8 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
           w = w.to(wt);
           at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
           kc::MaskedWeight mw(w, bias);
-          SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) + " masked w=" +
-                       c10::toString(wt) + " x=" + c10::toString(xt));
+          SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) +
+                       " masked w=" + c10::toString(wt) + " x=" + c10::toString(xt));
           ASSERT_EQ(mw.nonzeros(), w.count_nonzero().item<int64_t>());
           ASSERT_EQ(mw.bf16(), wt == at::kBFloat16);
           if (c.sparsity < 0 && c.k % 16 == 0) ASSERT_TRUE(mw.fixed());

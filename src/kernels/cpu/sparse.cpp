@@ -295,10 +295,10 @@ at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Is
 }
 
 MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
-  LOPPER_CHECK(w_in.dim() == 2 && (w_in.scalar_type() == at::kFloat ||
-                                   w_in.scalar_type() == at::kBFloat16),
-               "[kernels] masked weight: w must be 2-D float32 or bfloat16, got ",
-               w_in.scalar_type(), " ", w_in.sizes());
+  LOPPER_CHECK(
+      w_in.dim() == 2 && (w_in.scalar_type() == at::kFloat || w_in.scalar_type() == at::kBFloat16),
+      "[kernels] masked weight: w must be 2-D float32 or bfloat16, got ", w_in.scalar_type(), " ",
+      w_in.sizes());
   const at::Tensor w = w_in.to(at::kCPU).contiguous();
   const int64_t n = w.size(0), k = w.size(1), chunks = ceil_div(k, 16);
   view_.n = n, view_.k = k, view_.chunks = chunks;
@@ -342,8 +342,8 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
   }
   if (bias.defined()) {
     const at::Tensor b = bias.to(at::kCPU, at::kFloat).contiguous();
-    LOPPER_CHECK(b.numel() == n, "[kernels] masked weight: bias has ", b.numel(), " values for ",
-                 n, " outputs");
+    LOPPER_CHECK(b.numel() == n, "[kernels] masked weight: bias has ", b.numel(), " values for ", n,
+                 " outputs");
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + n);
   }
   view_.mask = mask_.data();

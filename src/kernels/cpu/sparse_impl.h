@@ -525,8 +525,8 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
   LOPPER_UNROLL for (int i = 0; i < R; ++i) {
     const float bias = e.bias ? e.bias[r + i] : 0.f;
     LOPPER_UNROLL for (int b = 0; b < M; ++b) {
-      const __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[i][b]),
-                                  _mm256_extractf128_ps(acc[i][b], 1));
+      const __m128 q =
+          _mm_add_ps(_mm256_castps256_ps128(acc[i][b]), _mm256_extractf128_ps(acc[i][b], 1));
       const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
       const float sum = _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
       y[b * ldy + r + i] = activate_scalar(sum + bias, e);

@@ -290,6 +290,11 @@ Action add_prune(CLI::App& app) {
                              " and ") +
                          " (and OWL's amounts)");
     if (given == 1) {
+      if ((block_size->count() > 0 || dampening->count() > 0) &&
+          (o->method.empty() || weight_criterion(o->method).name != std::string("sparsegpt")))
+        throw UsageError(std::string("[prune] ") +
+                         (block_size->count() > 0 ? "--block-size" : "--dampening") +
+                         " is for a target with --method sparsegpt");
       for (const auto* opt : {amount, th, pattern, norm, sfl, scope, mla, recipe_opt})
         if (opt->count() > 0)
           throw UsageError("[prune] a target chooses each layer's amount: drop " + opt->get_name());

@@ -598,6 +598,14 @@ void check_target_options(const TargetOptions& o) {
     return;
   }
   const importance::Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
+  if (o.sensitivity && !o.sensitivity->method.empty() && o.sensitivity->method != c.name) {
+    const importance::Criterion* measured = nullptr;
+    for (const auto& x : importance::criteria())
+      if (o.sensitivity->method == x.name) measured = &x;
+    LOPPER_CHECK(!reads_inputs(c) && !(measured && reads_inputs(*measured)),
+                 "[prune] the sensitivity data was measured with ", o.sensitivity->method,
+                 ", the target prunes with ", c.name, ": measure it with ", c.name);
+  }
   if (!reads_inputs(c)) {
     LOPPER_CHECK(c.name == std::string("l1"), "[prune] a target prunes weights by l1 or ",
                  importance::names(importance::Use::kWeights, reads_inputs, " or "), ", not ",
@@ -649,10 +657,6 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
   check_target_options(o);
   const bool calibrated =
       !o.structured && reads_inputs(importance::find(o.criterion, importance::Use::kWeights));
-  if (calibrated)
-    LOPPER_CHECK(o.sensitivity->method == o.criterion,
-                 "[prune] the sensitivity data was measured with ", o.sensitivity->method,
-                 ", the target prunes with ", o.criterion, ": measure it with ", o.criterion);
   if (calibrated) check_calibration(*o.calibration_data, o.calibration);
   const ir::Model original = model;  // shares its tensors: nothing below writes through them
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);

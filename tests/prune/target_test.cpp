@@ -245,6 +245,8 @@ TEST(PruneTarget, CalibratedCriteriaPruneByTheirOwnCurvesAndCounts) {
     EXPECT_THROW(prune_to_target(untouched, bad), Error);  // curves of another criterion
     bad.criterion = "taylor";
     EXPECT_THROW(prune_to_target(untouched, bad), Error);
+    bad.criterion = "l1";  // l1 amounts from another criterion's curves
+    EXPECT_THROW(prune_to_target(untouched, bad), Error);
     EXPECT_EQ(effective_cost(untouched, shapes).params, effective_cost(model, shapes).params);
   }
 }
@@ -325,6 +327,8 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
            (tmp / "s.json") + " --data " + data,
        1, "the sensitivity data was measured with l1"},
       {"--target-macs 0.5 --owl-lambda 0.1", 2, "--owl-lambda is for"},
+      {"--target-macs 0.5 --method wanda --block-size 64 --data " + data, 2,
+       "--block-size is for a target with --method sparsegpt"},
       {"--target-macs 0.5 --structured head", 2, "not 'head'"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "bad.json"), 1, "bad.json"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "none.json"), 1, "none.json"},

@@ -4,7 +4,9 @@ pruning it to a share of its parameters or MACs, or to a latency.
 The module is exported to ONNX in memory (as lopper.prune does); lopper's C++ library measures
 the sweep and chooses the amounts on the export exactly as `lopper sensitivity` and `lopper prune
 --target-*` do, and hands back a keep-mask per pruned weight, applied with
-torch.nn.utils.prune.custom_from_mask. This file only moves the module and the data across.
+torch.nn.utils.prune.custom_from_mask, and the new values of the weights whose kept entries a
+sparsegpt target changed, copied into the parameters first (lopper.prune's _apply). This file only
+moves the module and the data across.
 """
 import inspect
 import warnings
@@ -21,7 +23,8 @@ __all__ = ["SensitivityLayer", "SensitivityPoint", "SensitivityReport", "TargetL
 
 def sensitivity(module, example_inputs, data, *, structured=False, method="l1", amounts=None,
                 eval_batches=16, round_to=1, exclude=None, seed=None, allow_tied=False,
-                loss="auto", mask_token=None, device=None, progress=True):
+                loss="auto", mask_token=None, device=None, calib_batches=None, block_size=None,
+                dampening=None, progress=True):
     """Measures how much each layer of ``module`` (or each channel group) costs when it alone is
     pruned, the way ``lopper sensitivity`` measures its ONNX export. The module is not modified.
 
@@ -33,6 +36,13 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
     ``lopper.prune_structured`` removes them). The curves say where the module can be pruned and
     how far; ``prune_to_target(..., sensitivity=report)`` chooses per-layer amounts from them.
 
+    With ``method="wanda"`` or ``"sparsegpt"`` each point prunes its layer as ``lopper.prune(...,
+    method=..., data=...)`` prunes it, by the inputs the layer sees: those are collected once, on
+    the unpruned module, over the first ``calib_batches`` batches of ``data`` (only one layer is
+    pruned at a time, so no layer's inputs change); SparseGPT's updated weights are evaluated, not
+    only its zeros. Layers whose inputs cannot be collected are left out and named in
+    ``report.skipped``.
+
     Args:
         module (torch.nn.Module): the model; it must export with ``torch.onnx.export(...,
             dynamo=True)`` on ``example_inputs`` (in eval mode; its modes are put back).
@@ -43,8 +53,9 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
             tuples, or dicts of named inputs (the forward's argument names) with ``"labels"``,
             as torch DataLoaders and transformers collators give them.
         structured (bool): channel groups instead of single weights (default False).
-        method (str): what ranks the weights: ``"l1"`` (default, |w|) or ``"random"``
-            (seeded); with ``structured``, the channels: ``"l1"``, ``"l2"``, ``"bn"``,
+        method (str): what ranks the weights: ``"l1"`` (default, |w|), ``"random"`` (seeded),
+            ``"wanda"`` or ``"sparsegpt"`` (by the layers' inputs on ``data``, see
+            ``lopper.prune``); with ``structured``, the channels: ``"l1"``, ``"l2"``, ``"bn"``,
             ``"fpgm"`` or ``"random"``.
         amounts (list of float): the shares removed, each in [0, 1) (default 0.1, 0.2, ...,
             0.9, 0.95).
@@ -63,13 +74,21 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
         mask_token (int): ``"masked-lm"``: the [MASK] token's ID.
         device (str): where the sweep runs: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (default: the
             module's device).
+        calib_batches (int): ``wanda``, ``sparsegpt``: how many of the first batches of ``data``
+            the layers' inputs are collected on, at most (default: the papers' 128 samples,
+            ``ceil(128 / B)`` batches of the first batch's size B, as ``lopper.prune``). The
+            points are evaluated on the first ``eval_batches`` of the same batches.
+        block_size (int): ``sparsegpt``: columns pruned and updated together (default 128).
+        dampening (float): ``sparsegpt``: added to the Hessian's diagonal as a fraction of its
+            mean (default 0.01); > 0.
         progress (bool): show the sweep's progress on stderr (tqdm when installed, else a few
             plain lines).
 
     Returns:
         SensitivityReport: ``report.loss`` and ``report.top1`` (the unpruned module), and per
         layer ``report.layers`` with its ``points`` (amount, removed, loss, top1, params,
-        macs); ``str(report)`` is the CLI's table, ``report.to_dict()`` its JSON and
+        macs); ``report.skipped`` the layers ``wanda`` or ``sparsegpt`` could not analyse,
+        with why; ``str(report)`` is the CLI's table, ``report.to_dict()`` its JSON and
         ``report.save_html(path)`` its HTML page.
 
     Note:
@@ -78,7 +97,10 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
 
     Raises:
         ValueError: a bad argument, with lopper's one-line message (an unknown method, an
-            amount outside [0, 1), no data, an exclude that is not a regex).
+            amount outside [0, 1), no data, an exclude that is not a regex, ``calib_batches``
+            with a method other than ``wanda`` and ``sparsegpt``, ``block_size`` or
+            ``dampening`` with one other than ``sparsegpt``, ``block_size`` < 1, ``dampening``
+            <= 0).
         TypeError: an argument of the wrong type.
         RuntimeError: the module cannot be exported, or lopper cannot run its export on the
             data (an unsupported op, batches the module cannot take, no layer to analyse).
@@ -94,7 +116,8 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
 
     options = dict(structured=structured, method=method, amounts=amounts,
                    eval_batches=eval_batches, round_to=round_to, exclude=exclude, seed=seed,
-                   allow_tied=allow_tied, loss=loss, mask_token=mask_token, device=device)
+                   allow_tied=allow_tied, loss=loss, mask_token=mask_token, device=device,
+                   calib_batches=calib_batches, block_size=block_size, dampening=dampening)
     command = _command("sensitivity", module, options, sensitivity)
     with _Bars(progress) as bars:
         return _lopper._sensitivity(export, data, **options,
@@ -108,7 +131,8 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
 def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_ms=None,
                     structured=False, data=None, sensitivity=None, method="l1", round_to=1,
                     exclude=None, allow_tied=False, eval_batches=16, loss="auto",
-                    mask_token=None, device=None, progress=True):
+                    mask_token=None, device=None, calib_batches=None, block_size=None,
+                    dampening=None, progress=True):
     """Prunes ``module`` in place until it keeps a share of its parameters or MACs, or runs within
     a latency, with the least estimated loss: what ``lopper prune --target-*`` does to its ONNX
     export.
@@ -121,6 +145,13 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
     ``torch.nn.utils.prune.custom_from_mask``, as ``lopper.prune`` applies its own: each pruned
     submodule gains ``weight_orig`` and ``weight_mask``, a training loop keeps the zeros, and
     ``torch.nn.utils.prune.remove`` makes them permanent.
+
+    With ``method="wanda"`` or ``"sparsegpt"`` the amounts are chosen on that method's own
+    sensitivity curves (``sensitivity`` measured with it, or measured on ``data``), then the
+    module is pruned by it, each layer to its amount, as ``lopper.prune(..., method=...,
+    data=...)`` prunes: calibrated block by block on ``data``. SparseGPT also updates the weights
+    it keeps: their new values are copied into the parameters before the masks are applied, as
+    ``lopper.prune`` copies them.
 
     Args:
         module (torch.nn.Module): the model (see ``lopper.prune``); untouched when anything
@@ -140,9 +171,15 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
             against lopper's pruned export, everything put back on a mismatch).
         data (iterable): batches to measure the sensitivity curves on (as ``lopper.sensitivity``
             reads them); the pruned module's loss and top-1 are then measured on them too.
+            ``wanda``, ``sparsegpt``: required, and also the calibration batches (as
+            ``lopper.prune`` reads them: a smaller last batch left out); with ``sensitivity``
+            only those. Without ``sensitivity`` it is read twice, once for the calibration and
+            once for the sweep: a list or a DataLoader, not an iterator (a generator).
         sensitivity (SensitivityReport): curves measured before on this module by
-            ``lopper.sensitivity`` (instead of ``data``).
-        method (str): ``"l1"`` (default): a target prunes weights by magnitude.
+            ``lopper.sensitivity`` (instead of ``data``; with ``wanda`` or ``sparsegpt``,
+            measured with the same method).
+        method (str): how single weights are pruned: ``"l1"`` (default, by magnitude),
+            ``"wanda"`` or ``"sparsegpt"`` (see ``lopper.prune``; they need ``data``).
         round_to (int): structured: keep channel counts a multiple of this (default 1).
         exclude (str): leave alone the layers whose node, weight or parameter name matches this
             regular expression (ECMAScript, searched).
@@ -152,6 +189,11 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
         mask_token (int): ``"masked-lm"``: the [MASK] token's ID.
         device (str): where the sweep and the latency run: ``"cpu"``, ``"cuda"``, ``"cuda:N"``
             (default: the module's device).
+        calib_batches (int): ``wanda``, ``sparsegpt``: how many batches of ``data`` to calibrate
+            on, at most (default: the papers' 128 samples, as ``lopper.prune``); a sweep on
+            ``data`` collects the layers' inputs on the same batches.
+        block_size (int): ``sparsegpt``: columns pruned and updated together (default 128).
+        dampening (float): ``sparsegpt``: the Hessian's dampening (default 0.01); > 0.
         progress (bool): show progress on stderr (tqdm when installed, else a few plain lines).
 
     Returns:
@@ -168,8 +210,11 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
 
     Raises:
         ValueError: a bad argument, with lopper's one-line message (no target or several, a
-            share outside (0, 1), a method other than l1, both data and sensitivity, a
-            sensitivity of another module or unit).
+            share outside (0, 1), a method other than l1, wanda and sparsegpt, both data and
+            sensitivity with l1, wanda or sparsegpt without data, a sensitivity of another
+            module or unit or, with wanda or sparsegpt, measured with another method,
+            ``calib_batches`` with l1, ``block_size`` or ``dampening`` with a method other than
+            sparsegpt, an iterator as ``data`` that wanda or sparsegpt would read twice).
         TypeError: an argument of the wrong type.
         RuntimeError: the module cannot be exported or run, or the target cannot be reached
             (every layer at its largest amount is not enough).
@@ -201,16 +246,17 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
     options = dict(macs=macs, params=params, latency_ms=latency_ms, structured=structured,
                    data=data, sensitivity=sensitivity, method=method, round_to=round_to,
                    exclude=exclude, allow_tied=allow_tied, eval_batches=eval_batches, loss=loss,
-                   mask_token=mask_token, device=device)
+                   mask_token=mask_token, device=device, calib_batches=calib_batches,
+                   block_size=block_size, dampening=dampening)
     command = _command("prune_to_target", module, options, prune_to_target)
     with _Bars(progress) as bars:
-        result, report = _lopper._prune_to_target(
+        result, values, report = _lopper._prune_to_target(
             export, **options, example=_prune._example_shapes(module, args, kwargs),
             progress=bars.callback, name=type(module).__name__, command=command, **extra)
     if structured:
         _structured._shrink_in_place(module, holders, args, kwargs, before, result, 1e-4)
     else:
-        _prune._apply_masks(result, holders)
+        _prune._apply(result, values, holders)
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     return report

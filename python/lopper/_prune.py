@@ -215,11 +215,6 @@ def _parameter(sub, attr):
     return sub._parameters[attr]
 
 
-def _apply_masks(masks, holders):
-    """_apply without new values (lopper.prune_to_target's masks)."""
-    _apply(masks, {}, holders)
-
-
 def _apply(masks, values, holders):
     """Copies {parameter name: new value} into the parameters (in their dtype and on their
     device), then applies {parameter name: keep-mask} with torch.nn.utils.prune.custom_from_mask

@@ -2,7 +2,8 @@
 // exported from the user's nn.Module, as `lopper sensitivity` and `lopper prune --target-*` make
 // them, with their reports (table, JSON, HTML page). python/lopper/_analysis.py hands over the
 // export (a callable, called once the arguments and the data are checked) and applies a target's
-// keep-masks with torch.nn.utils.prune. The GIL is released while lopper works; progress and
+// keep-masks with torch.nn.utils.prune (after copying the new values of the weights a sparsegpt
+// target updated, as lopper.prune does). The GIL is released while lopper works; progress and
 // Ctrl-C reach Python between steps.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -52,7 +53,7 @@ std::string python_name(const std::string& option) {
   if (option == "target_params") return "params";
   if (option == "target_macs") return "macs";
   if (option == "target_latency-ms") return "latency_ms";
-  return option;
+  return python_option(option);  // "batches": calib_batches
 }
 
 // Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
@@ -114,6 +115,73 @@ void check_regex(const std::string& re, const char* op) {
   }
 }
 
+}  // namespace
+
+namespace {
+
+// An optional int argument (None: nullopt); a bool is a mistake.
+std::optional<int64_t> optional_int(py::handle h, const char* op, const char* what) {
+  if (h.is_none()) return std::nullopt;
+  return arg<int64_t>(h, op, what, "an int");
+}
+
+// wanda and sparsegpt's one-shot arguments, as lopper.sensitivity and lopper.prune_to_target take
+// them (None: the library's default), refused with a method that does not read them, as the CLI's
+// --calib-batches, --block-size and --dampening are. `reads_inputs`: the method reads the layers'
+// inputs (wanda, sparsegpt); `solves`: it is sparsegpt.
+struct OneShot {
+  std::optional<int64_t> calib_batches;
+  std::optional<int64_t> block_size;
+  std::optional<double> dampening;
+};
+
+OneShot one_shot_arg(const char* op, const std::string& method, bool reads_inputs, bool solves,
+                     const py::object& calib_batches, const py::object& block_size,
+                     const py::object& dampening) {
+  OneShot o;
+  o.calib_batches = optional_int(calib_batches, op, "calib_batches");
+  o.block_size = optional_int(block_size, op, "block_size");
+  if (!dampening.is_none()) o.dampening = arg<double>(dampening, op, "dampening", "a float");
+  if (o.calib_batches && !reads_inputs)
+    throw UsageError(fmt::format(
+        "[{}] calib_batches is for method wanda and sparsegpt (they read the layers' inputs), "
+        "not {}",
+        op, method));
+  if (o.calib_batches && *o.calib_batches < 1)
+    throw UsageError(fmt::format("[{}] calib_batches must be >= 1, got {}", op, *o.calib_batches));
+  for (const auto& [name, given] :
+       {std::pair<const char*, bool>{"block_size", o.block_size.has_value()},
+        {"dampening", o.dampening.has_value()}})
+    if (given && !solves)
+      throw UsageError(fmt::format("[{}] {} is for method sparsegpt, not {}", op, name, method));
+  return o;
+}
+
+// The sweep's batches: the first `eval_batches` of `data`; for wanda and sparsegpt
+// (`reads_inputs`) also the first `calib_batches` (None: enough for the papers' 128 samples,
+// counted in batches of the first one's size, as lopper.prune reads them), on which the sweep
+// collects the layers' inputs. Fewer when the iterable ends first.
+std::unique_ptr<DataLoader> sweep_loader(py::handle data, int64_t eval_batches, bool reads_inputs,
+                                         std::optional<int64_t> calib_batches) {
+  if (!reads_inputs) return loader_arg(data, eval_batches);
+  if (!py::hasattr(data, "__iter__"))
+    throw py::type_error("[sensitivity] data must be an iterable of batches, got " +
+                         type_name(data));
+  std::vector<Batch> batches;
+  int64_t want = std::max<int64_t>(eval_batches, calib_batches.value_or(1));
+  for (auto item : data) {
+    batches.push_back(to_batch(item, batches.size()));
+    if (!calib_batches && batches.size() == 1) {
+      const Batch& b = batches.front();
+      const int64_t size = std::max<int64_t>(b.x.dim() > 0 ? b.x.size(0) : 0, 1);
+      constexpr int64_t samples = CalibrationOptions::kLayerInputSamples;
+      want = std::max<int64_t>(eval_batches, (samples + size - 1) / size);
+    }
+    if (int64_t(batches.size()) >= want) break;
+  }
+  return usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
+}
+
 // progress(label, done, total, what) in Python, with the GIL held; Ctrl-C stops the work there.
 void call_progress(const py::object& progress, const char* label, int64_t done, int64_t total,
                    const std::string& what) {
@@ -161,7 +229,8 @@ std::shared_ptr<Sensitivity> sensitivity_call(
     const py::object& allow_tied_arg, const py::object& loss, const py::object& mask_token,
     const py::object& device, const std::vector<std::vector<int64_t>>& example,
     const py::object& progress, const std::string& name, const std::string& command,
-    const py::object& fixed) {
+    const py::object& fixed, const py::object& calib_batches, const py::object& block_size,
+    const py::object& dampening) {
   SensitivityOptions so;
   so.fixed = fixed_arg(fixed);
   const bool structured = flag(structured_arg, "sensitivity", "structured");
@@ -171,6 +240,12 @@ std::shared_ptr<Sensitivity> sensitivity_call(
       method.is_none() ? "l1" : arg<std::string>(method, "sensitivity", "method", "a str");
   so.criterion = usage(
       [&] { return structured ? channel_criterion_info(m).name : weight_criterion_info(m).name; });
+  const bool reads_inputs = !structured && weight_criterion_info(so.criterion).reads_inputs;
+  const OneShot one_shot = one_shot_arg("sensitivity", so.criterion, reads_inputs,
+                                        !structured && so.criterion == "sparsegpt", calib_batches,
+                                        block_size, dampening);
+  if (one_shot.block_size) so.block_size = *one_shot.block_size;
+  if (one_shot.dampening) so.dampening = *one_shot.dampening;
   if (!amounts.is_none()) so.amounts = amounts_arg(amounts);
   so.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
   so.round_to = arg<int64_t>(round_to, "sensitivity", "round_to", "an int");
@@ -188,7 +263,11 @@ std::shared_ptr<Sensitivity> sensitivity_call(
     throw UsageError(
         "[sensitivity] data is needed: the sweep evaluates the module on it (an iterable of "
         "batches: tensors, (samples, labels) or dicts of named inputs)");
-  std::unique_ptr<DataLoader> loader = loader_arg(data, so.eval_batches);
+  std::unique_ptr<DataLoader> loader =
+      sweep_loader(data, so.eval_batches, reads_inputs, one_shot.calib_batches);
+  // NOTE: calib_batches is "at most", as lopper.prune's: an iterable that ends first gives fewer.
+  if (one_shot.calib_batches)
+    so.calib_batches = std::min<int64_t>(*one_shot.calib_batches, loader->batches_per_epoch());
   if (!progress.is_none())
     so.progress = [&progress](int64_t done, int64_t total, const std::string& what) {
       call_progress(progress, "sensitivity", done, total, what);
@@ -277,7 +356,8 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
                       const py::object& mask_token, const py::object& device,
                       const std::vector<std::vector<int64_t>>& example, const py::object& progress,
                       const std::string& name, const std::string& command, const py::object& fixed,
-                      const std::vector<at::Tensor>& inputs) {
+                      const std::vector<at::Tensor>& inputs, const py::object& calib_batches,
+                      const py::object& block_size, const py::object& dampening) {
   TargetOptions t;
   t.fixed = fixed_arg(fixed);
   const bool structured = flag(structured_arg, "prune", "structured");
@@ -303,17 +383,44 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
   t.structured = structured;
   const std::string m =
       method.is_none() ? "l1" : arg<std::string>(method, "prune", "method", "a str");
-  if (structured)
+  bool calibrated = false;  // wanda, sparsegpt: amounts on their curves, pruned by them on data
+  if (structured) {
     t.criterion = usage([&] { return channel_criterion_info(m).name; });
-  else if (usage([&] { return weight_criterion_info(m).name; }) != "l1")
-    throw UsageError("[prune] a target prunes weights by magnitude (l1); method " + m +
-                     " does not go with it");
+  } else {
+    const CriterionInfo c = usage([&] { return weight_criterion_info(m); });
+    calibrated = c.reads_inputs;
+    if (!calibrated && c.name != "l1")
+      throw UsageError("[prune] a target prunes weights by l1, wanda or sparsegpt; method " +
+                       c.name + " does not go with it");
+    t.criterion = c.name;
+  }
+  const OneShot one_shot =
+      one_shot_arg("prune", t.criterion, calibrated, calibrated && t.criterion == "sparsegpt",
+                   calib_batches, block_size, dampening);
+  if (one_shot.block_size) t.block_size = *one_shot.block_size;
+  if (one_shot.dampening) t.dampening = *one_shot.dampening;
+  if (calibrated && data.is_none())
+    throw UsageError("[prune] a target with method " + t.criterion +
+                     " calibrates on the layers' inputs: give data (an iterable of batches)");
   t.round_to = arg<int64_t>(round_to, "prune", "round_to", "an int");
   if (!exclude.is_none()) t.exclude = arg<std::string>(exclude, "prune", "exclude", "a str");
   if (allow_tied && structured)
     throw UsageError("[prune] allow_tied is for unstructured pruning, not structured");
   t.allow_tied = allow_tied;
-  usage([&] { check_target_options(t); });
+  {
+    // NOTE: wanda and sparsegpt need sensitivity data and calibration data, which come later: what
+    // check_target_options() asks of them here is an l1 target's and their layer options.
+    TargetOptions early = t;
+    early.criterion = calibrated ? "l1" : t.criterion;
+    usage([&] { check_target_options(early); });
+    if (calibrated) {
+      PruneLayerOptions lo;
+      lo.criterion = t.criterion;
+      lo.block_size = t.block_size;
+      lo.dampening = t.dampening;
+      usage([&] { check_layer_options(lo); });
+    }
+  }
   check_regex(t.exclude, "prune");
   t.device = arg<std::string>(device, "prune", "device", "a str");
   (void)check_device(t.device);
@@ -329,7 +436,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
           "got " +
           type_name(sensitivity_arg));
     sens = sensitivity_arg.cast<std::shared_ptr<Sensitivity>>();
-    if (!data.is_none())
+    if (!data.is_none() && !calibrated)
       throw UsageError("[prune] sensitivity already holds the measurements: drop data");
     const std::string unit = structured ? "channel" : "weight";
     if (sens->r.unit != unit)
@@ -337,9 +444,37 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
                        std::string(sens->r.unit == "channel" ? "channel group" : "weight") + ": " +
                        (structured ? "measure it with lopper.sensitivity(..., structured=True)"
                                    : "measure it with lopper.sensitivity(..., structured=False)"));
+    // NOTE: prune_to_target() checks this too, but after the export (a RuntimeError there).
+    if (calibrated && sens->r.method != t.criterion)
+      throw UsageError("[prune] the sensitivity was measured with method " + sens->r.method +
+                       ", the target prunes with " + t.criterion +
+                       ": measure it with lopper.sensitivity(..., method=\"" + t.criterion + "\")");
   }
-  std::unique_ptr<DataLoader> loader;
-  if (!data.is_none()) loader = loader_arg(data, eval_batches);
+  // wanda, sparsegpt: the calibration batches, as lopper.prune reads them (at most calib_batches,
+  // default the papers' 128 samples; a smaller last batch left out). The sweep (without
+  // sensitivity) collects the layers' inputs on the same first batches.
+  std::unique_ptr<DataLoader> calib;
+  if (calibrated) {
+    // NOTE: an iterator (a generator, itertools.cycle) would hand the sweep the batches after the
+    // calibration's, not the same ones.
+    if (!sens && PyIter_Check(data.ptr()))
+      throw UsageError("[prune] a target with method " + t.criterion +
+                       " reads data twice (the calibration, then the sweep): give a list or a "
+                       "DataLoader, not an iterator (" +
+                       type_name(data) + ")");
+    calib = calibration_loader(data, one_shot.calib_batches);
+    t.calibration = calibration_arg(loss, mask_token, calib->batches_per_epoch(), device, 0);
+    t.calibration_data = calib.get();
+    usage([&] { check_calibration(*calib, t.calibration); });
+    if (!progress.is_none())
+      t.calibration.on_pass = [&progress](int64_t pass, int64_t of, const std::string& what) {
+        call_progress(progress, "calibrate", pass, of, what);  // as the pass starts
+      };
+  }
+  std::unique_ptr<DataLoader> loader;  // the sweep's batches, then the pruned export measured
+  if (!data.is_none() && !sens)
+    loader = calibrated ? sweep_loader(data, eval_batches, true, calib->batches_per_epoch())
+                        : loader_arg(data, eval_batches);
   auto out = std::make_shared<Target>();
   if (!progress.is_none())
     t.progress = [&progress](const std::string& what, int64_t done, int64_t total) {
@@ -353,7 +488,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
   out->name = name;
   out->command = command;
   out->file_bytes = int64_t(PyBytes_GET_SIZE(e.bytes.ptr()));
-  std::vector<std::pair<std::string, at::Tensor>> masks;
+  std::vector<std::pair<std::string, at::Tensor>> masks, values;
   Shrunk shrunk;
   {
     py::gil_scoped_release nogil;
@@ -373,6 +508,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     if (loader && !sens) {
       SensitivityOptions so = sensitivity_options(t);
       so.eval_batches = eval_batches;
+      if (calibrated) so.calib_batches = calib->batches_per_epoch();
       so.loss = loss_options;
       if (t.progress)
         so.progress = [&progress](int64_t done, int64_t total, const std::string& what) {
@@ -408,6 +544,10 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
       const ir::Initializer* w = model.graph.find_initializer(u.weight);
       LOPPER_ASSERT(w, "no initializer '", u.weight, "' after pruning to a target");
       masks.emplace_back(u.weight, w->value.ne(0));
+      // sparsegpt updates the weights it keeps: their new values, as lopper.prune hands them.
+      const ir::Initializer* was = before->graph.find_initializer(u.weight);
+      LOPPER_ASSERT(was, "no initializer '", u.weight, "' before pruning to a target");
+      if (kept_changed(was->value, w->value)) values.emplace_back(u.weight, w->value);
     }
     out->model_before = std::move(before);
     out->model_after = std::make_shared<ir::Model>(std::move(model));
@@ -421,10 +561,11 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
   const nlohmann::json j = to_json(r, false);
   if (j["target"].contains("latency_warning"))
     out->warnings.push_back(j["target"]["latency_warning"].get<std::string>());
-  if (structured) return py::make_tuple(to_python(std::move(shrunk)), out);
-  py::dict mask_dict;
+  if (structured) return py::make_tuple(to_python(std::move(shrunk)), py::dict(), out);
+  py::dict mask_dict, value_dict;
   for (auto& [weight, mask] : masks) mask_dict[py::str(weight)] = py::cast(std::move(mask));
-  return py::make_tuple(mask_dict, out);
+  for (auto& [weight, value] : values) value_dict[py::str(weight)] = py::cast(std::move(value));
+  return py::make_tuple(mask_dict, value_dict, out);
 }
 
 void target_html(const Target& t, const std::string& path) {
@@ -546,6 +687,10 @@ str(report) is the table `lopper sensitivity` prints; report.to_dict() the JSON 
       .def_property_readonly(
           "layers", [](const Sensitivity& s) { return s.r.layers; },
           "One SensitivityLayer per layer (or channel group) analysed, in the model's order.")
+      .def_property_readonly(
+          "skipped", [](const Sensitivity& s) { return s.r.skipped; },
+          "wanda, sparsegpt: the layers that could not be analysed, each with why (list of str, "
+          "e.g. \"lm_head.weight: the calibration data never reached it\"); empty otherwise.")
       .def(
           "to_dict",
           [](const Sensitivity& s) {
@@ -702,7 +847,8 @@ Raises:
         py::arg("mask_token") = py::none(), py::arg("device") = py::str("cpu"),
         py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
         py::arg("name") = "module", py::arg("command") = "lopper.sensitivity",
-        py::arg("fixed") = py::list(),
+        py::arg("fixed") = py::list(), py::arg("calib_batches") = py::none(),
+        py::arg("block_size") = py::none(), py::arg("dampening") = py::none(),
         R"(The sweep of lopper.sensitivity (its arguments, the same names). `export()` is called
 once the arguments and the data are checked and returns (ONNX bytes, the module's parameter
 names); `example` holds the example's input shapes in the export's input order; `progress` is
@@ -719,9 +865,12 @@ called as progress(label, done, total, what). Internal.)");
         py::arg("example") = std::vector<std::vector<int64_t>>{}, py::arg("progress") = py::none(),
         py::arg("name") = "module", py::arg("command") = "lopper.prune_to_target",
         py::arg("fixed") = py::list(), py::arg("inputs") = std::vector<at::Tensor>{},
+        py::arg("calib_batches") = py::none(), py::arg("block_size") = py::none(),
+        py::arg("dampening") = py::none(),
         R"(Prunes the export to a target as lopper.prune_to_target says (its arguments, the same
-names) and returns ({weight initializer: bool keep-mask}, TargetReport) for the layers the target
-could prune; structured, (what _structured._shrink_in_place takes, TargetReport), `inputs` being
+names) and returns ({weight initializer: bool keep-mask}, {weight initializer: its new value} for
+those whose kept entries changed (sparsegpt), TargetReport) for the layers the target could prune;
+structured, (what _structured._shrink_in_place takes, {}, TargetReport), `inputs` being
 the example's tensors and `fixed` as _prune_structured_onnx's. `export`, `example` and `progress` as _sensitivity's. Internal.)");
 }
 

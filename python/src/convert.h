@@ -129,4 +129,11 @@ pybind11::object json_to_python(const nlohmann::json& j);
 /// A recipe argument: a dict (parsed as the YAML it is) or the path of a YAML file.
 PruneRecipe recipe_arg(pybind11::handle recipe);
 
+// lopper.prune's (prune.cpp), shared with lopper.sensitivity and lopper.prune_to_target: the
+// calibration batches of wanda, sparsegpt and OWL (at most `limit`, default the papers' 128
+// samples; a smaller last batch left out), and whether pruning changed the kept entries of a
+// weight (sparsegpt's update), not only zeroed some.
+std::unique_ptr<DataLoader> calibration_loader(pybind11::handle data, std::optional<int64_t> limit);
+bool kept_changed(const at::Tensor& before, const at::Tensor& after);
+
 }  // namespace lopper::python

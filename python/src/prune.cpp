@@ -201,10 +201,12 @@ Args parse_args(const py::object& method, const py::object& amount, const py::ob
   return a;
 }
 
+}  // namespace
+
 // The calibration batches of wanda, sparsegpt and OWL, as the CLI reads them: `limit` batches
 // (without one, enough for the papers' 128 samples, counted in batches of the first one's size),
 // and a last batch smaller than the first left out (the CLI's drop_last: a torch DataLoader's
-// remainder) when others are there.
+// remainder) when others are there. Also lopper.prune_to_target's (analysis.cpp).
 std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<int64_t> limit) {
   if (!py::hasattr(data, "__iter__"))
     throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
@@ -228,6 +230,8 @@ std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<in
   return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
 }
 
+namespace {
+
 // Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
 // options as the Python arguments do.
 template <typename F>
@@ -247,14 +251,18 @@ struct ModulePruneReport : PruneReport, PrunedExport {};
 constexpr const char* kNotParameter =
     "not a parameter of the module (a buffer or a constant of the export)";
 
+}  // namespace
+
 // Whether pruning changed the weights it kept (sparsegpt's update), not only zeroed some: `after`
-// differs from `before` where it is nonzero.
+// differs from `before` where it is nonzero. Also lopper.prune_to_target's (analysis.cpp).
 bool kept_changed(const at::Tensor& before, const at::Tensor& after) {
   if (!before.sizes().equals(after.sizes()) || before.scalar_type() != after.scalar_type())
     return true;
   const at::Tensor b = before.to(after.device());
   return !at::equal(after, at::where(after.ne(0), b, at::zeros_like(b)));
 }
+
+namespace {
 
 py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
                      const py::object& amount, const py::object& threshold, const py::object& scope,

@@ -1,7 +1,8 @@
 """lopper.sensitivity and lopper.prune_to_target on nn.Modules: the sweep against the module's own
-losses (unpruned, and one layer pruned by torch.nn.utils.prune), the module left untouched,
-targets on parameters, MACs and latency met and applied as torch.nn.utils.prune masks, the HTML
-page, errors of both kinds, the GIL released during the sweep, and progress."""
+losses (unpruned, and one layer pruned by torch.nn.utils.prune, or by lopper.prune with wanda and
+sparsegpt), the module left untouched, targets on parameters, MACs and latency met and applied as
+torch.nn.utils.prune masks (and sparsegpt's updated weights), the HTML page, errors of both kinds,
+the GIL released during the sweep, and progress."""
 import copy
 import itertools
 import json
@@ -147,6 +148,43 @@ def test_sensitivity_table_and_json(sweep):
     assert repr(report).startswith("SensitivityReport(unit='weight', layers=3")
 
 
+ONE_SHOT = [("wanda", {}), ("sparsegpt", dict(calib_batches=2, block_size=16, dampening=0.05))]
+
+
+@pytest.mark.parametrize("method,options", ONE_SHOT, ids=[m for m, _ in ONE_SHOT])
+def test_one_shot_sensitivity_is_lopper_prune_of_one_layer(sweep, method, options):
+    """Each point of a wanda or sparsegpt sweep is the module with that layer alone pruned by
+    lopper.prune with the same method, options and data (the other layers excluded), evaluated."""
+    m, x = mlp()
+    data = batches()
+    snap = snapshot(m)
+    report = lopper.sensitivity(m, x, data, method=method, amounts=[0.5, 0.9], eval_batches=3,
+                                progress=False, **options)
+    assert report.method == method and report.skipped == []
+    assert [l.param for l in report.layers] == ["1.weight", "3.weight", "5.weight"]
+    assert report.samples == 48
+    assert_same(m, snap)
+    names = [l.param for l in report.layers]
+    # One point per layer (each export takes a while), both amounts among them.
+    for i, layer in enumerate(report.layers):
+        point = layer.points[i % 2]
+        others = "|".join(n.replace(".", r"\.") for n in names if n != layer.param)
+        pruned = copy.deepcopy(m)
+        lopper.prune(pruned, x, method=method, amount=point.amount, data=data,
+                     exclude=f"^({others})$", progress=False, **options)
+        want_loss, want_top1 = own_loss_and_top1(pruned, data)
+        assert point.loss == pytest.approx(want_loss, rel=1e-4), (layer.param, point.amount)
+        assert point.top1 == pytest.approx(want_top1, abs=1e-9)
+        assert point.params == effective_nonzero(pruned)
+    # Not l1's curves: the method (and its options) reached the sweep.
+    l1 = sweep[4]
+    assert report.loss == pytest.approx(l1.loss)
+    pairs = [(p.loss, q.loss) for a, b in zip(report.layers, l1.layers)
+             for p in a.points for q in b.points if p.amount == q.amount]
+    assert len(pairs) == 6
+    assert any(p != pytest.approx(q, rel=1e-6) for p, q in pairs), pairs
+
+
 def test_structured_sensitivity_leaves_the_module_alone():
     m, x = cnn()
     snap = snapshot(m)
@@ -258,6 +296,71 @@ def test_target_with_data_measures_the_pruned_module():
     assert d["target"]["loss"]["measured"] == pytest.approx(loss, rel=1e-4)
 
 
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_one_shot_target_prunes_by_its_method(method):
+    """A wanda or sparsegpt target chooses amounts on its own curves (measured on data), then
+    prunes the module by it; sparsegpt's updated weights are copied into the parameters, so the
+    module computes what lopper measured of its pruned export."""
+    m, x = mlp()
+    original = copy.deepcopy(m)
+    data = batches()
+    report = lopper.prune_to_target(m, x, params=0.5, method=method, data=data, eval_batches=3,
+                                    progress=False)
+    assert report.estimator == "sensitivity" and report.sensitivity.method == method
+    assert report.sensitivity.skipped == []
+    after = effective_nonzero(m)
+    assert report.nonzero == after and after <= 0.5 * report.nonzero_before
+    loss, top1 = own_loss_and_top1(m, data)
+    assert report.measured_loss == pytest.approx(loss, rel=1e-5)
+    assert report.measured_top1 == pytest.approx(top1, abs=1e-9)
+    changed = False
+    for i in (1, 3, 5):
+        layer = m[i]
+        assert torch.equal(layer.weight, layer.weight_orig * layer.weight_mask)
+        kept = layer.weight_mask.bool()
+        changed |= not torch.equal(layer.weight_orig[kept], original[i].weight[kept])
+    assert changed == (method == "sparsegpt")
+    if method == "sparsegpt":
+        # Without the new values (the original weights, masked) the module computes otherwise.
+        masked = copy.deepcopy(original)
+        for i in (1, 3, 5):
+            torch_prune.custom_from_mask(masked[i], "weight", m[i].weight_mask)
+        assert own_loss_and_top1(masked, data)[0] != pytest.approx(loss, rel=1e-5)
+
+
+def test_one_shot_target_with_sensitivity_calibrates_on_data():
+    m, x = mlp()
+    data = batches(n=2)
+    sens = lopper.sensitivity(m, x, data, method="sparsegpt", amounts=[0.3, 0.6, 0.9],
+                              eval_batches=2, progress=False)
+    snap = snapshot(m)
+    # The sensitivity is sparsegpt's: a wanda target refuses it before touching the module.
+    with pytest.raises(ValueError) as e:
+        lopper.prune_to_target(m, x, params=0.5, method="wanda", sensitivity=sens, data=data,
+                               progress=False)
+    one_line(e, "[prune] the sensitivity was measured with method sparsegpt, the target prunes "
+                "with wanda")
+    assert_same(m, snap)
+    report = lopper.prune_to_target(m, x, params=0.5, method="sparsegpt", sensitivity=sens,
+                                    data=data, block_size=64, progress=False)
+    assert report.sensitivity is sens and report.measured_loss is None
+    assert effective_nonzero(m) <= 0.5 * report.nonzero_before
+    assert report.to_dict()["target"]["estimator"] == "sensitivity"
+
+
+def test_one_shot_target_refuses_an_l1_sensitivity(sweep):
+    m0, x, data, _, l1 = sweep
+    m = copy.deepcopy(m0)
+    snap = snapshot(m)
+    for method in ("wanda", "sparsegpt"):
+        with pytest.raises(ValueError) as e:
+            lopper.prune_to_target(m, x, params=0.5, method=method, sensitivity=l1, data=data,
+                                   progress=False)
+        one_line(e, f"[prune] the sensitivity was measured with method l1, the target prunes "
+                    f"with {method}: measure it with lopper.sensitivity(..., method=\"{method}\")")
+        assert_same(m, snap)
+
+
 def test_latency_target_runs():
     m, x = mlp()
     report = lopper.prune_to_target(m, x, latency_ms=1000.0, progress=False)
@@ -321,7 +424,26 @@ BAD_TARGETS = [
     (dict(params=1.5), "params is the share kept, in (0, 1), got 1.5"),
     (dict(latency_ms=-1.0), "latency_ms must be > 0"),
     (dict(params=0.5, method="nope"), "unknown method 'nope'"),
-    (dict(params=0.5, method="random"), "by magnitude (l1)"),
+    (dict(params=0.5, method="random"),
+     "a target prunes weights by l1, wanda or sparsegpt; method random does not go with it"),
+    (dict(params=0.5, method="taylor", data=[torch.randn(2, 784)]), "method taylor does not go"),
+    (dict(params=0.5, method="wanda"), "a target with method wanda calibrates on the layers' "
+     "inputs: give data"),
+    (dict(params=0.5, calib_batches=2), "calib_batches is for method wanda and sparsegpt"),
+    (dict(params=0.5, method="wanda", data=[torch.randn(2, 784)], block_size=16),
+     "block_size is for method sparsegpt, not wanda"),
+    (dict(params=0.5, structured=True, dampening=0.1), "dampening is for method sparsegpt"),
+    (dict(params=0.5, method="sparsegpt", data=[torch.randn(2, 784)], dampening=0.0),
+     "dampening must be > 0"),
+    (dict(params=0.5, method="sparsegpt", data=[torch.randn(2, 784)], block_size=0),
+     "block_size must be in 1.."),
+    (dict(params=0.5, method="wanda", data=[torch.randn(2, 784)], calib_batches=0),
+     "calib_batches must be >= 1"),
+    (dict(params=1.5, method="wanda", data=[torch.randn(2, 784)]), "params is the share kept"),
+    (dict(params=0.5, method="wanda", data=[]), "[data] data has no batch"),
+    (dict(params=0.5, method="wanda", data=iter([torch.randn(2, 784)])),
+     "a target with method wanda reads data twice (the calibration, then the sweep): give a list "
+     "or a DataLoader, not an iterator"),
     (dict(params=0.5, exclude="("), "not a valid regex"),
     (dict(params=0.5, device="tpu"), "[device] bad device 'tpu'"),
     (dict(params=0.5, round_to=0), "round_to must be >= 1"),
@@ -350,6 +472,14 @@ BAD_SWEEPS = [
     (dict(device="cuda:x"), "bad device"),
     (dict(loss="hinge"), "hinge"),
     (dict(data=[]), "no batch"),
+    (dict(method="wanda", data=[]), "no batch"),
+    (dict(calib_batches=2), "calib_batches is for method wanda and sparsegpt"),
+    (dict(method="wanda", block_size=16), "block_size is for method sparsegpt, not wanda"),
+    (dict(method="wanda", dampening=0.1), "dampening is for method sparsegpt"),
+    (dict(structured=True, block_size=16), "block_size is for method sparsegpt"),
+    (dict(method="wanda", calib_batches=0), "calib_batches must be >= 1"),
+    (dict(method="sparsegpt", block_size=0), "[sensitivity] block_size must be in 1.."),
+    (dict(method="sparsegpt", dampening=-1.0), "[sensitivity] dampening must be > 0"),
 ]
 
 
@@ -376,6 +506,13 @@ def test_bad_types_are_type_errors(sweep):
     with pytest.raises(TypeError) as e:
         lopper.sensitivity(m, x, batches(n=1), amounts=0.5)
     one_line(e, "[sensitivity] amounts")
+    with pytest.raises(TypeError) as e:
+        lopper.sensitivity(m, x, batches(n=1), method="wanda", calib_batches=True)
+    one_line(e, "[sensitivity] calib_batches must be an int, got bool")
+    with pytest.raises(TypeError) as e:
+        lopper.prune_to_target(m, x, params=0.5, method="sparsegpt", data=batches(n=1),
+                               dampening="0.01")
+    one_line(e, "[prune] dampening must be a float")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         lopper.sensitivity(lambda t: t, x, batches(n=1))
     # Data and a sensitivity both, a sweep of another unit: bad arguments.

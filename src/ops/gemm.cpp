@@ -17,8 +17,6 @@ namespace {
 
 struct LinearState {
   at::Tensor weight;  // [N, K] contiguous
-  at::Tensor packed;  // oneDNN's layout of the same weight
-  SparseCandidate sparse;
   std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
   std::shared_ptr<kernels::cuda::SemiStructuredWeight> semi;
   enum class Kernel {
@@ -28,8 +26,19 @@ struct LinearState {
     kSparse,
     kCudaSparse,
     kCudaSemi
-  } kernel = Kernel::kUndecided;
+  } kernel = Kernel::kUndecided;  // CUDA
+  // The CPU's choice, made apart for products of a few rows (decoding a token: the bitmask
+  // format's regime) and of more (a prompt, a batch): a model that runs both keeps the best of
+  // each.
+  struct CpuChoice {
+    at::Tensor packed;  // oneDNN's layout of the weight
+    SparseCandidate sparse;
+    Kernel kernel = Kernel::kUndecided;
+  } few, many;
 };
+
+// Rows up to which a product counts as "a few" (LinearState::few): the bitmask format's limit.
+constexpr int64_t kFewRows = 16;
 
 // y [rows, N] computed from x flattened to rows, back in x's leading shape.
 at::Tensor unflatten_rows(const at::Tensor& y, const at::Tensor& x) {
@@ -132,13 +141,14 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   if (!cpu_f32 && !cpu_bf16) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
   using K = LinearState::Kernel;
-  if (st.kernel == K::kUndecided) {
+  LinearState::CpuChoice& ch = x2.size(0) <= kFewRows ? st.few : st.many;
+  if (ch.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{
         {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
     std::vector<K> kinds{K::kAten};
     if (cpu_f32 && onednn::usable(x) && onednn::usable(st.weight)) {
-      st.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
-      cands.push_back({"onednn", [&] { onednn::linear(x2, st.packed, bias, post); }});
+      ch.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
+      cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
       kinds.push_back(K::kOnednn);
     }
     auto sparse = sparse_candidates(st.weight, bias, {}, x2.size(0));
@@ -147,16 +157,16 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       kinds.push_back(K::kSparse);
     }
     size_t best = choose_kernel(c, cands, st.weight, x2);
-    st.kernel = kinds[best];
-    if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
-    if (st.kernel != K::kOnednn) st.packed.reset();
+    ch.kernel = kinds[best];
+    if (ch.kernel == K::kSparse) ch.sparse = sparse[best - (cands.size() - sparse.size())];
+    if (ch.kernel != K::kOnednn) ch.packed.reset();
   }
   at::Tensor y;
-  if (st.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
-  if (st.kernel == K::kOnednn) {
-    y = onednn::linear(x2.contiguous(), st.packed, bias, post);
+  if (ch.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  if (ch.kernel == K::kOnednn) {
+    y = onednn::linear(x2.contiguous(), ch.packed, bias, post);
   } else {
-    y = run_sparse_linear(st.sparse, x2, post);
+    y = run_sparse_linear(ch.sparse, x2, post);
   }
   return unflatten_rows(y, x);
 }

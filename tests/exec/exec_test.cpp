@@ -244,6 +244,48 @@ TEST(Exec, BitmaskKernelRunsFewRowsInFloatAndBfloat16) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// A model run on a few rows (a token) and on many (a prompt) keeps a kernel choice for each: the
+// bitmask format is a candidate for the few only, and each run uses its own choice.
+TEST(Exec, FewAndManyRowsChooseApart) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  ir::Model m = onnx::load_model(fixture("bert_cls.dynamo.onnx"));  // dynamic batch and sequence
+  PruneOptions po;
+  po.amount = PruneAmount::parse("0.5");
+  prune(m, po);
+  auto feeds = [&](int64_t batch, int64_t seq) {
+    return NamedTensors{{"input_ids", at::randint(1, 1000, {batch, seq})},
+                        {"attention_mask", at::ones({batch, seq}, at::kLong)},
+                        {"token_type_ids", at::zeros({batch, seq}, at::kLong)}};
+  };
+  Executor exec(m);
+  ExecOptions plain;
+  plain.autograd = true;
+  Executor aten(m, plain);
+  for (auto [batch, seq] : {std::pair<int64_t, int64_t>{1, 8}, {4, 16}, {1, 8}}) {
+    const NamedTensors f = feeds(batch, seq);
+    EXPECT_LE(test::relative_max_diff(exec.run(f)[0], aten.run(f)[0].detach()), 1e-4);
+  }
+  std::map<std::string, std::vector<int64_t>> rows;  // per layer: the rows of each choice
+  for (const auto& d : exec.kernel_decisions()) {
+    rows[d.node].push_back(d.input_shape.empty() ? 0 : d.input_shape[0]);
+    bool bitmask = false;
+    for (const auto& [name, ms] : d.timings) bitmask |= name.rfind("bitmask", 0) == 0;
+    EXPECT_EQ(bitmask, d.input_shape[0] <= 16) << d.node;
+  }
+  // The encoder's layers see 8 rows, then 64 (a choice each); the pooler and the classifier see
+  // the batch, 1 then 4 (both a few: one choice).
+  int apart = 0;
+  for (const auto& [node, r] : rows) {
+    if (r.size() == 2)
+      EXPECT_EQ(r, (std::vector<int64_t>{8, 64})) << node;
+    else
+      EXPECT_EQ(r, std::vector<int64_t>{1}) << node;
+    apart += r.size() == 2;
+  }
+  EXPECT_GE(apart, 8);
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // --precision: bf16 computes in bf16 (the result moves off fp32's, within bf16's rounding) and
 // hands back float32; fp16 needs a GPU; other types are refused.
 TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {

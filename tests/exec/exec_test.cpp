@@ -211,36 +211,39 @@ TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
 }
 
 // The bitmask format (the decode regime: a few rows of x) in float32 and bfloat16, unstructured
-// 50% and 2:4, forced on the MLP's Gemms (batch 4): the result of ATen at the same precision.
+// 50% and 2:4, forced on the MLP's Gemms (batch 4) and on every MatMul of a LLaMA decoding one
+// token with its KV cache as inputs: the result of ATen at the same precision.
 TEST(Exec, BitmaskKernelRunsFewRowsInFloatAndBfloat16) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
-  for (const char* pattern : {"unstructured", "2:4"}) {
-    ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
-    PruneOptions po;
-    po.amount = PruneAmount::parse("0.5");
-    parse_prune_pattern(pattern, po);
-    prune(m, po);
-    NamedTensors feeds = fixture_feeds(m, "mlp");
-    for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
-      SCOPED_TRACE(std::string(pattern) + " " + c10::toString(precision));
-      ExecOptions plain;  // ATen only
-      plain.autograd = true;
-      plain.precision = precision;
-      const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
-      setenv("LOPPER_FORCE_KERNEL", "bitmask,bitmask-8of16", 1);
-      ExecOptions eo;
-      eo.precision = precision;
-      Executor exec(m, eo);
-      const at::Tensor got = exec.run(feeds)[0];
-      unsetenv("LOPPER_FORCE_KERNEL");
-      EXPECT_LE(test::relative_max_diff(got, want), precision == at::kFloat ? 1e-5 : 2e-2);
-      int bitmask = 0;
-      for (const auto& d : exec.kernel_decisions())
-        bitmask += d.chosen.find("bitmask") != std::string::npos &&
-                   d.chosen.find("(forced)") != std::string::npos;
-      EXPECT_EQ(bitmask, 3);
+  for (auto [stem, layers] :
+       {std::pair<std::string, int>{"mlp.ts", 3}, {"llama_decode.dynamo", 15}})
+    for (const char* pattern : {"unstructured", "2:4"}) {
+      ir::Model m = onnx::load_model(fixture(stem + ".onnx"));
+      PruneOptions po;
+      po.amount = PruneAmount::parse("0.5");
+      parse_prune_pattern(pattern, po);
+      prune(m, po);
+      NamedTensors feeds = fixture_feeds(m, stem.substr(0, stem.find('.')));
+      for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
+        SCOPED_TRACE(stem + " " + pattern + " " + c10::toString(precision));
+        ExecOptions plain;  // ATen only
+        plain.autograd = true;
+        plain.precision = precision;
+        const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+        setenv("LOPPER_FORCE_KERNEL", "bitmask,bitmask-8of16", 1);
+        ExecOptions eo;
+        eo.precision = precision;
+        Executor exec(m, eo);
+        const at::Tensor got = exec.run(feeds)[0];
+        unsetenv("LOPPER_FORCE_KERNEL");
+        EXPECT_LE(test::relative_max_diff(got, want), precision == at::kFloat ? 1e-5 : 2e-2);
+        int bitmask = 0;
+        for (const auto& d : exec.kernel_decisions())
+          bitmask += d.chosen.find("bitmask") != std::string::npos &&
+                     d.chosen.find("(forced)") != std::string::npos;
+        EXPECT_EQ(bitmask, layers);
+      }
     }
-  }
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 

@@ -87,6 +87,13 @@ bool isa_supported(Isa isa) {
 
 const char* isa_name(Isa isa) { return ops_of(isa).name; }
 
+bool bf16_dot_supported(Isa isa) {
+  static const bool cpu = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512vbmi2") &&
+                          __builtin_cpu_supports("avx512bw");
+  return isa == Isa::kAvx512 && cpu && ops_of(isa).masked_bf16 != nullptr;
+}
+
 Isa active_isa() {
   static const Isa isa = [] {
     const char* env = std::getenv("LOPPER_ISA");
@@ -378,9 +385,24 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
                    (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
                "[kernels] masked linear: x must be [m, ", view_.k, "] float32 or bfloat16, got ",
                x_in.scalar_type(), " ", x_in.sizes());
+  const int64_t m = x_in.size(0);
+  at::Tensor y = at::empty({m, view_.n}, x_in.options().dtype(at::kFloat));
+  if (m > 0 && view_.n > 0 && view_.bf16 && x_in.scalar_type() == at::kBFloat16 &&
+      bf16_dot_supported(isa)) {
+    const at::Tensor x = x_in.contiguous();
+    const SparseIsaOps& ops = ops_of(isa);
+    const Epilogue e = epilogue(act, bias_);
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const int64_t parts = static_cast<int64_t>(bounds_.size()) - 1;
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t q = begin; q < end; ++q)
+        ops.masked_bf16(view_, bounds_[size_t(q)], bounds_[size_t(q + 1)], xp, view_.k, m, yp,
+                        view_.n, e);
+    });
+    return y.to(at::kBFloat16);
+  }
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0);
-  at::Tensor y = at::empty({m, view_.n}, x.options());
   if (m > 0 && view_.n > 0) {
     const SparseIsaOps& ops = ops_of(isa);
     const Epilogue e = epilogue(act, bias_);

@@ -18,6 +18,9 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 /// (scalar | avx2 | avx512). Throws lopper::Error for an unknown name or one the CPU lacks.
 Isa active_isa();
 bool isa_supported(Isa isa);
+/// Whether the CPU has the bfloat16 dot product the bitmask kernel uses for bfloat16 weights and
+/// activations (AVX512_BF16 and AVX512_VBMI2), and the active ISA is AVX-512.
+bool bf16_dot_supported(Isa isa);
 const char* isa_name(Isa isa);
 
 /// A block of r consecutive outputs x c consecutive inputs. The kernels take 1x1 (CSR), 1x4, 4x1
@@ -90,8 +93,9 @@ class MaskedWeight {
   /// What a product reads of the weight: masks, offsets and values.
   int64_t bytes() const;
 
-  /// y [m, n] = act(x [m, k] . w^T + bias) for x float32 or bfloat16 (computed in float32), y of
-  /// x's type.
+  /// y [m, n] = act(x [m, k] . w^T + bias) for x float32 or bfloat16, y of x's type: products
+  /// summed in float32 (bfloat16 weights and x: by the CPU's bfloat16 dot product where it has one,
+  /// else x widened to float32 first).
   at::Tensor linear(const at::Tensor& x, Activation act, Isa isa) const;
 
  private:

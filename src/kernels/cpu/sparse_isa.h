@@ -65,6 +65,11 @@ struct SparseIsaOps {
   /// [r0, r1) of a bitmask-packed W; x (float32, rows ldx apart) is read only where W has a value.
   void (*masked)(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx,
                  int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// As masked, for bfloat16 weights and bfloat16 x (uint16 bits), products summed in float32 by
+  /// the CPU's bfloat16 dot product (AVX512_BF16 with AVX512_VBMI2's 16-bit expand); null where
+  /// the table's ISA has none. Call it only where bf16_dot_supported().
+  void (*masked_bf16)(const MaskView& w, int64_t r0, int64_t r1, const uint16_t* x, int64_t ldx,
+                      int64_t rows, float* y, int64_t ldy, const Epilogue& e);
   /// dst[j][i] = src[i][j] for i < rows, j < cols.
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);

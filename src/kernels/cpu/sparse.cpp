@@ -49,6 +49,28 @@ float* scratch(int slot, size_t floats) {
   return b.data() + ((64 - addr % 64) % 64) / sizeof(float);
 }
 
+// Row boundaries [0, ..., rows] splitting rows into `parts` (at most one per row) of near-equal
+// cost, `cost(r)` being the cost of rows [0, r) (nondecreasing).
+template <class Cost>
+std::vector<int64_t> split_by_cost(int64_t rows, int64_t parts, Cost&& cost) {
+  parts = std::max<int64_t>(1, std::min(parts, rows));
+  std::vector<int64_t> bounds{0};
+  for (int64_t q = 1; q < parts; ++q) {
+    const int64_t target = cost(rows) * q / parts;
+    int64_t lo = bounds.back(), hi = rows;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (cost(mid) < target)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    bounds.push_back(lo);
+  }
+  bounds.push_back(rows);
+  return bounds;
+}
+
 // A row length rounded up to whole 64-byte lines.
 int64_t padded(int64_t floats) { return (floats + 15) / 16 * 16; }
 
@@ -199,24 +221,9 @@ SpView SparseWeight::view() const {
 
 std::vector<int64_t> SparseWeight::split_rows(int64_t parts) const {
   const int64_t rows = static_cast<int64_t>(ptr_.size()) - 1;
-  parts = std::max<int64_t>(1, std::min(parts, rows));
   // NOTE: a block row costs its blocks plus a fixed epilogue, counted as two blocks.
-  auto cost = [&](int64_t br) { return int64_t(ptr_[br]) * block_.c + 2 * br; };
-  std::vector<int64_t> bounds{0};
-  for (int64_t q = 1; q < parts; ++q) {
-    const int64_t target = cost(rows) * q / parts;
-    int64_t lo = bounds.back(), hi = rows;
-    while (lo < hi) {
-      int64_t mid = (lo + hi) / 2;
-      if (cost(mid) < target)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    bounds.push_back(lo);
-  }
-  bounds.push_back(rows);
-  return bounds;
+  return split_by_cost(rows, parts,
+                       [&](int64_t br) { return int64_t(ptr_[br]) * block_.c + 2 * br; });
 }
 
 at::Tensor SparseWeight::linear(const at::Tensor& x, Algo algo, Activation act, Isa isa) const {
@@ -357,22 +364,8 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
   view_.off = off_.data();
   view_.val = view_.bf16 ? static_cast<const void*>(val16_.data()) : val_.data();
   // Rows split by their values plus a fixed cost each (the reduction and the epilogue).
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  auto cost = [&](int64_t r) { return off_[size_t(r)] + chunks * r / 4 + 16 * r; };
-  bounds_ = {0};
-  for (int64_t q = 1; q < parts; ++q) {
-    const int64_t target = cost(n) * q / parts;
-    int64_t lo = bounds_.back(), hi = n;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (cost(mid) < target)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    bounds_.push_back(lo);
-  }
-  bounds_.push_back(n);
+  bounds_ = split_by_cost(n, at::get_num_threads(),
+                          [&](int64_t r) { return off_[size_t(r)] + chunks * r / 4 + 16 * r; });
 }
 
 int64_t MaskedWeight::bytes() const {

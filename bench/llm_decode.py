@@ -31,7 +31,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_streaming import Logits  # noqa: E402  (the model without a cache: what calibration feeds)
+from timing import times_ms  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -138,14 +141,6 @@ def prepare(a):
     # The model without a cache, for calibration: lopper prunes it by Wanda.
     prefill = os.path.join(d, "prefill.onnx")
     if not os.path.exists(prefill):
-        class Logits(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, input_ids):
-                return self.m(input_ids=input_ids, use_cache=False).logits
-
         ids = torch.randint(1, cfg["vocab_size"], (2, 16))
         with torch.no_grad():
             torch.onnx.export(Logits(model).eval(), (ids,), prefill, dynamo=True, external_data=True,
@@ -224,14 +219,7 @@ def worker_torch_bf16(layers, past, threads, warmup, iters):
 
 
 def times(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    t = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        t.append((time.perf_counter() - t0) * 1000)
-    t.sort()
+    t = times_ms(fn, warmup, iters)
     return {"median_ms": statistics.median(t), "p10_ms": t[len(t) // 10],
             "p90_ms": t[min(len(t) - 1, len(t) * 9 // 10)]}
 

@@ -64,6 +64,21 @@ def log(msg):
     print(f"[llm-streaming] {msg}", file=sys.stderr, flush=True)
 
 
+def Logits(m):  # noqa: N802  (a module class, made on first use: torch is imported late)
+    """A causal LM as input_ids -> logits, no KV cache: what calibration feeds."""
+    import torch
+
+    class _Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids):
+            return self.m(input_ids=input_ids, use_cache=False).logits
+
+    return _Logits(m)
+
+
 def prepare(layers, cache_root):
     """The model (ONNX with external data, and a save_pretrained folder), cached."""
     import torch
@@ -81,14 +96,6 @@ def prepare(layers, cache_root):
     n = sum(p.numel() for p in model.parameters())
     log(f"exporting a {n / 1e9:.2f}B-parameter LLaMA to {d} (once; minutes)")
     model.save_pretrained(hf_dir)
-
-    class Logits(torch.nn.Module):  # input_ids only, no KV cache: what calibration feeds
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids):
-            return self.m(input_ids=input_ids, use_cache=False).logits
 
     ids = torch.randint(1, cfg["vocab_size"], (2, 16))
     batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=2, max=2048)

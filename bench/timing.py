@@ -3,8 +3,8 @@ import statistics
 import time
 
 
-def median_ms(fn, warmup, iters):
-    """The median wall time of `fn()` in milliseconds over `iters` runs after `warmup` runs."""
+def times_ms(fn, warmup, iters):
+    """The wall times of `fn()` in milliseconds, sorted, over `iters` runs after `warmup` runs."""
     for _ in range(warmup):
         fn()
     times = []
@@ -12,4 +12,9 @@ def median_ms(fn, warmup, iters):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return sorted(times)
+
+
+def median_ms(fn, warmup, iters):
+    """The median wall time of `fn()` in milliseconds over `iters` runs after `warmup` runs."""
+    return statistics.median(times_ms(fn, warmup, iters))

@@ -363,9 +363,12 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
   view_.mask = mask_.data();
   view_.off = off_.data();
   view_.val = view_.bf16 ? static_cast<const void*>(val16_.data()) : val_.data();
-  // Rows split by their values plus a fixed cost each (the reduction and the epilogue).
-  bounds_ = split_by_cost(n, at::get_num_threads(),
-                          [&](int64_t r) { return off_[size_t(r)] + chunks * r / 4 + 16 * r; });
+}
+
+std::vector<int64_t> MaskedWeight::split_rows(int64_t parts) const {
+  // A row costs its values plus a fixed part (its masks, the reduction and the epilogue).
+  return split_by_cost(view_.n, parts,
+                       [&](int64_t r) { return off_[size_t(r)] + view_.chunks * r / 4 + 16 * r; });
 }
 
 int64_t MaskedWeight::bytes() const {
@@ -387,10 +390,12 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
     const Epilogue e = epilogue(act, bias_);
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
     float* yp = y.data_ptr<float>();
-    const int64_t parts = static_cast<int64_t>(bounds_.size()) - 1;
+    // NOTE: split per call: the thread count may change after packing.
+    const std::vector<int64_t> bounds = split_rows(at::get_num_threads());
+    const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
     at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
       for (int64_t q = begin; q < end; ++q)
-        ops.masked_bf16(view_, bounds_[size_t(q)], bounds_[size_t(q + 1)], xp, view_.k, m, yp,
+        ops.masked_bf16(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp,
                         view_.n, e);
     });
     return y.to(at::kBFloat16);
@@ -401,11 +406,12 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
     const Epilogue e = epilogue(act, bias_);
     const float* xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    const int64_t parts = static_cast<int64_t>(bounds_.size()) - 1;
+    // NOTE: split per call: the thread count may change after packing.
+    const std::vector<int64_t> bounds = split_rows(at::get_num_threads());
+    const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
     at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
       for (int64_t q = begin; q < end; ++q)
-        ops.masked(view_, bounds_[size_t(q)], bounds_[size_t(q + 1)], xp, view_.k, m, yp, view_.n,
-                   e);
+        ops.masked(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp, view_.n, e);
     });
   }
   return x_in.scalar_type() == at::kFloat ? y : y.to(x_in.scalar_type());

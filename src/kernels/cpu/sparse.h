@@ -106,7 +106,9 @@ class MaskedWeight {
   std::vector<float> val_;       // float32 values (+16 readable past the end)
   std::vector<uint16_t> val16_;  // bfloat16 values (+16)
   std::vector<float> bias_;
-  std::vector<int64_t> bounds_;  // row ranges of near-equal value counts, one per thread
+
+  /// Row boundaries splitting the outputs into `parts` of near-equal work.
+  std::vector<int64_t> split_rows(int64_t parts) const;
 };
 
 }  // namespace lopper::kernels::cpu

@@ -12,9 +12,6 @@ namespace lopper {
 
 namespace {
 
-// Python's round (half to even), as PruneAmount counts.
-int64_t round_half_even(double x) { return int64_t(std::nearbyint(x)); }
-
 // The upper Cholesky factor of H^-1 for H + damp * mean(diag H) * I, or undefined when H + damp
 // is not positive definite. H's diagonal is changed and put back; each step frees the one before
 // (a K x K float64 matrix is 254 MB for a 5632-wide input: at most three live at once).
@@ -32,6 +29,11 @@ at::Tensor inverse_factor(at::Tensor& h, double damp) {
 }
 
 }  // namespace
+
+// Python's round (half to even), as PruneAmount counts.
+int64_t sparsegpt_block_count(double amount, int64_t alive) {
+  return int64_t(std::nearbyint(amount * double(alive)));
+}
 
 SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptOptions& o,
                           const std::string& where) {
@@ -82,7 +84,7 @@ SparseGptResult sparsegpt(const at::Tensor& w, at::Tensor gram, const SparseGptO
       // The block's k weights of least (w / [H^-1]_ii)^2, among those not zero already.
       const at::Tensor W1 = W.slice(1, i1, i2);
       const int64_t alive = W1.numel() - dead1.sum().item<int64_t>();
-      const int64_t k = round_half_even(o.amount * double(alive));
+      const int64_t k = sparsegpt_block_count(o.amount, alive);
       if (k > 0) {
         at::Tensor tmp = (W1.square() / d1.square().unsqueeze(0)).masked_fill(dead1, -1);
         const int64_t take = W1.numel() - alive + k;  // the dead ones come first (-1)

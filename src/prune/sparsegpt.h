@@ -24,6 +24,10 @@ struct SparseGptResult {
   double dampening = 0;  // the dampening the factorisation needed (o.dampening or more)
 };
 
+/// How many of a column block's `alive` weights SparseGPT prunes at `amount` (a fraction, rounded
+/// half to even): what the solver removes per block, and what a target counts ahead of it.
+int64_t sparsegpt_block_count(double amount, int64_t alive);
+
 /// Prunes `w` ([rows, cols]: outputs by inputs) given `gram` ([cols, cols], X^T X over the
 /// calibration inputs; worked on in place when the caller moves it in and holds no other
 /// reference). Weights that are zero already stay zero and the amount counts from the

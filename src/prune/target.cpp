@@ -19,6 +19,7 @@
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
 #include "prune/masks.h"
+#include "prune/sparsegpt.h"
 
 namespace lopper {
 namespace {
@@ -111,7 +112,7 @@ ir::Model apply(const ir::Model& model, const TargetOptions& o,
       for (int64_t i = 0; i < rows.size(1); i += o.block_size) {
         const at::Tensor b = rows.slice(1, i, std::min(i + o.block_size, rows.size(1)));
         const at::Tensor alive = b.ne(0);
-        const auto k = int64_t(std::nearbyint(a * double(alive.sum().item<int64_t>())));
+        const int64_t k = sparsegpt_block_count(a, alive.sum().item<int64_t>());
         drop.slice(1, i, i + b.size(1)).copy_(smallest_k({b}, {alive}, k, true)[0]);
       }
     }

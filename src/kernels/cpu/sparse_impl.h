@@ -467,35 +467,55 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
   }
 }
 #elif LOPPER_SPARSE_ISA > 0
-// Per 8-bit mask: where each lane takes its value from among the packed ones.
-struct ExpandTable {
-  int32_t idx[256][8];
+// Per 8-bit mask (8 inputs, a nibble per 128-bit half of the vector): the byte shuffle that moves
+// each half's packed values to their lanes and zeroes the others (index 0x80). float32: each half
+// is loaded from its own first value, so its shuffle picks its values 0..3; bfloat16: the 8 values
+// are in both halves (one broadcast load), the high half's start after the low nibble's count, and
+// each value goes to the high 16 bits of its lane (a bfloat16 widened to float32 for free).
+struct ShuffleTable {
+  uint8_t f32[256][32];
+  uint8_t bf16[256][32];
 };
-constexpr ExpandTable make_expand_table() {
-  ExpandTable t{};
-  for (int m = 0; m < 256; ++m) {
-    int p = 0;
-    for (int j = 0; j < 8; ++j) t.idx[m][j] = (m >> j) & 1 ? p++ : 0;
-  }
+constexpr int popcount_constexpr(int m) { return m ? (m & 1) + popcount_constexpr(m >> 1) : 0; }
+constexpr ShuffleTable make_shuffle_table() {
+  ShuffleTable t{};
+  for (int m = 0; m < 256; ++m)
+    for (int h = 0; h < 2; ++h) {
+      const int nib = (m >> (4 * h)) & 15;
+      int p = 0, q = h ? popcount_constexpr(m & 15) : 0;
+      for (int j = 0; j < 4; ++j) {
+        uint8_t* f = &t.f32[m][16 * h + 4 * j];
+        uint8_t* b = &t.bf16[m][16 * h + 4 * j];
+        const bool kept = (nib >> j) & 1;
+        for (int x = 0; x < 4; ++x) f[x] = kept ? uint8_t(4 * p + x) : uint8_t(0x80);
+        b[0] = b[1] = 0x80;
+        b[2] = kept ? uint8_t(2 * q) : uint8_t(0x80);
+        b[3] = kept ? uint8_t(2 * q + 1) : uint8_t(0x80);
+        p += kept, q += kept;
+      }
+    }
   return t;
 }
-alignas(32) constexpr ExpandTable kExpand = make_expand_table();
+alignas(32) constexpr ShuffleTable kShuffle = make_shuffle_table();
 
+// The 8 weights of inputs [8h, 8h + 8) of a row whose packed values for them start at `at`;
+// `lo` is how many of them the low nibble of m8 keeps.
 template <bool kBf16>
-inline __m256 masked_values(const void* val, int64_t at, uint32_t m8) {
-  __m256 v;
+inline __m256 masked_values(const void* val, int64_t at, uint32_t m8, uint32_t lo) {
+  __m256i v;
   if constexpr (kBf16) {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(val) + at));
-    v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const auto* p = static_cast<const uint16_t*>(val) + at;
+    v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    (void)lo;
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(
+        v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.bf16[m8]))));
   } else {
-    v = _mm256_loadu_ps(static_cast<const float*>(val) + at);
+    const auto* p = static_cast<const float*>(val) + at;
+    v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + lo),
+                            reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(
+        v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.f32[m8]))));
   }
-  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i lanes =
-      _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(m8)), bits), bits);
-  const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[m8]));
-  return _mm256_and_ps(_mm256_permutevar8x32_ps(v, idx), _mm256_castsi256_ps(lanes));
 }
 
 template <int M, int R, bool kBf16, bool kFixed>
@@ -510,22 +530,35 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
     at[i] = w.off[r + i];
     mk[i] = w.mask + (r + i) * w.chunks;
   }
-  const int64_t halves = (w.k + 7) / 8, full = w.k / 8;
-  auto half = [&](int64_t h, bool partial) __attribute__((always_inline)) {
-    __m256 wv[R];
+  // One chunk of 16 inputs: two halves of 8 per row; `n` inputs of x are valid (16: all).
+  auto chunk = [&](int64_t c, int n) __attribute__((always_inline)) {
+    __m256 w0[R], w1[R];
     LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-      const uint32_t m8 = (uint32_t(mk[i][h / 2]) >> ((h & 1) * 8)) & 0xffu;
-      wv[i] = masked_values<kBf16>(w.val, at[i], m8);
-      at[i] += kFixed ? w.fixed / 2 : popcount16(m8);
+      const uint32_t m = mk[i][c], m0 = m & 0xffu, m1 = m >> 8;
+      if constexpr (kFixed) {
+        // 4 of every 8: each nibble holds 2 (2:4) or, for 4:8, a count the table reads itself.
+        const uint32_t lo0 = popcount16(m0 & 15u), lo1 = popcount16(m1 & 15u);
+        w0[i] = masked_values<kBf16>(w.val, at[i], m0, lo0);
+        w1[i] = masked_values<kBf16>(w.val, at[i] + w.fixed / 2, m1, lo1);
+        at[i] += w.fixed;
+      } else {
+        const uint32_t c0 = popcount16(m0);
+        w0[i] = masked_values<kBf16>(w.val, at[i], m0, popcount16(m0 & 15u));
+        w1[i] = masked_values<kBf16>(w.val, at[i] + c0, m1, popcount16(m1 & 15u));
+        at[i] += c0 + popcount16(m1);
+      }
     }
     LOPPER_UNROLL for (int b = 0; b < M; ++b) {
-      const float* xp = x + b * ldx + h * 8;
-      const __m256 xv = partial ? V8::loadm(xp, int(w.k - h * 8)) : _mm256_loadu_ps(xp);
-      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] = _mm256_fmadd_ps(wv[i], xv, acc[i][b]);
+      const float* xp = x + b * ldx + c * 16;
+      const __m256 x0 = n == 16 ? _mm256_loadu_ps(xp) : V8::loadm(xp, n);
+      const __m256 x1 = n == 16 ? _mm256_loadu_ps(xp + 8) : V8::loadm(xp + 8, n - 8);
+      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] =
+          _mm256_fmadd_ps(w1[i], x1, _mm256_fmadd_ps(w0[i], x0, acc[i][b]));
     }
   };
-  for (int64_t h = 0; h < full; ++h) half(h, false);
-  if (full < halves) half(full, true);
+  const int64_t full = w.k / 16;
+  for (int64_t c = 0; c < full; ++c) chunk(c, 16);
+  if (full < w.chunks) chunk(full, int(w.k - full * 16));
   LOPPER_UNROLL for (int i = 0; i < R; ++i) {
     const float bias = e.bias ? e.bias[r + i] : 0.f;
     LOPPER_UNROLL for (int b = 0; b < M; ++b) {

@@ -173,7 +173,7 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   std::mt19937 rng(4321);
   at::Generator gen = at::detail::createCPUGenerator(7);
   auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
-  int checked = 0, fixed = 0;
+  int checked = 0, fixed = 0, pairs = 0;
   for (kc::Isa isa : isas()) {
     std::vector<Case> cases;
     for (int i = 0; i < 60; ++i) {
@@ -187,16 +187,20 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
     for (double s : {0.0, 1.0})
       cases.push_back({33, 19, 1, s, false, false, true, {kc::Activation::kRelu}, 0});
     cases.push_back({130, 97, 16, 0.5, false, true, true, {kc::Activation::kNone}, 0});
-    for (int two_four = 0; two_four < 2; ++two_four)
-      for (int64_t k : {16, 64, 80, 100}) cases.push_back({9, k, 3, -1, false, false, true, {}, 0});
+    // 2:4 (sparsity -1; k = 100, 104, 108: a last chunk of 4, 8, 12 inputs) and 4:8 (-2: 8 of
+    // every 16 inputs, but not 2 of every 4).
+    for (int64_t k : {16, 64, 80, 100, 104, 108})
+      cases.push_back({9, k, 3, -1, false, false, true, {}, 0});
+    for (int64_t k : {16, 64, 80}) cases.push_back({9, k, 1, -2, false, false, true, {}, 0});
     for (const Case& c : cases) {
       for (at::ScalarType wt : {at::kFloat, at::kBFloat16}) {
         for (at::ScalarType xt : {at::kFloat, at::kBFloat16}) {
           at::Tensor w;
-          if (c.sparsity < 0) {  // 2:4: the 2 largest |w| of every 4 inputs
+          if (c.sparsity < 0) {  // N:M: the N largest |w| of every M inputs
+            const int64_t n_of = c.sparsity == -1 ? 2 : 4, m_of = c.sparsity == -1 ? 4 : 8;
             w = at::randn({c.n, c.k}, gen);
-            const at::Tensor g = w.abs().reshape({c.n, -1, 4});
-            const at::Tensor keep = g >= std::get<0>(g.topk(2, -1)).narrow(-1, 1, 1);
+            const at::Tensor g = w.abs().reshape({c.n, -1, m_of});
+            const at::Tensor keep = g >= std::get<0>(g.topk(n_of, -1)).narrow(-1, n_of - 1, 1);
             w = w * keep.reshape({c.n, c.k});
           } else {
             w = make_weight(c, kc::BlockShape{}, gen);
@@ -209,7 +213,9 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
           ASSERT_EQ(mw.nonzeros(), w.count_nonzero().item<int64_t>());
           ASSERT_EQ(mw.bf16(), wt == at::kBFloat16);
           if (c.sparsity < 0 && c.k % 16 == 0) ASSERT_TRUE(mw.fixed());
+          if (c.sparsity < 0) ASSERT_EQ(mw.pairs(), c.sparsity == -1);
           fixed += mw.fixed();
+          pairs += mw.pairs();
           at::Tensor x = at::randn({c.m, c.k}, gen).to(xt);
           at::Tensor y = mw.linear(x, c.act, isa);
           ASSERT_EQ(y.scalar_type(), xt);
@@ -224,6 +230,7 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   }
   EXPECT_GT(checked, 200);
   EXPECT_GT(fixed, 0);
+  EXPECT_GT(pairs, 0);
 }
 
 TEST(SparseKernels, PackingCountsAndRefusals) {

@@ -325,7 +325,8 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
   auto nonzero = [&](int64_t i) {  // not +0 nor -0
     return view_.bf16 ? (w16[i] & 0x7fffu) != 0 : (w32[i] & 0x7fffffffu) != 0;
   };
-  bool eight = true;  // every full chunk holds 4 + 4 values
+  bool eight = true;        // every full chunk holds 4 + 4 values
+  bool pairs = k % 4 == 0;  // every 4 inputs hold 2 values (2:4)
   for (int64_t r = 0; r < n; ++r) {
     int64_t count = 0;
     for (int64_t c = 0; c < chunks; ++c) {
@@ -336,11 +337,14 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
       count += __builtin_popcount(m);
       if (c * 16 + 16 <= k)
         eight &= __builtin_popcount(m & 0xffu) == 4 && __builtin_popcount(m >> 8) == 4;
+      for (int64_t q = 0; q < 4 && c * 16 + q * 4 < k; ++q)
+        pairs &= __builtin_popcount((m >> (4 * q)) & 15u) == 2;
     }
     off_[size_t(r + 1)] = off_[size_t(r)] + count;
   }
   nonzeros_ = off_.back();
   view_.fixed = eight && k >= 16 ? 8 : 0;
+  view_.pairs = pairs && k > 0;
   const size_t stored = size_t(nonzeros_) + 16;  // the kernels load whole vectors
   if (view_.bf16)
     val16_.assign(stored, 0);

@@ -90,6 +90,8 @@ class MaskedWeight {
   int64_t nonzeros() const { return nonzeros_; }
   bool bf16() const { return view_.bf16; }
   bool fixed() const { return view_.fixed > 0; }
+  /// Every 4 inputs keep exactly 2 (2:4).
+  bool pairs() const { return view_.pairs; }
   /// What a product reads of the weight: masks, offsets and values.
   int64_t bytes() const;
 

@@ -467,85 +467,111 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
   }
 }
 #elif LOPPER_SPARSE_ISA > 0
-// Per 8-bit mask (8 inputs, a nibble per 128-bit half of the vector): the byte shuffle that moves
-// each half's packed values to their lanes and zeroes the others (index 0x80). float32: each half
-// is loaded from its own first value, so its shuffle picks its values 0..3; bfloat16: the 8 values
-// are in both halves (one broadcast load), the high half's start after the low nibble's count, and
-// each value goes to the high 16 bits of its lane (a bfloat16 widened to float32 for free).
-struct ShuffleTable {
-  uint8_t f32[256][32];
-  uint8_t bf16[256][32];
-};
+// NOTE: on AVX2 the kernel is bound by instructions, not memory (a 2-core Zen 3 streams the dense
+// weight faster than it can spread the packed one), so each 8 inputs cost a handful: their mask
+// byte read as it is stored, one table entry, one load and one shuffle (a blend for float32).
 constexpr int popcount_constexpr(int m) { return m ? (m & 1) + popcount_constexpr(m >> 1) : 0; }
-constexpr ShuffleTable make_shuffle_table() {
-  ShuffleTable t{};
-  for (int m = 0; m < 256; ++m)
-    for (int h = 0; h < 2; ++h) {
+
+struct ExpandTables {
+  // Any pattern, float32: per 8-bit mask, the packed value each lane takes (low 3 bits, for a
+  // cross-lane permutation) or, sign bit set, zero (for a blend).
+  int8_t perm[256][8];
+  // Any pattern, bfloat16: the 8 packed values in both 128-bit halves (one broadcast load); a byte
+  // shuffle moves each to the high 16 bits of its lane (bfloat16 widened to float32 for free) and
+  // zeroes the others (index 0x80). The high half's values start after the low nibble's count.
+  uint8_t bf16[256][32];
+  // 2:4 (every nibble keeps 2, so 4 values per 8 inputs, in a fixed place): the half's 4 values in
+  // both 128-bit halves; the low one takes values 0-1, the high one 2-3. float32: the 4 values of
+  // the 8 inputs; bfloat16: the 8 values of 16 inputs, [h] for inputs 8h..8h+7.
+  uint8_t f32_24[256][32];
+  uint8_t bf16_24[2][256][32];
+};
+constexpr ExpandTables make_expand_tables() {
+  ExpandTables t{};
+  for (int m = 0; m < 256; ++m) {
+    for (int j = 0, p = 0; j < 8; ++j) t.perm[m][j] = (m >> j) & 1 ? int8_t(p++) : int8_t(-128);
+    for (int h = 0; h < 2; ++h) {  // 128-bit half h: lanes 4h..4h+3, nibble h of m
       const int nib = (m >> (4 * h)) & 15;
-      int p = 0, q = h ? popcount_constexpr(m & 15) : 0;
+      int q = h ? popcount_constexpr(m & 15) : 0, q24 = 2 * h;
       for (int j = 0; j < 4; ++j) {
-        uint8_t* f = &t.f32[m][16 * h + 4 * j];
-        uint8_t* b = &t.bf16[m][16 * h + 4 * j];
         const bool kept = (nib >> j) & 1;
-        for (int x = 0; x < 4; ++x) f[x] = kept ? uint8_t(4 * p + x) : uint8_t(0x80);
+        uint8_t* b = &t.bf16[m][16 * h + 4 * j];
+        uint8_t* f = &t.f32_24[m][16 * h + 4 * j];
         b[0] = b[1] = 0x80;
+        for (int x = 0; x < 4; ++x) f[x] = kept ? uint8_t(4 * q24 + x) : uint8_t(0x80);
+        for (int g = 0; g < 2; ++g) {
+          uint8_t* b24 = &t.bf16_24[g][m][16 * h + 4 * j];
+          b24[0] = b24[1] = 0x80;
+          b24[2] = kept ? uint8_t(2 * (4 * g + q24)) : uint8_t(0x80);
+          b24[3] = kept ? uint8_t(2 * (4 * g + q24) + 1) : uint8_t(0x80);
+        }
         b[2] = kept ? uint8_t(2 * q) : uint8_t(0x80);
         b[3] = kept ? uint8_t(2 * q + 1) : uint8_t(0x80);
-        p += kept, q += kept;
+        q += kept, q24 += kept;
       }
     }
+  }
   return t;
 }
-alignas(32) constexpr ShuffleTable kShuffle = make_shuffle_table();
+alignas(64) constexpr ExpandTables kExpand = make_expand_tables();
 
-// The 8 weights of inputs [8h, 8h + 8) of a row whose packed values for them start at `at`;
-// `lo` is how many of them the low nibble of m8 keeps.
-template <bool kBf16>
-inline __m256 masked_values(const void* val, int64_t at, uint32_t m8, uint32_t lo) {
-  __m256i v;
-  if constexpr (kBf16) {
-    const auto* p = static_cast<const uint16_t*>(val) + at;
-    v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    (void)lo;
-    return _mm256_castsi256_ps(_mm256_shuffle_epi8(
-        v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.bf16[m8]))));
-  } else {
-    const auto* p = static_cast<const float*>(val) + at;
-    v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + lo),
-                            reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_shuffle_epi8(
-        v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.f32[m8]))));
-  }
+inline __m256i table32(const uint8_t (&t)[256][32], uint32_t m8) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(t[m8]));
+}
+inline __m256i broadcast16(const void* p) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i*>(p)));
 }
 
-template <int M, int R, bool kBf16, bool kFixed>
+// The 8 weights of 8 inputs whose mask byte is m8 and whose packed values start at p.
+inline __m256 expand_f32(const float* p, uint32_t m8) {
+  const __m256i idx =
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kExpand.perm[m8])));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(p), idx), _mm256_setzero_ps(),
+                          _mm256_castsi256_ps(idx));
+}
+inline __m256 expand_bf16(const uint16_t* p, uint32_t m8) {
+  return _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.bf16, m8)));
+}
+
+template <int M, int R, bool kBf16, bool k24>
 inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t ldx, float* y,
                          int64_t ldy, const Epilogue& e) {
   __m256 acc[R][M];
   LOPPER_UNROLL for (int i = 0; i < R; ++i) LOPPER_UNROLL for (int b = 0; b < M; ++b) acc[i][b] =
       _mm256_setzero_ps();
   int64_t at[R];
-  const uint16_t* mk[R];
+  const uint8_t* mk[R];  // the masks as bytes: byte 2c + h holds inputs 16c + 8h .. + 7
   LOPPER_UNROLL for (int i = 0; i < R; ++i) {
     at[i] = w.off[r + i];
-    mk[i] = w.mask + (r + i) * w.chunks;
+    mk[i] = reinterpret_cast<const uint8_t*>(w.mask + (r + i) * w.chunks);
   }
+  const auto* v32 = static_cast<const float*>(w.val);
+  const auto* v16 = static_cast<const uint16_t*>(w.val);
   // One chunk of 16 inputs: two halves of 8 per row; `n` inputs of x are valid (16: all).
   auto chunk = [&](int64_t c, int n) __attribute__((always_inline)) {
     __m256 w0[R], w1[R];
     LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-      const uint32_t m = mk[i][c], m0 = m & 0xffu, m1 = m >> 8;
-      if constexpr (kFixed) {
-        // 4 of every 8: each nibble holds 2 (2:4) or, for 4:8, a count the table reads itself.
-        const uint32_t lo0 = popcount16(m0 & 15u), lo1 = popcount16(m1 & 15u);
-        w0[i] = masked_values<kBf16>(w.val, at[i], m0, lo0);
-        w1[i] = masked_values<kBf16>(w.val, at[i] + w.fixed / 2, m1, lo1);
-        at[i] += w.fixed;
+      const uint32_t m0 = mk[i][2 * c], m1 = mk[i][2 * c + 1];
+      if constexpr (k24 && kBf16) {
+        const __m256i v = broadcast16(v16 + at[i] + 8 * c);
+        w0[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[0], m0)));
+        w1[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[1], m1)));
+      } else if constexpr (k24) {
+        const float* p = v32 + at[i] + 8 * c;
+        w0[i] =
+            _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.f32_24, m0)));
+        w1[i] = _mm256_castsi256_ps(
+            _mm256_shuffle_epi8(broadcast16(p + 4), table32(kExpand.f32_24, m1)));
+      } else if constexpr (kBf16) {
+        w0[i] = expand_bf16(v16 + at[i], m0);
+        at[i] += popcount16(m0);
+        w1[i] = expand_bf16(v16 + at[i], m1);
+        at[i] += popcount16(m1);
       } else {
-        const uint32_t c0 = popcount16(m0);
-        w0[i] = masked_values<kBf16>(w.val, at[i], m0, popcount16(m0 & 15u));
-        w1[i] = masked_values<kBf16>(w.val, at[i] + c0, m1, popcount16(m1 & 15u));
-        at[i] += c0 + popcount16(m1);
+        w0[i] = expand_f32(v32 + at[i], m0);
+        at[i] += popcount16(m0);
+        w1[i] = expand_f32(v32 + at[i], m1);
+        at[i] += popcount16(m1);
       }
     }
     LOPPER_UNROLL for (int b = 0; b < M; ++b) {
@@ -627,8 +653,12 @@ void masked_dtype(const MaskView& w, int64_t r0, int64_t r1, const float* x, int
 
 void masked(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx, int64_t rows,
             float* y, int64_t ldy, const Epilogue& e) {
-  // NOTE: a fixed count per chunk must be even (AVX2 works 8 lanes at a time: half each).
-  const bool fixed = w.fixed > 0 && w.fixed % 2 == 0;
+#if LOPPER_SPARSE_ISA == 1
+  // NOTE: AVX2 addresses 2:4 by its nibbles (each keeps 2), not by the count per chunk.
+  const bool fixed = w.pairs;
+#else
+  const bool fixed = w.fixed > 0;
+#endif
   if (w.bf16)
     fixed ? masked_dtype<true, true>(w, r0, r1, x, ldx, rows, y, ldy, e)
           : masked_dtype<true, false>(w, r0, r1, x, ldx, rows, y, ldy, e);

@@ -25,7 +25,9 @@ struct SpView {
 /// chunk c: input 16c + j is kept) and the kept values packed in order, float32 or bfloat16 (the
 /// high half of a float32). Rows start at off[r] values into val; val is readable 16 values past
 /// its end (the kernels load whole vectors). `fixed` > 0: every chunk holds exactly that many
-/// values (2:4 holds 8), so a row's chunk c starts at off[r] + c * fixed.
+/// values (2:4 holds 8), so a row's chunk c starts at off[r] + c * fixed. `pairs`: moreover every
+/// 4 inputs within k hold exactly 2 (2:4), so inputs 8h..8h+7 of chunk c have their 4 values at
+/// off[r] + 8c + 4h.
 struct MaskView {
   int64_t n = 0, k = 0, chunks = 0;  // chunks = ceil(k / 16)
   const uint16_t* mask = nullptr;    // [n][chunks]
@@ -33,6 +35,7 @@ struct MaskView {
   const void* val = nullptr;         // float32, or uint16 bfloat16 when bf16
   bool bf16 = false;
   int fixed = 0;
+  bool pairs = false;
 };
 
 /// Fused output stage: y = act(acc + bias[n]).

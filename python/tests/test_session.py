@@ -99,6 +99,57 @@ def test_gpt2_matches_onnxruntime(fixtures):
     assert_close(got, want)
 
 
+def prune_matmul_weights(model, pattern):
+    """The model with every MatMul weight (an initializer, [inputs, outputs]) pruned by magnitude:
+    half of each output's weights ("50%"), or two of every four consecutive inputs ("2:4")."""
+    import onnx
+    from onnx import numpy_helper
+
+    weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    for t in model.graph.initializer:
+        if t.name not in weights:
+            continue
+        w = numpy_helper.to_array(t).copy()
+        if pattern == "2:4":
+            g = np.abs(w).reshape(w.shape[0] // 4, 4, w.shape[1])
+            keep = np.argsort(g, axis=1)[:, 2:, :]
+            mask = np.zeros_like(g, bool)
+            np.put_along_axis(mask, keep, True, axis=1)
+            w *= mask.reshape(w.shape)
+        else:
+            w[np.abs(w) < np.median(np.abs(w), axis=0, keepdims=True)] = 0
+        t.CopyFrom(numpy_helper.from_array(w, t.name))
+    onnx.checker.check_model(model)
+    return len(weights)
+
+
+@pytest.mark.parametrize("pattern", ["dense", "50%", "2:4"])
+def test_llama_decode_step_matches_onnxruntime(fixtures, tmp_path, monkeypatch, pattern):
+    """One decoding step of a LLaMA with its KV cache as inputs (ids [1, 1], position, past keys
+    and values): the logits and every new key and value as ONNX Runtime's, on the dense step and
+    with its MatMul weights pruned, run there by the bitmask kernel (forced: timing would choose
+    ATen for weights this small)."""
+    import onnx
+
+    src = fixtures / "llama_decode.dynamo.onnx"
+    names = [i.name for i in onnx.load(src).graph.input]
+    feeds = {n: np.load(fixtures / f"llama_decode.input_{i}.npy") for i, n in enumerate(names)}
+    path = src
+    if pattern != "dense":
+        m = onnx.load(src)
+        assert prune_matmul_weights(m, pattern) == 15
+        path = tmp_path / "step.onnx"
+        onnx.save(m, path)
+        monkeypatch.setenv("LOPPER_FORCE_KERNEL", "bitmask,bitmask-8of16")
+        monkeypatch.setenv("LOPPER_KERNEL_CACHE", "off")
+    want = ort_session(path).run(None, feeds)
+    got = lopper.InferenceSession(path, threads=2).run(None, feeds)
+    assert len(got) == len(want) == 5
+    assert got[0].shape == (1, 1, 1000) and got[1].shape == (1, 2, 41, 16)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
+
 def test_bytes_instead_of_a_path(resnet, multi_output_bytes):
     path, sess, x = resnet
     data = path.read_bytes()

@@ -90,6 +90,7 @@ Xfail load_xfail() {
       is >> name;
       std::string reason;
       std::getline(is, reason);
+      reason.erase(0, std::min(reason.size(), reason.find_first_not_of(" \t")));
       EXPECT_FALSE(reason.find_first_not_of(" \t") == std::string::npos)
           << "conformance_xfail.txt: '" << name << "' has no reason";
       if (name.rfind("op:", 0) == 0)

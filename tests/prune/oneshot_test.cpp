@@ -190,7 +190,8 @@ TEST(PruneCalibrated, AConvReadsItsPatches) {
                             .item<double>();
   const at::Tensor v2 = v.reshape({v.size(0), -1}).to(at::kDouble);
   const double via_gram = v2.mm(li.gram).mm(v2.t()).trace().item<double>();
-  EXPECT_NEAR(via_gram, direct, 1e-6 * direct);
+  // float32 Gram sums: the BLAS's summation order differs by CPU (1.6e-6 seen on a Zen 3).
+  EXPECT_NEAR(via_gram, direct, 1e-5 * direct);
   EXPECT_EQ(li.tokens, 4 * 28 * 28);
 }
 

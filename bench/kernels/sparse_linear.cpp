@@ -108,7 +108,8 @@ namespace {
 
 // The decode regime (issue 21): a few rows of x against a weight far larger than the caches,
 // unstructured 50% (random) or 2:4, float32 or bfloat16 weights; dense ATen in the same dtype.
-// Arguments: in, out, batch, sparsity (%; 24: 2:4), bf16 (0/1).
+// Arguments: in, out, batch, sparsity (%; 24: 2:4), bf16 (0/1), tile (the bitmask format's rows
+// per tile: 1, 4, or 0: the active ISA's; dense ignores it).
 at::Tensor decode_weight(int64_t out, int64_t in, int64_t sp) {
   at::manual_seed(7);
   at::Tensor w = at::randn({out, in});
@@ -133,11 +134,12 @@ void BM_DecodeMasked(benchmark::State& state) {
   const auto dt = state.range(4) ? at::kBFloat16 : at::kFloat;
   at::Tensor w = decode_weight(out, in, state.range(3)).to(dt);
   at::Tensor b = at::randn({out}), x = at::randn({batch, in}).to(dt);
-  kc::MaskedWeight mw(w, b);
   const kc::Isa isa = kc::active_isa();
+  kc::MaskedWeight mw(w, b, int(state.range(5)), isa);
+  if (!mw.runs_on(isa)) return state.SkipWithError("this ISA takes a row per tile");
   for (auto _ : state) benchmark::DoNotOptimize(mw.linear(x, {}, isa));
   state.counters["bytes"] = double(mw.bytes());
-  state.SetLabel(std::string(kc::isa_name(isa)) + (mw.fixed() ? " fixed" : ""));
+  state.SetLabel(std::string(kc::isa_name(isa)) + (mw.pairs() ? " 2:4" : ""));
 }
 
 void decode_shapes(benchmark::internal::Benchmark* b) {
@@ -150,8 +152,8 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
                          {16384, 32768}})
     for (int64_t batch : {1, 4, 16})
       for (int64_t sp : {50, 24})
-        for (int64_t bf16 : {0, 1}) b->Args({in, out, batch, sp, bf16});
-  b->ArgNames({"in", "out", "batch", "sparsity", "bf16"})
+        for (int64_t bf16 : {0, 1}) b->Args({in, out, batch, sp, bf16, 0});
+  b->ArgNames({"in", "out", "batch", "sparsity", "bf16", "tile"})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }
@@ -160,6 +162,13 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_DecodeDense)->Apply(decode_shapes);
 BENCHMARK(BM_DecodeMasked)->Apply(decode_shapes);
+// Rows in tiles of 1 and of 4 side by side (AVX2: one stream per 4 rows against four).
+BENCHMARK(BM_DecodeMasked)
+    ->Name("BM_DecodeMaskedTile")
+    ->ArgNames({"in", "out", "batch", "sparsity", "bf16", "tile"})
+    ->ArgsProduct({{2048}, {5632}, {1}, {50, 24}, {0, 1}, {1, 4}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 // On a GPU (registered only where one is): lopper's sparse kernel against cuBLAS for the decode
 // shape, W 8192x8192 bf16, batch 1-16, 90% and 95% zero. Each timed iteration is 20 launches and

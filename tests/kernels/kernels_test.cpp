@@ -168,7 +168,7 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
 // The bitmask format (MaskedWeight) for the decode regime: every ISA x float32 and bfloat16
 // weights x float32 and bfloat16 activations against ATen's dense result, odd sizes (k not a
 // multiple of 16 or 8), 0% and 100%, empty rows and inputs, 2:4 weights (addressed without
-// counting), batches 1 to 33.
+// counting), batches 1 to 33, rows in tiles of 1 and 4 (AVX-512: 1 only, 4 refused).
 TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   std::mt19937 rng(4321);
   at::Generator gen = at::detail::createCPUGenerator(7);
@@ -207,23 +207,32 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
           }
           w = w.to(wt);
           at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
-          kc::MaskedWeight mw(w, bias);
-          SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) +
-                       " masked w=" + c10::toString(wt) + " x=" + c10::toString(xt));
-          ASSERT_EQ(mw.nonzeros(), w.count_nonzero().item<int64_t>());
-          ASSERT_EQ(mw.bf16(), wt == at::kBFloat16);
-          if (c.sparsity < 0 && c.k % 16 == 0) ASSERT_TRUE(mw.fixed());
-          if (c.sparsity < 0) ASSERT_EQ(mw.pairs(), c.sparsity == -1);
-          fixed += mw.fixed();
-          pairs += mw.pairs();
           at::Tensor x = at::randn({c.m, c.k}, gen).to(xt);
-          at::Tensor y = mw.linear(x, c.act, isa);
-          ASSERT_EQ(y.scalar_type(), xt);
           at::Tensor ref = reference(x, w, bias, c.act);
-          ASSERT_EQ(y.sizes(), ref.sizes());
-          // float32 sums; bfloat16 activations come back rounded to bfloat16
-          ASSERT_LT(nmse(y, ref), xt == at::kFloat ? 1e-10 : 1e-4);
-          ++checked;
+          // Rows in tiles of 1 and of 4 (the last tile padded when 4 does not divide n).
+          for (int tile : {1, 4}) {
+            kc::MaskedWeight mw(w, bias, tile);
+            SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) +
+                         " masked tile=" + std::to_string(tile) + " w=" + c10::toString(wt) +
+                         " x=" + c10::toString(xt));
+            ASSERT_EQ(mw.tile(), tile);
+            ASSERT_EQ(mw.nonzeros(), w.count_nonzero().item<int64_t>());
+            ASSERT_EQ(mw.bf16(), wt == at::kBFloat16);
+            if (c.sparsity < 0 && c.k % 16 == 0) ASSERT_TRUE(mw.fixed());
+            if (c.sparsity < 0) ASSERT_EQ(mw.pairs(), c.sparsity == -1);
+            if (!mw.runs_on(isa)) {
+              ASSERT_THROW(mw.linear(x, c.act, isa), lopper::Error);
+              continue;
+            }
+            fixed += mw.fixed();
+            pairs += mw.pairs();
+            at::Tensor y = mw.linear(x, c.act, isa);
+            ASSERT_EQ(y.scalar_type(), xt);
+            ASSERT_EQ(y.sizes(), ref.sizes());
+            // float32 sums; bfloat16 activations come back rounded to bfloat16
+            ASSERT_LT(nmse(y, ref), xt == at::kFloat ? 1e-10 : 1e-4);
+            ++checked;
+          }
         }
       }
     }
@@ -249,6 +258,11 @@ TEST(SparseKernels, PackingCountsAndRefusals) {
   EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}), {1, 4}), lopper::Error);  // k < c
   EXPECT_THROW(kc::SparseWeight(at::zeros({4, 3}, at::kDouble), {1, 1}), lopper::Error);
   EXPECT_THROW(sw.linear(at::zeros({2, 7}), kc::Algo::kRows, {}, kc::Isa::kScalar), lopper::Error);
+  // The bitmask format's tiles: 1 or 4 rows; AVX-512 takes 1 (the default where it is active).
+  EXPECT_THROW(kc::MaskedWeight(at::zeros({4, 16}), {}, 3), lopper::Error);
+  EXPECT_EQ(kc::MaskedWeight(at::zeros({4, 16}), {}, 0, kc::Isa::kAvx512).tile(), 1);
+  EXPECT_EQ(kc::MaskedWeight(at::zeros({4, 16}), {}, 0, kc::Isa::kAvx2).tile(), 4);
+  EXPECT_FALSE(kc::MaskedWeight(at::zeros({4, 16}), {}, 4).runs_on(kc::Isa::kAvx512));
   EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar),
                lopper::Error);
 }

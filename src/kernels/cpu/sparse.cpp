@@ -308,55 +308,78 @@ at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Is
   return y;
 }
 
-MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
+MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int tile, Isa isa) {
   LOPPER_CHECK(
       w_in.dim() == 2 && (w_in.scalar_type() == at::kFloat || w_in.scalar_type() == at::kBFloat16),
       "[kernels] masked weight: w must be 2-D float32 or bfloat16, got ", w_in.scalar_type(), " ",
       w_in.sizes());
+  if (tile == 0) tile = isa == Isa::kAvx512 ? 1 : 4;
+  LOPPER_CHECK(tile == 1 || tile == 4, "[kernels] masked weight: tiles of 1 or 4 rows, not ", tile);
   const at::Tensor w = w_in.to(at::kCPU).contiguous();
-  const int64_t n = w.size(0), k = w.size(1), chunks = ceil_div(k, 16);
-  view_.n = n, view_.k = k, view_.chunks = chunks;
+  const int64_t n = w.size(0), k = w.size(1), chunks = ceil_div(k, 16), tiles = ceil_div(n, tile);
+  view_.n = n, view_.k = k, view_.chunks = chunks, view_.tile = tile;
   view_.bf16 = w.scalar_type() == at::kBFloat16;
-  mask_.assign(size_t(n * chunks), 0);
-  off_.assign(size_t(n + 1), 0);
   // The raw bits: float32, or bfloat16's 16.
   const uint32_t* w32 = view_.bf16 ? nullptr : reinterpret_cast<const uint32_t*>(w.data_ptr());
   const uint16_t* w16 = view_.bf16 ? reinterpret_cast<const uint16_t*>(w.data_ptr()) : nullptr;
   auto nonzero = [&](int64_t i) {  // not +0 nor -0
     return view_.bf16 ? (w16[i] & 0x7fffu) != 0 : (w32[i] & 0x7fffffffu) != 0;
   };
+  // Masks in tile order; rows past n (the last tile's padding) keep none.
+  mask_.assign(size_t(tiles * chunks * tile), 0);
+  auto mask_of = [&](int64_t r, int64_t c) -> uint16_t& {
+    return mask_[size_t(((r / tile) * chunks + c) * tile + r % tile)];
+  };
   bool eight = true;        // every full chunk holds 4 + 4 values
   bool pairs = k % 4 == 0;  // every 4 inputs hold 2 values (2:4)
   for (int64_t r = 0; r < n; ++r) {
-    int64_t count = 0;
     for (int64_t c = 0; c < chunks; ++c) {
       uint32_t m = 0;
       for (int64_t j = c * 16; j < std::min(k, c * 16 + 16); ++j)
         if (nonzero(r * k + j)) m |= 1u << (j - c * 16);
-      mask_[size_t(r * chunks + c)] = static_cast<uint16_t>(m);
-      count += __builtin_popcount(m);
+      mask_of(r, c) = static_cast<uint16_t>(m);
+      nonzeros_ += __builtin_popcount(m);
       if (c * 16 + 16 <= k)
         eight &= __builtin_popcount(m & 0xffu) == 4 && __builtin_popcount(m >> 8) == 4;
       for (int64_t q = 0; q < 4 && c * 16 + q * 4 < k; ++q)
         pairs &= __builtin_popcount((m >> (4 * q)) & 15u) == 2;
     }
-    off_[size_t(r + 1)] = off_[size_t(r)] + count;
   }
-  nonzeros_ = off_.back();
   view_.fixed = eight && k >= 16 ? 8 : 0;
   view_.pairs = pairs && k > 0;
-  const size_t stored = size_t(nonzeros_) + 16;  // the kernels load whole vectors
+  // The last tile's padding rows of a weight addressed without counting hold as many values as
+  // its rows (the last row's pattern, zeros).
+  int64_t padding = 0;
+  if (view_.fixed || view_.pairs) {
+    for (int64_t r = n; r < tiles * tile; ++r)
+      for (int64_t c = 0; c < chunks; ++c) {
+        mask_of(r, c) = mask_of(n - 1, c);
+        padding += __builtin_popcount(mask_of(r, c));
+      }
+  }
+  const size_t stored = size_t(nonzeros_ + padding) + 16;  // the kernels load whole vectors
   if (view_.bf16)
     val16_.assign(stored, 0);
   else
     val_.assign(stored, 0.f);
+  // Values tile by tile, chunk by chunk, row by row.
+  off_.assign(size_t(tiles + 1), 0);
   int64_t at = 0;
-  for (int64_t i = 0; i < n * k; ++i) {
-    if (!nonzero(i)) continue;
-    if (view_.bf16)
-      val16_[size_t(at++)] = w16[i];
-    else
-      std::memcpy(&val_[size_t(at++)], &w32[i], sizeof(float));
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int64_t r = t * tile; r < t * tile + tile; ++r) {
+        for (uint32_t m = mask_of(r, c); m != 0; m &= m - 1) {
+          const int64_t i = r * k + c * 16 + __builtin_ctz(m);
+          if (r >= n)
+            ++at;  // padding: zero
+          else if (view_.bf16)
+            val16_[size_t(at++)] = w16[i];
+          else
+            std::memcpy(&val_[size_t(at++)], &w32[i], sizeof(float));
+        }
+      }
+    }
+    off_[size_t(t + 1)] = at;
   }
   if (bias.defined()) {
     const at::Tensor b = bias.to(at::kCPU, at::kFloat).contiguous();
@@ -370,14 +393,19 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias) {
 }
 
 std::vector<int64_t> MaskedWeight::split_rows(int64_t parts) const {
-  // A row costs its values plus a fixed part (its masks, the reduction and the epilogue).
-  return split_by_cost(view_.n, parts,
-                       [&](int64_t r) { return off_[size_t(r)] + view_.chunks * r / 4 + 16 * r; });
+  // A tile costs its values plus a fixed part per row (its masks, the reduction and the epilogue).
+  const int64_t tile = view_.tile, tiles = static_cast<int64_t>(off_.size()) - 1;
+  std::vector<int64_t> bounds = split_by_cost(tiles, parts, [&](int64_t t) {
+    return off_[size_t(t)] + (view_.chunks / 4 + 16) * t * tile;
+  });
+  for (int64_t& b : bounds) b = std::min(view_.n, b * tile);
+  return bounds;
 }
 
 int64_t MaskedWeight::bytes() const {
+  const int64_t values = off_.back();  // the padding rows' too
   return int64_t(mask_.size() * sizeof(uint16_t) + off_.size() * sizeof(int64_t)) +
-         nonzeros_ * (view_.bf16 ? 2 : 4);
+         values * (view_.bf16 ? 2 : 4);
 }
 
 at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa) const {
@@ -385,6 +413,8 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
                    (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
                "[kernels] masked linear: x must be [m, ", view_.k, "] float32 or bfloat16, got ",
                x_in.scalar_type(), " ", x_in.sizes());
+  LOPPER_CHECK(runs_on(isa), "[kernels] masked linear: ", isa_name(isa),
+               " takes a row per tile, this weight is packed in tiles of ", view_.tile);
   const int64_t m = x_in.size(0);
   at::Tensor y = at::empty({m, view_.n}, x_in.options().dtype(at::kFloat));
   if (m > 0 && view_.n > 0 && view_.bf16 && x_in.scalar_type() == at::kBFloat16 &&

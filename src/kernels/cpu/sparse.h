@@ -79,11 +79,16 @@ class SparseWeight {
 /// A weight packed by bitmask for a few rows of x at a time (the decode regime): per output row one
 /// bit per weight and the kept values, float32 or bfloat16 (as the weight is given), so that at
 /// 50% a float32 weight moves 2.125 bytes per weight instead of 4 (CSR: 4). Rows whose every
-/// chunk of 16 holds 8 values (2:4, 4:8) are addressed without counting.
+/// chunk of 16 holds 8 values (2:4, 4:8) are addressed without counting. Rows are stored in tiles
+/// of 4 (one stream of values for the 4 rows a kernel works at once: the CPU's prefetchers keep up
+/// with it where 4 short streams leave DRAM's bandwidth unused), except for the AVX-512 kernels,
+/// which take a row per tile.
 class MaskedWeight {
  public:
-  /// Packs w [n, k] (float32 or bfloat16, CPU; rows are outputs) and its bias [n] (optional).
-  MaskedWeight(const at::Tensor& w, const at::Tensor& bias = {});
+  /// Packs w [n, k] (float32 or bfloat16, CPU; rows are outputs) and its bias [n] (optional) in
+  /// tiles of `tile` rows (1 or 4; 0: what `isa` takes, 4 unless it is AVX-512).
+  MaskedWeight(const at::Tensor& w, const at::Tensor& bias = {}, int tile = 0,
+               Isa isa = active_isa());
 
   int64_t n() const { return view_.n; }
   int64_t k() const { return view_.k; }
@@ -92,6 +97,9 @@ class MaskedWeight {
   bool fixed() const { return view_.fixed > 0; }
   /// Every 4 inputs keep exactly 2 (2:4).
   bool pairs() const { return view_.pairs; }
+  int tile() const { return view_.tile; }
+  /// Whether `isa`'s kernels take this packing (AVX-512: a row per tile).
+  bool runs_on(Isa isa) const { return view_.tile == 1 || isa != Isa::kAvx512; }
   /// What a product reads of the weight: masks, offsets and values.
   int64_t bytes() const;
 
@@ -109,7 +117,7 @@ class MaskedWeight {
   std::vector<uint16_t> val16_;  // bfloat16 values (+16)
   std::vector<float> bias_;
 
-  /// Row boundaries splitting the outputs into `parts` of near-equal work.
+  /// Row boundaries (whole tiles) splitting the outputs into `parts` of near-equal work.
   std::vector<int64_t> split_rows(int64_t parts) const;
 };
 

@@ -23,15 +23,21 @@ struct SpView {
 
 /// A weight W [n, k] packed by bitmask: per output row, one 16-bit mask per 16 inputs (bit j of
 /// chunk c: input 16c + j is kept) and the kept values packed in order, float32 or bfloat16 (the
-/// high half of a float32). Rows start at off[r] values into val; val is readable 16 values past
-/// its end (the kernels load whole vectors). `fixed` > 0: every chunk holds exactly that many
-/// values (2:4 holds 8), so a row's chunk c starts at off[r] + c * fixed. `pairs`: moreover every
-/// 4 inputs within k hold exactly 2 (2:4), so inputs 8h..8h+7 of chunk c have their 4 values at
-/// off[r] + 8c + 4h.
+/// high half of a float32). Rows are stored in tiles of `tile` rows (1 or 4; the last tile padded
+/// with empty rows): tile t's masks are mask[(t * chunks + c) * tile + i] for its row t * tile + i,
+/// and its values start off[t] values into val, chunk by chunk and, within a chunk, row by row, so
+/// that the rows of a tile are read as one stream. A tile of 1 is a row per tile (off[r]). val is
+/// readable 16 values past its end (the kernels load whole vectors). `fixed` > 0: every full chunk
+/// of every row holds exactly that many values (2:4 holds 8), so with a row per tile, row r's chunk
+/// c starts at off[r] + c * fixed. `pairs`: every 4 inputs within k hold exactly 2 (2:4), so each
+/// row holds half of a chunk's inputs: row i of tile t has chunk c's values at off[t] + 8 * tile *
+/// c + 8 * i (in a last chunk of q inputs: q / 2 * i), those of inputs 8h..8h+7 4h further on.
+/// The last tile's padding rows of a fixed or pairs weight repeat the last row's masks (values 0).
 struct MaskView {
   int64_t n = 0, k = 0, chunks = 0;  // chunks = ceil(k / 16)
-  const uint16_t* mask = nullptr;    // [n][chunks]
-  const int64_t* off = nullptr;      // [n + 1]
+  int tile = 1;                      // rows per tile: 1 or 4
+  const uint16_t* mask = nullptr;    // [ceil(n / tile)][chunks][tile]
+  const int64_t* off = nullptr;      // [ceil(n / tile) + 1]
   const void* val = nullptr;         // float32, or uint16 bfloat16 when bf16
   bool bf16 = false;
   int fixed = 0;
@@ -65,7 +71,8 @@ struct SparseIsaOps {
   void (*dot)(const SpView& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t rows,
               float* y, int64_t ldy, const Epilogue& e);
   /// y[m][r] = act(x[m, :] . W[r, :] + bias[r]) for m < rows (at most 16) and the outputs
-  /// [r0, r1) of a bitmask-packed W; x (float32, rows ldx apart) is read only where W has a value.
+  /// [r0, r1) of a bitmask-packed W (r0 and r1 whole tiles, or r1 = n); x (float32, rows ldx
+  /// apart) is read only where W has a value. The AVX-512 table takes tiles of 1 row only.
   void (*masked)(const MaskView& w, int64_t r0, int64_t r1, const float* x, int64_t ldx,
                  int64_t rows, float* y, int64_t ldy, const Epilogue& e);
   /// As masked, for bfloat16 weights and bfloat16 x (uint16 bits), products summed in float32 by

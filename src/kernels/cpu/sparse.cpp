@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -392,6 +393,25 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
   view_.val = view_.bf16 ? static_cast<const void*>(val16_.data()) : val_.data();
 }
 
+namespace {
+
+// The bitmask kernels' outputs in this many parts per thread, taken by the threads as they go: a
+// product of a few rows of x is short (0.1-2 ms), and a thread that starts late or runs slower (a
+// busy or shared CPU: seen up to 3x on a 2-core VM) leaves its parts to the others instead of
+// holding them all at the end.
+constexpr int64_t kPartsPerThread = 8;
+
+// fn(q) for q in [0, parts), on ATen's threads, each taking the next part when it finishes one.
+template <class F>
+void run_parts(int64_t parts, F&& fn) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(parts, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t q = next++; q < parts; q = next++) fn(q);
+  });
+}
+
+}  // namespace
+
 std::vector<int64_t> MaskedWeight::split_rows(int64_t parts) const {
   // A tile costs its values plus a fixed part per row (its masks, the reduction and the epilogue).
   const int64_t tile = view_.tile, tiles = static_cast<int64_t>(off_.size()) - 1;
@@ -425,12 +445,10 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
     float* yp = y.data_ptr<float>();
     // NOTE: split per call: the thread count may change after packing.
-    const std::vector<int64_t> bounds = split_rows(at::get_num_threads());
-    const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
-    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t q = begin; q < end; ++q)
-        ops.masked_bf16(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp,
-                        view_.n, e);
+    const std::vector<int64_t> bounds = split_rows(kPartsPerThread * at::get_num_threads());
+    run_parts(static_cast<int64_t>(bounds.size()) - 1, [&](int64_t q) {
+      ops.masked_bf16(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp, view_.n,
+                      e);
     });
     return y.to(at::kBFloat16);
   }
@@ -441,11 +459,9 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
     const float* xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     // NOTE: split per call: the thread count may change after packing.
-    const std::vector<int64_t> bounds = split_rows(at::get_num_threads());
-    const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
-    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t q = begin; q < end; ++q)
-        ops.masked(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp, view_.n, e);
+    const std::vector<int64_t> bounds = split_rows(kPartsPerThread * at::get_num_threads());
+    run_parts(static_cast<int64_t>(bounds.size()) - 1, [&](int64_t q) {
+      ops.masked(view_, bounds[size_t(q)], bounds[size_t(q + 1)], xp, view_.k, m, yp, view_.n, e);
     });
   }
   return x_in.scalar_type() == at::kFloat ? y : y.to(x_in.scalar_type());

@@ -538,6 +538,20 @@ inline __m256 expand_bf16(const uint16_t* p, uint32_t m8) {
   return _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.bf16, m8)));
 }
 
+// acc[i][b] += the R rows' weights (w0: inputs 0-7 of the chunk, w1: 8-15) times x's rows b < M
+// at the chunk (ldx floats apart; n of its 16 inputs valid).
+template <int M, int R>
+inline void multiply_chunk(__m256 (&acc)[R][M], const __m256 (&w0)[R], const __m256 (&w1)[R],
+                           const float* x, int64_t ldx, int n) {
+  LOPPER_UNROLL for (int b = 0; b < M; ++b) {
+    const float* xp = x + b * ldx;
+    const __m256 x0 = n == 16 ? _mm256_loadu_ps(xp) : V8::loadm(xp, n);
+    const __m256 x1 = n == 16 ? _mm256_loadu_ps(xp + 8) : V8::loadm(xp + 8, n - 8);
+    LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] =
+        _mm256_fmadd_ps(w1[i], x1, _mm256_fmadd_ps(w0[i], x0, acc[i][b]));
+  }
+}
+
 template <int M, int R, bool kBf16, bool k24>
 inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t ldx, float* y,
                          int64_t ldy, const Epilogue& e) {
@@ -579,13 +593,7 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
         at[i] += popcount16(m1);
       }
     }
-    LOPPER_UNROLL for (int b = 0; b < M; ++b) {
-      const float* xp = x + b * ldx + c * 16;
-      const __m256 x0 = n == 16 ? _mm256_loadu_ps(xp) : V8::loadm(xp, n);
-      const __m256 x1 = n == 16 ? _mm256_loadu_ps(xp + 8) : V8::loadm(xp + 8, n - 8);
-      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] =
-          _mm256_fmadd_ps(w1[i], x1, _mm256_fmadd_ps(w0[i], x0, acc[i][b]));
-    }
+    multiply_chunk<M, R>(acc, w0, w1, x + c * 16, ldx, n);
   };
   const int64_t full = w.k / 16;
   for (int64_t c = 0; c < full; ++c) chunk(c, 16);
@@ -651,13 +659,7 @@ inline void masked_tile(const MaskView& w, int64_t r, const float* x, int64_t ld
         at += popcount16(m1);
       }
     }
-    LOPPER_UNROLL for (int b = 0; b < M; ++b) {
-      const float* xp = x + b * ldx + c * 16;
-      const __m256 x0 = n == 16 ? _mm256_loadu_ps(xp) : V8::loadm(xp, n);
-      const __m256 x1 = n == 16 ? _mm256_loadu_ps(xp + 8) : V8::loadm(xp + 8, n - 8);
-      LOPPER_UNROLL for (int i = 0; i < R; ++i) acc[i][b] =
-          _mm256_fmadd_ps(w1[i], x1, _mm256_fmadd_ps(w0[i], x0, acc[i][b]));
-    }
+    multiply_chunk<M, R>(acc, w0, w1, x + c * 16, ldx, n);
   };
   const int64_t full = w.k / 16;
   for (int64_t c = 0; c < full; ++c) chunk(c, 16);

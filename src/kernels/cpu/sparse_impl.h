@@ -538,6 +538,34 @@ inline __m256 expand_bf16(const uint16_t* p, uint32_t m8) {
   return _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.bf16, m8)));
 }
 
+// One row's 16 weights at a chunk: w0 for inputs 0-7 (mask byte m0), w1 for 8-15 (m1). Counted,
+// the values start at val + at, and at moves past those taken; 2:4, they start at val + at24.
+template <bool kBf16, bool k24>
+inline void spread_chunk(const void* val, int64_t& at, int64_t at24, uint32_t m0, uint32_t m1,
+                         __m256& w0, __m256& w1) {
+  const auto* v32 = static_cast<const float*>(val);
+  const auto* v16 = static_cast<const uint16_t*>(val);
+  if constexpr (k24 && kBf16) {
+    const __m256i v = broadcast16(v16 + at24);
+    w0 = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[0], m0)));
+    w1 = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[1], m1)));
+  } else if constexpr (k24) {
+    const float* p = v32 + at24;
+    w0 = _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.f32_24, m0)));
+    w1 = _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p + 4), table32(kExpand.f32_24, m1)));
+  } else if constexpr (kBf16) {
+    w0 = expand_bf16(v16 + at, m0);
+    at += popcount16(m0);
+    w1 = expand_bf16(v16 + at, m1);
+    at += popcount16(m1);
+  } else {
+    w0 = expand_f32(v32 + at, m0);
+    at += popcount16(m0);
+    w1 = expand_f32(v32 + at, m1);
+    at += popcount16(m1);
+  }
+}
+
 // acc[i][b] += the R rows' weights (w0: inputs 0-7 of the chunk, w1: 8-15) times x's rows b < M
 // at the chunk (ldx floats apart; n of its 16 inputs valid).
 template <int M, int R>
@@ -564,34 +592,12 @@ inline void masked_block(const MaskView& w, int64_t r, const float* x, int64_t l
     at[i] = w.off[r + i];
     mk[i] = reinterpret_cast<const uint8_t*>(w.mask + (r + i) * w.chunks);
   }
-  const auto* v32 = static_cast<const float*>(w.val);
-  const auto* v16 = static_cast<const uint16_t*>(w.val);
   // One chunk of 16 inputs: two halves of 8 per row; `n` inputs of x are valid (16: all).
   auto chunk = [&](int64_t c, int n) __attribute__((always_inline)) {
     __m256 w0[R], w1[R];
     LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-      const uint32_t m0 = mk[i][2 * c], m1 = mk[i][2 * c + 1];
-      if constexpr (k24 && kBf16) {
-        const __m256i v = broadcast16(v16 + at[i] + 8 * c);
-        w0[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[0], m0)));
-        w1[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[1], m1)));
-      } else if constexpr (k24) {
-        const float* p = v32 + at[i] + 8 * c;
-        w0[i] =
-            _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.f32_24, m0)));
-        w1[i] = _mm256_castsi256_ps(
-            _mm256_shuffle_epi8(broadcast16(p + 4), table32(kExpand.f32_24, m1)));
-      } else if constexpr (kBf16) {
-        w0[i] = expand_bf16(v16 + at[i], m0);
-        at[i] += popcount16(m0);
-        w1[i] = expand_bf16(v16 + at[i], m1);
-        at[i] += popcount16(m1);
-      } else {
-        w0[i] = expand_f32(v32 + at[i], m0);
-        at[i] += popcount16(m0);
-        w1[i] = expand_f32(v32 + at[i], m1);
-        at[i] += popcount16(m1);
-      }
+      spread_chunk<kBf16, k24>(w.val, at[i], at[i] + 8 * c, mk[i][2 * c], mk[i][2 * c + 1], w0[i],
+                               w1[i]);
     }
     multiply_chunk<M, R>(acc, w0, w1, x + c * 16, ldx, n);
   };
@@ -621,43 +627,23 @@ inline void masked_tile(const MaskView& w, int64_t r, const float* x, int64_t ld
       _mm256_setzero_ps();
   const int64_t t = r / R;
   const auto* mk = reinterpret_cast<const uint8_t*>(w.mask + t * w.chunks * R);
-  const float* v32 = static_cast<const float*>(w.val) + w.off[t];
-  const uint16_t* v16 = static_cast<const uint16_t*>(w.val) + w.off[t];
-  // Values of the tile read so far (2:4: by position, half of each row's inputs per chunk).
-  int64_t at = 0;
+  // The next value of the tile (2:4: the chunk's first, half of each row's inputs per chunk).
+  int64_t at = w.off[t];
   auto chunk = [&](int64_t c, int n) __attribute__((always_inline)) {
-    if constexpr (k24) at = 32 * c;
+    if constexpr (k24) at = w.off[t] + 32 * c;
     if constexpr (kBf16) {
+      const auto* v16 = static_cast<const uint16_t*>(w.val);
       _mm_prefetch(reinterpret_cast<const char*>(v16 + at) + kTilePrefetchBytes, _MM_HINT_T0);
     } else {
+      const auto* v32 = static_cast<const float*>(w.val);
       const char* p = reinterpret_cast<const char*>(v32 + at) + kTilePrefetchBytes;
       _mm_prefetch(p, _MM_HINT_T0);
       _mm_prefetch(p + 64, _MM_HINT_T0);
     }
     __m256 w0[R], w1[R];
     LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-      const uint32_t m0 = mk[8 * c + 2 * i], m1 = mk[8 * c + 2 * i + 1];
-      if constexpr (k24 && kBf16) {
-        const __m256i v = broadcast16(v16 + at + n / 2 * i);
-        w0[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[0], m0)));
-        w1[i] = _mm256_castsi256_ps(_mm256_shuffle_epi8(v, table32(kExpand.bf16_24[1], m1)));
-      } else if constexpr (k24) {
-        const float* p = v32 + at + n / 2 * i;
-        w0[i] =
-            _mm256_castsi256_ps(_mm256_shuffle_epi8(broadcast16(p), table32(kExpand.f32_24, m0)));
-        w1[i] = _mm256_castsi256_ps(
-            _mm256_shuffle_epi8(broadcast16(p + 4), table32(kExpand.f32_24, m1)));
-      } else if constexpr (kBf16) {
-        w0[i] = expand_bf16(v16 + at, m0);
-        at += popcount16(m0);
-        w1[i] = expand_bf16(v16 + at, m1);
-        at += popcount16(m1);
-      } else {
-        w0[i] = expand_f32(v32 + at, m0);
-        at += popcount16(m0);
-        w1[i] = expand_f32(v32 + at, m1);
-        at += popcount16(m1);
-      }
+      spread_chunk<kBf16, k24>(w.val, at, at + n / 2 * i, mk[8 * c + 2 * i], mk[8 * c + 2 * i + 1],
+                               w0[i], w1[i]);
     }
     multiply_chunk<M, R>(acc, w0, w1, x + c * 16, ldx, n);
   };

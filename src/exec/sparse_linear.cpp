@@ -62,7 +62,7 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
     for (kc::Algo a : algos)
       if (packed->supports(a))
         out.push_back(
-            {(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a), packed, a});
+            {(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a), packed, a, {}});
   }
   return out;
 }

@@ -188,6 +188,10 @@ double to_double(const at::Tensor& t);
 int64_t normalize_axis(const AttrReader& ctx, int64_t axis, int64_t rank);
 /// ONNX TensorProto data type code -> ATen scalar type (fails naming the node).
 at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
+/// Reshape's target for `x`: ONNX's 0 (copy the input's dim, unless `allowzero`) and -1 (inferred)
+/// resolved; fails naming the node when `x` cannot take that shape.
+std::vector<int64_t> reshape_target(const AttrReader& ctx, const at::Tensor& x,
+                                    std::vector<int64_t> shape, bool allowzero);
 /// Product of dims.
 int64_t numel_of(const std::vector<int64_t>& shape);
 /// Fails with "[exec] node 'N' (Op): output [AxB] needs 4.0 TB, more than this machine's memory

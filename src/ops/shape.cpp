@@ -90,29 +90,7 @@ void reshape(OpContext& c) {
   const at::Tensor& x = c.input(0);
   std::vector<int64_t> shape = c.opset() >= 5 ? to_int_vector(c.input(1)) : c.attr_ints("shape");
   bool allowzero = c.opset() >= 14 && c.attr_int("allowzero", 0) != 0;
-  int64_t infer = -1, known = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0 && !allowzero) {
-      c.check(static_cast<int64_t>(i) < x.dim(), "shape ", dims_str(shape), " copies dim ", i,
-              " of a rank-", x.dim(), " input");
-      shape[i] = x.size(static_cast<int64_t>(i));
-    }
-    if (shape[i] == -1) {
-      c.check(infer < 0, "shape ", dims_str(shape), " has more than one -1");
-      infer = static_cast<int64_t>(i);
-      continue;
-    }
-    c.check(shape[i] >= 0, "shape ", dims_str(shape), " has a negative dim");
-    known *= shape[i];
-  }
-  if (infer >= 0) {
-    c.check(known != 0 && x.numel() % known == 0, "cannot reshape ", dims_str(sizes_of(x)), " to ",
-            dims_str(shape));
-    shape[infer] = x.numel() / known;
-  }
-  c.check(numel_of(shape) == x.numel(), "cannot reshape ", dims_str(sizes_of(x)), " to ",
-          dims_str(shape));
-  c.set_output(0, x.reshape(shape));
+  c.set_output(0, x.reshape(reshape_target(c, x, std::move(shape), allowzero)));
 }
 
 void flatten(OpContext& c) {
@@ -554,6 +532,33 @@ void shape_channels(ChannelContext& c) {
 }
 
 }  // namespace
+
+std::vector<int64_t> reshape_target(const AttrReader& c, const at::Tensor& x,
+                                    std::vector<int64_t> shape, bool allowzero) {
+  int64_t infer = -1, known = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0 && !allowzero) {
+      c.check(static_cast<int64_t>(i) < x.dim(), "shape ", dims_str(shape), " copies dim ", i,
+              " of a rank-", x.dim(), " input");
+      shape[i] = x.size(static_cast<int64_t>(i));
+    }
+    if (shape[i] == -1) {
+      c.check(infer < 0, "shape ", dims_str(shape), " has more than one -1");
+      infer = static_cast<int64_t>(i);
+      continue;
+    }
+    c.check(shape[i] >= 0, "shape ", dims_str(shape), " has a negative dim");
+    known *= shape[i];
+  }
+  if (infer >= 0) {
+    c.check(known != 0 && x.numel() % known == 0, "cannot reshape ", dims_str(sizes_of(x)), " to ",
+            dims_str(shape));
+    shape[infer] = x.numel() / known;
+  }
+  c.check(numel_of(shape) == x.numel(), "cannot reshape ", dims_str(sizes_of(x)), " to ",
+          dims_str(shape));
+  return shape;
+}
 
 void register_shape(OpTable& t) {
   t.add({"", "Shape", shape_op});

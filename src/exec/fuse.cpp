@@ -352,6 +352,53 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     uses.build(g, removed);
   }
 
+  // 5. Grouped-query attention's key/value head repeat read by a MatMul:
+  //    MatMul(A, [Transpose perm 0,1,3,2](Reshape(Expand(..), shape))) ->
+  //    GroupedMatMul(A, Expand's output, shape), which skips the copy the Reshape makes of the
+  //    repeated heads (checked at run time; otherwise it does what the nodes did).
+  uses.build(g, removed);
+  index();
+  auto made_by = [&](const std::string& v, const char* op) -> std::optional<size_t> {
+    auto it = producer.find(v);
+    if (it == producer.end() || !is(g.nodes[it->second], op)) return std::nullopt;
+    return it->second;
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& mm = g.nodes[i];
+    if (removed[i] || !is(mm, "MatMul") || mm.inputs.size() != 2 || outputs_used(mm) != 1 ||
+        opset < 5)
+      continue;
+    std::string b = mm.inputs[1];
+    std::vector<size_t> absorbed;
+    bool trans_b = false;
+    if (auto t = made_by(b, "Transpose"); t && uses.single(b)) {
+      const auto* perm = find_attr(g.nodes[*t], "perm");
+      if (!perm || perm->ints != std::vector<int64_t>{0, 1, 3, 2}) continue;
+      trans_b = true;
+      absorbed.push_back(*t);
+      b = g.nodes[*t].inputs[0];
+    }
+    auto r = made_by(b, "Reshape");
+    if (!r || !uses.single(b) || g.nodes[*r].inputs.size() != 2 ||
+        !made_by(g.nodes[*r].inputs[0], "Expand"))
+      continue;
+    const ir::Node& reshape = g.nodes[*r];
+    absorbed.push_back(*r);
+    std::vector<ir::Attribute> attrs;
+    ir::Attribute tb;
+    tb.name = "transB";
+    tb.type = ir::AttrType::kInt;
+    tb.i = trans_b;
+    attrs.push_back(tb);
+    if (const auto* az = find_attr(reshape, "allowzero"); az && opset >= 14) attrs.push_back(*az);
+    mm.domain = "ai.lopper";
+    mm.op_type = "GroupedMatMul";
+    mm.inputs = {mm.inputs[0], reshape.inputs[0], reshape.inputs[1]};
+    mm.attrs = attrs;
+    for (size_t k : absorbed) removed[k] = true;
+    uses.build(g, removed);
+  }
+
   std::vector<ir::Node> kept;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (!removed[i]) kept.push_back(std::move(g.nodes[i]));

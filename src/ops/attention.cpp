@@ -1,4 +1,5 @@
-// Transformer-fused ops: Attention (grouped heads, KV cache, masks, softcap) and RotaryEmbedding.
+// Transformer-fused ops: Attention (grouped heads, KV cache, masks, softcap), RotaryEmbedding, and
+// lopper's GroupedMatMul (grouped-query attention's products without the key/value repeat).
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -211,11 +212,45 @@ void rotary_embedding(OpContext& c) {
   c.set_output(0, y);
 }
 
+// GroupedMatMul = A @ Reshape(E, shape), or A @ Reshape(E, shape)^T with transB = 1 (lopper's own
+// op, made by the executor's fusion pass from grouped-query attention's key/value head repeat:
+// Unsqueeze -> Expand -> Reshape [-> Transpose] -> MatMul). When E [b, kv, rep, S, d] repeats
+// each key/value head rep times (axis 2 of stride 0, as Expand leaves it) and the reshape merges
+// kv and rep, the rep query heads of a group share one product with their key/value head: A
+// viewed as [b, kv, rep * s, k] times E[:, :, 0], without the [b, kv * rep, S, d] copy the
+// reshape makes. Otherwise it computes what the nodes it replaced did.
+void grouped_matmul(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& e = c.input(1);
+  const bool trans_b = c.attr_int("transB", 0) != 0;
+  std::vector<int64_t> shape =
+      reshape_target(c, e, to_int_vector(c.input(2)), c.attr_int("allowzero", 0) != 0);
+  const bool repeat = a.dim() == 4 && e.dim() == 5 && e.stride(2) == 0 && shape.size() == 4 &&
+                      shape[0] == e.size(0) && shape[1] == e.size(1) * e.size(2) &&
+                      shape[2] == e.size(3) && shape[3] == e.size(4) && a.size(0) == e.size(0) &&
+                      a.size(1) == shape[1];
+  at::Tensor b = repeat ? e.select(2, 0) : e.reshape(shape);
+  if (trans_b) b = b.transpose(-1, -2);
+  c.check(a.dim() >= 1 && a.size(-1) == b.size(-2), "inner dimensions differ: ", a.size(-1),
+          " vs ", b.size(-2));
+  if (!repeat) return c.set_output(0, at::matmul(a, b));
+  const int64_t batch = a.size(0), kv = e.size(1), rep = e.size(2), s = a.size(2);
+  at::Tensor y = at::matmul(a.reshape({batch, kv, rep * s, a.size(3)}), b);
+  c.set_output(0, y.view({batch, kv * rep, s, y.size(-1)}));
+}
+
+// Every output element is one dot product over A's last axis.
+int64_t grouped_matmul_macs(const MacContext& m) {
+  if (m.in_shapes.empty() || m.in_shapes[0].empty() || m.out_shapes.empty()) return 0;
+  return numel_of(m.out_shapes[0]) * m.in_shapes[0].back();
+}
+
 }  // namespace
 
 void register_attention(OpTable& t) {
   t.add({"", "Attention", attention, attention_macs});
   t.add({"", "RotaryEmbedding", rotary_embedding});
+  t.add({"ai.lopper", "GroupedMatMul", grouped_matmul, grouped_matmul_macs});
 }
 
 }  // namespace lopper::ops

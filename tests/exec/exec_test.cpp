@@ -73,6 +73,39 @@ ir::Model fusable_model() {
   return m;
 }
 
+// Grouped-query attention as transformers exports it: q [1, 8, s, 4] against a key/value cache of
+// 2 heads [1, 2, S, 4], each repeated 4 times (Unsqueeze -> Expand -> Reshape), keys transposed.
+// `expand` and `merge` are the Expand and Reshape targets.
+ir::Model grouped_attention_model(std::vector<int64_t> expand, std::vector<int64_t> merge) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  auto input = [&](const char* n) {
+    g.inputs.push_back({n, {ir::DType::kFloat, false, {}, "", ""}, ""});
+  };
+  input("q");
+  input("k");
+  input("v");
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  g.initializers.push_back({"axis2", at::tensor({int64_t{2}}), "", false});
+  g.initializers.push_back({"expand", at::tensor(expand), "", false});
+  g.initializers.push_back({"merge", at::tensor(merge), "", false});
+  g.nodes = {
+      node("Unsqueeze", {"k", "axis2"}, {"k5"}),
+      node("Expand", {"k5", "expand"}, {"ke"}),
+      node("Reshape", {"ke", "merge"}, {"kr"}),
+      node("Transpose", {"kr"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})}),
+      node("MatMul", {"q", "kt"}, {"scores"}),
+      node("Softmax", {"scores"}, {"p"}),
+      node("Unsqueeze", {"v", "axis2"}, {"v5"}),
+      node("Expand", {"v5", "expand"}, {"ve"}),
+      node("Reshape", {"ve", "merge"}, {"vr"}),
+      node("MatMul", {"p", "vr"}, {"y"}),
+  };
+  return m;
+}
+
 }  // namespace
 
 TEST(Exec, FusionRewritesAndKeepsOutputs) {
@@ -112,6 +145,55 @@ TEST(Exec, FusionLeavesSharedValuesAlone) {
   auto oa = a.run({{"x", x}}), ob = b.run({{"x", x}});
   ASSERT_EQ(oa.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_LE(test::relative_max_diff(ob[i], oa[i]), 1e-5);
+}
+
+TEST(Exec, FusionGroupsQueryHeadsWithoutRepeatingKeysAndValues) {
+  struct Case {
+    std::vector<int64_t> expand, merge, q;
+  };
+  // Heads repeated (the grouped path, s = 1 and 3); a repeat of 1 and a reshape that does not
+  // merge the heads (both computed as the nodes did).
+  const Case cases[] = {{{1, 2, 4, 5, 4}, {1, 8, 5, 4}, {1, 8, 1, 4}},
+                        {{1, 2, 4, 5, 4}, {0, 8, -1, 4}, {1, 8, 3, 4}},
+                        {{1, 2, 1, 5, 4}, {1, 2, 5, 4}, {1, 2, 3, 4}},
+                        {{1, 2, 4, 5, 4}, {1, 2, 20, 4}, {1, 2, 3, 4}}};
+  for (const auto& tc : cases) {
+    ir::Model m = grouped_attention_model(tc.expand, tc.merge);
+    ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+    std::map<std::string, int> ops;
+    for (const auto& n : fused.nodes) ops[n.domain + ":" + n.op_type]++;
+    EXPECT_EQ(ops["ai.lopper:GroupedMatMul"], 2);
+    EXPECT_EQ(ops[":Reshape"] + ops[":Transpose"] + ops[":MatMul"], 0);
+    NamedTensors feeds = {{"q", at::randn(tc.q)}, {"k", at::randn({1, 2, 5, 4})},
+                          {"v", at::randn({1, 2, 5, 4})}};
+    ExecOptions plain;
+    plain.fuse = false;
+    at::Tensor want = Executor(m, plain).run(feeds)[0], got = Executor(m).run(feeds)[0];
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LE(test::relative_max_diff(got, want), 1e-5);
+  }
+  // A repeated key read by another node as well stays a Reshape of its own.
+  ir::Model m = grouped_attention_model({1, 2, 4, 5, 4}, {1, 8, 5, 4});
+  m.graph.outputs.push_back({"kr", {}, ""});
+  int grouped = 0;
+  for (const auto& n : exec::fuse_for_inference(m.graph, 17).nodes)
+    grouped += n.op_type == "GroupedMatMul";
+  EXPECT_EQ(grouped, 1);
+  // Shapes that do not multiply fail naming the node, as the MatMul did.
+  ir::Model bad = grouped_attention_model({1, 2, 4, 5, 4}, {1, 8, 5, 4});
+  EXPECT_THROW(
+      {
+        try {
+          Executor(bad).run({{"q", at::randn({1, 8, 1, 3})},
+                             {"k", at::randn({1, 2, 5, 4})},
+                             {"v", at::randn({1, 2, 5, 4})}});
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("inner dimensions differ"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 TEST(Exec, GradientsMatchPyTorch) {

@@ -231,8 +231,8 @@ void grouped_matmul(OpContext& c) {
                       a.size(1) == shape[1];
   at::Tensor b = repeat ? e.select(2, 0) : e.reshape(shape);
   if (trans_b) b = b.transpose(-1, -2);
-  c.check(a.dim() >= 1 && a.size(-1) == b.size(-2), "inner dimensions differ: ", a.size(-1),
-          " vs ", b.size(-2));
+  c.check(a.dim() >= 1 && a.size(-1) == b.size(-2), "inner dimensions differ: ", a.size(-1), " vs ",
+          b.size(-2));
   if (!repeat) return c.set_output(0, at::matmul(a, b));
   const int64_t batch = a.size(0), kv = e.size(1), rep = e.size(2), s = a.size(2);
   at::Tensor y = at::matmul(a.reshape({batch, kv, rep * s, a.size(3)}), b);

@@ -164,8 +164,8 @@ TEST(Exec, FusionGroupsQueryHeadsWithoutRepeatingKeysAndValues) {
     for (const auto& n : fused.nodes) ops[n.domain + ":" + n.op_type]++;
     EXPECT_EQ(ops["ai.lopper:GroupedMatMul"], 2);
     EXPECT_EQ(ops[":Reshape"] + ops[":Transpose"] + ops[":MatMul"], 0);
-    NamedTensors feeds = {{"q", at::randn(tc.q)}, {"k", at::randn({1, 2, 5, 4})},
-                          {"v", at::randn({1, 2, 5, 4})}};
+    NamedTensors feeds = {
+        {"q", at::randn(tc.q)}, {"k", at::randn({1, 2, 5, 4})}, {"v", at::randn({1, 2, 5, 4})}};
     ExecOptions plain;
     plain.fuse = false;
     at::Tensor want = Executor(m, plain).run(feeds)[0], got = Executor(m).run(feeds)[0];

@@ -61,8 +61,10 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
     auto packed = std::make_shared<const kc::SparseWeight>(w, b, bias);
     for (kc::Algo a : algos)
       if (packed->supports(a))
-        out.push_back(
-            {(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a), packed, a, {}});
+        out.push_back({(csr ? std::string("csr") : "bcsr" + b.str()) + "-" + kc::algo_name(a),
+                       packed,
+                       a,
+                       {}});
   }
   return out;
 }

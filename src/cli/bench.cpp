@@ -63,6 +63,14 @@ void print_explain(const Executor& exec) {
   }
 }
 
+// Per-node times (the "node (Op)" label -> ms), slowest first.
+std::vector<std::pair<double, std::string>> slowest_first(const std::map<std::string, double>& t) {
+  std::vector<std::pair<double, std::string>> nodes;
+  for (const auto& [n, ms] : t) nodes.emplace_back(ms, n);
+  std::sort(nodes.rbegin(), nodes.rend());
+  return nodes;
+}
+
 }  // namespace
 
 Action add_bench(CLI::App& app) {
@@ -168,6 +176,10 @@ Action add_bench(CLI::App& app) {
                        {"ms_per_run", v.first / o->iters},
                        {"calls_per_run", v.second / o->iters}});
         j["profile"] = p;
+        nlohmann::json per = nlohmann::json::array();
+        for (const auto& [t, n] : slowest_first(per_node))
+          per.push_back({{"node", n}, {"ms_per_run", t / o->iters}});
+        j["profile_nodes"] = per;
       }
       if (o->explain) j["kernels"] = explain_json(exec);
       std::cout << j.dump(2) << "\n";
@@ -183,9 +195,7 @@ Action add_bench(CLI::App& app) {
         for (const auto& [op, v] : ops)
           std::cout << fmt::format("{:<28} {:>10.3f} {:>8}\n", op, v.first / o->iters,
                                    v.second / o->iters);
-        std::vector<std::pair<double, std::string>> nodes;
-        for (const auto& [n, t] : per_node) nodes.emplace_back(t, n);
-        std::sort(nodes.rbegin(), nodes.rend());
+        auto nodes = slowest_first(per_node);
         std::cout << fmt::format("\n{:<60} {:>10}\n", "slowest nodes", "ms/run");
         for (size_t i = 0; i < nodes.size() && i < 15; ++i)
           std::cout << fmt::format("{:<60} {:>10.3f}\n", nodes[i].second.substr(0, 60),

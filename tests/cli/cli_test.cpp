@@ -142,6 +142,19 @@ TEST(Cli, BenchReportsLatency) {
   auto bf16 =
       lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 2 --warmup 0 --precision bf16");
   EXPECT_EQ(bf16.code, 0) << bf16.err;
+  // --profile: time per op type and per node, every node of the run once.
+  r = lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 3 --warmup 1 --profile --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  int64_t calls = 0;
+  for (const auto& op : j["profile"]) calls += op["calls_per_run"].get<int64_t>();
+  ASSERT_GT(calls, 0);
+  EXPECT_EQ(static_cast<int64_t>(j["profile_nodes"].size()), calls);
+  double slowest = j["profile_nodes"][0]["ms_per_run"].get<double>();
+  for (const auto& n : j["profile_nodes"]) {
+    EXPECT_LE(n["ms_per_run"].get<double>(), slowest);
+    EXPECT_NE(n["node"].get<std::string>().find(" ("), std::string::npos);
+  }
 }
 
 // --explain names every weighted layer's choice and candidates; the second load takes the choices

@@ -63,7 +63,8 @@ struct KernelDecision {
   double sparsity = 0;  // fraction of the weight's values that are zero
   std::string chosen;
   std::vector<std::pair<std::string, double>> timings;  // candidate -> best time (ms)
-  bool cached = false;               // true: taken from the cache (timings as measured then)
+  bool cached = false;  // true: taken from the cache (timings as measured then)
+  bool cold = false;    // timed with the weights out of the caches (the model's outgrow them)
   std::vector<std::string> refused;  // candidates that could not run here, each with why
 };
 

@@ -36,6 +36,7 @@ nlohmann::json explain_json(const Executor& exec) {
                       {"sparsity", d.sparsity},
                       {"chosen", d.chosen},
                       {"cached", d.cached},
+                      {"cold", d.cold},
                       {"ms", t},
                       {"refused", d.refused}});
   }
@@ -44,12 +45,16 @@ nlohmann::json explain_json(const Executor& exec) {
 
 void print_explain(const Executor& exec) {
   auto decisions = exec.kernel_decisions();
-  int64_t cached = 0;
-  for (const auto& d : decisions) cached += d.cached;
+  int64_t cached = 0, cold = 0;
+  for (const auto& d : decisions) {
+    cached += d.cached;
+    cold += d.cold;
+  }
   std::cout << fmt::format(
       "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-      "* = chosen, ms = best of up to 5 rounds on the layer's input)\n",
-      kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size());
+      "* = chosen, ms = best of up to 5 rounds on the layer's input{})\n",
+      kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size(),
+      cold ? ", weights read from memory: the model's outgrow the last-level cache" : "");
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
                            "sparsity", "chosen", "candidates");
   for (const auto& d : decisions) {

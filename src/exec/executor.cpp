@@ -245,6 +245,7 @@ struct Executor::Impl {
   NamedTensors params;
   std::unique_ptr<ir::Graph> fused;  // the rewritten top graph (inference), else null
   std::vector<KernelDecision> decisions;
+  bool weights_exceed_cache = false;  // the top graph's constants outgrow the last-level cache
 
   Impl(const ir::Model& m, ExecOptions o) : model(m), opts(std::move(o)) {
     opts.autograd = opts.autograd || opts.training;
@@ -324,6 +325,13 @@ struct Executor::Impl {
       for (auto& v : p.constants)
         if (v.defined() && v.scalar_type() == at::kFloat) v = v.to(opts.precision);
     plan_releases(p);
+    if (top) {
+      int64_t bytes = 0;
+      for (const auto& v : p.constants)
+        if (v.defined()) bytes += static_cast<int64_t>(v.nbytes());
+      const int64_t llc = last_level_cache_bytes();
+      weights_exceed_cache = llc > 0 && bytes > llc;
+    }
   }
 
   // Runs, once, every node whose inputs are all constant; its outputs become constants.
@@ -388,6 +396,7 @@ struct Executor::Impl {
     ctx.decisions_ = &decisions;
     ctx.grad_mode_ = opts.autograd;
     ctx.prepack_ = opts.prepack;
+    ctx.weights_exceed_cache_ = weights_exceed_cache;
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
     };

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "util/files.h"
+#include "util/memory.h"
 
 namespace lopper::ops {
 namespace {
@@ -121,11 +124,30 @@ class ChoiceCache {
   nlohmann::json data_ = nlohmann::json::object();
 };
 
+// Reads a buffer twice the size of the last-level cache, so that what a kernel reads next comes
+// from memory, as it does in a model whose weights outgrow the cache.
+void evict_caches() {
+  static const std::vector<int64_t> buffer(
+      std::max<int64_t>(last_level_cache_bytes(), int64_t{1} << 20) * 2 / sizeof(int64_t), 1);
+  constexpr int64_t kLine = 64 / sizeof(int64_t);  // one read per cache line
+  std::atomic<int64_t> sink{0};
+  at::parallel_for(0, static_cast<int64_t>(buffer.size()) / kLine, 1 << 14,
+                   [&](int64_t begin, int64_t end) {
+                     int64_t sum = 0;
+                     for (int64_t i = begin; i < end; ++i) sum += buffer[i * kLine];
+                     sink += sum;
+                   });
+  static std::atomic<int64_t> keep{0};  // the reads have an effect the compiler must keep
+  keep += sink.load();
+}
+
 // Best time of each candidate over rounds that visit every candidate in turn, after a warm-up of
-// each: a burst of noise from elsewhere on the machine then hits all candidates alike.
+// each: a burst of noise from elsewhere on the machine then hits all candidates alike. `cold`:
+// the caches are emptied before each timed run (the model's weights outgrow them).
 // NOTE: layers whose candidates take long together get fewer rounds, so that the first run of a
 // big model at a big batch stays a few times a normal run.
-std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, bool gpu) {
+std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, bool gpu,
+                                     bool cold) {
   // On a GPU a run only queues work: wait for it, or the times say nothing.
   auto run = [gpu](const KernelCandidate& k) {
     k.run();
@@ -139,6 +161,7 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, 
   std::vector<double> best(cands.size(), 1e30);
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < cands.size(); ++i) {
+      if (cold) evict_caches();
       auto t0 = std::chrono::steady_clock::now();
       run(cands[i]);
       best[i] = std::min(
@@ -174,6 +197,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   d.node = c.node().label();
   d.op = c.node().op_type;
   d.weight_shape = weight.sizes().vec();
+  d.cold = !input.is_cuda() && c.weights_exceed_cache();
   d.input_shape = input.sizes().vec();
   at::Tensor w = weight.to(at::kCPU).contiguous();  // hashed below
   const int64_t numel = w.numel();
@@ -199,7 +223,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +
                           std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
                           shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
-                          "|" + names;
+                          "|" + names + (d.cold ? "|cold" : "");
   if (const std::optional<nlohmann::json> hit = ChoiceCache::get().find(machine, key)) {
     const std::string chosen = hit->value("kernel", "");
     for (size_t i = 0; i < cands.size(); ++i)
@@ -211,7 +235,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
           d.timings.emplace_back(k.name, (*hit)["ms"][k.name].get<double>());
   }
   if (best == cands.size()) {
-    std::vector<double> t = time_round_robin(cands, input.is_cuda());
+    std::vector<double> t = time_round_robin(cands, input.is_cuda(), d.cold);
     nlohmann::json ms = nlohmann::json::object();
     best = 0;
     for (size_t i = 0; i < cands.size(); ++i) {

@@ -71,6 +71,9 @@ class OpContext : public AttrReader {
   /// (ExecOptions::prepack, for one-off passes over big models).
   bool prepack() const { return !grad_mode_ && prepack_; }
   const at::Device& device() const { return device_; }
+  /// True when the model's weights do not fit in the CPU's last-level cache: each layer's weights
+  /// then come from memory at every run, and kernels are timed that way (kernel_choice.h).
+  bool weights_exceed_cache() const { return weights_exceed_cache_; }
 
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].defined(); }
@@ -113,6 +116,7 @@ class OpContext : public AttrReader {
   SubgraphRunner subgraph_runner_;
   bool grad_mode_ = false;
   bool prepack_ = true;
+  bool weights_exceed_cache_ = false;
 
  private:
   int64_t opset_;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 
 namespace lopper {
 
@@ -18,6 +19,31 @@ int64_t memory_bytes() {
     int64_t limit = 0;
     if (f >> limit && limit > 0 && (n == 0 || limit < n)) n = limit;
     return n;
+  }();
+  return bytes;
+}
+
+int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    // Linux lists CPU 0's caches as index0, index1, ...; the highest level that holds data wins.
+    int best_level = 0;
+    int64_t size = 0;
+    for (int i = 0; i < 16; ++i) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+      std::ifstream level_f(dir + "/level"), type_f(dir + "/type"), size_f(dir + "/size");
+      int level = 0;
+      std::string type, text;
+      if (!(level_f >> level) || !(type_f >> type) || !(size_f >> text)) break;
+      if (type == "Instruction" || level < best_level || text.empty()) continue;
+      int64_t n = std::atoll(text.c_str());
+      const char unit = text.back();
+      n *= unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : unit == 'G' ? 1024 * 1024 * 1024 : 1;
+      if (n > 0) {
+        best_level = level;
+        size = n;
+      }
+    }
+    return size;
   }();
   return bytes;
 }

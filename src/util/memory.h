@@ -25,6 +25,8 @@ class OutOfMemory : public std::bad_alloc {
 
 /// This machine's memory in bytes: physical memory, or the cgroup's limit when lower; 0 if unknown.
 int64_t memory_bytes();
+/// The size of CPU 0's last-level cache in bytes (Linux's sysfs); 0 if unknown.
+int64_t last_level_cache_bytes();
 /// Bytes in decimal units, two significant digits: "512 B", "4.0 TB", "24 GB".
 std::string human_bytes(double bytes);
 /// Bytes a tensor of `shape` with `elem_size`-byte elements needs, as a double (a product of

@@ -11,6 +11,7 @@
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "test_models.h"
+#include "util/memory.h"
 #include "util/npy.h"
 
 namespace fs = std::filesystem;
@@ -374,6 +375,37 @@ TEST(Exec, FewAndManyRowsChooseApart) {
     apart += r.size() == 2;
   }
   EXPECT_GE(apart, 8);
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
+// Kernels are timed with the weights out of the caches when the model's weights outgrow the
+// last-level cache (a decoding LLM: each layer's weights come from memory at every step), in the
+// cache otherwise; the decision says which.
+TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
+  const int64_t llc = last_level_cache_bytes();
+  if (llc <= 0 || llc > (int64_t{64} << 20))
+    GTEST_SKIP() << "last-level cache " << llc << " bytes: a bigger model than a test should load";
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  for (const int64_t bytes : {llc / 4, llc + (int64_t{4} << 20)}) {
+    const int64_t n = bytes / (4 * 1024);
+    ir::Model m;
+    m.ir_version = 8;
+    m.opset_import = {{"", 17}};
+    m.graph.inputs.push_back({"x", {ir::DType::kFloat, false, {{1, ""}, {1024, ""}}, "", ""}, ""});
+    m.graph.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+    at::Tensor w = at::randn({1024, n});
+    m.graph.initializers.push_back({"w", w * (at::rand({1024, n}) > 0.5), "", false});
+    m.graph.nodes = {node("MatMul", {"x", "w"}, {"y"})};
+    Executor exec(m);
+    at::Tensor x = at::randn({1, 1024});
+    EXPECT_LE(test::relative_max_diff(exec.run({{"x", x}})[0],
+                                      at::matmul(x, m.graph.initializers[0].value)),
+              1e-4);
+    ASSERT_EQ(exec.kernel_decisions().size(), 1u);
+    const KernelDecision& d = exec.kernel_decisions()[0];
+    EXPECT_GE(d.timings.size(), 2u);
+    EXPECT_EQ(d.cold, bytes > llc) << bytes << " bytes of weights, " << llc << " of cache";
+  }
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 

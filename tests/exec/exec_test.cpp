@@ -197,6 +197,58 @@ TEST(Exec, FusionGroupsQueryHeadsWithoutRepeatingKeysAndValues) {
       Error);
 }
 
+// RMSNorm as PyTorch exports LLaMA's (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul), and its
+// Div forms, become one RMSNormalization with the same outputs; a mean over another axis, or one
+// that drops the axis, stays as it is.
+TEST(Exec, FusionWritesRMSNormAsOneOp) {
+  enum Form { kReciprocal, kDivOne, kDivX, kOtherAxis, kNoKeepdims };
+  for (Form form : {kReciprocal, kDivOne, kDivX, kOtherAxis, kNoKeepdims}) {
+    ir::Model m;
+    m.ir_version = 8;
+    m.opset_import = {{"", 18}};
+    ir::Graph& g = m.graph;
+    g.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
+    g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+    auto init = [&](const std::string& n, at::Tensor t) {
+      g.initializers.push_back({n, t, "", false});
+    };
+    init("two", at::scalar_tensor(2.0f));
+    init("one", at::scalar_tensor(1.0f));
+    init("eps", at::scalar_tensor(1e-5f));
+    init("axes", at::tensor({int64_t{form == kOtherAxis ? 1 : -1}}));
+    init("gamma", at::rand({6}) + 0.5);
+    std::vector<ir::Attribute> mean_attrs;
+    if (form == kNoKeepdims) mean_attrs.push_back(int_attr("keepdims", 0));
+    g.nodes = {node("Pow", {"x", "two"}, {"sq"}),
+               node("ReduceMean", {"sq", "axes"}, {"ms"}, mean_attrs),
+               node("Add", {"ms", "eps"}, {"v"}), node("Sqrt", {"v"}, {"rt"})};
+    if (form == kDivX) {
+      g.nodes.push_back(node("Div", {"x", "rt"}, {"n"}));
+    } else {
+      g.nodes.push_back(form == kDivOne ? node("Div", {"one", "rt"}, {"r"})
+                                        : node("Reciprocal", {"rt"}, {"r"}));
+      g.nodes.push_back(node("Mul", {"r", "x"}, {"n"}));
+    }
+    g.nodes.push_back(node("Mul", {"gamma", "n"}, {"y"}));
+    const bool fuses = form == kReciprocal || form == kDivOne || form == kDivX;
+    ir::Graph fused = exec::fuse_for_inference(g, 18);
+    EXPECT_EQ(fused.nodes.size(), fuses ? 1u : g.nodes.size()) << form;
+    if (fuses) EXPECT_EQ(fused.nodes[0].op_type, "RMSNormalization");
+    // (Without keepdims the mean's [rows] broadcasts against x only when rows == 6.)
+    const std::vector<std::vector<int64_t>> shapes =
+        form == kNoKeepdims ? std::vector<std::vector<int64_t>>{{6, 6}}
+                            : std::vector<std::vector<int64_t>>{{3, 6}, {2, 6, 6}};
+    for (const auto& shape : shapes) {
+      at::Tensor x = at::randn(shape) * 3;
+      ExecOptions plain;
+      plain.fuse = false;
+      at::Tensor want = Executor(m, plain).run({{"x", x}})[0], got = Executor(m).run({{"x", x}})[0];
+      ASSERT_EQ(got.sizes(), want.sizes());
+      EXPECT_LE(test::relative_max_diff(got, want), 1e-6) << form;
+    }
+  }
+}
+
 TEST(Exec, GradientsMatchPyTorch) {
   for (const char* stem : {"mlp.ts", "mlp.dynamo", "small_cnn.preserve"}) {
     std::string name = std::string(stem).substr(0, std::string(stem).find('.'));

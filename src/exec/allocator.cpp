@@ -16,7 +16,7 @@ namespace lopper::exec {
 namespace {
 
 constexpr size_t kAlignment = 64;                    // what ATen's own CPU allocator guarantees
-constexpr size_t kMinCached = size_t(1) << 20;       // smaller blocks: malloc is fine
+constexpr size_t kMinCached = size_t(64) << 10;      // smaller blocks: malloc is fine
 constexpr size_t kMaxCachedTotal = size_t(4) << 30;  // never hold more than this unused
 
 class CachingCpuAllocator final : public c10::Allocator {

@@ -201,7 +201,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   d.input_shape = input.sizes().vec();
   at::Tensor w = weight.to(at::kCPU).contiguous();  // hashed below
   const int64_t numel = w.numel();
-  d.sparsity = numel ? 1.0 - double(w.count_nonzero().item<int64_t>()) / double(numel) : 0.0;
+  d.sparsity = numel ? 1.0 - double(kernels::cpu::count_nonzero(w)) / double(numel) : 0.0;
 
   if (cands.size() == 1) {  // nothing to choose: no timing, no cache entry
     d.chosen = cands[0].name;

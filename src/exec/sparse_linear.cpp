@@ -30,7 +30,7 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
                                                std::vector<kc::Algo> algos, int64_t rows) {
   std::vector<SparseCandidate> out;
   if (sparse_disabled() || w_in.dim() != 2 || w_in.numel() == 0) return out;
-  const int64_t nonzeros = w_in.count_nonzero().item<int64_t>();
+  const int64_t nonzeros = kc::count_nonzero(w_in.contiguous());
   const double density = double(nonzeros) / double(w_in.numel());
   // The bitmask format moves 1/8 byte per weight plus the kept values: it can win up to a higher
   // density than CSR (its indices cost as much as the values).
@@ -42,6 +42,15 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
         {masked->fixed() ? "bitmask-8of16" : "bitmask", nullptr, kc::Algo::kRows, masked});
   }
   if (w_in.scalar_type() != at::kFloat || density > kMaxDensity) return out;
+  // Every block format stores at least the nonzeros (4 bytes each) and an index per block of r*c:
+  // when that alone outweighs the bitmask format for the largest block, the rule below offers
+  // none, so none is packed (packing each to count its blocks took a third of a 50% LLaMA's load).
+  int64_t largest = 1;
+  for (const kc::BlockShape& b : kc::kernel_block_shapes())
+    largest = std::max<int64_t>(largest, b.r * b.c);
+  if (masked_bytes > 0 && density >= kMinBytesRuleDensity &&
+      nonzeros * 4 + nonzeros / largest * 4 > masked_bytes)
+    return out;
   at::Tensor w = w_in.contiguous();
   if (algos.empty()) algos = {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot};
   for (const kc::BlockShape& b : kc::kernel_block_shapes()) {

@@ -6,6 +6,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "kernels/cpu/sparse.h"
@@ -265,6 +266,14 @@ TEST(SparseKernels, PackingCountsAndRefusals) {
   EXPECT_FALSE(kc::MaskedWeight(at::zeros({4, 16}), {}, 4).runs_on(kc::Isa::kAvx512));
   EXPECT_THROW(sw.linear(at::zeros({2, 8}), kc::Algo::kGather, {}, kc::Isa::kScalar),
                lopper::Error);
+  // Nonzeros counted as ATen counts them: -0 is zero, NaN and denormals are not; float32 and
+  // bfloat16 by lopper's count (odd sizes, across the threads' parts), others by ATen.
+  at::Tensor v = at::randn({999919}) * (at::rand({999919}) > 0.3);
+  v[0] = -0.0f;
+  v[1] = std::numeric_limits<float>::quiet_NaN();
+  v[2] = std::numeric_limits<float>::denorm_min();
+  for (const at::Tensor& t : {v, v.to(at::kBFloat16), v.to(at::kDouble), v.view({1009, -1}).t()})
+    EXPECT_EQ(kc::count_nonzero(t), t.count_nonzero().item<int64_t>()) << t.scalar_type();
 }
 
 // lopper's own CUDA kernel: the packing (runs anywhere: CSR with 16-bit column indices, indices

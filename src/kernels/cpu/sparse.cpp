@@ -155,6 +155,25 @@ const char* algo_name(Algo a) {
   return "?";
 }
 
+int64_t count_nonzero(const at::Tensor& w) {
+  const bool f32 = w.scalar_type() == at::kFloat, bf16 = w.scalar_type() == at::kBFloat16;
+  if (!w.device().is_cpu() || !w.is_contiguous() || (!f32 && !bf16))
+    return w.count_nonzero().item<int64_t>();
+  std::atomic<int64_t> total{0};
+  at::parallel_for(0, w.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    int64_t n = 0;
+    if (f32) {
+      const auto* p = static_cast<const uint32_t*>(w.data_ptr());
+      for (int64_t i = begin; i < end; ++i) n += (p[i] & 0x7fffffffu) != 0;
+    } else {
+      const auto* p = static_cast<const uint16_t*>(w.data_ptr());
+      for (int64_t i = begin; i < end; ++i) n += (p[i] & 0x7fffu) != 0;
+    }
+    total += n;
+  });
+  return total.load();
+}
+
 int64_t stored_values(const at::Tensor& w2, BlockShape b) {
   at::Tensor w = w2.to(at::kFloat).contiguous();
   if (w.size(1) < b.c) return std::numeric_limits<int64_t>::max();
@@ -175,7 +194,7 @@ SparseWeight::SparseWeight(const at::Tensor& w_in, BlockShape b, const at::Tenso
   n_ = w.size(0), k_ = w.size(1);
   LOPPER_CHECK(k_ >= b.c, "[kernels] blocks of ", b.str(), " need at least ", b.c, " inputs");
   const float* p = w.data_ptr<float>();
-  nonzeros_ = w.count_nonzero().item<int64_t>();
+  nonzeros_ = cpu::count_nonzero(w);
   ptr_.push_back(0);
   for_each_block(p, n_, k_, b, [&](int64_t br, int64_t k0, int64_t start) {
     if (k0 < 0) {

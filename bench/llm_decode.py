@@ -163,8 +163,9 @@ def prepare(a):
         import onnx
         from onnx import numpy_helper
 
-        # The exporter stores a Linear's weight under its own name, transposed ([in, out]) or
-        # not; the report names each weight's PyTorch parameter.
+        # The exporter stores a Linear's weight under its own name: a MatMul's is [in, out], the
+        # parameter's transpose (square ones too: their shape cannot tell); the report names
+        # each weight's PyTorch parameter and its op.
         m = onnx.load(pruned, load_external_data=True)
         weights = {t.name: t for t in m.graph.initializer}
         with open(pruned + ".report.json") as fh:
@@ -177,7 +178,10 @@ def prepare(a):
                 name = layer["param"][2:] if layer["param"].startswith("m.") else layer["param"]
                 w = torch.from_numpy(numpy_helper.to_array(weights[layer["weight"]]).copy())
                 p = params[name]
-                p.copy_(w if w.shape == p.shape else w.t())
+                if layer["op"] == "MatMul" or w.shape != p.shape:
+                    w = w.t()
+                assert w.shape == p.shape, f"{layer['weight']} {tuple(w.shape)} for {name}"
+                p.copy_(w)
                 moved += 1
         assert moved == 7 * a.layers + 1, f"{moved} Linear weights found in {pruned}"
         del m, weights

@@ -42,6 +42,13 @@ ir::Attribute make_attr(const std::string& name, const std::string& s) {
   a.s = s;
   return a;
 }
+ir::Attribute int_attr(const std::string& name, int64_t i) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kInt;
+  a.i = i;
+  return a;
+}
 ir::Attribute make_attr(const std::string& name, float f) {
   ir::Attribute a;
   a.name = name;
@@ -341,13 +348,7 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     mm.inputs = {mm.inputs[0], mm.inputs[1], bias};
     mm.outputs = {out};
     mm.attrs = act;
-    if (trans_b) {
-      ir::Attribute tb;
-      tb.name = "transB";
-      tb.type = ir::AttrType::kInt;
-      tb.i = 1;
-      mm.attrs.push_back(tb);
-    }
+    if (trans_b) mm.attrs.push_back(int_attr("transB", 1));
     for (size_t r : absorbed) removed[r] = true;
     uses.build(g, removed);
   }
@@ -384,12 +385,7 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
       continue;
     const ir::Node& reshape = g.nodes[*r];
     absorbed.push_back(*r);
-    std::vector<ir::Attribute> attrs;
-    ir::Attribute tb;
-    tb.name = "transB";
-    tb.type = ir::AttrType::kInt;
-    tb.i = trans_b;
-    attrs.push_back(tb);
+    std::vector<ir::Attribute> attrs{int_attr("transB", trans_b)};
     if (const auto* az = find_attr(reshape, "allowzero"); az && opset >= 14) attrs.push_back(*az);
     mm.domain = "ai.lopper";
     mm.op_type = "GroupedMatMul";
@@ -463,13 +459,9 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     const auto* gt = gamma.empty() ? nullptr : g.find_initializer(gamma);
     if (!gt || gt->value.dim() != 1 || !gt->value.is_floating_point()) continue;
     ir::Node& out = g.nodes[*scaled];
-    ir::Attribute axis;
-    axis.name = "axis";
-    axis.type = ir::AttrType::kInt;
-    axis.i = -1;
     out.op_type = "RMSNormalization";
     out.inputs = {x, gamma};
-    out.attrs = {axis, make_attr("epsilon", *eps)};
+    out.attrs = {int_attr("axis", -1), make_attr("epsilon", *eps)};
     for (size_t k : absorbed) removed[k] = true;
     uses.build(g, removed);
   }

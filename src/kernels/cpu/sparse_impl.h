@@ -8,113 +8,15 @@
 #include <type_traits>
 
 #include "kernels/cpu/sparse_isa.h"
-
-#if LOPPER_SPARSE_ISA > 0
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/vec_impl.h"
 
 // NOTE: GCC 12's own AVX-512 headers (gathers, reductions) start from deliberately undefined
 // vectors and trip this warning.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#define LOPPER_UNROLL _Pragma("GCC unroll 16")
-
 namespace lopper::kernels::cpu {
 namespace {
-
-// --- Vector types ------------------------------------------------------------------------------
-
-struct Scalar {
-  using V = float;
-  static constexpr int W = 1;
-  static V zero() { return 0.f; }
-  static V set1(float a) { return a; }
-  static V load(const float* p) { return *p; }
-  static V loadm(const float* p, int n) { return n > 0 ? *p : 0.f; }
-  static void store(float* p, V v) { *p = v; }
-  static void storem(float* p, V v, int n) {
-    if (n > 0) *p = v;
-  }
-  static V fma(V a, V b, V c) { return a * b + c; }
-  static V add(V a, V b) { return a + b; }
-  static V mul(V a, V b) { return a * b; }
-  static V max(V a, V b) { return a > b ? a : b; }
-  static V min(V a, V b) { return a < b ? a : b; }
-};
-
-#if LOPPER_SPARSE_ISA > 0
-struct V4 {  // 4 floats (SSE registers, FMA3)
-  using V = __m128;
-  static constexpr int W = 4;
-  static V zero() { return _mm_setzero_ps(); }
-  static V set1(float a) { return _mm_set1_ps(a); }
-  static V load(const float* p) { return _mm_loadu_ps(p); }
-  static void store(float* p, V v) { _mm_storeu_ps(p, v); }
-  static V fma(V a, V b, V c) { return _mm_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm_mul_ps(a, b); }
-  static V max(V a, V b) { return _mm_max_ps(a, b); }
-  static V min(V a, V b) { return _mm_min_ps(a, b); }
-};
-
-struct V8 {  // 8 floats (AVX2 + FMA3)
-  using V = __m256;
-  static constexpr int W = 8;
-  static __m256i lanes(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float a) { return _mm256_set1_ps(a); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V max(V a, V b) { return _mm256_max_ps(a, b); }
-  static V min(V a, V b) { return _mm256_min_ps(a, b); }
-};
-#endif
-
-#if LOPPER_SPARSE_ISA > 1
-struct V16 {  // 16 floats (AVX-512F)
-  using V = __m512;
-  static constexpr int W = 16;
-  static __mmask16 lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float a) { return _mm512_set1_ps(a); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static V min(V a, V b) { return _mm512_min_ps(a, b); }
-};
-using Wide = V16;  // the widest vector: columns of `cols`
-#elif LOPPER_SPARSE_ISA > 0
-using Wide = V8;
-#else
-using Wide = Scalar;
-#endif
-
-template <class T>
-inline typename T::V activate(typename T::V v, const Epilogue& e) {
-  switch (e.act) {
-    case Epilogue::kRelu:
-      return T::max(v, T::zero());
-    case Epilogue::kClip:
-      return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
-    case Epilogue::kLeaky:
-      return T::add(T::max(v, T::zero()), T::mul(T::set1(e.alpha), T::min(v, T::zero())));
-    default:
-      return v;
-  }
-}
 
 // --- cols: yt = W . xt, vectorised along the columns -------------------------------------------
 //

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/epilogue.h"
+
 namespace lopper::kernels::cpu {
 
 /// A packed sparse weight W [n, k] in block-CSR: block rows of `r` outputs, blocks of r x c
@@ -42,14 +44,6 @@ struct MaskView {
   bool bf16 = false;
   int fixed = 0;
   bool pairs = false;
-};
-
-/// Fused output stage: y = act(acc + bias[n]).
-struct Epilogue {
-  enum Act : int { kNone = 0, kRelu = 1, kClip = 2, kLeaky = 3 };
-  const float* bias = nullptr;  // [n] or null
-  int act = kNone;
-  float lo = 0, hi = 0, alpha = 0;  // kClip bounds, kLeaky slope
 };
 
 struct SparseIsaOps {

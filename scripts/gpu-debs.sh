@@ -10,7 +10,7 @@ pkgs=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libyaml-cpp0.7
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo zlib1g-dev
-  libgloo-dev dataset-fashion-mnist
+  libgloo-dev dataset-fashion-mnist libjs-chart.js
 )
 mkdir -p .gpu-debs
 cd .gpu-debs

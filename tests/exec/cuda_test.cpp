@@ -1,0 +1,116 @@
+// The executor on a GPU: every fixture model (tests/fixtures/make_models.py: PyTorch's own outputs
+// recorded beside it) runs on CUDA in fp32 and bf16 and agrees with PyTorch's CPU outputs;
+// inference under autograd (what training runs) gives the same outputs as inference mode. Skips
+// without a GPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lopper/executor.h"
+#include "lopper/onnx_io.h"
+#include "test_util.h"
+#include "util/npy.h"
+
+namespace fs = std::filesystem;
+using namespace lopper;
+
+namespace {
+
+struct Case {
+  ir::Model model;
+  NamedTensors feeds;
+  std::vector<at::Tensor> want;
+};
+
+Case load_case(const std::string& stem) {
+  const std::string name = stem.substr(0, stem.find('.'));
+  const fs::path dir = test::fixtures_dir();
+  std::ifstream meta(dir / (stem + ".json"));
+  Case c;
+  if (!meta.good()) return c;
+  auto j = nlohmann::json::parse(meta);
+  c.model = onnx::load_model((dir / (stem + ".onnx")).string());
+  auto names = j["inputs"].get<std::vector<std::string>>();
+  for (size_t i = 0; i < names.size(); ++i) {
+    bool declared = false;
+    for (const auto& v : c.model.graph.inputs) declared |= v.name == names[i];
+    if (declared)
+      c.feeds.emplace_back(
+          names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
+  }
+  for (int k = 0; k < j["outputs"].get<int>(); ++k)
+    c.want.push_back(load_npy((dir / (name + ".expected_" + std::to_string(k) + ".npy")).string()));
+  return c;
+}
+
+// The models that exercise the GPU's op coverage: convolutions with BatchNorm kept and folded,
+// depthwise, concat, attention, LayerNorm, GELU, embeddings, int64 shape arithmetic.
+const char* const kModels[] = {"mlp.ts",         "small_cnn.ts",    "small_cnn.preserve",
+                               "resnet18.ts",    "resnet18.dynamo", "mobilenet_v2.ts",
+                               "densenet121.ts", "vit_b_16.ts",     "bert.ts",
+                               "gpt2.ts",        "gpt2.dynamo"};
+
+TEST(ExecutorCuda, FixturesMatchPyTorchInFp32AndBf16) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  int ran = 0;
+  for (const char* stem : kModels) {
+    Case c = load_case(stem);
+    if (c.want.empty()) continue;  // not exported on this machine (make_models.py --only)
+    for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
+      ExecOptions o;
+      o.device = "cuda";
+      o.precision = precision;
+      Executor exec(c.model, o);
+      auto outs = exec.run(c.feeds);
+      outs = exec.run(c.feeds);  // the second run uses the kernels the first one chose
+      ASSERT_GE(outs.size(), c.want.size()) << stem;
+      for (size_t k = 0; k < c.want.size(); ++k) {
+        ASSERT_EQ(outs[k].device().type(), at::kCUDA) << stem;
+        ASSERT_EQ(outs[k].sizes(), c.want[k].sizes()) << stem << " output " << k;
+        const double rel = test::relative_max_diff(outs[k].cpu(), c.want[k]);
+        // fp32: cuDNN's convolutions take TF32 by ATen's default (10-bit mantissas, fp32 sums);
+        // bf16: 8-bit mantissas through the whole depth of the model.
+        const double tol = precision == at::kFloat ? 1e-2 : 1.5e-1;
+        std::cout << "[cuda] " << stem << " " << at::toString(precision) << " output " << k
+                  << ": max|diff|/max|ref| = " << rel << "\n";
+        EXPECT_LE(rel, tol) << stem << " " << at::toString(precision) << " output " << k;
+      }
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0) << "no fixture model found in " << test::fixtures_dir();
+}
+
+TEST(ExecutorCuda, AutogradForwardMatchesInference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  Case c = load_case("small_cnn.preserve");
+  if (c.want.empty()) GTEST_SKIP() << "no small_cnn.preserve fixture";
+  ExecOptions infer;
+  infer.device = "cuda";
+  ExecOptions grad = infer;
+  grad.autograd = true;
+  Executor a(c.model, infer), b(c.model, grad);
+  auto ya = a.run(c.feeds);
+  auto yb = b.run(c.feeds);
+  ASSERT_EQ(ya.size(), yb.size());
+  for (size_t k = 0; k < ya.size(); ++k) {
+    EXPECT_TRUE(yb[k].requires_grad() || !at::isFloatingType(yb[k].scalar_type()));
+    EXPECT_LE(test::relative_max_diff(ya[k].cpu(), yb[k].detach().cpu()), 1e-2);
+  }
+  // The gradient reaches every float initializer on the GPU.
+  yb[0].to(at::kFloat).square().sum().backward();
+  int with_grad = 0;
+  for (const auto& [name, p] : b.parameters())
+    if (p.requires_grad()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(p.grad().device().type(), at::kCUDA) << name;
+      EXPECT_TRUE(p.grad().isfinite().all().item<bool>()) << name;
+      ++with_grad;
+    }
+  EXPECT_GT(with_grad, 0);
+}
+
+}  // namespace

@@ -42,8 +42,11 @@ at::Tensor hardmax(const at::Tensor& x, int64_t dim) {
 // rounding (ml_dtypes), so bfloat16 rows are summed that way here.
 // NOTE: one pass over contiguous rows, not one tensor op per element (a decoder's attention in
 // bfloat16 summed 257-long rows with 257 ops each: 2 ms a token).
+// On a GPU the sum is ATen's (fp32 accumulation, one rounding): the loop below reads host memory
+// (seen: a segfault on an H100 in BERT's attention in bfloat16).
 at::Tensor sum16(const at::Tensor& e, int64_t dim) {
-  if (e.scalar_type() != at::kBFloat16 || e.size(dim) == 0) return at::sum(e, dim, true);
+  if (e.scalar_type() != at::kBFloat16 || e.size(dim) == 0 || !e.device().is_cpu())
+    return at::sum(e, dim, true);
   const at::Tensor rows = e.movedim(dim, -1).contiguous();
   const int64_t n = rows.size(-1), count = rows.numel() / n;
   at::Tensor out = at::empty({count}, rows.options());

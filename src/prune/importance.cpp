@@ -47,7 +47,7 @@ at::Tensor lamp(const WeightInput& in) {
 at::Tensor wanda(const WeightInput& in) {
   if (!in.input || !in.input->sq_norm.defined() || in.out_axis < 0) return {};
   const at::Tensor w = in.w.to(at::kCPU).movedim(in.out_axis, 0);
-  const at::Tensor norm = in.input->sq_norm.sqrt().to(at::kFloat);
+  const at::Tensor norm = in.input->sq_norm.sqrt().to(at::kCPU, at::kFloat);
   LOPPER_CHECK(norm.numel() * w.size(0) == w.numel(), "[prune] wanda: '", in.name, "' has ",
                w.numel() / std::max<int64_t>(w.size(0), 1), " inputs per output, its layer read ",
                norm.numel());

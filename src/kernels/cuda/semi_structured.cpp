@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAConfig.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include "lopper/error.h"
 
@@ -51,6 +52,16 @@ SemiStructuredWeight::SemiStructuredWeight(SemiBackend backend, const at::Tensor
                "nonzeros in every 4 inputs and inputs a multiple of 64");
   LOPPER_CHECK(semi_compiled(backend), "[cuda] this libtorch was built without ",
                semi_name(backend));
+  if (backend == SemiBackend::kCutlass) {
+    // NOTE: ATen's CUTLASS 2:4 kernels are built for compute capability 8.x alone: on a Hopper
+    // (9.0) the product throws ("Supported only on GPUs with compute capability 8.x", seen on an
+    // H100 with torch 2.11), so the weight is refused here, before any packing.
+    const cudaDeviceProp* p =
+        at::cuda::getDeviceProperties(device.has_index() ? device.index() : c10::DeviceIndex(0));
+    LOPPER_CHECK(p->major == 8, "[cuda] ", semi_name(backend),
+                 ": ATen's CUTLASS 2:4 kernels run on compute capability 8.x only, this GPU is ",
+                 p->major, ".", p->minor);
+  }
   n_ = w.size(0), k_ = w.size(1), n_pad_ = round_up(n_, kRowsAlign);
   at::Tensor wd = at::zeros({n_pad_, k_}, w.options().dtype(dtype).device(device));
   wd.narrow(0, 0, n_).copy_(w.detach());

@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --budget) budget=$2; shift ;;
-    --stages) only=",$2," ;;
+    --stages) only=",$2,"; shift ;;
     *) echo "gpu-check: unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -74,7 +74,9 @@ py=${LOPPER_PYTHON:-$(command -v python3)}
 
 prefix=/tmp/lopper-gpu-prefix
 cmake_extra=()
-if [ -d .gpu-debs ] && ! [ -f /usr/include/google/protobuf/message.h ]; then
+# NOTE: unpacked even where the image has some of them (it has protobuf, zlib, libpng, libjpeg):
+# everything is then found in the prefix first, one consistent set.
+if [ -d .gpu-debs ]; then
   echo "[gpu-check] unpacking $(ls .gpu-debs/*.deb | wc -l) Debian packages into $prefix"
   rm -rf "$prefix" && mkdir -p "$prefix"
   for f in .gpu-debs/*.deb; do dpkg-deb -x "$f" "$prefix"; done
@@ -94,7 +96,9 @@ pyinc=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 python_module=OFF
 [ -f "$pyinc/Python.h" ] && python_module=ON
 targets=(lopper lopper_gpu_tests lopper_kernel_bench)
-[ $python_module = ON ] && targets+=(lopper_python)
+if [ $python_module = ON ] && { [ -z "$only" ] || [[ $only == *",python,"* ]]; }; then
+  targets+=(lopper_python)
+fi
 
 fmnist_dir=/usr/share/datasets/fashion-mnist
 [ -d $fmnist_dir ] || fmnist_dir=$prefix/usr/share/datasets/fashion-mnist
@@ -114,16 +118,20 @@ stage configure 300 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOPPE
 # -k 0: every compile error at once, not the first.
 stage build 900 bash -c "cmake --build $B -j $(nproc) --target ${targets[*]} -- -k 0 > $D/build.log 2>&1 ||
   { grep -E -B2 -A12 'error|FAILED' $D/build.log | head -300; exit 1; }"
+if ! [ -x $B/lopper ]; then
+  echo "[gpu-check] no lopper was built: the stages after the build are not run" | tee -a "$log"
+  exit 1
+fi
 [ -n "$fixtures_pid" ] && stage fixtures 600 bash -c "while kill -0 $fixtures_pid 2>/dev/null; do sleep 1; done;
   tail -5 $D/fixtures.log; ls $B/fixtures/bert.ts.onnx"
 
-stage gpu-tests 400 bash -c "$B/tests/lopper_gpu_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' \
+stage gpu-tests 400 bash -c "stdbuf -oL $B/tests/lopper_gpu_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' \
   2>&1 | grep -v '^\[       OK\|^\[ RUN' | tail -60; exit \${PIPESTATUS[0]}"
 tests_line=$(grep -E '^\[  (PASSED|FAILED)' "$log" | tail -2 | tr '\n' ' ')
 
 # The GPU kernel benchmarks: lopper's sparse kernel against cuBLAS (8192x8192 bf16, batch 1-16,
 # 90% and 95% zero) and 2:4 on the sparse tensor cores against cuBLAS (batch 2048-8192).
-stage kernel-bench 300 bash -c "$B/bench/lopper_kernel_bench --benchmark_filter='Cuda' \
+stage kernel-bench 300 bash -c "$B/bench/lopper_kernel_bench --benchmark_filter='${GPU_BENCH_FILTER:-Cuda}' \
   --benchmark_format=json --benchmark_min_time=$([ $quick = 1 ] && echo 0.05 || echo 0.2) \
   > $D/gpu-bench.json"
 # Structured: resnet50 with channels removed until half its MACs are gone, batch 64, dense vs
@@ -158,6 +166,13 @@ if [ -z "$only" ] || [[ $only == *",cli,"* ]]; then
   cli bench $o/bert-24.onnx --device cuda --precision bf16 --iters 5 --explain
   cli prune $f/bert.ts.onnx -o $o/bert-90.onnx --method l1 --amount 0.9
   cli bench $o/bert-90.onnx --device cuda --precision bf16 --iters 5 --explain
+  cli sensitivity examples/lenet5.onnx --data $fmnist --device cuda --amounts 0.5,0.9 \
+    -o $o/lenet5.sens.json
+  echo "[gpu-check] cli: $cli_ok of $cli_n ran in $(( $(date +%s) - t0 )) s" | tee -a "$log"
+fi
+if [ -z "$only" ] || [[ $only == *",cli-train,"* ]]; then
+  t0=$(date +%s)
+  echo "[gpu-check] cli-train ($(( t0 - t_start )) s in)" | tee -a "$log"
   cli train $f/small_cnn.preserve.onnx -o $o/cnn-fp16.onnx --data $fmnist --epochs 1 \
     --device cuda --precision fp16
   cli train $f/small_cnn.preserve.onnx -o $o/cnn-bf16.onnx --data $fmnist --epochs 1 \
@@ -166,9 +181,7 @@ if [ -z "$only" ] || [[ $only == *",cli,"* ]]; then
   cli finetune examples/resnet_fmnist.onnx -o $o/resnet-ft.onnx --data $fmnist --device cuda \
     --schedule iterative --rounds 1 --epochs-per-round 1 --prune-structured channel \
     --prune-method l1 --prune-amount 0.3
-  cli sensitivity examples/lenet5.onnx --data $fmnist --device cuda --amounts 0.5,0.9 \
-    -o $o/lenet5.sens.json
-  echo "[gpu-check] cli: $cli_ok of $cli_n ran in $(( $(date +%s) - t0 )) s" | tee -a "$log"
+  echo "[gpu-check] cli-train: $cli_ok of $cli_n ran in $(( $(date +%s) - t0 )) s" | tee -a "$log"
 fi
 
 stage train-throughput 300 "$py" bench/train_cuda.py --lopper $B/lopper --data-dir $fmnist_dir \
@@ -183,12 +196,12 @@ nccl_try() {
       --dist-timeout 60 --no-eval > $B/nccl-rank$r.log 2>&1 &
   done
   wait
-  tail -8 $B/nccl-rank0.log $B/nccl-rank1.log
+  tail -n 8 $B/nccl-rank0.log $B/nccl-rank1.log
 }
 stage nccl 150 bash -c "$(declare -f nccl_try); B=$B o=$o fmnist=$fmnist nccl_try"
 
 if [ $python_module = ON ]; then
-  stage python 300 env PYTHONPATH=$B/python "$py" -m pytest -q python/tests/test_prune.py \
+  stage python 300 env PYTHONPATH=$B/python LOPPER_FIXTURES_DIR=$B/fixtures "$py" -m pytest -q python/tests/test_prune.py \
     python/tests/test_session.py -k "cuda or gpu" -p no:cacheprovider
 fi
 

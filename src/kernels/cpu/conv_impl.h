@@ -152,6 +152,19 @@ inline void dw_pack(const float* w, const ConvShape& s, int width, float* out) {
       for (int64_t c = 0; c < cp; ++c) *out++ = c < s.c ? w[(c * s.kh + i) * s.kw + j] : 0.f;
 }
 
+// act(v + bias + residual) into the `valid` channels of one pixel from channel c.
+template <class T>
+inline void dw_finish(typename T::V v, int64_t c, int valid, float* yp, const float* rp,
+                      const Epilogue& e) {
+  if (e.bias) v = T::add(v, T::loadm(e.bias + c, valid));
+  if (rp) v = T::add(v, T::loadm(rp + c, valid));
+  v = activate<T>(v, e);
+  if (valid == T::W)
+    T::store(yp + c, v);
+  else
+    T::storem(yp + c, v, valid);
+}
+
 // Output rows [row_begin, row_end): for each pixel, the channels a vector at a time (four vectors
 // in flight where there are that many), the taps inside the input only.
 template <class T>
@@ -169,7 +182,39 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     int64_t i0 = 0, i1 = s.kh;  // taps whose input row exists
     while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
     while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    // Interior columns (every tap inside) kOB at a time: each weight vector loaded once for kOB
+    // pixels.
+    constexpr int kOB = 4;
+    const int64_t lo = (s.pw + s.sw - 1) / s.sw, hn = s.w - 1 + s.pw - (s.kw - 1) * s.dw;
+    const int64_t hi = hn < 0 ? -1 : std::min<int64_t>(s.ow - 1, hn / s.sw);
+    int64_t blocked_end = lo;  // [lo, blocked_end) done here
+    for (int64_t ox = lo; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {
+      const int64_t pix = (n * s.oh + oy) * s.ow + ox;
+      for (int64_t c = 0; c < cp; c += W) {
+        const int valid = int(std::min<int64_t>(W, s.c - c));
+        V a[kOB];
+        LOPPER_UNROLL
+        for (int m = 0; m < kOB; ++m) a[m] = T::zero();
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
+          for (int64_t j = 0; j < s.kw; ++j) {
+            const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
+            const V wv = T::load(packed + (i * s.kw + j) * cp + c);
+            LOPPER_UNROLL
+            for (int m = 0; m < kOB; ++m) {
+              const float* xm = xp + m * s.sw * s.x_stride;
+              a[m] = T::fma(valid == W ? T::load(xm) : T::loadm(xm, valid), wv, a[m]);
+            }
+          }
+        }
+        LOPPER_UNROLL
+        for (int m = 0; m < kOB; ++m)
+          dw_finish<T>(a[m], c, valid, y + (pix + m) * s.y_stride,
+                       res ? res + (pix + m) * s.r_stride : nullptr, e);
+      }
+    }
     for (int64_t ox = 0; ox < s.ow; ++ox) {
+      if (ox >= lo && ox < blocked_end) continue;
       int64_t j0 = 0, j1 = s.kw;
       while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
       while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
@@ -177,14 +222,7 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
       float* yp = y + pix * s.y_stride;
       const float* rp = res ? res + pix * s.r_stride : nullptr;
       auto finish = [&](V v, int64_t c) {
-        const int valid = int(std::min<int64_t>(W, s.c - c));
-        if (e.bias) v = T::add(v, T::loadm(e.bias + c, valid));
-        if (rp) v = T::add(v, T::loadm(rp + c, valid));
-        v = activate<T>(v, e);
-        if (valid == W)
-          T::store(yp + c, v);
-        else
-          T::storem(yp + c, v, valid);
+        dw_finish<T>(v, c, int(std::min<int64_t>(W, s.c - c)), yp, rp, e);
       };
       int64_t c = 0;
       for (; c + 4 * W <= cp; c += 4 * W) {

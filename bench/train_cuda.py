@@ -18,7 +18,6 @@ Usage: bench/train_cuda.py --lopper build-gpu/lopper [--data-dir /usr/share/data
 """
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -26,12 +25,12 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import make_examples as ex  # noqa: E402
+from accuracy_torch import load_split  # noqa: E402  (the one IDX reader of the benchmarks)
 
 BATCH, LR = 128, 0.01
 
@@ -42,14 +41,6 @@ def models():
         "resnet_fmnist": lambda: ex.ResNetFMNIST(),
         "resnet_wide": lambda: ex.ResNetFMNIST(widths=(64, 128, 256), blocks=2),
     }
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def export(module, path):
@@ -107,10 +98,7 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("train_cuda.py: needs a CUDA GPU")
-    x = torch.from_numpy(read_idx(os.path.join(a.data_dir, "train-images-idx3-ubyte.gz")).copy())
-    x = x.float().div_(255).unsqueeze(1)
-    y = torch.from_numpy(read_idx(os.path.join(a.data_dir, "train-labels-idx1-ubyte.gz")).copy())
-    y = y.long()
+    x, y = load_split(a.data_dir, "train")
     data = "fashion-mnist" if a.data_dir == "/usr/share/datasets/fashion-mnist" else "idx:" + a.data_dir
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

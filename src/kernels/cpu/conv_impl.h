@@ -38,6 +38,27 @@ struct ConvTraits {
 
 inline int64_t conv_blocks(const ConvShape& s, int nb) { return (s.k + nb - 1) / nb; }
 
+// The output columns [lo, hi] whose every tap falls inside the input; lo > hi when none does.
+struct Interior {
+  int64_t lo, hi;
+};
+inline Interior interior_columns(const ConvShape& s) {
+  const int64_t last = s.w - 1 + s.pw - (s.kw - 1) * s.dw;  // ox * sw <= last
+  return {(s.pw + s.sw - 1) / s.sw, last < 0 ? -1 : std::min<int64_t>(s.ow - 1, last / s.sw)};
+}
+
+// act(v + residual) into the `valid` channels at yp (v holds the bias already); rp: the residual's
+// channels at the same place, or null.
+template <class T>
+inline void store_out(typename T::V v, int valid, float* yp, const float* rp, const Epilogue& e) {
+  if (rp) v = T::add(v, T::loadm(rp, valid));
+  v = activate<T>(v, e);
+  if (valid == T::W)
+    T::store(yp, v);
+  else
+    T::storem(yp, v, valid);
+}
+
 // w [K][C][KH][KW] (ONNX's OIHW) -> [K/NB][KH][KW][C][NB], zero padded.
 inline void conv_pack(const float* w, const ConvShape& s, int nb, float* out) {
   const int64_t blocks = conv_blocks(s, nb);
@@ -90,20 +111,10 @@ inline void conv_micro(const float* x, const float* wb, float* y, const float* r
   LOPPER_UNROLL
   for (int m = 0; m < MR; ++m) {
     const int64_t pix = (n * s.oh + oy) * s.ow + ox0 + m;
-    V v0 = T::add(acc[m][0], b0), v1 = T::add(acc[m][1], b1);
-    if (res) {
-      v0 = T::add(v0, T::loadm(res + pix * rs + kbase, n0));
-      v1 = T::add(v1, T::loadm(res + pix * rs + kbase + W, n1));
-    }
     float* yp = y + pix * ys + kbase;
-    if (n0 == W)
-      T::store(yp, activate<T>(v0, e));
-    else
-      T::storem(yp, activate<T>(v0, e), n0);
-    if (n1 == W)
-      T::store(yp + W, activate<T>(v1, e));
-    else
-      T::storem(yp + W, activate<T>(v1, e), n1);
+    const float* rp = res ? res + pix * rs + kbase : nullptr;
+    store_out<T>(T::add(acc[m][0], b0), n0, yp, rp, e);
+    store_out<T>(T::add(acc[m][1], b1), n1, yp + W, rp ? rp + W : nullptr, e);
   }
 }
 
@@ -116,10 +127,7 @@ void conv_rows(const float* x, const float* packed, float* y, const float* res, 
   if (s.x_stride == 0) s.x_stride = s.c;
   if (s.y_stride == 0) s.y_stride = s.k;
   if (s.r_stride == 0) s.r_stride = s.k;
-  // Interior columns: every tap inside the input.
-  int64_t lo = (s.pw + s.sw - 1) / s.sw;
-  int64_t hi_num = s.w - 1 + s.pw - (s.kw - 1) * s.dw;  // ox*sw <= hi_num
-  int64_t hi = hi_num < 0 ? -1 : std::min<int64_t>(s.ow - 1, hi_num / s.sw);
+  auto [lo, hi] = interior_columns(s);
   if (lo > hi) lo = hi = -1;  // no interior
   const int64_t blocks = conv_blocks(s, NB);
   const int64_t wblock = s.kh * s.kw * s.c * NB;
@@ -157,16 +165,11 @@ template <class T>
 inline void dw_finish(typename T::V v, int64_t c, int valid, float* yp, const float* rp,
                       const Epilogue& e) {
   if (e.bias) v = T::add(v, T::loadm(e.bias + c, valid));
-  if (rp) v = T::add(v, T::loadm(rp + c, valid));
-  v = activate<T>(v, e);
-  if (valid == T::W)
-    T::store(yp + c, v);
-  else
-    T::storem(yp + c, v, valid);
+  store_out<T>(v, valid, yp + c, rp ? rp + c : nullptr, e);
 }
 
-// Output rows [row_begin, row_end): for each pixel, the channels a vector at a time (four vectors
-// in flight where there are that many), the taps inside the input only.
+// Output rows [row_begin, row_end): interior pixels four at a time, the others (borders, the last
+// few) one at a time with the taps inside the input only; channels a vector at a time.
 template <class T>
 void dw_rows(const float* x, const float* packed, float* y, const float* res, const ConvShape& s0,
              const Epilogue& e, int64_t row_begin, int64_t row_end) {
@@ -185,8 +188,7 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     // Interior columns (every tap inside) kOB at a time: each weight vector loaded once for kOB
     // pixels.
     constexpr int kOB = 4;
-    const int64_t lo = (s.pw + s.sw - 1) / s.sw, hn = s.w - 1 + s.pw - (s.kw - 1) * s.dw;
-    const int64_t hi = hn < 0 ? -1 : std::min<int64_t>(s.ow - 1, hn / s.sw);
+    const auto [lo, hi] = interior_columns(s);
     int64_t blocked_end = lo;  // [lo, blocked_end) done here
     for (int64_t ox = lo; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {
       const int64_t pix = (n * s.oh + oy) * s.ow + ox;
@@ -221,33 +223,7 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
       const int64_t pix = (n * s.oh + oy) * s.ow + ox;
       float* yp = y + pix * s.y_stride;
       const float* rp = res ? res + pix * s.r_stride : nullptr;
-      auto finish = [&](V v, int64_t c) {
-        dw_finish<T>(v, c, int(std::min<int64_t>(W, s.c - c)), yp, rp, e);
-      };
-      int64_t c = 0;
-      for (; c + 4 * W <= cp; c += 4 * W) {
-        V a0 = T::zero(), a1 = T::zero(), a2 = T::zero(), a3 = T::zero();
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
-          for (int64_t j = j0; j < j1; ++j) {
-            const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
-            const float* wp = packed + (i * s.kw + j) * cp + c;
-            const int n0 = int(std::min<int64_t>(W, s.c - c));
-            a0 = T::fma(n0 == W ? T::load(xp) : T::loadm(xp, n0), T::load(wp), a0);
-            a1 = T::fma(T::loadm(xp + W, int(std::clamp<int64_t>(s.c - c - W, 0, W))),
-                        T::load(wp + W), a1);
-            a2 = T::fma(T::loadm(xp + 2 * W, int(std::clamp<int64_t>(s.c - c - 2 * W, 0, W))),
-                        T::load(wp + 2 * W), a2);
-            a3 = T::fma(T::loadm(xp + 3 * W, int(std::clamp<int64_t>(s.c - c - 3 * W, 0, W))),
-                        T::load(wp + 3 * W), a3);
-          }
-        }
-        finish(a0, c);
-        if (c + W < s.c) finish(a1, c + W);
-        if (c + 2 * W < s.c) finish(a2, c + 2 * W);
-        if (c + 3 * W < s.c) finish(a3, c + 3 * W);
-      }
-      for (; c < cp; c += W) {
+      for (int64_t c = 0; c < cp; c += W) {
         const int valid = int(std::min<int64_t>(W, s.c - c));
         V a = T::zero();
         for (int64_t i = i0; i < i1; ++i) {
@@ -258,7 +234,7 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
                        T::load(packed + (i * s.kw + j) * cp + c), a);
           }
         }
-        finish(a, c);
+        dw_finish<T>(a, c, valid, yp, rp, e);
       }
     }
   }

@@ -35,12 +35,13 @@ touch "$log"
 status=0
 failed=()
 skipped=()
+selected() {  # selected NAME: whether --stages names it (configure and build always run)
+  [ -z "$only" ] || [[ $only == *",$1,"* ]] || [ "$1" = configure ] || [ "$1" = build ]
+}
 stage() {  # stage NAME LIMIT_S CMD...: runs CMD with a time limit, logging it, noting a failure
   local name=$1 limit=$2
   shift 2
-  if [ -n "$only" ] && [[ $only != *",$name,"* ]] && [ "$name" != configure ] && [ "$name" != build ]; then
-    return 0
-  fi
+  selected "$name" || return 0
   local t0 left
   t0=$(date +%s)
   left=$(( budget - (t0 - t_start) ))
@@ -96,7 +97,7 @@ pyinc=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 python_module=OFF
 [ -f "$pyinc/Python.h" ] && python_module=ON
 targets=(lopper lopper_gpu_tests lopper_kernel_bench)
-if [ $python_module = ON ] && { [ -z "$only" ] || [[ $only == *",python,"* ]]; }; then
+if [ $python_module = ON ] && selected python; then
   targets+=(lopper_python)
 fi
 
@@ -148,7 +149,7 @@ cli() {
   if timeout 240 $B/lopper "$@" >> "$log" 2>&1; then cli_ok=$((cli_ok + 1));
   else status=1; failed+=("lopper $*"); echo "[gpu-check] FAILED: lopper $*" | tee -a "$log"; fi
 }
-if [ -z "$only" ] || [[ $only == *",cli,"* ]]; then
+if selected cli; then
   t0=$(date +%s)
   echo "[gpu-check] cli ($(( t0 - t_start )) s in)" | tee -a "$log"
   cli run $f/resnet18.ts.onnx -i input=$f/resnet18.input_0.npy -o $o/run --device cuda
@@ -170,7 +171,7 @@ if [ -z "$only" ] || [[ $only == *",cli,"* ]]; then
     -o $o/lenet5.sens.json
   echo "[gpu-check] cli: $cli_ok of $cli_n ran in $(( $(date +%s) - t0 )) s" | tee -a "$log"
 fi
-if [ -z "$only" ] || [[ $only == *",cli-train,"* ]]; then
+if selected cli-train; then
   t0=$(date +%s)
   echo "[gpu-check] cli-train ($(( t0 - t_start )) s in)" | tee -a "$log"
   cli train $f/small_cnn.preserve.onnx -o $o/cnn-fp16.onnx --data $fmnist --epochs 1 \

@@ -201,17 +201,20 @@ void BM_Cuda(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int64_t percent = state.range(1);
   const at::Device dev(at::kCUDA, 0);
+  // Each instantiation (dense, sparse) builds only its own copies.
   static std::map<int64_t, std::vector<at::Tensor>> dense_copies;
   static std::map<int64_t, std::vector<std::shared_ptr<kcu::SparseWeightCuda>>> sparse_copies;
-  if (!dense_copies.count(percent)) {
+  auto& wd = dense_copies[percent];
+  auto& sw = sparse_copies[percent];
+  if (wd.empty() && sw.empty()) {
     at::Tensor w = pruned_weight(8192, 8192, percent / 100.0, {1, 1});
-    for (int i = 0; i < 2; ++i) dense_copies[percent].push_back(w.to(dev, at::kBFloat16));
-    for (int i = 0; i < 8; ++i)
-      sparse_copies[percent].push_back(
-          std::make_shared<kcu::SparseWeightCuda>(w, at::Tensor(), at::kBFloat16, dev));
+    for (int i = 0; i < (kSparse ? 8 : 2); ++i) {
+      if (kSparse)
+        sw.push_back(std::make_shared<kcu::SparseWeightCuda>(w, at::Tensor(), at::kBFloat16, dev));
+      else
+        wd.push_back(w.to(dev, at::kBFloat16));
+    }
   }
-  const auto& wd = dense_copies[percent];
-  const auto& sw = sparse_copies[percent];
   at::Tensor x = at::randn({batch, 8192}).to(dev, at::kBFloat16);
   size_t i = 0;
   auto once = [&] {

@@ -5,10 +5,15 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "lopper/executor.h"
 #include "lopper/graph.h"
+#include "lopper/onnx_io.h"
 #include "test_util.h"
 #include "util/npy.h"
 
@@ -133,6 +138,37 @@ inline std::string random_npy_data(const TempDir& tmp, int64_t n, uint64_t seed)
   save_npy(at::rand({n, 1, 28, 28}), tmp / "x.npy");
   save_npy(at::randint(0, 10, {n}, at::kLong), tmp / "y.npy");
   return "npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy");
+}
+
+// A model tests/fixtures/make_models.py exported, with PyTorch's inputs and outputs for it.
+struct FixtureCase {
+  ir::Model model;
+  NamedTensors feeds;            // the recorded inputs the model declares (exporters may drop some)
+  std::vector<at::Tensor> want;  // PyTorch's outputs; empty when the fixture is not there
+};
+
+// The fixture `stem` (e.g. resnet18.dynamo) from fixtures_dir(); want is empty when it has no
+// metadata (not exported on this machine: make_models.py --only).
+inline FixtureCase load_fixture(const std::string& stem) {
+  namespace fs = std::filesystem;
+  const std::string name = stem.substr(0, stem.find('.'));  // resnet18
+  const fs::path dir = fixtures_dir();
+  std::ifstream meta(dir / (stem + ".json"));
+  FixtureCase c;
+  if (!meta.good()) return c;
+  auto j = nlohmann::json::parse(meta);
+  c.model = onnx::load_model((dir / (stem + ".onnx")).string());
+  auto names = j["inputs"].get<std::vector<std::string>>();
+  for (size_t i = 0; i < names.size(); ++i) {
+    bool declared = false;
+    for (const auto& v : c.model.graph.inputs) declared |= v.name == names[i];
+    if (declared)
+      c.feeds.emplace_back(
+          names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
+  }
+  for (int k = 0; k < j["outputs"].get<int>(); ++k)
+    c.want.push_back(load_npy((dir / (name + ".expected_" + std::to_string(k) + ".npy")).string()));
+  return c;
 }
 
 }  // namespace lopper::test

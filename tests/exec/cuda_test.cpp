@@ -5,46 +5,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
 #include "lopper/executor.h"
-#include "lopper/onnx_io.h"
-#include "test_util.h"
-#include "util/npy.h"
+#include "test_models.h"
 
-namespace fs = std::filesystem;
 using namespace lopper;
 
 namespace {
 
-struct Case {
-  ir::Model model;
-  NamedTensors feeds;
-  std::vector<at::Tensor> want;
-};
-
-Case load_case(const std::string& stem) {
-  const std::string name = stem.substr(0, stem.find('.'));
-  const fs::path dir = test::fixtures_dir();
-  std::ifstream meta(dir / (stem + ".json"));
-  Case c;
-  if (!meta.good()) return c;
-  auto j = nlohmann::json::parse(meta);
-  c.model = onnx::load_model((dir / (stem + ".onnx")).string());
-  auto names = j["inputs"].get<std::vector<std::string>>();
-  for (size_t i = 0; i < names.size(); ++i) {
-    bool declared = false;
-    for (const auto& v : c.model.graph.inputs) declared |= v.name == names[i];
-    if (declared)
-      c.feeds.emplace_back(
-          names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
-  }
-  for (int k = 0; k < j["outputs"].get<int>(); ++k)
-    c.want.push_back(load_npy((dir / (name + ".expected_" + std::to_string(k) + ".npy")).string()));
-  return c;
-}
+using Case = test::FixtureCase;
+using test::load_fixture;
 
 // The models that exercise the GPU's op coverage: convolutions with BatchNorm kept and folded,
 // depthwise, concat, attention, LayerNorm, GELU, embeddings, int64 shape arithmetic.
@@ -57,7 +26,7 @@ TEST(ExecutorCuda, FixturesMatchPyTorchInFp32AndBf16) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
   int ran = 0;
   for (const char* stem : kModels) {
-    Case c = load_case(stem);
+    Case c = load_fixture(stem);
     if (c.want.empty()) continue;  // not exported on this machine (make_models.py --only)
     for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
       ExecOptions o;
@@ -86,7 +55,7 @@ TEST(ExecutorCuda, FixturesMatchPyTorchInFp32AndBf16) {
 
 TEST(ExecutorCuda, AutogradForwardMatchesInference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
-  Case c = load_case("small_cnn.preserve");
+  Case c = load_fixture("small_cnn.preserve");
   if (c.want.empty()) GTEST_SKIP() << "no small_cnn.preserve fixture";
   ExecOptions infer;
   infer.device = "cuda";

@@ -5,13 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
-#include "test_util.h"
-#include "util/npy.h"
+#include "test_models.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;
@@ -33,30 +30,16 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, MatchesPyTorch) {
   configure_threads(0);
-  const std::string stem = GetParam();                      // e.g. resnet18.dynamo
-  const std::string name = stem.substr(0, stem.find('.'));  // resnet18
-  fs::path dir = test::fixtures_dir();
-  std::ifstream meta(dir / (stem + ".json"));
-  ASSERT_TRUE(meta.good()) << "no metadata for " << stem;
-  auto j = nlohmann::json::parse(meta);
-
-  ir::Model model = onnx::load_model((dir / (stem + ".onnx")).string());
-  NamedTensors feeds;
-  auto names = j["inputs"].get<std::vector<std::string>>();
-  // Exporters may drop inputs the graph does not use; feed only the ones the model declares.
-  for (size_t i = 0; i < names.size(); ++i) {
-    bool declared = false;
-    for (const auto& v : model.graph.inputs) declared |= v.name == names[i];
-    if (declared)
-      feeds.emplace_back(
-          names[i], load_npy((dir / (name + ".input_" + std::to_string(i) + ".npy")).string()));
-  }
+  const std::string stem = GetParam();  // e.g. resnet18.dynamo
+  test::FixtureCase c = test::load_fixture(stem);
+  ASSERT_FALSE(c.want.empty()) << "no metadata for " << stem;
+  const ir::Model& model = c.model;
+  const NamedTensors& feeds = c.feeds;
   Executor exec(model);
   auto outs = exec.run(feeds);
-  int n_expected = j["outputs"].get<int>();
-  ASSERT_GE(static_cast<int>(outs.size()), n_expected);
-  for (int k = 0; k < n_expected; ++k) {
-    at::Tensor want = load_npy((dir / (name + ".expected_" + std::to_string(k) + ".npy")).string());
+  ASSERT_GE(outs.size(), c.want.size());
+  for (size_t k = 0; k < c.want.size(); ++k) {
+    const at::Tensor& want = c.want[k];
     ASSERT_EQ(outs[k].sizes(), want.sizes()) << stem << " output " << k;
     double rel = test::relative_max_diff(outs[k], want);
     EXPECT_LE(rel, 1e-4) << stem << " output " << k << ": max|diff|/max|ref| = " << rel;
@@ -67,7 +50,7 @@ TEST_P(Parity, MatchesPyTorch) {
   // oneDNN sum a 25088-long dot product (vgg's first linear layer) in different orders (seen:
   // 1.1e-6 relative).
   std::string bytes = onnx::serialize_model(model);
-  ir::Model again = onnx::parse_model(bytes.data(), bytes.size(), dir.string());
+  ir::Model again = onnx::parse_model(bytes.data(), bytes.size(), test::fixtures_dir());
   EXPECT_EQ(onnx::serialize_model(again), bytes) << stem << ": export is not stable";
   Executor exec2(again);
   auto outs2 = exec2.run(feeds);

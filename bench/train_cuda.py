@@ -3,7 +3,8 @@ on the same model, data and settings, in the same run.
 
 Both sides: Fashion-MNIST's train split (60000 images, pixels / 255, [N,1,28,28]), batch 128,
 shuffled each epoch, SGD with momentum 0.9 at lr 0.01, cross-entropy, BatchNorm in training mode;
-the batches start on the CPU and are copied to the GPU one at a time (what lopper's loader does).
+the batches start on the CPU and are copied to the GPU one at a time through pinned memory without
+blocking the host (what lopper's trainer does, and a DataLoader with pin_memory=True).
 Each side runs --epochs epochs and the last epoch's samples per second is reported (the first pays
 for cuDNN's and cuBLAS's warm-up). PyTorch's side is eager (no torch.compile), with autocast for
 bf16. lopper's side reads the same architecture exported to ONNX with BatchNorm kept
@@ -63,7 +64,8 @@ def torch_samples_per_s(module, x, y, epochs, precision):
         t0 = time.perf_counter()
         for s in range(0, len(x), BATCH):
             idx = order[s:s + BATCH]
-            xb, yb = x[idx].to(dev), y[idx].to(dev)
+            xb = x[idx].pin_memory().to(dev, non_blocking=True)
+            yb = y[idx].pin_memory().to(dev, non_blocking=True)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 loss = loss_fn(m(xb), yb)
             opt.zero_grad(set_to_none=True)

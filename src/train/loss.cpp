@@ -50,6 +50,14 @@ at::Tensor attention_mask(const Batch& b) {
 }
 
 // splitmix64 of (seed, step): the masked-LM pick of one batch.
+// A host tensor onto `device`. To a GPU the copy goes through pinned memory without blocking the
+// host: a copy from pageable memory waits for the stream to drain, so the host could not queue the
+// next step's work while the GPU runs this one.
+at::Tensor to_device(const at::Tensor& t, const at::Device& device) {
+  if (!device.is_cuda() || t.device() == device) return t.to(device);
+  return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
+}
+
 uint64_t step_seed(uint64_t seed, int64_t step) {
   return splitmix64(seed * 0x9E3779B97F4A7C15ULL + uint64_t(step) + 0x632BE59BD9B4E019ULL);
 }
@@ -147,7 +155,7 @@ NamedInputs feeds(const ModelIO& io, const Batch& b, const at::Device& device) {
       t = fit_to_input(t, in.dims, in.name);
     }
     if (t.scalar_type() != in.dtype) t = t.to(in.dtype);
-    out.emplace_back(in.name, t.to(device));
+    out.emplace_back(in.name, to_device(t, device));
   }
   return out;
 }
@@ -210,7 +218,7 @@ Objective::Targets Objective::targets(const at::Tensor& out_any, const Batch& b)
                  " needs one label per sample [B], the data has ",
                  b.y.defined() ? "labels " + detail::concat(b.y.sizes()) : std::string("none"));
     t.logits = out.reshape({batch, -1});
-    t.labels = b.y.to(out.device());
+    t.labels = b.y;
   } else {
     LOPPER_CHECK(out.dim() == 3, "[loss] ", loss_name(kind_),
                  " needs per-token logits [B, T, V], the model's output is ", out.sizes());
@@ -236,9 +244,11 @@ Objective::Targets Objective::targets(const at::Tensor& out_any, const Batch& b)
         labels = at::where(m.ne(0), labels, at::full_like(labels, -100));
       t.logits = out.reshape({-1, out.size(2)});
     }
-    labels = labels.reshape({-1}).to(out.device());
+    // NOTE: which tokens count is found where the labels are (the host, for batches from a
+    // loader): nonzero() on a GPU would wait for it.
+    labels = labels.reshape({-1});
     at::Tensor keep = labels.ne(-100).nonzero().squeeze(1);
-    t.logits = t.logits.index_select(0, keep);
+    t.logits = t.logits.index_select(0, to_device(keep, out.device()));
     t.labels = labels.index_select(0, keep);
     LOPPER_CHECK(t.labels.numel() > 0, "[loss] ", loss_name(kind_),
                  ": the batch has no token to predict (every label is -100 or masked out)");
@@ -248,6 +258,8 @@ Objective::Targets Objective::targets(const at::Tensor& out_any, const Batch& b)
   LOPPER_CHECK(max_label < classes, "[loss] the model has ", classes, " outputs per ",
                kind_ == Loss::kCrossEntropy || kind_ == Loss::kMse ? "sample" : "token",
                ", but the data has label ", max_label);
+  // The labels checked where they are, then onto the logits' device.
+  t.labels = to_device(t.labels, out.device());
   return t;
 }
 
@@ -260,8 +272,10 @@ at::Tensor Objective::loss(const Targets& t) const {
   return at::cross_entropy_loss(t.logits, t.labels);
 }
 
-int64_t Objective::correct(const Targets& t) {
-  return t.logits.argmax(1).eq(t.labels).sum().item<int64_t>();
+at::Tensor Objective::correct_count(const Targets& t) {
+  return t.logits.argmax(1).eq(t.labels).sum();
 }
+
+int64_t Objective::correct(const Targets& t) { return correct_count(t).item<int64_t>(); }
 
 }  // namespace lopper

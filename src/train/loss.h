@@ -67,6 +67,8 @@ class Objective {
   at::Tensor loss(const Targets& t) const;
   /// Top-1 hits among the targets.
   static int64_t correct(const Targets& t);
+  /// The same as a 0-d int64 tensor on the logits' device (no wait for a GPU).
+  static at::Tensor correct_count(const Targets& t);
 
   /// The loss in use (kAuto until the first targets()).
   Loss kind() const { return kind_; }

@@ -314,11 +314,14 @@ class Trainer {
 
   bool needs_saliency() const { return saliency_.has_value(); }
 
+  // NOTE: the loss and the hits stay where the model runs: reading them on the host each step
+  // would make a GPU drain its queue before the host may queue the next step (run_epoch reads
+  // them in batches).
   struct StepResult {
-    double loss = 0;      // mean over the batch's targets
-    int64_t correct = 0;  // top-1 hits among them
-    int64_t count = 0;    // targets: samples, or tokens for language models
-    bool finite = true;   // false: fp16 gradients overflowed, the step must be skipped
+    at::Tensor loss;     // 0-d: the mean over the batch's targets
+    at::Tensor correct;  // 0-d int64: top-1 hits among them
+    int64_t count = 0;   // targets: samples, or tokens for language models
+    bool finite = true;  // false: fp16 gradients overflowed, the step must be skipped
   };
 
   // Forward (under autocast for bf16/fp16) and backward on one batch. Gradients are averaged
@@ -333,11 +336,7 @@ class Trainer {
     }
     const Objective::Targets t = objective_->targets(out.at(0), b);
     at::Tensor loss = objective_->loss(t);
-    double lv = loss.item<double>();
     const int64_t count = t.labels.size(0);
-    LOPPER_CHECK(
-        std::isfinite(lv), "[train] the loss is ", lv,
-        ": lower " LOPPER_OPTION("lr") " or clip gradients (" LOPPER_OPTION("grad_clip") ")");
     at::Tensor total = loss;
     if (at::Tensor r = regularisers(); r.defined()) total = total + r;
     for (auto& p : params_) p.value.mutable_grad().reset();
@@ -351,6 +350,7 @@ class Trainer {
     }
     if (dist_ && dist_->world() > 1) dist_->allreduce_mean(grads);
     // NOTE: after the all-reduce every rank holds the same gradients, so all skip alike.
+    const at::Tensor lv = loss.detach();
     if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(t), count, false};
     for (auto& p : params_) {
       if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
@@ -368,10 +368,10 @@ class Trainer {
       at::Tensor s = p.value.grad().to(at::kFloat).square().sum();
       sq = sq.defined() ? sq + s : s;
     }
-    double norm = std::sqrt(sq.item<double>());
-    double scale = o_.grad_clip / (norm + 1e-6);
-    if (scale < 1)
-      for (auto& p : params_) p.value.mutable_grad().mul_(scale);
+    // As torch.nn.utils.clip_grad_norm_: the factor min(1, clip / (norm + 1e-6)) stays on the
+    // device (no wait for a GPU).
+    at::Tensor scale = (o_.grad_clip / (sq.sqrt() + 1e-6)).clamp_max(1.0);
+    for (auto& p : params_) p.value.mutable_grad().mul_(scale);
   }
 
   void apply_masks() {
@@ -454,9 +454,9 @@ class Trainer {
     for (int i = 0; i < 32 && data_.next(b); ++i) forward_backward(b, i);
   }
 
-  static int64_t correct_of(const Objective::Targets& t) {
+  static at::Tensor correct_of(const Objective::Targets& t) {
     c10::NoGradGuard no_grad;
-    return Objective::correct(t);
+    return Objective::correct_count(t);
   }
 
   void reset_saliency() {
@@ -504,6 +504,39 @@ class Trainer {
     double loss_sum = 0;
     int64_t correct = 0, counted = 0, samples = 0, step = 0;
     double lr = o_.lr;
+    // Steps whose loss and hits the host has not read yet. On a GPU they are read together (one
+    // copy, one wait) every 64 steps or half a second, and at the end of the epoch; on the CPU
+    // after each step. The loss is checked finite as it is read.
+    struct Unread {
+      at::Tensor loss, correct;
+      int64_t count;
+      double lr;
+    };
+    std::vector<Unread> unread;
+    const bool batched = ex_->device().is_cuda();
+    auto last_read = std::chrono::steady_clock::now();
+    auto read = [&] {
+      if (unread.empty()) return;
+      std::vector<at::Tensor> ls, cs;
+      for (const auto& u : unread) ls.push_back(u.loss.to(at::kDouble)), cs.push_back(u.correct);
+      const at::Tensor lh = at::stack(ls).to(at::kCPU), ch = at::stack(cs).to(at::kCPU, at::kLong);
+      const int64_t first = step - int64_t(unread.size());
+      for (size_t i = 0; i < unread.size(); ++i) {
+        const double lv = lh[int64_t(i)].item<double>();
+        LOPPER_CHECK(
+            std::isfinite(lv), "[train] the loss is ", lv, " (epoch ", e + 1, ", step ",
+            first + int64_t(i) + 1,
+            "): lower " LOPPER_OPTION("lr") " or clip gradients (" LOPPER_OPTION("grad_clip") ")");
+        loss_sum += lv * double(unread[i].count);
+        correct += ch[int64_t(i)].item<int64_t>();
+        counted += unread[i].count;
+        if (cb_.step && (!dist_ || dist_->is_main()))
+          cb_.step(e + 1, first + int64_t(i) + 1, steps_per_epoch_, loss_sum / double(counted),
+                   double(correct) / double(counted), unread[i].lr);
+      }
+      unread.clear();
+      last_read = std::chrono::steady_clock::now();
+    };
     while (data_.next(b)) {
       maybe_prune_step(e, step);
       lr = lr_at(e, step);
@@ -513,15 +546,16 @@ class Trainer {
         opt_->step(lr);
         apply_masks();
       }
-      loss_sum += lv * double(n);
-      correct += c;
-      counted += n;
       samples += b.size();
+      unread.push_back({lv, c, n, lr});
       ++step;
-      if (cb_.step && (!dist_ || dist_->is_main()))
-        cb_.step(e + 1, step, steps_per_epoch_, loss_sum / double(counted),
-                 double(correct) / double(counted), lr);
+      // NOTE: a non-finite loss is found when read, the steps after it (on a GPU) then thrown
+      // away with the run: the error leaves nothing written.
+      if (!batched || unread.size() >= 64 ||
+          std::chrono::steady_clock::now() - last_read > std::chrono::milliseconds(500))
+        read();
     }
+    read();
     if (o_.schedule == PruneSchedule::kAgp && e + 1 == o_.epochs &&
         o_.end_epoch == o_.epochs)  // the ramp ends with training: reach s_f now
       prune_to(final_sparsity(), fmt::format("agp end (epoch {})", e + 1));

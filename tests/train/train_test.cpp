@@ -320,6 +320,21 @@ TEST(TrainCli, BadInputIsOneLineAndNoOutput) {
   EXPECT_EQ(lines(ev.err), 1) << ev.err;
 }
 
+// A loss that diverges stops the run with one error line naming the step, and nothing is written
+// (on a GPU the loss is read some steps late; here, after each step).
+TEST(TrainCli, ADivergingLossIsOneLineAndNoOutput) {
+  test::TempDir tmp;
+  std::string data = npy_data(tmp);
+  std::string out = tmp / "t.onnx";
+  auto r = lopper_cli("train " + fixture("mlp.ts.onnx") + " -o " + out + " --data " + data +
+                      " --lr 1e30 --momentum 0.9 --epochs 3");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("the loss is"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(epoch 1, step "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("lopper: "), r.err.rfind("lopper: ")) << r.err;  // one error line
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // Structured schedules remove channels between rounds: the model itself gets smaller while it
 // trains, lands on the final amount per group, and still trains and runs after each removal.
 TEST(TrainStructured, IterativeRoundsShrinkTheModel) {

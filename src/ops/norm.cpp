@@ -57,6 +57,25 @@ void batch_norm(OpContext& c) {
   check_vec(c, bias, ch, "B");
   check_vec(c, mean, ch, "mean");
   check_vec(c, var, ch, "var");
+  // Training through lopper (not a training-mode graph that outputs the statistics): ATen's own
+  // batch norm (cuDNN's on a GPU: one kernel each way instead of a dozen elementwise ones), which
+  // updates the running statistics in place as nn.BatchNorm does, so that they are written back to
+  // the model. NOTE: PyTorch's semantics, not ONNX's: the running variance takes the unbiased batch
+  // variance (n / (n - 1)), and the momentum attribute is 1 - torch's momentum, as exported. On a
+  // GPU a bf16/fp16 input (autocast) goes in as it is, with fp32 parameters, as in PyTorch.
+  const bool outputs_statistics =
+      c.wants_output(1) || c.wants_output(2) || c.wants_output(3) || c.wants_output(4);
+  const bool same_params = scale.scalar_type() == ct && bias.scalar_type() == ct &&
+                           mean.scalar_type() == ct && var.scalar_type() == ct;
+  if (training && c.training() && !outputs_statistics && same_params && at::isFloatingType(ct)) {
+    const bool mixed = x.is_cuda() && ct == at::kFloat &&
+                       (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+    // The executor's own tensors for the initializers, updated in place (outside autograd).
+    at::Tensor y = at::batch_norm(mixed ? x : x.to(ct), scale, bias, mean.detach(), var.detach(),
+                                  /*training=*/true, 1.0 - momentum, eps, /*cudnn_enabled=*/true);
+    c.set_output(0, y.to(x.scalar_type()));
+    return;
+  }
   at::Tensor xc = x.to(ct);
   at::Tensor use_mean = mean, use_var = var;
   at::Tensor batch_mean, batch_var;
@@ -82,10 +101,7 @@ void batch_norm(OpContext& c) {
       c.set_output(2, (var.to(ct) * momentum + batch_var * (1.0 - momentum)).to(var.scalar_type()));
     if (c.wants_output(3)) c.set_output(3, batch_mean.to(st));
     if (c.wants_output(4)) c.set_output(4, batch_var.to(var.scalar_type()));
-    // Training through lopper (not a training-mode graph that outputs the statistics): update the
-    // running statistics in place, as nn.BatchNorm does, so that they are written back to the
-    // model. NOTE: PyTorch's semantics, not ONNX's: the running variance takes the unbiased batch
-    // variance (n / (n - 1)), and the momentum attribute is 1 - torch's momentum, as exported.
+    // The running statistics updated as above, where ATen's batch norm could not be used.
     if (c.training() && !c.wants_output(1) && !c.wants_output(2) && mean.is_floating_point() &&
         var.is_floating_point()) {
       c10::NoGradGuard no_grad;

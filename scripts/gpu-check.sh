@@ -109,7 +109,7 @@ fmnist=fashion-mnist
 # The fixtures the GPU tests and the CLI read, exported while the build runs (once per machine).
 fixtures_pid=""
 if ! [ -f $B/fixtures/bert.ts.onnx ]; then
-  "$py" tests/fixtures/make_models.py $B/fixtures --only mlp,small_cnn,resnet18,bert \
+  "$py" tests/fixtures/make_models.py $B/fixtures --only mlp,small_cnn,resnet18,mobilenet_v2,bert \
     > $D/fixtures.log 2>&1 &
   fixtures_pid=$!
 fi
@@ -129,6 +129,9 @@ fi
 stage gpu-tests 400 bash -c "stdbuf -oL $B/tests/lopper_gpu_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' \
   2>&1 | grep -v '^\[       OK\|^\[ RUN' | tail -60; exit \${PIPESTATUS[0]}"
 tests_line=$(grep -E '^\[  (PASSED|FAILED)' "$log" | tail -2 | tr '\n' ' ')
+# Fine-tuning throughput against PyTorch eager on the same models and data.
+stage train-throughput 300 "$py" bench/train_cuda.py --lopper $B/lopper --data-dir $fmnist_dir \
+  --epochs 2 --json $D/gpu-train.json
 
 # The GPU kernel benchmarks: lopper's sparse kernel against cuBLAS (8192x8192 bf16, batch 1-16,
 # 90% and 95% zero) and 2:4 on the sparse tensor cores against cuBLAS (batch 2048-8192).
@@ -184,9 +187,6 @@ if selected cli-train; then
     --prune-method l1 --prune-amount 0.3
   echo "[gpu-check] cli-train: $cli_ok of $cli_n ran in $(( $(date +%s) - t0 )) s" | tee -a "$log"
 fi
-
-stage train-throughput 300 "$py" bench/train_cuda.py --lopper $B/lopper --data-dir $fmnist_dir \
-  --epochs 2 --json $D/gpu-train.json
 
 # Data parallel on NCCL with one GPU: two ranks on it (NCCL may refuse a GPU twice in one
 # communicator: what lopper says then is the check), each rank's log kept.

@@ -6,6 +6,7 @@
 #include "ops/channels.h"
 #include "ops/conv_geometry.h"
 #include "ops/op.h"
+#include "util/memory.h"
 
 namespace lopper::ops {
 
@@ -72,6 +73,71 @@ struct ConvState {
   SparseCandidate sparse;    // a sparse weight as [C_out, C_in * kernel]
   enum class Kernel { kUndecided, kConv, kLinear, kSparse } kernel = Kernel::kUndecided;
 };
+
+// A 2-D convolution on a GPU (inference, constant weight), by cuDNN in one of three forms, timed
+// once per layer: as given (NCHW, or channels-last when the input already is), channels-last
+// (NHWC: tensor cores read it without the transposes cuDNN adds around NCHW, and the output stays
+// NHWC for the next layer), and channels-last with the residual add and ReLU fused into the
+// convolution (cuDNN's fused conv-bias-add-ReLU). A form cuDNN refuses for this layer is not
+// timed (its error is kept with the layer's decision).
+struct CudaConvState {
+  at::Tensor w_nhwc;  // the weight in channels-last layout
+  enum class Kernel { kUndecided, kAsGiven, kNhwc, kNhwcFused } kernel = Kernel::kUndecided;
+};
+
+at::Tensor conv2d_cuda(OpContext& c, const at::Tensor& in, const at::Tensor& w, const at::Tensor& b,
+                       const at::Tensor& other, const std::vector<int64_t>& padding,
+                       const ConvGeometry& g, const onednn::PostOp& post) {
+  auto& st = c.state<CudaConvState>();
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  if (!st.w_nhwc.defined()) st.w_nhwc = w.contiguous(kCl);
+  const std::vector<int64_t> no_out_pad(padding.size(), 0);
+  auto unfused = [&](const at::Tensor& x, const at::Tensor& wt) {
+    at::Tensor y =
+        at::convolution(x, wt, b, g.strides, padding, g.dilations, false, no_out_pad, g.group);
+    if (other.defined()) y = y + other;
+    return onednn::apply_unfused(y, post);
+  };
+  auto as_given = [&] { return unfused(in, w); };
+  auto nhwc = [&] { return unfused(in.contiguous(kCl), st.w_nhwc); };
+  auto fused = [&] {
+    const at::Tensor x = in.contiguous(kCl);
+    const std::optional<at::Tensor> bias = b.defined() ? std::optional(b) : std::nullopt;
+    if (other.defined())
+      return at::cudnn_convolution_add_relu(x, st.w_nhwc, other.contiguous(kCl), 1.0, bias,
+                                            g.strides, padding, g.dilations, g.group);
+    return at::cudnn_convolution_relu(x, st.w_nhwc, bias, g.strides, padding, g.dilations, g.group);
+  };
+  using K = CudaConvState::Kernel;
+  if (st.kernel == K::kUndecided) {
+    std::vector<KernelCandidate> cands{{"cudnn", as_given}, {"cudnn-nhwc", nhwc}};
+    std::vector<K> kinds{K::kAsGiven, K::kNhwc};
+    std::vector<std::string> refused;
+    if (post.attr == "relu" && g.dilations == std::vector<int64_t>(padding.size(), 1)) {
+      // Tried once before timing: cuDNN's fused graph is not built for every shape and type.
+      try {
+        const at::Tensor want = nhwc();
+        LOPPER_CHECK(!other.defined() || other.sizes() == want.sizes(), "the residual broadcasts");
+        const at::Tensor got = fused();
+        LOPPER_CHECK(got.sizes() == want.sizes() && got.scalar_type() == want.scalar_type(),
+                     "gives ", got.scalar_type(), " ", got.sizes(), " instead of ",
+                     want.scalar_type(), " ", want.sizes());
+        // NOTE: and the same values (to the tolerance of another cuDNN algorithm in this type):
+        // a fused graph that ran but computed something else must never be chosen.
+        const double err = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+        const double scale = want.to(at::kFloat).abs().max().item<double>();
+        LOPPER_CHECK(err <= 2e-2 * (scale + 1), "differs from the unfused result by ", err);
+        cands.push_back({"cudnn-nhwc-fused", fused});
+        kinds.push_back(K::kNhwcFused);
+      } catch (const std::exception& e) {
+        refused.push_back(detail::concat("cudnn-nhwc-fused: ", first_line(e.what())));
+      }
+    }
+    st.kernel = kinds[choose_kernel(c, cands, w, in, std::move(refused))];
+  }
+  if (st.kernel == K::kNhwcFused) return fused();
+  return st.kernel == K::kNhwc ? nhwc() : as_given();
+}
 
 // Conv, and FusedConv = activation(Conv(X, W, B) + Other) with inputs X, W, B?, Other?.
 void conv_forward(OpContext& c) {
@@ -189,6 +255,10 @@ void conv_forward(OpContext& c) {
     if (st.kernel == K::kSparse) return c.set_output(0, as_sparse(st.sparse));
     c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;
+  }
+  if (x.dim() == 4 && x.is_cuda() && c.prepack() && c.is_constant(1) &&
+      (!b.defined() || c.is_constant(2))) {
+    return c.set_output(0, conv2d_cuda(c, in, w, b, other, padding, g, post));
   }
   at::Tensor y = at::convolution(in, w, b, g.strides, padding, g.dilations, false,
                                  std::vector<int64_t>(padding.size(), 0), g.group);

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "lopper/executor.h"
 #include "test_models.h"
 
@@ -49,6 +51,34 @@ TEST(ExecutorCuda, FixturesMatchPyTorchInFp32AndBf16) {
       }
       ++ran;
     }
+  }
+  EXPECT_GT(ran, 0) << "no fixture model found in " << test::fixtures_dir();
+}
+
+// Each form of a convolution on the GPU (cuDNN as given, channels-last, channels-last with the
+// residual add and ReLU fused), forced on every layer in turn, agrees with PyTorch: the timed
+// choice may pick any of them per layer.
+TEST(ExecutorCuda, EveryConvolutionFormMatchesPyTorch) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  int ran = 0;
+  for (const char* stem : {"resnet18.ts", "mobilenet_v2.ts", "densenet121.ts"}) {
+    Case c = load_fixture(stem);
+    if (c.want.empty()) continue;
+    for (const char* form : {"cudnn", "cudnn-nhwc", "cudnn-nhwc-fused,cudnn-nhwc"})
+      for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
+        ::setenv("LOPPER_FORCE_KERNEL", form, 1);
+        ExecOptions o;
+        o.device = "cuda";
+        o.precision = precision;
+        Executor exec(c.model, o);
+        auto outs = exec.run(c.feeds);
+        ::unsetenv("LOPPER_FORCE_KERNEL");
+        const double rel = test::relative_max_diff(outs.at(0).cpu(), c.want.at(0));
+        std::cout << "[cuda] " << stem << " " << form << " " << at::toString(precision)
+                  << ": max|diff|/max|ref| = " << rel << "\n";
+        EXPECT_LE(rel, precision == at::kFloat ? 1e-2 : 1.5e-1) << stem << " " << form;
+        ++ran;
+      }
   }
   EXPECT_GT(ran, 0) << "no fixture model found in " << test::fixtures_dir();
 }

@@ -98,8 +98,20 @@ at::Tensor SemiStructuredWeight::linear(const at::Tensor& x_in) const {
   at::Tensor y;  // [m_pad, n_pad]
   if (backend_ == SemiBackend::kCusparselt) {
     // W [n, k] . x^T [k, m], written transposed: [m, n] row-major, bias per output.
-    y = at::_cslt_sparse_mm(packed_, x.t(), bias_.defined() ? std::optional(bias_) : std::nullopt,
-                            std::nullopt, std::nullopt, /*transpose_result=*/true);
+    const std::optional<at::Tensor> bias = bias_.defined() ? std::optional(bias_) : std::nullopt;
+    int64_t alg = 0;
+    {
+      std::lock_guard<std::mutex> lock(alg_mutex_);
+      auto it = alg_.find(m_pad);
+      if (it == alg_.end())
+        it =
+            alg_.emplace(m_pad, at::_cslt_sparse_mm_search(packed_, x.t(), bias, std::nullopt,
+                                                           std::nullopt, /*transpose_result=*/true))
+                .first;
+      alg = it->second;
+    }
+    y = at::_cslt_sparse_mm(packed_, x.t(), bias, std::nullopt, std::nullopt,
+                            /*transpose_result=*/true, alg);
   } else {
     y = at::_sparse_semi_structured_mm(packed_, meta_, x.t()).t();
     if (bias_.defined()) y = y + bias_;

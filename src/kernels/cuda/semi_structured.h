@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace lopper::kernels::cuda {
@@ -47,6 +49,10 @@ class SemiStructuredWeight {
   at::Tensor packed_, meta_, bias_;
   int64_t n_ = 0, n_pad_ = 0, k_ = 0;
   at::ScalarType dtype_;
+  // cuSPARSELt's algorithm for each padded batch size, found by its own search (timed runs) on
+  // the first product of that size: its default algorithm is slower than cuBLAS on a Hopper.
+  mutable std::mutex alg_mutex_;
+  mutable std::map<int64_t, int64_t> alg_;
 };
 
 }  // namespace lopper::kernels::cuda

@@ -89,6 +89,9 @@ def main():
     ap.add_argument("--round-to", type=int, default=8, help="channel counts a multiple of N")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--profile-dir", help="also write, per model and precision, `lopper bench "
+                    "--profile --explain` at the batch and the median at twice the batch (does the "
+                    "time follow the work, or the host's launches?)")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,6 +105,16 @@ def main():
             row["pruned_ms"] = lopper_ms(a.lopper, pruned, a.batch, prec, a.iters)
             row["speedup"] = row["dense_ms"] / row["pruned_ms"]
             row["torch_dense_ms"] = torch_ms(a.model, a.batch, prec, a.iters)
+            if a.profile_dir:
+                os.makedirs(a.profile_dir, exist_ok=True)
+                for tag, path in (("dense", dense), ("pruned", pruned)):
+                    cmd = [a.lopper, "bench", path, "--device", "cuda", "--batch", str(a.batch),
+                           "--precision", prec, "--iters", str(a.iters), "--warmup", "5",
+                           "--profile", "--explain"]
+                    r = subprocess.run(cmd, capture_output=True, text=True)
+                    with open(os.path.join(a.profile_dir, f"{tag}-{prec}.txt"), "w") as f:
+                        f.write(r.stdout + r.stderr)
+                    row[f"{tag}_ms_2x_batch"] = lopper_ms(a.lopper, path, 2 * a.batch, prec, a.iters)
             rows.append(row)
             print(f"{row['model']} {prec} batch {a.batch}: MACs kept {p['macs_kept']:.3f}, "
                   f"lopper dense {row['dense_ms']:.2f} ms, pruned {row['pruned_ms']:.2f} ms "

@@ -126,9 +126,24 @@ fi
 [ -n "$fixtures_pid" ] && stage fixtures 600 bash -c "while kill -0 $fixtures_pid 2>/dev/null; do sleep 1; done;
   tail -5 $D/fixtures.log; ls $B/fixtures/bert.ts.onnx"
 
-stage gpu-tests 400 bash -c "stdbuf -oL $B/tests/lopper_gpu_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' \
-  2>&1 | grep -v '^\[       OK\|^\[ RUN' | tail -60; exit \${PIPESTATUS[0]}"
-tests_line=$(grep -E '^\[  (PASSED|FAILED)' "$log" | tail -2 | tr '\n' ' ')
+# Each GPU test in its own process (a sticky CUDA error, such as an illegal instruction, fails
+# that test alone), its whole output in $D/gpu-tests.log.
+gpu_tests() {
+  local bin=$B/tests/lopper_gpu_tests rc=0 t
+  for t in $($bin --gtest_list_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' |
+             awk '/^[^ ]/ {s = $1} /^  / {print s $1}'); do
+    echo "===== $t" >> $D/gpu-tests.log
+    if stdbuf -oL $bin --gtest_filter="$t" >> $D/gpu-tests.log 2>&1; then
+      echo "[gpu-test] passed: $t"
+    else
+      echo "[gpu-test] FAILED: $t"; rc=1
+      awk -v t="===== $t" '$0 == t {p = 1} p' $D/gpu-tests.log | grep -v '^frame #' | tail -25
+    fi
+  done
+  return $rc
+}
+stage gpu-tests 400 bash -c "$(declare -f gpu_tests); B=$B D=$D gpu_tests"
+tests_line="$(grep -c '^\[gpu-test\] passed' "$log") passed, $(grep -c '^\[gpu-test\] FAILED' "$log") failed"
 # Fine-tuning throughput against PyTorch eager on the same models and data.
 stage train-throughput 300 "$py" bench/train_cuda.py --lopper $B/lopper --data-dir $fmnist_dir \
   --epochs 2 --json $D/gpu-train.json
@@ -141,7 +156,8 @@ stage kernel-bench 300 bash -c "$B/bench/lopper_kernel_bench --benchmark_filter=
 # Structured: resnet50 with channels removed until half its MACs are gone, batch 64, dense vs
 # pruned in lopper (PyTorch eager as the dense peer).
 stage structured 400 "$py" bench/structured_cuda.py --lopper $B/lopper --model resnet50 \
-  --batch 64 --iters $([ $quick = 1 ] && echo 5 || echo 20) --json $D/gpu-structured.json
+  --batch 64 --iters $([ $quick = 1 ] && echo 5 || echo 20) --json $D/gpu-structured.json \
+  --profile-dir $D/structured-profile
 
 f=$B/fixtures o=$B/cli
 mkdir -p $o

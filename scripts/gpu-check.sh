@@ -133,10 +133,12 @@ gpu_tests() {
   for t in $($bin --gtest_list_tests --gtest_filter='*Cuda*:*Gpu*:Cli.Bench*' |
              awk '/^[^ ]/ {s = $1} /^  / {print s $1}'); do
     echo "===== $t" >> $D/gpu-tests.log
-    if stdbuf -oL $bin --gtest_filter="$t" >> $D/gpu-tests.log 2>&1; then
+    stdbuf -oL $bin --gtest_filter="$t" >> $D/gpu-tests.log 2>&1
+    local s=$?
+    if [ $s = 0 ]; then
       echo "[gpu-test] passed: $t"
-    else
-      echo "[gpu-test] FAILED: $t"; rc=1
+    else  # 128 + N: killed by signal N (139: a segfault)
+      echo "[gpu-test] FAILED: $t (exit status $s)"; rc=1
       awk -v t="===== $t" '$0 == t {p = 1} p' $D/gpu-tests.log | grep -v '^frame #' | tail -25
     fi
   done

@@ -56,15 +56,16 @@ TEST(ExecutorCuda, FixturesMatchPyTorchInFp32AndBf16) {
   EXPECT_GT(ran, 0) << "no fixture model found in " << test::fixtures_dir();
 }
 
-// Each form of a convolution on the GPU (cuDNN as given, channels-last), forced on every layer in
-// turn, agrees with PyTorch: the timed choice may pick either per layer.
+// Each form of a convolution on the GPU (cuDNN as given, channels-last, channels-last with the
+// residual add and ReLU fused), forced on every layer in turn, agrees with PyTorch: the timed
+// choice may pick any of them per layer.
 TEST(ExecutorCuda, EveryConvolutionFormMatchesPyTorch) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
   int ran = 0;
   for (const char* stem : {"resnet18.ts", "mobilenet_v2.ts", "densenet121.ts"}) {
     Case c = load_fixture(stem);
     if (c.want.empty()) continue;
-    for (const char* form : {"cudnn", "cudnn-nhwc"})
+    for (const char* form : {"cudnn", "cudnn-nhwc", "cudnn-nhwc-fused,cudnn-nhwc"})
       for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
         ::setenv("LOPPER_FORCE_KERNEL", form, 1);
         ExecOptions o;

@@ -50,7 +50,9 @@ class SemiStructuredWeight {
   int64_t n_ = 0, n_pad_ = 0, k_ = 0;
   at::ScalarType dtype_;
   // cuSPARSELt's algorithm for each padded batch size, found by its own search (timed runs) on
-  // the first product of that size: its default algorithm is slower than cuBLAS on a Hopper.
+  // the first product of that size, when batch, outputs and inputs are all >= kSearchMin: its
+  // default algorithm is slower than cuBLAS on a Hopper.
+  static constexpr int64_t kSearchMin = 2048;
   mutable std::mutex alg_mutex_;
   mutable std::map<int64_t, int64_t> alg_;
 };

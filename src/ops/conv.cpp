@@ -126,8 +126,9 @@ at::Tensor conv2d_cuda(OpContext& c, const at::Tensor& in, const at::Tensor& w, 
                      want.scalar_type(), " ", want.sizes());
         // NOTE: and the same values (to the tolerance of another cuDNN algorithm in this type):
         // a fused graph that ran but computed something else must never be chosen.
-        const double err = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
-        const double scale = want.to(at::kFloat).abs().max().item<double>();
+        const at::Tensor want_f = want.to(at::kFloat);
+        const double err = (got.to(at::kFloat) - want_f).abs().max().item<double>();
+        const double scale = want_f.abs().max().item<double>();
         LOPPER_CHECK(err <= 2e-2 * (scale + 1), "differs from the unfused result by ", err);
         cands.push_back({"cudnn-nhwc-fused", fused});
         kinds.push_back(K::kNhwcFused);

@@ -49,7 +49,6 @@ at::Tensor attention_mask(const Batch& b) {
   return m ? *m : at::Tensor();
 }
 
-// splitmix64 of (seed, step): the masked-LM pick of one batch.
 // A host tensor onto `device`. To a GPU the copy goes through pinned memory without blocking the
 // host: a copy from pageable memory waits for the stream to drain, so the host could not queue the
 // next step's work while the GPU runs this one.
@@ -58,6 +57,7 @@ at::Tensor to_device(const at::Tensor& t, const at::Device& device) {
   return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
 }
 
+// splitmix64 of (seed, step): the masked-LM pick of one batch.
 uint64_t step_seed(uint64_t seed, int64_t step) {
   return splitmix64(seed * 0x9E3779B97F4A7C15ULL + uint64_t(step) + 0x632BE59BD9B4E019ULL);
 }

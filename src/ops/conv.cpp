@@ -1,5 +1,6 @@
 // Conv and ConvTranspose (1-D, 2-D, 3-D; groups, dilations, asymmetric and automatic padding),
 // and Col2Im, the inverse of the im2col a convolution unrolls to.
+#include "kernels/cpu/conv.h"
 #include "exec/kernel_choice.h"
 #include "exec/onednn.h"
 #include "exec/sparse_linear.h"
@@ -71,7 +72,8 @@ struct ConvState {
   at::Tensor packed;         // oneDNN convolution weight, reordered for the first input shape
   at::Tensor packed_linear;  // for 1x1 convolutions: the weight as a oneDNN linear layer's
   SparseCandidate sparse;    // a sparse weight as [C_out, C_in * kernel]
-  enum class Kernel { kUndecided, kConv, kLinear, kSparse } kernel = Kernel::kUndecided;
+  std::shared_ptr<const kernels::cpu::DirectConv> direct;  // lopper's own dense kernel
+  enum class Kernel { kUndecided, kConv, kLinear, kSparse, kDirect } kernel = Kernel::kUndecided;
 };
 
 // A 2-D convolution on a GPU (inference, constant weight), by cuDNN in one of three forms, timed
@@ -230,10 +232,26 @@ void conv_forward(OpContext& c) {
       }
       return fused_add ? onednn::apply_unfused(y.add_(other_cl), post) : y;
     };
+    auto as_direct = [&] {
+      const kernels::cpu::Activation act = fused_activation(post);
+      at::Tensor y = st.direct->run(in, other_cl, act);
+      return act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+    };
     using K = ConvState::Kernel;
     if (st.kernel == K::kUndecided) {
       std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
       std::vector<K> kinds{K::kConv};
+      // NOTE: lopper's own direct and depthwise kernels: no blocked layout to convert to and from,
+      // no primitive to look up per call; they win on small images and on the odd channel counts
+      // structured pruning leaves.
+      if (kernels::cpu::DirectConv::takes(w, g.group, in.size(1))) {
+        kernels::cpu::DirectConv::Geometry dg;
+        dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
+        dg.dh = g.dilations[0], dg.dw = g.dilations[1];
+        st.direct = std::make_shared<const kernels::cpu::DirectConv>(w, b, g.group, dg);
+        cands.push_back({st.direct->depthwise() ? "lopper-depthwise" : "lopper-direct", as_direct});
+        kinds.push_back(K::kDirect);
+      }
       if (pointwise) {
         st.packed_linear = onednn::pack_linear_weight(w.reshape({w.size(0), w.size(1)}), rows);
         cands.push_back({"onednn-linear", as_linear});
@@ -254,8 +272,10 @@ void conv_forward(OpContext& c) {
       if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
       if (st.kernel != K::kConv) st.packed.reset();
       if (st.kernel != K::kLinear) st.packed_linear.reset();
+      if (st.kernel != K::kDirect) st.direct.reset();
     }
     if (st.kernel == K::kSparse) return c.set_output(0, as_sparse(st.sparse));
+    if (st.kernel == K::kDirect) return c.set_output(0, as_direct());
     c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;
   }

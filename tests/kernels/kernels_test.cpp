@@ -1,7 +1,8 @@
 // One consistency test for every own kernel. CPU: each ISA this CPU has x each packed format x
 // each kernel that takes it, against ATen's dense result (float64) on random shapes, odd sizes,
 // empty rows and columns, 0% and 100% sparsity, batches 1 to 256, strided rows, fused bias and
-// activations. CUDA (skipped without a GPU): each dtype against cuBLAS.
+// activations; the dense direct and depthwise convolutions against ATen's convolution. CUDA
+// (skipped without a GPU): each dtype against cuBLAS.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <random>
 
+#include "kernels/cpu/conv.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
@@ -241,6 +243,68 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   EXPECT_GT(checked, 200);
   EXPECT_GT(fixed, 0);
   EXPECT_GT(pairs, 0);
+}
+
+// Random geometries (strides, padding, dilation, odd and single channel counts, images smaller
+// than the kernel's reach, batches of 1 and 2), with and without bias and residual, every fused
+// activation, inputs in either layout: each ISA's direct and depthwise kernels against ATen's
+// convolution in float64.
+TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
+  std::mt19937 rng(7);
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  int cases = 0;
+  for (kc::Isa isa : isas()) {
+    for (int it = 0; it < 300; ++it) {
+      const bool dw = it % 3 == 0;
+      const int64_t n = 1 + rng() % 2, h = 1 + rng() % 14, w = 1 + rng() % 17;
+      const int64_t c = dw ? 1 + rng() % 70 : std::vector<int64_t>{1, 3, 5, 16, 24, 37}[rng() % 6];
+      const int64_t k = dw ? c : std::vector<int64_t>{1, 7, 8, 16, 17, 40, 96}[rng() % 7];
+      const int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
+      kc::DirectConv::Geometry g;
+      g.sh = 1 + rng() % 2, g.sw = 1 + rng() % 2, g.ph = rng() % 3, g.pw = rng() % 3;
+      g.dh = 1 + rng() % 2, g.dw = 1 + rng() % 2;
+      const int64_t spare_h = h + 2 * g.ph - g.dh * (kh - 1) - 1;
+      const int64_t spare_w = w + 2 * g.pw - g.dw * (kw - 1) - 1;
+      if (spare_h < 0 || spare_w < 0) continue;  // the kernel reaches past the padded input
+      const int64_t oh = spare_h / g.sh + 1, ow = spare_w / g.sw + 1;
+      const at::Tensor weight = at::randn({k, dw ? 1 : c, kh, kw}, gen);
+      const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
+      at::Tensor x = at::randn({n, c, h, w}, gen);
+      if (rng() % 2) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      const at::Tensor res = rng() % 2 ? at::randn({n, k, oh, ow}, gen) : at::Tensor();
+      kc::Activation act;
+      act.kind = static_cast<kc::Activation::Kind>(rng() % 4);
+      act.lo = -0.5f, act.hi = 0.75f, act.alpha = 0.1f;
+      const int64_t group = dw ? c : 1;
+      ASSERT_TRUE(kc::DirectConv::takes(weight, group, c));
+      const kc::DirectConv conv(weight, bias, group, g, isa);
+      ASSERT_EQ(conv.depthwise(), group > 1);  // one channel: the direct kernel
+      const at::Tensor y = conv.run(x, res, act);
+      at::Tensor ref =
+          at::convolution(x.to(at::kDouble), weight.to(at::kDouble),
+                          bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {g.sh, g.sw},
+                          {g.ph, g.pw}, {g.dh, g.dw}, false, {0, 0}, group);
+      if (res.defined()) ref = ref + res.to(at::kDouble);
+      ref = act.kind == kc::Activation::kRelu    ? at::relu(ref)
+            : act.kind == kc::Activation::kClip  ? at::clamp(ref, act.lo, act.hi)
+            : act.kind == kc::Activation::kLeaky ? at::leaky_relu(ref, act.alpha)
+                                                 : ref;
+      const std::string what = std::string(kc::isa_name(isa)) + (dw ? " depthwise" : " direct") +
+                               " x " + std::to_string(n) + "x" + std::to_string(c) + "x" +
+                               std::to_string(h) + "x" + std::to_string(w) + " k " +
+                               std::to_string(k) + " kernel " + std::to_string(kh) + "x" +
+                               std::to_string(kw) + " case " + std::to_string(it);
+      ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+      ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      const double err = (y.to(at::kDouble) - ref).abs().max().item<double>();
+      EXPECT_LE(err, 1e-4 * (1 + ref.abs().max().item<double>())) << what;
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 200);
+  // A grouped convolution that is not depthwise, and a non-float weight, are not taken.
+  EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 2, 3, 3}), 4, 8));
+  EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
 }
 
 TEST(SparseKernels, PackingCountsAndRefusals) {

@@ -1,42 +1,45 @@
-// Dense direct and depthwise convolution in NHWC, written once over the vector types of vec_impl.h
-// and compiled per ISA (internal; plain C++). Work in progress for issue 22: not yet called by the
-// executor.
+// Dense direct and depthwise convolution in NHWC (conv_isa.h), written once over the vector types
+// of vec_impl.h and compiled per ISA by conv_scalar.cpp, conv_avx2.cpp and conv_avx512.cpp, which
+// define LOPPER_SPARSE_ISA, LOPPER_CONV_OPS_NAME and LOPPER_CONV_OPS_LABEL.
 //
-// y[n, oy, ox, k] = act(bias[k] + residual[n, oy, ox, k] +
-//                       sum_{kh, kw, c} x[n, oy*sh - ph + kh*dh, ox*sw - pw + kw*dw, c] * w[k, c,
-//                       kh, kw])
-//
-// Pixels are `x_stride` / `y_stride` / `r_stride` floats apart (at least the channel count), so a
-// producer can write its channels into a slice of a wider buffer (Concat in place). The weight is
-// packed once into blocks of NB output channels: [K/NB][KH][KW][C][NB], the last block padded with
-// zeros. The microkernel keeps MR output pixels x NB channels in registers and streams the taps;
-// pixels whose taps all fall inside the input (the interior) take it MR at a time, the border
-// pixels one at a time with their taps checked.
+// The dense weight is packed once into blocks of NB output channels: [K/NB][KH][KW][C][NB], the
+// last block padded with zeros. The microkernel keeps MR output pixels x NB channels in registers
+// and streams the taps and input channels; it runs on an input padded beforehand, so that every
+// tap of every pixel is inside and MR consecutive pixels may span rows (small images keep the
+// registers full). A tile of work is MR pixels of one channel block, block-major (a thread's
+// consecutive tiles reuse one block's weights). The depthwise kernel reads the unpadded input: its
+// interior pixels four at a time, the border pixels one at a time with their taps checked.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/vec_impl.h"
 
 namespace lopper::kernels::cpu {
 
-struct ConvShape {
-  int64_t n = 1, h = 1, w = 1, c = 1;  // input, NHWC
-  int64_t oh = 1, ow = 1, k = 1;       // output rows, columns and channels
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
-  int64_t x_stride = 0, y_stride = 0, r_stride = 0;  // floats between pixels (0: c, k, k)
-};
-
 namespace {
 
+// MR pixels x NV vectors of accumulators, with NV weight vectors and a broadcast beside them, fill
+// the registers (AVX-512: 24 + 3 + 1 of 32; AVX2: 12 + 3 + 1 of 16); per input channel, NV + MR
+// loads feed MR * NV FMAs, and the MR input pointers stay in general registers.
 template <class T>
 struct ConvTraits {
-  static constexpr int kNB = 2 * T::W;             // output channels per block: two vectors
-  static constexpr int kMR = T::W >= 16 ? 12 : 6;  // output pixels per microkernel call
+  static constexpr int kNV = 3;                   // vectors of output channels per block
+  static constexpr int kNB = kNV * T::W;          // output channels per block
+  static constexpr int kMR = T::W >= 16 ? 8 : 4;  // output pixels per microkernel call
 };
 
 inline int64_t conv_blocks(const ConvShape& s, int nb) { return (s.k + nb - 1) / nb; }
+
+// The shape with its pixel strides made explicit (0: the channel count).
+inline ConvShape with_strides(ConvShape s) {
+  if (s.x_stride == 0) s.x_stride = s.c;
+  if (s.y_stride == 0) s.y_stride = s.k;
+  if (s.r_stride == 0) s.r_stride = s.k;
+  return s;
+}
 
 // The output columns [lo, hi] whose every tap falls inside the input; lo > hi when none does.
 struct Interior {
@@ -72,80 +75,98 @@ inline void conv_pack(const float* w, const ConvShape& s, int nb, float* out) {
           }
 }
 
-// MR pixels starting at output column ox0 of row (n, oy), channels of block b; when kChecked,
-// taps outside the input are skipped (then MR is 1).
-template <class T, int MR, bool kChecked>
-inline void conv_micro(const float* x, const float* wb, float* y, const float* res,
-                       const ConvShape& s, int64_t n, int64_t oy, int64_t ox0, int64_t kbase,
+// MR output pixels x NV vectors of the channels of one block: the window of pixel m starts at
+// px[m] (every tap inside the input: the dense kernel runs on an input padded beforehand, so a
+// group of pixels may span rows and images); pixels [valid, MR) are computed (their px repeat a
+// valid one) and not stored. `row` is the floats between input rows.
+template <class T, int MR, int NV>
+inline void conv_micro(const float* const* px, const float* wb, const ConvShape& s, int64_t row,
+                       int valid, int64_t pix0, int64_t kbase, float* y, const float* res,
                        const Epilogue& e) {
   using V = typename T::V;
-  constexpr int W = T::W, NB = 2 * W;
-  const int64_t xs = s.x_stride, ys = s.y_stride, rs = s.r_stride;
-  V acc[MR][2];
+  constexpr int W = T::W, NB = ConvTraits<T>::kNB;
+  V acc[MR][NV];
   LOPPER_UNROLL
-  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = T::zero();
-  for (int64_t i = 0; i < s.kh; ++i) {
-    const int64_t iy = oy * s.sh - s.ph + i * s.dh;
-    if (iy < 0 || iy >= s.h) continue;
-    const float* xrow = x + (n * s.h + iy) * s.w * xs;
-    for (int64_t j = 0; j < s.kw; ++j) {
-      const int64_t ix0 = ox0 * s.sw - s.pw + j * s.dw;
-      if (kChecked && (ix0 < 0 || ix0 >= s.w)) continue;
-      const float* xp = xrow + ix0 * xs;
+  for (int m = 0; m < MR; ++m) LOPPER_UNROLL
+  for (int v = 0; v < NV; ++v) acc[m][v] = T::zero();
+  // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
+  // input (and of the packed weight): one loop over it (the 3-channel first layer: 9, not 3x3).
+  const bool runs = s.dw == 1 && s.x_stride == s.c;
+  const int64_t span = runs ? s.kw * s.c : s.c, taps = runs ? 1 : s.kw;
+  for (int64_t i = 0; i < s.kh; ++i)
+    for (int64_t j = 0; j < taps; ++j) {
+      const int64_t off = i * s.dh * row + j * s.dw * s.x_stride;
       const float* wp = wb + (i * s.kw + j) * s.c * NB;
-      for (int64_t c = 0; c < s.c; ++c) {
-        const V w0 = T::load(wp + c * NB), w1 = T::load(wp + c * NB + W);
+      const float* p[MR];
+      LOPPER_UNROLL
+      for (int m = 0; m < MR; ++m) p[m] = px[m] + off;
+      for (int64_t c = 0; c < span; ++c) {
+        V w[NV];
+        LOPPER_UNROLL
+        for (int v = 0; v < NV; ++v) w[v] = T::load(wp + c * NB + v * W);
         LOPPER_UNROLL
         for (int m = 0; m < MR; ++m) {
-          const V xb = T::set1(xp[m * s.sw * xs + c]);
-          acc[m][0] = T::fma(xb, w0, acc[m][0]);
-          acc[m][1] = T::fma(xb, w1, acc[m][1]);
+          const V xb = T::set1(p[m][c]);
+          LOPPER_UNROLL
+          for (int v = 0; v < NV; ++v) acc[m][v] = T::fma(xb, w[v], acc[m][v]);
         }
       }
     }
-  }
   const int64_t left = s.k - kbase;  // valid channels of this block (may exceed NB)
-  const int n0 = int(std::min<int64_t>(W, left)), n1 = int(std::clamp<int64_t>(left - W, 0, W));
-  const V b0 = e.bias ? T::loadm(e.bias + kbase, n0) : T::zero();
-  const V b1 = e.bias ? T::loadm(e.bias + kbase + W, n1) : T::zero();
+  int n[NV];
+  V b[NV];
+  LOPPER_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    n[v] = int(std::clamp<int64_t>(left - v * W, 0, W));
+    b[v] = e.bias ? T::loadm(e.bias + kbase + v * W, n[v]) : T::zero();
+  }
   LOPPER_UNROLL
   for (int m = 0; m < MR; ++m) {
-    const int64_t pix = (n * s.oh + oy) * s.ow + ox0 + m;
-    float* yp = y + pix * ys + kbase;
-    const float* rp = res ? res + pix * rs + kbase : nullptr;
-    store_out<T>(T::add(acc[m][0], b0), n0, yp, rp, e);
-    store_out<T>(T::add(acc[m][1], b1), n1, yp + W, rp ? rp + W : nullptr, e);
+    if (m >= valid) break;
+    const int64_t pix = pix0 + m;
+    float* yp = y + pix * s.y_stride + kbase;
+    const float* rp = res ? res + pix * s.r_stride + kbase : nullptr;
+    LOPPER_UNROLL
+    for (int v = 0; v < NV; ++v)
+      store_out<T>(T::add(acc[m][v], b[v]), n[v], yp + v * W, rp ? rp + v * W : nullptr, e);
   }
 }
 
-// Output rows [row_begin, row_end) of the n*oh rows, every channel block.
+// The dense convolution's pieces of work: MR output pixels (in order over images, rows and
+// columns) x one block of channels, block-major.
 template <class T>
-void conv_rows(const float* x, const float* packed, float* y, const float* res, const ConvShape& s0,
-               const Epilogue& e, int64_t row_begin, int64_t row_end) {
-  constexpr int NB = ConvTraits<T>::kNB, MR = ConvTraits<T>::kMR;
-  ConvShape s = s0;
-  if (s.x_stride == 0) s.x_stride = s.c;
-  if (s.y_stride == 0) s.y_stride = s.k;
-  if (s.r_stride == 0) s.r_stride = s.k;
-  auto [lo, hi] = interior_columns(s);
-  if (lo > hi) lo = hi = -1;  // no interior
-  const int64_t blocks = conv_blocks(s, NB);
-  const int64_t wblock = s.kh * s.kw * s.c * NB;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t n = row / s.oh, oy = row % s.oh;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* wb = packed + b * wblock;
-      const int64_t kbase = b * NB;
-      int64_t ox = 0;
-      const int64_t left_end = lo < 0 ? s.ow : lo;
-      for (; ox < left_end; ++ox) conv_micro<T, 1, true>(x, wb, y, res, s, n, oy, ox, kbase, e);
-      if (lo >= 0) {
-        for (; ox + MR <= hi + 1; ox += MR)
-          conv_micro<T, MR, false>(x, wb, y, res, s, n, oy, ox, kbase, e);
-        for (; ox <= hi; ++ox) conv_micro<T, 1, false>(x, wb, y, res, s, n, oy, ox, kbase, e);
-        for (; ox < s.ow; ++ox) conv_micro<T, 1, true>(x, wb, y, res, s, n, oy, ox, kbase, e);
-      }
+int64_t conv_tile_count(const ConvShape& s) {
+  constexpr int MR = ConvTraits<T>::kMR;
+  return conv_blocks(s, ConvTraits<T>::kNB) * ((s.n * s.oh * s.ow + MR - 1) / MR);
+}
+
+// Tiles [t0, t1) of a dense convolution whose input needs no padding (ph = pw = 0: DirectConv
+// pads it first).
+template <class T>
+void conv_tiles(const float* x, const float* packed, float* y, const float* res,
+                const ConvShape& s0, const Epilogue& e, int64_t t0, int64_t t1) {
+  constexpr int W = T::W, NB = ConvTraits<T>::kNB, MR = ConvTraits<T>::kMR;
+  const ConvShape s = with_strides(s0);
+  const int64_t pixels = s.n * s.oh * s.ow, groups = (pixels + MR - 1) / MR;
+  const int64_t row = s.w * s.x_stride, wblock = s.kh * s.kw * s.c * NB;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t b = t / groups, pix0 = t % groups * MR, kbase = b * NB;
+    const int valid = int(std::min<int64_t>(MR, pixels - pix0));
+    const float* px[MR];
+    for (int m = 0; m < MR; ++m) {
+      const int64_t pix = pix0 + std::min(m, valid - 1);
+      const int64_t img = pix / (s.oh * s.ow), oy = pix / s.ow % s.oh, ox = pix % s.ow;
+      px[m] = x + ((img * s.h + oy * s.sh) * s.w + ox * s.sw) * s.x_stride;
     }
+    const float* wb = packed + b * wblock;
+    static_assert(ConvTraits<T>::kNV == 3);
+    const int64_t nv = (s.k - kbase + W - 1) / W;  // the last block: no vector of padding alone
+    if (nv >= 3)
+      conv_micro<T, MR, 3>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+    else if (nv == 2)
+      conv_micro<T, MR, 2>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+    else
+      conv_micro<T, MR, 1>(px, wb, s, row, valid, pix0, kbase, y, res, e);
   }
 }
 
@@ -175,10 +196,7 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
              const Epilogue& e, int64_t row_begin, int64_t row_end) {
   using V = typename T::V;
   constexpr int W = T::W;
-  ConvShape s = s0;
-  if (s.x_stride == 0) s.x_stride = s.c;
-  if (s.y_stride == 0) s.y_stride = s.c;
-  if (s.r_stride == 0) s.r_stride = s.c;
+  const ConvShape s = with_strides(s0);
   const int64_t cp = dw_padded(s.c, W);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / s.oh, oy = row % s.oh;
@@ -241,4 +259,31 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
 }
 
 }  // namespace
+
+extern const ConvIsaOps LOPPER_CONV_OPS_NAME;
+const ConvIsaOps LOPPER_CONV_OPS_NAME = {
+    LOPPER_CONV_OPS_LABEL,
+    [](const ConvShape& s, bool depthwise) -> int64_t {
+      using T = Wide;
+      constexpr int NB = ConvTraits<T>::kNB;
+      return depthwise ? dw_padded(s.c, T::W) * s.kh * s.kw
+                       : conv_blocks(s, NB) * NB * s.kh * s.kw * s.c;
+    },
+    [](const float* w, const ConvShape& s, bool depthwise, float* packed) {
+      if (depthwise)
+        dw_pack(w, s, Wide::W, packed);
+      else
+        conv_pack(w, s, ConvTraits<Wide>::kNB, packed);
+    },
+    [](const ConvShape& s, bool depthwise) -> int64_t {
+      return depthwise ? s.n * s.oh : conv_tile_count<Wide>(s);
+    },
+    [](const float* x, const float* packed, float* y, const float* residual, const ConvShape& s,
+       bool depthwise, const Epilogue& e, int64_t t0, int64_t t1) {
+      if (depthwise)
+        dw_rows<Wide>(x, packed, y, residual, s, e, t0, t1);
+      else
+        conv_tiles<Wide>(x, packed, y, residual, s, e, t0, t1);
+    }};
+
 }  // namespace lopper::kernels::cpu

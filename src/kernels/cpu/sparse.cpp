@@ -27,17 +27,6 @@ const SparseIsaOps& ops_of(Isa isa) {
   }
 }
 
-Epilogue epilogue(const Activation& a, const std::vector<float>& bias) {
-  Epilogue e;
-  e.bias = bias.empty() ? nullptr : bias.data();
-  e.act = a.kind == Activation::kRelu    ? Epilogue::kRelu
-          : a.kind == Activation::kClip  ? Epilogue::kClip
-          : a.kind == Activation::kLeaky ? Epilogue::kLeaky
-                                         : Epilogue::kNone;
-  e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha;
-  return e;
-}
-
 // A scratch buffer per thread that only grows: large per-call allocations would be returned to
 // the system and page-faulted back in on every run.
 // NOTE: aligned to 64 bytes, with rows of whole cache lines (see padded()): a vector load that
@@ -109,6 +98,17 @@ bool isa_supported(Isa isa) {
 }
 
 const char* isa_name(Isa isa) { return ops_of(isa).name; }
+
+Epilogue to_epilogue(const Activation& a, const float* bias) {
+  Epilogue e;
+  e.bias = bias;
+  e.act = a.kind == Activation::kRelu    ? Epilogue::kRelu
+          : a.kind == Activation::kClip  ? Epilogue::kClip
+          : a.kind == Activation::kLeaky ? Epilogue::kLeaky
+                                         : Epilogue::kNone;
+  e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha;
+  return e;
+}
 
 bool bf16_dot_supported(Isa isa) {
   static const bool cpu = __builtin_cpu_supports("avx512bf16") &&
@@ -265,7 +265,7 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
   float* yp = y.data_ptr<float>();
   const SparseIsaOps& ops = ops_of(isa);
   const SpView s = view();
-  const Epilogue e = epilogue(act, bias_);
+  const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const int64_t threads = at::get_num_threads();
   const int64_t tile = algo == Algo::kCols ? 64 : 32;
   const int64_t tiles = ceil_div(m, tile);
@@ -313,7 +313,7 @@ at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Is
   float* yp = y.data_ptr<float>();
   const SparseIsaOps& ops = ops_of(isa);
   const SpView s = view();
-  const Epilogue e = epilogue(act, bias_);
+  const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   constexpr int64_t kCols = 256;
   const int64_t ctiles = ceil_div(l, kCols), items = batch * ctiles;
   const auto bounds = split_rows(ceil_div(2 * at::get_num_threads(), items));
@@ -460,7 +460,7 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
       bf16_dot_supported(isa)) {
     const at::Tensor x = x_in.contiguous();
     const SparseIsaOps& ops = ops_of(isa);
-    const Epilogue e = epilogue(act, bias_);
+    const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
     float* yp = y.data_ptr<float>();
     // NOTE: split per call: the thread count may change after packing.
@@ -474,7 +474,7 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   if (m > 0 && view_.n > 0) {
     const SparseIsaOps& ops = ops_of(isa);
-    const Epilogue e = epilogue(act, bias_);
+    const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
     const float* xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     // NOTE: split per call: the thread count may change after packing.

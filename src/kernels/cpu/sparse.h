@@ -42,6 +42,8 @@ struct Activation {
   enum Kind { kNone, kRelu, kClip, kLeaky } kind = kNone;
   float lo = 0, hi = 0, alpha = 0;
 };
+/// The kernels' output stage for `a` and a bias of the outputs (or null).
+Epilogue to_epilogue(const Activation& a, const float* bias);
 
 /// The number of values of `w` that are not zero (neither +0 nor -0), as at::count_nonzero: for a
 /// contiguous float32 or bfloat16 CPU tensor by the threads, a word at a time (ATen's takes ~1 s

@@ -1,0 +1,109 @@
+// Google Benchmark: lopper's dense NHWC convolution kernels (direct, depthwise) against oneDNN's
+// convolution (weight reordered once, channels-last activations, bias and ReLU fused: what the
+// executor runs otherwise) on the layers of the models issue 22 is about: MobileNetV2's pointwise
+// and depthwise layers, ResNet's 3x3, the 3-channel first layer, and the odd channel counts a 50%
+// structured pruning leaves. Part of lopper_kernel_bench:
+//
+//   build/bench/lopper_kernel_bench --benchmark_filter='Conv'
+//
+// Arguments of every benchmark: image side, input channels, output channels, kernel side, stride,
+// depthwise (0/1), batch. The executor times both on the real layer and keeps the faster.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include "exec/onednn.h"
+#include "kernels/cpu/conv.h"
+
+namespace kc = lopper::kernels::cpu;
+
+namespace {
+
+struct ConvArgs {
+  int64_t side, c, k, kernel, stride, group, batch;
+  explicit ConvArgs(const benchmark::State& s)
+      : side(s.range(0)),
+        c(s.range(1)),
+        k(s.range(5) ? s.range(1) : s.range(2)),
+        kernel(s.range(3)),
+        stride(s.range(4)),
+        group(s.range(5) ? s.range(1) : 1),
+        batch(s.range(6)) {}
+  int64_t pad() const { return kernel / 2; }
+  at::Tensor weight() const { return at::randn({k, c / group, kernel, kernel}); }
+  at::Tensor input() const {
+    return at::randn({batch, c, side, side}).contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  int64_t macs() const {
+    const int64_t o = (side + 2 * pad() - kernel) / stride + 1;
+    return batch * o * o * k * (c / group) * kernel * kernel;
+  }
+};
+
+void counters(benchmark::State& state, const ConvArgs& a) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * a.macs(), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ConvOnednn(benchmark::State& state) {
+  const ConvArgs a(state);
+  at::manual_seed(7);
+  const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
+  const at::Tensor packed = lopper::ops::onednn::pack_conv2d_weight(
+      w, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, x.sizes());
+  lopper::ops::onednn::PostOp relu;
+  relu.attr = "relu";
+  for (auto _ : state)
+    benchmark::DoNotOptimize(lopper::ops::onednn::conv2d(
+        x, packed, b, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, relu));
+  counters(state, a);
+}
+
+void BM_ConvLopper(benchmark::State& state) {
+  const ConvArgs a(state);
+  at::manual_seed(7);
+  const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
+  kc::DirectConv::Geometry g;
+  g.sh = g.sw = a.stride;
+  g.ph = g.pw = a.pad();
+  const kc::DirectConv conv(w, b, a.group, g);
+  kc::Activation relu;
+  relu.kind = kc::Activation::kRelu;
+  for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));
+  counters(state, a);
+  state.SetLabel(kc::isa_name(kc::active_isa()));
+}
+
+void conv_shapes(benchmark::internal::Benchmark* b) {
+  // side, c, k, kernel, stride, depthwise
+  const int64_t layers[][6] = {
+      {224, 3, 32, 3, 2, 0},    // first layer (MobileNetV2)
+      {112, 32, 32, 3, 1, 1},   // depthwise
+      {112, 32, 16, 1, 1, 0},   // projection
+      {56, 144, 144, 3, 1, 1},  // depthwise
+      {56, 144, 24, 1, 1, 0},   // projection
+      {56, 24, 144, 1, 1, 0},   // expansion
+      {14, 384, 64, 1, 1, 0},   // projection
+      {14, 64, 384, 1, 1, 0},   // expansion
+      {14, 384, 384, 3, 1, 1},  // depthwise
+      {7, 960, 160, 1, 1, 0},   // projection
+      {7, 320, 1280, 1, 1, 0},  // last pointwise
+      {56, 64, 64, 3, 1, 0},    // ResNet-18 3x3
+      {28, 128, 128, 3, 1, 0},  // ResNet-18 3x3
+      {7, 512, 512, 3, 1, 0},   // ResNet-18 3x3
+      {56, 72, 12, 1, 1, 0},    // pruned: 144 -> 72 expansion, 24 -> 12 projection
+      {56, 12, 72, 1, 1, 0},    // pruned expansion
+      {56, 72, 72, 3, 1, 1},    // pruned depthwise
+      {56, 29, 29, 3, 1, 0},    // pruned ResNet 3x3, odd channels
+      {28, 61, 61, 3, 1, 0},    // pruned ResNet 3x3, odd channels
+  };
+  for (const auto& l : layers)
+    for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});
+  b->ArgNames({"side", "c", "k", "kernel", "stride", "dw", "batch"})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_ConvOnednn)->Apply(conv_shapes);
+BENCHMARK(BM_ConvLopper)->Apply(conv_shapes);

@@ -1,0 +1,91 @@
+#include "kernels/cpu/conv.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "kernels/cpu/conv_isa.h"
+#include "lopper/error.h"
+
+namespace lopper::kernels::cpu {
+namespace {
+
+const ConvIsaOps& conv_ops_of(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return kConvAvx512Ops;
+    case Isa::kAvx2:
+      return kConvAvx2Ops;
+    default:
+      return kConvScalarOps;
+  }
+}
+
+}  // namespace
+
+bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {
+  if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu()) return false;
+  return group == 1 || (group == in_channels && w.size(0) == group && w.size(1) == 1);
+}
+
+DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t group, Geometry g,
+                       Isa isa)
+    : ops_(&conv_ops_of(isa)), g_(g) {
+  const at::Tensor w = w_in.contiguous();
+  k_ = w.size(0), kh_ = w.size(2), kw_ = w.size(3);
+  depthwise_ = group > 1;
+  c_ = depthwise_ ? k_ : w.size(1);
+  LOPPER_CHECK(takes(w, group, depthwise_ ? group : c_), "[kernels] the direct convolution takes ",
+               "group 1 or depthwise float32 weights, got group ", group, " ", w.sizes());
+  ConvShape s;
+  s.c = c_, s.k = k_, s.kh = kh_, s.kw = kw_;
+  packed_.resize(static_cast<size_t>(ops_->packed_size(s, depthwise_)));
+  ops_->pack(w.data_ptr<float>(), s, depthwise_, packed_.data());
+  if (bias.defined()) {
+    const at::Tensor b = bias.to(at::kFloat).contiguous();
+    bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
+  }
+}
+
+at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
+                           Activation act) const {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.scalar_type() == at::kFloat,
+               "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
+               x_in.scalar_type(), " ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(kCl);
+  ConvShape s;
+  s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3);
+  s.k = k_, s.kh = kh_, s.kw = kw_;
+  s.sh = g_.sh, s.sw = g_.sw, s.ph = g_.ph, s.pw = g_.pw, s.dh = g_.dh, s.dw = g_.dw;
+  // The padded input minus the kernel's reach (negative: no output; C++ division truncates).
+  const int64_t spare_h = s.h + 2 * s.ph - s.dh * (s.kh - 1) - 1;
+  const int64_t spare_w = s.w + 2 * s.pw - s.dw * (s.kw - 1) - 1;
+  LOPPER_CHECK(spare_h >= 0 && spare_w >= 0,
+               "[kernels] the convolution's kernel reaches past its padded input ", x.sizes());
+  s.oh = spare_h / s.sh + 1;
+  s.ow = spare_w / s.sw + 1;
+  at::Tensor y = at::empty({s.n, s.k, s.oh, s.ow}, x.options().memory_format(kCl));
+  at::Tensor xin = x;
+  if (!depthwise_ && (s.ph > 0 || s.pw > 0)) {
+    // The dense kernel reads every tap of every pixel without a check: a padded copy.
+    xin = at::constant_pad_nd(x, {s.pw, s.pw, s.ph, s.ph}, 0).contiguous(kCl);
+    s.h += 2 * s.ph, s.w += 2 * s.pw, s.ph = s.pw = 0;
+  }
+  at::Tensor r;
+  if (residual.defined()) {
+    LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
+                 ", the output ", y.sizes());
+    r = residual.to(at::kFloat).contiguous(kCl);
+  }
+  const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
+  const float* xp = xin.data_ptr<float>();
+  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t tiles = ops_->tiles(s, depthwise_);
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
+  });
+  return y;
+}
+
+}  // namespace lopper::kernels::cpu

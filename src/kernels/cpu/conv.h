@@ -1,0 +1,46 @@
+// Dense 2-D convolution of channels-last float32 activations by lopper's own kernels (internal):
+// direct (every input channel) or depthwise (one input channel per output), the weight packed once
+// for the widest ISA the CPU has, the bias, a residual add and a simple activation fused, the work
+// split over ATen's threads. oneDNN is timed beside it per layer (ops/conv.cpp); these kernels win
+// where oneDNN's per-call overhead and blocked layouts cost more than the arithmetic: small images,
+// few or odd channel counts (what structured pruning leaves), depthwise layers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/sparse.h"
+
+namespace lopper::kernels::cpu {
+
+struct ConvIsaOps;
+
+class DirectConv {
+ public:
+  struct Geometry {
+    int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;  // padding: both sides alike
+  };
+  /// Whether the kernels take w [k, c_per_group, kh, kw] with `group` groups over `in_channels`:
+  /// a float32 CPU weight, and group 1 or depthwise (group == in_channels == k).
+  static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
+
+  /// Packs w (see takes) and its bias [k] (optional, float32).
+  DirectConv(const at::Tensor& w, const at::Tensor& bias, int64_t group, Geometry g,
+             Isa isa = active_isa());
+
+  bool depthwise() const { return depthwise_; }
+  /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
+  /// (made channels-last when it is not); `residual` undefined or of y's shape.
+  at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
+
+ private:
+  const ConvIsaOps* ops_;
+  bool depthwise_ = false;
+  int64_t k_ = 0, c_ = 0, kh_ = 1, kw_ = 1;
+  Geometry g_;
+  std::vector<float> packed_, bias_;
+};
+
+}  // namespace lopper::kernels::cpu

@@ -1,0 +1,44 @@
+// The per-ISA entry points of lopper's dense NHWC convolution kernels (internal). Each of
+// conv_scalar.cpp, conv_avx2.cpp and conv_avx512.cpp compiles conv_impl.h with its own target flags
+// and exports one table of these; conv.cpp picks the table of the active ISA.
+// NOTE: plain C++ only across this boundary, as for sparse_isa.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/epilogue.h"
+
+namespace lopper::kernels::cpu {
+
+/// A 2-D convolution of NHWC data:
+///   y[n, oy, ox, k] = act(bias[k] + residual[n, oy, ox, k] +
+///                         sum x[n, oy*sh - ph + i*dh, ox*sw - pw + j*dw, c] * w[k, c, i, j])
+/// over the taps (i, j) and the input channels c (dense), or c = k alone (depthwise: one input
+/// channel per output, c == k). Pixels are `x_stride` / `y_stride` / `r_stride` floats apart (at
+/// least the channel count; 0 means exactly it), so a producer can write into a slice of a wider
+/// buffer (Concat in place).
+struct ConvShape {
+  int64_t n = 1, h = 1, w = 1, c = 1;  // input, NHWC
+  int64_t oh = 1, ow = 1, k = 1;       // output rows, columns and channels
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  int64_t x_stride = 0, y_stride = 0, r_stride = 0;
+};
+
+struct ConvIsaOps {
+  const char* name;
+  /// Floats of the packed weight w [k][c or 1][kh][kw] (ONNX's OIHW).
+  int64_t (*packed_size)(const ConvShape& s, bool depthwise);
+  void (*pack)(const float* w, const ConvShape& s, bool depthwise, float* packed);
+  /// The independent pieces of work of one convolution (the threads split them).
+  int64_t (*tiles)(const ConvShape& s, bool depthwise);
+  /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel). The dense kernel
+  /// takes no padding (ph = pw = 0: pad the input first); the depthwise one any.
+  void (*run)(const float* x, const float* packed, float* y, const float* residual,
+              const ConvShape& s, bool depthwise, const Epilogue& e, int64_t t0, int64_t t1);
+};
+
+extern const ConvIsaOps kConvScalarOps;
+extern const ConvIsaOps kConvAvx2Ops;
+extern const ConvIsaOps kConvAvx512Ops;
+
+}  // namespace lopper::kernels::cpu

@@ -256,13 +256,17 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   for (kc::Isa isa : isas()) {
     for (int it = 0; it < 300; ++it) {
       const bool dw = it % 3 == 0;
-      const int64_t n = 1 + rng() % 2, h = 1 + rng() % 14, w = 1 + rng() % 17;
+      const int64_t n = 1 + rng() % 2, h = 1 + rng() % 14;
+      int64_t w = 1 + rng() % 17;
       const int64_t c = dw ? 1 + rng() % 70 : std::vector<int64_t>{1, 3, 5, 16, 24, 37}[rng() % 6];
       const int64_t k = dw ? c : std::vector<int64_t>{1, 7, 8, 16, 17, 40, 96}[rng() % 7];
-      const int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
+      int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
       kc::DirectConv::Geometry g;
       g.sh = 1 + rng() % 2, g.sw = 1 + rng() % 2, g.ph = rng() % 3, g.pw = rng() % 3;
       g.dh = 1 + rng() % 2, g.dw = 1 + rng() % 2;
+      if (dw && it % 2 == 0) {  // the common 3x3 depthwise layer, wide enough for its fast path
+        kh = kw = 3, g.dh = g.dw = 1, w += 16;
+      }
       const int64_t spare_h = h + 2 * g.ph - g.dh * (kh - 1) - 1;
       const int64_t spare_w = w + 2 * g.pw - g.dw * (kw - 1) - 1;
       if (spare_h < 0 || spare_w < 0) continue;  // the kernel reaches past the padded input

@@ -199,12 +199,16 @@ void max_pool(OpContext& c) {
   c.check(x.scalar_type() != at::kBool, "bool input is not supported");
   at::Tensor xf = x.to(float_type(x));
   std::vector<int64_t> ap;
+  // NOTE: lopper's NHWC kernel checks each tap against the input, so it takes any padding,
+  // symmetric or not, and ceil mode's overhang (ResNet's 3x3/2 pool of a 112-pixel image drops its
+  // end padding: ATen would pad a copy first and compute the argmax too, 10x the time).
+  if (!c.wants_output(1) && g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
+      c.prepack() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    c.set_output(
+        0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
+    return;
+  }
   if (!c.wants_output(1) && aten_pads(g, ap)) {
-    if (g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
-        x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-      c.set_output(0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, ap, g.dilations));
-      return;
-    }
     at::Tensor y;
     if (g.nd == 1)
       y = at::max_pool1d(xf, g.kernel, g.strides, ap, g.dilations, false);

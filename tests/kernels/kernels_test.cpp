@@ -11,6 +11,8 @@
 #include <random>
 
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
@@ -309,6 +311,45 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   // A grouped convolution that is not depthwise, and a non-float weight, are not taken.
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 2, 3, 3}), 4, 8));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
+}
+
+// Each ISA's NHWC max pooling against ATen's max_pool2d: random geometries, odd channel counts,
+// NaN and -inf in the input (NaN propagates, as ONNX's reference does); and the executor's entry
+// point (the active ISA) on a channels-last tensor.
+TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {
+  std::mt19937 rng(11);
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  for (kc::Isa isa : isas()) {
+    for (int it = 0; it < 120; ++it) {
+      kc::ConvShape s;
+      s.n = 1 + rng() % 2, s.h = 1 + rng() % 13, s.w = 1 + rng() % 13, s.c = 1 + rng() % 40;
+      s.k = s.c, s.kh = 1 + rng() % 3, s.kw = 1 + rng() % 3, s.sh = 1 + rng() % 2;
+      s.sw = 1 + rng() % 2, s.ph = rng() % (s.kh / 2 + 1), s.pw = rng() % (s.kw / 2 + 1);
+      s.dh = 1 + rng() % 2, s.dw = 1;
+      const int64_t spare_h = s.h + 2 * s.ph - s.dh * (s.kh - 1) - 1;
+      const int64_t spare_w = s.w + 2 * s.pw - s.dw * (s.kw - 1) - 1;
+      if (spare_h < 0 || spare_w < 0) continue;
+      s.oh = spare_h / s.sh + 1, s.ow = spare_w / s.sw + 1;
+      at::Tensor x = at::randn({s.n, s.c, s.h, s.w}, gen);
+      if (it % 4 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, NAN);
+      if (it % 5 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, -INFINITY);
+      const at::Tensor xl = x.contiguous(at::MemoryFormat::ChannelsLast);
+      at::Tensor y = at::empty({s.n, s.c, s.oh, s.ow}).contiguous(at::MemoryFormat::ChannelsLast);
+      kc::conv_isa_ops(isa).max_pool(xl.data_ptr<float>(), y.data_ptr<float>(), s, 0, s.n * s.oh);
+      const at::Tensor ref =
+          at::max_pool2d(x, {s.kh, s.kw}, {s.sh, s.sw}, {s.ph, s.pw}, {s.dh, s.dw}, false);
+      ASSERT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << kc::isa_name(isa) << " case " << it;
+      ASSERT_TRUE(at::allclose(y.nan_to_num(0), ref.nan_to_num(0)))
+          << kc::isa_name(isa) << " case " << it;
+    }
+  }
+  const at::Tensor x = at::randn({2, 19, 15, 15}).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor y = kc::max_pool2d_nhwc(x, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {8, 8});
+  EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(at::equal(y, at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false)));
+  // Ceil mode: the last window hangs over the end.
+  const at::Tensor yc = kc::max_pool2d_nhwc(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, {8, 8});
+  EXPECT_TRUE(at::equal(yc, at::max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true)));
 }
 
 TEST(SparseKernels, PackingCountsAndRefusals) {

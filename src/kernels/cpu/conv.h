@@ -16,6 +16,8 @@
 namespace lopper::kernels::cpu {
 
 struct ConvIsaOps;
+/// The NHWC window kernels of `isa` (conv_isa.h).
+const ConvIsaOps& conv_isa_ops(Isa isa);
 
 class DirectConv {
  public:

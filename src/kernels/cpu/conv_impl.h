@@ -305,6 +305,42 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
   }
 }
 
+// Max pooling of output rows [row_begin, row_end) (s.k == s.c), the taps inside the input only.
+template <class T>
+void max_pool_rows(const float* x, float* y, const ConvShape& s0, int64_t row_begin,
+                   int64_t row_end) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const ConvShape s = with_strides(s0);
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t n = row / s.oh, oy = row % s.oh;
+    int64_t i0 = 0, i1 = s.kh;
+    while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
+    while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      int64_t j0 = 0, j1 = s.kw;
+      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
+      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      float* yp = y + ((n * s.oh + oy) * s.ow + ox) * s.y_stride;
+      for (int64_t c = 0; c < s.c; c += W) {
+        const int valid = int(std::min<int64_t>(W, s.c - c));
+        V m = T::set1(-__builtin_inff());
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride + c;
+          for (int64_t j = j0; j < j1; ++j) {
+            const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride;
+            m = T::max_nan(m, valid == W ? T::load(xp) : T::loadm(xp, valid));
+          }
+        }
+        if (valid == W)
+          T::store(yp + c, m);
+        else
+          T::storem(yp + c, m, valid);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern const ConvIsaOps LOPPER_CONV_OPS_NAME;
@@ -331,6 +367,11 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
         dw_rows<Wide>(x, packed, y, residual, s, e, t0, t1);
       else
         conv_tiles<Wide>(x, packed, y, residual, s, e, t0, t1);
+    },
+    Wide::W,
+    ConvTraits<Wide>::kNV,
+    [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
+      max_pool_rows<Wide>(x, y, s, row0, row1);
     }};
 
 }  // namespace lopper::kernels::cpu

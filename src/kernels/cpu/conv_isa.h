@@ -1,4 +1,5 @@
-// The per-ISA entry points of lopper's dense NHWC convolution kernels (internal). Each of
+// The per-ISA entry points of lopper's NHWC window kernels: dense and depthwise convolution, max
+// pooling (internal). Each of
 // conv_scalar.cpp, conv_avx2.cpp and conv_avx512.cpp compiles conv_impl.h with its own target flags
 // and exports one table of these; conv.cpp picks the table of the active ISA.
 // NOTE: plain C++ only across this boundary, as for sparse_isa.h.
@@ -29,12 +30,17 @@ struct ConvIsaOps {
   /// Floats of the packed weight w [k][c or 1][kh][kw] (ONNX's OIHW).
   int64_t (*packed_size)(const ConvShape& s, bool depthwise);
   void (*pack)(const float* w, const ConvShape& s, bool depthwise, float* packed);
-  /// The independent pieces of work of one convolution (the threads split them).
+  /// The independent pieces of work of one convolution (the threads split them). Dense: blocks of
+  /// `block_vectors` vectors of `width` output channels (the last block fewer) x groups of
+  /// pixels, block-major; a tile costs as many vectors as its block has. Depthwise: output rows.
   int64_t (*tiles)(const ConvShape& s, bool depthwise);
   /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel). The dense kernel
   /// takes no padding (ph = pw = 0: pad the input first); the depthwise one any.
   void (*run)(const float* x, const float* packed, float* y, const float* residual,
               const ConvShape& s, bool depthwise, const Epilogue& e, int64_t t0, int64_t t1);
+  int width, block_vectors;  // floats per vector; vectors per dense block (see tiles)
+  /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
+  void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

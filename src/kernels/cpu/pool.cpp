@@ -3,50 +3,31 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
-#include <limits>
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv_isa.h"
 
 namespace lopper::kernels::cpu {
 
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::IntArrayRef dilation) {
+                           at::IntArrayRef pad_begin, at::IntArrayRef dilation,
+                           at::IntArrayRef out_size) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const int64_t kh = kernel[0], kw = kernel[1], sh = stride[0], sw = stride[1];
-  const int64_t ph = padding[0], pw = padding[1], dh = dilation[0], dw = dilation[1];
-  const int64_t oh = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
-  const int64_t ow = (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  const int64_t ph = pad_begin[0], pw = pad_begin[1], dh = dilation[0], dw = dilation[1];
+  const int64_t oh = out_size[0], ow = out_size[1];
   at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   at::Tensor y = at::empty({n, c, std::max<int64_t>(oh, 0), std::max<int64_t>(ow, 0)},
                            x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
+  ConvShape s;
+  s.n = n, s.c = s.k = c, s.h = h, s.w = w, s.oh = oh, s.ow = ow;
+  s.kh = kh, s.kw = kw, s.sh = sh, s.sw = sw, s.ph = ph, s.pw = pw, s.dh = dh, s.dw = dw;
+  const ConvIsaOps& ops = conv_isa_ops(active_isa());
   const float* in = xc.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  // One task per output row (n, oy): channels are contiguous, so the inner loop vectorizes.
-  at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / oh, oy = r % oh;
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        float* __restrict o = out + ((b * oh + oy) * ow + ox) * c;
-        for (int64_t k = 0; k < c; ++k) o[k] = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < kh; ++i) {
-          const int64_t iy = oy * sh - ph + i * dh;
-          if (iy < 0 || iy >= h) continue;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t ix = ox * sw - pw + j * dw;
-            if (ix < 0 || ix >= w) continue;
-            const float* __restrict p = in + ((b * h + iy) * w + ix) * c;
-            // (v != v) is NaN: it propagates, as in ONNX's reference; written so that it
-            // vectorizes.
-            for (int64_t k = 0; k < c; ++k) {
-              const float v = p[k], m = o[k];
-              const bool take = (v > m) | (v != v);
-              o[k] = take ? v : m;
-            }
-          }
-        }
-      }
-    }
-  });
+  // One task per output row (n, oy); channels a vector at a time.
+  at::parallel_for(0, n * oh, 1,
+                   [&](int64_t begin, int64_t end) { ops.max_pool(in, out, s, begin, end); });
   return y;
 }
 

@@ -5,11 +5,14 @@
 
 namespace lopper::kernels::cpu {
 
-/// 2-D max pooling of a float32 channels-last [N, C, H, W] tensor, padding counted as -inf,
-/// floor output sizes; the result is channels-last too. NaN propagates as in ONNX's reference.
+/// 2-D max pooling of a float32 channels-last [N, C, H, W] tensor into `out_size` pixels: window
+/// (oy, ox) starts at (oy * stride - pad_begin, ...); taps outside the input are skipped (padding
+/// never wins, and any padding, symmetric or not, or a ceil-mode overhang is taken). The result is
+/// channels-last too. NaN propagates as in ONNX's reference.
 /// NOTE: ATen's CPU max_pool2d always computes the argmax indices as well, which costs it 4-5x on
 /// the large early layers of CNNs; inference needs only the values.
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::IntArrayRef dilation);
+                           at::IntArrayRef pad_begin, at::IntArrayRef dilation,
+                           at::IntArrayRef out_size);
 
 }  // namespace lopper::kernels::cpu

@@ -34,6 +34,8 @@ struct Scalar {
   static V mul(V a, V b) { return a * b; }
   static V max(V a, V b) { return a > b ? a : b; }
   static V min(V a, V b) { return a < b ? a : b; }
+  // The larger of m and v, NaN when either is (ONNX's MaxPool propagates NaN).
+  static V max_nan(V m, V v) { return (v > m || v != v) ? v : m; }
 };
 
 #if LOPPER_SPARSE_ISA > 0
@@ -68,6 +70,10 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V max_nan(V m, V v) {
+    const V take = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(m, v, take);
+  }
 };
 #endif
 
@@ -87,6 +93,11 @@ struct V16 {  // 16 floats (AVX-512F)
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max_nan(V m, V v) {
+    const __mmask16 take =
+        _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(take, m, v);
+  }
 };
 using Wide = V16;  // the widest vector: columns of `cols`
 #elif LOPPER_SPARSE_ISA > 0

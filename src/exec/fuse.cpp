@@ -248,6 +248,29 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     uses.build(g, removed);
   }
 
+  // 2b. BatchNormalization that no Conv absorbed (DenseNet's, after each Concat) + activation ->
+  //     FusedBatchNormalization: one pass over the activation instead of two.
+  uses.build(g, removed);
+  index();
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& bn = g.nodes[i];
+    if (removed[i] || !is(bn, "BatchNormalization") || outputs_used(bn) != 1 ||
+        bn.outputs[0].empty())
+      continue;
+    std::string out = bn.outputs[0];
+    std::vector<ir::Attribute> act;
+    std::vector<size_t> absorbed;
+    absorb_activation(out, absorbed, act);
+    if (absorbed.empty()) continue;
+    bn.domain = "ai.lopper";
+    bn.op_type = "FusedBatchNormalization";
+    bn.outputs.resize(1);
+    bn.outputs[0] = out;
+    for (auto& a : act) bn.attrs.push_back(a);
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+  }
+
   // 3. GELU written out with Erf (what the TorchScript exporter emits before opset 20):
   //    Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5) -> Gelu(x).
   uses.build(g, removed);

@@ -1,7 +1,10 @@
 // Shape-manipulating ops: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand,
 // Tile, Concat, Split, Slice, ConstantOfShape, Range, EyeLike, Trilu, DepthToSpace, SpaceToDepth.
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ops/channels.h"
@@ -170,6 +173,40 @@ void tile(OpContext& c) {
   c.set_output(0, x.dim() == 0 ? x.clone() : x.repeat(reps));
 }
 
+// Channel concatenation of float32 channels-last CPU tensors of one [N, -, H, W] (DenseNet's, at
+// every layer): each pixel's channels copied input after input, the pixels split over the threads
+// (ATen's cat takes a generic strided copy for this layout, 2x the time). Undefined when the
+// inputs are not all such tensors.
+at::Tensor concat_channels_last(const std::vector<at::Tensor>& xs) {
+  int64_t channels = 0;
+  for (const auto& x : xs) {
+    if (x.scalar_type() != at::kFloat || !x.device().is_cpu() || x.requires_grad() ||
+        !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
+        x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
+      return {};
+    channels += x.size(1);
+  }
+  const int64_t pixels = xs[0].size(0) * xs[0].size(2) * xs[0].size(3);
+  at::Tensor y = at::empty({xs[0].size(0), channels, xs[0].size(2), xs[0].size(3)},
+                           xs[0].options().memory_format(at::MemoryFormat::ChannelsLast));
+  std::vector<const float*> src;
+  std::vector<int64_t> width;
+  for (const auto& x : xs) {
+    src.push_back(x.data_ptr<float>());
+    width.push_back(x.size(1));
+  }
+  float* dst = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(channels, 1));
+  at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
+    for (size_t i = 0, off = 0; i < src.size(); off += width[i], ++i) {
+      const int64_t w = width[i];
+      for (int64_t p = p0; p < p1; ++p)
+        std::memcpy(dst + p * channels + off, src[i] + p * w, sizeof(float) * w);
+    }
+  });
+  return y;
+}
+
 void concat(OpContext& c) {
   std::vector<at::Tensor> xs;
   for (size_t i = 0; i < c.num_inputs(); ++i)
@@ -179,6 +216,9 @@ void concat(OpContext& c) {
   int64_t axis = normalize_axis(c, c.attr_int("axis"), r);
   for (const auto& x : xs)
     c.check(x.dim() == r, "inputs have different ranks (", r, " and ", x.dim(), ")");
+  if (r == 4 && axis == 1 && c.prepack()) {
+    if (at::Tensor y = concat_channels_last(xs); y.defined()) return c.set_output(0, y);
+  }
   c.set_output(0, at::cat(xs, axis));
 }
 

@@ -131,13 +131,62 @@ TEST(Exec, FusionRewritesAndKeepsOutputs) {
   EXPECT_EQ(m.graph.nodes.size(), 13u);
 }
 
+// DenseNet's pattern: two convolutions' outputs concatenated along the channels, normalised and
+// rectified (BatchNormalization + Relu fused into one pass over the channels-last activation),
+// convolved; 19 + 13 channels (no multiple of a vector); against the same computed by ATen.
+TEST(Exec, DenseNetConcatNormReluMatchesAten) {
+  at::manual_seed(5);
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  g.inputs.push_back(
+      {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {9, ""}, {7, ""}}, "", ""}, ""});
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  auto init = [&](const std::string& n, at::Tensor t) {
+    g.initializers.push_back({n, t, "", false});
+  };
+  init("wa", at::randn({19, 8, 3, 3}) * 0.2);
+  init("wb", at::randn({13, 8, 1, 1}) * 0.2);
+  init("scale", at::rand({32}) + 0.5);
+  init("shift", at::randn({32}));
+  init("mean", at::randn({32}) * 0.1);
+  init("var", at::rand({32}) + 0.5);
+  init("wc", at::randn({5, 32, 1, 1}) * 0.2);
+  g.nodes = {
+      node("Conv", {"x", "wa"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("Conv", {"x", "wb"}, {"b"}),
+      node("Concat", {"a", "b"}, {"cat"}, {int_attr("axis", 1)}),
+      node("BatchNormalization", {"cat", "scale", "shift", "mean", "var"}, {"bn"}),
+      node("Relu", {"bn"}, {"r"}),
+      node("Conv", {"r", "wc"}, {"y"}),
+  };
+  ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+  int fused_bn = 0;
+  for (const auto& n : fused.nodes) fused_bn += n.op_type == "FusedBatchNormalization";
+  EXPECT_EQ(fused_bn, 1);
+  const at::Tensor x = at::randn({2, 8, 9, 7});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor cat = at::cat({at::conv2d(x, w("wa"), {}, 1, 1), at::conv2d(x, w("wb"))}, 1);
+  const at::Tensor want = at::conv2d(at::relu(at::batch_norm(cat, w("scale"), w("shift"), w("mean"),
+                                                             w("var"), false, 0.1, 1e-5, false)),
+                                     w("wc"));
+  ExecOptions plain;
+  plain.fuse = false;
+  Executor a(m, plain), b(m);
+  for (int run = 0; run < 2; ++run) {  // the first run chooses kernels, the second runs them
+    EXPECT_LE(test::relative_max_diff(a.run({{"x", x}})[0], want), 1e-5);
+    EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5);
+  }
+}
+
 TEST(Exec, FusionLeavesSharedValuesAlone) {
   ir::Model m = fusable_model();
   // Make the first Conv's output a graph output too: it must not be fused away.
   m.graph.outputs.push_back({"c1", {}, ""});
   ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
-  int bn = 0;
-  for (const auto& n : fused.nodes) bn += n.op_type == "BatchNormalization";
+  int bn = 0;  // not folded into the Conv (its ReLU is fused into it instead)
+  for (const auto& n : fused.nodes) bn += n.op_type == "FusedBatchNormalization";
   EXPECT_EQ(bn, 1);
   at::Tensor x = at::randn({2, 8, 6, 6});
   ExecOptions plain;

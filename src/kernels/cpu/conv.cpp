@@ -18,6 +18,27 @@ const ConvIsaOps& conv_isa_ops(Isa isa) {
   }
 }
 
+at::Tensor channel_affine_nhwc(const at::Tensor& x_in, const float* scale, const float* shift,
+                               Activation act) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  LOPPER_CHECK(x_in.dim() == 4 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
+               "[kernels] channel_affine_nhwc wants a float32 CPU [n, c, h, w], got ",
+               x_in.scalar_type(), " ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(kCl);
+  at::Tensor y = at::empty_like(x, x.options().memory_format(kCl));
+  const int64_t c = x.size(1), pixels = x.numel() / std::max<int64_t>(c, 1);
+  const ConvIsaOps& ops = conv_isa_ops(active_isa());
+  const Epilogue e = to_epilogue(act, shift);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // Pieces of at least ~16K floats: a small tensor is not worth a fork.
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(c, 1));
+  at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
+    ops.channel_affine(xp, yp, scale, c, p0, p1, e);
+  });
+  return y;
+}
+
 bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {
   if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu()) return false;
   return group == 1 || (group == in_channels && w.size(0) == group && w.size(1) == 1);

@@ -19,6 +19,11 @@ struct ConvIsaOps;
 /// The NHWC window kernels of `isa` (conv_isa.h).
 const ConvIsaOps& conv_isa_ops(Isa isa);
 
+/// y = act(x * scale[c] + shift[c]) for x [n, c, ...] float32 channels-last (4-D) on the CPU, in
+/// one pass; y channels-last. scale and shift: c floats.
+at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
+                               Activation act);
+
 class DirectConv {
  public:
   struct Geometry {

@@ -341,6 +341,29 @@ void max_pool_rows(const float* x, float* y, const ConvShape& s0, int64_t row_be
   }
 }
 
+// y = act(x * scale + e.bias) per channel, pixels [p0, p1) of c channels (NHWC).
+template <class T>
+void affine_pixels(const float* x, float* y, const float* scale, int64_t c, int64_t p0, int64_t p1,
+                   const Epilogue& e) {
+  constexpr int W = T::W;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* xp = x + p * c;
+    float* yp = y + p * c;
+    int64_t k = 0;
+    for (; k + W <= c; k += W)
+      T::store(yp + k,
+               activate<T>(T::fma(T::load(xp + k), T::load(scale + k), T::load(e.bias + k)), e));
+    if (k < c) {
+      const int n = int(c - k);
+      T::storem(
+          yp + k,
+          activate<T>(T::fma(T::loadm(xp + k, n), T::loadm(scale + k, n), T::loadm(e.bias + k, n)),
+                      e),
+          n);
+    }
+  }
+}
+
 }  // namespace
 
 extern const ConvIsaOps LOPPER_CONV_OPS_NAME;
@@ -372,6 +395,8 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     ConvTraits<Wide>::kNV,
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
-    }};
+    },
+    [](const float* x, float* y, const float* scale, int64_t c, int64_t p0, int64_t p1,
+       const Epilogue& e) { affine_pixels<Wide>(x, y, scale, c, p0, p1, e); }};
 
 }  // namespace lopper::kernels::cpu

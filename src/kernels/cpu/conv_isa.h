@@ -1,5 +1,5 @@
-// The per-ISA entry points of lopper's NHWC window kernels: dense and depthwise convolution, max
-// pooling (internal). Each of
+// The per-ISA entry points of lopper's NHWC kernels: dense and depthwise convolution, max pooling,
+// per-channel affine (internal). Each of
 // conv_scalar.cpp, conv_avx2.cpp and conv_avx512.cpp compiles conv_impl.h with its own target flags
 // and exports one table of these; conv.cpp picks the table of the active ISA.
 // NOTE: plain C++ only across this boundary, as for sparse_isa.h.
@@ -41,6 +41,10 @@ struct ConvIsaOps {
   int width, block_vectors;  // floats per vector; vectors per dense block (see tiles)
   /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
   void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
+  /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1) (inference
+  /// BatchNormalization and its activation in one pass).
+  void (*channel_affine)(const float* x, float* y, const float* scale, int64_t c, int64_t p0,
+                         int64_t p1, const Epilogue& e);
 };
 
 extern const ConvIsaOps kConvScalarOps;

@@ -1,12 +1,15 @@
 """Structured pruning pays on every runtime: each model pruned with `lopper prune --structured
 channel --amount A`, then params, MACs, file size and latency of the dense and the shrunk model,
 in ONNX Runtime and in lopper, in the same run. Latency is the median of --iters runs after a
-warm-up, batch 1 (the fixtures' static shape), --threads intra-op threads on both runtimes. Inputs are random (speed
-only; accuracy after pruning needs fine-tuning, see bench/accuracy.py).
+warm-up, batch 1 (the fixtures' static shape), --threads intra-op threads on both runtimes; the four
+runs of a model take turns for --rounds rounds and each figure is the median of its rounds' medians,
+so that a slow spell of the machine hits all four alike; the spread (p90 / median, the worst round)
+is printed beside each ratio. Inputs are random (speed only; accuracy after pruning needs
+fine-tuning, see bench/accuracy.py).
 
 Models: the exported fixtures of tests/fixtures/make_models.py (torchvision, random weights).
 Usage: bench/structured.py --lopper build/lopper --fixtures build/fixtures
-       [--models resnet18.ts,resnet50.ts,...] [--amount 0.5] [--iters 20]
+       [--models resnet18.ts,resnet50.ts,...] [--amount 0.5] [--iters 20] [--rounds 3]
        [--threads 2] [--json docs/bench-structured.json]
 """
 
@@ -19,17 +22,25 @@ import sys
 import tempfile
 import time
 
+import statistics
+
 import numpy as np
 import onnxruntime as ort
+
+from timing import median_spread  # bench/timing.py
 
 DEFAULT = "resnet18.ts,resnet50.ts,mobilenet_v2.ts,vgg11_bn.ts,densenet121.ts,resnext50_32x4d.ts,vit_b_16.dynamo"
 
 
-def ort_ms(path, x, threads, iters):
+def ort_session(path, threads):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def ort_ms(s, x, iters):
+    """(median ms, spread) of ONNX Runtime's session on x."""
     name = s.get_inputs()[0].name
     s.run(None, {name: x})
     times = []
@@ -37,16 +48,18 @@ def ort_ms(path, x, threads, iters):
         t0 = time.perf_counter()
         s.run(None, {name: x})
         times.append(1000 * (time.perf_counter() - t0))
-    return float(np.median(times))
+    return median_spread(times)
 
 
 def lopper_ms(lopper, path, threads, iters):
+    """(median ms, spread) from `lopper bench --json` (its own latency helper)."""
     r = subprocess.run([lopper, "bench", path, "--iters", str(iters), "--warmup", "2", "--threads",
                         str(threads), "--json"],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"lopper bench {path} failed: {r.stderr}")
-    return float(json.loads(r.stdout)["median_ms"])
+    j = json.loads(r.stdout)
+    return float(j["median_ms"]), float(j["spread"])
 
 
 def main():
@@ -57,6 +70,7 @@ def main():
     ap.add_argument("--amount", type=float, default=0.5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
@@ -77,20 +91,28 @@ def main():
                        macs=j["macs"], macs_before=j["macs_before"],
                        bytes=j["file_bytes_after"], bytes_before=j["file_bytes_before"],
                        barriers=j["barriers"])
-            row["ort_dense_ms"] = ort_ms(src, x, a.threads, a.iters)
-            row["ort_pruned_ms"] = ort_ms(out, x, a.threads, a.iters)
-            row["lopper_dense_ms"] = lopper_ms(a.lopper, src, a.threads, a.iters)
-            row["lopper_pruned_ms"] = lopper_ms(a.lopper, out, a.threads, a.iters)
+            sessions = {"dense": ort_session(src, a.threads), "pruned": ort_session(out, a.threads)}
+            runs = {k: [] for k in ("ort_dense", "ort_pruned", "lopper_dense", "lopper_pruned")}
+            for _ in range(a.rounds):
+                for kind, path in (("dense", src), ("pruned", out)):
+                    runs["ort_" + kind].append(ort_ms(sessions[kind], x, a.iters))
+                    runs["lopper_" + kind].append(lopper_ms(a.lopper, path, a.threads, a.iters))
+            for k, v in runs.items():
+                row[k + "_ms"] = statistics.median(m for m, _ in v)
+                row[k + "_spread"] = max(sp for _, sp in v)
             rows.append(row)
+            sp = lambda k: max(row["ort_" + k + "_spread"], row["lopper_" + k + "_spread"])
             print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
-                  f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.1f} -> "
-                  f"{row['ort_pruned_ms']:.1f} ms ({row['ort_dense_ms'] / row['ort_pruned_ms']:.2f}x)  "
-                  f"lopper {row['lopper_dense_ms']:.1f} -> {row['lopper_pruned_ms']:.1f} ms "
-                  f"({row['lopper_dense_ms'] / row['lopper_pruned_ms']:.2f}x)  prune {prune_s:.1f}s",
-                  flush=True)
+                  f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.2f} -> "
+                  f"{row['ort_pruned_ms']:.2f} ms  lopper {row['lopper_dense_ms']:.2f} -> "
+                  f"{row['lopper_pruned_ms']:.2f} ms  lopper/ORT dense "
+                  f"{row['lopper_dense_ms'] / row['ort_dense_ms']:.2f} (spread {sp('dense'):.2f}) "
+                  f"pruned {row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
+                  f"(spread {sp('pruned'):.2f})  prune {prune_s:.1f}s", flush=True)
     if a.json:
         meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", batch=1,
-                    threads=a.threads, iters=a.iters, amount=a.amount)
+                    threads=a.threads, iters=a.iters, rounds=a.rounds, amount=a.amount,
+                    onnxruntime=ort.__version__)
         with open(a.json + ".tmp", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         os.replace(a.json + ".tmp", a.json)

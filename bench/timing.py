@@ -18,3 +18,11 @@ def times_ms(fn, warmup, iters):
 def median_ms(fn, warmup, iters):
     """The median wall time of `fn()` in milliseconds over `iters` runs after `warmup` runs."""
     return statistics.median(times_ms(fn, warmup, iters))
+
+
+def median_spread(times):
+    """(median, p90 / median) of a list of times: the spread `lopper bench` reports too."""
+    t = sorted(times)
+    med = statistics.median(t)
+    p90 = t[min(len(t) - 1, int(round(0.9 * (len(t) - 1))))]
+    return med, p90 / med

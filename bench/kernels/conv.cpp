@@ -79,6 +79,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {224, 3, 32, 3, 2, 0},    // first layer (MobileNetV2)
       {112, 32, 32, 3, 1, 1},   // depthwise
       {112, 32, 16, 1, 1, 0},   // projection
+      {112, 16, 96, 1, 1, 0},   // expansion
       {56, 144, 144, 3, 1, 1},  // depthwise
       {56, 144, 24, 1, 1, 0},   // projection
       {56, 24, 144, 1, 1, 0},   // expansion

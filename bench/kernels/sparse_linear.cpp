@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "exec/allocator.h"
 #include "exec/onednn.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/semi_structured.h"
@@ -282,6 +283,9 @@ int main(int argc, char** argv) {
   register_cuda();
   // NOTE: the same pool configuration as `lopper bench` (one intra-op thread per core).
   at::set_num_interop_threads(1);
+  // And the executor's allocator: without it every large output is fresh pages from the OS, and
+  // the page faults, not the kernels, are timed.
+  lopper::exec::install_caching_cpu_allocator();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -99,7 +99,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t tiles = ops_->tiles(s, depthwise_);
-  if (depthwise_) {
+  if (depthwise_ || conv_pixel_major(s)) {  // tiles of equal cost, or whole groups of blocks
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
     });

@@ -25,6 +25,13 @@ struct ConvShape {
   int64_t x_stride = 0, y_stride = 0, r_stride = 0;
 };
 
+/// The order of a dense convolution's tiles: pixel-major (each group of pixels through every
+/// block of output channels while its input is in L1) when the weight is small enough to stay in
+/// L2 beside the activations, else block-major (each block's weights reused by every pixel).
+inline bool conv_pixel_major(const ConvShape& s) {
+  return s.kh * s.kw * s.c * s.k * int64_t(sizeof(float)) <= (256 << 10);
+}
+
 struct ConvIsaOps {
   const char* name;
   /// Floats of the packed weight w [k][c or 1][kh][kw] (ONNX's OIHW).
@@ -32,7 +39,8 @@ struct ConvIsaOps {
   void (*pack)(const float* w, const ConvShape& s, bool depthwise, float* packed);
   /// The independent pieces of work of one convolution (the threads split them). Dense: blocks of
   /// `block_vectors` vectors of `width` output channels (the last block fewer) x groups of
-  /// pixels, block-major; a tile costs as many vectors as its block has. Depthwise: output rows.
+  /// pixels, in the order conv_pixel_major gives; a tile costs as many vectors as its block has.
+  /// Depthwise: output rows.
   int64_t (*tiles)(const ConvShape& s, bool depthwise);
   /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel). The dense kernel
   /// takes no padding (ph = pw = 0: pad the input first); the depthwise one any.

@@ -62,6 +62,9 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     tmp = tempfile.mkdtemp(prefix="lopper_bench_")
+    # lopper's kernel choices are timed in this run (its first bench of each model and batch), not
+    # taken from a cache that another build of lopper filled.
+    os.environ["LOPPER_CACHE_DIR"] = os.path.join(tmp, "cache")
     for name in args.models.split(","):
         torch.manual_seed(0)
         model, shape = MODELS[name]()

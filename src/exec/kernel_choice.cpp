@@ -214,10 +214,15 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     if (c.decisions_) c.decisions_->push_back(std::move(d));
     return best;
   }
-  static const std::string cpu_machine =
-      cpu_model() + " | " + kernels::cpu::isa_name(kernels::cpu::active_isa());
-  const std::string machine =
-      input.is_cuda() ? kernels::cuda::device_name(input.device().index()) : cpu_machine;
+  // NOTE: the kernels' generation is part of the machine: choices timed with older kernels are
+  // not reused after an upgrade that changed them.
+  static const std::string cpu_machine = cpu_model() + " | " +
+                                         kernels::cpu::isa_name(kernels::cpu::active_isa()) +
+                                         " | kernels " + std::to_string(kKernelGeneration);
+  const std::string machine = input.is_cuda()
+                                  ? kernels::cuda::device_name(input.device().index()) +
+                                        " | kernels " + std::to_string(kKernelGeneration)
+                                  : cpu_machine;
   std::string names;
   for (const auto& k : cands) names += k.name + ",";
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +

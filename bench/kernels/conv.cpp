@@ -96,6 +96,8 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {56, 72, 72, 3, 1, 1},    // pruned depthwise
       {56, 29, 29, 3, 1, 0},    // pruned ResNet 3x3, odd channels
       {28, 61, 61, 3, 1, 0},    // pruned ResNet 3x3, odd channels
+      {14, 64, 16, 3, 1, 0},    // pruned DenseNet 3x3, block 3
+      {7, 64, 16, 3, 1, 0},     // pruned DenseNet 3x3, block 4
   };
   for (const auto& l : layers)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/conv_isa.h"
 #include "lopper/error.h"
@@ -87,14 +86,14 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   s.ow = spare_w / s.sw + 1;
   at::Tensor y = at::empty({s.n, s.k, s.oh, s.ow}, x.options().memory_format(kCl));
   const float* xp = x.data_ptr<float>();
-  // The dense kernel reads every tap of every pixel without a check: a padded copy, in a buffer
-  // of this thread's that outlives the call (a small layer's time is otherwise its overheads:
-  // ATen's pad op took as long as a 14x14 convolution).
-  thread_local std::vector<float> padded;
+  // The dense kernel reads every tap of every pixel without a check: a padded copy, made by the
+  // threads (a small layer's time is otherwise its overheads: ATen's pad op took as long as a
+  // 14x14 convolution).
+  at::Tensor padded;
   if (!depthwise_ && (s.ph > 0 || s.pw > 0)) {
     const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, c = s.c;
-    padded.resize(static_cast<size_t>(s.n * hp * wp * c));
-    float* dst = padded.data();
+    padded = at::empty({s.n * hp * wp * c}, x.options());
+    float* dst = padded.data_ptr<float>();
     const float* src = xp;
     const ConvShape o = s;
     at::parallel_for(0, s.n * hp, 8, [&](int64_t r0, int64_t r1) {

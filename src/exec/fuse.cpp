@@ -271,6 +271,37 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     uses.build(g, removed);
   }
 
+  // 2c. Concat along the channels whose only reader is a BatchNormalization (DenseNet's, at every
+  //     layer) -> FusedConcatNorm(scale, B, mean, var, x1, ..., xn): each input normalised
+  //     straight into its slice of the output; the concatenation itself is never written.
+  uses.build(g, removed);
+  index();
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& cat = g.nodes[i];
+    if (removed[i] || !is(cat, "Concat") || outputs_used(cat) != 1 || cat.outputs[0].empty() ||
+        !uses.single(cat.outputs[0]))
+      continue;
+    const ir::Attribute* axis = find_attr(cat, "axis");
+    if (!axis || axis->i != 1) continue;
+    const size_t r = *reader_of(cat.outputs[0]);
+    ir::Node& bn = g.nodes[r];
+    const bool norm = (is(bn, "BatchNormalization") ||
+                       (bn.domain == "ai.lopper" && bn.op_type == "FusedBatchNormalization"));
+    if (!norm || bn.inputs.size() != 5 || bn.inputs[0] != cat.outputs[0] || outputs_used(bn) != 1)
+      continue;
+    bool plain = true;  // every input of the concatenation given (no optional one left out)
+    for (const auto& in : cat.inputs) plain = plain && !in.empty();
+    if (!plain) continue;
+    std::vector<std::string> inputs(bn.inputs.begin() + 1, bn.inputs.end());
+    inputs.insert(inputs.end(), cat.inputs.begin(), cat.inputs.end());
+    bn.domain = "ai.lopper";
+    bn.op_type = "FusedConcatNorm";
+    bn.inputs = std::move(inputs);
+    removed[i] = true;
+    uses.build(g, removed);
+    index();
+  }
+
   // 3. GELU written out with Erf (what the TorchScript exporter emits before opset 20):
   //    Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5) -> Gelu(x).
   uses.build(g, removed);

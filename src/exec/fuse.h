@@ -8,7 +8,8 @@ namespace lopper::exec {
 
 /// A copy of `g` with BatchNormalization folded into the Conv before it, and each Conv's following
 /// residual Add and activation fused into one ai.lopper.FusedConv node; any other
-/// BatchNormalization's activation into ai.lopper.FusedBatchNormalization; a MatMul by a constant
+/// BatchNormalization's activation into ai.lopper.FusedBatchNormalization, and a channel Concat
+/// into the normalisation that alone reads it (ai.lopper.FusedConcatNorm); a MatMul by a constant
 /// weight, its bias Add and activation into ai.lopper.FusedMatMul; GELU written with Erf into Gelu;
 /// and grouped-query attention's repeat of key/value heads into the MatMul reading it
 /// (ai.lopper.GroupedMatMul). `opset` is the model's default-domain opset (Clip's bounds moved

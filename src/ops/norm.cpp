@@ -46,6 +46,68 @@ struct BatchNormState {
   std::vector<float> scale, shift;
 };
 
+// (x - mean) / sqrt(var + eps) * scale + bias per channel (dim 1), in x's type.
+at::Tensor normalize(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& var,
+                     const at::Tensor& scale, const at::Tensor& bias, double eps) {
+  const at::ScalarType ct = x.scalar_type();
+  const auto shape = channel_shape(x.dim(), x.size(1));
+  const at::Tensor inv = at::rsqrt(var.to(ct).reshape(shape) + eps);
+  return (x - mean.to(ct).reshape(shape)) * inv * scale.to(ct).reshape(shape) +
+         bias.to(ct).reshape(shape);
+}
+
+// NOTE: inference on the CPU with constant float32 parameters (inputs `first`..`first` + 3:
+// scale, B, mean, var) of float32 channels-last [n, c_i, h, w] tensors, normalised as one
+// channel concatenation (DenseNet normalises every concatenation before its ReLU and
+// convolution): the scale and shift folded once, then one pass from each input into its slice of
+// the output with the activation fused, instead of a concatenation, four elementwise ATen passes
+// and a fifth for the ReLU. Undefined where this does not apply.
+at::Tensor batch_norm_nhwc(OpContext& c, const std::vector<at::Tensor>& xs, size_t first,
+                           double eps, const onednn::PostOp& post) {
+  if (!c.prepack()) return {};
+  int64_t ch = 0;
+  for (const auto& x : xs) {
+    if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
+        !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
+        x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
+      return {};
+    ch += x.size(1);
+  }
+  for (size_t i = first; i < first + 4; ++i) {
+    if (!c.is_constant(i)) return {};
+    const at::Tensor& p = c.input(i);
+    if (p.scalar_type() != at::kFloat || p.numel() != ch) return {};
+  }
+  auto& st = c.state<BatchNormState>();
+  if (st.scale.empty()) {
+    const at::Tensor a = (c.input(first) * at::rsqrt(c.input(first + 3) + eps)).contiguous();
+    const at::Tensor b = (c.input(first + 1) - c.input(first + 2) * a).contiguous();
+    st.scale.assign(a.data_ptr<float>(), a.data_ptr<float>() + ch);
+    st.shift.assign(b.data_ptr<float>(), b.data_ptr<float>() + ch);
+  }
+  const kernels::cpu::Activation act = fused_activation(post);
+  at::Tensor y = kernels::cpu::concat_affine_nhwc(xs, st.scale.data(), st.shift.data(), act);
+  return act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+}
+
+// FusedConcatNorm(scale, B, mean, var, x1, ..., xn) = activation(BatchNormalization(Concat(x1,
+// ..., xn, axis 1))) at inference: made by the executor's fusion pass where a normalisation is a
+// channel concatenation's only reader.
+void fused_concat_norm(OpContext& c) {
+  c.check(c.num_inputs() >= 5, "needs scale, B, mean, var and at least one input");
+  std::vector<at::Tensor> xs;
+  for (size_t i = 4; i < c.num_inputs(); ++i) xs.push_back(c.input(i));
+  const double eps = c.attr_float("epsilon", 1e-5f);
+  const onednn::PostOp post = onednn::post_op_of(c);
+  if (at::Tensor y = batch_norm_nhwc(c, xs, 0, eps, post); y.defined()) return c.set_output(0, y);
+  const at::Tensor x = at::cat(xs, 1);
+  c.check(x.is_floating_point(), "input must be a floating-point tensor");
+  for (size_t i = 0; i < 4; ++i)
+    check_vec(c, c.input(i), x.size(1), i == 0 ? "scale" : i == 1 ? "B" : i == 2 ? "mean" : "var");
+  c.set_output(0, onednn::apply_unfused(
+                      normalize(x, c.input(2), c.input(3), c.input(0), c.input(1), eps), post));
+}
+
 // BatchNormalization, and FusedBatchNormalization = activation(BatchNormalization(...)) (made by
 // the executor's fusion pass where an activation is the normalisation's only reader).
 void batch_norm(OpContext& c) {
@@ -63,7 +125,6 @@ void batch_norm(OpContext& c) {
   if (c.opset() < 14)
     for (size_t i = 1; i < c.num_outputs(); ++i) training = training || c.wants_output(i);
   at::ScalarType ct = at::promote_types(x.scalar_type(), c.input(1).scalar_type());
-  auto shape = channel_shape(x.dim(), ch);
   at::Tensor scale = c.input(1), bias = c.input(2), mean = c.input(3), var = c.input(4);
   check_vec(c, scale, ch, "scale");
   check_vec(c, bias, ch, "B");
@@ -88,28 +149,14 @@ void batch_norm(OpContext& c) {
     set_y(y.to(x.scalar_type()));
     return;
   }
-  // NOTE: inference on the CPU with constant parameters (DenseNet normalises every concatenation
-  // before its ReLU and convolution): the scale and shift folded once, then one pass over the
-  // channels-last activation with the activation fused, instead of four elementwise ATen passes
-  // and a fifth for the ReLU.
-  if (!training && c.prepack() && x.dim() == 4 && x.scalar_type() == at::kFloat &&
-      x.device().is_cpu() && same_params && ct == at::kFloat && c.is_constant(1) &&
-      c.is_constant(2) && c.is_constant(3) && c.is_constant(4) &&
-      x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    auto& st = c.state<BatchNormState>();
-    if (st.scale.empty()) {
-      const at::Tensor a = (scale * at::rsqrt(var + eps)).contiguous();
-      const at::Tensor b = (bias - mean * a).contiguous();
-      st.scale.assign(a.data_ptr<float>(), a.data_ptr<float>() + ch);
-      st.shift.assign(b.data_ptr<float>(), b.data_ptr<float>() + ch);
+  if (!training) {
+    const at::Tensor y = batch_norm_nhwc(c, {x}, 1, eps, post);
+    if (y.defined()) {
+      c.set_output(0, y);
+      for (size_t i = 1; i < c.num_outputs(); ++i)
+        if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
+      return;
     }
-    const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = kernels::cpu::channel_affine_nhwc(x, st.scale.data(), st.shift.data(), act);
-    c.set_output(0,
-                 act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y);
-    for (size_t i = 1; i < c.num_outputs(); ++i)
-      if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
-    return;
   }
   at::Tensor xc = x.to(ct);
   at::Tensor use_mean = mean, use_var = var;
@@ -123,10 +170,7 @@ void batch_norm(OpContext& c) {
     use_mean = m;
     use_var = v;
   }
-  at::Tensor inv = at::rsqrt(use_var.to(ct).reshape(shape) + eps);
-  at::Tensor y = (xc - use_mean.to(ct).reshape(shape)) * inv * scale.to(ct).reshape(shape) +
-                 bias.to(ct).reshape(shape);
-  set_y(y.to(x.scalar_type()));
+  set_y(normalize(xc, use_mean, use_var, scale, bias, eps).to(x.scalar_type()));
   if (training) {
     // NOTE: ONNX's momentum weighs the *old* running value (PyTorch's weighs the new one).
     at::ScalarType st = mean.scalar_type();
@@ -382,6 +426,7 @@ void layer_norm_channels(ChannelContext& c) {
 void register_norm(OpTable& t) {
   t.add({"", "BatchNormalization", batch_norm});
   t.add({"ai.lopper", "FusedBatchNormalization", batch_norm});
+  t.add({"ai.lopper", "FusedConcatNorm", fused_concat_norm});
   t.add({"", "InstanceNormalization", instance_norm});
   t.add({"", "LayerNormalization", layer_norm});
   t.add({"", "GroupNormalization", group_norm});

@@ -1,12 +1,10 @@
 // Shape-manipulating ops: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand,
 // Tile, Concat, Split, Slice, ConstantOfShape, Range, EyeLike, Trilu, DepthToSpace, SpaceToDepth.
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
+#include "kernels/cpu/conv.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -174,9 +172,9 @@ void tile(OpContext& c) {
 }
 
 // Channel concatenation of float32 channels-last CPU tensors of one [N, -, H, W] (DenseNet's, at
-// every layer): each pixel's channels copied input after input, the pixels split over the threads
-// (ATen's cat takes a generic strided copy for this layout, 2x the time). Undefined when the
-// inputs are not all such tensors.
+// every layer) by lopper's kernel: blocks of pixels split over the threads, each input's channels
+// into its slice (ATen's cat takes a generic strided copy for this layout, 2x the time; a memcpy
+// per pixel and input, 3x). Undefined when the inputs are not all such tensors.
 at::Tensor concat_channels_last(const std::vector<at::Tensor>& xs) {
   int64_t channels = 0;
   for (const auto& x : xs) {
@@ -186,25 +184,11 @@ at::Tensor concat_channels_last(const std::vector<at::Tensor>& xs) {
       return {};
     channels += x.size(1);
   }
-  const int64_t pixels = xs[0].size(0) * xs[0].size(2) * xs[0].size(3);
-  at::Tensor y = at::empty({xs[0].size(0), channels, xs[0].size(2), xs[0].size(3)},
-                           xs[0].options().memory_format(at::MemoryFormat::ChannelsLast));
-  std::vector<const float*> src;
-  std::vector<int64_t> width;
-  for (const auto& x : xs) {
-    src.push_back(x.data_ptr<float>());
-    width.push_back(x.size(1));
-  }
-  float* dst = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(channels, 1));
-  at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
-    for (size_t i = 0, off = 0; i < src.size(); off += width[i], ++i) {
-      const int64_t w = width[i];
-      for (int64_t p = p0; p < p1; ++p)
-        std::memcpy(dst + p * channels + off, src[i] + p * w, sizeof(float) * w);
-    }
-  });
-  return y;
+  // The identity as a per-channel affine map: x * 1 + (-0) is x, bit for bit (signed zeros,
+  // infinities and NaN included).
+  const std::vector<float> one(static_cast<size_t>(channels), 1.f);
+  const std::vector<float> minus_zero(static_cast<size_t>(channels), -0.f);
+  return kernels::cpu::concat_affine_nhwc(xs, one.data(), minus_zero.data(), {});
 }
 
 void concat(OpContext& c) {

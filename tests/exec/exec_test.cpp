@@ -132,8 +132,8 @@ TEST(Exec, FusionRewritesAndKeepsOutputs) {
 }
 
 // DenseNet's pattern: two convolutions' outputs concatenated along the channels, normalised and
-// rectified (BatchNormalization + Relu fused into one pass over the channels-last activation),
-// convolved; 19 + 13 channels (no multiple of a vector); against the same computed by ATen.
+// rectified (Concat + BatchNormalization + Relu fused: each input normalised straight into its
+// slice of the output), convolved; 19 + 13 channels (no multiple of a vector); against ATen.
 TEST(Exec, DenseNetConcatNormReluMatchesAten) {
   at::manual_seed(5);
   ir::Model m;
@@ -162,22 +162,51 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
       node("Conv", {"r", "wc"}, {"y"}),
   };
   ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
-  int fused_bn = 0;
-  for (const auto& n : fused.nodes) fused_bn += n.op_type == "FusedBatchNormalization";
-  EXPECT_EQ(fused_bn, 1);
+  // Concat + BatchNormalization + Relu: one node that never writes the concatenation.
+  ASSERT_EQ(fused.nodes.size(), 4u);
+  EXPECT_EQ(fused.nodes[2].op_type, "FusedConcatNorm");
   const at::Tensor x = at::randn({2, 8, 9, 7});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   const at::Tensor cat = at::cat({at::conv2d(x, w("wa"), {}, 1, 1), at::conv2d(x, w("wb"))}, 1);
   const at::Tensor want = at::conv2d(at::relu(at::batch_norm(cat, w("scale"), w("shift"), w("mean"),
                                                              w("var"), false, 0.1, 1e-5, false)),
                                      w("wc"));
-  ExecOptions plain;
+  ExecOptions plain, unpacked;
   plain.fuse = false;
-  Executor a(m, plain), b(m);
+  unpacked.prepack = false;  // the fused node on ATen's ops (a concatenation, then the formula)
+  Executor a(m, plain), b(m), d(m, unpacked);
   for (int run = 0; run < 2; ++run) {  // the first run chooses kernels, the second runs them
     EXPECT_LE(test::relative_max_diff(a.run({{"x", x}})[0], want), 1e-5);
     EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5);
+    EXPECT_LE(test::relative_max_diff(d.run({{"x", x}})[0], want), 1e-5);
   }
+}
+
+// A channel Concat of channels-last inputs (lopper's own copy kernel) is ATen's cat bit for bit:
+// signed zeros, infinities and NaN included, odd channel counts.
+TEST(Exec, ChannelsLastConcatIsAnExactCopy) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  for (const char* n : {"a", "b", "c"})
+    g.inputs.push_back({n, {ir::DType::kFloat, false, {}, "", ""}, ""});
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  g.nodes = {node("Concat", {"a", "b", "c"}, {"y"}, {int_attr("axis", 1)})};
+  auto input = [](int64_t ch) {
+    at::Tensor t = at::randn({2, ch, 5, 3});
+    t.view(-1)[0] = -0.0f;
+    t.view(-1)[1] = INFINITY;
+    t.view(-1)[2] = -INFINITY;
+    t.view(-1)[3] = NAN;
+    return t.contiguous(at::MemoryFormat::ChannelsLast);
+  };
+  const at::Tensor a = input(19), b = input(1), c = input(37);
+  Executor ex(m);
+  const at::Tensor y = ex.run({{"a", a}, {"b", b}, {"c", c}})[0];
+  const at::Tensor want = at::cat({a, b, c}, 1);
+  ASSERT_EQ(y.sizes(), want.sizes());
+  EXPECT_TRUE(at::equal(y.contiguous().view(at::kInt), want.contiguous().view(at::kInt)));
 }
 
 TEST(Exec, FusionLeavesSharedValuesAlone) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/conv_isa.h"
 #include "lopper/error.h"
@@ -21,25 +22,51 @@ const ConvIsaOps& conv_isa_ops(Isa isa) {
   }
 }
 
-at::Tensor channel_affine_nhwc(const at::Tensor& x_in, const float* scale, const float* shift,
-                               Activation act) {
+at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float* scale,
+                              const float* shift, Activation act) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  LOPPER_CHECK(x_in.dim() == 4 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
-               "[kernels] channel_affine_nhwc wants a float32 CPU [n, c, h, w], got ",
-               x_in.scalar_type(), " ", x_in.sizes());
-  const at::Tensor x = x_in.contiguous(kCl);
-  at::Tensor y = at::empty_like(x, x.options().memory_format(kCl));
-  const int64_t c = x.size(1), pixels = x.numel() / std::max<int64_t>(c, 1);
+  LOPPER_CHECK(!xs_in.empty(), "[kernels] concat_affine_nhwc of no tensor");
+  std::vector<at::Tensor> xs;
+  int64_t channels = 0;
+  for (const auto& x : xs_in) {
+    LOPPER_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
+                     x.size(0) == xs_in[0].size(0) && x.size(2) == xs_in[0].size(2) &&
+                     x.size(3) == xs_in[0].size(3),
+                 "[kernels] concat_affine_nhwc wants float32 CPU [n, c, h, w] of one n, h, w, got ",
+                 x.scalar_type(), " ", x.sizes());
+    xs.push_back(x.contiguous(kCl));
+    channels += x.size(1);
+  }
+  const at::Tensor& x0 = xs[0];
+  at::Tensor y =
+      at::empty({x0.size(0), channels, x0.size(2), x0.size(3)}, x0.options().memory_format(kCl));
+  const int64_t pixels = x0.size(0) * x0.size(2) * x0.size(3);
   const ConvIsaOps& ops = conv_isa_ops(active_isa());
-  const Epilogue e = to_epilogue(act, shift);
-  const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Pieces of at least ~16K floats: a small tensor is not worth a fork.
-  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(c, 1));
-  at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
-    ops.channel_affine(xp, yp, scale, c, p0, p1, e);
+  // Blocks of pixels, every input's slice of a block in turn: a block's output lines are
+  // completed while in cache.
+  constexpr int64_t kBlock = 32;
+  const int64_t blocks = (pixels + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(channels * kBlock, 1));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t p0 = b0 * kBlock, p1 = std::min(pixels, b1 * kBlock);
+    for (int64_t q = p0; q < p1; q += kBlock) {
+      int64_t off = 0;
+      for (const auto& x : xs) {
+        const int64_t c = x.size(1);
+        const Epilogue e = to_epilogue(act, shift + off);
+        ops.channel_affine(x.data_ptr<float>(), c, yp + off, channels, scale + off, c, q,
+                           std::min(p1, q + kBlock), e);
+        off += c;
+      }
+    }
   });
   return y;
+}
+
+at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
+                               Activation act) {
+  return concat_affine_nhwc({x}, scale, shift, act);
 }
 
 bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {

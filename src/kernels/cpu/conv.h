@@ -19,10 +19,15 @@ struct ConvIsaOps;
 /// The NHWC window kernels of `isa` (conv_isa.h).
 const ConvIsaOps& conv_isa_ops(Isa isa);
 
-/// y = act(x * scale[c] + shift[c]) for x [n, c, ...] float32 channels-last (4-D) on the CPU, in
-/// one pass; y channels-last. scale and shift: c floats.
+/// y = act(x * scale[c] + shift[c]) for x [n, c, h, w] float32 channels-last on the CPU, in one
+/// pass; y channels-last. scale and shift: c floats.
 at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
                                Activation act);
+/// The same of the channel concatenation of xs (each [n, c_i, h, w] float32 channels-last on the
+/// CPU, one n, h, w), without the concatenation itself: each input goes through the scale and
+/// shift of its channels straight into its slice of y. scale and shift: sum c_i floats.
+at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* scale,
+                              const float* shift, Activation act);
 
 class DirectConv {
  public:

@@ -355,14 +355,15 @@ void max_pool_rows(const float* x, float* y, const ConvShape& s0, int64_t row_be
   }
 }
 
-// y = act(x * scale + e.bias) per channel, pixels [p0, p1) of c channels (NHWC).
+// y = act(x * scale + e.bias) per channel, pixels [p0, p1) of c channels, x's pixels ldx floats
+// apart, y's ldy.
 template <class T>
-void affine_pixels(const float* x, float* y, const float* scale, int64_t c, int64_t p0, int64_t p1,
-                   const Epilogue& e) {
+void affine_pixels(const float* x, int64_t ldx, float* y, int64_t ldy, const float* scale,
+                   int64_t c, int64_t p0, int64_t p1, const Epilogue& e) {
   constexpr int W = T::W;
   for (int64_t p = p0; p < p1; ++p) {
-    const float* xp = x + p * c;
-    float* yp = y + p * c;
+    const float* xp = x + p * ldx;
+    float* yp = y + p * ldy;
     int64_t k = 0;
     for (; k + W <= c; k += W)
       T::store(yp + k,
@@ -410,7 +411,8 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
     },
-    [](const float* x, float* y, const float* scale, int64_t c, int64_t p0, int64_t p1,
-       const Epilogue& e) { affine_pixels<Wide>(x, y, scale, c, p0, p1, e); }};
+    [](const float* x, int64_t ldx, float* y, int64_t ldy, const float* scale, int64_t c,
+       int64_t p0, int64_t p1,
+       const Epilogue& e) { affine_pixels<Wide>(x, ldx, y, ldy, scale, c, p0, p1, e); }};
 
 }  // namespace lopper::kernels::cpu

@@ -49,10 +49,11 @@ struct ConvIsaOps {
   int width, block_vectors;  // floats per vector; vectors per dense block (see tiles)
   /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
   void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
-  /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1) (inference
-  /// BatchNormalization and its activation in one pass).
-  void (*channel_affine)(const float* x, float* y, const float* scale, int64_t c, int64_t p0,
-                         int64_t p1, const Epilogue& e);
+  /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1), x's pixels ldx
+  /// floats apart and y's ldy (inference BatchNormalization and its activation in one pass, of one
+  /// tensor or of the inputs of a channel concatenation into their slices of its output).
+  void (*channel_affine)(const float* x, int64_t ldx, float* y, int64_t ldy, const float* scale,
+                         int64_t c, int64_t p0, int64_t p1, const Epilogue& e);
 };
 
 extern const ConvIsaOps kConvScalarOps;

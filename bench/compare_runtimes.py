@@ -3,10 +3,12 @@
 Each model is exported once (TorchScript exporter, dynamic batch); ONNX Runtime runs it in-process
 (intra-op threads = T, inter-op 1, all graph optimizations), PyTorch eager runs the nn.Module under
 inference_mode with T threads, lopper runs `lopper bench --json` on the same .onnx file. The table
-is median latency (ms) and lopper's ratio to ONNX Runtime (lower is better; the target is <= 1.1).
+is median latency (ms) and lopper's ratio to ONNX Runtime (lower is better; the target is <= 1.0);
+the spread (p90 / median, the worst round of ONNX Runtime and lopper) is printed beside each ratio.
 
 Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32] [--rounds 3]
-       [--models resnet18,resnet50,mobilenet_v2,bert_encoder] [--out docs/bench-runtimes.json]
+       [--models resnet18,resnet50,mobilenet_v2,densenet121,vit_b_16,bert_encoder]
+       [--out docs/bench-runtimes.json]
 """
 
 import argparse
@@ -28,7 +30,7 @@ import torch
 import torch.nn as nn
 import torchvision
 
-from timing import median_ms  # bench/timing.py
+from timing import median_spread, times_ms  # bench/timing.py
 
 
 def bert_encoder():
@@ -41,6 +43,8 @@ MODELS = {
     "resnet18": lambda: (torchvision.models.resnet18(), (3, 224, 224)),
     "resnet50": lambda: (torchvision.models.resnet50(), (3, 224, 224)),
     "mobilenet_v2": lambda: (torchvision.models.mobilenet_v2(), (3, 224, 224)),
+    "densenet121": lambda: (torchvision.models.densenet121(), (3, 224, 224)),
+    "vit_b_16": lambda: (torchvision.models.vit_b_16(), (3, 224, 224)),
     "bert_encoder": bert_encoder,
 }
 
@@ -85,30 +89,36 @@ def main():
             xn = x.numpy()
             # NOTE: the three runtimes take turns, round after round, and each reports the median
             # of its round medians: a slow spell of the machine then hits all three alike.
+            # Each entry: (median ms, spread = p90 / median) of one round.
             ort_r, torch_r, lopper_r = [], [], []
             for _ in range(args.rounds):
-                ort_r.append(median_ms(lambda: sess.run(None, {"x": xn}), warmup, iters))
+                ort_r.append(median_spread(times_ms(lambda: sess.run(None, {"x": xn}), warmup,
+                                                    iters)))
                 with torch.inference_mode():
-                    torch_r.append(median_ms(lambda: model(x), warmup, iters))
+                    torch_r.append(median_spread(times_ms(lambda: model(x), warmup, iters)))
                 out = subprocess.run(
                     [args.lopper, "bench", path, "--batch", str(batch), "--threads",
                      str(args.threads), "--warmup", str(warmup), "--iters", str(iters), "--json"],
                     capture_output=True, text=True, check=True)
-                lopper_r.append(json.loads(out.stdout)["median_ms"])
-            t_ort, t_torch, t_lopper = (statistics.median(r) for r in (ort_r, torch_r, lopper_r))
+                j = json.loads(out.stdout)
+                lopper_r.append((j["median_ms"], j["spread"]))
+            t_ort, t_torch, t_lopper = (statistics.median(m for m, _ in r)
+                                        for r in (ort_r, torch_r, lopper_r))
+            spread = max(sp for r in (ort_r, lopper_r) for _, sp in r)
             row = {"model": name, "batch": batch, "lopper_ms": round(t_lopper, 2),
                    "ort_ms": round(t_ort, 2), "torch_ms": round(t_torch, 2),
-                   "lopper_over_ort": round(t_lopper / t_ort, 3)}
+                   "lopper_over_ort": round(t_lopper / t_ort, 3), "spread": round(spread, 2)}
             rows.append(row)
             print(f"{name:14s} batch {batch:3d}  lopper {t_lopper:9.2f} ms  onnxruntime {t_ort:9.2f} ms"
-                  f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f}", flush=True)
+                  f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f}"
+                  f" (spread {spread:.2f})", flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "threads": args.threads, "onnxruntime": ort.__version__, "torch": torch.__version__}
-    print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT |")
+    print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT (spread) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['batch']} | {r['lopper_ms']} | {r['ort_ms']} | {r['torch_ms']} |"
-              f" {r['lopper_over_ort']} |")
+              f" {r['lopper_over_ort']} ({r['spread']}) |")
     print(f"\n{meta}")
     if args.out:
         with open(args.out, "w") as f:

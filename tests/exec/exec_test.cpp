@@ -209,6 +209,23 @@ TEST(Exec, ChannelsLastConcatIsAnExactCopy) {
   EXPECT_TRUE(at::equal(y.contiguous().view(at::kInt), want.contiguous().view(at::kInt)));
 }
 
+// GlobalAveragePool of a channels-last input (lopper's one-pass mean): ATen's mean, to float
+// rounding, for a map of 3136 pixels and an odd channel count.
+TEST(Exec, ChannelsLastGlobalAveragePoolMatchesAten) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  m.graph.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  m.graph.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  m.graph.nodes = {node("GlobalAveragePool", {"x"}, {"y"})};
+  const at::Tensor x = (at::randn({2, 70, 56, 56}) + 3).contiguous(at::MemoryFormat::ChannelsLast);
+  Executor ex(m);
+  const at::Tensor y = ex.run({{"x", x}})[0];
+  const at::Tensor want = x.to(at::kDouble).mean({2, 3}, true);
+  ASSERT_EQ(y.sizes(), want.sizes());
+  EXPECT_LE((y.to(at::kDouble) - want).abs().max().item<double>(), 1e-6);
+}
+
 TEST(Exec, FusionLeavesSharedValuesAlone) {
   ir::Model m = fusable_model();
   // Make the first Conv's output a graph output too: it must not be fused away.

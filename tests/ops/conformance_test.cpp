@@ -208,8 +208,11 @@ TEST(Conformance, OnnxBackendCases) {
       passed_ops.insert(ops.begin(), ops.end());
       ++pass;
       // NOTE: an entry whose reason starts "on some CPUs:" fails on some machines only (a
-      // rounding edge that depends on the CPU's float32 kernels): passing is no error there.
-      EXPECT_TRUE(xf == xfail.cases.end() || xf->second.rfind("on some CPUs:", 0) == 0)
+      // rounding edge that depends on the CPU's float32 kernels), and one whose reason starts
+      // "random " compares a random draw with numpy's (a few Bernoulli draws can agree by
+      // chance): passing is no error there.
+      EXPECT_TRUE(xf == xfail.cases.end() || xf->second.rfind("on some CPUs:", 0) == 0 ||
+                  xf->second.rfind("random ", 0) == 0)
           << name << " passes but is listed in conformance_xfail.txt (remove it)";
       if (verbose) std::cout << "  pass " << name << "\n";
       continue;

@@ -132,20 +132,30 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
   }
 }
 
-// The dense convolution's pieces of work: MR output pixels (in order over images, rows and
-// columns) x one block of channels, block-major.
+// Output pixels per tile: kMR, or one fewer where that divides the pixels with less left over
+// (a 7x7 map: 49 pixels in 7 groups of 7, not 7 groups of 8 with the last one 1/8 full).
+template <class T>
+int conv_mr(const ConvShape& s) {
+  constexpr int MR = ConvTraits<T>::kMR;
+  const int64_t pixels = s.n * s.oh * s.ow;
+  auto waste = [&](int64_t mr) { return (pixels + mr - 1) / mr * mr - pixels; };
+  return MR > 1 && waste(MR - 1) < waste(MR) ? MR - 1 : MR;
+}
+
+// The dense convolution's pieces of work: conv_mr output pixels (in order over images, rows and
+// columns) x one block of channels.
 template <class T>
 int64_t conv_tile_count(const ConvShape& s) {
-  constexpr int MR = ConvTraits<T>::kMR;
-  return conv_blocks(s, ConvTraits<T>::kNB) * ((s.n * s.oh * s.ow + MR - 1) / MR);
+  const int64_t mr = conv_mr<T>(s);
+  return conv_blocks(s, ConvTraits<T>::kNB) * ((s.n * s.oh * s.ow + mr - 1) / mr);
 }
 
 // Tiles [t0, t1) of a dense convolution whose input needs no padding (ph = pw = 0: DirectConv
 // pads it first), in the order conv_pixel_major gives.
-template <class T>
+template <class T, int MR>
 void conv_tiles(const float* x, const float* packed, float* y, const float* res,
                 const ConvShape& s0, const Epilogue& e, int64_t t0, int64_t t1) {
-  constexpr int W = T::W, NB = ConvTraits<T>::kNB, MR = ConvTraits<T>::kMR;
+  constexpr int W = T::W, NB = ConvTraits<T>::kNB;
   const ConvShape s = with_strides(s0);
   const int64_t pixels = s.n * s.oh * s.ow, groups = (pixels + MR - 1) / MR;
   const int64_t blocks = conv_blocks(s, NB);
@@ -403,8 +413,10 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
        bool depthwise, const Epilogue& e, int64_t t0, int64_t t1) {
       if (depthwise)
         dw_rows<Wide>(x, packed, y, residual, s, e, t0, t1);
+      else if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR)
+        conv_tiles<Wide, ConvTraits<Wide>::kMR>(x, packed, y, residual, s, e, t0, t1);
       else
-        conv_tiles<Wide>(x, packed, y, residual, s, e, t0, t1);
+        conv_tiles<Wide, ConvTraits<Wide>::kMR - 1>(x, packed, y, residual, s, e, t0, t1);
     },
     Wide::W,
     ConvTraits<Wide>::kNV,

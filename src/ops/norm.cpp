@@ -64,15 +64,9 @@ at::Tensor normalize(const at::Tensor& x, const at::Tensor& mean, const at::Tens
 // and a fifth for the ReLU. Undefined where this does not apply.
 at::Tensor batch_norm_nhwc(OpContext& c, const std::vector<at::Tensor>& xs, size_t first,
                            double eps, const onednn::PostOp& post) {
-  if (!c.prepack()) return {};
+  if (!c.prepack() || !kernels::cpu::channels_last_of_one_map(xs)) return {};
   int64_t ch = 0;
-  for (const auto& x : xs) {
-    if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
-        !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
-        x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
-      return {};
-    ch += x.size(1);
-  }
+  for (const auto& x : xs) ch += x.size(1);
   for (size_t i = first; i < first + 4; ++i) {
     if (!c.is_constant(i)) return {};
     const at::Tensor& p = c.input(i);
@@ -150,13 +144,10 @@ void batch_norm(OpContext& c) {
     return;
   }
   if (!training) {
-    const at::Tensor y = batch_norm_nhwc(c, {x}, 1, eps, post);
-    if (y.defined()) {
-      c.set_output(0, y);
-      for (size_t i = 1; i < c.num_outputs(); ++i)
-        if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
-      return;
-    }
+    for (size_t i = 1; i < c.num_outputs(); ++i)
+      if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
+    if (const at::Tensor y = batch_norm_nhwc(c, {x}, 1, eps, post); y.defined())
+      return c.set_output(0, y);
   }
   at::Tensor xc = x.to(ct);
   at::Tensor use_mean = mean, use_var = var;
@@ -190,9 +181,6 @@ void batch_norm(OpContext& c) {
       m.mul_(momentum).add_(batch_mean.detach().to(m.scalar_type()), 1.0 - momentum);
       v.mul_(momentum).add_(batch_var.detach().to(v.scalar_type()), (1.0 - momentum) * unbias);
     }
-  } else {
-    for (size_t i = 1; i < c.num_outputs(); ++i)
-      if (c.wants_output(i)) c.fail("output ", i, " is only produced in training mode");
   }
 }
 

@@ -3,9 +3,10 @@
 // NOTE: ONNX allows asymmetric pads, SAME_* auto padding and a ceil mode whose last window may
 // overhang the input. All of them are turned into one explicit padding of the input (pads that
 // count as padding, then "ceil" padding that never counts), after which every window lies inside
-// the padded tensor and ATen's pooling runs with zero padding and floor mode.
+// the padded tensor and ATen's pooling runs with zero padding and floor mode. (The channels-last
+// float32 MaxPool of inference takes the geometry as it is: its kernel skips taps outside the
+// input.)
 #include <ATen/ATen.h>
-
 #include <ATen/Parallel.h>
 
 #include <algorithm>

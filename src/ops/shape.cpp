@@ -176,12 +176,10 @@ void tile(OpContext& c) {
 // into its slice (ATen's cat takes a generic strided copy for this layout, 2x the time; a memcpy
 // per pixel and input, 3x). Undefined when the inputs are not all such tensors.
 at::Tensor concat_channels_last(const std::vector<at::Tensor>& xs) {
+  if (!kernels::cpu::channels_last_of_one_map(xs)) return {};
   int64_t channels = 0;
   for (const auto& x : xs) {
-    if (x.scalar_type() != at::kFloat || !x.device().is_cpu() || x.requires_grad() ||
-        !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
-        x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
-      return {};
+    if (x.requires_grad()) return {};
     channels += x.size(1);
   }
   // The identity as a per-channel affine map: x * 1 + (-0) is x, bit for bit (signed zeros,

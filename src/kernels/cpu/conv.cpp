@@ -22,6 +22,15 @@ const ConvIsaOps& conv_isa_ops(Isa isa) {
   }
 }
 
+bool channels_last_of_one_map(const std::vector<at::Tensor>& xs) {
+  for (const auto& x : xs)
+    if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
+        !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
+        x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
+      return false;
+  return !xs.empty();
+}
+
 at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float* scale,
                               const float* shift, Activation act) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
@@ -121,19 +130,17 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
     const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, c = s.c;
     padded = at::empty({s.n * hp * wp * c}, x.options());
     float* dst = padded.data_ptr<float>();
-    const float* src = xp;
-    const ConvShape o = s;
     at::parallel_for(0, s.n * hp, 8, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float* row = dst + r * wp * c;
-        const int64_t img = r / hp, y = r % hp - o.ph;
-        if (y < 0 || y >= o.h) {
+        const int64_t img = r / hp, y = r % hp - s.ph;
+        if (y < 0 || y >= s.h) {
           std::fill(row, row + wp * c, 0.f);
           continue;
         }
-        std::fill(row, row + o.pw * c, 0.f);
-        std::memcpy(row + o.pw * c, src + (img * o.h + y) * o.w * c, sizeof(float) * o.w * c);
-        std::fill(row + (o.pw + o.w) * c, row + wp * c, 0.f);
+        std::fill(row, row + s.pw * c, 0.f);
+        std::memcpy(row + s.pw * c, xp + (img * s.h + y) * s.w * c, sizeof(float) * s.w * c);
+        std::fill(row + (s.pw + s.w) * c, row + wp * c, 0.f);
       }
     });
     xp = dst;

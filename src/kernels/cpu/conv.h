@@ -23,6 +23,9 @@ const ConvIsaOps& conv_isa_ops(Isa isa);
 /// pass; y channels-last. scale and shift: c floats.
 at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
                                Activation act);
+/// Whether xs are float32 CPU [n, c_i, h, w] tensors, contiguous channels-last, of one n, h, w:
+/// what the channel concatenation below reads without a copy.
+bool channels_last_of_one_map(const std::vector<at::Tensor>& xs);
 /// The same of the channel concatenation of xs (each [n, c_i, h, w] float32 channels-last on the
 /// CPU, one n, h, w), without the concatenation itself: each input goes through the scale and
 /// shift of its channels straight into its slice of y. scale and shift: sum c_i floats.

@@ -21,34 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 
 warnings.filterwarnings("ignore")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import median_spread  # noqa: E402  bench/timing.py
+from structured import ort_ms, ort_session  # noqa: E402  bench/structured.py
 from zoo_check import Skip, build, export, first_line, tv_models  # noqa: E402
-
-
-def ort_session(path, threads):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-
-
-def ort_round(sess, x, iters):
-    name = sess.get_inputs()[0].name
-    sess.run(None, {name: x})
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        sess.run(None, {name: x})
-        times.append(1000 * (time.perf_counter() - t0))
-    return median_spread(times)
 
 
 def lopper_round(lopper, path, threads, iters):
@@ -65,7 +44,7 @@ def compare(lopper, path, x, a):
     sess = ort_session(path, a.threads)
     lo, oo = [], []
     for _ in range(a.rounds):
-        oo.append(ort_round(sess, x, a.iters))
+        oo.append(ort_ms(sess, x, a.iters))
         lo.append(lopper_round(lopper, path, a.threads, a.iters))
     return (statistics.median(m for m, _ in lo), statistics.median(m for m, _ in oo),
             max(sp for _, sp in lo + oo))

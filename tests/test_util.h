@@ -13,6 +13,7 @@
 #include <string>
 
 #include "lopper/error.h"
+#include "util/files.h"
 
 namespace lopper::test {
 
@@ -78,7 +79,10 @@ struct TempDir {
     char tmpl[] = "/tmp/lopper_test_XXXXXX";
     path = mkdtemp(tmpl);
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
+  ~TempDir() {
+    std::error_code ec;
+    remove_tree(path.string(), ec);
+  }
   std::string operator/(const std::string& f) const { return (path / f).string(); }
 };
 

@@ -608,7 +608,7 @@ class Trainer {
       fs::path p;
       ~Cleanup() {
         std::error_code e;
-        if (!p.empty()) fs::remove_all(p, e);
+        if (!p.empty()) remove_tree(p.string(), e);
       }
     } cleanup{tmp};
     ir::Model snap = model_;
@@ -629,7 +629,7 @@ class Trainer {
     }
     write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
     const fs::path final = dir / name;
-    fs::remove_all(final, ec);  // an earlier run's epoch of the same number, lopper's own
+    remove_tree(final.string(), ec);  // an earlier run's epoch of the same number, lopper's own
     fs::rename(tmp, final, ec);
     LOPPER_CHECK(!ec, "[train] cannot write the checkpoint '", final.string(), "': ", ec.message());
     cleanup.p.clear();
@@ -637,7 +637,7 @@ class Trainer {
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string f = e.path().filename().string();
       const bool ours = std::regex_match(f, std::regex(R"(epoch-\d+|\.epoch-\d+\.tmp[0-9a-f]+)"));
-      if (ours && f != name && e.is_directory()) fs::remove_all(e.path(), ec);
+      if (ours && f != name && e.is_directory()) remove_tree(e.path().string(), ec);
     }
     note(fmt::format("checkpoint {} (epoch {})", final.string(), epochs_done));
   }

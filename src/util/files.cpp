@@ -1,6 +1,7 @@
 #include "util/files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -151,6 +152,25 @@ std::string temp_path_beside(const std::string& path) {
   std::snprintf(suffix, sizeof suffix, ".tmp%08x", static_cast<unsigned>(rd()));
   fs::path p(path);
   return (p.parent_path() / ("." + p.filename().string() + suffix)).string();
+}
+
+void remove_tree(const std::string& path, std::error_code& ec) {
+  ec.clear();
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) ec.assign(errno, std::generic_category());
+    return;
+  }
+  // nftw: depth first (a folder after its contents), physical (links are entries, not followed).
+  static thread_local int first_error;
+  first_error = 0;
+  auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+    if (::remove(p) != 0 && first_error == 0) first_error = errno;
+    return 0;
+  };
+  if (::nftw(path.c_str(), remove_one, 32, FTW_DEPTH | FTW_PHYS) != 0 && first_error == 0)
+    first_error = errno;
+  if (first_error != 0) ec.assign(first_error, std::generic_category());
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {

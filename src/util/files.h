@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace lopper {
@@ -26,6 +27,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 
 /// A temporary path beside `path` (same folder, unique hidden name).
 std::string temp_path_beside(const std::string& path);
+
+/// Removes `path` and, when it is a folder, everything in it; symbolic links are removed, never
+/// followed. A missing `path` is no error. Sets `ec` on the first failure (it goes on with the
+/// rest). std::filesystem::remove_all is not used: torch 2.11's libtorch.so exports its own copy,
+/// which wins over libstdc++'s at load and crashes on any folder with contents.
+void remove_tree(const std::string& path, std::error_code& ec);
 
 /// The outputs of one command, written as one unit. Every output is declared before the work
 /// (declare() refuses, with a UsageError, a path that exists and is not a regular file, names an

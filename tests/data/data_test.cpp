@@ -229,9 +229,10 @@ TEST(DataIdx, PlainAndGzipReadTheSame) {
 
 TEST(DataIdx, CorruptFilesAreOneLineErrorsNamingTheFile) {
   TempDir dir;
+  std::error_code ec;
   std::string images = idx_images(4, 2, 2), labels = idx_labels({0, 1, 2, 3});
   auto error_with = [&](const std::string& img, const std::string& lab, bool gz) {
-    fs::remove_all(dir.path / "d");
+    remove_tree(dir / "d", ec);
     fs::create_directories(dir.path / "d");
     if (gz) {
       write_gz(dir / "d/train-images-idx3-ubyte.gz", img);
@@ -267,7 +268,7 @@ TEST(DataIdx, CorruptFilesAreOneLineErrorsNamingTheFile) {
   // A gzip file cut short: zlib's stream ends early.
   write_gz(dir / "whole.gz", images);
   std::string gz = test::slurp(dir / "whole.gz");
-  fs::remove_all(dir.path / "d");
+  remove_tree(dir / "d", ec);
   write_bytes(dir / "d/train-images-idx3-ubyte.gz", gz.substr(0, gz.size() / 2));
   write_bytes(dir / "d/train-labels-idx1-ubyte", labels);
   e = error_of([&] { open_dataset("idx:" + (dir / "d")); });

@@ -175,6 +175,33 @@ TEST(Files, SavingAModelOverTheDataAnInputReadsIsRefused) {
   EXPECT_EQ(test::slurp(d / "a.onnx.data"), before);
 }
 
+TEST(Files, RemoveTreeRemovesEverythingBelowAndFollowsNoLink) {
+  TempDir d, outside;
+  fs::create_directories(d.path / "t/a/b");
+  std::ofstream(d / "t/a/b/f") << "x";
+  std::ofstream(d / "t/g") << "y";
+  std::ofstream(outside / "keep") << "z";
+  fs::create_directory_symlink(outside.path, d.path / "t/a/link");
+  std::error_code ec;
+  remove_tree(d / "t", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_FALSE(fs::exists(d.path / "t"));
+  EXPECT_TRUE(fs::exists(outside.path / "keep"));  // the link went, not what it pointed to
+  remove_tree(d / "missing", ec);
+  EXPECT_FALSE(ec) << "a missing path is not an error";
+  std::ofstream(d / "file") << "x";
+  remove_tree(d / "file", ec);
+  EXPECT_FALSE(ec);
+  EXPECT_FALSE(fs::exists(d.path / "file"));
+  if (::geteuid() != 0) {  // root may remove from a folder without write permission
+    fs::create_directories(d.path / "ro/x");
+    fs::permissions(d.path / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    remove_tree(d / "ro", ec);
+    EXPECT_TRUE(ec) << "a failure is reported";
+    fs::permissions(d.path / "ro", fs::perms::owner_all);
+  }
+}
+
 TEST(Checkpoints, AFolderLopperDidNotMakeIsNeverReplaced) {
   TempDir d;
   fs::create_directory(d.path / "mine");

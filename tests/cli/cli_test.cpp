@@ -173,28 +173,34 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
       "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json --threads 1";
   auto first = lopper_cli(bench);
   ASSERT_EQ(first.code, 0) << first.err;
-  auto j = nlohmann::json::parse(first.out)["kernels"];
-  EXPECT_EQ(j["isa"], "avx2");
-  ASSERT_EQ(j["layers"].size(), 3u);  // the MLP's three Gemms
-  for (const auto& l : j["layers"]) {
-    EXPECT_FALSE(l["cached"].get<bool>());
-    EXPECT_NEAR(l["sparsity"].get<double>(), 0.9, 0.01);
-    EXPECT_TRUE(l["ms"].contains("aten"));
-    EXPECT_TRUE(l["ms"].contains("csr-dot"));  // a 90% sparse weight has sparse candidates
-    EXPECT_TRUE(l["ms"].contains(l["chosen"].get<std::string>()));
+  // NOTE: .at() throughout: a key missing from lopper's output must fail the test with its name
+  // (a const json's operator[] on a missing key is undefined: on a GPU machine it crashed the test
+  // without a word).
+  const auto j = nlohmann::json::parse(first.out).at("kernels");
+  EXPECT_EQ(j.at("isa"), "avx2");
+  ASSERT_EQ(j.at("layers").size(), 3u) << first.out;  // the MLP's three Gemms
+  for (const auto& l : j.at("layers")) {
+    SCOPED_TRACE(l.dump());
+    EXPECT_FALSE(l.at("cached").get<bool>());
+    EXPECT_NEAR(l.at("sparsity").get<double>(), 0.9, 0.01);
+    EXPECT_TRUE(l.at("ms").contains("aten"));
+    EXPECT_TRUE(l.at("ms").contains("csr-dot"));  // a 90% sparse weight has sparse candidates
+    EXPECT_TRUE(l.at("ms").contains(l.at("chosen").get<std::string>()));
   }
   EXPECT_TRUE(fs::exists(dir / "cache/kernels.json"));
   auto second = lopper_cli(bench);
   ASSERT_EQ(second.code, 0) << second.err;
-  auto j2 = nlohmann::json::parse(second.out)["kernels"];
-  for (size_t i = 0; i < j2["layers"].size(); ++i) {
-    EXPECT_TRUE(j2["layers"][i]["cached"].get<bool>());
-    EXPECT_EQ(j2["layers"][i]["chosen"], j["layers"][i]["chosen"]);
+  const auto j2 = nlohmann::json::parse(second.out).at("kernels").at("layers");
+  ASSERT_EQ(j2.size(), 3u) << second.out;
+  for (size_t i = 0; i < j2.size(); ++i) {
+    EXPECT_TRUE(j2.at(i).at("cached").get<bool>());
+    EXPECT_EQ(j2.at(i).at("chosen"), j.at("layers").at(i).at("chosen"));
   }
   std::ofstream(dir / "cache/kernels.json") << "{ not json";
   auto third = lopper_cli(bench);
   ASSERT_EQ(third.code, 0) << third.err;
-  EXPECT_FALSE(nlohmann::json::parse(third.out)["kernels"]["layers"][0]["cached"].get<bool>());
+  EXPECT_FALSE(
+      nlohmann::json::parse(third.out).at("kernels").at("layers").at(0).at("cached").get<bool>());
   auto text = lopper_cli("bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain");
   EXPECT_NE(text.out.find("kernel choice per layer (sparse kernels: avx2"), std::string::npos);
   setenv("LOPPER_ISA", "sse9", 1);

@@ -19,8 +19,8 @@ import tempfile
 import time
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
     return json.loads(r.stdout)
@@ -43,9 +43,15 @@ def prune_to_macs(lopper, model, target, out, round_to):
     return best
 
 
-def lopper_ms(lopper, model, batch, precision, iters):
+def lopper_ms(lopper, model, batch, precision, iters, cudnn_find=True):
+    """lopper's median; cudnn_find=False: without cuDNN's algorithm search (its heuristics alone),
+    in a kernel cache of its own so that no choice timed with the search is reused."""
+    env = None
+    if not cudnn_find:
+        env = dict(os.environ, LOPPER_CUDNN_BENCHMARK="0",
+                   LOPPER_CACHE_DIR=os.path.join(tempfile.gettempdir(), "lopper-cache-no-find"))
     j = run([lopper, "bench", model, "--device", "cuda", "--batch", str(batch), "--precision",
-             precision, "--iters", str(iters), "--warmup", "5", "--json"])
+             precision, "--iters", str(iters), "--warmup", "5", "--json"], env)
     return float(j["median_ms"])
 
 
@@ -58,9 +64,11 @@ def export(name, path):
                       dynamic_axes={"input": {0: "batch"}}, opset_version=17)
 
 
-def torch_ms(name, batch, precision, iters):
+def torch_ms(name, batch, precision, iters, cudnn_benchmark=False):
     import torch
     import torchvision
+
+    torch.backends.cudnn.benchmark = cudnn_benchmark
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     m = getattr(torchvision.models, name)().eval().cuda().to(dtype)
@@ -105,6 +113,10 @@ def main():
             row["pruned_ms"] = lopper_ms(a.lopper, pruned, a.batch, prec, a.iters)
             row["speedup"] = row["dense_ms"] / row["pruned_ms"]
             row["torch_dense_ms"] = torch_ms(a.model, a.batch, prec, a.iters)
+            # The peer at its best too: cuDNN's algorithm search, as lopper does per layer.
+            row["torch_dense_ms_benchmark"] = torch_ms(a.model, a.batch, prec, a.iters, True)
+            row["dense_ms_no_find"] = lopper_ms(a.lopper, dense, a.batch, prec, a.iters, False)
+            row["pruned_ms_no_find"] = lopper_ms(a.lopper, pruned, a.batch, prec, a.iters, False)
             if a.profile_dir:
                 os.makedirs(a.profile_dir, exist_ok=True)
                 for tag, path in (("dense", dense), ("pruned", pruned)):
@@ -118,7 +130,10 @@ def main():
             rows.append(row)
             print(f"{row['model']} {prec} batch {a.batch}: MACs kept {p['macs_kept']:.3f}, "
                   f"lopper dense {row['dense_ms']:.2f} ms, pruned {row['pruned_ms']:.2f} ms "
-                  f"({row['speedup']:.2f}x), torch eager dense {row['torch_dense_ms']:.2f} ms",
+                  f"({row['speedup']:.2f}x), torch eager dense {row['torch_dense_ms']:.2f} ms "
+                  f"({row['torch_dense_ms_benchmark']:.2f} with cudnn.benchmark); lopper without "
+                  f"cuDNN's search: dense {row['dense_ms_no_find']:.2f}, pruned "
+                  f"{row['pruned_ms_no_find']:.2f} ms",
                   flush=True)
     if a.json:
         with open(a.json + ".tmp", "w") as f:

@@ -96,7 +96,8 @@ nvcc_path=$(command -v nvcc || true)
 pyinc=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 python_module=OFF
 [ -f "$pyinc/Python.h" ] && python_module=ON
-targets=(lopper lopper_gpu_tests lopper_kernel_bench)
+targets=(lopper lopper_gpu_tests)
+selected kernel-bench && targets+=(lopper_kernel_bench)
 if [ $python_module = ON ] && selected python; then
   targets+=(lopper_python)
 fi

@@ -48,6 +48,15 @@ inline ir::Attribute int_attr(const char* name, int64_t v) {
   return a;
 }
 
+/// A float attribute.
+inline ir::Attribute float_attr(const char* name, float v) {
+  ir::Attribute a;
+  a.name = name;
+  a.type = ir::AttrType::kFloat;
+  a.f = v;
+  return a;
+}
+
 /// An ints attribute.
 inline ir::Attribute ints_attr(const char* name, std::vector<int64_t> v) {
   ir::Attribute a;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,6 +65,15 @@ std::optional<float> scalar_initializer(const ir::Graph& g, const std::string& n
   return t->value.to(at::kFloat).item<float>();
 }
 
+// HardSigmoid(x) = clamp(alpha x + beta, 0, 1) with torch.nn.Hardsigmoid's line (alpha 1/6,
+// beta 1/2), the one oneDNN's fused hardsigmoid computes.
+bool is_torch_hardsigmoid(const ir::Node& n) {
+  const auto* a = find_attr(n, "alpha");
+  const auto* b = find_attr(n, "beta");
+  const float alpha = a ? a->f : 0.2f, beta = b ? b->f : 0.5f;
+  return std::abs(alpha - 1.f / 6) < 1e-6f && beta == 0.5f;
+}
+
 // Activation attributes for a FusedConv when `n` is an activation lopper can fuse.
 std::optional<std::vector<ir::Attribute>> activation_of(const ir::Graph& g, const ir::Node& n,
                                                         int64_t opset) {
@@ -75,6 +85,9 @@ std::optional<std::vector<ir::Attribute>> activation_of(const ir::Graph& g, cons
     return std::vector<ir::Attribute>{make_attr("activation", "Gelu"),
                                       make_attr("activation_approximate", a ? a->s : "none")};
   }
+  if (is(n, "HardSwish")) return std::vector<ir::Attribute>{make_attr("activation", "HardSwish")};
+  if (is(n, "HardSigmoid") && is_torch_hardsigmoid(n))
+    return std::vector<ir::Attribute>{make_attr("activation", "HardSigmoid")};
   if (is(n, "LeakyRelu")) {
     const auto* a = find_attr(n, "alpha");
     return std::vector<ir::Attribute>{make_attr("activation", "LeakyRelu"),
@@ -203,9 +216,54 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     }
   }
 
-  // When the only reader of `out` is an activation lopper fuses: absorb it.
+  // The nodes that read `v` (each once).
+  auto readers_of = [&](const std::string& v) {
+    std::vector<size_t> r;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (!removed[i] && std::find(g.nodes[i].inputs.begin(), g.nodes[i].inputs.end(), v) !=
+                             g.nodes[i].inputs.end())
+        r.push_back(i);
+    return r;
+  };
+  // x * gate(x), with x read by nothing else: Mul(x, Sigmoid(x)) is SiLU (EfficientNet's), and
+  // Mul(x, HardSigmoid(x)) is HardSwish (as older opsets export it). The activation's attributes,
+  // the two nodes and the product, or nothing.
+  struct Gated {
+    std::vector<ir::Attribute> act;
+    size_t gate, mul;
+  };
+  auto gated_of = [&](const std::string& x) -> std::optional<Gated> {
+    const auto c = uses.count.find(x);
+    if (c == uses.count.end() || c->second != 2) return std::nullopt;
+    const std::vector<size_t> r = readers_of(x);
+    if (r.size() != 2) return std::nullopt;
+    for (int k = 0; k < 2; ++k) {
+      const ir::Node& gate = g.nodes[r[k]];
+      const ir::Node& mul = g.nodes[r[1 - k]];
+      const char* act = is(gate, "Sigmoid")                                     ? "Silu"
+                        : is(gate, "HardSigmoid") && is_torch_hardsigmoid(gate) ? "HardSwish"
+                                                                                : nullptr;
+      if (!act || gate.inputs.size() != 1 || outputs_used(gate) != 1 ||
+          !uses.single(gate.outputs[0]) || !is(mul, "Mul") || mul.inputs.size() != 2 ||
+          outputs_used(mul) != 1)
+        continue;
+      const bool pair = (mul.inputs[0] == x && mul.inputs[1] == gate.outputs[0]) ||
+                        (mul.inputs[1] == x && mul.inputs[0] == gate.outputs[0]);
+      if (pair) return Gated{{make_attr("activation", act)}, r[k], r[1 - k]};
+    }
+    return std::nullopt;
+  };
+  // When the only reader of `out` is an activation lopper fuses, or `out` is gated by itself
+  // (gated_of): absorb it.
   auto absorb_activation = [&](std::string& out, std::vector<size_t>& absorbed,
                                std::vector<ir::Attribute>& act) {
+    if (auto gated = gated_of(out)) {
+      act = gated->act;
+      absorbed.push_back(gated->gate);
+      absorbed.push_back(gated->mul);
+      out = g.nodes[gated->mul].outputs[0];
+      return;
+    }
     if (!uses.single(out)) return;
     size_t r = *reader_of(out);
     if (auto a = activation_of(g, g.nodes[r], opset)) {

@@ -47,6 +47,14 @@ PostOp post_op_of(const AttrReader& c) {
     p.attr = "sigmoid";
   } else if (act == "Tanh") {
     p.attr = "tanh";
+  } else if (act == "HardSwish") {
+    p.attr = "hardswish";
+  } else if (act == "HardSigmoid") {
+    // NOTE: oneDNN's (PyTorch's) hardsigmoid is clamp(x / 6 + 1/2, 0, 1): the fusion pass fuses
+    // only that line (torch.nn.Hardsigmoid's export); the attribute is kept for the own kernels.
+    p.attr = "hardsigmoid";
+  } else if (act == "Silu") {
+    p.attr = "swish";  // oneDNN's swish, x * sigmoid(alpha x), with alpha 1
   } else if (act == "Gelu") {
     p.attr = "gelu";
     p.algorithm = c.attr_string("activation_approximate", "none");
@@ -63,6 +71,9 @@ at::Tensor apply_unfused(const at::Tensor& y, const PostOp& p) {
   if (p.attr == "sigmoid") return at::sigmoid(y);
   if (p.attr == "tanh") return at::tanh(y);
   if (p.attr == "gelu") return at::gelu(y, p.algorithm);
+  if (p.attr == "hardswish") return at::hardswish(y);
+  if (p.attr == "hardsigmoid") return at::hardsigmoid(y);
+  if (p.attr == "swish") return at::silu(y);
   return y;
 }
 

@@ -23,7 +23,8 @@ struct PostOp {
 
 /// The activation a fused node (ai.lopper.FusedConv / FusedMatMul) carries in its attributes:
 /// activation = Relu | Clip (activation_min/max) | LeakyRelu (activation_alpha) | Sigmoid | Tanh |
-/// Gelu (activation_approximate = none | tanh); none when absent.
+/// Gelu (activation_approximate = none | tanh) | HardSwish | HardSigmoid (x / 6 + 1/2, clamped to
+/// [0, 1]) | Silu (x * sigmoid(x)); none when absent.
 PostOp post_op_of(const AttrReader& node);
 /// The same activation with plain ATen ops (any device, autograd).
 at::Tensor apply_unfused(const at::Tensor& y, const PostOp& post);

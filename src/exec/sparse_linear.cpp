@@ -88,6 +88,15 @@ kc::Activation fused_activation(const onednn::PostOp& post) {
   } else if (post.attr == "leaky_relu" && post.scalars.size() == 1) {
     a.kind = kc::Activation::kLeaky;
     a.alpha = static_cast<float>(post.scalars[0]);
+  } else if (post.attr == "hardswish") {
+    a.kind = kc::Activation::kHardSwish;
+  } else if (post.attr == "hardsigmoid") {
+    a.kind = kc::Activation::kHardSigmoid;
+    a.alpha = 1.f / 6, a.beta = 0.5f;
+  } else if (post.attr == "sigmoid") {
+    a.kind = kc::Activation::kSigmoid;
+  } else if (post.attr == "swish") {
+    a.kind = kc::Activation::kSilu;
   }
   return a;
 }

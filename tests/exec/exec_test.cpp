@@ -182,6 +182,82 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
   }
 }
 
+// MobileNetV3's and EfficientNet's activations fused into the convolution before them: HardSwish,
+// SiLU written Mul(x, Sigmoid(x)), HardSwish written Mul(HardSigmoid(x), x) (older opsets),
+// the squeeze-and-excitation gate's HardSigmoid; a HardSigmoid of another line (alpha 0.2) is left
+// alone. Odd channel counts; against the same graph unfused, and on ATen's ops (no prepacking).
+TEST(Exec, GatedAndHardActivationsFuseIntoTheConvolution) {
+  at::manual_seed(7);
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  g.inputs.push_back(
+      {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {9, ""}, {7, ""}}, "", ""}, ""});
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  auto init = [&](const std::string& n, at::Tensor t) {
+    g.initializers.push_back({n, t, "", false});
+  };
+  init("wa", at::randn({21, 8, 3, 3}) * 0.3);
+  init("ba", at::randn({21}));
+  init("wd", at::randn({21, 1, 3, 3}) * 0.5);
+  init("w_sq", at::randn({5, 21, 1, 1}) * 0.3);
+  init("w_ex", at::randn({21, 5, 1, 1}) * 0.3);
+  init("wc", at::randn({13, 21, 1, 1}) * 0.3);
+  init("we", at::randn({13, 13, 1, 1}) * 0.3);
+  const float sixth = 1.f / 6;
+  auto hard_sigmoid = [&](const char* in, const char* out, float alpha) {
+    return node("HardSigmoid", {in}, {out}, {float_attr("alpha", alpha), float_attr("beta", 0.5f)});
+  };
+  g.nodes = {
+      node("Conv", {"x", "wa", "ba"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("HardSwish", {"a"}, {"h"}),
+      node("Conv", {"h", "wd"}, {"d"}, {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", 21)}),
+      node("Sigmoid", {"d"}, {"ds"}),
+      node("Mul", {"ds", "d"}, {"silu"}),
+      node("GlobalAveragePool", {"silu"}, {"p"}),
+      node("Conv", {"p", "w_sq"}, {"q"}),
+      node("Relu", {"q"}, {"qr"}),
+      node("Conv", {"qr", "w_ex"}, {"r"}),
+      hard_sigmoid("r", "gate", sixth),
+      node("Mul", {"silu", "gate"}, {"se"}),
+      node("Conv", {"se", "wc"}, {"c"}),
+      hard_sigmoid("c", "cs", sixth),
+      node("Mul", {"c", "cs"}, {"hs"}),
+      node("Conv", {"hs", "we"}, {"e"}),
+      hard_sigmoid("e", "y", 0.2f),
+  };
+  ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+  std::vector<std::string> acts;
+  std::map<std::string, int> ops;
+  for (const auto& n : fused.nodes) {
+    ops[n.op_type]++;
+    if (n.op_type == "FusedConv") acts.push_back(n.attr("activation")->s);
+  }
+  EXPECT_EQ(acts,
+            (std::vector<std::string>{"HardSwish", "Silu", "Relu", "HardSigmoid", "HardSwish"}));
+  EXPECT_EQ(ops["Conv"], 1);         // the last one: its HardSigmoid is another line
+  EXPECT_EQ(ops["HardSigmoid"], 1);  // that one
+  EXPECT_EQ(ops["Mul"], 1);          // the excitation's channel scale
+  EXPECT_EQ(ops["Sigmoid"], 0);
+  const at::Tensor x = at::randn({2, 8, 9, 7}) * 2;
+  ExecOptions plain, unpacked;
+  plain.fuse = false;
+  plain.fold_constants = false;
+  unpacked.prepack = false;
+  Executor a(m, plain), d(m, unpacked);
+  const at::Tensor want = a.run({{"x", x}})[0];
+  EXPECT_LE(test::relative_max_diff(d.run({{"x", x}})[0], want), 1e-5);
+  // Each convolution kernel in turn: lopper's own (the activations in its epilogue), oneDNN's.
+  for (const char* forced : {"lopper-direct,lopper-depthwise", "onednn-conv,onednn-linear", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor b(m);
+    for (int run = 0; run < 2; ++run)  // the first run chooses kernels, the second runs them
+      EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5) << forced;
+    ::unsetenv("LOPPER_FORCE_KERNEL");
+  }
+}
+
 // A channel Concat of channels-last inputs (lopper's own copy kernel) is ATen's cat bit for bit:
 // signed zeros, infinities and NaN included, odd channel counts.
 TEST(Exec, ChannelsLastConcatIsAnExactCopy) {

@@ -59,10 +59,8 @@ at::Tensor make_weight(const Case& c, kc::BlockShape b, at::Generator& gen) {
   return w;
 }
 
-at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                     kc::Activation act) {
-  at::Tensor y = at::linear(x.to(at::kDouble), w.to(at::kDouble),
-                            bias.defined() ? bias.to(at::kDouble) : at::Tensor());
+// The kernels' fused activation by ATen (in the input's type).
+at::Tensor activation_reference(const at::Tensor& y, const kc::Activation& act) {
   switch (act.kind) {
     case kc::Activation::kRelu:
       return at::relu(y);
@@ -70,9 +68,34 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
       return at::clamp(y, act.lo, act.hi);
     case kc::Activation::kLeaky:
       return at::leaky_relu(y, act.alpha);
-    default:
+    case kc::Activation::kHardSwish:
+      return at::hardswish(y);
+    case kc::Activation::kHardSigmoid:
+      return at::clamp(y * act.alpha + act.beta, 0, 1);
+    case kc::Activation::kSigmoid:
+      return at::sigmoid(y);
+    case kc::Activation::kSilu:
+      return at::silu(y);
+    case kc::Activation::kNone:
       return y;
   }
+  return y;
+}
+
+// Any of the activations, with parameters that make each one's every piece matter.
+kc::Activation random_activation(std::mt19937& rng) {
+  kc::Activation act;
+  act.kind = static_cast<kc::Activation::Kind>(rng() % 8);
+  act.lo = -0.5f, act.hi = 0.75f, act.alpha = 0.1f, act.beta = 0.4f;
+  if (act.kind == kc::Activation::kHardSigmoid) act.alpha = 0.3f;
+  return act;
+}
+
+at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                     kc::Activation act) {
+  at::Tensor y = at::linear(x.to(at::kDouble), w.to(at::kDouble),
+                            bias.defined() ? bias.to(at::kDouble) : at::Tensor());
+  return activation_reference(y, act);
 }
 
 // Normalised mean squared error, as ggml's test-backend-ops measures kernels.
@@ -103,13 +126,51 @@ Case random_case(std::mt19937& rng, kc::BlockShape b) {
   c.block_pruned = rng() % 2;
   c.empty_lines = rng() % 3 == 0;
   c.bias = rng() % 2;
-  c.act.kind = static_cast<kc::Activation::Kind>(rng() % 4);
-  c.act.lo = -0.5f, c.act.hi = 0.75f, c.act.alpha = 0.1f;
+  c.act = random_activation(rng);
   c.pad = rng() % 3 == 0 ? 3 : 0;
   return c;
 }
 
 }  // namespace
+
+// Each fused activation over its whole range, through an identity weight (y = act(x)): the
+// vectorised e^x of Sigmoid and SiLU against ATen's, the ends where it saturates, -0, NaN.
+TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
+  const int64_t k = 16;
+  at::Tensor x = at::cat({at::linspace(-100, 100, 20001, at::kFloat),
+                          at::tensor({0.f, -0.f, 1e-30f, -1e-30f, 87.3f, -87.3f, 88.f, -88.f, 89.f,
+                                      -89.f, 3.f, -3.f, 1e30f, -1e30f, NAN},
+                                     at::kFloat)});
+  x = at::cat({x, at::zeros({(k - x.numel() % k) % k})}).reshape({-1, k});
+  const kc::SparseWeight eye(at::eye(k), kc::BlockShape{1, 1});
+  int checked = 0;
+  for (kc::Isa isa : isas())
+    for (int kind = 0; kind < 8; ++kind) {
+      kc::Activation act;
+      act.kind = static_cast<kc::Activation::Kind>(kind);
+      act.lo = -0.5f, act.hi = 0.75f,
+      act.alpha = kind == kc::Activation::kHardSigmoid ? 0.3f : 0.1f;
+      act.beta = 0.4f;
+      const at::Tensor y = eye.linear(x, kc::Algo::kCols, act, isa).flatten();
+      const at::Tensor ref = activation_reference(x.to(at::kDouble), act).flatten();
+      const std::string what = std::string(kc::isa_name(isa)) + " kind " + std::to_string(kind);
+      // NaN: the smooth activations keep it (the piecewise ones take max/min's second operand,
+      // 0 or a bound, as ONNX Runtime's fused activations do).
+      const at::Tensor nan = at::isnan(x.flatten());
+      if (act.kind == kc::Activation::kSigmoid || act.kind == kc::Activation::kSilu)
+        EXPECT_TRUE(at::all(at::isnan(y.masked_select(nan))).item<bool>()) << what;
+      const at::Tensor err = (y.to(at::kDouble) - ref).abs().masked_fill(nan, 0);
+      // 1e-7 absolute: float rounding where x / 6 + 1/2 cancels (HardSwish near -3), and SiLU
+      // of -1e30 (-6e-9: e^-x is clamped at e^88).
+      const at::Tensor excess = (err - ref.abs() * 1e-6 - 1e-7).masked_fill(nan, 0);
+      const int64_t worst = excess.argmax().item<int64_t>();
+      EXPECT_LE(excess[worst].item<double>(), 0)
+          << what << ": at x = " << x.flatten()[worst].item<float>() << " got "
+          << y[worst].item<float>() << ", want " << ref[worst].item<double>();
+      ++checked;
+    }
+  EXPECT_GE(checked, 8);
+}
 
 TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
   std::mt19937 rng(1234);
@@ -146,7 +207,8 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
           SCOPED_TRACE(describe(c, isa, b, algo));
           ASSERT_EQ(y.sizes(), ref.sizes());
           ASSERT_LT(nmse(y, ref), 1e-10);
-          if (c.sparsity == 1.0 && !c.empty_lines) {  // nothing to add: exactly act(bias)
+          // Nothing to add: exactly act(bias) (for the activations that are exact in float).
+          if (c.sparsity == 1.0 && !c.empty_lines && c.act.kind <= kc::Activation::kLeaky) {
             ASSERT_TRUE(at::equal(y, reference(at::zeros_like(x), w, bias, c.act).to(at::kFloat)));
           }
           ++checked;
@@ -278,9 +340,7 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       at::Tensor x = at::randn({n, c, h, w}, gen);
       if (rng() % 2) x = x.contiguous(at::MemoryFormat::ChannelsLast);
       const at::Tensor res = rng() % 2 ? at::randn({n, k, oh, ow}, gen) : at::Tensor();
-      kc::Activation act;
-      act.kind = static_cast<kc::Activation::Kind>(rng() % 4);
-      act.lo = -0.5f, act.hi = 0.75f, act.alpha = 0.1f;
+      const kc::Activation act = random_activation(rng);
       const int64_t group = dw ? c : 1;
       ASSERT_TRUE(kc::DirectConv::takes(weight, group, c));
       const kc::DirectConv conv(weight, bias, group, g, isa);
@@ -291,10 +351,7 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
                           bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {g.sh, g.sw},
                           {g.ph, g.pw}, {g.dh, g.dw}, false, {0, 0}, group);
       if (res.defined()) ref = ref + res.to(at::kDouble);
-      ref = act.kind == kc::Activation::kRelu    ? at::relu(ref)
-            : act.kind == kc::Activation::kClip  ? at::clamp(ref, act.lo, act.hi)
-            : act.kind == kc::Activation::kLeaky ? at::leaky_relu(ref, act.alpha)
-                                                 : ref;
+      ref = activation_reference(ref, act);
       const std::string what = std::string(kc::isa_name(isa)) + (dw ? " depthwise" : " direct") +
                                " x " + std::to_string(n) + "x" + std::to_string(c) + "x" +
                                std::to_string(h) + "x" + std::to_string(w) + " k " +

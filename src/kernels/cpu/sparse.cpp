@@ -102,11 +102,33 @@ const char* isa_name(Isa isa) { return ops_of(isa).name; }
 Epilogue to_epilogue(const Activation& a, const float* bias) {
   Epilogue e;
   e.bias = bias;
-  e.act = a.kind == Activation::kRelu    ? Epilogue::kRelu
-          : a.kind == Activation::kClip  ? Epilogue::kClip
-          : a.kind == Activation::kLeaky ? Epilogue::kLeaky
-                                         : Epilogue::kNone;
-  e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha;
+  switch (a.kind) {
+    case Activation::kRelu:
+      e.act = Epilogue::kRelu;
+      break;
+    case Activation::kClip:
+      e.act = Epilogue::kClip;
+      break;
+    case Activation::kLeaky:
+      e.act = Epilogue::kLeaky;
+      break;
+    case Activation::kHardSwish:
+      e.act = Epilogue::kHardSwish;
+      break;
+    case Activation::kHardSigmoid:
+      e.act = Epilogue::kHardSigmoid;
+      break;
+    case Activation::kSigmoid:
+      e.act = Epilogue::kSigmoid;
+      break;
+    case Activation::kSilu:
+      e.act = Epilogue::kSilu;
+      break;
+    case Activation::kNone:
+      e.act = Epilogue::kNone;
+      break;
+  }
+  e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha, e.beta = a.beta;
   return e;
 }
 

@@ -39,8 +39,8 @@ enum class Algo { kCols, kRows, kGather, kDot };
 const char* algo_name(Algo a);
 
 struct Activation {
-  enum Kind { kNone, kRelu, kClip, kLeaky } kind = kNone;
-  float lo = 0, hi = 0, alpha = 0;
+  enum Kind { kNone, kRelu, kClip, kLeaky, kHardSwish, kHardSigmoid, kSigmoid, kSilu } kind = kNone;
+  float lo = 0, hi = 0, alpha = 0, beta = 0;  // as in Epilogue
 };
 /// The kernels' output stage for `a` and a bias of the outputs (or null).
 Epilogue to_epilogue(const Activation& a, const float* bias);

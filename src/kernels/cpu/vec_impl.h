@@ -3,6 +3,7 @@
 // the matching -m flags. Everything here has internal linkage.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/epilogue.h"
@@ -31,11 +32,14 @@ struct Scalar {
   }
   static V fma(V a, V b, V c) { return a * b + c; }
   static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V max(V a, V b) { return a > b ? a : b; }
   static V min(V a, V b) { return a < b ? a : b; }
   // The larger of m and v, NaN when either is (ONNX's MaxPool propagates NaN).
   static V max_nan(V m, V v) { return (v > m || v != v) ? v : m; }
+  static V div(V a, V b) { return a / b; }
+  static V exp(V x) { return std::exp(x); }
 };
 
 #if LOPPER_SPARSE_ISA > 0
@@ -48,9 +52,17 @@ struct V4 {  // 4 floats (SSE registers, FMA3)
   static void store(float* p, V v) { _mm_storeu_ps(p, v); }
   static V fma(V a, V b, V c) { return _mm_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm_mul_ps(a, b); }
   static V max(V a, V b) { return _mm_max_ps(a, b); }
   static V min(V a, V b) { return _mm_min_ps(a, b); }
+  static V div(V a, V b) { return _mm_div_ps(a, b); }
+  static V round(V x) { return _mm_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2(V n) {  // 2^n for integral n in [-126, 127]
+    return _mm_castsi128_ps(
+        _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23));
+  }
+  static V exp(V x);
 };
 
 struct V8 {  // 8 floats (AVX2 + FMA3)
@@ -67,6 +79,7 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
   static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
@@ -74,6 +87,13 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     const V take = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     return _mm256_blendv_ps(m, v, take);
   }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2(V n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static V exp(V x);
 };
 #endif
 
@@ -90,6 +110,7 @@ struct V16 {  // 16 floats (AVX-512F)
   static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
@@ -98,12 +119,51 @@ struct V16 {  // 16 floats (AVX-512F)
         _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     return _mm512_mask_blend_ps(take, m, v);
   }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V round(V x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static V pow2(V n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static V exp(V x);
 };
 using Wide = V16;  // the widest vector: columns of `cols`
 #elif LOPPER_SPARSE_ISA > 0
 using Wide = V8;
 #else
 using Wide = Scalar;
+#endif
+
+// e^x for a vector type with round and pow2: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6
+// Taylor polynomial (relative error below 2e-7 over the range), times 2^n. Inputs are clamped to
+// [-87.3, 88.0], where e^x and 2^n are normal floats; NaN stays NaN (max/min return the second
+// operand, x, when it is NaN).
+template <class T>
+inline typename T::V exp_of(typename T::V x) {
+  using V = typename T::V;
+  x = T::min(T::set1(88.0f), x);
+  x = T::max(T::set1(-87.3f), x);
+  const V n = T::round(T::mul(x, T::set1(1.44269504088896341f)));
+  // r = x - n ln2, ln2 in two parts so that n * hi is exact
+  V r = T::fma(n, T::set1(-0.693359375f), x);
+  r = T::fma(n, T::set1(2.12194440e-4f), r);
+  V p = T::set1(1.f / 720);
+  p = T::fma(p, r, T::set1(1.f / 120));
+  p = T::fma(p, r, T::set1(1.f / 24));
+  p = T::fma(p, r, T::set1(1.f / 6));
+  p = T::fma(p, r, T::set1(0.5f));
+  p = T::fma(p, r, T::set1(1.f));
+  p = T::fma(p, r, T::set1(1.f));
+  return T::mul(p, T::pow2(n));
+}
+#if LOPPER_SPARSE_ISA > 0
+inline V4::V V4::exp(V x) { return exp_of<V4>(x); }
+inline V8::V V8::exp(V x) { return exp_of<V8>(x); }
+#endif
+#if LOPPER_SPARSE_ISA > 1
+inline V16::V V16::exp(V x) { return exp_of<V16>(x); }
 #endif
 
 template <class T>
@@ -115,6 +175,17 @@ inline typename T::V activate(typename T::V v, const Epilogue& e) {
       return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
     case Epilogue::kLeaky:
       return T::add(T::max(v, T::zero()), T::mul(T::set1(e.alpha), T::min(v, T::zero())));
+    case Epilogue::kHardSwish: {
+      const auto g =
+          T::min(T::max(T::fma(v, T::set1(1.f / 6), T::set1(0.5f)), T::zero()), T::set1(1.f));
+      return T::mul(v, g);
+    }
+    case Epilogue::kHardSigmoid:
+      return T::min(T::max(T::fma(v, T::set1(e.alpha), T::set1(e.beta)), T::zero()), T::set1(1.f));
+    case Epilogue::kSigmoid:
+      return T::div(T::set1(1.f), T::add(T::set1(1.f), T::exp(T::sub(T::zero(), v))));
+    case Epilogue::kSilu:
+      return T::div(v, T::add(T::set1(1.f), T::exp(T::sub(T::zero(), v))));
     default:
       return v;
   }

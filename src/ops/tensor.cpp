@@ -97,6 +97,9 @@ void gather(OpContext& c) {
       if (i < 0) i += x.size(axis);
       c.check(i >= 0 && i < x.size(axis), "index out of range for a dim of size ", x.size(axis));
     }
+    // One index, a 0-d tensor: the slice itself, a view (no copy; Swin's and ViT's q, k, v out
+    // of one projection, read once each by the MatMul that follows).
+    if (ind.dim() == 0) return c.set_output(0, x.select(axis, v[0]));
     idx = at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(x.device());
   } else {
     idx = wrap_indices(ind, x.size(axis));

@@ -258,6 +258,49 @@ TEST(Exec, GatedAndHardActivationsFuseIntoTheConvolution) {
   }
 }
 
+// Shape arithmetic (Shape -> Gather -> Div -> Concat -> Reshape) is computed once and reused while
+// its inputs are the same: right again when the input's shape changes, and when a shape depends on
+// the data (Shape of NonZero's output) at the same input shape.
+TEST(Exec, ShapeArithmeticIsReusedOnlyWhileItsInputsAreTheSame) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  g.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  g.outputs.push_back({"n", {ir::DType::kInt64, false, {}, "", ""}, ""});
+  g.initializers.push_back({"i1", at::scalar_tensor(1, at::kLong), "", false});
+  g.initializers.push_back({"two", at::scalar_tensor(2, at::kLong), "", false});
+  g.initializers.push_back({"minus1", at::tensor({int64_t{-1}}), "", false});
+  g.initializers.push_back({"zero", at::tensor({int64_t{0}}), "", false});
+  g.nodes = {
+      // y = x reshaped to [-1, x.shape[1] / 2]
+      node("Shape", {"x"}, {"s"}),
+      node("Gather", {"s", "i1"}, {"d1"}),
+      node("Div", {"d1", "two"}, {"half"}),
+      node("Unsqueeze", {"half", "zero"}, {"half1"}),
+      node("Concat", {"minus1", "half1"}, {"shape"}, {int_attr("axis", 0)}),
+      node("Reshape", {"x", "shape"}, {"y"}),
+      // n = the number of nonzeros of x, through Shape of NonZero's output
+      node("NonZero", {"x"}, {"nz"}),
+      node("Shape", {"nz"}, {"nzs"}),
+      node("Gather", {"nzs", "i1"}, {"n"}),
+  };
+  Executor ex(m);
+  auto check = [&](const at::Tensor& x) {
+    auto out = ex.run({{"x", x}});
+    EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{x.numel() / (x.size(1) / 2), x.size(1) / 2}));
+    EXPECT_TRUE(at::equal(out[0].flatten(), x.flatten()));
+    EXPECT_EQ(out[1].item<int64_t>(), x.count_nonzero().item<int64_t>());
+  };
+  check(at::randn({3, 8}));
+  check(at::randn({3, 8}));
+  check(at::randn({2, 6}));           // another shape: the arithmetic again
+  check(at::zeros({2, 6}));           // the same shape, other data: NonZero's shape changes
+  check(at::eye(6).narrow(0, 0, 2));  // and again
+  check(at::randn({4, 10, 3}));       // another rank
+}
+
 // A channel Concat of channels-last inputs (lopper's own copy kernel) is ATen's cat bit for bit:
 // signed zeros, infinities and NaN included, odd channel counts.
 TEST(Exec, ChannelsLastConcatIsAnExactCopy) {

@@ -4,6 +4,7 @@
 // activations; the dense direct and depthwise convolutions against ATen's convolution. CUDA
 // (skipped without a GPU): each dtype against cuBLAS.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
@@ -170,6 +171,38 @@ TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
       ++checked;
     }
   EXPECT_GE(checked, 8);
+}
+
+// lopper's dense GEMV: every ISA, products of 1 to 9 rows (whole and partial groups of 4), output
+// counts around the 4-row blocks, inputs around the vector widths, with and without a bias, every
+// activation; threads 1 and 2 (the parts split the outputs).
+TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
+  std::mt19937 rng(77);
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  int checked = 0;
+  const int threads = at::get_num_threads();
+  for (kc::Isa isa : isas())
+    for (int64_t m : {1, 2, 3, 4, 5, 9})
+      for (int64_t n : {1, 3, 4, 5, 17, 130})
+        for (int64_t k : {1, 7, 8, 15, 16, 17, 100}) {
+          at::set_num_threads(1 + (checked % 2));
+          const at::Tensor w = at::randn({n, k}, gen);
+          const at::Tensor x = at::randn({m, k}, gen);
+          const at::Tensor bias = rng() % 2 ? at::randn({n}, gen) : at::Tensor();
+          const kc::Activation act = random_activation(rng);
+          const at::Tensor y = kc::dense_linear(x, w, bias, act, isa);
+          const at::Tensor ref = reference(x, w, bias, act);
+          ASSERT_EQ(y.sizes(), ref.sizes());
+          EXPECT_LT(nmse(y, ref), 1e-10)
+              << kc::isa_name(isa) << " m " << m << " n " << n << " k " << k << " act " << act.kind;
+          ++checked;
+        }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 6 * 6 * 7);
+  // A strided x (rows of a wider tensor) is read as its values.
+  const at::Tensor wide = at::randn({3, 40}, gen), w = at::randn({6, 32}, gen);
+  const at::Tensor x = wide.narrow(1, 4, 32);
+  EXPECT_LT(nmse(kc::dense_linear(x, w, {}, {}, kc::active_isa()), reference(x, w, {}, {})), 1e-10);
 }
 
 TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {

@@ -128,4 +128,10 @@ class MaskedWeight {
   std::vector<int64_t> split_rows(int64_t parts) const;
 };
 
+/// y [m, n] = act(x [m, k] . w^T + bias) for a dense float32 w [n, k] (contiguous) and a few rows
+/// of x (float32, contiguous rows): lopper's GEMV, w streamed once per 4 rows of x, the outputs
+/// split between the threads in parts of whole 4-row blocks. bias: [n] float32 or undefined.
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                        Activation act, Isa isa);
+
 }  // namespace lopper::kernels::cpu

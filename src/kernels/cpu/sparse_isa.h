@@ -77,6 +77,10 @@ struct SparseIsaOps {
   /// dst[j][i] = src[i][j] for i < rows, j < cols.
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);
+  /// y[m][r] = act(x[m, :k] . w[r, :k] + bias[r]) for m < rows and r in [r0, r1): a dense w,
+  /// rows ldw floats apart, read once for up to 4 rows of x (x and y row-major).
+  void (*dense_rows)(const float* w, int64_t ldw, int64_t k, int64_t r0, int64_t r1, const float* x,
+                     int64_t ldx, int64_t rows, float* y, int64_t ldy, const Epilogue& e);
 };
 
 extern const SparseIsaOps kScalarOps;

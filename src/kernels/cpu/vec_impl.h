@@ -40,6 +40,7 @@ struct Scalar {
   static V max_nan(V m, V v) { return (v > m || v != v) ? v : m; }
   static V div(V a, V b) { return a / b; }
   static V exp(V x) { return std::exp(x); }
+  static float hsum(V v) { return v; }
 };
 
 #if LOPPER_SPARSE_ISA > 0
@@ -88,6 +89,12 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     return _mm256_blendv_ps(m, v, take);
   }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V pow2(V n) {
     return _mm256_castsi256_ps(
@@ -120,6 +127,7 @@ struct V16 {  // 16 floats (AVX-512F)
     return _mm512_mask_blend_ps(take, m, v);
   }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static float hsum(V v) { return _mm512_reduce_add_ps(v); }
   static V round(V x) {
     return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }

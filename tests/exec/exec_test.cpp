@@ -29,6 +29,20 @@ NamedTensors fixture_feeds(const ir::Model& m, const std::string& stem) {
   return feeds;
 }
 
+// A model of one float input x of `dims` and one output y (its nodes and weights to be added).
+ir::Model image_model(std::vector<int64_t> dims) {
+  ir::Model m;
+  m.ir_version = 8;
+  m.opset_import = {{"", 17}};
+  ir::ValueInfo x;
+  x.name = "x";
+  x.type = {ir::DType::kFloat, true, {}, "", ""};
+  for (int64_t d : dims) x.type.dims.push_back({d, ""});
+  m.graph.inputs.push_back(x);
+  m.graph.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+  return m;
+}
+
 // x -> Conv -> BatchNorm -> Relu -> Conv -> Add(relu out) -> Relu -> MatMul -> Add(bias) ->
 // Gelu written with Erf -> y
 ir::Model fusable_model() {
@@ -136,13 +150,8 @@ TEST(Exec, FusionRewritesAndKeepsOutputs) {
 // slice of the output), convolved; 19 + 13 channels (no multiple of a vector); against ATen.
 TEST(Exec, DenseNetConcatNormReluMatchesAten) {
   at::manual_seed(5);
-  ir::Model m;
-  m.ir_version = 8;
-  m.opset_import = {{"", 17}};
+  ir::Model m = image_model({2, 8, 9, 7});
   ir::Graph& g = m.graph;
-  g.inputs.push_back(
-      {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {9, ""}, {7, ""}}, "", ""}, ""});
-  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
   auto init = [&](const std::string& n, at::Tensor t) {
     g.initializers.push_back({n, t, "", false});
   };
@@ -188,13 +197,8 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
 // alone. Odd channel counts; against the same graph unfused, and on ATen's ops (no prepacking).
 TEST(Exec, GatedAndHardActivationsFuseIntoTheConvolution) {
   at::manual_seed(7);
-  ir::Model m;
-  m.ir_version = 8;
-  m.opset_import = {{"", 17}};
+  ir::Model m = image_model({2, 8, 9, 7});
   ir::Graph& g = m.graph;
-  g.inputs.push_back(
-      {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {9, ""}, {7, ""}}, "", ""}, ""});
-  g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
   auto init = [&](const std::string& n, at::Tensor t) {
     g.initializers.push_back({n, t, "", false});
   };

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "lopper/error.h"
@@ -102,32 +103,12 @@ const char* isa_name(Isa isa) { return ops_of(isa).name; }
 Epilogue to_epilogue(const Activation& a, const float* bias) {
   Epilogue e;
   e.bias = bias;
-  switch (a.kind) {
-    case Activation::kRelu:
-      e.act = Epilogue::kRelu;
-      break;
-    case Activation::kClip:
-      e.act = Epilogue::kClip;
-      break;
-    case Activation::kLeaky:
-      e.act = Epilogue::kLeaky;
-      break;
-    case Activation::kHardSwish:
-      e.act = Epilogue::kHardSwish;
-      break;
-    case Activation::kHardSigmoid:
-      e.act = Epilogue::kHardSigmoid;
-      break;
-    case Activation::kSigmoid:
-      e.act = Epilogue::kSigmoid;
-      break;
-    case Activation::kSilu:
-      e.act = Epilogue::kSilu;
-      break;
-    case Activation::kNone:
-      e.act = Epilogue::kNone;
-      break;
-  }
+  // Activation::Kind in order.
+  constexpr int kAct[] = {Epilogue::kNone,    Epilogue::kRelu,      Epilogue::kClip,
+                          Epilogue::kLeaky,   Epilogue::kHardSwish, Epilogue::kHardSigmoid,
+                          Epilogue::kSigmoid, Epilogue::kSilu};
+  static_assert(std::size(kAct) == Activation::kSilu + 1);
+  e.act = kAct[a.kind];
   e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha, e.beta = a.beta;
   return e;
 }

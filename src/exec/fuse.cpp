@@ -273,6 +273,18 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     }
   };
 
+  // Makes `n` the fused node ai.lopper.`op` writing `out` (the last absorbed node's output) with
+  // the activation's attributes; the absorbed nodes are removed.
+  auto fuse_into = [&](ir::Node& n, const char* op, const std::string& out,
+                       const std::vector<ir::Attribute>& act, const std::vector<size_t>& absorbed) {
+    n.domain = "ai.lopper";
+    n.op_type = op;
+    n.outputs = {out};
+    n.attrs.insert(n.attrs.end(), act.begin(), act.end());
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+  };
+
   // 2. Conv [+ Add] [+ activation] -> FusedConv.
   uses.build(g, removed);
   index();
@@ -296,14 +308,9 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     }
     absorb_activation(out, absorbed, act);
     if (absorbed.empty()) continue;
-    conv.domain = "ai.lopper";
-    conv.op_type = "FusedConv";
     conv.inputs.resize(3);
     if (!other.empty()) conv.inputs.push_back(other);
-    conv.outputs[0] = out;
-    for (auto& a : act) conv.attrs.push_back(a);
-    for (size_t r : absorbed) removed[r] = true;
-    uses.build(g, removed);
+    fuse_into(conv, "FusedConv", out, act, absorbed);
   }
 
   // 2b. BatchNormalization that no Conv absorbed (DenseNet's, after each Concat) + activation ->
@@ -320,13 +327,7 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     std::vector<size_t> absorbed;
     absorb_activation(out, absorbed, act);
     if (absorbed.empty()) continue;
-    bn.domain = "ai.lopper";
-    bn.op_type = "FusedBatchNormalization";
-    bn.outputs.resize(1);
-    bn.outputs[0] = out;
-    for (auto& a : act) bn.attrs.push_back(a);
-    for (size_t r : absorbed) removed[r] = true;
-    uses.build(g, removed);
+    fuse_into(bn, "FusedBatchNormalization", out, act, absorbed);
   }
 
   // 2c. Concat along the channels whose only reader is a BatchNormalization (DenseNet's, at every
@@ -455,14 +456,10 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     }
     absorb_activation(out, absorbed, act);
     if (absorbed.empty()) continue;
-    mm.domain = "ai.lopper";
-    mm.op_type = "FusedMatMul";
     mm.inputs = {mm.inputs[0], mm.inputs[1], bias};
-    mm.outputs = {out};
-    mm.attrs = act;
+    mm.attrs.clear();  // Gemm's are checked above: transB is the one that stays
     if (trans_b) mm.attrs.push_back(int_attr("transB", 1));
-    for (size_t r : absorbed) removed[r] = true;
-    uses.build(g, removed);
+    fuse_into(mm, "FusedMatMul", out, act, absorbed);
   }
 
   // 5. Grouped-query attention's key/value head repeat read by a MatMul:

@@ -54,6 +54,9 @@ struct LatencyOptions {
   int max_runs = 500;    // with budget_ms: timed runs at most
 };
 
+/// Waits for the work queued on `device` (all its streams); nothing on the CPU.
+void wait_for_device(c10::Device device);
+
 /// Calls `run` `warmup` times, then times it `min_runs` times (or more, up to `max_runs`, while
 /// the runs fit in `budget_ms`). On a CUDA `device` each run is followed by a device
 /// synchronisation inside the timed interval, so queued work is counted. Throws lopper::Error on

@@ -3,7 +3,6 @@
 //              [--profile] [--explain]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,7 +13,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "kernels/cpu/sparse.h"
-#include "kernels/cuda/sparse_cuda.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -144,15 +142,10 @@ Action add_bench(CLI::App& app) {
     if (o->profile) {
       // On a GPU a node only queues its kernels: wait for them, so that each node's time is its
       // own (launch included) and not the host's queueing; the sum then exceeds the median.
-      auto wait_for_gpu = [&] {
-        if (!exec.device().is_cuda()) return;
-        c10::DeviceGuard guard(exec.device());
-        kernels::cuda::synchronize();
-      };
       auto last = std::chrono::steady_clock::now();
       exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>&,
                          const std::vector<at::Tensor>&) {
-        wait_for_gpu();
+        wait_for_device(exec.device());
         auto now = std::chrono::steady_clock::now();
         auto& e = per_op[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type];
         double dt = std::chrono::duration<double, std::milli>(now - last).count();
@@ -162,7 +155,7 @@ Action add_bench(CLI::App& app) {
         last = now;
       };
       for (int i = 0; i < o->iters; ++i) {
-        wait_for_gpu();
+        wait_for_device(exec.device());
         last = std::chrono::steady_clock::now();
         exec.run(feeds);
       }

@@ -492,21 +492,22 @@ struct Executor::Impl {
     return true;
   }
 
-  // Keeps a shape step's inputs and outputs when its non-constant inputs are small CPU tensors.
+  // Keeps a shape step's inputs and outputs when its non-constant inputs are small CPU tensors
+  // (checked first: a step fed a large value, a mask made from a shape, is run each time and
+  // keeps nothing).
   void remember(Step& st, const Env& env, const std::vector<at::Tensor>& outs) {
     const Plan& p = *env.plan;
+    auto varying = [&](size_t k) { return st.in[k] >= 0 && !p.constants[st.in[k]].defined(); };
+    st.memo.reset();
+    for (size_t k = 0; k < st.in.size(); ++k) {
+      if (!varying(k)) continue;
+      const at::Tensor& v = env.vals[st.in[k]];
+      if (!v.device().is_cpu() || v.numel() > kMemoMaxElements || v.requires_grad()) return;
+    }
     auto m = std::make_unique<Memo>();
     m->key.resize(st.in.size());
-    for (size_t k = 0; k < st.in.size(); ++k) {
-      const int s = st.in[k];
-      if (s < 0 || p.constants[s].defined()) continue;
-      const at::Tensor& v = env.vals[s];
-      if (!v.device().is_cpu() || v.numel() > kMemoMaxElements || v.requires_grad()) {
-        st.memo.reset();
-        return;
-      }
-      m->key[k] = v.contiguous();
-    }
+    for (size_t k = 0; k < st.in.size(); ++k)
+      if (varying(k)) m->key[k] = env.vals[st.in[k]].contiguous();
     m->outs = outs;
     st.memo = std::move(m);
   }

@@ -55,6 +55,12 @@ LatencyStats latency_stats(std::vector<double> ms) {
   return s;
 }
 
+void wait_for_device(c10::Device device) {
+  if (!device.is_cuda()) return;
+  c10::DeviceGuard guard(device);
+  kernels::cuda::synchronize();
+}
+
 LatencyStats measure_latency(const std::function<void()>& run, c10::Device device,
                              const LatencyOptions& o) {
   LOPPER_CHECK(o.warmup >= 0 && o.min_runs >= 1 && o.max_runs >= o.min_runs && o.budget_ms >= 0,
@@ -63,10 +69,7 @@ LatencyStats measure_latency(const std::function<void()>& run, c10::Device devic
   // On a GPU a run only queues work: wait for the device (all its streams) before the clock stops.
   auto call = [&] {
     run();
-    if (device.is_cuda()) {
-      c10::DeviceGuard guard(device);
-      kernels::cuda::synchronize();
-    }
+    wait_for_device(device);
   };
   for (int i = 0; i < o.warmup; ++i) call();
   std::vector<double> ms;

@@ -101,23 +101,22 @@ kc::Activation fused_activation(const onednn::PostOp& post) {
   return a;
 }
 
-namespace {
-at::Tensor finish(at::Tensor y, const onednn::PostOp& post, const kc::Activation& fused) {
+at::Tensor finish_activation(at::Tensor y, const onednn::PostOp& post,
+                             const kc::Activation& fused) {
   return fused.kind == kc::Activation::kNone ? onednn::apply_unfused(y, post) : y;
 }
-}  // namespace
 
 at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
                              const onednn::PostOp& post) {
   kc::Activation act = fused_activation(post);
-  if (s.masked) return finish(s.masked->linear(x, act, kc::active_isa()), post, act);
-  return finish(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
+  if (s.masked) return finish_activation(s.masked->linear(x, act, kc::active_isa()), post, act);
+  return finish_activation(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
 }
 
 at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x,
                            const onednn::PostOp& post) {
   kc::Activation act = fused_activation(post);
-  return finish(s.weight->cols_batched(x, act, kc::active_isa()), post, act);
+  return finish_activation(s.weight->cols_batched(x, act, kc::active_isa()), post, act);
 }
 
 }  // namespace lopper::ops

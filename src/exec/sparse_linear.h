@@ -31,6 +31,10 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Te
 
 /// The activation the kernels fuse for `post` (kNone when they cannot: run_* applies it after).
 kernels::cpu::Activation fused_activation(const onednn::PostOp& post);
+/// y as it leaves a kernel that fused `fused` (fused_activation(post)): `post` applied by ATen
+/// when the kernel could not fuse it, else y itself.
+at::Tensor finish_activation(at::Tensor y, const onednn::PostOp& post,
+                             const kernels::cpu::Activation& fused);
 
 /// y [M, N] = post(x [M, K] . w^T + b).
 at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,

@@ -263,7 +263,7 @@ void conv_forward(OpContext& c) {
     auto as_direct = [&] {
       const kernels::cpu::Activation act = fused_activation(post);
       at::Tensor y = st.direct->run(in, other_cl, act);
-      return act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+      return finish_activation(y, post, act);
     };
     using K = ConvState::Kernel;
     if (st.kernel == K::kUndecided) {

@@ -135,7 +135,7 @@ at::Tensor dense_gemv(const at::Tensor& x2, const at::Tensor& w, const at::Tenso
                       const onednn::PostOp& post) {
   const kernels::cpu::Activation act = fused_activation(post);
   at::Tensor y = kernels::cpu::dense_linear(x2, w, bias, act, kernels::cpu::active_isa());
-  return act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+  return finish_activation(y, post, act);
 }
 
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the

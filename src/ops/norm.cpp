@@ -81,7 +81,7 @@ at::Tensor batch_norm_nhwc(OpContext& c, const std::vector<at::Tensor>& xs, size
   }
   const kernels::cpu::Activation act = fused_activation(post);
   at::Tensor y = kernels::cpu::concat_affine_nhwc(xs, st.scale.data(), st.shift.data(), act);
-  return act.kind == kernels::cpu::Activation::kNone ? onednn::apply_unfused(y, post) : y;
+  return finish_activation(y, post, act);
 }
 
 // FusedConcatNorm(scale, B, mean, var, x1, ..., xn) = activation(BatchNormalization(Concat(x1,

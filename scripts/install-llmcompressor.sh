@@ -7,7 +7,7 @@
 #
 # Why these versions: 0.14.0.1 is the newest llmcompressor on PyPI; torch and transformers are the
 # newest its ranges allow; the rest are what pip resolved for it (Python 3.11). torch is PyPI's
-# plain wheel (it pulls the CUDA 13 wheels, ~3 GB; the checks run it on CPU).
+# plain wheel (it pulls the CUDA 13 wheels, ~3 GB, shared with .venv as below; the checks run it on CPU).
 #
 # Usage: scripts/install-llmcompressor.sh          (LLMC_PYTHON=/path/to/python3.X to choose)
 set -euo pipefail
@@ -17,8 +17,26 @@ venv=.venv-llmc
 pins=(llmcompressor==0.14.0.1 compressed-tensors==0.19.0 torch==2.14.0 transformers==5.17.0
       datasets==5.2.0 accelerate==1.15.0 auto-round==0.15.1 numpy==2.4.6)
 
+# torch 2.14.0 here needs the same CUDA wheels (nvidia-*, cuda-*) and triton as .venv's torch 2.14.1:
+# about 4 GB that need not be on disk twice. .venv-llmc sees .venv's copies through a folder of links
+# (.venv/llmc-shared, put on its path by a .pth). pip counts them as installed outside the venv: it
+# never removes them, and installs a copy of its own should a pin ever need another version.
+py_main=.venv/bin/python
+shared=.venv/llmc-shared
+shared_dists=""
+if [ -x $py_main ]; then
+  site=$($py_main -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  rm -rf $shared && mkdir -p $shared
+  for entry in "$site"/nvidia "$site"/nvidia_*.dist-info "$site"/cuda "$site"/cuda_*.dist-info \
+               "$site"/triton "$site"/triton-*.dist-info; do
+    [ -e "$entry" ] && ln -s "$entry" "$shared/"
+  done
+  shared_dists=$(cd $shared && ls -d ./*.dist-info 2>/dev/null | sort | tr '\n' ' ')
+fi
+
 stamp=$venv/.pins
-if [ -x $venv/bin/python ] && [ "$(cat $stamp 2>/dev/null)" = "${pins[*]}" ]; then
+want="${pins[*]} shared: $shared_dists"
+if [ -x $venv/bin/python ] && [ "$(cat $stamp 2>/dev/null)" = "$want" ]; then
   echo "[install-llmcompressor] $venv is up to date (${pins[*]})"
 else
   py=${LLMC_PYTHON:-python3}
@@ -29,12 +47,16 @@ else
     exit 1
   fi
   echo "[install-llmcompressor] creating $venv from $py ($("$py" --version 2>&1)): ${pins[*]}" \
-       "(about 6 GB, 2 minutes the first time)"
+       "(about 2 GB beside .venv, a minute the first time)"
   rm -rf $venv
   "$py" -m venv $venv
   echo '*' > $venv/.gitignore   # keep the venv out of git status
+  if [ -n "$shared_dists" ]; then
+    "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' |
+      { read -r llmc_site; realpath $shared > "$llmc_site/lopper-shared.pth"; }
+  fi
   $venv/bin/pip install --progress-bar off -q "${pins[@]}"
-  echo "${pins[*]}" > $stamp
+  echo "$want" > $stamp
 fi
 
 # Smoke test: the modifiers and oneshot import, offline.

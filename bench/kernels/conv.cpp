@@ -1,13 +1,14 @@
 // Google Benchmark: lopper's dense NHWC convolution kernels (direct, depthwise) against oneDNN's
 // convolution (weight reordered once, channels-last activations, bias and ReLU fused: what the
 // executor runs otherwise) on the layers of the models issue 22 is about: MobileNetV2's pointwise
-// and depthwise layers, ResNet's 3x3, the 3-channel first layer, and the odd channel counts a 50%
-// structured pruning leaves. Part of lopper_kernel_bench:
+// and depthwise layers, ResNet's 3x3, RegNet's grouped 3x3, the 3-channel first layer, and the
+// odd channel counts a 50% structured pruning leaves. Part of lopper_kernel_bench:
 //
 //   build/bench/lopper_kernel_bench --benchmark_filter='Conv'
 //
 // Arguments of every benchmark: image side, input channels, output channels, kernel side, stride,
-// depthwise (0/1), batch. The executor times both on the real layer and keeps the faster.
+// groups (1: dense; 0: depthwise, one group per channel; n: n groups), batch. The executor times
+// both on the real layer and keeps the faster.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
@@ -23,10 +24,10 @@ struct ConvArgs {
   explicit ConvArgs(const benchmark::State& s)
       : side(s.range(0)),
         c(s.range(1)),
-        k(s.range(5) ? s.range(1) : s.range(2)),
+        k(s.range(5) == 0 ? s.range(1) : s.range(2)),
         kernel(s.range(3)),
         stride(s.range(4)),
-        group(s.range(5) ? s.range(1) : 1),
+        group(s.range(5) == 0 ? s.range(1) : s.range(5)),
         batch(s.range(6)) {}
   int64_t pad() const { return kernel / 2; }
   at::Tensor weight() const { return at::randn({k, c / group, kernel, kernel}); }
@@ -74,34 +75,38 @@ void BM_ConvLopper(benchmark::State& state) {
 }
 
 void conv_shapes(benchmark::internal::Benchmark* b) {
-  // side, c, k, kernel, stride, depthwise
+  // side, c, k, kernel, stride, groups
   const int64_t layers[][6] = {
-      {224, 3, 32, 3, 2, 0},    // first layer (MobileNetV2)
-      {112, 32, 32, 3, 1, 1},   // depthwise
-      {112, 32, 16, 1, 1, 0},   // projection
-      {112, 16, 96, 1, 1, 0},   // expansion
-      {56, 144, 144, 3, 1, 1},  // depthwise
-      {56, 144, 24, 1, 1, 0},   // projection
-      {56, 24, 144, 1, 1, 0},   // expansion
-      {14, 384, 64, 1, 1, 0},   // projection
-      {14, 64, 384, 1, 1, 0},   // expansion
-      {14, 384, 384, 3, 1, 1},  // depthwise
-      {7, 960, 160, 1, 1, 0},   // projection
-      {7, 320, 1280, 1, 1, 0},  // last pointwise
-      {56, 64, 64, 3, 1, 0},    // ResNet-18 3x3
-      {28, 128, 128, 3, 1, 0},  // ResNet-18 3x3
-      {7, 512, 512, 3, 1, 0},   // ResNet-18 3x3
-      {56, 72, 12, 1, 1, 0},    // pruned: 144 -> 72 expansion, 24 -> 12 projection
-      {56, 12, 72, 1, 1, 0},    // pruned expansion
-      {56, 72, 72, 3, 1, 1},    // pruned depthwise
-      {56, 29, 29, 3, 1, 0},    // pruned ResNet 3x3, odd channels
-      {28, 61, 61, 3, 1, 0},    // pruned ResNet 3x3, odd channels
-      {14, 64, 16, 3, 1, 0},    // pruned DenseNet 3x3, block 3
-      {7, 64, 16, 3, 1, 0},     // pruned DenseNet 3x3, block 4
+      {224, 3, 32, 3, 2, 1},     // first layer (MobileNetV2)
+      {112, 32, 32, 3, 1, 0},    // depthwise
+      {112, 32, 16, 1, 1, 1},    // projection
+      {112, 16, 96, 1, 1, 1},    // expansion
+      {56, 144, 144, 3, 1, 0},   // depthwise
+      {56, 144, 24, 1, 1, 1},    // projection
+      {56, 24, 144, 1, 1, 1},    // expansion
+      {14, 384, 64, 1, 1, 1},    // projection
+      {14, 64, 384, 1, 1, 1},    // expansion
+      {14, 384, 384, 3, 1, 0},   // depthwise
+      {7, 960, 160, 1, 1, 1},    // projection
+      {7, 320, 1280, 1, 1, 1},   // last pointwise
+      {56, 64, 64, 3, 1, 1},     // ResNet-18 3x3
+      {28, 128, 128, 3, 1, 1},   // ResNet-18 3x3
+      {7, 512, 512, 3, 1, 1},    // ResNet-18 3x3
+      {56, 72, 12, 1, 1, 1},     // pruned: 144 -> 72 expansion, 24 -> 12 projection
+      {56, 12, 72, 1, 1, 1},     // pruned expansion
+      {56, 72, 72, 3, 1, 0},     // pruned depthwise
+      {56, 29, 29, 3, 1, 1},     // pruned ResNet 3x3, odd channels
+      {28, 61, 61, 3, 1, 1},     // pruned ResNet 3x3, odd channels
+      {14, 64, 16, 3, 1, 1},     // pruned DenseNet 3x3, block 3
+      {7, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 4
+      {112, 32, 32, 3, 2, 2},    // RegNetX-400MF grouped 3x3 (16 channels a group), stride 2
+      {28, 64, 64, 3, 1, 4},     // RegNetX-400MF grouped 3x3, stage 2
+      {14, 160, 160, 3, 1, 10},  // RegNetX-400MF grouped 3x3, stage 3
+      {7, 400, 400, 3, 1, 25},   // RegNetX-400MF grouped 3x3, stage 4
   };
   for (const auto& l : layers)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});
-  b->ArgNames({"side", "c", "k", "kernel", "stride", "dw", "batch"})
+  b->ArgNames({"side", "c", "k", "kernel", "stride", "groups", "batch"})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }

@@ -277,7 +277,7 @@ void conv_forward(OpContext& c) {
         dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
         dg.dh = g.dilations[0], dg.dw = g.dilations[1];
         st.direct = std::make_shared<const kernels::cpu::DirectConv>(w, b, g.group, dg);
-        cands.push_back({st.direct->depthwise() ? "lopper-depthwise" : "lopper-direct", as_direct});
+        cands.push_back({st.direct->name(), as_direct});
         kinds.push_back(K::kDirect);
       }
       if (pointwise) {

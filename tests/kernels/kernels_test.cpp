@@ -344,19 +344,26 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
 
 // Random geometries (strides, padding, dilation, odd and single channel counts, images smaller
 // than the kernel's reach, batches of 1 and 2), with and without bias and residual, every fused
-// activation, inputs in either layout: each ISA's direct and depthwise kernels against ATen's
-// convolution in float64.
+// activation, inputs in either layout: each ISA's direct, grouped and depthwise kernels against
+// ATen's convolution in float64.
 TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   std::mt19937 rng(7);
   at::Generator gen = at::detail::createCPUGenerator(7);
   int cases = 0;
   for (kc::Isa isa : isas()) {
-    for (int it = 0; it < 300; ++it) {
-      const bool dw = it % 3 == 0;
+    for (int it = 0; it < 400; ++it) {
+      const bool dw = it % 4 == 0, grouped = it % 4 == 1;
       const int64_t n = 1 + rng() % 2, h = 1 + rng() % 14;
       int64_t w = 1 + rng() % 17;
-      const int64_t c = dw ? 1 + rng() % 70 : std::vector<int64_t>{1, 3, 5, 16, 24, 37}[rng() % 6];
-      const int64_t k = dw ? c : std::vector<int64_t>{1, 7, 8, 16, 17, 40, 96}[rng() % 7];
+      // grouped: 2 to 5 groups of 1 to 24 input and 1 to 24 output channels each (one input
+      // channel per group and more outputs: depthwise with a multiplier, the grouped kernel's)
+      const int64_t group = dw ? 0 : grouped ? 2 + rng() % 4 : 1;
+      int64_t c = dw ? 1 + rng() % 70 : std::vector<int64_t>{1, 3, 5, 16, 24, 37}[rng() % 6];
+      int64_t k = dw ? c : std::vector<int64_t>{1, 7, 8, 16, 17, 40, 96}[rng() % 7];
+      if (grouped) {
+        c = group * std::vector<int64_t>{1, 3, 8, 16, 24}[rng() % 5];
+        k = group * std::vector<int64_t>{1, 2, 5, 16, 24}[rng() % 5];
+      }
       int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
       kc::DirectConv::Geometry g;
       g.sh = 1 + rng() % 2, g.sw = 1 + rng() % 2, g.ph = rng() % 3, g.pw = rng() % 3;
@@ -368,28 +375,30 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       const int64_t spare_w = w + 2 * g.pw - g.dw * (kw - 1) - 1;
       if (spare_h < 0 || spare_w < 0) continue;  // the kernel reaches past the padded input
       const int64_t oh = spare_h / g.sh + 1, ow = spare_w / g.sw + 1;
-      const at::Tensor weight = at::randn({k, dw ? 1 : c, kh, kw}, gen);
+      const int64_t groups = dw ? c : group;
+      const at::Tensor weight = at::randn({k, c / groups, kh, kw}, gen);
       const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
       at::Tensor x = at::randn({n, c, h, w}, gen);
       if (rng() % 2) x = x.contiguous(at::MemoryFormat::ChannelsLast);
       const at::Tensor res = rng() % 2 ? at::randn({n, k, oh, ow}, gen) : at::Tensor();
       const kc::Activation act = random_activation(rng);
-      const int64_t group = dw ? c : 1;
-      ASSERT_TRUE(kc::DirectConv::takes(weight, group, c));
-      const kc::DirectConv conv(weight, bias, group, g, isa);
-      ASSERT_EQ(conv.depthwise(), group > 1);  // one channel: the direct kernel
+      ASSERT_TRUE(kc::DirectConv::takes(weight, groups, c));
+      const kc::DirectConv conv(weight, bias, groups, g, isa);
+      // one channel: the direct kernel; one channel in and out per group: depthwise
+      ASSERT_EQ(conv.depthwise(), groups > 1 && c == groups && k == groups);
+      ASSERT_EQ(conv.groups(), conv.depthwise() ? 1 : groups);
       const at::Tensor y = conv.run(x, res, act);
       at::Tensor ref =
           at::convolution(x.to(at::kDouble), weight.to(at::kDouble),
                           bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {g.sh, g.sw},
-                          {g.ph, g.pw}, {g.dh, g.dw}, false, {0, 0}, group);
+                          {g.ph, g.pw}, {g.dh, g.dw}, false, {0, 0}, groups);
       if (res.defined()) ref = ref + res.to(at::kDouble);
       ref = activation_reference(ref, act);
-      const std::string what = std::string(kc::isa_name(isa)) + (dw ? " depthwise" : " direct") +
-                               " x " + std::to_string(n) + "x" + std::to_string(c) + "x" +
-                               std::to_string(h) + "x" + std::to_string(w) + " k " +
-                               std::to_string(k) + " kernel " + std::to_string(kh) + "x" +
-                               std::to_string(kw) + " case " + std::to_string(it);
+      const std::string what =
+          std::string(kc::isa_name(isa)) + " " + conv.name() + " groups " + std::to_string(groups) +
+          " x " + std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
+          std::to_string(w) + " k " + std::to_string(k) + " kernel " + std::to_string(kh) + "x" +
+          std::to_string(kw) + " case " + std::to_string(it);
       ASSERT_EQ(y.sizes(), ref.sizes()) << what;
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       const double err = (y.to(at::kDouble) - ref).abs().max().item<double>();
@@ -397,9 +406,11 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       ++cases;
     }
   }
-  EXPECT_GT(cases, 200);
-  // A grouped convolution that is not depthwise, and a non-float weight, are not taken.
-  EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 2, 3, 3}), 4, 8));
+  EXPECT_GT(cases, 300);
+  // Groups that do not divide the channels, and a non-float weight, are not taken.
+  EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 3, 3, 3}), 4, 8));
+  EXPECT_FALSE(kc::DirectConv::takes(at::randn({6, 2, 3, 3}), 4, 8));
+  EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 2, 3, 3}), 3, 6));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
 }
 

@@ -79,8 +79,14 @@ at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const fl
 }
 
 bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {
-  if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu()) return false;
-  return group == 1 || (group == in_channels && w.size(0) == group && w.size(1) == 1);
+  if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu() || group < 1)
+    return false;
+  return in_channels % group == 0 && w.size(1) == in_channels / group && w.size(0) % group == 0 &&
+         w.size(0) > 0;
+}
+
+const char* DirectConv::name() const {
+  return depthwise_ ? "lopper-depthwise" : groups_ > 1 ? "lopper-grouped" : "lopper-direct";
 }
 
 DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t group, Geometry g,
@@ -88,14 +94,18 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
     : ops_(&conv_isa_ops(isa)), g_(g) {
   const at::Tensor w = w_in.contiguous();
   k_ = w.size(0), kh_ = w.size(2), kw_ = w.size(3);
-  depthwise_ = group > 1;
-  c_ = depthwise_ ? k_ : w.size(1);
-  LOPPER_CHECK(takes(w, group, depthwise_ ? group : c_), "[kernels] the direct convolution takes ",
-               "group 1 or depthwise float32 weights, got group ", group, " ", w.sizes());
+  c_ = w.size(1) * group;
+  LOPPER_CHECK(takes(w, group, c_), "[kernels] the direct convolution takes float32 weights whose ",
+               "groups divide their channels, got group ", group, " ", w.sizes());
+  depthwise_ = group > 1 && w.size(1) == 1 && k_ == group;
+  groups_ = depthwise_ ? 1 : group;
   ConvShape s;
-  s.c = c_, s.k = k_, s.kh = kh_, s.kw = kw_;
-  packed_.resize(static_cast<size_t>(ops_->packed_size(s, depthwise_)));
-  ops_->pack(w.data_ptr<float>(), s, depthwise_, packed_.data());
+  s.c = c_ / groups_, s.k = k_ / groups_, s.kh = kh_, s.kw = kw_;
+  const int64_t per_group = ops_->packed_size(s, depthwise_);
+  packed_.resize(static_cast<size_t>(per_group * groups_));
+  for (int64_t q = 0; q < groups_; ++q)
+    ops_->pack(w.data_ptr<float>() + q * s.k * s.c * kh_ * kw_, s, depthwise_,
+               packed_.data() + q * per_group);
   if (bias.defined()) {
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
@@ -155,6 +165,10 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (groups_ > 1) {
+    run_groups(xp, yp, rp, s, e);
+    return y;
+  }
   const int64_t tiles = ops_->tiles(s, depthwise_);
   if (depthwise_ || conv_pixel_major(s)) {  // tiles of equal cost, or whole groups of blocks
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -180,6 +194,41 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
     }
   });
   return y;
+}
+
+// NOTE: each group is a dense convolution of its own channels: the same kernel on the group's
+// slice of every pixel (x, y and the residual are read and written with the whole tensor's
+// channel strides). The threads split the pixels and run every group on their pixels, a few tiles
+// at a time: a thread reads whole pixels, the rows it padded, not every other cache line of the
+// whole image. Too few tiles to split (a 7x7 map is 7 tiles): the threads split the groups.
+void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const ConvShape& whole,
+                            const Epilogue& e) const {
+  ConvShape s = whole;
+  s.c = c_ / groups_, s.k = k_ / groups_;
+  s.x_stride = c_, s.y_stride = k_, s.r_stride = k_;
+  const int64_t per_group = static_cast<int64_t>(packed_.size()) / groups_;
+  const int64_t tiles = ops_->tiles(s, false);
+  auto run = [&](int64_t q, int64_t t0, int64_t t1) {
+    Epilogue eq = e;
+    if (eq.bias) eq.bias += q * s.k;
+    ops_->run(xp + q * s.c, packed_.data() + q * per_group, yp + q * s.k,
+              rp ? rp + q * s.k : nullptr, s, false, eq, t0, t1);
+  };
+  if (tiles >= 8 * at::get_num_threads()) {
+    constexpr int64_t kChunk = 4;  // tiles of one group per call
+    at::parallel_for(0, tiles, kChunk, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; t += kChunk)
+        for (int64_t q = 0; q < groups_; ++q) run(q, t, std::min(t1, t + kChunk));
+    });
+    return;
+  }
+  at::parallel_for(0, tiles * groups_, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1;) {
+      const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
+      run(q, t - q * tiles, end - q * tiles);
+      t = end;
+    }
+  });
 }
 
 }  // namespace lopper::kernels::cpu

@@ -16,6 +16,8 @@
 namespace lopper::kernels::cpu {
 
 struct ConvIsaOps;
+struct ConvShape;
+struct Epilogue;
 /// The NHWC window kernels of `isa` (conv_isa.h).
 const ConvIsaOps& conv_isa_ops(Isa isa);
 
@@ -38,7 +40,9 @@ class DirectConv {
     int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;  // padding: both sides alike
   };
   /// Whether the kernels take w [k, c_per_group, kh, kw] with `group` groups over `in_channels`:
-  /// a float32 CPU weight, and group 1 or depthwise (group == in_channels == k).
+  /// a float32 CPU weight whose groups divide its input and output channels. Depthwise layers
+  /// (group == in_channels == k) run the depthwise kernel; other groupings run the dense kernel
+  /// per group on its slice of the channels (RegNet's and ResNeXt's groups of 8 to 64 channels).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
   /// Packs w (see takes) and its bias [k] (optional, float32).
@@ -46,13 +50,21 @@ class DirectConv {
              Isa isa = active_isa());
 
   bool depthwise() const { return depthwise_; }
+  /// The groups the dense kernel runs one by one: 1 unless grouped and not depthwise.
+  int64_t groups() const { return groups_; }
+  /// "lopper-depthwise", "lopper-grouped" or "lopper-direct": the candidate's name per layer.
+  const char* name() const;
   /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
   /// (made channels-last when it is not); `residual` undefined or of y's shape.
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
 
  private:
+  void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
+                  const Epilogue& e) const;
+
   const ConvIsaOps* ops_;
   bool depthwise_ = false;
+  int64_t groups_ = 1;  // dense groups: the packed weight holds each group's in turn
   int64_t k_ = 0, c_ = 0, kh_ = 1, kw_ = 1;
   Geometry g_;
   std::vector<float> packed_, bias_;

@@ -3,12 +3,13 @@
 // define LOPPER_SPARSE_ISA, LOPPER_CONV_OPS_NAME and LOPPER_CONV_OPS_LABEL.
 //
 // The dense weight is packed once into blocks of NB output channels: [K/NB][KH][KW][C][NB], the
-// last block padded with zeros. The microkernel keeps MR output pixels x NB channels in registers
-// and streams the taps and input channels; it runs on an input padded beforehand, so that every
-// tap of every pixel is inside and MR consecutive pixels may span rows (small images keep the
-// registers full). A tile of work is MR pixels of one channel block, block-major (a thread's
-// consecutive tiles reuse one block's weights). The depthwise kernel reads the unpadded input: its
-// interior pixels four at a time, the border pixels one at a time with their taps checked.
+// last block only as many vectors wide as its channels need (zero padded to a whole vector). The
+// microkernel keeps MR output pixels x NB channels in registers and streams the taps and input
+// channels; it runs on an input padded beforehand, so that every tap of every pixel is inside and
+// MR consecutive pixels may span rows (small images keep the registers full). A tile of work is MR
+// pixels of one channel block, block-major (a thread's consecutive tiles reuse one block's
+// weights). The depthwise kernel reads the unpadded input: its interior pixels four at a time, the
+// border pixels one at a time with their taps checked.
 #pragma once
 
 #include <algorithm>
@@ -62,29 +63,33 @@ inline void store_out(typename T::V v, int valid, float* yp, const float* rp, co
     T::storem(yp, v, valid);
 }
 
-// w [K][C][KH][KW] (ONNX's OIHW) -> [K/NB][KH][KW][C][NB], zero padded.
-inline void conv_pack(const float* w, const ConvShape& s, int nb, float* out) {
+// w [K][C][KH][KW] (ONNX's OIHW) -> [K/NB][KH][KW][C][NB], the last block [KH][KW][C][nv * W]
+// with nv the vectors its channels need (a group of 16 channels is not stored 48 wide), zero
+// padded.
+inline void conv_pack(const float* w, const ConvShape& s, int nb, int width, float* out) {
   const int64_t blocks = conv_blocks(s, nb);
-  for (int64_t b = 0; b < blocks; ++b)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t bw = std::min<int64_t>(nb, (s.k - b * nb + width - 1) / width * width);
     for (int64_t i = 0; i < s.kh; ++i)
       for (int64_t j = 0; j < s.kw; ++j)
         for (int64_t c = 0; c < s.c; ++c)
-          for (int64_t r = 0; r < nb; ++r) {
+          for (int64_t r = 0; r < bw; ++r) {
             const int64_t k = b * nb + r;
             *out++ = k < s.k ? w[((k * s.c + c) * s.kh + i) * s.kw + j] : 0.f;
           }
+  }
 }
 
-// MR output pixels x NV vectors of the channels of one block: the window of pixel m starts at
-// px[m] (every tap inside the input: the dense kernel runs on an input padded beforehand, so a
-// group of pixels may span rows and images); pixels [valid, MR) are computed (their px repeat a
-// valid one) and not stored. `row` is the floats between input rows.
+// MR output pixels x NV vectors of the channels of one block (packed NV vectors wide): the window
+// of pixel m starts at px[m] (every tap inside the input: the dense kernel runs on an input padded
+// beforehand, so a group of pixels may span rows and images); pixels [valid, MR) are computed
+// (their px repeat a valid one) and not stored. `row` is the floats between input rows.
 template <class T, int MR, int NV>
 inline void conv_micro(const float* const* px, const float* wb, const ConvShape& s, int64_t row,
                        int valid, int64_t pix0, int64_t kbase, float* y, const float* res,
                        const Epilogue& e) {
   using V = typename T::V;
-  constexpr int W = T::W, NB = ConvTraits<T>::kNB;
+  constexpr int W = T::W, BW = NV * W;
   V acc[MR][NV];
   LOPPER_UNROLL
   for (int m = 0; m < MR; ++m) LOPPER_UNROLL
@@ -96,14 +101,14 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
   for (int64_t i = 0; i < s.kh; ++i)
     for (int64_t j = 0; j < taps; ++j) {
       const int64_t off = i * s.dh * row + j * s.dw * s.x_stride;
-      const float* wp = wb + (i * s.kw + j) * s.c * NB;
+      const float* wp = wb + (i * s.kw + j) * s.c * BW;
       const float* p[MR];
       LOPPER_UNROLL
       for (int m = 0; m < MR; ++m) p[m] = px[m] + off;
       for (int64_t c = 0; c < span; ++c) {
         V w[NV];
         LOPPER_UNROLL
-        for (int v = 0; v < NV; ++v) w[v] = T::load(wp + c * NB + v * W);
+        for (int v = 0; v < NV; ++v) w[v] = T::load(wp + c * BW + v * W);
         LOPPER_UNROLL
         for (int m = 0; m < MR; ++m) {
           const V xb = T::set1(p[m][c]);
@@ -404,7 +409,7 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
       if (depthwise)
         dw_pack(w, s, Wide::W, packed);
       else
-        conv_pack(w, s, ConvTraits<Wide>::kNB, packed);
+        conv_pack(w, s, ConvTraits<Wide>::kNB, Wide::W, packed);
     },
     [](const ConvShape& s, bool depthwise) -> int64_t {
       return depthwise ? s.n * s.oh : conv_tile_count<Wide>(s);

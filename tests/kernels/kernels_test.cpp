@@ -407,6 +407,34 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
     }
   }
   EXPECT_GT(cases, 300);
+  // The depthwise kernel's small-map mode (a padded plane per vector of channels): 3x3 and 5x5,
+  // strides 1 and 2, 7x7 and 14x14 maps, odd channel counts, batch 2, bias, residual, ReLU.
+  for (kc::Isa isa : isas())
+    for (int64_t kernel : {3, 5})
+      for (int64_t stride : {1, 2})
+        for (int64_t side : {7, 14})
+          for (int64_t c : {5, 37, 200}) {
+            kc::DirectConv::Geometry g;
+            g.sh = g.sw = stride, g.ph = g.pw = kernel / 2;
+            const at::Tensor weight = at::randn({c, 1, kernel, kernel}, gen);
+            const at::Tensor bias = at::randn({c}, gen);
+            const at::Tensor x = at::randn({2, c, side, side}, gen);
+            const int64_t o = (side + 2 * g.ph - kernel) / stride + 1;
+            const at::Tensor res = at::randn({2, c, o, o}, gen);
+            kc::Activation relu;
+            relu.kind = kc::Activation::kRelu;
+            const kc::DirectConv conv(weight, bias, c, g, isa);
+            const at::Tensor y = conv.run(x, res, relu);
+            const at::Tensor ref = at::relu(
+                at::convolution(x.to(at::kDouble), weight.to(at::kDouble), bias.to(at::kDouble),
+                                {stride, stride}, {g.ph, g.pw}, {1, 1}, false, {0, 0}, c) +
+                res.to(at::kDouble));
+            ASSERT_EQ(y.sizes(), ref.sizes());
+            EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
+                      1e-4 * (1 + ref.abs().max().item<double>()))
+                << kc::isa_name(isa) << " " << kernel << "x" << kernel << " stride " << stride
+                << " side " << side << " channels " << c;
+          }
   // Groups that do not divide the channels, and a non-float weight, are not taken.
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 3, 3, 3}), 4, 8));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({6, 2, 3, 3}), 4, 8));

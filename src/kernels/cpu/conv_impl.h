@@ -224,12 +224,12 @@ inline void dw_finish(typename T::V v, int64_t c, int valid, float* yp, const fl
 template <class T, int KW, int SW, int OB>
 inline void dw_interior(const float* x, const float* packed, float* y, const float* res,
                         const ConvShape& s, const Epilogue& e, int64_t n, int64_t oy, int64_t i0,
-                        int64_t i1, int64_t ox0) {
+                        int64_t i1, int64_t ox0, int64_t c0, int64_t c1) {
   using V = typename T::V;
   constexpr int W = T::W, NX = OB * SW + KW - 1;
   const int64_t cp = dw_padded(s.c, W), xs = s.x_stride;
   const int64_t pix = (n * s.oh + oy) * s.ow + ox0;
-  for (int64_t c = 0; c < cp; c += W) {
+  for (int64_t c = c0; c < c1; c += W) {
     const int valid = int(std::min<int64_t>(W, s.c - c));
     V a[OB];
     LOPPER_UNROLL
@@ -255,16 +255,63 @@ inline void dw_interior(const float* x, const float* packed, float* y, const flo
   }
 }
 
-// Output rows [row_begin, row_end): interior pixels four at a time, the others (borders, the last
-// few) one at a time with the taps inside the input only; channels a vector at a time.
+// One output pixel (taps [i0, i1) x [j0, j1) inside the input), NV vectors of channels from c:
+// NV independent sums (one alone waits on each FMA's latency, tap after tap: a 7x7 map under a
+// 5x5 kernel has no interior run of four pixels, and ran at a quarter of the FMA rate).
+template <class T, int NV>
+inline void dw_pixel(const float* x, const float* packed, float* yp, const float* rp,
+                     const ConvShape& s, const Epilogue& e, int64_t n, int64_t oy, int64_t ox,
+                     int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t c) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const int64_t cp = dw_padded(s.c, W);
+  int valid[NV];
+  V a[NV];
+  LOPPER_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    valid[v] = int(std::min<int64_t>(W, s.c - c - v * W));
+    a[v] = T::zero();
+  }
+  const bool full = c + NV * W <= s.c;  // no vector past the channels: plain loads
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
+      const float* wp = packed + (i * s.kw + j) * cp + c;
+      if (full) {
+        LOPPER_UNROLL
+        for (int v = 0; v < NV; ++v) a[v] = T::fma(T::load(xp + v * W), T::load(wp + v * W), a[v]);
+      } else {
+        LOPPER_UNROLL
+        for (int v = 0; v < NV; ++v)
+          a[v] = T::fma(T::loadm(xp + v * W, valid[v]), T::load(wp + v * W), a[v]);
+      }
+    }
+  }
+  LOPPER_UNROLL
+  for (int v = 0; v < NV; ++v) dw_finish<T>(a[v], c + v * W, valid[v], yp, rp, e);
+}
+
+// The depthwise kernel's pieces of work: an output row x kDwChunk vectors of channels (a 7x7 map
+// is 7 rows: too few for the threads to split evenly alone).
+constexpr int kDwChunk = 4;
+template <class T>
+int64_t dw_chunks(const ConvShape& s) {
+  return (dw_padded(s.c, T::W) / T::W + kDwChunk - 1) / kDwChunk;
+}
+
+// Tiles [t0, t1) (row-major, then chunks of channels): interior pixels four at a time, the others
+// (borders, the last few) one at a time with the taps inside the input only.
 template <class T>
 void dw_rows(const float* x, const float* packed, float* y, const float* res, const ConvShape& s0,
-             const Epilogue& e, int64_t row_begin, int64_t row_end) {
+             const Epilogue& e, int64_t t0, int64_t t1) {
   using V = typename T::V;
   constexpr int W = T::W;
   const ConvShape s = with_strides(s0);
-  const int64_t cp = dw_padded(s.c, W);
-  for (int64_t row = row_begin; row < row_end; ++row) {
+  const int64_t cp = dw_padded(s.c, W), chunks = dw_chunks<T>(s);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t row = t / chunks, c0 = t % chunks * kDwChunk * W;
+    const int64_t c1 = std::min(cp, c0 + kDwChunk * W);
     const int64_t n = row / s.oh, oy = row % s.oh;
     int64_t i0 = 0, i1 = s.kh;  // taps whose input row exists
     while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
@@ -279,14 +326,14 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     if (s.kw == 3 && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
       for (int64_t ox = lo; ox + kOB3 <= hi + 1; ox += kOB3, blocked_end = ox) {
         if (s.sw == 1)
-          dw_interior<T, 3, 1, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox);
+          dw_interior<T, 3, 1, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox, c0, c1);
         else
-          dw_interior<T, 3, 2, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox);
+          dw_interior<T, 3, 2, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox, c0, c1);
       }
     }
     for (int64_t ox = blocked_end; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {
       const int64_t pix = (n * s.oh + oy) * s.ow + ox;
-      for (int64_t c = 0; c < cp; c += W) {
+      for (int64_t c = c0; c < c1; c += W) {
         const int valid = int(std::min<int64_t>(W, s.c - c));
         V a[kOB];
         LOPPER_UNROLL
@@ -309,28 +356,140 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
                        res ? res + (pix + m) * s.r_stride : nullptr, e);
       }
     }
-    for (int64_t ox = 0; ox < s.ow; ++ox) {
-      if (ox >= lo && ox < blocked_end) continue;
-      int64_t j0 = 0, j1 = s.kw;
-      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
-      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
-      const int64_t pix = (n * s.oh + oy) * s.ow + ox;
-      float* yp = y + pix * s.y_stride;
-      const float* rp = res ? res + pix * s.r_stride : nullptr;
-      for (int64_t c = 0; c < cp; c += W) {
-        const int valid = int(std::min<int64_t>(W, s.c - c));
-        V a = T::zero();
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
-          for (int64_t j = j0; j < j1; ++j) {
-            const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
-            a = T::fma(valid == W ? T::load(xp) : T::loadm(xp, valid),
-                       T::load(packed + (i * s.kw + j) * cp + c), a);
-          }
-        }
-        dw_finish<T>(a, c, valid, yp, rp, e);
+    // The other pixels, the chunk's vectors at once: its weights stay in L1 from pixel to pixel
+    // (a 5x5 kernel's 1152 channels are 115 KB).
+    static_assert(kDwChunk == 4);
+    {
+      const int64_t c = c0, nv = (c1 - c0) / W;
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        if (ox >= lo && ox < blocked_end) continue;
+        int64_t j0 = 0, j1 = s.kw;
+        while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
+        while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+        const int64_t pix = (n * s.oh + oy) * s.ow + ox;
+        float* yp = y + pix * s.y_stride;
+        const float* rp = res ? res + pix * s.r_stride : nullptr;
+        if (nv == 4)
+          dw_pixel<T, 4>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
+        else if (nv == 3)
+          dw_pixel<T, 3>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
+        else if (nv == 2)
+          dw_pixel<T, 2>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
+        else
+          dw_pixel<T, 1>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
       }
     }
+  }
+}
+
+// Small maps (14x14, 7x7) under a 3x3 or 5x5 kernel have few interior runs of pixels: the
+// depthwise kernel copies one vector of channels of one image, zero padded, into a buffer that
+// stays in L1 and runs every pixel as interior, OB at a time (the input columns loaded once per
+// kernel row, shared by the taps), as ONNX Runtime's blocked layout does. A tile: one image x one
+// vector of channels.
+constexpr int64_t kDwPlaneFloats = 6144;  // the buffer: 24 KB
+template <class T>
+bool dw_plane(const ConvShape& s) {
+  return s.kh == s.kw && (s.kw == 3 || s.kw == 5) && s.dh == 1 && s.dw == 1 && s.sh == s.sw &&
+         (s.sw == 1 || s.sw == 2) && s.oh * s.ow <= 256 &&
+         (s.h + 2 * s.ph) * (s.w + 2 * s.pw) * T::W <= kDwPlaneFloats;
+}
+
+// OB pixels of output row oy from ox0, one vector of channels c: the buffer holds the padded
+// plane [hp][wp][W]; wts: the packed weight at channel c (taps cp floats apart).
+template <class T, int KW, int SW, int OB>
+inline void dw_plane_block(const float* buf, int64_t wp, const float* wts, int64_t cp, float* yp,
+                           int64_t y_stride, const float* rp, int64_t r_stride, int64_t c,
+                           int valid, const Epilogue& e, int64_t oy, int64_t ox0) {
+  using V = typename T::V;
+  constexpr int W = T::W, NX = (OB - 1) * SW + KW;
+  V a[OB];
+  LOPPER_UNROLL
+  for (int m = 0; m < OB; ++m) a[m] = T::zero();
+  LOPPER_UNROLL
+  for (int i = 0; i < KW; ++i) {
+    const float* xr = buf + ((oy * SW + i) * wp + ox0 * SW) * W;
+    V xv[NX];
+    LOPPER_UNROLL
+    for (int q = 0; q < NX; ++q) xv[q] = T::load(xr + q * W);
+    LOPPER_UNROLL
+    for (int j = 0; j < KW; ++j) {
+      const V wv = T::load(wts + (i * KW + j) * cp);
+      LOPPER_UNROLL
+      for (int m = 0; m < OB; ++m) a[m] = T::fma(xv[m * SW + j], wv, a[m]);
+    }
+  }
+  LOPPER_UNROLL
+  for (int m = 0; m < OB; ++m)
+    dw_finish<T>(a[m], c, valid, yp + (ox0 + m) * y_stride,
+                 rp ? rp + (ox0 + m) * r_stride : nullptr, e);
+}
+
+template <class T, int KW, int SW>
+void dw_plane_rows(const float* buf, int64_t wp, const float* wts, int64_t cp, float* y,
+                   const float* res, const ConvShape& s, int64_t c, int valid, const Epilogue& e) {
+  constexpr int OB = T::W >= 16 ? 8 : 4;
+  for (int64_t oy = 0; oy < s.oh; ++oy) {
+    float* yp = y + oy * s.ow * s.y_stride;
+    const float* rp = res ? res + oy * s.ow * s.r_stride : nullptr;
+    int64_t ox = 0;
+    for (; ox + OB <= s.ow; ox += OB)
+      dw_plane_block<T, KW, SW, OB>(buf, wp, wts, cp, yp, s.y_stride, rp, s.r_stride, c, valid, e,
+                                    oy, ox);
+    if (OB > 4 && ox + 4 <= s.ow) {
+      dw_plane_block<T, KW, SW, 4>(buf, wp, wts, cp, yp, s.y_stride, rp, s.r_stride, c, valid, e,
+                                   oy, ox);
+      ox += 4;
+    }
+    if (ox + 2 <= s.ow) {
+      dw_plane_block<T, KW, SW, 2>(buf, wp, wts, cp, yp, s.y_stride, rp, s.r_stride, c, valid, e,
+                                   oy, ox);
+      ox += 2;
+    }
+    if (ox < s.ow)
+      dw_plane_block<T, KW, SW, 1>(buf, wp, wts, cp, yp, s.y_stride, rp, s.r_stride, c, valid, e,
+                                   oy, ox);
+  }
+}
+
+// Tiles [t0, t1) of the plane mode (image-major, then vectors of channels).
+template <class T>
+void dw_planes(const float* x, const float* packed, float* y, const float* res, const ConvShape& s0,
+               const Epilogue& e, int64_t t0, int64_t t1) {
+  constexpr int W = T::W;
+  const ConvShape s = with_strides(s0);
+  const int64_t cp = dw_padded(s.c, W), vecs = cp / W;
+  const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
+  alignas(64) float buf[kDwPlaneFloats];
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t / vecs, c = t % vecs * W;
+    const int valid = int(std::min<int64_t>(W, s.c - c));
+    // The padded plane: zero rows above and below, zero columns left and right.
+    for (int64_t r = 0; r < hp; ++r) {
+      float* br = buf + r * wp * W;
+      const int64_t iy = r - s.ph;
+      if (iy < 0 || iy >= s.h) {
+        for (int64_t q = 0; q < wp; ++q) T::store(br + q * W, T::zero());
+        continue;
+      }
+      for (int64_t q = 0; q < s.pw; ++q) T::store(br + q * W, T::zero());
+      const float* xr = x + ((n * s.h + iy) * s.w) * s.x_stride + c;
+      for (int64_t ix = 0; ix < s.w; ++ix)
+        T::store(br + (s.pw + ix) * W, valid == W ? T::load(xr + ix * s.x_stride)
+                                                  : T::loadm(xr + ix * s.x_stride, valid));
+      for (int64_t q = s.pw + s.w; q < wp; ++q) T::store(br + q * W, T::zero());
+    }
+    float* yn = y + n * s.oh * s.ow * s.y_stride;
+    const float* rn = res ? res + n * s.oh * s.ow * s.r_stride : nullptr;
+    const float* wts = packed + c;
+    if (s.kw == 3 && s.sw == 1)
+      dw_plane_rows<T, 3, 1>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
+    else if (s.kw == 3)
+      dw_plane_rows<T, 3, 2>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
+    else if (s.sw == 1)
+      dw_plane_rows<T, 5, 1>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
+    else
+      dw_plane_rows<T, 5, 2>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
   }
 }
 
@@ -412,11 +571,15 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
         conv_pack(w, s, ConvTraits<Wide>::kNB, Wide::W, packed);
     },
     [](const ConvShape& s, bool depthwise) -> int64_t {
-      return depthwise ? s.n * s.oh : conv_tile_count<Wide>(s);
+      if (!depthwise) return conv_tile_count<Wide>(s);
+      return dw_plane<Wide>(s) ? s.n * dw_padded(s.c, Wide::W) / Wide::W
+                               : s.n * s.oh * dw_chunks<Wide>(s);
     },
     [](const float* x, const float* packed, float* y, const float* residual, const ConvShape& s,
        bool depthwise, const Epilogue& e, int64_t t0, int64_t t1) {
-      if (depthwise)
+      if (depthwise && dw_plane<Wide>(s))
+        dw_planes<Wide>(x, packed, y, residual, s, e, t0, t1);
+      else if (depthwise)
         dw_rows<Wide>(x, packed, y, residual, s, e, t0, t1);
       else if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR)
         conv_tiles<Wide, ConvTraits<Wide>::kMR>(x, packed, y, residual, s, e, t0, t1);

@@ -52,7 +52,8 @@ void print_explain(const Executor& exec) {
   }
   std::cout << fmt::format(
       "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-      "* = chosen, ms = best of up to 5 rounds on the layer's input{})\n",
+      "* = chosen (the fastest, or lopper's own within 10% of it), ms = best of up to 5 rounds "
+      "on the layer's input{})\n",
       kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size(),
       cold ? ", weights read from memory: the model's outgrow the last-level cache" : "");
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",

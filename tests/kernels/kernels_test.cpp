@@ -407,7 +407,7 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
     }
   }
   EXPECT_GT(cases, 300);
-  // The depthwise kernel's small-map mode (a padded plane per vector of channels): 3x3 and 5x5,
+  // The depthwise kernel on small maps (5x5: a padded plane per vector of channels; 3x3: rows),
   // strides 1 and 2, 7x7 and 14x14 maps, odd channel counts, batch 2, bias, residual, ReLU.
   for (kc::Isa isa : isas())
     for (int64_t kernel : {3, 5})

@@ -292,12 +292,17 @@ inline void dw_pixel(const float* x, const float* packed, float* yp, const float
   for (int v = 0; v < NV; ++v) dw_finish<T>(a[v], c + v * W, valid[v], yp, rp, e);
 }
 
-// The depthwise kernel's pieces of work: an output row x kDwChunk vectors of channels (a 7x7 map
-// is 7 rows: too few for the threads to split evenly alone).
+// The depthwise kernel's pieces of work: an output row x a chunk of channels, all of them, or
+// kDwChunk vectors where the rows are few (a 7x7 map is 7 rows: too few for the threads to split
+// evenly alone; on larger maps a chunk per row cost 1.3x in the model).
 constexpr int kDwChunk = 4;
 template <class T>
+int64_t dw_chunk(const ConvShape& s) {
+  return s.n * s.oh >= 16 ? dw_padded(s.c, T::W) : int64_t{kDwChunk} * T::W;
+}
+template <class T>
 int64_t dw_chunks(const ConvShape& s) {
-  return (dw_padded(s.c, T::W) / T::W + kDwChunk - 1) / kDwChunk;
+  return (dw_padded(s.c, T::W) + dw_chunk<T>(s) - 1) / dw_chunk<T>(s);
 }
 
 // Tiles [t0, t1) (row-major, then chunks of channels): interior pixels four at a time, the others
@@ -308,10 +313,10 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
   using V = typename T::V;
   constexpr int W = T::W;
   const ConvShape s = with_strides(s0);
-  const int64_t cp = dw_padded(s.c, W), chunks = dw_chunks<T>(s);
+  const int64_t cp = dw_padded(s.c, W), chunks = dw_chunks<T>(s), chunk = dw_chunk<T>(s);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t row = t / chunks, c0 = t % chunks * kDwChunk * W;
-    const int64_t c1 = std::min(cp, c0 + kDwChunk * W);
+    const int64_t row = t / chunks, c0 = t % chunks * chunk;
+    const int64_t c1 = std::min(cp, c0 + chunk);
     const int64_t n = row / s.oh, oy = row % s.oh;
     int64_t i0 = 0, i1 = s.kh;  // taps whose input row exists
     while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
@@ -356,11 +361,10 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
                        res ? res + (pix + m) * s.r_stride : nullptr, e);
       }
     }
-    // The other pixels, the chunk's vectors at once: its weights stay in L1 from pixel to pixel
-    // (a 5x5 kernel's 1152 channels are 115 KB).
-    static_assert(kDwChunk == 4);
-    {
-      const int64_t c = c0, nv = (c1 - c0) / W;
+    // The other pixels, four vectors of channels at once over all of them: those weights stay in
+    // L1 from pixel to pixel (a 5x5 kernel's 1152 channels are 115 KB).
+    for (int64_t c = c0; c < c1; c += 4 * W) {
+      const int64_t nv = std::min<int64_t>(4, (c1 - c) / W);
       for (int64_t ox = 0; ox < s.ow; ++ox) {
         if (ox >= lo && ox < blocked_end) continue;
         int64_t j0 = 0, j1 = s.kw;
@@ -382,15 +386,16 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
   }
 }
 
-// Small maps (14x14, 7x7) under a 3x3 or 5x5 kernel have few interior runs of pixels: the
-// depthwise kernel copies one vector of channels of one image, zero padded, into a buffer that
-// stays in L1 and runs every pixel as interior, OB at a time (the input columns loaded once per
-// kernel row, shared by the taps), as ONNX Runtime's blocked layout does. A tile: one image x one
-// vector of channels.
+// Small maps (14x14, 7x7) under a 5x5 kernel have few interior runs of pixels: the depthwise
+// kernel copies one vector of channels of one image, zero padded, into a buffer that stays in L1
+// and runs every pixel as interior, OB at a time (the input columns loaded once per kernel row,
+// shared by the taps), as ONNX Runtime's blocked layout does. A tile: one image x one vector of
+// channels. (3x3 kernels keep rows: a thread reading whole pixel rows, as their producer wrote
+// them, ran 1.5x faster in the model than a vector of channels of every pixel.)
 constexpr int64_t kDwPlaneFloats = 6144;  // the buffer: 24 KB
 template <class T>
 bool dw_plane(const ConvShape& s) {
-  return s.kh == s.kw && (s.kw == 3 || s.kw == 5) && s.dh == 1 && s.dw == 1 && s.sh == s.sw &&
+  return s.kh == s.kw && s.kw == 5 && s.dh == 1 && s.dw == 1 && s.sh == s.sw &&
          (s.sw == 1 || s.sw == 2) && s.oh * s.ow <= 256 &&
          (s.h + 2 * s.ph) * (s.w + 2 * s.pw) * T::W <= kDwPlaneFloats;
 }
@@ -482,11 +487,7 @@ void dw_planes(const float* x, const float* packed, float* y, const float* res, 
     float* yn = y + n * s.oh * s.ow * s.y_stride;
     const float* rn = res ? res + n * s.oh * s.ow * s.r_stride : nullptr;
     const float* wts = packed + c;
-    if (s.kw == 3 && s.sw == 1)
-      dw_plane_rows<T, 3, 1>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
-    else if (s.kw == 3)
-      dw_plane_rows<T, 3, 2>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
-    else if (s.sw == 1)
+    if (s.sw == 1)
       dw_plane_rows<T, 5, 1>(buf, wp, wts, cp, yn, rn, s, c, valid, e);
     else
       dw_plane_rows<T, 5, 2>(buf, wp, wts, cp, yn, rn, s, c, valid, e);

@@ -40,8 +40,8 @@ struct ConvIsaOps {
   /// The independent pieces of work of one convolution (the threads split them). Dense: blocks of
   /// `block_vectors` vectors of `width` output channels (the last block fewer) x groups of
   /// pixels, in the order conv_pixel_major gives; a tile costs as many vectors as its block has.
-  /// Depthwise: output rows x chunks of a few vectors of channels, or on small maps under a 3x3
-  /// or 5x5 kernel, images x vectors of channels.
+  /// Depthwise: output rows x chunks of a few vectors of channels, or on small maps under a 5x5
+  /// kernel, images x vectors of channels.
   int64_t (*tiles)(const ConvShape& s, bool depthwise);
   /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel). The dense kernel
   /// takes no padding (ph = pw = 0: pad the input first); the depthwise one any.

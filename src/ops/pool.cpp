@@ -4,8 +4,8 @@
 // overhang the input. All of them are turned into one explicit padding of the input (pads that
 // count as padding, then "ceil" padding that never counts), after which every window lies inside
 // the padded tensor and ATen's pooling runs with zero padding and floor mode. (The channels-last
-// float32 MaxPool of inference takes the geometry as it is: its kernel skips taps outside the
-// input.)
+// float32 MaxPool of inference, and MaxPool on a GPU, take the geometry as it is: their kernels
+// skip taps outside the input.)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/pool.h"
+#include "kernels/cuda/pool_cuda.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -211,6 +212,13 @@ void max_pool(OpContext& c) {
       c.prepack() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     c.set_output(
         0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
+    return;
+  }
+  // The same on a GPU, NCHW or NHWC, fp32/fp16/bf16 (ATen's writes int64 indices too); it has no
+  // backward, so not under autograd.
+  if (!c.wants_output(1) && !c.grad_mode() && g.nd == 2 && kernels::cuda::max_pool2d_fits(x)) {
+    c.set_output(
+        0, kernels::cuda::max_pool2d(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
     return;
   }
   if (!c.wants_output(1) && aten_pads(g, ap)) {

@@ -15,6 +15,7 @@
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/pool_cuda.h"
 #include "kernels/cuda/semi_structured.h"
 #include "kernels/cuda/sparse_cuda.h"
 #include "lopper/error.h"
@@ -660,4 +661,61 @@ TEST(SemiStructuredCuda, EveryBackendMatchesCublasDense) {
   // cuSPARSELt runs on every GPU the wheel supports from sm_80 up; a pre-Ampere GPU refuses all.
   EXPECT_GT(checked + refused, 0);
   if (at::cuda::getCurrentDeviceProperties()->major >= 8) EXPECT_GE(checked, 24);
+}
+
+// lopper's GPU max pool against ATen's on the CPU over a -inf-padded copy (windows that overhang
+// the input, as ceil mode makes them, included): every layout, dtype and vector tail, exactly.
+TEST(PoolKernelsCuda, MaxPoolMatchesAtenOnEveryLayoutAndDtype) {
+  namespace kcu = lopper::kernels::cuda;
+  if (!lopper::cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  if (!kcu::built()) GTEST_SKIP() << "built without nvcc";
+  struct Geom {
+    int64_t k0, k1, s0, s1, p0, p1, d0, d1, extra;  // extra: output pixels past floor mode
+  };
+  const Geom geoms[] = {{3, 3, 2, 2, 1, 1, 1, 1, 0},  // ResNet's pool
+                        {2, 2, 2, 2, 0, 0, 1, 1, 0},  // VGG's
+                        {3, 3, 2, 2, 0, 0, 1, 1, 1},  // ceil mode: the last window overhangs
+                        {3, 2, 1, 2, 0, 1, 1, 1, 0},  // asymmetric
+                        {3, 3, 1, 1, 2, 2, 2, 2, 0}};  // dilated
+  const int64_t channels[] = {1, 3, 8, 37, 64};
+  at::manual_seed(11);
+  const at::Device dev(at::kCUDA, 0);
+  int checked = 0;
+  for (const Geom& g : geoms)
+    for (int64_t c : channels)
+      for (at::ScalarType dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+        for (bool cl : {false, true}) {
+          const int64_t n = 2, h = 13, w = 10;
+          at::Tensor xc = at::randn({n, c, h, w}).to(dtype);
+          xc[1][c - 1][h / 2][w / 2] = std::numeric_limits<float>::quiet_NaN();
+          at::Tensor x = xc.to(dev).contiguous(cl ? at::MemoryFormat::ChannelsLast
+                                                  : at::MemoryFormat::Contiguous);
+          ASSERT_TRUE(kcu::max_pool2d_fits(x));
+          const int64_t oh = (h + 2 * g.p0 - (g.k0 - 1) * g.d0 - 1) / g.s0 + 1 + g.extra;
+          const int64_t ow = (w + 2 * g.p1 - (g.k1 - 1) * g.d1 - 1) / g.s1 + 1 + g.extra;
+          at::Tensor y = kcu::max_pool2d(x, {g.k0, g.k1}, {g.s0, g.s1}, {g.p0, g.p1},
+                                         {g.d0, g.d1}, {oh, ow});
+          // Reference: pad with -inf on both sides, enough for the overhang, then floor mode.
+          const int64_t e0 = (oh - 1) * g.s0 + (g.k0 - 1) * g.d0 + 1 - h - g.p0;
+          const int64_t e1 = (ow - 1) * g.s1 + (g.k1 - 1) * g.d1 + 1 - w - g.p1;
+          at::Tensor xp = at::constant_pad_nd(xc.to(at::kFloat),
+                                              {g.p1, std::max<int64_t>(e1, 0), g.p0,
+                                               std::max<int64_t>(e0, 0)},
+                                              -std::numeric_limits<double>::infinity());
+          at::Tensor ref = at::max_pool2d(xp, {g.k0, g.k1}, {g.s0, g.s1}, {0, 0}, {g.d0, g.d1})
+                               .narrow(2, 0, oh)
+                               .narrow(3, 0, ow);
+          SCOPED_TRACE(std::string(at::toString(dtype)) + (cl ? " NHWC" : " NCHW") +
+                       " c=" + std::to_string(c) + " k=" + std::to_string(g.k0) + "x" +
+                       std::to_string(g.k1) + " extra=" + std::to_string(g.extra));
+          ASSERT_EQ(y.sizes(), ref.sizes());
+          EXPECT_EQ(y.scalar_type(), dtype);
+          EXPECT_EQ(y.is_contiguous(at::MemoryFormat::ChannelsLast) && !y.is_contiguous(),
+                    cl && c > 1);
+          at::Tensor got = y.cpu().to(at::kFloat);
+          EXPECT_TRUE(at::equal(got.isnan(), ref.isnan()));
+          EXPECT_TRUE(at::equal(got.nan_to_num(0, 1e30, -1e30), ref.nan_to_num(0, 1e30, -1e30)));
+          ++checked;
+        }
+  EXPECT_EQ(checked, 5 * 5 * 3 * 2);
 }

@@ -313,6 +313,40 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     fuse_into(conv, "FusedConv", out, act, absorbed);
   }
 
+  // 2a. FusedConv whose residual is a Conv's output read by nothing else (ResNet's downsample):
+  //     the residual's bias moves into the FusedConv's, act(conv(x) + b + (conv'(x') + b')) =
+  //     act(conv(x) + (b + b') + conv'(x')). On a GPU a convolution's bias is a separate pass
+  //     over its output (ATen's cuDNN path); the fused kernel adds its own bias in the epilogue.
+  uses.build(g, removed);
+  index();
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& fc = g.nodes[i];
+    if (removed[i] || fc.domain != "ai.lopper" || fc.op_type != "FusedConv" ||
+        fc.inputs.size() != 4 || !uses.single(fc.inputs[3]))
+      continue;
+    auto it = producer.find(fc.inputs[3]);
+    if (it == producer.end()) continue;
+    ir::Node& rc = g.nodes[it->second];
+    if (!is(rc, "Conv") || outputs_used(rc) != 1 || rc.inputs.size() < 3 || rc.inputs[2].empty())
+      continue;
+    const ir::Initializer* rb = g.find_initializer(rc.inputs[2]);
+    const ir::Initializer* w = g.find_initializer(fc.inputs[1]);
+    const ir::Initializer* b = fc.inputs[2].empty() ? nullptr : g.find_initializer(fc.inputs[2]);
+    if (!rb || !w || (!fc.inputs[2].empty() && !b) || !w->value.is_floating_point()) continue;
+    const int64_t cout = w->value.size(0);
+    if (rb->value.dim() != 1 || rb->value.size(0) != cout ||
+        rb->value.scalar_type() != w->value.scalar_type() ||
+        (b && (b->value.dim() != 1 || b->value.size(0) != cout ||
+               b->value.scalar_type() != w->value.scalar_type())))
+      continue;
+    at::Tensor sum = rb->value.to(at::kDouble);
+    if (b) sum = sum + b->value.to(at::kDouble);
+    const std::string name = fc.outputs[0] + "/bias_with_residual";
+    g.initializers.push_back({name, sum.to(w->value.scalar_type()).contiguous(), "", false});
+    fc.inputs[2] = name;
+    rc.inputs.resize(2);
+  }
+
   // 2b. BatchNormalization that no Conv absorbed (DenseNet's, after each Concat) + activation ->
   //     FusedBatchNormalization: one pass over the activation instead of two.
   uses.build(g, removed);

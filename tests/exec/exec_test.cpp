@@ -191,6 +191,64 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
   }
 }
 
+// ResNet's downsampling block: Relu(Conv(x) + b + Conv'(x') + b'): the residual Conv's bias moves
+// into the fused convolution's (one add fewer over the residual on a GPU); a residual read twice
+// keeps its own. Against ATen and the same graph unfused, on each CPU kernel.
+TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
+  at::manual_seed(9);
+  ir::Model m = image_model({2, 8, 9, 7});
+  ir::Graph& g = m.graph;
+  auto init = [&](const std::string& n, at::Tensor t) {
+    g.initializers.push_back({n, t, "", false});
+  };
+  init("wa", at::randn({12, 8, 3, 3}) * 0.2);
+  init("ba", at::randn({12}));
+  init("wd", at::randn({12, 8, 1, 1}) * 0.3);
+  init("bd", at::randn({12}));
+  init("wb", at::randn({12, 12, 1, 1}) * 0.3);
+  init("bb", at::randn({12}));
+  init("we", at::randn({12, 12, 1, 1}) * 0.3);
+  init("be", at::randn({12}));
+  g.nodes = {
+      node("Conv", {"x", "wa", "ba"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("Conv", {"x", "wd", "bd"}, {"d"}),
+      node("Add", {"a", "d"}, {"s"}),
+      node("Relu", {"s"}, {"r"}),
+      // A residual also read by another node: its bias stays where it is.
+      node("Conv", {"r", "wb"}, {"b"}),
+      node("Conv", {"r", "we", "be"}, {"e"}),
+      node("Add", {"b", "e"}, {"t"}),
+      node("Relu", {"t"}, {"u"}),
+      node("Add", {"u", "e"}, {"y"}),
+  };
+  ir::Graph fused = exec::fuse_for_inference(m.graph, 17);
+  int moved = 0, kept = 0;
+  for (const auto& n : fused.nodes) {
+    if (n.op_type != "Conv") continue;
+    if (n.inputs[1] == "wd") moved += n.inputs.size() == 2;
+    if (n.inputs[1] == "we") kept += n.inputs.size() == 3 && n.inputs[2] == "be";
+  }
+  EXPECT_EQ(moved, 1);
+  EXPECT_EQ(kept, 1);
+  const at::Tensor x = at::randn({2, 8, 9, 7});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor r =
+      at::relu(at::conv2d(x, w("wa"), w("ba"), 1, 1) + at::conv2d(x, w("wd"), w("bd")));
+  const at::Tensor e = at::conv2d(r, w("we"), w("be"));
+  const at::Tensor want = at::relu(at::conv2d(r, w("wb")) + e) + e;
+  ExecOptions plain;
+  plain.fuse = false;
+  Executor a(m, plain);
+  EXPECT_LE(test::relative_max_diff(a.run({{"x", x}})[0], want), 1e-5);
+  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor b(m);
+    for (int run = 0; run < 2; ++run)  // the first run chooses kernels, the second runs them
+      EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5) << forced;
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
 // MobileNetV3's and EfficientNet's activations fused into the convolution before them: HardSwish,
 // SiLU written Mul(x, Sigmoid(x)), HardSwish written Mul(HardSigmoid(x), x) (older opsets),
 // the squeeze-and-excitation gate's HardSigmoid; a HardSigmoid of another line (alpha 0.2) is left

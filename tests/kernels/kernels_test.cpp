@@ -672,10 +672,10 @@ TEST(PoolKernelsCuda, MaxPoolMatchesAtenOnEveryLayoutAndDtype) {
   struct Geom {
     int64_t k0, k1, s0, s1, p0, p1, d0, d1, extra;  // extra: output pixels past floor mode
   };
-  const Geom geoms[] = {{3, 3, 2, 2, 1, 1, 1, 1, 0},  // ResNet's pool
-                        {2, 2, 2, 2, 0, 0, 1, 1, 0},  // VGG's
-                        {3, 3, 2, 2, 0, 0, 1, 1, 1},  // ceil mode: the last window overhangs
-                        {3, 2, 1, 2, 0, 1, 1, 1, 0},  // asymmetric
+  const Geom geoms[] = {{3, 3, 2, 2, 1, 1, 1, 1, 0},   // ResNet's pool
+                        {2, 2, 2, 2, 0, 0, 1, 1, 0},   // VGG's
+                        {3, 3, 2, 2, 0, 0, 1, 1, 1},   // ceil mode: the last window overhangs
+                        {3, 2, 1, 2, 0, 1, 1, 1, 0},   // asymmetric
                         {3, 3, 1, 1, 2, 2, 2, 2, 0}};  // dilated
   const int64_t channels[] = {1, 3, 8, 37, 64};
   at::manual_seed(11);
@@ -693,15 +693,14 @@ TEST(PoolKernelsCuda, MaxPoolMatchesAtenOnEveryLayoutAndDtype) {
           ASSERT_TRUE(kcu::max_pool2d_fits(x));
           const int64_t oh = (h + 2 * g.p0 - (g.k0 - 1) * g.d0 - 1) / g.s0 + 1 + g.extra;
           const int64_t ow = (w + 2 * g.p1 - (g.k1 - 1) * g.d1 - 1) / g.s1 + 1 + g.extra;
-          at::Tensor y = kcu::max_pool2d(x, {g.k0, g.k1}, {g.s0, g.s1}, {g.p0, g.p1},
-                                         {g.d0, g.d1}, {oh, ow});
+          at::Tensor y =
+              kcu::max_pool2d(x, {g.k0, g.k1}, {g.s0, g.s1}, {g.p0, g.p1}, {g.d0, g.d1}, {oh, ow});
           // Reference: pad with -inf on both sides, enough for the overhang, then floor mode.
           const int64_t e0 = (oh - 1) * g.s0 + (g.k0 - 1) * g.d0 + 1 - h - g.p0;
           const int64_t e1 = (ow - 1) * g.s1 + (g.k1 - 1) * g.d1 + 1 - w - g.p1;
-          at::Tensor xp = at::constant_pad_nd(xc.to(at::kFloat),
-                                              {g.p1, std::max<int64_t>(e1, 0), g.p0,
-                                               std::max<int64_t>(e0, 0)},
-                                              -std::numeric_limits<double>::infinity());
+          at::Tensor xp = at::constant_pad_nd(
+              xc.to(at::kFloat), {g.p1, std::max<int64_t>(e1, 0), g.p0, std::max<int64_t>(e0, 0)},
+              -std::numeric_limits<double>::infinity());
           at::Tensor ref = at::max_pool2d(xp, {g.k0, g.k1}, {g.s0, g.s1}, {0, 0}, {g.d0, g.d1})
                                .narrow(2, 0, oh)
                                .narrow(3, 0, ow);

@@ -121,8 +121,7 @@ __global__ void __launch_bounds__(kThreads) max_pool_scalar(MaxPool2dParams p) {
 template <typename T>
 void launch_typed(const MaxPool2dParams& p, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
-  const bool vec = p.channels_last && p.c % V == 0 &&
-                   reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+  const bool vec = p.channels_last && p.c % V == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
   const int64_t work = p.n * p.oh * p.ow * (vec ? p.c / V : p.c);
   // Grid-stride loops: enough blocks to fill the GPU several times over, no more.

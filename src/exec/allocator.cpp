@@ -5,7 +5,9 @@
 
 #include <malloc.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -18,6 +20,7 @@ namespace {
 constexpr size_t kAlignment = 64;                    // what ATen's own CPU allocator guarantees
 constexpr size_t kMinCached = size_t(64) << 10;      // smaller blocks: malloc is fine
 constexpr size_t kMaxCachedTotal = size_t(4) << 30;  // never hold more than this unused
+constexpr size_t kMaxSlack = 2;                      // a block serves sizes down to half its own
 
 class CachingCpuAllocator final : public c10::Allocator {
  public:
@@ -26,10 +29,16 @@ class CachingCpuAllocator final : public c10::Allocator {
     if (n >= kMinCached) {
       n = (n + 4095) / 4096 * 4096;
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(n);
-      if (it != free_.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
+      // The most recently freed block of n to kMaxSlack * n bytes: still in the caches.
+      auto best = free_.end();
+      for (auto it = free_.lower_bound(n); it != free_.end() && it->first <= n * kMaxSlack; ++it)
+        if (!it->second.empty() &&
+            (best == free_.end() || it->second.back().stamp > best->second.back().stamp))
+          best = it;
+      if (best != free_.end()) {
+        p = best->second.back().p;
+        best->second.pop_back();
+        n = best->first;
         cached_ -= n;
       }
     }
@@ -54,7 +63,8 @@ class CachingCpuAllocator final : public c10::Allocator {
     std::vector<void*> blocks;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [n, ps] : free_) blocks.insert(blocks.end(), ps.begin(), ps.end());
+      for (auto& [n, ps] : free_)
+        for (const Block& b : ps) blocks.push_back(b.p);
       free_.clear();
       cached_ = 0;
     }
@@ -80,7 +90,7 @@ class CachingCpuAllocator final : public c10::Allocator {
         size_t n = it->second;
         self.size_of_.erase(it);
         if (self.cached_ + n <= kMaxCachedTotal) {
-          self.free_[n].push_back(p);
+          self.free_[n].push_back({p, ++self.stamp_});
           self.cached_ += n;
           return;
         }
@@ -89,9 +99,14 @@ class CachingCpuAllocator final : public c10::Allocator {
     std::free(p);
   }
 
+  struct Block {
+    void* p;
+    uint64_t stamp;  // when it was freed
+  };
   std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;  // size -> unused blocks
-  std::unordered_map<void*, size_t> size_of_;            // live cached-size blocks
+  std::map<size_t, std::vector<Block>> free_;  // size -> unused blocks, the last freed last
+  uint64_t stamp_ = 0;
+  std::unordered_map<void*, size_t> size_of_;  // live cached-size blocks
   size_t cached_ = 0;
 };
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -762,4 +763,30 @@ TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
   EXPECT_THROW(Executor(m, integer), Error);
   EXPECT_EQ(parse_precision("bf16"), at::kBFloat16);
   EXPECT_THROW(parse_precision("fp8"), Error);
+}
+
+// The executor's CPU allocator hands out the most recently freed block that fits (up to twice the
+// size asked for), so that the next layer writes into memory still in the caches; blocks under
+// 64 KiB and blocks too small or over twice the size are not reused.
+TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
+  exec::install_caching_cpu_allocator();
+  auto bytes = [](int64_t kib) { return at::empty({kib * 1024}, at::kByte); };
+  at::Tensor a = bytes(200), b = bytes(300);
+  void* pa = a.data_ptr();
+  void* pb = b.data_ptr();
+  a.reset();
+  b.reset();
+  at::Tensor c = bytes(180);  // both fit: b was freed last
+  EXPECT_EQ(c.data_ptr(), pb);
+  at::Tensor d = bytes(800);  // a is too small
+  EXPECT_NE(d.data_ptr(), pa);
+  at::Tensor e = bytes(90);  // under half of a
+  EXPECT_NE(e.data_ptr(), pa);
+  at::Tensor f = bytes(120);  // a fits
+  EXPECT_EQ(f.data_ptr(), pa);
+  f.reset();
+  at::Tensor g = bytes(200);  // a again: a block keeps its whole size
+  EXPECT_EQ(g.data_ptr(), pa);
+  g.fill_(7);
+  EXPECT_EQ(g.sum().item<int64_t>(), 7 * 200 * 1024);
 }

@@ -770,6 +770,8 @@ TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
 // 64 KiB and blocks too small or over twice the size are not reused.
 TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
   exec::install_caching_cpu_allocator();
+  // Earlier tests' blocks out of the way (a full cache gives freed blocks back to the OS).
+  exec::empty_cpu_cache();
   auto bytes = [](int64_t kib) { return at::empty({kib * 1024}, at::kByte); };
   at::Tensor a = bytes(200), b = bytes(300);
   void* pa = a.data_ptr();
@@ -789,4 +791,49 @@ TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
   EXPECT_EQ(g.data_ptr(), pa);
   g.fill_(7);
   EXPECT_EQ(g.sum().item<int64_t>(), 7 * 200 * 1024);
+}
+
+// ShuffleNet's channel shuffle, Reshape to 5-D, Transpose, Reshape back, between convolutions (the
+// copy written channels-last) and as the graph's output; odd sizes, against ATen.
+TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
+  at::manual_seed(13);
+  ir::Model m = image_model({2, 6, 5, 7});
+  ir::Graph& g = m.graph;
+  auto init = [&](const std::string& n, at::Tensor t) {
+    g.initializers.push_back({n, t, "", false});
+  };
+  init("w1", at::randn({12, 6, 3, 3}) * 0.3);
+  init("w2", at::randn({5, 12, 1, 1}) * 0.3);
+  init("s5", at::tensor({2, 3, 4, 5, 7}, at::kLong));
+  init("s4", at::tensor({2, 12, 5, 7}, at::kLong));
+  g.nodes = {
+      node("Conv", {"x", "w1"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("Reshape", {"a", "s5"}, {"r5"}),
+      node("Transpose", {"r5"}, {"t5"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t5", "s4"}, {"shuffled"}),
+      node("Conv", {"shuffled", "w2"}, {"y"}),
+      // the shuffle once more, straight to the graph's output
+      node("Reshape", {"shuffled", "s5"}, {"q5"}),
+      node("Transpose", {"q5"}, {"u5"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"u5", "s4"}, {"z"}),
+  };
+  g.outputs.push_back(g.outputs[0]);
+  g.outputs[1].name = "z";
+  const at::Tensor x = at::randn({2, 6, 5, 7});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  auto shuffle = [](const at::Tensor& t) {
+    return t.reshape({2, 3, 4, 5, 7}).transpose(1, 2).reshape({2, 12, 5, 7});
+  };
+  const at::Tensor s = shuffle(at::conv2d(x, w("w1"), {}, 1, 1));
+  const at::Tensor want_y = at::conv2d(s, w("w2")), want_z = shuffle(s);
+  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor e(m);
+    for (int run = 0; run < 2; ++run) {
+      const auto outs = e.run({{"x", x}});
+      EXPECT_LE(test::relative_max_diff(outs[0], want_y), 1e-5) << forced;
+      EXPECT_TRUE(at::equal(outs[1], want_z)) << forced;
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
 }

@@ -793,8 +793,9 @@ TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
   EXPECT_EQ(g.sum().item<int64_t>(), 7 * 200 * 1024);
 }
 
-// ShuffleNet's channel shuffle, Reshape to 5-D, Transpose, Reshape back, between convolutions (the
-// copy written channels-last) and as the graph's output; odd sizes, against ATen.
+// ShuffleNet's channel shuffle, Reshape to 5-D, Transpose, Reshape back, of a convolution's
+// channels-last output, into another convolution and as the graph's output, and DepthToSpace
+// written out in 6-D; odd sizes, on each convolution kernel, against ATen.
 TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
   at::manual_seed(13);
   ir::Model m = image_model({2, 6, 5, 7});
@@ -816,9 +817,17 @@ TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
       node("Reshape", {"shuffled", "s5"}, {"q5"}),
       node("Transpose", {"q5"}, {"u5"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
       node("Reshape", {"u5", "s4"}, {"z"}),
+      // DepthToSpace written out (6-D): the result's channels-last order is a view of it too
+      node("Reshape", {"shuffled", "s6"}, {"d6"}),
+      node("Transpose", {"d6"}, {"e6"}, {ints_attr("perm", {0, 1, 4, 2, 5, 3})}),
+      node("Reshape", {"e6", "s4d"}, {"p"}),
   };
+  init("s6", at::tensor({2, 3, 2, 2, 5, 7}, at::kLong));
+  init("s4d", at::tensor({2, 3, 10, 14}, at::kLong));
   g.outputs.push_back(g.outputs[0]);
   g.outputs[1].name = "z";
+  g.outputs.push_back(g.outputs[0]);
+  g.outputs[2].name = "p";
   const at::Tensor x = at::randn({2, 6, 5, 7});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   auto shuffle = [](const at::Tensor& t) {
@@ -826,6 +835,8 @@ TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
   };
   const at::Tensor s = shuffle(at::conv2d(x, w("w1"), {}, 1, 1));
   const at::Tensor want_y = at::conv2d(s, w("w2")), want_z = shuffle(s);
+  const at::Tensor want_p =
+      s.reshape({2, 3, 2, 2, 5, 7}).permute({0, 1, 4, 2, 5, 3}).reshape({2, 3, 10, 14});
   for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", ""}) {
     ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
     Executor e(m);
@@ -833,6 +844,7 @@ TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
       const auto outs = e.run({{"x", x}});
       EXPECT_LE(test::relative_max_diff(outs[0], want_y), 1e-5) << forced;
       EXPECT_TRUE(at::equal(outs[1], want_z)) << forced;
+      EXPECT_TRUE(at::equal(outs[2], want_p)) << forced;
     }
   }
   ::unsetenv("LOPPER_FORCE_KERNEL");

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/pool.h"
 #include "lopper/error.h"
 
@@ -17,24 +18,6 @@ namespace lopper::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) {
-  return __float2half_rn(v);  // exact: v is one of the inputs
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // NaN wins, as in ATen and ONNX's reference.
 __device__ __forceinline__ float max_nan(float m, float v) { return (v > m || isnan(v)) ? v : m; }
@@ -70,13 +53,13 @@ __global__ void __launch_bounds__(kThreads) max_pool_nhwc_vec(MaxPool2dParams p)
         const uint4 q = __ldg(reinterpret_cast<const uint4*>(row + ix * p.c));
         const T* t = reinterpret_cast<const T*>(&q);
 #pragma unroll
-        for (int e = 0; e < V; ++e) m[e] = max_nan(m[e], to_f(t[e]));
+        for (int e = 0; e < V; ++e) m[e] = max_nan(m[e], to_float(t[e]));
       }
     }
     uint4 out;
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = from_f<T>(m[e]);
+    for (int e = 0; e < V; ++e) o[e] = from_float<T>(m[e]);
     *reinterpret_cast<uint4*>(y + ((n * p.oh + oy) * p.ow + ox) * p.c + v * V) = out;
   }
 }
@@ -111,10 +94,10 @@ __global__ void __launch_bounds__(kThreads) max_pool_scalar(MaxPool2dParams p) {
       for (int b = 0; b < p.kw; ++b) {
         const int64_t ix = x0 + int64_t(b) * p.dw;
         if (ix < 0 || ix >= p.w) continue;
-        m = max_nan(m, to_f(__ldg(x + base + (iy * p.w) * sx + ix * sx)));
+        m = max_nan(m, to_float(__ldg(x + base + (iy * p.w) * sx + ix * sx)));
       }
     }
-    y[i] = from_f<T>(m);
+    y[i] = from_float<T>(m);
   }
 }
 

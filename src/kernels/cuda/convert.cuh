@@ -1,9 +1,13 @@
-// fp32 / fp16 / bf16 to and from float in device code, shared by lopper's CUDA kernels (internal;
-// included by .cu files only).
+// What lopper's CUDA kernels share (internal; included by .cu files only): fp32 / fp16 / bf16 to
+// and from float in device code, the launch by element type, the launch's error check.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/sparse_gemv.h"  // DType
+#include "lopper/error.h"
 
 namespace lopper::kernels::cuda {
 
@@ -23,6 +27,28 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+/// Calls f(T()) with T the element type of `dtype` (float, __half or __nv_bfloat16).
+template <typename F>
+void for_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16:
+      f(__half());
+      break;
+    case DType::kBFloat16:
+      f(__nv_bfloat16());
+      break;
+    default:
+      f(float());
+      break;
+  }
+}
+
+/// Throws lopper::Error naming `what` when the last launch failed.
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  LOPPER_CHECK(err == cudaSuccess, "[cuda] ", what, " launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace lopper::kernels::cuda

@@ -122,19 +122,8 @@ void launch_typed(const MaxPool2dParams& p, cudaStream_t stream) {
 void launch_max_pool2d(const MaxPool2dParams& p, void* stream) {
   if (p.n * p.c * p.oh * p.ow == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-    case DType::kFloat16:
-      launch_typed<__half>(p, s);
-      break;
-    case DType::kBFloat16:
-      launch_typed<__nv_bfloat16>(p, s);
-      break;
-    default:
-      launch_typed<float>(p, s);
-      break;
-  }
-  const cudaError_t err = cudaGetLastError();
-  LOPPER_CHECK(err == cudaSuccess, "[cuda] max pool launch failed: ", cudaGetErrorString(err));
+  for_dtype(p.dtype, [&](auto t) { launch_typed<decltype(t)>(p, s); });
+  check_launch("max pool");
 }
 
 }  // namespace lopper::kernels::cuda

@@ -103,19 +103,8 @@ void launch_sparse_gemv(const SparseGemvParams& p, void* stream) {
                " batch rows, got ", p.m);
   if (p.n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-    case DType::kFloat16:
-      launch_typed<__half>(p, s);
-      break;
-    case DType::kBFloat16:
-      launch_typed<__nv_bfloat16>(p, s);
-      break;
-    default:
-      launch_typed<float>(p, s);
-      break;
-  }
-  const cudaError_t err = cudaGetLastError();
-  LOPPER_CHECK(err == cudaSuccess, "[cuda] sparse gemv launch failed: ", cudaGetErrorString(err));
+  for_dtype(p.dtype, [&](auto t) { launch_typed<decltype(t)>(p, s); });
+  check_launch("sparse gemv");
 }
 
 }  // namespace lopper::kernels::cuda

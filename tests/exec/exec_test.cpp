@@ -31,6 +31,11 @@ NamedTensors fixture_feeds(const ir::Model& m, const std::string& stem) {
 }
 
 // A model of one float input x of `dims` and one output y (its nodes and weights to be added).
+// init(name, tensor) adds the initializer to g.
+auto initializer_adder(ir::Graph& g) {
+  return [&g](const std::string& n, at::Tensor t) { g.initializers.push_back({n, t, "", false}); };
+}
+
 ir::Model image_model(std::vector<int64_t> dims) {
   ir::Model m;
   m.ir_version = 8;
@@ -55,9 +60,7 @@ ir::Model fusable_model() {
   g.inputs.push_back(
       {"x", {ir::DType::kFloat, true, {{2, ""}, {8, ""}, {6, ""}, {6, ""}}, "", ""}, ""});
   g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
-  auto init = [&](const std::string& n, at::Tensor t) {
-    g.initializers.push_back({n, t, "", false});
-  };
+  auto init = initializer_adder(g);
   init("w1", at::randn({8, 8, 3, 3}) * 0.2);
   init("b1", at::randn({8}));
   init("scale", at::rand({8}) + 0.5);
@@ -153,9 +156,7 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
   at::manual_seed(5);
   ir::Model m = image_model({2, 8, 9, 7});
   ir::Graph& g = m.graph;
-  auto init = [&](const std::string& n, at::Tensor t) {
-    g.initializers.push_back({n, t, "", false});
-  };
+  auto init = initializer_adder(g);
   init("wa", at::randn({19, 8, 3, 3}) * 0.2);
   init("wb", at::randn({13, 8, 1, 1}) * 0.2);
   init("scale", at::rand({32}) + 0.5);
@@ -199,9 +200,7 @@ TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
   at::manual_seed(9);
   ir::Model m = image_model({2, 8, 9, 7});
   ir::Graph& g = m.graph;
-  auto init = [&](const std::string& n, at::Tensor t) {
-    g.initializers.push_back({n, t, "", false});
-  };
+  auto init = initializer_adder(g);
   init("wa", at::randn({12, 8, 3, 3}) * 0.2);
   init("ba", at::randn({12}));
   init("wd", at::randn({12, 8, 1, 1}) * 0.3);
@@ -258,9 +257,7 @@ TEST(Exec, GatedAndHardActivationsFuseIntoTheConvolution) {
   at::manual_seed(7);
   ir::Model m = image_model({2, 8, 9, 7});
   ir::Graph& g = m.graph;
-  auto init = [&](const std::string& n, at::Tensor t) {
-    g.initializers.push_back({n, t, "", false});
-  };
+  auto init = initializer_adder(g);
   init("wa", at::randn({21, 8, 3, 3}) * 0.3);
   init("ba", at::randn({21}));
   init("wd", at::randn({21, 1, 3, 3}) * 0.5);
@@ -486,9 +483,7 @@ TEST(Exec, FusionWritesRMSNormAsOneOp) {
     ir::Graph& g = m.graph;
     g.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
     g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
-    auto init = [&](const std::string& n, at::Tensor t) {
-      g.initializers.push_back({n, t, "", false});
-    };
+    auto init = initializer_adder(g);
     init("two", at::scalar_tensor(2.0f));
     init("one", at::scalar_tensor(1.0f));
     init("eps", at::scalar_tensor(1e-5f));
@@ -800,9 +795,7 @@ TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
   at::manual_seed(13);
   ir::Model m = image_model({2, 6, 5, 7});
   ir::Graph& g = m.graph;
-  auto init = [&](const std::string& n, at::Tensor t) {
-    g.initializers.push_back({n, t, "", false});
-  };
+  auto init = initializer_adder(g);
   init("w1", at::randn({12, 6, 3, 3}) * 0.3);
   init("w2", at::randn({5, 12, 1, 1}) * 0.3);
   init("s5", at::tensor({2, 3, 4, 5, 7}, at::kLong));

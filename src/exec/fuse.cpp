@@ -395,6 +395,56 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     index();
   }
 
+  // 2d. ShuffleNet's channel shuffle, [Concat(x1, ..., xn, axis 1) ->] Reshape to 5-D ->
+  //     Transpose perm 0,2,1,3,4 -> Reshape, each read only by the next ->
+  //     ChannelShuffle(shape1, shape2, x1, ..., xn): one pass from the inputs to the shuffled
+  //     tensor instead of a concatenation, a copy to NCHW and back (ops/shape.cpp).
+  uses.build(g, removed);
+  index();
+  auto no_allowzero = [&](const ir::Node& r) {
+    const auto* az = find_attr(r, "allowzero");
+    return opset < 14 || !az || az->i == 0;
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& last = g.nodes[i];
+    if (removed[i] || !is(last, "Reshape") || last.inputs.size() != 2 || outputs_used(last) != 1 ||
+        last.outputs[0].empty() || !no_allowzero(last) || opset < 5 || !uses.single(last.inputs[0]))
+      continue;
+    auto t = producer.find(last.inputs[0]);
+    if (t == producer.end() || !is(g.nodes[t->second], "Transpose")) continue;
+    const ir::Node& tr = g.nodes[t->second];
+    const auto* perm = find_attr(tr, "perm");
+    if (!perm || perm->ints != std::vector<int64_t>{0, 2, 1, 3, 4} || tr.inputs.size() != 1 ||
+        !uses.single(tr.inputs[0]))
+      continue;
+    auto f = producer.find(tr.inputs[0]);
+    if (f == producer.end() || !is(g.nodes[f->second], "Reshape")) continue;
+    const ir::Node& first = g.nodes[f->second];
+    if (first.inputs.size() != 2 || !no_allowzero(first)) continue;
+    std::vector<size_t> absorbed{f->second, t->second};
+    std::vector<std::string> xs{first.inputs[0]};
+    auto k = producer.find(first.inputs[0]);
+    if (k != producer.end() && uses.single(first.inputs[0]) && is(g.nodes[k->second], "Concat")) {
+      const ir::Node& cat = g.nodes[k->second];
+      const ir::Attribute* axis = find_attr(cat, "axis");
+      bool plain = axis && axis->i == 1 && outputs_used(cat) == 1;
+      for (const auto& in : cat.inputs) plain = plain && !in.empty();
+      if (plain) {
+        xs = cat.inputs;
+        absorbed.push_back(k->second);
+      }
+    }
+    std::vector<std::string> inputs{first.inputs[1], last.inputs[1]};
+    inputs.insert(inputs.end(), xs.begin(), xs.end());
+    last.domain = "ai.lopper";
+    last.op_type = "ChannelShuffle";
+    last.inputs = std::move(inputs);
+    last.attrs.clear();
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+    index();
+  }
+
   // 3. GELU written out with Erf (what the TorchScript exporter emits before opset 20):
   //    Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5) -> Gelu(x).
   uses.build(g, removed);

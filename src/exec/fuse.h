@@ -12,8 +12,9 @@ namespace lopper::exec {
 /// into the normalisation that alone reads it (ai.lopper.FusedConcatNorm); a MatMul by a constant
 /// weight, its bias Add and activation into ai.lopper.FusedMatMul; GELU written with Erf into Gelu;
 /// and grouped-query attention's repeat of key/value heads into the MatMul reading it
-/// (ai.lopper.GroupedMatMul). `opset` is the model's default-domain opset (Clip's bounds moved
-/// from attributes to inputs in opset 11).
+/// (ai.lopper.GroupedMatMul); a channel shuffle (Reshape to 5-D, Transpose, Reshape back) and the
+/// channel Concat it alone reads into ai.lopper.ChannelShuffle. `opset` is the model's
+/// default-domain opset (Clip's bounds moved from attributes to inputs in opset 11).
 ir::Graph fuse_for_inference(const ir::Graph& g, int64_t opset);
 
 }  // namespace lopper::exec

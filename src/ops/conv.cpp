@@ -200,7 +200,10 @@ void conv_forward(OpContext& c) {
   if (x.dim() == 4 && c.prepack() && c.is_constant(1) && (!b.defined() || c.is_constant(2)) &&
       onednn::usable(x) && onednn::usable(w)) {
     auto& st = c.state<ConvState>();
-    in = in.contiguous(at::MemoryFormat::ChannelsLast);
+    // lopper's direct kernel reads a channel slice of a channels-last tensor in place (kernels/
+    // cpu/conv.h); the other kernels read channels-last.
+    const at::Tensor in_view = in;
+    if (st.kernel != ConvState::Kernel::kDirect) in = in.contiguous(at::MemoryFormat::ChannelsLast);
     std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
     for (size_t i = 0; i < 2; ++i)
       out_shape.push_back(
@@ -262,7 +265,7 @@ void conv_forward(OpContext& c) {
     };
     auto as_direct = [&] {
       const kernels::cpu::Activation act = fused_activation(post);
-      at::Tensor y = st.direct->run(in, other_cl, act);
+      at::Tensor y = st.direct->run(in_view, other_cl, act);
       return finish_activation(y, post, act);
     };
     using K = ConvState::Kernel;

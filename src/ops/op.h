@@ -196,6 +196,9 @@ at::ScalarType scalar_type_of(const AttrReader& ctx, int64_t onnx_type);
 /// resolved; fails naming the node when `x` cannot take that shape.
 std::vector<int64_t> reshape_target(const AttrReader& ctx, const at::Tensor& x,
                                     std::vector<int64_t> shape, bool allowzero);
+/// The same for an input of these sizes.
+std::vector<int64_t> reshape_target(const AttrReader& ctx, const std::vector<int64_t>& sizes,
+                                    std::vector<int64_t> shape, bool allowzero);
 /// Product of dims.
 int64_t numel_of(const std::vector<int64_t>& shape);
 /// Fails with "[exec] node 'N' (Op): output [AxB] needs 4.0 TB, more than this machine's memory

@@ -204,6 +204,40 @@ void concat(OpContext& c) {
   c.set_output(0, at::cat(xs, axis));
 }
 
+// ChannelShuffle(shape1, shape2, x1, ..., xn) = Reshape(Transpose(Reshape(Concat(x1, ..., xn,
+// axis 1), shape1), perm 0,2,1,3,4), shape2): ShuffleNet's channel shuffle, made by the
+// executor's fusion pass (both Reshapes without allowzero). Where shape1 is [n, g, c / g, h, w]
+// and shape2 [n, c, h, w] of float32 CPU inputs whose channels lopper's kernel reads in place
+// (channels-last, or a channel slice of such), the shuffle is written in one pass, channels-last;
+// otherwise the nodes' own steps.
+void channel_shuffle(OpContext& c) {
+  c.check(c.num_inputs() >= 3, "needs two shapes and at least one input");
+  std::vector<at::Tensor> xs;
+  for (size_t i = 2; i < c.num_inputs(); ++i) xs.push_back(c.input(i));
+  std::vector<int64_t> shape1 = to_int_vector(c.input(0)), shape2 = to_int_vector(c.input(1));
+  if (c.prepack() && kernels::cpu::pixel_rows_of_one_map(xs)) {
+    int64_t channels = 0;
+    for (const auto& x : xs) channels += x.size(1);
+    const at::Tensor& x0 = xs[0];
+    const std::vector<int64_t> in{x0.size(0), channels, x0.size(2), x0.size(3)};
+    const auto t1 = reshape_target(c, in, shape1, false);
+    if (t1.size() == 5 && t1[0] == in[0] && t1[1] * t1[2] == channels && t1[3] == in[2] &&
+        t1[4] == in[3]) {
+      const auto t2 = reshape_target(c, {in[0], t1[2], t1[1], in[2], in[3]}, shape2, false);
+      if (t2 == in) return c.set_output(0, kernels::cpu::concat_shuffle_nhwc(xs, t1[1]));
+    }
+  }
+  const int64_t r = xs[0].dim();
+  for (const auto& x : xs)
+    c.check(x.dim() == r, "inputs have different ranks (", r, " and ", x.dim(), ")");
+  c.check(r >= 2, "cannot concatenate rank-", r, " inputs along axis 1");
+  const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 1);
+  const at::Tensor t = x.reshape(reshape_target(c, x, std::move(shape1), false));
+  c.check(t.dim() == 5, "perm [0, 2, 1, 3, 4] does not match rank ", t.dim());
+  const at::Tensor u = t.permute({0, 2, 1, 3, 4});
+  c.set_output(0, u.reshape(reshape_target(c, u, std::move(shape2), false)));
+}
+
 void split(OpContext& c) {
   const at::Tensor& x = c.input(0);
   int64_t axis = normalize_axis(c, c.attr_int("axis", 0), x.dim());
@@ -555,14 +589,15 @@ void shape_channels(ChannelContext& c) {
 
 }  // namespace
 
-std::vector<int64_t> reshape_target(const AttrReader& c, const at::Tensor& x,
+std::vector<int64_t> reshape_target(const AttrReader& c, const std::vector<int64_t>& sizes,
                                     std::vector<int64_t> shape, bool allowzero) {
+  const int64_t rank = static_cast<int64_t>(sizes.size()), numel = numel_of(sizes);
   int64_t infer = -1, known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 0 && !allowzero) {
-      c.check(static_cast<int64_t>(i) < x.dim(), "shape ", dims_str(shape), " copies dim ", i,
-              " of a rank-", x.dim(), " input");
-      shape[i] = x.size(static_cast<int64_t>(i));
+      c.check(static_cast<int64_t>(i) < rank, "shape ", dims_str(shape), " copies dim ", i,
+              " of a rank-", rank, " input");
+      shape[i] = sizes[i];
     }
     if (shape[i] == -1) {
       c.check(infer < 0, "shape ", dims_str(shape), " has more than one -1");
@@ -573,13 +608,17 @@ std::vector<int64_t> reshape_target(const AttrReader& c, const at::Tensor& x,
     known *= shape[i];
   }
   if (infer >= 0) {
-    c.check(known != 0 && x.numel() % known == 0, "cannot reshape ", dims_str(sizes_of(x)), " to ",
+    c.check(known != 0 && numel % known == 0, "cannot reshape ", dims_str(sizes), " to ",
             dims_str(shape));
-    shape[infer] = x.numel() / known;
+    shape[infer] = numel / known;
   }
-  c.check(numel_of(shape) == x.numel(), "cannot reshape ", dims_str(sizes_of(x)), " to ",
-          dims_str(shape));
+  c.check(numel_of(shape) == numel, "cannot reshape ", dims_str(sizes), " to ", dims_str(shape));
   return shape;
+}
+
+std::vector<int64_t> reshape_target(const AttrReader& c, const at::Tensor& x,
+                                    std::vector<int64_t> shape, bool allowzero) {
+  return reshape_target(c, sizes_of(x), std::move(shape), allowzero);
 }
 
 void register_shape(OpTable& t) {
@@ -593,6 +632,7 @@ void register_shape(OpTable& t) {
   t.add({"", "Expand", expand});
   t.add({"", "Tile", tile});
   t.add({"", "Concat", concat});
+  t.add({"ai.lopper", "ChannelShuffle", channel_shuffle});
   t.add({"", "Split", split});
   t.add({"", "Slice", slice});
   t.add({"", "ConstantOfShape", constant_of_shape});

@@ -788,6 +788,138 @@ TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
   EXPECT_EQ(g.sum().item<int64_t>(), 7 * 200 * 1024);
 }
 
+// The channel shuffle of a concatenation, fused into ai.lopper.ChannelShuffle: two groups of a
+// channel slice (a strided view) and a convolution's output (ShuffleNet's unit), three groups
+// that straddle the inputs, an NCHW graph input, and shapes that are not a shuffle (the nodes'
+// own steps); on each convolution kernel (ATen's leaves NCHW outputs), against ATen.
+TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
+  at::manual_seed(17);
+  ir::Model m = image_model({2, 6, 5, 7});
+  ir::Graph& g = m.graph;
+  auto init = initializer_adder(g);
+  init("wa", at::randn({12, 6, 3, 3}) * 0.3);
+  init("wb", at::randn({6, 6, 1, 1}) * 0.3);
+  init("wc", at::randn({7, 6, 1, 1}) * 0.3);
+  init("zero", at::tensor({0}, at::kLong));
+  init("six", at::tensor({6}, at::kLong));
+  init("eleven", at::tensor({11}, at::kLong));
+  init("one", at::tensor({1}, at::kLong));
+  init("g2", at::tensor({2, 2, 6, 5, 7}, at::kLong));
+  init("g3", at::tensor({0, 3, -1, 5, 7}, at::kLong));
+  init("back12", at::tensor({2, 12, 5, 7}, at::kLong));
+  init("back18", at::tensor({0, -1, 5, 7}, at::kLong));
+  init("flat", at::tensor({2, 2, 6, 35, 1}, at::kLong));
+  g.nodes = {
+      node("Conv", {"x", "wa"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("Slice", {"a", "zero", "six", "one"}, {"a1"}),
+      node("Slice", {"a", "six", "eleven", "one"}, {"a2"}),
+      node("Conv", {"x", "wb"}, {"b"}),
+      node("Conv", {"x", "wc"}, {"c"}),
+      node("Concat", {"a1", "b"}, {"k1"}, {int_attr("axis", 1)}),
+      node("Reshape", {"k1", "g2"}, {"r1"}),
+      node("Transpose", {"r1"}, {"t1"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t1", "back12"}, {"y1"}),
+      node("Concat", {"b", "a2", "c"}, {"k2"}, {int_attr("axis", 1)}),
+      node("Reshape", {"k2", "g3"}, {"r2"}),
+      node("Transpose", {"r2"}, {"t2"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t2", "back18"}, {"y2"}),
+      node("Concat", {"x", "b"}, {"k3"}, {int_attr("axis", 1)}),
+      node("Reshape", {"k3", "g2"}, {"r3"}),
+      node("Transpose", {"r3"}, {"t3"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t3", "back12"}, {"y3"}),
+      node("Concat", {"a1", "b"}, {"k4"}, {int_attr("axis", 1)}),
+      node("Reshape", {"k4", "flat"}, {"r4"}),
+      node("Transpose", {"r4"}, {"t4"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t4", "back12"}, {"y4"}),
+  };
+  g.outputs.resize(4, g.outputs[0]);
+  for (int i = 0; i < 4; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  int shuffles = 0;
+  for (const auto& n : exec::fuse_for_inference(g, 17).nodes) {
+    shuffles += n.op_type == "ChannelShuffle";
+    EXPECT_NE(n.op_type, "Transpose");
+  }
+  EXPECT_EQ(shuffles, 4);
+  const at::Tensor x = at::randn({2, 6, 5, 7});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor a = at::conv2d(x, w("wa"), {}, 1, 1), b = at::conv2d(x, w("wb")),
+                   c = at::conv2d(x, w("wc"));
+  auto shuffle = [](const at::Tensor& t, int64_t groups) {
+    const int64_t ch = t.size(1);
+    return t.reshape({2, groups, ch / groups, 5, 7}).transpose(1, 2).reshape({2, ch, 5, 7});
+  };
+  const at::Tensor a1 = a.slice(1, 0, 6);
+  const std::vector<at::Tensor> want = {
+      shuffle(at::cat({a1, b}, 1), 2), shuffle(at::cat({b, a.slice(1, 6, 11), c}, 1), 3),
+      shuffle(at::cat({x, b}, 1), 2),
+      at::cat({a1, b}, 1).reshape({2, 2, 6, 35, 1}).transpose(1, 2).reshape({2, 12, 5, 7})};
+  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor e(m);
+    for (int run = 0; run < 2; ++run) {
+      const auto outs = e.run({{"x", x}});
+      ASSERT_EQ(outs.size(), 4u);
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(outs[i].sizes(), want[i].sizes()) << forced << " y" << i + 1;
+        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
+      }
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
+// Convolutions of a channel slice of a channels-last activation (ShuffleNet's halves), which
+// lopper's kernels read in place, its pixels the whole tensor's channels apart: pointwise, 3x3
+// padded, depthwise and grouped; on each convolution kernel, against ATen.
+TEST(Exec, ConvolutionsOfAChannelSliceMatchAten) {
+  at::manual_seed(19);
+  ir::Model m = image_model({2, 6, 5, 7});
+  ir::Graph& g = m.graph;
+  auto init = initializer_adder(g);
+  init("wa", at::randn({12, 6, 3, 3}) * 0.3);
+  init("w1", at::randn({5, 6, 1, 1}) * 0.3);
+  init("w3", at::randn({4, 5, 3, 3}) * 0.3);
+  init("wd", at::randn({6, 1, 3, 3}) * 0.3);
+  init("wg", at::randn({4, 3, 1, 1}) * 0.3);
+  init("b1", at::randn({5}));
+  init("zero", at::tensor({0}, at::kLong));
+  init("six", at::tensor({6}, at::kLong));
+  init("seven", at::tensor({7}, at::kLong));
+  init("twelve", at::tensor({12}, at::kLong));
+  init("one", at::tensor({1}, at::kLong));
+  const ir::Attribute pads = ints_attr("pads", {1, 1, 1, 1});
+  g.nodes = {
+      node("Conv", {"x", "wa"}, {"a"}, {pads}),
+      node("Slice", {"a", "zero", "six", "one"}, {"a1"}),
+      node("Slice", {"a", "seven", "twelve", "one"}, {"a2"}),
+      node("Conv", {"a1", "w1", "b1"}, {"y1"}),
+      node("Conv", {"a2", "w3"}, {"y2"}, {pads}),
+      node("Conv", {"a1", "wd"}, {"y3"}, {pads, int_attr("group", 6)}),
+      node("Conv", {"a1", "wg"}, {"y4"}, {int_attr("group", 2)}),
+  };
+  g.outputs.resize(4, g.outputs[0]);
+  for (int i = 0; i < 4; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  const at::Tensor x = at::randn({2, 6, 5, 7});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor a = at::conv2d(x, w("wa"), {}, 1, 1);
+  const at::Tensor a1 = a.slice(1, 0, 6), a2 = a.slice(1, 7, 12);
+  const std::vector<at::Tensor> want = {
+      at::conv2d(a1, w("w1"), w("b1")), at::conv2d(a2, w("w3"), {}, 1, 1),
+      at::conv2d(a1, w("wd"), at::Tensor(), 1, 1, 1, 6),
+      at::conv2d(a1, w("wg"), at::Tensor(), 1, at::IntArrayRef{0, 0}, 1, 2)};
+  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor e(m);
+    for (int run = 0; run < 2; ++run) {
+      const auto outs = e.run({{"x", x}});
+      ASSERT_EQ(outs.size(), 4u);
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
 // ShuffleNet's channel shuffle, Reshape to 5-D, Transpose, Reshape back, of a convolution's
 // channels-last output, into another convolution and as the graph's output, and DepthToSpace
 // written out in 6-D; odd sizes, on each convolution kernel, against ATen.

@@ -73,6 +73,90 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
   return y;
 }
 
+namespace {
+// The distance between a tensor's adjacent pixels when its pixels are evenly spaced in
+// (n, h, w) order and its channels adjacent; 0 when not.
+int64_t pixel_stride(const at::Tensor& x) {
+  if (x.size(1) > 1 && x.stride(1) != 1) return 0;
+  const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+  const int64_t s = w > 1 ? x.stride(3) : h > 1 ? x.stride(2) : n > 1 ? x.stride(0) : x.size(1);
+  if (s < x.size(1) || (h > 1 && x.stride(2) != s * w) || (n > 1 && x.stride(0) != s * h * w))
+    return 0;
+  return s;
+}
+}  // namespace
+
+bool pixel_rows_of_one_map(const std::vector<at::Tensor>& xs) {
+  for (const auto& x : xs)
+    if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
+        x.size(0) != xs[0].size(0) || x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3) ||
+        pixel_stride(x) == 0)
+      return false;
+  return !xs.empty();
+}
+
+at::Tensor concat_shuffle_nhwc(const std::vector<at::Tensor>& xs, int64_t groups) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  LOPPER_CHECK(pixel_rows_of_one_map(xs),
+               "[kernels] concat_shuffle_nhwc wants float32 CPU [n, c, h, w] of one n, h, w, "
+               "channels adjacent and pixels evenly spaced");
+  int64_t channels = 0;
+  for (const auto& x : xs) channels += x.size(1);
+  LOPPER_CHECK(groups >= 1 && channels % groups == 0, "[kernels] concat_shuffle_nhwc: ", groups,
+               " groups do not divide ", channels, " channels");
+  const at::Tensor& x0 = xs[0];
+  at::Tensor y =
+      at::empty({x0.size(0), channels, x0.size(2), x0.size(3)}, x0.options().memory_format(kCl));
+  const int64_t pixels = x0.size(0) * x0.size(2) * x0.size(3), per = channels / groups;
+  if (pixels == 0 || channels == 0) return y;
+  // Where each concatenated channel is: its input's data at that channel, and the input's pixel
+  // stride.
+  std::vector<const float*> src(static_cast<size_t>(channels));
+  std::vector<int64_t> stride(static_cast<size_t>(channels));
+  std::vector<size_t> input(static_cast<size_t>(channels));
+  for (size_t i = 0, k = 0; i < xs.size(); ++i) {
+    for (int64_t c = 0; c < xs[i].size(1); ++c, ++k) {
+      src[k] = xs[i].data_ptr<float>() + c;
+      stride[k] = pixel_stride(xs[i]);
+      input[k] = i;
+    }
+  }
+  // A group's channels from one input (the usual case: an input per group, or a group per part
+  // of an input) are read as a run.
+  bool runs = true;
+  for (int64_t r = 0; r < groups; ++r)
+    runs = runs &&
+           input[static_cast<size_t>(r * per)] == input[static_cast<size_t>((r + 1) * per - 1)];
+  float* yp = y.data_ptr<float>();
+  const ConvIsaOps& ops = conv_isa_ops(active_isa());
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / channels);
+  at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
+    if (runs && groups == 2) {
+      ops.interleave(src[0], stride[0], src[static_cast<size_t>(per)],
+                     stride[static_cast<size_t>(per)], yp, per, p0, p1);
+    } else if (runs) {
+      for (int64_t p = p0; p < p1; ++p) {
+        float* o = yp + p * channels;
+        for (int64_t r = 0; r < groups; ++r) {
+          const size_t k = static_cast<size_t>(r * per);
+          const float* s = src[k] + p * stride[k];
+          for (int64_t j = 0; j < per; ++j) o[j * groups + r] = s[j];
+        }
+      }
+    } else {
+      for (int64_t p = p0; p < p1; ++p) {
+        float* o = yp + p * channels;
+        for (int64_t j = 0; j < per; ++j)
+          for (int64_t r = 0; r < groups; ++r) {
+            const size_t k = static_cast<size_t>(r * per + j);
+            o[j * groups + r] = src[k][p * stride[k]];
+          }
+      }
+    }
+  });
+  return y;
+}
+
 at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
                                Activation act) {
   return concat_affine_nhwc({x}, scale, shift, act);
@@ -118,9 +202,14 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.scalar_type() == at::kFloat,
                "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
                x_in.scalar_type(), " ", x_in.sizes());
-  const at::Tensor x = x_in.contiguous(kCl);
+  // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels
+  // ldx floats apart; anything else is made channels-last.
+  int64_t ldx = pixel_stride(x_in);
+  const at::Tensor x = ldx > 0 ? x_in : x_in.contiguous(kCl);
+  if (ldx == 0) ldx = c_;
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3);
+  s.x_stride = ldx;
   s.k = k_, s.kh = kh_, s.kw = kw_;
   s.sh = g_.sh, s.sw = g_.sw, s.ph = g_.ph, s.pw = g_.pw, s.dh = g_.dh, s.dw = g_.dw;
   // The padded input minus the kernel's reach (negative: no output; C++ division truncates).
@@ -149,12 +238,17 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
           continue;
         }
         std::fill(row, row + s.pw * c, 0.f);
-        std::memcpy(row + s.pw * c, xp + (img * s.h + y) * s.w * c, sizeof(float) * s.w * c);
+        const float* src = xp + (img * s.h + y) * s.w * ldx;
+        if (ldx == c)
+          std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
+        else
+          for (int64_t i = 0; i < s.w; ++i)
+            std::memcpy(row + (s.pw + i) * c, src + i * ldx, sizeof(float) * c);
         std::fill(row + (s.pw + s.w) * c, row + wp * c, 0.f);
       }
     });
     xp = dst;
-    s.h = hp, s.w = wp, s.ph = s.pw = 0;
+    s.h = hp, s.w = wp, s.ph = s.pw = 0, s.x_stride = c;
   }
   at::Tensor r;
   if (residual.defined()) {
@@ -205,7 +299,7 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
                             const Epilogue& e) const {
   ConvShape s = whole;
   s.c = c_ / groups_, s.k = k_ / groups_;
-  s.x_stride = c_, s.y_stride = k_, s.r_stride = k_;
+  s.x_stride = whole.x_stride, s.y_stride = k_, s.r_stride = k_;
   const int64_t per_group = static_cast<int64_t>(packed_.size()) / groups_;
   const int64_t tiles = ops_->tiles(s, false);
   auto run = [&](int64_t q, int64_t t0, int64_t t1) {

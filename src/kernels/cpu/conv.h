@@ -33,6 +33,14 @@ bool channels_last_of_one_map(const std::vector<at::Tensor>& xs);
 /// shift of its channels straight into its slice of y. scale and shift: sum c_i floats.
 at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* scale,
                               const float* shift, Activation act);
+/// Whether xs are float32 CPU [n, c_i, h, w] tensors of one n, h, w whose channels are adjacent
+/// and whose pixels are evenly spaced: channels-last, or a channel slice of such a tensor (what
+/// Slice and Split of a channels-last activation give), read in place by concat_shuffle_nhwc.
+bool pixel_rows_of_one_map(const std::vector<at::Tensor>& xs);
+/// The channel shuffle of the channel concatenation of xs (ShuffleNet's, between its units):
+/// y[:, j * groups + r] = cat(xs)[:, r * (c / groups) + j] for the c = sum c_i channels in
+/// `groups` groups, in one pass, y channels-last. xs: see pixel_rows_of_one_map; groups divides c.
+at::Tensor concat_shuffle_nhwc(const std::vector<at::Tensor>& xs, int64_t groups);
 
 class DirectConv {
  public:

@@ -554,6 +554,20 @@ void affine_pixels(const float* x, int64_t ldx, float* y, int64_t ldy, const flo
   }
 }
 
+template <class T>
+void interleave_pixels(const float* a, int64_t lda, const float* b, int64_t ldb, float* y,
+                       int64_t c, int64_t p0, int64_t p1) {
+  constexpr int W = T::W;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* ap = a + p * lda;
+    const float* bp = b + p * ldb;
+    float* yp = y + p * 2 * c;
+    int64_t j = 0;
+    for (; j + W <= c; j += W) T::store_zip(yp + 2 * j, T::load(ap + j), T::load(bp + j));
+    for (; j < c; ++j) yp[2 * j] = ap[j], yp[2 * j + 1] = bp[j];
+  }
+}
+
 }  // namespace
 
 extern const ConvIsaOps LOPPER_CONV_OPS_NAME;
@@ -594,6 +608,8 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     },
     [](const float* x, int64_t ldx, float* y, int64_t ldy, const float* scale, int64_t c,
        int64_t p0, int64_t p1,
-       const Epilogue& e) { affine_pixels<Wide>(x, ldx, y, ldy, scale, c, p0, p1, e); }};
+       const Epilogue& e) { affine_pixels<Wide>(x, ldx, y, ldy, scale, c, p0, p1, e); },
+    [](const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t c, int64_t p0,
+       int64_t p1) { interleave_pixels<Wide>(a, lda, b, ldb, y, c, p0, p1); }};
 
 }  // namespace lopper::kernels::cpu

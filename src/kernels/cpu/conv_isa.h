@@ -55,6 +55,10 @@ struct ConvIsaOps {
   /// tensor or of the inputs of a channel concatenation into their slices of its output).
   void (*channel_affine)(const float* x, int64_t ldx, float* y, int64_t ldy, const float* scale,
                          int64_t c, int64_t p0, int64_t p1, const Epilogue& e);
+  /// y[p * 2c + 2j] = a[p * lda + j], y[p * 2c + 2j + 1] = b[p * ldb + j] for the c channels j
+  /// of pixels [p0, p1): two tensors' channels interleaved (the channel shuffle of two groups).
+  void (*interleave)(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t c,
+                     int64_t p0, int64_t p1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

@@ -30,6 +30,8 @@ struct Scalar {
   static void storem(float* p, V v, int n) {
     if (n > 0) *p = v;
   }
+  // p[2i] = a[i], p[2i + 1] = b[i]: the 2W floats of a and b interleaved.
+  static void store_zip(float* p, V a, V b) { p[0] = a, p[1] = b; }
   static V fma(V a, V b, V c) { return a * b + c; }
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }
@@ -51,6 +53,10 @@ struct V4 {  // 4 floats (SSE registers, FMA3)
   static V set1(float a) { return _mm_set1_ps(a); }
   static V load(const float* p) { return _mm_loadu_ps(p); }
   static void store(float* p, V v) { _mm_storeu_ps(p, v); }
+  static void store_zip(float* p, V a, V b) {
+    _mm_storeu_ps(p, _mm_unpacklo_ps(a, b));
+    _mm_storeu_ps(p + 4, _mm_unpackhi_ps(a, b));
+  }
   static V fma(V a, V b, V c) { return _mm_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm_add_ps(a, b); }
   static V sub(V a, V b) { return _mm_sub_ps(a, b); }
@@ -78,6 +84,11 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
   static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
+  static void store_zip(float* p, V a, V b) {
+    const V lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);  // per 128-bit lane
+    _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -115,6 +126,12 @@ struct V16 {  // 16 floats (AVX-512F)
   static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }
+  static void store_zip(float* p, V a, V b) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(p, _mm512_permutex2var_ps(a, lo, b));
+    _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(a, hi, b));
+  }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }

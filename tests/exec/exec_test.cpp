@@ -968,8 +968,9 @@ TEST(Exec, ChannelShuffleBetweenConvolutionsMatchesAten) {
     for (int run = 0; run < 2; ++run) {
       const auto outs = e.run({{"x", x}});
       EXPECT_LE(test::relative_max_diff(outs[0], want_y), 1e-5) << forced;
-      EXPECT_TRUE(at::equal(outs[1], want_z)) << forced;
-      EXPECT_TRUE(at::equal(outs[2], want_p)) << forced;
+      // to the convolution's tolerance: another kernel's summation order (the scalar ISA's)
+      EXPECT_LE(test::relative_max_diff(outs[1], want_z), 1e-5) << forced;
+      EXPECT_LE(test::relative_max_diff(outs[2], want_p), 1e-5) << forced;
     }
   }
   ::unsetenv("LOPPER_FORCE_KERNEL");

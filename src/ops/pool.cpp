@@ -322,43 +322,13 @@ std::vector<int64_t> spatial_dims(const OpContext& c, const at::Tensor& x) {
   return d;
 }
 
-// The per-channel mean over the pixels of a float32 channels-last [N, C, H, W] CPU tensor, in
-// one pass with the channels innermost (ATen's mean over H and W of this layout took 10x ONNX
-// Runtime's time on ResNet's last 7x7 map). Each image row is summed in float, the rows in double.
-at::Tensor channels_last_mean(const at::Tensor& x) {
-  const int64_t n = x.size(0), ch = x.size(1), rows = x.size(2), cols = x.size(3);
-  at::Tensor y = at::empty({n, ch, 1, 1}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  constexpr int64_t kChunk = 64;  // channels per piece of work
-  const int64_t chunks = (ch + kChunk - 1) / kChunk;
-  at::parallel_for(0, n * chunks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> row(kChunk);
-    std::vector<double> total(kChunk);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t img = t / chunks, k0 = t % chunks * kChunk, kn = std::min(kChunk, ch - k0);
-      std::fill(total.begin(), total.end(), 0.0);
-      for (int64_t r = 0; r < rows; ++r) {
-        std::fill(row.begin(), row.end(), 0.f);
-        const float* p = xp + ((img * rows + r) * cols) * ch + k0;
-        for (int64_t q = 0; q < cols; ++q, p += ch)
-          for (int64_t k = 0; k < kn; ++k) row[k] += p[k];
-        for (int64_t k = 0; k < kn; ++k) total[k] += row[k];
-      }
-      for (int64_t k = 0; k < kn; ++k)
-        yp[img * ch + k0 + k] = static_cast<float>(total[k] / double(rows * cols));
-    }
-  });
-  return y;
-}
-
 void global_average_pool(OpContext& c) {
   const at::Tensor& x = c.input(0);
   c.check(x.is_floating_point(), "input must be a floating-point tensor");
   auto d = spatial_dims(c, x);
   if (x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
       x.numel() > 0 && x.is_contiguous(at::MemoryFormat::ChannelsLast))
-    return c.set_output(0, channels_last_mean(x));
+    return c.set_output(0, kernels::cpu::mean_over_pixels_nhwc(x));
   c.set_output(0, d.empty() ? x : x.mean(d, true));
 }
 

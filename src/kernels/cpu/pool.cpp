@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
 
@@ -28,6 +31,33 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   // One task per output row (n, oy); channels a vector at a time.
   at::parallel_for(0, n * oh, 1,
                    [&](int64_t begin, int64_t end) { ops.max_pool(in, out, s, begin, end); });
+  return y;
+}
+
+at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
+  const int64_t n = x.size(0), ch = x.size(1), rows = x.size(2), cols = x.size(3);
+  at::Tensor y = at::empty({n, ch, 1, 1}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t kChunk = 64;  // channels per piece of work
+  const int64_t chunks = (ch + kChunk - 1) / kChunk;
+  at::parallel_for(0, n * chunks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(kChunk);
+    std::vector<double> total(kChunk);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t img = t / chunks, k0 = t % chunks * kChunk, kn = std::min(kChunk, ch - k0);
+      std::fill(total.begin(), total.end(), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::fill(row.begin(), row.end(), 0.f);
+        const float* p = xp + ((img * rows + r) * cols) * ch + k0;
+        for (int64_t q = 0; q < cols; ++q, p += ch)
+          for (int64_t k = 0; k < kn; ++k) row[k] += p[k];
+        for (int64_t k = 0; k < kn; ++k) total[k] += row[k];
+      }
+      for (int64_t k = 0; k < kn; ++k)
+        yp[img * ch + k0 + k] = static_cast<float>(total[k] / double(rows * cols));
+    }
+  });
   return y;
 }
 

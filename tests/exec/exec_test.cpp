@@ -788,6 +788,41 @@ TEST(CachingAllocator, ReusesTheLastFreedBlockThatFits) {
   EXPECT_EQ(g.sum().item<int64_t>(), 7 * 200 * 1024);
 }
 
+// ReduceMean over the pixels of a convolution's channels-last output (MnasNet's x.mean([2, 3])),
+// kept and dropped dims, axes given negative and in either order; and over other axes (ATen's
+// path), against ATen.
+TEST(Exec, ReduceMeanOverThePixelsMatchesAten) {
+  at::manual_seed(23);
+  ir::Model m = image_model({2, 6, 5, 7});
+  ir::Graph& g = m.graph;
+  auto init = initializer_adder(g);
+  init("w", at::randn({70, 6, 3, 3}) * 0.3);
+  g.nodes = {
+      node("Conv", {"x", "w"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("ReduceMean", {"a"}, {"y1"}, {ints_attr("axes", {2, 3}), int_attr("keepdims", 0)}),
+      node("ReduceMean", {"a"}, {"y2"}, {ints_attr("axes", {-1, -2})}),
+      node("ReduceMean", {"a"}, {"y3"}, {ints_attr("axes", {1, 3}), int_attr("keepdims", 0)}),
+  };
+  g.outputs.resize(3, g.outputs[0]);
+  for (int i = 0; i < 3; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  const at::Tensor x = at::randn({2, 6, 5, 7});
+  const at::Tensor a = at::conv2d(x, g.find_initializer("w")->value, {}, 1, 1);
+  const std::vector<at::Tensor> want = {a.mean({2, 3}), a.mean({2, 3}, true), a.mean({1, 3})};
+  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", ""}) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor e(m);
+    for (int run = 0; run < 2; ++run) {
+      const auto outs = e.run({{"x", x}});
+      ASSERT_EQ(outs.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(outs[i].sizes(), want[i].sizes()) << forced << " y" << i + 1;
+        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
+      }
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
 // The channel shuffle of a concatenation, fused into ai.lopper.ChannelShuffle: two groups of a
 // channel slice (a strided view) and a convolution's output (ShuffleNet's unit), three groups
 // that straddle the inputs, an NCHW graph input, and shapes that are not a shuffle (the nodes'

@@ -1,6 +1,7 @@
 // The executor: autograd gradients against PyTorch's, the inference rewrites (fusions) against the
 // plain graph, input checking, and unsupported ops.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -389,7 +390,8 @@ TEST(Exec, ChannelsLastConcatIsAnExactCopy) {
 }
 
 // GlobalAveragePool of a channels-last input (lopper's one-pass mean): ATen's mean, to float
-// rounding, for a map of 3136 pixels and an odd channel count.
+// rounding, for a map of 3136 pixels and an odd channel count, and a large map of one image and
+// few channels (its rows split into parts between the threads).
 TEST(Exec, ChannelsLastGlobalAveragePoolMatchesAten) {
   ir::Model m;
   m.ir_version = 8;
@@ -397,12 +399,18 @@ TEST(Exec, ChannelsLastGlobalAveragePoolMatchesAten) {
   m.graph.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
   m.graph.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
   m.graph.nodes = {node("GlobalAveragePool", {"x"}, {"y"})};
-  const at::Tensor x = (at::randn({2, 70, 56, 56}) + 3).contiguous(at::MemoryFormat::ChannelsLast);
-  Executor ex(m);
-  const at::Tensor y = ex.run({{"x", x}})[0];
-  const at::Tensor want = x.to(at::kDouble).mean({2, 3}, true);
-  ASSERT_EQ(y.sizes(), want.sizes());
-  EXPECT_LE((y.to(at::kDouble) - want).abs().max().item<double>(), 1e-6);
+  for (const auto& dims :
+       {std::vector<int64_t>{2, 70, 56, 56}, std::vector<int64_t>{1, 16, 113, 57}}) {
+    const at::Tensor x = (at::randn(dims) + 3).contiguous(at::MemoryFormat::ChannelsLast);
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    Executor ex(m);
+    const at::Tensor y = ex.run({{"x", x}})[0];
+    const at::Tensor want = x.to(at::kDouble).mean({2, 3}, true);
+    ASSERT_EQ(y.sizes(), want.sizes());
+    at::set_num_threads(threads);
+    EXPECT_LE((y.to(at::kDouble) - want).abs().max().item<double>(), 1e-6) << x.sizes();
+  }
 }
 
 TEST(Exec, FusionLeavesSharedValuesAlone) {

@@ -41,23 +41,39 @@ at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
   float* yp = y.data_ptr<float>();
   constexpr int64_t kChunk = 64;  // channels per piece of work
   const int64_t chunks = (ch + kChunk - 1) / kChunk;
-  at::parallel_for(0, n * chunks, 1, [&](int64_t t0, int64_t t1) {
+  // A large map of few channels (a squeeze-and-excitation block's early in a network: 112x112x32)
+  // is one or two pieces: its rows are split into parts too, each summed on its own, the parts'
+  // sums added after.
+  const int64_t pieces = n * chunks, threads = at::get_num_threads();
+  const int64_t parts = pieces < threads && rows * cols * ch >= (1 << 16)
+                            ? std::min<int64_t>(rows, (2 * threads + pieces - 1) / pieces)
+                            : 1;
+  std::vector<double> sums(static_cast<size_t>(pieces * parts * kChunk));
+  at::parallel_for(0, pieces * parts, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(kChunk);
-    std::vector<double> total(kChunk);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t img = t / chunks, k0 = t % chunks * kChunk, kn = std::min(kChunk, ch - k0);
-      std::fill(total.begin(), total.end(), 0.0);
-      for (int64_t r = 0; r < rows; ++r) {
+      const int64_t piece = t / parts, part = t % parts;
+      const int64_t img = piece / chunks, k0 = piece % chunks * kChunk;
+      const int64_t kn = std::min(kChunk, ch - k0);
+      double* total = sums.data() + t * kChunk;
+      for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r) {
         std::fill(row.begin(), row.end(), 0.f);
         const float* p = xp + ((img * rows + r) * cols) * ch + k0;
         for (int64_t q = 0; q < cols; ++q, p += ch)
           for (int64_t k = 0; k < kn; ++k) row[k] += p[k];
         for (int64_t k = 0; k < kn; ++k) total[k] += row[k];
       }
-      for (int64_t k = 0; k < kn; ++k)
-        yp[img * ch + k0 + k] = static_cast<float>(total[k] / double(rows * cols));
     }
   });
+  for (int64_t piece = 0; piece < pieces; ++piece) {
+    const int64_t img = piece / chunks, k0 = piece % chunks * kChunk;
+    for (int64_t k = 0; k < std::min(kChunk, ch - k0); ++k) {
+      double total = 0;
+      for (int64_t part = 0; part < parts; ++part)
+        total += sums[(piece * parts + part) * kChunk + k];
+      yp[img * ch + k0 + k] = static_cast<float>(total / double(rows * cols));
+    }
+  }
   return y;
 }
 

@@ -911,6 +911,41 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
   ::unsetenv("LOPPER_FORCE_KERNEL");
 }
 
+// A network's first layer: an NCHW input of a few channels, padded straight from its planes by
+// lopper's direct kernel; 1 to 4 channels, strides 1 and 2, against ATen.
+TEST(Exec, FirstLayerOfFewChannelsMatchesAten) {
+  at::manual_seed(29);
+  for (int64_t c : {1, 3, 4}) {
+    ir::Model m = image_model({2, c, 9, 11});
+    ir::Graph& g = m.graph;
+    auto init = initializer_adder(g);
+    init("w", at::randn({16, c, 3, 3}) * 0.3);
+    init("b", at::randn({16}));
+    init("v", at::randn({5, c, 3, 3}) * 0.3);
+    g.nodes = {
+        node("Conv", {"x", "w", "b"}, {"y"},
+             {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {2, 2})}),
+        node("Conv", {"x", "v"}, {"z"}, {ints_attr("pads", {1, 2, 1, 2})}),
+    };
+    g.outputs.push_back(g.outputs[0]);
+    g.outputs[1].name = "z";
+    const at::Tensor x = at::randn({2, c, 9, 11});
+    auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+    const at::Tensor want_y = at::conv2d(x, w("w"), w("b"), 2, 1);
+    const at::Tensor want_z = at::conv2d(x, w("v"), at::Tensor(), 1, at::IntArrayRef{1, 2});
+    for (const char* forced : {"lopper-direct", ""}) {
+      ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+      Executor e(m);
+      for (int run = 0; run < 2; ++run) {
+        const auto outs = e.run({{"x", x}});
+        EXPECT_LE(test::relative_max_diff(outs[0], want_y), 1e-5) << forced << " c " << c;
+        EXPECT_LE(test::relative_max_diff(outs[1], want_z), 1e-5) << forced << " c " << c;
+      }
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
 // Convolutions of a channel slice of a channels-last activation (ShuffleNet's halves), which
 // lopper's kernels read in place, its pixels the whole tensor's channels apart: pointwise, 3x3
 // padded, depthwise and grouped; on each convolution kernel, against ATen.

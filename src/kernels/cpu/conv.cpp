@@ -203,9 +203,13 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
                x_in.scalar_type(), " ", x_in.sizes());
   // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels
-  // ldx floats apart; anything else is made channels-last.
+  // ldx floats apart; so is an NCHW input of a few channels that is padded anyway (a network's
+  // first layer: its padded copy is made straight from the planes); anything else is made
+  // channels-last.
   int64_t ldx = pixel_stride(x_in);
-  const at::Tensor x = ldx > 0 ? x_in : x_in.contiguous(kCl);
+  const bool planar =
+      ldx == 0 && !depthwise_ && (g_.ph > 0 || g_.pw > 0) && c_ <= 4 && x_in.is_contiguous();
+  const at::Tensor x = ldx > 0 || planar ? x_in : x_in.contiguous(kCl);
   if (ldx == 0) ldx = c_;
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3);
@@ -239,7 +243,12 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
         }
         std::fill(row, row + s.pw * c, 0.f);
         const float* src = xp + (img * s.h + y) * s.w * ldx;
-        if (ldx == c)
+        if (planar) {
+          const float* plane = xp + (img * c * s.h + y) * s.w;  // channel 0's row y
+          float* out = row + s.pw * c;
+          for (int64_t i = 0; i < s.w; ++i)
+            for (int64_t ch = 0; ch < c; ++ch) out[i * c + ch] = plane[ch * s.h * s.w + i];
+        } else if (ldx == c)
           std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
         else
           for (int64_t i = 0; i < s.w; ++i)

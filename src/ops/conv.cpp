@@ -200,10 +200,11 @@ void conv_forward(OpContext& c) {
   if (x.dim() == 4 && c.prepack() && c.is_constant(1) && (!b.defined() || c.is_constant(2)) &&
       onednn::usable(x) && onednn::usable(w)) {
     auto& st = c.state<ConvState>();
-    // lopper's direct kernel reads a channel slice of a channels-last tensor in place (kernels/
-    // cpu/conv.h); the other kernels read channels-last.
+    // lopper's direct kernel reads a channel slice of a channels-last tensor, or a first layer's
+    // NCHW input, in place (kernels/cpu/conv.h); the other kernels read channels-last, made in
+    // their own candidate below: its copy is part of the time they are chosen on.
     const at::Tensor in_view = in;
-    if (st.kernel != ConvState::Kernel::kDirect) in = in.contiguous(at::MemoryFormat::ChannelsLast);
+    auto channels_last = [&] { return in_view.contiguous(at::MemoryFormat::ChannelsLast); };
     std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
     for (size_t i = 0; i < 2; ++i)
       out_shape.push_back(
@@ -219,17 +220,19 @@ void conv_forward(OpContext& c) {
           onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
     if (other.defined() && !fused_add) {
       // A broadcasting add: the convolution alone, then the add and the activation.
-      at::Tensor y = onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, {});
+      at::Tensor y = onednn::conv2d(channels_last(), st.packed, b, padding, g.strides, g.dilations,
+                                    g.group, {});
       c.set_output(0, onednn::apply_unfused(y + other, post));
       return;
     }
     at::Tensor other_cl =
         fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
     auto as_conv = [&] {
+      const at::Tensor x = channels_last();
       return fused_add
-                 ? onednn::conv2d_add(in, other_cl, st.packed, b, padding, g.strides, g.dilations,
+                 ? onednn::conv2d_add(x, other_cl, st.packed, b, padding, g.strides, g.dilations,
                                       g.group, post)
-                 : onednn::conv2d(in, st.packed, b, padding, g.strides, g.dilations, g.group, post);
+                 : onednn::conv2d(x, st.packed, b, padding, g.strides, g.dilations, g.group, post);
     };
     // NOTE: a 1x1 convolution over channels-last data is a matrix product of the [N*H*W, C_in]
     // view; oneDNN's GEMM is sometimes faster than its convolution on it, and lopper's sparse
@@ -241,7 +244,9 @@ void conv_forward(OpContext& c) {
     const bool pointwise = pointwise_shape && (!fused_add || post.attr == "none");
     int64_t rows = in.size(0) * in.size(2) * in.size(3);
     // The channels-last activation as the [N*H*W, C_in] matrix it already is in memory.
-    auto in_rows = [&] { return in.permute({0, 2, 3, 1}).reshape({rows, in.size(1)}); };
+    auto in_rows = [&] {
+      return channels_last().permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
+    };
     auto as_linear = [&] {
       at::Tensor x2 = in_rows();
       at::Tensor y2 = fused_add ? onednn::linear_add(
@@ -258,14 +263,14 @@ void conv_forward(OpContext& c) {
                 .view({in.size(0), out_shape[2], out_shape[3], w.size(0)})
                 .permute({0, 3, 1, 2});
       } else {
-        at::Tensor cols = at::im2col(in, g.kernel, g.dilations, padding, g.strides);
+        at::Tensor cols = at::im2col(channels_last(), g.kernel, g.dilations, padding, g.strides);
         y = run_sparse_cols(sc, cols, in_kernel).view(out_shape);
       }
       return fused_add ? onednn::apply_unfused(y.add_(other_cl), post) : y;
     };
     auto as_direct = [&] {
       const kernels::cpu::Activation act = fused_activation(post);
-      at::Tensor y = st.direct->run(in_view, other_cl, act);
+      at::Tensor y = st.direct->run(in, other_cl, act);
       return finish_activation(y, post, act);
     };
     using K = ConvState::Kernel;

@@ -50,6 +50,33 @@ ir::Model image_model(std::vector<int64_t> dims) {
   return m;
 }
 
+// Makes the graph's outputs y1, ..., yn (of the first output's type).
+void name_outputs(ir::Graph& g, int n) {
+  g.outputs.resize(static_cast<size_t>(n), g.outputs[0]);
+  for (int i = 0; i < n; ++i) g.outputs[static_cast<size_t>(i)].name = "y" + std::to_string(i + 1);
+}
+
+// Runs m on x under each LOPPER_FORCE_KERNEL list ("": the timed choice), twice (the first run
+// chooses the kernels, the second runs them), and compares every output with want: its shape, and
+// its values to a relative error of 1e-5.
+void expect_outputs_match(const ir::Model& m, const at::Tensor& x,
+                          const std::vector<at::Tensor>& want,
+                          std::initializer_list<const char*> forced_lists) {
+  for (const char* forced : forced_lists) {
+    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
+    Executor e(m);
+    for (int run = 0; run < 2; ++run) {
+      const auto outs = e.run({{"x", x}});
+      ASSERT_EQ(outs.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(outs[i].sizes(), want[i].sizes()) << forced << " output " << i;
+        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " output " << i;
+      }
+    }
+  }
+  ::unsetenv("LOPPER_FORCE_KERNEL");
+}
+
 // x -> Conv -> BatchNorm -> Relu -> Conv -> Add(relu out) -> Relu -> MatMul -> Add(bias) ->
 // Gelu written with Erf -> y
 ir::Model fusable_model() {
@@ -811,24 +838,11 @@ TEST(Exec, ReduceMeanOverThePixelsMatchesAten) {
       node("ReduceMean", {"a"}, {"y2"}, {ints_attr("axes", {-1, -2})}),
       node("ReduceMean", {"a"}, {"y3"}, {ints_attr("axes", {1, 3}), int_attr("keepdims", 0)}),
   };
-  g.outputs.resize(3, g.outputs[0]);
-  for (int i = 0; i < 3; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  name_outputs(g, 3);
   const at::Tensor x = at::randn({2, 6, 5, 7});
   const at::Tensor a = at::conv2d(x, g.find_initializer("w")->value, {}, 1, 1);
-  const std::vector<at::Tensor> want = {a.mean({2, 3}), a.mean({2, 3}, true), a.mean({1, 3})};
-  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", ""}) {
-    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
-    Executor e(m);
-    for (int run = 0; run < 2; ++run) {
-      const auto outs = e.run({{"x", x}});
-      ASSERT_EQ(outs.size(), 3u);
-      for (size_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(outs[i].sizes(), want[i].sizes()) << forced << " y" << i + 1;
-        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
-      }
-    }
-  }
-  ::unsetenv("LOPPER_FORCE_KERNEL");
+  expect_outputs_match(m, x, {a.mean({2, 3}), a.mean({2, 3}, true), a.mean({1, 3})},
+                       {"lopper-direct", "onednn-conv,onednn-linear", ""});
 }
 
 // The channel shuffle of a concatenation, fused into ai.lopper.ChannelShuffle: two groups of a
@@ -875,8 +889,7 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
       node("Transpose", {"r4"}, {"t4"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
       node("Reshape", {"t4", "back12"}, {"y4"}),
   };
-  g.outputs.resize(4, g.outputs[0]);
-  for (int i = 0; i < 4; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  name_outputs(g, 4);
   int shuffles = 0;
   for (const auto& n : exec::fuse_for_inference(g, 17).nodes) {
     shuffles += n.op_type == "ChannelShuffle";
@@ -892,23 +905,12 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
     return t.reshape({2, groups, ch / groups, 5, 7}).transpose(1, 2).reshape({2, ch, 5, 7});
   };
   const at::Tensor a1 = a.slice(1, 0, 6);
-  const std::vector<at::Tensor> want = {
-      shuffle(at::cat({a1, b}, 1), 2), shuffle(at::cat({b, a.slice(1, 6, 11), c}, 1), 3),
-      shuffle(at::cat({x, b}, 1), 2),
-      at::cat({a1, b}, 1).reshape({2, 2, 6, 35, 1}).transpose(1, 2).reshape({2, 12, 5, 7})};
-  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
-    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
-    Executor e(m);
-    for (int run = 0; run < 2; ++run) {
-      const auto outs = e.run({{"x", x}});
-      ASSERT_EQ(outs.size(), 4u);
-      for (size_t i = 0; i < 4; ++i) {
-        EXPECT_EQ(outs[i].sizes(), want[i].sizes()) << forced << " y" << i + 1;
-        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
-      }
-    }
-  }
-  ::unsetenv("LOPPER_FORCE_KERNEL");
+  expect_outputs_match(
+      m, x,
+      {shuffle(at::cat({a1, b}, 1), 2), shuffle(at::cat({b, a.slice(1, 6, 11), c}, 1), 3),
+       shuffle(at::cat({x, b}, 1), 2),
+       at::cat({a1, b}, 1).reshape({2, 2, 6, 35, 1}).transpose(1, 2).reshape({2, 12, 5, 7})},
+      {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""});
 }
 
 // A network's first layer: an NCHW input of a few channels, padded straight from its planes by
@@ -931,19 +933,12 @@ TEST(Exec, FirstLayerOfFewChannelsMatchesAten) {
     g.outputs[1].name = "z";
     const at::Tensor x = at::randn({2, c, 9, 11});
     auto w = [&](const char* n) { return g.find_initializer(n)->value; };
-    const at::Tensor want_y = at::conv2d(x, w("w"), w("b"), 2, 1);
-    const at::Tensor want_z = at::conv2d(x, w("v"), at::Tensor(), 1, at::IntArrayRef{1, 2});
-    for (const char* forced : {"lopper-direct", ""}) {
-      ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
-      Executor e(m);
-      for (int run = 0; run < 2; ++run) {
-        const auto outs = e.run({{"x", x}});
-        EXPECT_LE(test::relative_max_diff(outs[0], want_y), 1e-5) << forced << " c " << c;
-        EXPECT_LE(test::relative_max_diff(outs[1], want_z), 1e-5) << forced << " c " << c;
-      }
-    }
+    SCOPED_TRACE(c);
+    expect_outputs_match(m, x,
+                         {at::conv2d(x, w("w"), w("b"), 2, 1),
+                          at::conv2d(x, w("v"), at::Tensor(), 1, at::IntArrayRef{1, 2})},
+                         {"lopper-direct", ""});
   }
-  ::unsetenv("LOPPER_FORCE_KERNEL");
 }
 
 // Convolutions of a channel slice of a channels-last activation (ShuffleNet's halves), which
@@ -975,27 +970,16 @@ TEST(Exec, ConvolutionsOfAChannelSliceMatchAten) {
       node("Conv", {"a1", "wd"}, {"y3"}, {pads, int_attr("group", 6)}),
       node("Conv", {"a1", "wg"}, {"y4"}, {int_attr("group", 2)}),
   };
-  g.outputs.resize(4, g.outputs[0]);
-  for (int i = 0; i < 4; ++i) g.outputs[i].name = "y" + std::to_string(i + 1);
+  name_outputs(g, 4);
   const at::Tensor x = at::randn({2, 6, 5, 7});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   const at::Tensor a = at::conv2d(x, w("wa"), {}, 1, 1);
   const at::Tensor a1 = a.slice(1, 0, 6), a2 = a.slice(1, 7, 12);
-  const std::vector<at::Tensor> want = {
-      at::conv2d(a1, w("w1"), w("b1")), at::conv2d(a2, w("w3"), {}, 1, 1),
-      at::conv2d(a1, w("wd"), at::Tensor(), 1, 1, 1, 6),
-      at::conv2d(a1, w("wg"), at::Tensor(), 1, at::IntArrayRef{0, 0}, 1, 2)};
-  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
-    ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
-    Executor e(m);
-    for (int run = 0; run < 2; ++run) {
-      const auto outs = e.run({{"x", x}});
-      ASSERT_EQ(outs.size(), 4u);
-      for (size_t i = 0; i < 4; ++i)
-        EXPECT_LE(test::relative_max_diff(outs[i], want[i]), 1e-5) << forced << " y" << i + 1;
-    }
-  }
-  ::unsetenv("LOPPER_FORCE_KERNEL");
+  expect_outputs_match(m, x,
+                       {at::conv2d(a1, w("w1"), w("b1")), at::conv2d(a2, w("w3"), {}, 1, 1),
+                        at::conv2d(a1, w("wd"), at::Tensor(), 1, 1, 1, 6),
+                        at::conv2d(a1, w("wg"), at::Tensor(), 1, at::IntArrayRef{0, 0}, 1, 2)},
+                       {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""});
 }
 
 // ShuffleNet's channel shuffle, Reshape to 5-D, Transpose, Reshape back, of a convolution's

@@ -397,18 +397,19 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
 
   // 2d. ShuffleNet's channel shuffle, [Concat(x1, ..., xn, axis 1) ->] Reshape to 5-D ->
   //     Transpose perm 0,2,1,3,4 -> Reshape, each read only by the next ->
-  //     ChannelShuffle(shape1, shape2, x1, ..., xn): one pass from the inputs to the shuffled
-  //     tensor instead of a concatenation, a copy to NCHW and back (ops/shape.cpp).
+  //     ChannelShuffle(shape1, shape2, x1, ..., xn) with allowzero = [the Reshapes' allowzero]:
+  //     one pass from the inputs to the shuffled tensor instead of a concatenation, a copy to NCHW
+  //     and back (ops/shape.cpp).
   uses.build(g, removed);
   index();
-  auto no_allowzero = [&](const ir::Node& r) {
+  auto allowzero = [&](const ir::Node& r) -> int64_t {
     const auto* az = find_attr(r, "allowzero");
-    return opset < 14 || !az || az->i == 0;
+    return opset >= 14 && az && az->i != 0 ? 1 : 0;
   };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     ir::Node& last = g.nodes[i];
     if (removed[i] || !is(last, "Reshape") || last.inputs.size() != 2 || outputs_used(last) != 1 ||
-        last.outputs[0].empty() || !no_allowzero(last) || opset < 5 || !uses.single(last.inputs[0]))
+        last.outputs[0].empty() || opset < 5 || !uses.single(last.inputs[0]))
       continue;
     auto t = producer.find(last.inputs[0]);
     if (t == producer.end() || !is(g.nodes[t->second], "Transpose")) continue;
@@ -420,7 +421,7 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     auto f = producer.find(tr.inputs[0]);
     if (f == producer.end() || !is(g.nodes[f->second], "Reshape")) continue;
     const ir::Node& first = g.nodes[f->second];
-    if (first.inputs.size() != 2 || !no_allowzero(first)) continue;
+    if (first.inputs.size() != 2) continue;
     std::vector<size_t> absorbed{f->second, t->second};
     std::vector<std::string> xs{first.inputs[0]};
     auto k = producer.find(first.inputs[0]);
@@ -439,7 +440,11 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     last.domain = "ai.lopper";
     last.op_type = "ChannelShuffle";
     last.inputs = std::move(inputs);
-    last.attrs.clear();
+    ir::Attribute az;
+    az.name = "allowzero";
+    az.type = ir::AttrType::kInts;
+    az.ints = {allowzero(first), allowzero(last)};
+    last.attrs = {az};
     for (size_t r : absorbed) removed[r] = true;
     uses.build(g, removed);
     index();

@@ -206,8 +206,8 @@ void concat(OpContext& c) {
 
 // ChannelShuffle(shape1, shape2, x1, ..., xn) = Reshape(Transpose(Reshape(Concat(x1, ..., xn,
 // axis 1), shape1), perm 0,2,1,3,4), shape2): ShuffleNet's channel shuffle, made by the
-// executor's fusion pass (both Reshapes without allowzero). Where shape1 is [n, g, c / g, h, w]
-// and shape2 [n, c, h, w] of float32 CPU inputs whose channels lopper's kernel reads in place
+// executor's fusion pass; attribute allowzero: the two Reshapes' own. Where shape1 is [n, g, c / g,
+// h, w] and shape2 [n, c, h, w] of float32 CPU inputs whose channels lopper's kernel reads in place
 // (channels-last, or a channel slice of such), the shuffle is written in one pass, channels-last;
 // otherwise the nodes' own steps.
 void channel_shuffle(OpContext& c) {
@@ -215,15 +215,18 @@ void channel_shuffle(OpContext& c) {
   std::vector<at::Tensor> xs;
   for (size_t i = 2; i < c.num_inputs(); ++i) xs.push_back(c.input(i));
   std::vector<int64_t> shape1 = to_int_vector(c.input(0)), shape2 = to_int_vector(c.input(1));
+  const std::vector<int64_t> allowzero = c.attr_ints("allowzero", {0, 0});
+  c.check(allowzero.size() == 2, "allowzero has ", allowzero.size(), " entries, not 2");
+  const bool az1 = allowzero[0] != 0, az2 = allowzero[1] != 0;
   if (c.prepack() && kernels::cpu::pixel_rows_of_one_map(xs)) {
     int64_t channels = 0;
     for (const auto& x : xs) channels += x.size(1);
     const at::Tensor& x0 = xs[0];
     const std::vector<int64_t> in{x0.size(0), channels, x0.size(2), x0.size(3)};
-    const auto t1 = reshape_target(c, in, shape1, false);
+    const auto t1 = reshape_target(c, in, shape1, az1);
     if (t1.size() == 5 && t1[0] == in[0] && t1[1] * t1[2] == channels && t1[3] == in[2] &&
         t1[4] == in[3]) {
-      const auto t2 = reshape_target(c, {in[0], t1[2], t1[1], in[2], in[3]}, shape2, false);
+      const auto t2 = reshape_target(c, {in[0], t1[2], t1[1], in[2], in[3]}, shape2, az2);
       if (t2 == in) return c.set_output(0, kernels::cpu::concat_shuffle_nhwc(xs, t1[1]));
     }
   }
@@ -232,10 +235,10 @@ void channel_shuffle(OpContext& c) {
     c.check(x.dim() == r, "inputs have different ranks (", r, " and ", x.dim(), ")");
   c.check(r >= 2, "cannot concatenate rank-", r, " inputs along axis 1");
   const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 1);
-  const at::Tensor t = x.reshape(reshape_target(c, x, std::move(shape1), false));
+  const at::Tensor t = x.reshape(reshape_target(c, x, std::move(shape1), az1));
   c.check(t.dim() == 5, "perm [0, 2, 1, 3, 4] does not match rank ", t.dim());
   const at::Tensor u = t.permute({0, 2, 1, 3, 4});
-  c.set_output(0, u.reshape(reshape_target(c, u, std::move(shape2), false)));
+  c.set_output(0, u.reshape(reshape_target(c, u, std::move(shape2), az2)));
 }
 
 void split(OpContext& c) {

@@ -888,14 +888,19 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
       node("Reshape", {"k4", "flat"}, {"r4"}),
       node("Transpose", {"r4"}, {"t4"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
       node("Reshape", {"t4", "back12"}, {"y4"}),
+      // as torch.export writes it: both Reshapes with allowzero 1
+      node("Concat", {"a1", "b"}, {"k5"}, {int_attr("axis", 1)}),
+      node("Reshape", {"k5", "g2"}, {"r5"}, {int_attr("allowzero", 1)}),
+      node("Transpose", {"r5"}, {"t5"}, {ints_attr("perm", {0, 2, 1, 3, 4})}),
+      node("Reshape", {"t5", "back12"}, {"y5"}, {int_attr("allowzero", 1)}),
   };
-  name_outputs(g, 4);
+  name_outputs(g, 5);
   int shuffles = 0;
   for (const auto& n : exec::fuse_for_inference(g, 17).nodes) {
     shuffles += n.op_type == "ChannelShuffle";
     EXPECT_NE(n.op_type, "Transpose");
   }
-  EXPECT_EQ(shuffles, 4);
+  EXPECT_EQ(shuffles, 5);
   const at::Tensor x = at::randn({2, 6, 5, 7});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   const at::Tensor a = at::conv2d(x, w("wa"), {}, 1, 1), b = at::conv2d(x, w("wb")),
@@ -909,8 +914,20 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
       m, x,
       {shuffle(at::cat({a1, b}, 1), 2), shuffle(at::cat({b, a.slice(1, 6, 11), c}, 1), 3),
        shuffle(at::cat({x, b}, 1), 2),
-       at::cat({a1, b}, 1).reshape({2, 2, 6, 35, 1}).transpose(1, 2).reshape({2, 12, 5, 7})},
+       at::cat({a1, b}, 1).reshape({2, 2, 6, 35, 1}).transpose(1, 2).reshape({2, 12, 5, 7}),
+       shuffle(at::cat({a1, b}, 1), 2)},
       {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""});
+  // With allowzero 1 a 0 in the shape is a dim of 0, not a copy: the fused node fails as the
+  // Reshape did, naming the problem.
+  g.initializers.push_back({"g2", at::tensor({0, 2, 6, 5, 7}, at::kLong), "", false});
+  g.initializers.erase(std::find_if(g.initializers.begin(), g.initializers.end(),
+                                    [](const auto& t) { return t.name == "g2"; }));
+  try {
+    Executor(m).run({{"x", x}});
+    ADD_FAILURE() << "a reshape to a 0-sized dim ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reshape"), std::string::npos) << e.what();
+  }
 }
 
 // A network's first layer: an NCHW input of a few channels, padded straight from its planes by

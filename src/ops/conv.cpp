@@ -203,8 +203,7 @@ void conv_forward(OpContext& c) {
     // lopper's direct kernel reads a channel slice of a channels-last tensor, or a first layer's
     // NCHW input, in place (kernels/cpu/conv.h); the other kernels read channels-last, made in
     // their own candidate below: its copy is part of the time they are chosen on.
-    const at::Tensor in_view = in;
-    auto channels_last = [&] { return in_view.contiguous(at::MemoryFormat::ChannelsLast); };
+    auto channels_last = [&] { return in.contiguous(at::MemoryFormat::ChannelsLast); };
     std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
     for (size_t i = 0; i < 2; ++i)
       out_shape.push_back(

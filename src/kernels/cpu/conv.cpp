@@ -115,43 +115,30 @@ at::Tensor concat_shuffle_nhwc(const std::vector<at::Tensor>& xs, int64_t groups
   std::vector<int64_t> stride(static_cast<size_t>(channels));
   std::vector<size_t> input(static_cast<size_t>(channels));
   for (size_t i = 0, k = 0; i < xs.size(); ++i) {
+    const int64_t ld = pixel_stride(xs[i]);
     for (int64_t c = 0; c < xs[i].size(1); ++c, ++k) {
       src[k] = xs[i].data_ptr<float>() + c;
-      stride[k] = pixel_stride(xs[i]);
+      stride[k] = ld;
       input[k] = i;
     }
   }
-  // A group's channels from one input (the usual case: an input per group, or a group per part
-  // of an input) are read as a run.
-  bool runs = true;
-  for (int64_t r = 0; r < groups; ++r)
-    runs = runs &&
-           input[static_cast<size_t>(r * per)] == input[static_cast<size_t>((r + 1) * per - 1)];
+  // Two groups each from one input (ShuffleNet's: an input per group, or a group per half of one
+  // input): vector zips of the two runs; anything else channel by channel.
+  const size_t second = static_cast<size_t>(per);
+  const bool zip = groups == 2 && input[0] == input[second - 1] &&
+                   input[second] == input[static_cast<size_t>(channels) - 1];
   float* yp = y.data_ptr<float>();
   const ConvIsaOps& ops = conv_isa_ops(active_isa());
   const int64_t grain = std::max<int64_t>(1, (1 << 14) / channels);
   at::parallel_for(0, pixels, grain, [&](int64_t p0, int64_t p1) {
-    if (runs && groups == 2) {
-      ops.interleave(src[0], stride[0], src[static_cast<size_t>(per)],
-                     stride[static_cast<size_t>(per)], yp, per, p0, p1);
-    } else if (runs) {
-      for (int64_t p = p0; p < p1; ++p) {
-        float* o = yp + p * channels;
+    if (zip) return ops.interleave(src[0], stride[0], src[second], stride[second], yp, per, p0, p1);
+    for (int64_t p = p0; p < p1; ++p) {
+      float* o = yp + p * channels;
+      for (int64_t j = 0; j < per; ++j)
         for (int64_t r = 0; r < groups; ++r) {
-          const size_t k = static_cast<size_t>(r * per);
-          const float* s = src[k] + p * stride[k];
-          for (int64_t j = 0; j < per; ++j) o[j * groups + r] = s[j];
+          const size_t k = static_cast<size_t>(r * per + j);
+          o[j * groups + r] = src[k][p * stride[k]];
         }
-      }
-    } else {
-      for (int64_t p = p0; p < p1; ++p) {
-        float* o = yp + p * channels;
-        for (int64_t j = 0; j < per; ++j)
-          for (int64_t r = 0; r < groups; ++r) {
-            const size_t k = static_cast<size_t>(r * per + j);
-            o[j * groups + r] = src[k][p * stride[k]];
-          }
-      }
     }
   });
   return y;
@@ -242,17 +229,19 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
           continue;
         }
         std::fill(row, row + s.pw * c, 0.f);
-        const float* src = xp + (img * s.h + y) * s.w * ldx;
         if (planar) {
           const float* plane = xp + (img * c * s.h + y) * s.w;  // channel 0's row y
           float* out = row + s.pw * c;
           for (int64_t i = 0; i < s.w; ++i)
             for (int64_t ch = 0; ch < c; ++ch) out[i * c + ch] = plane[ch * s.h * s.w + i];
-        } else if (ldx == c)
-          std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
-        else
-          for (int64_t i = 0; i < s.w; ++i)
-            std::memcpy(row + (s.pw + i) * c, src + i * ldx, sizeof(float) * c);
+        } else {
+          const float* src = xp + (img * s.h + y) * s.w * ldx;
+          if (ldx == c)
+            std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
+          else
+            for (int64_t i = 0; i < s.w; ++i)
+              std::memcpy(row + (s.pw + i) * c, src + i * ldx, sizeof(float) * c);
+        }
         std::fill(row + (s.pw + s.w) * c, row + wp * c, 0.f);
       }
     });

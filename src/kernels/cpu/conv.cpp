@@ -152,8 +152,9 @@ at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const fl
 bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {
   if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu() || group < 1)
     return false;
+  const bool depthwise = group > 1 && group == in_channels && w.size(0) == group;
   return in_channels % group == 0 && w.size(1) == in_channels / group && w.size(0) % group == 0 &&
-         w.size(0) > 0;
+         w.size(0) > 0 && (!depthwise || w.size(2) <= kDwMaxTaps);
 }
 
 const char* DirectConv::name() const {

@@ -218,25 +218,24 @@ inline void dw_finish(typename T::V v, int64_t c, int valid, float* yp, const fl
   store_out<T>(v, valid, yp + c, rp ? rp + c : nullptr, e);
 }
 
-// Interior pixels [ox0, ox0 + OB) of output row oy (taps rows [i0, i1)) for a kernel KW wide,
-// stride SW, no dilation: per kernel row the OB * SW + KW - 1 input columns the OB pixels read are
-// loaded once and shared by the taps (3x3 stride 1, OB 8: 10 loads, not 24, for 24 FMAs).
+// Interior pixels [ox0, ox0 + OB) of one output row (taps rows [i0, i1), rows[i] the input row
+// of tap row i) for a kernel KW wide, stride SW, no dilation: per kernel row the OB * SW + KW - 1
+// input columns the OB pixels read are loaded once and shared by the taps (3x3 stride 1, OB 8: 10
+// loads, not 24, for 24 FMAs). yrow / rrow: the output row and its residual (or null).
 template <class T, int KW, int SW, int OB>
-inline void dw_interior(const float* x, const float* packed, float* y, const float* res,
-                        const ConvShape& s, const Epilogue& e, int64_t n, int64_t oy, int64_t i0,
+inline void dw_interior(const float* const* rows, const float* packed, float* yrow,
+                        const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
                         int64_t i1, int64_t ox0, int64_t c0, int64_t c1) {
   using V = typename T::V;
   constexpr int W = T::W, NX = OB * SW + KW - 1;
   const int64_t cp = dw_padded(s.c, W), xs = s.x_stride;
-  const int64_t pix = (n * s.oh + oy) * s.ow + ox0;
   for (int64_t c = c0; c < c1; c += W) {
     const int valid = int(std::min<int64_t>(W, s.c - c));
     V a[OB];
     LOPPER_UNROLL
     for (int m = 0; m < OB; ++m) a[m] = T::zero();
     for (int64_t i = i0; i < i1; ++i) {
-      const float* xp =
-          x + ((n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w + ox0 * SW - s.pw) * xs + c;
+      const float* xp = rows[i] + (ox0 * SW - s.pw) * xs + c;
       V xv[NX];
       LOPPER_UNROLL
       for (int q = 0; q < NX; ++q)
@@ -250,18 +249,19 @@ inline void dw_interior(const float* x, const float* packed, float* y, const flo
     }
     LOPPER_UNROLL
     for (int m = 0; m < OB; ++m)
-      dw_finish<T>(a[m], c, valid, y + (pix + m) * s.y_stride,
-                   res ? res + (pix + m) * s.r_stride : nullptr, e);
+      dw_finish<T>(a[m], c, valid, yrow + (ox0 + m) * s.y_stride,
+                   rrow ? rrow + (ox0 + m) * s.r_stride : nullptr, e);
   }
 }
 
-// One output pixel (taps [i0, i1) x [j0, j1) inside the input), NV vectors of channels from c:
-// NV independent sums (one alone waits on each FMA's latency, tap after tap: a 7x7 map under a
-// 5x5 kernel has no interior run of four pixels, and ran at a quarter of the FMA rate).
+// One output pixel (taps [i0, i1) x [j0, j1) inside the input, rows[i] the input row of tap row
+// i), NV vectors of channels from c: NV independent sums (one alone waits on each FMA's latency,
+// tap after tap: a 7x7 map under a 5x5 kernel has no interior run of four pixels, and ran at a
+// quarter of the FMA rate).
 template <class T, int NV>
-inline void dw_pixel(const float* x, const float* packed, float* yp, const float* rp,
-                     const ConvShape& s, const Epilogue& e, int64_t n, int64_t oy, int64_t ox,
-                     int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t c) {
+inline void dw_pixel(const float* const* rows, const float* packed, float* yp, const float* rp,
+                     const ConvShape& s, const Epilogue& e, int64_t ox, int64_t i0, int64_t i1,
+                     int64_t j0, int64_t j1, int64_t c) {
   using V = typename T::V;
   constexpr int W = T::W;
   const int64_t cp = dw_padded(s.c, W);
@@ -274,9 +274,8 @@ inline void dw_pixel(const float* x, const float* packed, float* yp, const float
   }
   const bool full = c + NV * W <= s.c;  // no vector past the channels: plain loads
   for (int64_t i = i0; i < i1; ++i) {
-    const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
     for (int64_t j = j0; j < j1; ++j) {
-      const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
+      const float* xp = rows[i] + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
       const float* wp = packed + (i * s.kw + j) * cp + c;
       if (full) {
         LOPPER_UNROLL
@@ -305,15 +304,86 @@ int64_t dw_chunks(const ConvShape& s) {
   return (dw_padded(s.c, T::W) + dw_chunk<T>(s) - 1) / dw_chunk<T>(s);
 }
 
-// Tiles [t0, t1) (row-major, then chunks of channels): interior pixels four at a time, the others
-// (borders, the last few) one at a time with the taps inside the input only.
+// Channels [c0, c1) of one output row: rows[i] is the input row of tap row i for i in [i0, i1)
+// (the taps rows inside the input; the others are not read); yrow / rrow the output row and its
+// residual (or null). Interior pixels four or eight at a time, the others (borders, the last few)
+// one at a time with the taps inside the input only. s: the shape with its strides explicit.
+template <class T>
+void dw_row(const float* const* rows, const float* packed, float* yrow, const float* rrow,
+            const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
+            int64_t c1) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  // Interior columns (every tap inside) kOB at a time: each weight vector loaded once for kOB
+  // pixels.
+  constexpr int kOB = 4;
+  const auto [lo, hi] = interior_columns(s);
+  int64_t blocked_end = lo;  // [lo, blocked_end) done here
+  // 3x3 without dilation (nearly every depthwise layer): the input columns shared by the taps.
+  constexpr int kOB3 = T::W >= 16 ? 8 : 4;
+  if (s.kw == 3 && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
+    for (int64_t ox = lo; ox + kOB3 <= hi + 1; ox += kOB3, blocked_end = ox) {
+      if (s.sw == 1)
+        dw_interior<T, 3, 1, kOB3>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+      else
+        dw_interior<T, 3, 2, kOB3>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+    }
+  }
+  const int64_t cp = dw_padded(s.c, W);
+  for (int64_t ox = blocked_end; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {
+    for (int64_t c = c0; c < c1; c += W) {
+      const int valid = int(std::min<int64_t>(W, s.c - c));
+      V a[kOB];
+      LOPPER_UNROLL
+      for (int m = 0; m < kOB; ++m) a[m] = T::zero();
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = 0; j < s.kw; ++j) {
+          const float* xp = rows[i] + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
+          const V wv = T::load(packed + (i * s.kw + j) * cp + c);
+          LOPPER_UNROLL
+          for (int m = 0; m < kOB; ++m) {
+            const float* xm = xp + m * s.sw * s.x_stride;
+            a[m] = T::fma(valid == W ? T::load(xm) : T::loadm(xm, valid), wv, a[m]);
+          }
+        }
+      }
+      LOPPER_UNROLL
+      for (int m = 0; m < kOB; ++m)
+        dw_finish<T>(a[m], c, valid, yrow + (ox + m) * s.y_stride,
+                     rrow ? rrow + (ox + m) * s.r_stride : nullptr, e);
+    }
+  }
+  // The other pixels, four vectors of channels at once over all of them: those weights stay in
+  // L1 from pixel to pixel (a 5x5 kernel's 1152 channels are 115 KB).
+  for (int64_t c = c0; c < c1; c += 4 * W) {
+    const int64_t nv = std::min<int64_t>(4, (c1 - c) / W);
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      if (ox >= lo && ox < blocked_end) continue;
+      int64_t j0 = 0, j1 = s.kw;
+      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
+      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      float* yp = yrow + ox * s.y_stride;
+      const float* rp = rrow ? rrow + ox * s.r_stride : nullptr;
+      if (nv == 4)
+        dw_pixel<T, 4>(rows, packed, yp, rp, s, e, ox, i0, i1, j0, j1, c);
+      else if (nv == 3)
+        dw_pixel<T, 3>(rows, packed, yp, rp, s, e, ox, i0, i1, j0, j1, c);
+      else if (nv == 2)
+        dw_pixel<T, 2>(rows, packed, yp, rp, s, e, ox, i0, i1, j0, j1, c);
+      else
+        dw_pixel<T, 1>(rows, packed, yp, rp, s, e, ox, i0, i1, j0, j1, c);
+    }
+  }
+}
+
+// Tiles [t0, t1) (row-major, then chunks of channels) of a depthwise convolution of the whole
+// input: each output row's taps rows located, then dw_row.
 template <class T>
 void dw_rows(const float* x, const float* packed, float* y, const float* res, const ConvShape& s0,
              const Epilogue& e, int64_t t0, int64_t t1) {
-  using V = typename T::V;
-  constexpr int W = T::W;
   const ConvShape s = with_strides(s0);
-  const int64_t cp = dw_padded(s.c, W), chunks = dw_chunks<T>(s), chunk = dw_chunk<T>(s);
+  const int64_t cp = dw_padded(s.c, T::W), chunks = dw_chunks<T>(s), chunk = dw_chunk<T>(s);
+  const float* rows[kDwMaxTaps];
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t / chunks, c0 = t % chunks * chunk;
     const int64_t c1 = std::min(cp, c0 + chunk);
@@ -321,68 +391,10 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     int64_t i0 = 0, i1 = s.kh;  // taps whose input row exists
     while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
     while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
-    // Interior columns (every tap inside) kOB at a time: each weight vector loaded once for kOB
-    // pixels.
-    constexpr int kOB = 4;
-    const auto [lo, hi] = interior_columns(s);
-    int64_t blocked_end = lo;  // [lo, blocked_end) done here
-    // 3x3 without dilation (nearly every depthwise layer): the input columns shared by the taps.
-    constexpr int kOB3 = T::W >= 16 ? 8 : 4;
-    if (s.kw == 3 && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
-      for (int64_t ox = lo; ox + kOB3 <= hi + 1; ox += kOB3, blocked_end = ox) {
-        if (s.sw == 1)
-          dw_interior<T, 3, 1, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox, c0, c1);
-        else
-          dw_interior<T, 3, 2, kOB3>(x, packed, y, res, s, e, n, oy, i0, i1, ox, c0, c1);
-      }
-    }
-    for (int64_t ox = blocked_end; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {
-      const int64_t pix = (n * s.oh + oy) * s.ow + ox;
-      for (int64_t c = c0; c < c1; c += W) {
-        const int valid = int(std::min<int64_t>(W, s.c - c));
-        V a[kOB];
-        LOPPER_UNROLL
-        for (int m = 0; m < kOB; ++m) a[m] = T::zero();
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
-          for (int64_t j = 0; j < s.kw; ++j) {
-            const float* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.x_stride + c;
-            const V wv = T::load(packed + (i * s.kw + j) * cp + c);
-            LOPPER_UNROLL
-            for (int m = 0; m < kOB; ++m) {
-              const float* xm = xp + m * s.sw * s.x_stride;
-              a[m] = T::fma(valid == W ? T::load(xm) : T::loadm(xm, valid), wv, a[m]);
-            }
-          }
-        }
-        LOPPER_UNROLL
-        for (int m = 0; m < kOB; ++m)
-          dw_finish<T>(a[m], c, valid, y + (pix + m) * s.y_stride,
-                       res ? res + (pix + m) * s.r_stride : nullptr, e);
-      }
-    }
-    // The other pixels, four vectors of channels at once over all of them: those weights stay in
-    // L1 from pixel to pixel (a 5x5 kernel's 1152 channels are 115 KB).
-    for (int64_t c = c0; c < c1; c += 4 * W) {
-      const int64_t nv = std::min<int64_t>(4, (c1 - c) / W);
-      for (int64_t ox = 0; ox < s.ow; ++ox) {
-        if (ox >= lo && ox < blocked_end) continue;
-        int64_t j0 = 0, j1 = s.kw;
-        while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
-        while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
-        const int64_t pix = (n * s.oh + oy) * s.ow + ox;
-        float* yp = y + pix * s.y_stride;
-        const float* rp = res ? res + pix * s.r_stride : nullptr;
-        if (nv == 4)
-          dw_pixel<T, 4>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
-        else if (nv == 3)
-          dw_pixel<T, 3>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
-        else if (nv == 2)
-          dw_pixel<T, 2>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
-        else
-          dw_pixel<T, 1>(x, packed, yp, rp, s, e, n, oy, ox, i0, i1, j0, j1, c);
-      }
-    }
+    for (int64_t i = i0; i < i1; ++i)
+      rows[i] = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
+    dw_row<T>(rows, packed, y + row * s.ow * s.y_stride, res ? res + row * s.ow * s.r_stride : nullptr,
+              s, e, i0, i1, c0, c1);
   }
 }
 

@@ -25,6 +25,10 @@ struct ConvShape {
   int64_t x_stride = 0, y_stride = 0, r_stride = 0;
 };
 
+/// The most kernel rows a depthwise convolution of these kernels has (the taps rows of an output
+/// row are located in an array of this size).
+constexpr int64_t kDwMaxTaps = 64;
+
 /// The order of a dense convolution's tiles: pixel-major (each group of pixels through every
 /// block of output channels while its input is in L1) when the weight is small enough to stay in
 /// L2 beside the activations, else block-major (each block's weights reused by every pixel).

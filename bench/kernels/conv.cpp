@@ -13,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include "exec/onednn.h"
+#include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 
 namespace kc = lopper::kernels::cpu;
@@ -112,7 +113,72 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       ->UseRealTime();
 }
 
+// MobileNetV2's inverted residual block (1x1 expansion by 6, ReLU6; 3x3 depthwise, ReLU6; 1x1
+// projection, the residual added where the stride is 1 and the channels match): lopper's three
+// kernels layer by layer against the same three in one pass (kernels/cpu/chain.h). Arguments:
+// image side, block input channels, expanded channels, output channels, depthwise stride, batch.
+struct BlockArgs {
+  int64_t side, c, m, k, stride, batch;
+  explicit BlockArgs(const benchmark::State& s)
+      : side(s.range(0)), c(s.range(1)), m(s.range(2)), k(s.range(3)), stride(s.range(4)),
+        batch(s.range(5)) {}
+  bool residual() const { return stride == 1 && c == k; }
+  int64_t out_side() const { return (side - 1) / stride + 1; }
+};
+
+kc::Activation relu6() {
+  kc::Activation a;
+  a.kind = kc::Activation::kClip, a.lo = 0, a.hi = 6;
+  return a;
+}
+
+void BM_BlockLayers(benchmark::State& state) {
+  const BlockArgs a(state);
+  at::manual_seed(7);
+  kc::DirectConv::Geometry one, dw;
+  dw.sh = dw.sw = a.stride, dw.ph = dw.pw = 1;
+  const kc::DirectConv expand(at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), 1, one);
+  const kc::DirectConv depthwise(at::randn({a.m, 1, 3, 3}), at::randn({a.m}), a.m, dw);
+  const kc::DirectConv project(at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), 1, one);
+  const at::Tensor x =
+      at::randn({a.batch, a.c, a.side, a.side}).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor res = a.residual() ? x : at::Tensor();
+  for (auto _ : state)
+    benchmark::DoNotOptimize(
+        project.run(depthwise.run(expand.run(x, {}, relu6()), {}, relu6()), res, {}));
+}
+
+void BM_BlockChain(benchmark::State& state) {
+  const BlockArgs a(state);
+  at::manual_seed(7);
+  kc::DirectConv::Geometry dw;
+  dw.sh = dw.sw = a.stride, dw.ph = dw.pw = 1;
+  const kc::ConvChain chain(
+      kc::ConvChain::Pointwise{at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), relu6()},
+      at::randn({a.m, 1, 3, 3}), at::randn({a.m}), dw, relu6(),
+      kc::ConvChain::Pointwise{at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), {}});
+  const at::Tensor x =
+      at::randn({a.batch, a.c, a.side, a.side}).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor res = a.residual() ? x : at::Tensor();
+  for (auto _ : state) benchmark::DoNotOptimize(chain.run(x, res));
+}
+
+void block_shapes(benchmark::internal::Benchmark* b) {
+  const int64_t blocks[][5] = {
+      {112, 16, 96, 24, 2},   // MobileNetV2 features.2
+      {56, 24, 144, 24, 1},   // features.3
+      {28, 32, 192, 32, 1},   // features.5
+      {14, 64, 384, 64, 1},   // features.8
+      {7, 160, 960, 160, 1},  // features.15
+  };
+  for (const auto& l : blocks)
+    for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], batch});
+  b->ArgNames({"side", "c", "m", "k", "stride", "batch"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
 }  // namespace
 
 BENCHMARK(BM_ConvOnednn)->Apply(conv_shapes);
 BENCHMARK(BM_ConvLopper)->Apply(conv_shapes);
+BENCHMARK(BM_BlockLayers)->Apply(block_shapes);
+BENCHMARK(BM_BlockChain)->Apply(block_shapes);

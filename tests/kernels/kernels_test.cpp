@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 
+#include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/pool.h"
@@ -441,6 +442,91 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({6, 2, 3, 3}), 4, 8));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 2, 3, 3}), 3, 6));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
+}
+
+// The inverted residual's chain (expansion, depthwise, projection; any two of them) against
+// ATen's three convolutions in float64: random geometries (strides, padding, dilation, kernels up
+// to 5x5, maps smaller than the kernel's reach skipped), odd channel counts, batches of 1 to 3
+// (bands of rows per image and images per thread), 1 and 2 threads, each stage's activation, bias
+// or none, residual or none.
+TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
+  std::mt19937 rng(13);
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  const int threads = at::get_num_threads();
+  int cases = 0;
+  for (kc::Isa isa : isas()) {
+    for (int it = 0; it < 120; ++it) {
+      const bool has_expand = it % 3 != 2, has_project = it % 3 != 1;
+      const int64_t n = 1 + rng() % 3, h = 1 + rng() % 13, w = 1 + rng() % 20;
+      const int64_t c = std::vector<int64_t>{3, 8, 16, 24}[rng() % 4];
+      const int64_t m = has_expand ? std::vector<int64_t>{5, 16, 48, 72}[rng() % 4] : c;
+      const int64_t k = std::vector<int64_t>{7, 16, 24}[rng() % 3];
+      int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
+      kc::DirectConv::Geometry g;
+      g.sh = 1 + rng() % 2, g.sw = 1 + rng() % 2, g.ph = rng() % 3, g.pw = rng() % 3;
+      g.dh = 1 + rng() % 2, g.dw = 1 + rng() % 2;
+      if (it % 2 == 0) kh = kw = 3, g.dh = g.dw = 1, g.ph = g.pw = 1;  // MobileNet's
+      const int64_t spare_h = h + 2 * g.ph - g.dh * (kh - 1) - 1;
+      const int64_t spare_w = w + 2 * g.pw - g.dw * (kw - 1) - 1;
+      if (spare_h < 0 || spare_w < 0) continue;
+      const int64_t oh = spare_h / g.sh + 1, ow = spare_w / g.sw + 1;
+      auto bias = [&](int64_t size) { return rng() % 2 ? at::randn({size}, gen) : at::Tensor(); };
+      std::optional<kc::ConvChain::Pointwise> expand, project;
+      if (has_expand)
+        expand = kc::ConvChain::Pointwise{at::randn({m, c, 1, 1}, gen), bias(m),
+                                          random_activation(rng)};
+      const at::Tensor dw = at::randn({m, 1, kh, kw}, gen), dw_b = bias(m);
+      const kc::Activation dw_act = random_activation(rng);
+      if (has_project)
+        project = kc::ConvChain::Pointwise{at::randn({k, m, 1, 1}, gen), bias(k),
+                                           random_activation(rng)};
+      const int64_t out_c = has_project ? k : m;
+      const at::Tensor x = at::randn({n, c, h, w}, gen);
+      const at::Tensor res = rng() % 2 ? at::randn({n, out_c, oh, ow}, gen) : at::Tensor();
+      ASSERT_TRUE(kc::ConvChain::takes(expand ? &*expand : nullptr, dw,
+                                       project ? &*project : nullptr));
+      const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa);
+      at::set_num_threads(1 + it % 2);
+      const at::Tensor y = chain.run(x, res);
+      at::set_num_threads(threads);
+      auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
+      at::Tensor ref = x.to(at::kDouble);
+      if (expand)
+        ref = activation_reference(
+            at::convolution(ref, d(expand->w), d(expand->b), {1, 1}, {0, 0}, {1, 1}, false,
+                            {0, 0}, 1),
+            expand->act);
+      ref = at::convolution(ref, d(dw), d(dw_b), {g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw}, false,
+                            {0, 0}, m);
+      if (!project) {
+        if (res.defined()) ref = ref + d(res);
+        ref = activation_reference(ref, dw_act);
+      } else {
+        ref = at::convolution(activation_reference(ref, dw_act), d(project->w), d(project->b),
+                              {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1);
+        if (res.defined()) ref = ref + d(res);
+        ref = activation_reference(ref, project->act);
+      }
+      const std::string what = std::string(kc::isa_name(isa)) + " case " + std::to_string(it) +
+                               " " + std::to_string(n) + "x" + std::to_string(c) + "x" +
+                               std::to_string(h) + "x" + std::to_string(w) + " m " +
+                               std::to_string(m) + " kernel " + std::to_string(kh) + "x" +
+                               std::to_string(kw);
+      ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+      ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
+                1e-4 * (1 + ref.abs().max().item<double>()))
+          << what;
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 200);
+  // One convolution alone is not a chain; a projection must read the depthwise channels.
+  const at::Tensor dw = at::randn({8, 1, 3, 3});
+  EXPECT_FALSE(kc::ConvChain::takes(nullptr, dw, nullptr));
+  const kc::ConvChain::Pointwise wrong{at::randn({4, 6, 1, 1}), {}, {}};
+  EXPECT_FALSE(kc::ConvChain::takes(nullptr, dw, &wrong));
+  EXPECT_FALSE(kc::ConvChain::takes(&wrong, dw, nullptr));
 }
 
 // Each ISA's NHWC max pooling against ATen's max_pool2d: random geometries, odd channel counts,

@@ -615,6 +615,10 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     },
     Wide::W,
     ConvTraits<Wide>::kNV,
+    [](const float* const* rows, const float* packed, float* yrow, const float* rrow,
+       const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+      dw_row<Wide>(rows, packed, yrow, rrow, with_strides(s), e, i0, i1, c0, c1);
+    },
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
     },

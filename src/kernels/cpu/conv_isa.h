@@ -52,6 +52,13 @@ struct ConvIsaOps {
   void (*run)(const float* x, const float* packed, float* y, const float* residual,
               const ConvShape& s, bool depthwise, const Epilogue& e, int64_t t0, int64_t t1);
   int width, block_vectors;  // floats per vector; vectors per dense block (see tiles)
+  /// One output row of a depthwise convolution, channels [c0, c1) (whole vectors; c1 at most the
+  /// channels rounded up to `width`): rows[i] is the input row read by kernel row i, for the rows
+  /// [i0, i1) inside the input (the others are not read); yrow and rrow (null: none) the output
+  /// row and its residual. s.n, s.h, s.oh and s.ph are not read.
+  void (*dw_row)(const float* const* rows, const float* packed, float* yrow, const float* rrow,
+                 const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
+                 int64_t c1);
   /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
   void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
   /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1), x's pixels ldx

@@ -1,0 +1,156 @@
+#include "kernels/cpu/chain.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/conv_isa.h"
+#include "lopper/error.h"
+
+namespace lopper::kernels::cpu {
+namespace {
+
+bool pointwise_weight(const at::Tensor& w) {
+  return w.dim() == 4 && w.scalar_type() == at::kFloat && w.device().is_cpu() && w.size(2) == 1 &&
+         w.size(3) == 1 && w.size(0) > 0 && w.size(1) > 0;
+}
+
+}  // namespace
+
+bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project) {
+  if ((expand != nullptr) + (project != nullptr) < 1) return false;
+  if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() ||
+      dw.size(1) != 1 || dw.size(0) < 1 || dw.size(2) > kDwMaxTaps)
+    return false;
+  const int64_t m = dw.size(0);
+  if (expand && !(pointwise_weight(expand->w) && expand->w.size(0) == m)) return false;
+  return !project || (pointwise_weight(project->w) && project->w.size(1) == m);
+}
+
+ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Activation act,
+                                 bool depthwise) const {
+  const at::Tensor w = w_in.contiguous();
+  Stage st;
+  st.k = w.size(0);
+  st.c = depthwise ? st.k : w.size(1);
+  ConvShape s;
+  s.c = st.c, s.k = st.k, s.kh = w.size(2), s.kw = w.size(3);
+  st.packed.resize(ops_->packed_size(s, depthwise));
+  ops_->pack(w.data_ptr<float>(), s, depthwise, st.packed.data());
+  if (b.defined()) {
+    const at::Tensor bc = b.to(at::kFloat).contiguous();
+    st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
+  }
+  st.act = act;
+  return st;
+}
+
+ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w,
+                     const at::Tensor& dw_b, DirectConv::Geometry g, Activation dw_act,
+                     const std::optional<Pointwise>& project, Isa isa)
+    : ops_(&conv_isa_ops(isa)), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
+  LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr),
+               "[kernels] the convolution chain does not take these weights");
+  if (expand) expand_ = pack(expand->w, expand->b, expand->act, false);
+  dw_ = pack(dw_w, dw_b, dw_act, true);
+  if (project) project_ = pack(project->w, project->b, project->act, false);
+}
+
+at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) const {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  const int64_t c = expand_ ? expand_->c : dw_.c, m = dw_.c;
+  LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c && x_in.scalar_type() == at::kFloat,
+               "[kernels] the convolution chain wants float32 [n, ", c, ", h, w], got ",
+               x_in.scalar_type(), " ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(kCl);
+  const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+  // The depthwise convolution's shape (its input: the expanded map, m channels a pixel).
+  ConvShape ds;
+  ds.n = 1, ds.h = h, ds.w = w, ds.c = ds.k = m, ds.kh = kh_, ds.kw = kw_;
+  ds.sh = g_.sh, ds.sw = g_.sw, ds.ph = g_.ph, ds.pw = g_.pw, ds.dh = g_.dh, ds.dw = g_.dw;
+  const int64_t spare_h = h + 2 * ds.ph - ds.dh * (kh_ - 1) - 1;
+  const int64_t spare_w = w + 2 * ds.pw - ds.dw * (kw_ - 1) - 1;
+  LOPPER_CHECK(spare_h >= 0 && spare_w >= 0,
+               "[kernels] the depthwise kernel reaches past its padded input ", x.sizes());
+  ds.oh = spare_h / ds.sh + 1, ds.ow = spare_w / ds.sw + 1;
+  ds.x_stride = ds.y_stride = ds.r_stride = m;
+  const int64_t oh = ds.oh, ow = ds.ow, k = project_ ? project_->k : m;
+  at::Tensor y = at::empty({n, k, oh, ow}, x.options().memory_format(kCl));
+  at::Tensor r;
+  if (residual.defined()) {
+    LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
+                 ", the output ", y.sizes());
+    r = residual.to(at::kFloat).contiguous(kCl);
+  }
+  ConvShape es;  // one input row through the expansion
+  es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;
+  ConvShape ps;  // one depthwise row through the projection
+  ps.h = ps.oh = 1, ps.w = ps.ow = ow, ps.c = m, ps.k = k;
+  const int64_t e_tiles = expand_ ? ops_->tiles(es, false) : 0;
+  const int64_t p_tiles = project_ ? ops_->tiles(ps, false) : 0;
+  auto epilogue = [](const Stage& st) {
+    return to_epilogue(st.act, st.bias.empty() ? nullptr : st.bias.data());
+  };
+  const Epilogue ee = expand_ ? epilogue(*expand_) : Epilogue{}, de = epilogue(dw_);
+  const Epilogue pe = project_ ? epilogue(*project_) : Epilogue{};
+  const int64_t span = (kh_ - 1) * ds.dh + 1;  // input rows an output row reads
+  const int64_t row_floats = w * m, ring_floats = expand_ ? span * row_floats : 0;
+  const int64_t mid_floats = project_ ? ow * m : 0;
+  const int64_t cp = (m + ops_->width - 1) / ops_->width * ops_->width;
+  // Bands of output rows: one per image when the images keep the threads busy, else each image
+  // split in as many as the threads (each band makes again the few expanded rows it shares with
+  // the band above).
+  const int64_t threads = at::get_num_threads();
+  const int64_t bands = n >= threads ? 1 : std::min(oh, (threads + n - 1) / n);
+  const float* xp = x.data_ptr<float>();
+  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n * bands, 1, [&](int64_t u0, int64_t u1) {
+    at::Tensor scratch = at::empty({std::max<int64_t>(1, ring_floats + mid_floats)}, x.options());
+    float* ring = scratch.data_ptr<float>();
+    float* mid = ring + ring_floats;
+    const float* rows[kDwMaxTaps];
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t img = u / bands, band = u % bands;
+      const int64_t r0 = oh * band / bands, r1 = oh * (band + 1) / bands;
+      const float* ximg = xp + img * h * w * c;
+      int64_t made = -1;  // the last expanded row made (rows are made in increasing order)
+      for (int64_t oy = r0; oy < r1; ++oy) {
+        const int64_t first = oy * ds.sh - ds.ph;
+        int64_t i0 = 0, i1 = kh_;  // kernel rows whose input row exists
+        while (i0 < kh_ && first + i0 * ds.dh < 0) ++i0;
+        while (i1 > i0 && first + (i1 - 1) * ds.dh >= h) --i1;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t iy = first + i * ds.dh;
+          if (!expand_) {
+            rows[i] = ximg + iy * w * c;
+            continue;
+          }
+          // NOTE: the window's rows not made yet are made in order (a dilated kernel reads every
+          // other one, the next output row the others; the window's first row, unlike its first
+          // row inside the image, never moves back), each into slot row % span, over row - span:
+          // before the window, no longer read.
+          for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
+            ops_->run(ximg + row * w * c, expand_->packed.data(), ring + row % span * row_floats,
+                      nullptr, es, false, ee, 0, e_tiles);
+            made = row;
+          }
+          rows[i] = ring + iy % span * row_floats;
+        }
+        const int64_t out_row = (img * oh + oy) * ow;
+        if (!project_) {
+          ops_->dw_row(rows, dw_.packed.data(), yp + out_row * m, rp ? rp + out_row * m : nullptr,
+                       ds, de, i0, i1, 0, cp);
+          continue;
+        }
+        ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
+        ops_->run(mid, project_->packed.data(), yp + out_row * k, rp ? rp + out_row * k : nullptr,
+                  ps, false, pe, 0, p_tiles);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace lopper::kernels::cpu

@@ -1,0 +1,53 @@
+// An inverted residual's convolutions in one pass over the image's rows (internal): MobileNetV2's,
+// MnasNet's, EfficientNet's and MobileNetV3's pointwise expansion, depthwise convolution and
+// pointwise projection. Layer by layer, the expanded activation (six times the block's channels)
+// goes to memory and back twice; here each thread runs a band of output rows, makes the expanded
+// rows its depthwise rows read into a ring of kernel-height rows, and sends each depthwise row
+// straight through the projection, so that the wide activations stay in L1 and L2.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "kernels/cpu/conv.h"
+
+namespace lopper::kernels::cpu {
+
+class ConvChain {
+ public:
+  /// A 1x1 convolution of stride 1 without padding: w [k, c, 1, 1] float32, b [k] or undefined.
+  struct Pointwise {
+    at::Tensor w, b;
+    Activation act;
+  };
+  /// Whether the kernels take the chain: at least two of the three convolutions, float32 CPU
+  /// weights, the depthwise one w [m, 1, kh, kw] (kh at most kDwMaxTaps) between an expansion to
+  /// m channels and a projection from them.
+  static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project);
+
+  ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w, const at::Tensor& dw_b,
+            DirectConv::Geometry g, Activation dw_act, const std::optional<Pointwise>& project,
+            Isa isa = active_isa());
+
+  /// y [n, k, oh, ow] channels-last for x [n, c, h, w] float32; `residual` undefined or of y's
+  /// shape, added by the last convolution before its activation.
+  at::Tensor run(const at::Tensor& x, const at::Tensor& residual) const;
+
+ private:
+  struct Stage {
+    std::vector<float> packed, bias;
+    Activation act;
+    int64_t c = 0, k = 0;
+  };
+  Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise) const;
+
+  const ConvIsaOps* ops_;
+  std::optional<Stage> expand_, project_;
+  Stage dw_;
+  int64_t kh_ = 1, kw_ = 1;
+  DirectConv::Geometry g_;
+};
+
+}  // namespace lopper::kernels::cpu

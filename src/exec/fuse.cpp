@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -446,6 +448,105 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     az.ints = {allowzero(first), allowzero(last)};
     last.attrs = {az};
     for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+    index();
+  }
+
+  // 2e. An inverted residual's convolutions, [1x1 expansion ->] depthwise [-> 1x1 projection]
+  //     (at least two), each read only by the next -> ConvChain(x [, residual]) whose "body"
+  //     attribute holds the convolutions themselves and their weights: the op runs them in one
+  //     pass over the rows, or runs the body layer by layer where that is faster or its kernels
+  //     do not apply (ops/conv.cpp).
+  uses.build(g, removed);
+  index();
+  auto conv_weight = [&](const ir::Node& n) -> const ir::Initializer* {
+    const bool conv = is(n, "Conv") || (n.domain == "ai.lopper" && n.op_type == "FusedConv");
+    if (!conv || n.inputs.size() < 2 || outputs_used(n) != 1 || n.outputs[0].empty())
+      return nullptr;
+    const auto* ap = find_attr(n, "auto_pad");
+    if (ap && !ap->s.empty() && ap->s != "NOTSET") return nullptr;
+    const ir::Initializer* w = g.find_initializer(n.inputs[1]);
+    if (!w || w->value.dim() != 4 || !w->value.is_floating_point()) return nullptr;
+    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !g.find_initializer(n.inputs[2]))
+      return nullptr;
+    return w;
+  };
+  auto ints_are = [&](const ir::Node& n, const char* name, int64_t v) {
+    const auto* a = find_attr(n, name);
+    if (!a) return true;
+    for (int64_t x : a->ints)
+      if (x != v) return false;
+    return true;
+  };
+  auto group_of = [&](const ir::Node& n) {
+    const auto* a = find_attr(n, "group");
+    return a ? a->i : int64_t{1};
+  };
+  // A 1x1 convolution of stride 1 without padding; `residual`: whether it may add one.
+  auto pointwise = [&](const ir::Node& n, bool residual) {
+    const ir::Initializer* w = conv_weight(n);
+    return w && w->value.size(2) == 1 && w->value.size(3) == 1 && group_of(n) == 1 &&
+           ints_are(n, "strides", 1) && ints_are(n, "pads", 0) && ints_are(n, "dilations", 1) &&
+           (residual || n.inputs.size() <= 3);
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (removed[i]) continue;
+    const ir::Node& dw = g.nodes[i];
+    const ir::Initializer* dww = conv_weight(dw);
+    if (!dww || dww->value.size(1) != 1 || group_of(dw) != dww->value.size(0) || group_of(dw) < 2)
+      continue;
+    const int64_t m = dww->value.size(0);
+    std::optional<size_t> expand, project;
+    auto p = producer.find(dw.inputs[0]);
+    if (p != producer.end() && !removed[p->second] && uses.single(dw.inputs[0]) &&
+        pointwise(g.nodes[p->second], false) &&
+        g.find_initializer(g.nodes[p->second].inputs[1])->value.size(0) == m)
+      expand = p->second;
+    if (dw.inputs.size() <= 3 && uses.single(dw.outputs[0])) {
+      const size_t r = *reader_of(dw.outputs[0]);
+      const ir::Node& pn = g.nodes[r];
+      if (pointwise(pn, true) && pn.inputs[0] == dw.outputs[0] &&
+          (pn.inputs.size() <= 3 || pn.inputs[3] != dw.outputs[0]) &&
+          g.find_initializer(pn.inputs[1])->value.size(1) == m)
+        project = r;
+    }
+    if (!expand && !project) continue;
+    std::vector<size_t> pieces;
+    if (expand) pieces.push_back(*expand);
+    pieces.push_back(i);
+    if (project) pieces.push_back(*project);
+    const ir::Node& first = g.nodes[pieces.front()];
+    ir::Node& last = g.nodes[pieces.back()];
+    auto body = std::make_shared<ir::Graph>();
+    body->name = dw.name + "/chain";
+    body->inputs.push_back({first.inputs[0], {}, ""});
+    std::vector<std::string> inputs{first.inputs[0]};
+    if (last.inputs.size() > 3 && !last.inputs[3].empty()) {
+      body->inputs.push_back({last.inputs[3], {}, ""});
+      inputs.push_back(last.inputs[3]);
+    }
+    body->outputs.push_back({last.outputs[0], {}, ""});
+    for (size_t k : pieces) {
+      const ir::Node& n = g.nodes[k];
+      body->nodes.push_back(n);
+      for (size_t q = 1; q < std::min<size_t>(3, n.inputs.size()); ++q)
+        if (!n.inputs[q].empty() && !body->find_initializer(n.inputs[q]))
+          body->initializers.push_back(*g.find_initializer(n.inputs[q]));  // shares the tensor
+    }
+    ir::Node chain;
+    chain.name = dw.name.empty() ? "" : dw.name + "/chain";
+    chain.domain = "ai.lopper";
+    chain.op_type = "ConvChain";
+    chain.inputs = std::move(inputs);
+    chain.outputs = {last.outputs[0]};
+    ir::Attribute ba;
+    ba.name = "body";
+    ba.type = ir::AttrType::kGraph;
+    ba.g = body;
+    chain.attrs = {ba};
+    // NOTE: in the place of the last piece: its residual may be made after the first.
+    for (size_t k : pieces) removed[k] = k != pieces.back();
+    last = std::move(chain);
     uses.build(g, removed);
     index();
   }

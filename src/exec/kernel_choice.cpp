@@ -195,12 +195,13 @@ size_t forced(const std::vector<KernelCandidate>& cands) {
 // its 16->96 pointwise layer 0.36 vs 0.26 ms in the model, after lone times 3-7% apart the
 // other way.
 constexpr double kOwnMargin = 1.10;
-size_t keep_of(const std::vector<KernelCandidate>& cands, const std::vector<double>& t, bool gpu) {
+size_t keep_of(const std::vector<KernelCandidate>& cands, const std::vector<double>& t, bool gpu,
+               bool prefer_own) {
   size_t best = 0;
   for (size_t i = 0; i < cands.size(); ++i)
     if (t[i] < t[best]) best = i;
   auto own = [&](size_t i) { return cands[i].name.rfind("lopper-", 0) == 0; };
-  if (gpu || own(best)) return best;
+  if (gpu || !prefer_own || own(best)) return best;
   size_t own_best = cands.size();
   for (size_t i = 0; i < cands.size(); ++i)
     if (own(i) && (own_best == cands.size() || t[i] < t[own_best])) own_best = i;
@@ -209,9 +210,15 @@ size_t keep_of(const std::vector<KernelCandidate>& cands, const std::vector<doub
 
 }  // namespace
 
+std::optional<bool> kernel_forced(const std::string& name) {
+  const char* env = std::getenv("LOPPER_FORCE_KERNEL");
+  if (!env || !*env) return std::nullopt;
+  return forced({{name, {}}}) == 0;
+}
+
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
-                     std::vector<std::string> refused) {
+                     std::vector<std::string> refused, bool prefer_own) {
   KernelDecision d;
   d.refused = std::move(refused);
   d.node = c.node().label();
@@ -266,7 +273,7 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
       d.timings.emplace_back(cands[i].name, t[i]);
       ms[cands[i].name] = t[i];
     }
-    best = keep_of(cands, t, input.is_cuda());
+    best = keep_of(cands, t, input.is_cuda(), prefer_own);
     ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
   }
   d.chosen = cands[best].name;

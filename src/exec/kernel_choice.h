@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,15 @@ struct KernelCandidate {
 /// (hashed), the input's shape, the candidates' names and whether the timing was cold. The
 /// decision is reported to the executor (Executor::kernel_decisions).
 /// `refused` names the kernels that were considered but could not run here, each with why (they
-/// are reported with the decision).
+/// are reported with the decision). `prefer_own`: keep a kernel of lopper's own within 10% of a
+/// faster library kernel (see keep_of); off where the candidates are whole sequences of layers
+/// timed alike.
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
-                     std::vector<std::string> refused = {});
+                     std::vector<std::string> refused = {}, bool prefer_own = true);
+
+/// Whether LOPPER_FORCE_KERNEL names `name` when it names kernels (tests and end-to-end
+/// comparisons of kernels); nothing when it does not.
+std::optional<bool> kernel_forced(const std::string& name);
 
 }  // namespace lopper::ops

@@ -4,6 +4,7 @@
 #include "exec/kernel_choice.h"
 #include "exec/onednn.h"
 #include "exec/sparse_linear.h"
+#include "kernels/cpu/chain.h"
 #include "ops/channels.h"
 #include "ops/conv_geometry.h"
 #include "ops/op.h"
@@ -324,6 +325,90 @@ void conv_forward(OpContext& c) {
   c.set_output(0, onednn::apply_unfused(y, post));
 }
 
+// ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise
+// [-> 1x1 projection] convolutions (exec/fuse.cpp). On the CPU in float32 both ways are timed once
+// on the real input: lopper's one pass over the rows (kernels/cpu/chain.h) and the body layer by
+// layer (each convolution with its own kernel choice); anywhere else the body runs.
+struct ChainState {
+  std::shared_ptr<const kernels::cpu::ConvChain> chain;  // null: layer by layer
+  bool decided = false;
+};
+
+// The one-pass chain of `body`'s convolutions, or null where its kernels do not take them (an
+// activation they do not fuse, a weight that is not float32).
+std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body) {
+  using kernels::cpu::ConvChain;
+  std::optional<ConvChain::Pointwise> expand, project;
+  const ir::Node* dw = nullptr;
+  kernels::cpu::DirectConv::Geometry g;
+  auto tensor = [&](const ir::Node& n, size_t i) {
+    const ir::Initializer* t =
+        i < n.inputs.size() && !n.inputs[i].empty() ? body.find_initializer(n.inputs[i]) : nullptr;
+    return t ? t->value : at::Tensor();
+  };
+  for (const ir::Node& n : body.nodes) {
+    const AttrReader attrs(n);
+    const onednn::PostOp post = onednn::post_op_of(attrs);
+    const kernels::cpu::Activation act = fused_activation(post);
+    if (!post.attr.empty() && post.attr != "none" && act.kind == kernels::cpu::Activation::kNone)
+      return nullptr;
+    const at::Tensor w = tensor(n, 1), b = tensor(n, 2);
+    if (!w.defined() || w.dim() != 4) return nullptr;
+    if (attrs.attr_int("group", 1) > 1) {
+      dw = &n;
+      const auto strides = attrs.attr_ints("strides", {1, 1});
+      const auto pads = attrs.attr_ints("pads", {0, 0, 0, 0});
+      const auto dil = attrs.attr_ints("dilations", {1, 1});
+      if (strides.size() != 2 || pads.size() != 4 || dil.size() != 2 || pads[0] != pads[2] ||
+          pads[1] != pads[3])
+        return nullptr;
+      g.sh = strides[0], g.sw = strides[1], g.ph = pads[0], g.pw = pads[1];
+      g.dh = dil[0], g.dw = dil[1];
+    } else {
+      (dw ? project : expand) = ConvChain::Pointwise{w, b, act};
+    }
+  }
+  if (!dw) return nullptr;
+  const at::Tensor dw_w = tensor(*dw, 1), dw_b = tensor(*dw, 2);
+  if (!ConvChain::takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr))
+    return nullptr;
+  const kernels::cpu::Activation dw_act = fused_activation(onednn::post_op_of(AttrReader(*dw)));
+  return std::make_shared<const ConvChain>(expand, dw_w, dw_b, g, dw_act, project);
+}
+
+void conv_chain_forward(OpContext& c) {
+  const ir::Attribute* a = c.node().attr("body");
+  c.check(a && a->g, "needs its 'body' graph");
+  const ir::Graph& body = *a->g;
+  std::vector<at::Tensor> ins{c.input(0)};
+  if (c.has_input(1)) ins.push_back(c.input(1));
+  auto layers = [&] { return c.run_subgraph(body, ins).at(0); };
+  const at::Tensor& x = c.input(0);
+  if (!(x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == at::kFloat && c.prepack()))
+    return c.set_output(0, layers());
+  auto& st = c.state<ChainState>();
+  const at::Tensor residual = c.has_input(1) ? c.input(1) : at::Tensor();
+  if (!st.decided) {
+    st.decided = true;
+    // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.
+    const std::optional<bool> forced = kernel_forced("lopper-chain");
+    st.chain = forced.value_or(true) ? chain_of(body) : nullptr;
+    if (st.chain && !forced) {
+      // NOTE: both candidates are whole sequences timed from the same input, so neither gets
+      // the margin a lone kernel of lopper's own gets (kernel_choice.h).
+      const ir::Node* dw = nullptr;
+      for (const ir::Node& n : body.nodes)
+        if (AttrReader(n).attr_int("group", 1) > 1) dw = &n;
+      const std::vector<KernelCandidate> cands{
+          {"layer-by-layer", [&] { layers(); }},
+          {"lopper-chain", [&] { st.chain->run(x, residual); }}};
+      if (choose_kernel(c, cands, body.find_initializer(dw->inputs[1])->value, x, {}, false) == 0)
+        st.chain.reset();
+    }
+  }
+  c.set_output(0, st.chain ? st.chain->run(x, residual) : layers());
+}
+
 int64_t conv_macs(const MacContext& m) {
   if (m.in_shapes.size() < 2 || m.out_shapes.empty() || m.out_shapes[0].size() < 3) return 0;
   const auto& w = m.in_shapes[1];   // [Cout, Cin/group, k...]
@@ -552,6 +637,7 @@ void register_conv(OpTable& t) {
   t.add({"", "ConvTranspose", conv_transpose_forward, conv_transpose_macs});
   t.add({"ai.lopper", "FusedConv", conv_forward, conv_macs});
   t.add({"", "Col2Im", col2im});
+  t.add({"ai.lopper", "ConvChain", conv_chain_forward});
   t.set_channels({"Conv"}, conv_channels);
   t.set_channels({"ConvTranspose"}, conv_transpose_channels);
 }

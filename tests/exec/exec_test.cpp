@@ -930,6 +930,65 @@ TEST(Exec, ChannelShuffleOfAConcatenationMatchesAten) {
   }
 }
 
+// MobileNet's inverted residuals fused into ai.lopper.ConvChain: expansion (ReLU6 as Clip) ->
+// depthwise (stride 1, ReLU6) -> projection + residual; depthwise (stride 2) -> projection alone;
+// expansion -> depthwise (dilated) whose output two nodes read (no projection). The one pass, the
+// layers one by one under each forced kernel list, and the timed choice against ATen; a
+// depthwise convolution read by two projections is not fused.
+TEST(Exec, InvertedResidualChainsMatchAten) {
+  at::manual_seed(23);
+  ir::Model m = image_model({2, 8, 9, 11});
+  ir::Graph& g = m.graph;
+  auto init = initializer_adder(g);
+  init("we", at::randn({24, 8, 1, 1}) * 0.3);
+  init("be", at::randn({24}) * 0.1);
+  init("wd", at::randn({24, 1, 3, 3}) * 0.3);
+  init("bd", at::randn({24}) * 0.1);
+  init("wp", at::randn({8, 24, 1, 1}) * 0.3);
+  init("wd2", at::randn({8, 1, 3, 3}) * 0.3);
+  init("wp2", at::randn({5, 8, 1, 1}) * 0.3);
+  init("wd3", at::randn({24, 1, 3, 3}) * 0.3);
+  init("lo", at::tensor(0.f));
+  init("hi", at::tensor(6.f));
+  auto six = [](const char* in, const char* out) { return node("Clip", {in, "lo", "hi"}, {out}); };
+  auto pads = [](int64_t p) { return ints_attr("pads", {p, p, p, p}); };
+  g.nodes = {
+      node("Conv", {"x", "we", "be"}, {"e"}),
+      six("e", "e6"),
+      node("Conv", {"e6", "wd", "bd"}, {"d"}, {int_attr("group", 24), pads(1)}),
+      six("d", "d6"),
+      node("Conv", {"d6", "wp"}, {"p"}),
+      node("Add", {"p", "x"}, {"y1"}),
+      node("Conv", {"y1", "wd2"}, {"d2"},
+           {int_attr("group", 8), pads(1), ints_attr("strides", {2, 2})}),
+      node("Conv", {"d2", "wp2"}, {"y2"}),
+      node("Conv", {"y1", "we", "be"}, {"e3"}),
+      six("e3", "e36"),
+      node("Conv", {"e36", "wd3"}, {"d3"},
+           {int_attr("group", 24), pads(2), ints_attr("dilations", {2, 2})}),
+      node("Relu", {"d3"}, {"y3"}),
+      node("Sigmoid", {"d3"}, {"y4"}),
+      node("Conv", {"y1", "wd2"}, {"d5"}, {int_attr("group", 8), pads(1)}),
+      node("Conv", {"d5", "wp2"}, {"y5"}),
+      node("Conv", {"d5", "wp2"}, {"y6"}),
+  };
+  name_outputs(g, 6);
+  int chains = 0;
+  for (const auto& n : exec::fuse_for_inference(g, 17).nodes) chains += n.op_type == "ConvChain";
+  EXPECT_EQ(chains, 3);
+  const at::Tensor x = at::randn({2, 8, 9, 11});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor e = at::clamp(at::conv2d(x, w("we"), w("be")), 0, 6);
+  const at::Tensor y1 =
+      at::conv2d(at::clamp(at::conv2d(e, w("wd"), w("bd"), 1, 1, 1, 24), 0, 6), w("wp")) + x;
+  const at::Tensor y2 = at::conv2d(at::conv2d(y1, w("wd2"), {}, 2, 1, 1, 8), w("wp2"));
+  const at::Tensor d3 =
+      at::conv2d(at::clamp(at::conv2d(y1, w("we"), w("be")), 0, 6), w("wd3"), {}, 1, 2, 2, 24);
+  const at::Tensor y5 = at::conv2d(at::conv2d(y1, w("wd2"), {}, 1, 1, 1, 8), w("wp2"));
+  expect_outputs_match(m, x, {y1, y2, at::relu(d3), at::sigmoid(d3), y5, y5},
+                       {"lopper-chain", "lopper-direct", "onednn-conv,onednn-linear", "aten", ""});
+}
+
 // A network's first layer: an NCHW input of a few channels, padded straight from its planes by
 // lopper's direct kernel; 1 to 4 channels, strides 1 and 2, against ATen.
 TEST(Exec, FirstLayerOfFewChannelsMatchesAten) {

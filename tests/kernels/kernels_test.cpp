@@ -473,18 +473,18 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       auto bias = [&](int64_t size) { return rng() % 2 ? at::randn({size}, gen) : at::Tensor(); };
       std::optional<kc::ConvChain::Pointwise> expand, project;
       if (has_expand)
-        expand = kc::ConvChain::Pointwise{at::randn({m, c, 1, 1}, gen), bias(m),
-                                          random_activation(rng)};
+        expand =
+            kc::ConvChain::Pointwise{at::randn({m, c, 1, 1}, gen), bias(m), random_activation(rng)};
       const at::Tensor dw = at::randn({m, 1, kh, kw}, gen), dw_b = bias(m);
       const kc::Activation dw_act = random_activation(rng);
       if (has_project)
-        project = kc::ConvChain::Pointwise{at::randn({k, m, 1, 1}, gen), bias(k),
-                                           random_activation(rng)};
+        project =
+            kc::ConvChain::Pointwise{at::randn({k, m, 1, 1}, gen), bias(k), random_activation(rng)};
       const int64_t out_c = has_project ? k : m;
       const at::Tensor x = at::randn({n, c, h, w}, gen);
       const at::Tensor res = rng() % 2 ? at::randn({n, out_c, oh, ow}, gen) : at::Tensor();
-      ASSERT_TRUE(kc::ConvChain::takes(expand ? &*expand : nullptr, dw,
-                                       project ? &*project : nullptr));
+      ASSERT_TRUE(
+          kc::ConvChain::takes(expand ? &*expand : nullptr, dw, project ? &*project : nullptr));
       const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa);
       at::set_num_threads(1 + it % 2);
       const at::Tensor y = chain.run(x, res);
@@ -492,10 +492,9 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
       at::Tensor ref = x.to(at::kDouble);
       if (expand)
-        ref = activation_reference(
-            at::convolution(ref, d(expand->w), d(expand->b), {1, 1}, {0, 0}, {1, 1}, false,
-                            {0, 0}, 1),
-            expand->act);
+        ref = activation_reference(at::convolution(ref, d(expand->w), d(expand->b), {1, 1}, {0, 0},
+                                                   {1, 1}, false, {0, 0}, 1),
+                                   expand->act);
       ref = at::convolution(ref, d(dw), d(dw_b), {g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw}, false,
                             {0, 0}, m);
       if (!project) {
@@ -507,11 +506,10 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
         if (res.defined()) ref = ref + d(res);
         ref = activation_reference(ref, project->act);
       }
-      const std::string what = std::string(kc::isa_name(isa)) + " case " + std::to_string(it) +
-                               " " + std::to_string(n) + "x" + std::to_string(c) + "x" +
-                               std::to_string(h) + "x" + std::to_string(w) + " m " +
-                               std::to_string(m) + " kernel " + std::to_string(kh) + "x" +
-                               std::to_string(kw);
+      const std::string what =
+          std::string(kc::isa_name(isa)) + " case " + std::to_string(it) + " " + std::to_string(n) +
+          "x" + std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) + " m " +
+          std::to_string(m) + " kernel " + std::to_string(kh) + "x" + std::to_string(kw);
       ASSERT_EQ(y.sizes(), ref.sizes()) << what;
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),

@@ -20,8 +20,8 @@ bool pointwise_weight(const at::Tensor& w) {
 
 bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project) {
   if ((expand != nullptr) + (project != nullptr) < 1) return false;
-  if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() ||
-      dw.size(1) != 1 || dw.size(0) < 1 || dw.size(2) > kDwMaxTaps)
+  if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() || dw.size(1) != 1 ||
+      dw.size(0) < 1 || dw.size(2) > kDwMaxTaps)
     return false;
   const int64_t m = dw.size(0);
   if (expand && !(pointwise_weight(expand->w) && expand->w.size(0) == m)) return false;

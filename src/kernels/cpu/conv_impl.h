@@ -310,8 +310,7 @@ int64_t dw_chunks(const ConvShape& s) {
 // one at a time with the taps inside the input only. s: the shape with its strides explicit.
 template <class T>
 void dw_row(const float* const* rows, const float* packed, float* yrow, const float* rrow,
-            const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
-            int64_t c1) {
+            const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   using V = typename T::V;
   constexpr int W = T::W;
   // Interior columns (every tap inside) kOB at a time: each weight vector loaded once for kOB
@@ -393,8 +392,8 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
     for (int64_t i = i0; i < i1; ++i)
       rows[i] = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
-    dw_row<T>(rows, packed, y + row * s.ow * s.y_stride, res ? res + row * s.ow * s.r_stride : nullptr,
-              s, e, i0, i1, c0, c1);
+    dw_row<T>(rows, packed, y + row * s.ow * s.y_stride,
+              res ? res + row * s.ow * s.r_stride : nullptr, s, e, i0, i1, c0, c1);
   }
 }
 
@@ -616,9 +615,8 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     Wide::W,
     ConvTraits<Wide>::kNV,
     [](const float* const* rows, const float* packed, float* yrow, const float* rrow,
-       const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
-      dw_row<Wide>(rows, packed, yrow, rrow, with_strides(s), e, i0, i1, c0, c1);
-    },
+       const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
+       int64_t c1) { dw_row<Wide>(rows, packed, yrow, rrow, with_strides(s), e, i0, i1, c0, c1); },
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
     },

@@ -120,10 +120,13 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
 struct BlockArgs {
   int64_t side, c, m, k, stride, batch;
   explicit BlockArgs(const benchmark::State& s)
-      : side(s.range(0)), c(s.range(1)), m(s.range(2)), k(s.range(3)), stride(s.range(4)),
+      : side(s.range(0)),
+        c(s.range(1)),
+        m(s.range(2)),
+        k(s.range(3)),
+        stride(s.range(4)),
         batch(s.range(5)) {}
   bool residual() const { return stride == 1 && c == k; }
-  int64_t out_side() const { return (side - 1) / stride + 1; }
 };
 
 kc::Activation relu6() {
@@ -173,7 +176,9 @@ void block_shapes(benchmark::internal::Benchmark* b) {
   };
   for (const auto& l : blocks)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], batch});
-  b->ArgNames({"side", "c", "m", "k", "stride", "batch"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+  b->ArgNames({"side", "c", "m", "k", "stride", "batch"})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
 }
 
 }  // namespace

@@ -195,8 +195,8 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   // first layer: its padded copy is made straight from the planes); anything else is made
   // channels-last.
   int64_t ldx = pixel_stride(x_in);
-  const bool planar =
-      ldx == 0 && !depthwise_ && (g_.ph > 0 || g_.pw > 0) && c_ <= 4 && x_in.is_contiguous();
+  const bool planar = ldx == 0 && !depthwise_ && groups_ == 1 && (g_.ph > 0 || g_.pw > 0) &&
+                      c_ <= 4 && x_in.is_contiguous();
   const at::Tensor x = ldx > 0 || planar ? x_in : x_in.contiguous(kCl);
   if (ldx == 0) ldx = c_;
   ConvShape s;
@@ -215,39 +215,40 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const float* xp = x.data_ptr<float>();
   // The dense kernel reads every tap of every pixel without a check: a padded copy, made by the
   // threads (a small layer's time is otherwise its overheads: ATen's pad op took as long as a
-  // 14x14 convolution).
+  // 14x14 convolution). A planar input stays planar: each channel's rows copied whole, the
+  // kernel reading the planes (ConvShape::c_stride) one image at a time.
   at::Tensor padded;
   if (!depthwise_ && (s.ph > 0 || s.pw > 0)) {
     const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, c = s.c;
     padded = at::empty({s.n * hp * wp * c}, x.options());
     float* dst = padded.data_ptr<float>();
-    at::parallel_for(0, s.n * hp, 8, [&](int64_t r0, int64_t r1) {
+    const int64_t px = planar ? 1 : c;  // floats a padded pixel holds
+    // planar: rows of [n][c][hp] planes; else rows of [n][hp] images
+    at::parallel_for(0, s.n * hp * (planar ? c : 1), 8, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        float* row = dst + r * wp * c;
-        const int64_t img = r / hp, y = r % hp - s.ph;
+        float* row = dst + r * wp * px;
+        const int64_t plane = r / hp, y = r % hp - s.ph;
         if (y < 0 || y >= s.h) {
-          std::fill(row, row + wp * c, 0.f);
+          std::fill(row, row + wp * px, 0.f);
           continue;
         }
-        std::fill(row, row + s.pw * c, 0.f);
+        std::fill(row, row + s.pw * px, 0.f);
         if (planar) {
-          const float* plane = xp + (img * c * s.h + y) * s.w;  // channel 0's row y
-          float* out = row + s.pw * c;
-          for (int64_t i = 0; i < s.w; ++i)
-            for (int64_t ch = 0; ch < c; ++ch) out[i * c + ch] = plane[ch * s.h * s.w + i];
+          std::memcpy(row + s.pw, xp + (plane * s.h + y) * s.w, sizeof(float) * s.w);
         } else {
-          const float* src = xp + (img * s.h + y) * s.w * ldx;
+          const float* src = xp + (plane * s.h + y) * s.w * ldx;
           if (ldx == c)
             std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
           else
             for (int64_t i = 0; i < s.w; ++i)
               std::memcpy(row + (s.pw + i) * c, src + i * ldx, sizeof(float) * c);
         }
-        std::fill(row + (s.pw + s.w) * c, row + wp * c, 0.f);
+        std::fill(row + (s.pw + s.w) * px, row + wp * px, 0.f);
       }
     });
     xp = dst;
-    s.h = hp, s.w = wp, s.ph = s.pw = 0, s.x_stride = c;
+    s.h = hp, s.w = wp, s.ph = s.pw = 0, s.x_stride = px;
+    if (planar) s.c_stride = hp * wp;
   }
   at::Tensor r;
   if (residual.defined()) {
@@ -262,30 +263,42 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
     run_groups(xp, yp, rp, s, e);
     return y;
   }
-  const int64_t tiles = ops_->tiles(s, depthwise_);
-  if (depthwise_ || conv_pixel_major(s)) {  // tiles of equal cost, or whole groups of blocks
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
+  // The tiles of one call of the kernels (s.n images from x into y), split between the threads.
+  auto run_tiles = [&](const float* xp, float* yp, const float* rp, const ConvShape& s) {
+    const int64_t tiles = ops_->tiles(s, depthwise_);
+    if (depthwise_ || conv_pixel_major(s)) {  // tiles of equal cost, or whole groups of blocks
+      at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+        ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
+      });
+      return;
+    }
+    // NOTE: the dense tiles' cost is their block's vectors, and the last block may have fewer (64
+    // channels in blocks of 3 x 16: 3 + 1): split by cost, not by count, or one thread does 3/4.
+    const int64_t kv = (s.k + ops_->width - 1) / ops_->width;  // vectors of output channels
+    const int64_t nv = ops_->block_vectors, blocks = (kv + nv - 1) / nv;
+    const int64_t groups = tiles / blocks, total = groups * kv;
+    auto tile_at = [&](int64_t cost) {  // the first tile that starts at or after `cost`
+      const int64_t b = std::min(cost / (groups * nv), blocks - 1);
+      const int64_t in_block = cost - b * groups * nv, block_nv = std::min(nv, kv - b * nv);
+      return std::min(tiles, b * groups + (in_block + block_nv - 1) / block_nv);
+    };
+    const int64_t parts = std::min<int64_t>(at::get_num_threads(), tiles);
+    at::parallel_for(0, parts, 1, [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t t0 = tile_at(total * q / parts), t1 = tile_at(total * (q + 1) / parts);
+        if (t0 < t1) ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
+      }
     });
+  };
+  if (!planar) {
+    run_tiles(xp, yp, rp, s);
     return y;
   }
-  // NOTE: the dense tiles' cost is their block's vectors, and the last block may have fewer (64
-  // channels in blocks of 3 x 16: 3 + 1): split by cost, not by count, or one thread does 3/4.
-  const int64_t kv = (s.k + ops_->width - 1) / ops_->width;  // vectors of output channels
-  const int64_t nv = ops_->block_vectors, blocks = (kv + nv - 1) / nv;
-  const int64_t groups = tiles / blocks, total = groups * kv;
-  auto tile_at = [&](int64_t cost) {  // the first tile that starts at or after `cost`
-    const int64_t b = std::min(cost / (groups * nv), blocks - 1);
-    const int64_t in_block = cost - b * groups * nv, block_nv = std::min(nv, kv - b * nv);
-    return std::min(tiles, b * groups + (in_block + block_nv - 1) / block_nv);
-  };
-  const int64_t parts = std::min<int64_t>(at::get_num_threads(), tiles);
-  at::parallel_for(0, parts, 1, [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t t0 = tile_at(total * q / parts), t1 = tile_at(total * (q + 1) / parts);
-      if (t0 < t1) ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
-    }
-  });
+  ConvShape one = s;  // planes are one image's: the kernels take them an image at a time
+  one.n = 1;
+  const int64_t in_image = s.c * s.h * s.w, out_image = s.oh * s.ow * s.k;
+  for (int64_t img = 0; img < s.n; ++img)
+    run_tiles(xp + img * in_image, yp + img * out_image, rp ? rp + img * out_image : nullptr, one);
   return y;
 }
 

@@ -84,7 +84,8 @@ inline void conv_pack(const float* w, const ConvShape& s, int nb, int width, flo
 // of pixel m starts at px[m] (every tap inside the input: the dense kernel runs on an input padded
 // beforehand, so a group of pixels may span rows and images); pixels [valid, MR) are computed
 // (their px repeat a valid one) and not stored. `row` is the floats between input rows.
-template <class T, int MR, int NV>
+// PLANAR: the input is one image's planes (s.c_stride floats apart), read channel by channel.
+template <class T, int MR, int NV, bool PLANAR>
 inline void conv_micro(const float* const* px, const float* wb, const ConvShape& s, int64_t row,
                        int valid, int64_t pix0, int64_t kbase, float* y, const float* res,
                        const Epilogue& e) {
@@ -96,7 +97,8 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
   for (int v = 0; v < NV; ++v) acc[m][v] = T::zero();
   // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
   // input (and of the packed weight): one loop over it (the 3-channel first layer: 9, not 3x3).
-  const bool runs = s.dw == 1 && s.x_stride == s.c;
+  const bool runs = !PLANAR && s.dw == 1 && s.x_stride == s.c;
+  const int64_t cs = PLANAR ? s.c_stride : 1;
   const int64_t span = runs ? s.kw * s.c : s.c, taps = runs ? 1 : s.kw;
   for (int64_t i = 0; i < s.kh; ++i)
     for (int64_t j = 0; j < taps; ++j) {
@@ -111,7 +113,7 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
         for (int v = 0; v < NV; ++v) w[v] = T::load(wp + c * BW + v * W);
         LOPPER_UNROLL
         for (int m = 0; m < MR; ++m) {
-          const V xb = T::set1(p[m][c]);
+          const V xb = T::set1(p[m][c * cs]);
           LOPPER_UNROLL
           for (int v = 0; v < NV; ++v) acc[m][v] = T::fma(xb, w[v], acc[m][v]);
         }
@@ -157,7 +159,7 @@ int64_t conv_tile_count(const ConvShape& s) {
 
 // Tiles [t0, t1) of a dense convolution whose input needs no padding (ph = pw = 0: DirectConv
 // pads it first), in the order conv_pixel_major gives.
-template <class T, int MR>
+template <class T, int MR, bool PLANAR>
 void conv_tiles(const float* x, const float* packed, float* y, const float* res,
                 const ConvShape& s0, const Epilogue& e, int64_t t0, int64_t t1) {
   constexpr int W = T::W, NB = ConvTraits<T>::kNB;
@@ -191,11 +193,11 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
     static_assert(ConvTraits<T>::kNV == 3);
     const int64_t nv = (s.k - kbase + W - 1) / W;  // the last block: no vector of padding alone
     if (nv >= 3)
-      conv_micro<T, MR, 3>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      conv_micro<T, MR, 3, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
     else if (nv == 2)
-      conv_micro<T, MR, 2>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      conv_micro<T, MR, 2, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
     else
-      conv_micro<T, MR, 1>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      conv_micro<T, MR, 1, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
   }
 }
 
@@ -607,10 +609,14 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
         dw_planes<Wide>(x, packed, y, residual, s, e, t0, t1);
       else if (depthwise)
         dw_rows<Wide>(x, packed, y, residual, s, e, t0, t1);
+      else if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR && s.c_stride > 1)
+        conv_tiles<Wide, ConvTraits<Wide>::kMR, true>(x, packed, y, residual, s, e, t0, t1);
       else if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR)
-        conv_tiles<Wide, ConvTraits<Wide>::kMR>(x, packed, y, residual, s, e, t0, t1);
+        conv_tiles<Wide, ConvTraits<Wide>::kMR, false>(x, packed, y, residual, s, e, t0, t1);
+      else if (s.c_stride > 1)
+        conv_tiles<Wide, ConvTraits<Wide>::kMR - 1, true>(x, packed, y, residual, s, e, t0, t1);
       else
-        conv_tiles<Wide, ConvTraits<Wide>::kMR - 1>(x, packed, y, residual, s, e, t0, t1);
+        conv_tiles<Wide, ConvTraits<Wide>::kMR - 1, false>(x, packed, y, residual, s, e, t0, t1);
     },
     Wide::W,
     ConvTraits<Wide>::kNV,

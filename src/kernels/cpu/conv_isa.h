@@ -23,6 +23,9 @@ struct ConvShape {
   int64_t oh = 1, ow = 1, k = 1;       // output rows, columns and channels
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   int64_t x_stride = 0, y_stride = 0, r_stride = 0;
+  /// Floats between a pixel's input channels: 1 (channels-last), or the plane's size for planar
+  /// input (NCHW, one image: x_stride 1), which the dense kernel reads (a network's first layer).
+  int64_t c_stride = 1;
 };
 
 /// The most kernel rows a depthwise convolution of these kernels has (the taps rows of an output

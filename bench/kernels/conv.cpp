@@ -89,6 +89,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {14, 64, 384, 1, 1, 1},    // expansion
       {14, 384, 384, 3, 1, 0},   // depthwise
       {7, 1152, 1152, 5, 1, 0},  // depthwise 5x5 (MnasNet): no interior run of four pixels
+      {28, 240, 240, 5, 1, 0},   // depthwise 5x5 (MnasNet, EfficientNet) on a larger map
       {7, 960, 160, 1, 1, 1},    // projection
       {7, 320, 1280, 1, 1, 1},   // last pointwise
       {56, 64, 64, 3, 1, 1},     // ResNet-18 3x3

@@ -95,7 +95,12 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   const Epilogue ee = expand_ ? epilogue(*expand_) : Epilogue{}, de = epilogue(dw_);
   const Epilogue pe = project_ ? epilogue(*project_) : Epilogue{};
   const int64_t span = (kh_ - 1) * ds.dh + 1;  // input rows an output row reads
-  const int64_t row_floats = w * m, ring_floats = expand_ ? span * row_floats : 0;
+  // NOTE: the ring's rows carry the padding columns, zero, so that every output pixel is an
+  // interior one of the depthwise kernel (its vector path, not its per-pixel border path: a 7x7
+  // map under a 5x5 kernel has 3 interior pixels a row).
+  const int64_t pw = expand_ ? ds.pw : 0, row_floats = (w + 2 * pw) * m;
+  const int64_t ring_floats = expand_ ? span * row_floats : 0;
+  if (expand_) ds.w = w + 2 * pw, ds.pw = 0;
   const int64_t mid_floats = project_ ? ow * m : 0;
   const int64_t cp = (m + ops_->width - 1) / ops_->width * ops_->width;
   // Bands of output rows: one per image when the images keep the threads busy, else each image
@@ -110,6 +115,11 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
     at::Tensor scratch = at::empty({std::max<int64_t>(1, ring_floats + mid_floats)}, x.options());
     float* ring = scratch.data_ptr<float>();
     float* mid = ring + ring_floats;
+    for (int64_t q = 0; q < (expand_ ? span : 0); ++q) {
+      float* row = ring + q * row_floats;
+      std::fill(row, row + pw * m, 0.f);
+      std::fill(row + (pw + w) * m, row + row_floats, 0.f);
+    }
     const float* rows[kDwMaxTaps];
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t img = u / bands, band = u % bands;
@@ -132,8 +142,8 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           // row inside the image, never moves back), each into slot row % span, over row - span:
           // before the window, no longer read.
           for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
-            ops_->run(ximg + row * w * c, expand_->packed.data(), ring + row % span * row_floats,
-                      nullptr, es, false, ee, 0, e_tiles);
+            ops_->run(ximg + row * w * c, expand_->packed.data(),
+                      ring + row % span * row_floats + pw * m, nullptr, es, false, ee, 0, e_tiles);
             made = row;
           }
           rows[i] = ring + iy % span * row_floats;

@@ -256,6 +256,28 @@ inline void dw_interior(const float* const* rows, const float* packed, float* yr
   }
 }
 
+// Interior columns [lo, hi] of one output row by dw_interior: eight (four on AVX2) at a time,
+// then four, two and one. Returns the column after the last done (hi + 1).
+template <class T, int KW, int SW>
+inline int64_t dw_interior_run(const float* const* rows, const float* packed, float* yrow,
+                               const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
+                               int64_t i1, int64_t lo, int64_t hi, int64_t c0, int64_t c1) {
+  constexpr int OB = T::W >= 16 ? 8 : 4;
+  int64_t ox = lo;
+  for (; ox + OB <= hi + 1; ox += OB)
+    dw_interior<T, KW, SW, OB>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+  if (OB > 4 && ox + 4 <= hi + 1) {
+    dw_interior<T, KW, SW, 4>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+    ox += 4;
+  }
+  if (ox + 2 <= hi + 1) {
+    dw_interior<T, KW, SW, 2>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+    ox += 2;
+  }
+  if (ox <= hi) dw_interior<T, KW, SW, 1>(rows, packed, yrow, rrow, s, e, i0, i1, ox++, c0, c1);
+  return ox;
+}
+
 // One output pixel (taps [i0, i1) x [j0, j1) inside the input, rows[i] the input row of tap row
 // i), NV vectors of channels from c: NV independent sums (one alone waits on each FMA's latency,
 // tap after tap: a 7x7 map under a 5x5 kernel has no interior run of four pixels, and ran at a
@@ -320,15 +342,21 @@ void dw_row(const float* const* rows, const float* packed, float* yrow, const fl
   constexpr int kOB = 4;
   const auto [lo, hi] = interior_columns(s);
   int64_t blocked_end = lo;  // [lo, blocked_end) done here
-  // 3x3 without dilation (nearly every depthwise layer): the input columns shared by the taps.
-  constexpr int kOB3 = T::W >= 16 ? 8 : 4;
-  if (s.kw == 3 && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
-    for (int64_t ox = lo; ox + kOB3 <= hi + 1; ox += kOB3, blocked_end = ox) {
-      if (s.sw == 1)
-        dw_interior<T, 3, 1, kOB3>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
-      else
-        dw_interior<T, 3, 2, kOB3>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
-    }
+  // 3x3 and 5x5 without dilation (nearly every depthwise layer): the input columns shared by the
+  // taps, kOB3 pixels at a time, then 4, 2 and 1 for the rest of the interior.
+  if ((s.kw == 3 || s.kw == 5) && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
+    if (s.kw == 3 && s.sw == 1)
+      blocked_end =
+          dw_interior_run<T, 3, 1>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
+    else if (s.kw == 3)
+      blocked_end =
+          dw_interior_run<T, 3, 2>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
+    else if (s.sw == 1)
+      blocked_end =
+          dw_interior_run<T, 5, 1>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
+    else
+      blocked_end =
+          dw_interior_run<T, 5, 2>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
   }
   const int64_t cp = dw_padded(s.c, W);
   for (int64_t ox = blocked_end; ox + kOB <= hi + 1; ox += kOB, blocked_end = ox) {

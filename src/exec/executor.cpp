@@ -446,6 +446,11 @@ struct Executor::Impl {
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
     };
+    ctx.subgraph_releaser_ = [this](const ir::Graph& g) {
+      auto it = plans.find(&g);
+      if (it != plans.end())
+        for (auto& step : it->second->steps) step.state.reset();
+    };
     try {
       st.op->forward(ctx);
     } catch (const Error&) {

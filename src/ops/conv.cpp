@@ -404,6 +404,8 @@ void conv_chain_forward(OpContext& c) {
           {"lopper-chain", [&] { st.chain->run(x, residual); }}};
       if (choose_kernel(c, cands, body.find_initializer(dw->inputs[1])->value, x, {}, false) == 0)
         st.chain.reset();
+      else
+        c.release_subgraph_state(body);  // the layers' packed weights, timed above, go
     }
   }
   c.set_output(0, st.chain ? st.chain->run(x, residual) : layers());

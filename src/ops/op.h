@@ -105,6 +105,11 @@ class OpContext : public AttrReader {
     if (!subgraph_runner_) fail("subgraphs are not available here");
     return subgraph_runner_(g, in);
   }
+  /// Drops what the nodes of subgraph g keep between runs (packed weights, kernel choices): for
+  /// an op that no longer runs g (it is made again if g runs after all).
+  void release_subgraph_state(const ir::Graph& g) const {
+    if (subgraph_releaser_) subgraph_releaser_(g);
+  }
 
   // Set by the executor.
   std::vector<at::Tensor> inputs_;
@@ -114,6 +119,7 @@ class OpContext : public AttrReader {
   std::shared_ptr<void>* state_ = nullptr;
   std::vector<KernelDecision>* decisions_ = nullptr;  // where kernel choices are reported
   SubgraphRunner subgraph_runner_;
+  std::function<void(const ir::Graph&)> subgraph_releaser_;
   bool grad_mode_ = false;
   bool prepack_ = true;
   bool weights_exceed_cache_ = false;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -350,6 +351,20 @@ struct Executor::Impl {
       int64_t bytes = 0;
       for (const auto& v : p.constants)
         if (v.defined()) bytes += static_cast<int64_t>(v.nbytes());
+      // The weights subgraphs hold themselves (ai.lopper.ConvChain's body) count too.
+      std::function<void(const ir::Graph&)> sub = [&](const ir::Graph& sg) {
+        for (const auto& n : sg.nodes)
+          for (const auto& a : n.attrs) {
+            std::vector<const ir::Graph*> gs;
+            if (a.g) gs.push_back(a.g.get());
+            for (const auto& x : a.graphs) gs.push_back(x.get());
+            for (const ir::Graph* x : gs) {
+              for (const auto& t : x->initializers) bytes += static_cast<int64_t>(t.value.nbytes());
+              sub(*x);
+            }
+          }
+      };
+      sub(g);
       const int64_t llc = last_level_cache_bytes();
       weights_exceed_cache = llc > 0 && bytes > llc;
     }

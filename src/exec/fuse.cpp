@@ -549,6 +549,17 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     last = std::move(chain);
     uses.build(g, removed);
     index();
+    // The weights now in the body alone leave the graph (a lowered precision would convert them
+    // twice), unless they are also graph inputs (an input's default).
+    auto is_input = [&](const std::string& name) {
+      return std::any_of(g.inputs.begin(), g.inputs.end(),
+                         [&](const ir::ValueInfo& v) { return v.name == name; });
+    };
+    for (const auto& t : body->initializers)
+      if (!uses.count.count(t.name) && !is_input(t.name))
+        g.initializers.erase(
+            std::find_if(g.initializers.begin(), g.initializers.end(),
+                         [&](const ir::Initializer& i) { return i.name == t.name; }));
   }
 
   // 3. GELU written out with Erf (what the TorchScript exporter emits before opset 20):

@@ -974,8 +974,13 @@ TEST(Exec, InvertedResidualChainsMatchAten) {
   };
   name_outputs(g, 6);
   int chains = 0;
-  for (const auto& n : exec::fuse_for_inference(g, 17).nodes) chains += n.op_type == "ConvChain";
+  const ir::Graph fused = exec::fuse_for_inference(g, 17);
+  for (const auto& n : fused.nodes) chains += n.op_type == "ConvChain";
   EXPECT_EQ(chains, 3);
+  // weights only chains read move into their bodies; one the unfused convolution reads stays
+  EXPECT_EQ(fused.find_initializer("wd"), nullptr);
+  EXPECT_EQ(fused.find_initializer("we"), nullptr);
+  EXPECT_NE(fused.find_initializer("wd2"), nullptr);
   const at::Tensor x = at::randn({2, 8, 9, 11});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   const at::Tensor e = at::clamp(at::conv2d(x, w("we"), w("be")), 0, 6);

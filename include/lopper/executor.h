@@ -65,6 +65,7 @@ struct KernelDecision {
   std::vector<std::pair<std::string, double>> timings;  // candidate -> best time (ms)
   bool cached = false;  // true: taken from the cache (timings as measured then)
   bool cold = false;    // timed with the weights out of the caches (the model's outgrow them)
+  bool busy = false;    // timed while the machine ran slow: used for this run, not cached
   std::vector<std::string> refused;  // candidates that could not run here, each with why
 };
 

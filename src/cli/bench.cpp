@@ -37,6 +37,7 @@ nlohmann::json explain_json(const Executor& exec) {
                       {"chosen", d.chosen},
                       {"cached", d.cached},
                       {"cold", d.cold},
+                      {"busy", d.busy},
                       {"ms", t},
                       {"refused", d.refused}});
   }
@@ -66,6 +67,8 @@ void print_explain(const Executor& exec) {
     std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
                              shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
     for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
+    if (d.busy)
+      std::cout << fmt::format("{:<40}   timed while the machine ran slow: not cached\n", "");
   }
 }
 

@@ -171,6 +171,37 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, 
   return best;
 }
 
+// The machine's speed now: a fixed piece of arithmetic on each thread, in ms (best of three). A
+// busy machine (another process on a core, a VM whose host takes its cycles) runs it slower.
+double probe_ms() {
+  auto once = [] {
+    std::atomic<int64_t> sink{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float a[16];
+        for (int k = 0; k < 16; ++k) a[k] = float(k + t);
+        for (int i = 0; i < 25000; ++i)
+          for (int k = 0; k < 16; ++k) a[k] = a[k] * 0.999f + 0.5f;
+        int64_t sum = 0;
+        for (float v : a) sum += static_cast<int64_t>(v);
+        sink += sum;
+      }
+    });
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    static std::atomic<int64_t> keep{0};  // the arithmetic has an effect the compiler must keep
+    keep += sink.load();
+    return ms;
+  };
+  return std::min({once(), once(), once()});
+}
+
+// How much slower than the fastest probe this machine has run a choice's probes may be and still
+// be kept in the cache: a choice timed in a slow spell (a kernel whose threads wait on a stolen
+// core loses more than one that does not) is used for this run only, and timed again next time.
+constexpr double kBusyFactor = 1.3;
+
 // LOPPER_FORCE_KERNEL=name[,name...]: the first listed candidate a layer has runs it, untimed (for
 // tests and for comparing kernels end to end).
 size_t forced(const std::vector<KernelCandidate>& cands) {
@@ -267,14 +298,31 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
           d.timings.emplace_back(k.name, (*hit)["ms"][k.name].get<double>());
   }
   if (best == cands.size()) {
+    // NOTE: the machine's speed probed before and after the timing, against the best probe this
+    // machine has run (kept in the cache); LOPPER_CHOICE_BUSY=1 / 0 says busy / idle instead (for
+    // tests).
+    const bool gpu = input.is_cuda();
+    const char* busy_env = std::getenv("LOPPER_CHOICE_BUSY");
+    const bool probe = !gpu && !(busy_env && *busy_env);
+    const double before = probe ? probe_ms() : 0;
     std::vector<double> t = time_round_robin(cands, input.is_cuda(), d.cold);
+    const double after = probe ? probe_ms() : 0;
+    if (busy_env && *busy_env) {
+      d.busy = std::string(busy_env) == "1";
+    } else if (probe) {
+      const std::optional<nlohmann::json> known = ChoiceCache::get().find(machine, "probe");
+      const double fastest = known && (*known)["ms"].is_number() ? (*known)["ms"].get<double>() : 0;
+      d.busy = fastest > 0 && std::max(before, after) > kBusyFactor * fastest;
+      if (fastest == 0 || std::min(before, after) < fastest)
+        ChoiceCache::get().put(machine, "probe", {{"ms", std::min(before, after)}});
+    }
     nlohmann::json ms = nlohmann::json::object();
     for (size_t i = 0; i < cands.size(); ++i) {
       d.timings.emplace_back(cands[i].name, t[i]);
       ms[cands[i].name] = t[i];
     }
     best = keep_of(cands, t, input.is_cuda(), prefer_own);
-    ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
+    if (!d.busy) ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
   }
   d.chosen = cands[best].name;
   if (c.decisions_) c.decisions_->push_back(std::move(d));

@@ -3,7 +3,10 @@
 // model loads without timing the second time:
 //   $LOPPER_CACHE_DIR, else $XDG_CACHE_HOME/lopper, else $HOME/.cache/lopper: kernels.json
 // LOPPER_KERNEL_CACHE=off turns the cache off (every load times its candidates);
-// LOPPER_FORCE_KERNEL=name[,name...] runs the first listed kernel a layer has, untimed.
+// LOPPER_FORCE_KERNEL=name[,name...] runs the first listed kernel a layer has, untimed. A choice
+// timed while the machine ran slow (a fixed probe before or after the timing more than 1.3x the
+// fastest this machine has run) is used for that run and not cached; LOPPER_CHOICE_BUSY=1 / 0
+// takes every timing as busy / idle instead of probing (tests).
 #pragma once
 
 #include <functional>

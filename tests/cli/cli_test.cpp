@@ -171,6 +171,21 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   // A fixed thread count: choices are cached per thread count, and the default follows the load.
   const std::string bench =
       "bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain --json --threads 1";
+  // Timed while the machine runs slow: used, reported, not cached (the next run times again).
+  setenv("LOPPER_CHOICE_BUSY", "1", 1);
+  for (int run = 0; run < 2; ++run) {
+    auto busy = lopper_cli(bench);
+    ASSERT_EQ(busy.code, 0) << busy.err;
+    for (const auto& l : nlohmann::json::parse(busy.out).at("kernels").at("layers")) {
+      EXPECT_TRUE(l.at("busy").get<bool>()) << l.dump();
+      EXPECT_FALSE(l.at("cached").get<bool>()) << l.dump();
+    }
+  }
+  auto busy_text = lopper_cli("bench " + dir / "p.onnx" + " --iters 2 --warmup 0 --explain");
+  EXPECT_NE(busy_text.out.find("timed while the machine ran slow: not cached"), std::string::npos)
+      << busy_text.out;
+  // Idle from here on (a noisy CI machine must not make the caching below flaky).
+  setenv("LOPPER_CHOICE_BUSY", "0", 1);
   auto first = lopper_cli(bench);
   ASSERT_EQ(first.code, 0) << first.err;
   // NOTE: .at() throughout: a key missing from lopper's output must fail the test with its name
@@ -207,6 +222,7 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   expect_error(lopper_cli(bench), 1, "LOPPER_ISA='sse9' is not an ISA");
   unsetenv("LOPPER_ISA");
   unsetenv("LOPPER_CACHE_DIR");
+  unsetenv("LOPPER_CHOICE_BUSY");
 }
 
 TEST(Cli, ConvertRoundTrips) {

@@ -73,9 +73,6 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
   return y;
 }
 
-namespace {
-// The distance between a tensor's adjacent pixels when its pixels are evenly spaced in
-// (n, h, w) order and its channels adjacent; 0 when not.
 int64_t pixel_stride(const at::Tensor& x) {
   if (x.size(1) > 1 && x.stride(1) != 1) return 0;
   const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
@@ -84,7 +81,6 @@ int64_t pixel_stride(const at::Tensor& x) {
     return 0;
   return s;
 }
-}  // namespace
 
 bool pixel_rows_of_one_map(const std::vector<at::Tensor>& xs) {
   for (const auto& x : xs)

@@ -33,6 +33,9 @@ bool channels_last_of_one_map(const std::vector<at::Tensor>& xs);
 /// shift of its channels straight into its slice of y. scale and shift: sum c_i floats.
 at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* scale,
                               const float* shift, Activation act);
+/// The distance between the adjacent pixels of x [n, c, h, w] when its pixels are evenly spaced in
+/// (n, h, w) order and its channels adjacent (channels-last, or a channel slice of it); 0 when not.
+int64_t pixel_stride(const at::Tensor& x);
 /// Whether xs are float32 CPU [n, c_i, h, w] tensors of one n, h, w whose channels are adjacent
 /// and whose pixels are evenly spaced: channels-last, or a channel slice of such a tensor (what
 /// Slice and Split of a channels-last activation give), read in place by concat_shuffle_nhwc.

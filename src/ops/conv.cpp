@@ -5,6 +5,7 @@
 #include "exec/onednn.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/chain.h"
+#include "kernels/cpu/winograd.h"
 #include "ops/channels.h"
 #include "ops/conv_geometry.h"
 #include "ops/op.h"
@@ -76,8 +77,16 @@ struct ConvState {
   at::Tensor packed;         // oneDNN convolution weight, reordered for the first input shape
   at::Tensor packed_linear;  // for 1x1 convolutions: the weight as a oneDNN linear layer's
   SparseCandidate sparse;    // a sparse weight as [C_out, C_in * kernel]
-  std::shared_ptr<const kernels::cpu::DirectConv> direct;  // lopper's own dense kernel
-  enum class Kernel { kUndecided, kConv, kLinear, kSparse, kDirect } kernel = Kernel::kUndecided;
+  std::shared_ptr<const kernels::cpu::DirectConv> direct;      // lopper's own dense kernel
+  std::shared_ptr<const kernels::cpu::WinogradConv> winograd;  // and its 3x3 F(4x4, 3x3)
+  enum class Kernel {
+    kUndecided,
+    kConv,
+    kLinear,
+    kSparse,
+    kDirect,
+    kWinograd
+  } kernel = Kernel::kUndecided;
 };
 
 // A 2-D convolution on a GPU (inference, constant weight), by cuDNN in one of three forms, timed
@@ -273,6 +282,11 @@ void conv_forward(OpContext& c) {
       at::Tensor y = st.direct->run(in, other_cl, act);
       return finish_activation(y, post, act);
     };
+    auto as_winograd = [&] {
+      const kernels::cpu::Activation act = fused_activation(post);
+      at::Tensor y = st.winograd->run(in, other_cl, act);
+      return finish_activation(y, post, act);
+    };
     using K = ConvState::Kernel;
     if (st.kernel == K::kUndecided) {
       std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
@@ -287,6 +301,16 @@ void conv_forward(OpContext& c) {
         st.direct = std::make_shared<const kernels::cpu::DirectConv>(w, b, g.group, dg);
         cands.push_back({st.direct->name(), as_direct});
         kinds.push_back(K::kDirect);
+        // NOTE: a quarter of the arithmetic on evenly tiled maps, more memory traffic (36
+        // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
+        using kernels::cpu::WinogradConv;
+        if (WinogradConv::takes(w, g.group, dg) &&
+            WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]) >=
+                WinogradConv::kMinTiles) {
+          st.winograd = std::make_shared<const WinogradConv>(w, b, dg);
+          cands.push_back({WinogradConv::kName, as_winograd});
+          kinds.push_back(K::kWinograd);
+        }
       }
       if (pointwise) {
         st.packed_linear = onednn::pack_linear_weight(w.reshape({w.size(0), w.size(1)}), rows);
@@ -309,9 +333,11 @@ void conv_forward(OpContext& c) {
       if (st.kernel != K::kConv) st.packed.reset();
       if (st.kernel != K::kLinear) st.packed_linear.reset();
       if (st.kernel != K::kDirect) st.direct.reset();
+      if (st.kernel != K::kWinograd) st.winograd.reset();
     }
     if (st.kernel == K::kSparse) return c.set_output(0, as_sparse(st.sparse));
     if (st.kernel == K::kDirect) return c.set_output(0, as_direct());
+    if (st.kernel == K::kWinograd) return c.set_output(0, as_winograd());
     c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;
   }

@@ -226,7 +226,7 @@ TEST(Exec, DenseNetConcatNormReluMatchesAten) {
 // keeps its own. Against ATen and the same graph unfused, on each CPU kernel.
 TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
   at::manual_seed(9);
-  ir::Model m = image_model({2, 8, 9, 7});
+  ir::Model m = image_model({2, 8, 17, 15});
   ir::Graph& g = m.graph;
   auto init = initializer_adder(g);
   init("wa", at::randn({12, 8, 3, 3}) * 0.2);
@@ -258,7 +258,7 @@ TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
   }
   EXPECT_EQ(moved, 1);
   EXPECT_EQ(kept, 1);
-  const at::Tensor x = at::randn({2, 8, 9, 7});
+  const at::Tensor x = at::randn({2, 8, 17, 15});
   auto w = [&](const char* n) { return g.find_initializer(n)->value; };
   const at::Tensor r =
       at::relu(at::conv2d(x, w("wa"), w("ba"), 1, 1) + at::conv2d(x, w("wd"), w("bd")));
@@ -268,11 +268,18 @@ TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
   plain.fuse = false;
   Executor a(m, plain);
   EXPECT_LE(test::relative_max_diff(a.run({{"x", x}})[0], want), 1e-5);
-  for (const char* forced : {"lopper-direct", "onednn-conv,onednn-linear", "aten", ""}) {
+  for (const char* forced :
+       {"lopper-direct", "lopper-winograd", "onednn-conv,onednn-linear", "aten", ""}) {
     ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
     Executor b(m);
     for (int run = 0; run < 2; ++run)  // the first run chooses kernels, the second runs them
       EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5) << forced;
+    // The 3x3 convolution (17x15 maps of two images: 40 tiles of 4x4) runs Winograd's F(4x4, 3x3)
+    // when it is forced.
+    int winograd = 0;
+    for (const auto& d : b.kernel_decisions())
+      winograd += d.chosen.find("lopper-winograd") != std::string::npos;
+    if (std::string(forced) == "lopper-winograd") EXPECT_EQ(winograd, 1);
   }
   ::unsetenv("LOPPER_FORCE_KERNEL");
 }

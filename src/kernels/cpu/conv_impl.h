@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/vec_impl.h"
+#include "kernels/cpu/winograd_impl.h"
 
 namespace lopper::kernels::cpu {
 
@@ -651,6 +652,12 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const float* const* rows, const float* packed, float* yrow, const float* rrow,
        const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
        int64_t c1) { dw_row<Wide>(rows, packed, yrow, rrow, with_strides(s), e, i0, i1, c0, c1); },
+    [](const float* x, const ConvShape& s, int64_t t0, int64_t nt, float* v, int64_t ldv) {
+      wino_input_tiles<Wide>(x, s, t0, nt, v, ldv);
+    },
+    [](const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt, int64_t k0,
+       int64_t k1, float* y, const float* residual,
+       const Epilogue& e) { wino_output_tiles<Wide>(m, ldm, s, t0, nt, k0, k1, y, residual, e); },
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
     },

@@ -62,6 +62,18 @@ struct ConvIsaOps {
   void (*dw_row)(const float* const* rows, const float* packed, float* yrow, const float* rrow,
                  const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
                  int64_t c1);
+  /// Winograd F(4x4, 3x3) (kernels/cpu/winograd.h), tiles [t0, t0 + nt) of the 4x4 output tiles
+  /// of s (3x3, stride 1, no dilation; numbered over images, tile rows and tile columns). The
+  /// input transform writes the tiles' 6x6 transformed windows of input channels [0, s.c) (the
+  /// input read unpadded, zeros outside): v[pos][t][c], pos in [0, 36), tiles ldv floats apart,
+  /// positions nt * ldv (ldv >= s.c rounded up to the vector width; the channels past s.c zero).
+  void (*wino_input)(const float* x, const ConvShape& s, int64_t t0, int64_t nt, float* v,
+                     int64_t ldv);
+  /// The output transform: y's 4x4 tiles [t0, t0 + nt), channels [k0, k1), from the products
+  /// m[pos][t][k] (tiles ldm floats apart, positions nt * ldm), plus bias, residual (null or
+  /// r_stride floats per pixel) and activation; a tile's pixels past the map's edge not stored.
+  void (*wino_output)(const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt,
+                      int64_t k0, int64_t k1, float* y, const float* residual, const Epilogue& e);
   /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
   void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
   /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1), x's pixels ldx

@@ -1,8 +1,9 @@
 // Google Benchmark: lopper's dense NHWC convolution kernels (direct, depthwise) against oneDNN's
 // convolution (weight reordered once, channels-last activations, bias and ReLU fused: what the
 // executor runs otherwise) on the layers of the models issue 22 is about: MobileNetV2's pointwise
-// and depthwise layers, ResNet's 3x3, RegNet's grouped 3x3, the 3-channel first layer, and the
-// odd channel counts a 50% structured pruning leaves. Part of lopper_kernel_bench:
+// and depthwise layers, ResNet's 3x3 (also by Winograd's F(4x4, 3x3)), RegNet's grouped 3x3, the
+// 3-channel first layer, and the odd channel counts a 50% structured pruning leaves. Part of
+// lopper_kernel_bench:
 //
 //   build/bench/lopper_kernel_bench --benchmark_filter='Conv'
 //
@@ -15,6 +16,7 @@
 #include "exec/onednn.h"
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/winograd.h"
 
 namespace kc = lopper::kernels::cpu;
 
@@ -72,6 +74,27 @@ void BM_ConvLopper(benchmark::State& state) {
   relu.kind = kc::Activation::kRelu;
   for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));
   counters(state, a);
+  state.SetLabel(kc::isa_name(kc::active_isa()));
+}
+
+// Winograd F(4x4, 3x3) (kernels/cpu/winograd.h) on the same layers: the 3x3 ones of stride 1
+// without groups; the others are skipped.
+void BM_ConvWinograd(benchmark::State& state) {
+  const ConvArgs a(state);
+  at::manual_seed(7);
+  const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
+  kc::DirectConv::Geometry g;
+  g.sh = g.sw = a.stride;
+  g.ph = g.pw = a.pad();
+  if (!kc::WinogradConv::takes(w, a.group, g)) {
+    state.SkipWithError("not a 3x3 convolution of stride 1 without groups");
+    return;
+  }
+  const kc::WinogradConv conv(w, b, g);
+  kc::Activation relu;
+  relu.kind = kc::Activation::kRelu;
+  for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));
+  counters(state, a);  // the direct convolution's arithmetic per second (what it replaces)
   state.SetLabel(kc::isa_name(kc::active_isa()));
 }
 
@@ -186,5 +209,6 @@ void block_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_ConvOnednn)->Apply(conv_shapes);
 BENCHMARK(BM_ConvLopper)->Apply(conv_shapes);
+BENCHMARK(BM_ConvWinograd)->Apply(conv_shapes);
 BENCHMARK(BM_BlockLayers)->Apply(block_shapes);
 BENCHMARK(BM_BlockChain)->Apply(block_shapes);

@@ -106,12 +106,11 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const int64_t ldv = round_up(c_, width), ldm = round_up(k_, width);
   const int64_t tiles = WinogradConv::tiles(s.n, s.oh, s.ow);
   const int64_t threads = at::get_num_threads();
-  int64_t tb = std::clamp<int64_t>((512 << 10) / int64_t(sizeof(float)) / (kPositions * (ldv + ldm)),
-                                   8, 64);
+  int64_t tb =
+      std::clamp<int64_t>((512 << 10) / int64_t(sizeof(float)) / (kPositions * (ldv + ldm)), 8, 64);
   tb = std::min({tb, std::max<int64_t>(8, (tiles + threads - 1) / threads), tiles});
   const int64_t blocks = (tiles + tb - 1) / tb, kblocks = (k_ + nb - 1) / nb;
-  const int64_t ksplit =
-      blocks >= threads ? 1 : std::min(kblocks, (threads + blocks - 1) / blocks);
+  const int64_t ksplit = blocks >= threads ? 1 : std::min(kblocks, (threads + blocks - 1) / blocks);
   at::parallel_for(0, blocks * ksplit, 1, [&](int64_t i0, int64_t i1) {
     // NOTE: each thread keeps its scratch from call to call: a fresh half megabyte per call
     // costs its page faults again (a 56x56 layer ran 1.3x slower in the model than alone).

@@ -77,8 +77,8 @@ void BM_ConvLopper(benchmark::State& state) {
   state.SetLabel(kc::isa_name(kc::active_isa()));
 }
 
-// Winograd F(4x4, 3x3) (kernels/cpu/winograd.h) on the same layers: the 3x3 ones of stride 1
-// without groups; the others are skipped.
+// Winograd F(4x4, 3x3) (kernels/cpu/winograd.h) on the same layers: the 3x3 ones of stride 1,
+// dense or grouped; the others are skipped.
 void BM_ConvWinograd(benchmark::State& state) {
   const ConvArgs a(state);
   at::manual_seed(7);
@@ -87,10 +87,10 @@ void BM_ConvWinograd(benchmark::State& state) {
   g.sh = g.sw = a.stride;
   g.ph = g.pw = a.pad();
   if (!kc::WinogradConv::takes(w, a.group, g)) {
-    state.SkipWithError("not a 3x3 convolution of stride 1 without groups");
+    state.SkipWithError("not a 3x3 convolution of stride 1 (nor depthwise)");
     return;
   }
-  const kc::WinogradConv conv(w, b, g);
+  const kc::WinogradConv conv(w, b, a.group, g);
   kc::Activation relu;
   relu.kind = kc::Activation::kRelu;
   for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));

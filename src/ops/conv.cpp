@@ -305,9 +305,9 @@ void conv_forward(OpContext& c) {
         // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
         using kernels::cpu::WinogradConv;
         if (WinogradConv::takes(w, g.group, dg) &&
-            WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]) >=
-                WinogradConv::kMinTiles) {
-          st.winograd = std::make_shared<const WinogradConv>(w, b, dg);
+            WinogradConv::pays(g.group,
+                               WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]))) {
+          st.winograd = std::make_shared<const WinogradConv>(w, b, g.group, dg);
           cands.push_back({WinogradConv::kName, as_winograd});
           kinds.push_back(K::kWinograd);
         }

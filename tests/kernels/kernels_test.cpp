@@ -531,7 +531,8 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
 // Each ISA's NHWC max pooling against ATen's max_pool2d: random geometries, odd channel counts,
 // NaN and -inf in the input (NaN propagates, as ONNX's reference does); and the executor's entry
 // point (the active ISA) on a channels-last tensor.
-// Winograd F(4x4, 3x3) against ATen's convolution in double: odd channel counts (vector tails),
+// Winograd F(4x4, 3x3) against ATen's convolution in double, dense and grouped: odd channel
+// counts (vector tails),
 // maps that do not tile evenly, every padding to 2, batches, a channel slice read in place, the
 // threads splitting tiles or (few tiles) output channels.
 TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
@@ -540,15 +541,21 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
   const int threads = at::get_num_threads();
   int cases = 0;
   for (kc::Isa isa : isas()) {
-    for (int it = 0; it < 60; ++it) {
+    for (int it = 0; it < 90; ++it) {
       const int64_t n = 1 + rng() % 3, h = 1 + rng() % 30, w = 1 + rng() % 30;
-      const int64_t c = std::vector<int64_t>{1, 3, 8, 17, 32, 64}[rng() % 6];
-      const int64_t k = std::vector<int64_t>{1, 7, 16, 48, 50, 150}[rng() % 6];
+      // A third of the cases grouped (RegNet's 16 channels a group, ResNeXt's 4 to 32, odd ones
+      // whose groups do not start on a vector).
+      const int64_t group = it % 3 == 0 ? std::vector<int64_t>{2, 3, 6, 18}[rng() % 4] : 1;
+      const int64_t c = group * (group > 1 ? std::vector<int64_t>{4, 5, 16, 24}[rng() % 4]
+                                           : std::vector<int64_t>{1, 3, 8, 17, 32, 64}[rng() % 6]);
+      const int64_t k =
+          group * (group > 1 ? std::vector<int64_t>{4, 7, 16, 20}[rng() % 4]
+                             : std::vector<int64_t>{1, 7, 16, 48, 50, 150}[rng() % 6]);
       kc::DirectConv::Geometry g;
       g.ph = rng() % 3, g.pw = rng() % 3;
       const int64_t oh = h + 2 * g.ph - 2, ow = w + 2 * g.pw - 2;
       if (oh < 1 || ow < 1) continue;
-      const at::Tensor wt = at::randn({k, c, 3, 3}, gen);
+      const at::Tensor wt = at::randn({k, c / group, 3, 3}, gen);
       const at::Tensor b = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
       const kc::Activation act = random_activation(rng);
       // Half the inputs are the second channel slice of a wider channels-last tensor.
@@ -557,23 +564,24 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
           at::randn({n, slice ? c + 5 : c, h, w}, gen).contiguous(at::MemoryFormat::ChannelsLast);
       const at::Tensor x = slice ? wide.narrow(1, 5, c) : wide;
       const at::Tensor res = rng() % 2 ? at::randn({n, k, oh, ow}, gen) : at::Tensor();
-      ASSERT_TRUE(kc::WinogradConv::takes(wt, 1, g));
-      const kc::WinogradConv conv(wt, b, g, isa);
+      ASSERT_TRUE(kc::WinogradConv::takes(wt, group, g));
+      const kc::WinogradConv conv(wt, b, group, g, isa);
       at::set_num_threads(1 + it % 2);
       const at::Tensor y = conv.run(x, res, act);
       at::set_num_threads(threads);
       at::Tensor ref = at::convolution(x.to(at::kDouble), wt.to(at::kDouble),
                                        b.defined() ? b.to(at::kDouble) : at::Tensor(), {1, 1},
-                                       {g.ph, g.pw}, {1, 1}, false, {0, 0}, 1);
+                                       {g.ph, g.pw}, {1, 1}, false, {0, 0}, group);
       if (res.defined()) ref = ref + res.to(at::kDouble);
       // The rounding is relative to the values before the activation (a sigmoid's output is at
       // most 1 whatever the sums were); the activations' slopes are at most 1.5.
       const double scale = 1 + ref.abs().max().item<double>();
       ref = activation_reference(ref, act);
-      const std::string what =
-          std::string(kc::isa_name(isa)) + " case " + std::to_string(it) + " " + std::to_string(n) +
-          "x" + std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) + " -> " +
-          std::to_string(k) + " pad " + std::to_string(g.ph) + "," + std::to_string(g.pw);
+      const std::string what = std::string(kc::isa_name(isa)) + " case " + std::to_string(it) +
+                               " " + std::to_string(n) + "x" + std::to_string(c) + "x" +
+                               std::to_string(h) + "x" + std::to_string(w) + " -> " +
+                               std::to_string(k) + " groups " + std::to_string(group) + " pad " +
+                               std::to_string(g.ph) + "," + std::to_string(g.pw);
       ASSERT_EQ(y.sizes(), ref.sizes()) << what;
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), 1.5e-5 * scale) << what;
@@ -587,11 +595,13 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
   dilated.dw = 2;
   EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 8, 3, 3}), 1, strided));
   EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 8, 3, 3}), 1, dilated));
-  EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 4, 3, 3}), 2, {}));
+  EXPECT_TRUE(kc::WinogradConv::takes(at::randn({8, 4, 3, 3}), 2, {}));
+  EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 2, 3, 3}), 4, {}));  // 2 channels a group
+  EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 1, 3, 3}), 8, {}));  // depthwise
   EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 8, 5, 5}), 1, {}));
   EXPECT_FALSE(kc::WinogradConv::takes(at::randn({8, 8, 3, 3}, at::kDouble), 1, {}));
   EXPECT_THROW(
-      kc::WinogradConv(at::randn({8, 8, 3, 3}), {}, {}).run(at::randn({1, 8, 1, 1}), {}, {}),
+      kc::WinogradConv(at::randn({8, 8, 3, 3}), {}, 1, {}).run(at::randn({1, 8, 1, 1}), {}, {}),
       lopper::Error);
 }
 

@@ -202,6 +202,40 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
   }
 }
 
+// conv_isa.h's wino_products with MR pixels (tiles) per microkernel call.
+template <class T, int MR>
+void wino_products_mr(const float* v, int64_t ldv, const float* packed, int64_t per, int64_t groups,
+                      float* m, int64_t ldm, int64_t nt, int64_t gc, int64_t gk, int64_t q0,
+                      int64_t q1) {
+  constexpr int W = T::W, NB = ConvTraits<T>::kNB, kPositions = 36;
+  ConvShape s;  // one group's product: a row of nt pixels, gc -> gk channels
+  s.w = s.ow = nt, s.c = gc, s.k = gk, s.x_stride = ldv, s.y_stride = ldm, s.r_stride = ldm;
+  const Epilogue none{};
+  const int64_t blocks = conv_blocks(s, NB);
+  for (int64_t pos = 0; pos < kPositions; ++pos)
+    for (int64_t q = q0; q < q1; ++q) {
+      const float* base = v + pos * nt * ldv + q * gc;
+      const float* wq = packed + (pos * groups + q) * per;
+      float* y = m + pos * nt * ldm + q * gk;
+      for (int64_t p0 = 0; p0 < nt; p0 += MR) {
+        const int valid = int(std::min<int64_t>(MR, nt - p0));
+        const float* px[MR];
+        LOPPER_UNROLL
+        for (int i = 0; i < MR; ++i) px[i] = base + (p0 + std::min(i, valid - 1)) * ldv;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t kbase = b * NB, nv = (gk - kbase + W - 1) / W;
+          const float* wb = wq + b * gc * NB;
+          if (nv >= 3)
+            conv_micro<T, MR, 3, false>(px, wb, s, 0, valid, p0, kbase, y, nullptr, none);
+          else if (nv == 2)
+            conv_micro<T, MR, 2, false>(px, wb, s, 0, valid, p0, kbase, y, nullptr, none);
+          else
+            conv_micro<T, MR, 1, false>(px, wb, s, 0, valid, p0, kbase, y, nullptr, none);
+        }
+      }
+    }
+}
+
 // Depthwise (group = channels, one output per channel), same layout and epilogue: w [C][1][KH][KW]
 // is packed as [KH][KW][Cpad] with Cpad the channels rounded up to the vector width, zero padded.
 inline int64_t dw_padded(int64_t c, int width) { return (c + width - 1) / width * width; }
@@ -658,6 +692,17 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt, int64_t k0,
        int64_t k1, float* y, const float* residual,
        const Epilogue& e) { wino_output_tiles<Wide>(m, ldm, s, t0, nt, k0, k1, y, residual, e); },
+    [](const float* v, int64_t ldv, const float* packed, int64_t per, int64_t groups, float* m,
+       int64_t ldm, int64_t nt, int64_t gc, int64_t gk, int64_t q0, int64_t q1) {
+      ConvShape s;
+      s.w = s.ow = nt;
+      if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR)
+        wino_products_mr<Wide, ConvTraits<Wide>::kMR>(v, ldv, packed, per, groups, m, ldm, nt, gc,
+                                                      gk, q0, q1);
+      else
+        wino_products_mr<Wide, ConvTraits<Wide>::kMR - 1>(v, ldv, packed, per, groups, m, ldm, nt,
+                                                          gc, gk, q0, q1);
+    },
     [](const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1) {
       max_pool_rows<Wide>(x, y, s, row0, row1);
     },

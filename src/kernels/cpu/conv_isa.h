@@ -74,6 +74,15 @@ struct ConvIsaOps {
   /// r_stride floats per pixel) and activation; a tile's pixels past the map's edge not stored.
   void (*wino_output)(const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt,
                       int64_t k0, int64_t k1, float* y, const float* residual, const Epilogue& e);
+  /// The products of a grouped Winograd convolution for a block of nt tiles, groups [q0, q1):
+  /// m[pos][t][q * gk + k] = sum_c v[pos][t][q * gc + c] * U[pos][q][c][k] for the 36 positions,
+  /// U[pos][q] packed by `pack` as a 1x1 weight of gc -> gk channels, `per` floats each, in
+  /// [pos][groups] order; v's and m's tiles ldv and ldm floats apart, their positions nt times
+  /// that. One call for what would be 36 x groups calls of `run` (RegNet's 16 channels a group:
+  /// a product of 8 tiles is 128 multiply-adds a vector, as few as a call's own overheads).
+  void (*wino_products)(const float* v, int64_t ldv, const float* packed, int64_t per,
+                        int64_t groups, float* m, int64_t ldm, int64_t nt, int64_t gc, int64_t gk,
+                        int64_t q0, int64_t q1);
   /// Max pooling (s.k == s.c; padding never wins; NaN propagates) of output rows [row0, row1).
   void (*max_pool)(const float* x, float* y, const ConvShape& s, int64_t row0, int64_t row1);
   /// y = act(x * scale[k] + e.bias[k]) for the c channels k of pixels [p0, p1), x's pixels ldx

@@ -1,5 +1,6 @@
 // 3x3 convolutions of stride 1 by Winograd's minimal filtering, F(4x4, 3x3) (internal): a 4x4
 // tile of outputs from a 6x6 window of inputs in 36 multiplies per channel pair instead of 144.
+// Grouped convolutions too: the transforms are per channel, the products per group.
 // Each thread takes blocks of tiles: the windows transformed (kernels/cpu/winograd_impl.h), 36
 // matrix products of the block's tiles x input channels by the transformed weight's input x output
 // channels (lopper's dense 1x1 kernel), the products transformed back with the bias, residual and
@@ -20,11 +21,14 @@ namespace lopper::kernels::cpu {
 class WinogradConv {
  public:
   /// Whether the kernel takes w with `group` groups and geometry g: a float32 CPU weight
-  /// [k, c, 3, 3], one group, stride 1, no dilation (any padding).
+  /// [k, c / group, 3, 3], stride 1, no dilation (any padding); grouped with at least
+  /// kMinGroupChannels input channels a group (RegNet's 8-16, ResNeXt's 4-32; not depthwise).
   static bool takes(const at::Tensor& w, int64_t group, const DirectConv::Geometry& g);
+  /// Fewer input channels a group make products too small for the dense kernel's calls.
+  static constexpr int64_t kMinGroupChannels = 4;
 
   /// Transforms and packs w (see takes) and its bias [k] (optional, float32).
-  WinogradConv(const at::Tensor& w, const at::Tensor& bias, DirectConv::Geometry g,
+  WinogradConv(const at::Tensor& w, const at::Tensor& bias, int64_t group, DirectConv::Geometry g,
                Isa isa = active_isa());
 
   static constexpr const char* kName = "lopper-winograd";
@@ -33,12 +37,20 @@ class WinogradConv {
   static int64_t tiles(int64_t n, int64_t oh, int64_t ow) {
     return n * ((oh + 3) / 4) * ((ow + 3) / 4);
   }
-  /// The fewest tiles for which the kernel is worth timing: each of the 36 transformed weight
-  /// matrices (four times the direct kernel's weight) is read once per call, for as many rows as
-  /// there are tiles; below 16 (a 7x7 map of one image has 4), the weight's traffic costs more than
-  /// the arithmetic saved, and a per-layer timing with the weight warm in the cache hides it (a
-  /// 256-channel 7x7 layer: 0.19 ms alone, 0.29-0.37 in the model, the direct kernel 0.30).
-  static constexpr int64_t kMinTiles = 16;
+  /// Whether the kernel is worth timing on a call of `tiles` tiles in `group` groups. Each of the
+  /// 36 transformed weight matrices (four times the direct kernel's weight in all) is read once
+  /// per call for as many rows as there are tiles, from memory in the model, where a per-layer
+  /// timing with the weight warm in the cache does not see it:
+  /// - dense, at least 16 tiles (a 7x7 map of one image has 4: a 512-channel layer was faster
+  ///   alone and slower in the model; a 14x14 map of one image has 16, and wins with a cold cache
+  ///   too: 128 channels 0.20 vs 0.32 ms);
+  /// - grouped, at least 128 (a group's product is a sliver: RegNet's 14x14x288 in groups of 16
+  ///   was 0.08 vs 0.09 ms alone, 0.21 vs 0.11 in the model; with a cold cache, 64 tiles lost and
+  ///   98 tied, 196 won by 1.2x and batch 32's 512 by 1.35x).
+  static bool pays(int64_t group, int64_t tiles) {
+    return tiles >= (group > 1 ? kMinGroupedTiles : kMinTiles);
+  }
+  static constexpr int64_t kMinTiles = 16, kMinGroupedTiles = 128;
 
   /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
   /// (read in place when channels-last or a channel slice of it); `residual` undefined or of y's
@@ -47,10 +59,11 @@ class WinogradConv {
 
  private:
   const ConvIsaOps* ops_;
+  int64_t groups_ = 1;
   int64_t k_ = 0, c_ = 0;
   DirectConv::Geometry g_;
-  int64_t per_pos_ = 0;        // floats of one position's packed [c -> k] matrix
-  std::vector<float> packed_;  // 36 positions' matrices, each packed as a 1x1 convolution's
+  int64_t per_pos_ = 0;        // floats of one position's packed matrix of one group
+  std::vector<float> packed_;  // [36][groups] matrices, each packed as a 1x1 convolution's
   std::vector<float> bias_;
 };
 

@@ -6,8 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-
 #include <nlohmann/json.hpp>
+
+#include <cmath>
 
 #include "lopper/analysis.h"
 #include "lopper/data.h"
@@ -257,7 +258,9 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   const std::string data = random_npy_data(tmp, 16, 3);
 
   // NOTE: the CLI's default thread count follows the machine's load; the loss compared below to
-  // this process's evaluate() is a float32 sum, so both run with this process's threads.
+  // this process's evaluate() is a float32 sum, so both run with this process's threads. Each
+  // process times its own kernel choices, and two kernels round differently (Winograd's 3x3 by
+  // about 1e-6 of the values): the losses agree to 1e-5, not to the last bit.
   const std::string threads = " --threads " + std::to_string(at::get_num_threads());
   auto macs =
       lopper_cli("prune " + in + " -o " + out + " --target-macs 0.6 --structured channel --data " +
@@ -276,7 +279,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
     DataLoader dl(open_dataset(data), lo);
     const EvalResult e = evaluate(onnx::load_model(out), dl, EvalOptions{"cpu", at::kFloat, 2});
     EXPECT_EQ(e.samples, 8);
-    EXPECT_NEAR(j["target"]["loss"]["measured"].get<double>(), e.loss, 1e-9);
+    EXPECT_NEAR(j["target"]["loss"]["measured"].get<double>(), e.loss, 1e-5 * std::abs(e.loss));
     EXPECT_NEAR(j["target"]["loss"]["top1_measured"].get<double>(), e.top1, 1e-12);
   }
 

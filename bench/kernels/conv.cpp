@@ -126,6 +126,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {14, 64, 16, 3, 1, 1},     // pruned DenseNet 3x3, block 3
       {7, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 4
       {112, 32, 32, 3, 2, 2},    // RegNetX-400MF grouped 3x3 (16 channels a group), stride 2
+      {112, 64, 64, 3, 2, 4},    // RegNetX-800MF grouped 3x3, stride 2
       {28, 64, 64, 3, 1, 4},     // RegNetX-400MF grouped 3x3, stage 2
       {14, 160, 160, 3, 1, 10},  // RegNetX-400MF grouped 3x3, stage 3
       {7, 400, 400, 3, 1, 25},   // RegNetX-400MF grouped 3x3, stage 4

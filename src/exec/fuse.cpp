@@ -776,6 +776,55 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     uses.build(g, removed);
   }
 
+  // 7. Attention's scores: Softmax(MatMul(Q [* a], K [* b]) [* c | / c]) along the last axis, with
+  //    a, b, c scalar constants (PyTorch's exports of scaled_dot_product_attention put sqrt(scale)
+  //    on Q and on K; older ones divide the product) -> ScaledSoftmax(MatMul(Q, K), scale a*b*c):
+  //    the two or three passes over Q, K or the scores become a multiply inside the softmax's own.
+  uses.build(g, removed);
+  index();
+  // The tensor before a multiplication (or division) by a scalar constant read by nothing else,
+  // and the factor; {v, 1} when v is not made so.
+  auto unscaled = [&](const std::string& v,
+                      std::vector<size_t>& absorbed) -> std::pair<std::string, double> {
+    auto it = producer.find(v);
+    if (it == producer.end() || !uses.single(v)) return {v, 1.0};
+    const ir::Node& n = g.nodes[it->second];
+    if (n.inputs.size() != 2 || (!is(n, "Mul") && !is(n, "Div"))) return {v, 1.0};
+    for (int k = 0; k < 2; ++k) {
+      if (k == 0 && is(n, "Div")) continue;  // c / x is not a scaling of x
+      const auto c = scalar_initializer(g, n.inputs[k]);
+      // NOTE: a constant of rank 2 or more would raise the product's rank by broadcasting.
+      if (!c || *c == 0.f || !std::isfinite(*c) || g.find_initializer(n.inputs[k])->value.dim() > 1)
+        continue;
+      absorbed.push_back(it->second);
+      return {n.inputs[1 - k], is(n, "Div") ? 1.0 / *c : double(*c)};
+    }
+    return {v, 1.0};
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& sm = g.nodes[i];
+    if (removed[i] || !is(sm, "Softmax") || sm.inputs.size() != 1) continue;
+    const auto* axis = find_attr(sm, "axis");
+    if (axis ? axis->i != -1 : opset < 13) continue;  // the last axis, whatever the rank
+    std::vector<size_t> absorbed;
+    auto [scores, c] = unscaled(sm.inputs[0], absorbed);
+    auto mm = producer.find(scores);
+    if (mm == producer.end() || !uses.single(scores) || !is(g.nodes[mm->second], "MatMul"))
+      continue;
+    ir::Node& product = g.nodes[mm->second];
+    auto [q, a] = unscaled(product.inputs[0], absorbed);
+    auto [k, b] = unscaled(product.inputs[1], absorbed);
+    if (absorbed.empty()) continue;
+    product.inputs = {q, k};
+    sm.domain = "ai.lopper";
+    sm.op_type = "ScaledSoftmax";
+    sm.inputs = {scores};
+    sm.attrs = {make_attr("scale", static_cast<float>(a * b * c))};
+    for (size_t r : absorbed) removed[r] = true;
+    uses.build(g, removed);
+    index();
+  }
+
   std::vector<ir::Node> kept;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (!removed[i]) kept.push_back(std::move(g.nodes[i]));

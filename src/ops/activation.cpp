@@ -1,6 +1,7 @@
 // Activations (Relu ... Mish, the gated Swish and SwiGLU) and the softmax family.
 #include <ATen/ATen.h>
 
+#include "kernels/cpu/rows.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -80,6 +81,30 @@ at::Tensor log_softmax_fn(const at::Tensor& v, int64_t d) {
 void unary(OpTable& t, const char* name,
            std::function<at::Tensor(OpContext&, const at::Tensor&)> fn) {
   t.add({"", name, [fn](OpContext& c) { c.set_output(0, fn(c, c.input(0))); }});
+}
+
+// Whether `axis` of the op (Softmax's semantics in c's opset) is x's last axis alone.
+bool last_axis(const OpContext& c, const at::Tensor& x) {
+  if (x.dim() == 0) return false;
+  const int64_t axis = c.attr_int("axis", c.opset() < 13 ? 1 : -1);
+  return axis == -1 || axis == x.dim() - 1;
+}
+
+// softmax(scale * x) along the last axis: lopper's row kernel for float32 on the CPU in inference
+// (kernels/cpu/rows.h: one pass of three over each row, the scale folded in), else ATen's.
+at::Tensor scaled_softmax(const OpContext& c, const at::Tensor& x, float scale) {
+  if (c.prepack() && x.scalar_type() == at::kFloat && x.device().is_cpu())
+    return kernels::cpu::softmax_last_axis(x, scale);
+  return softmax_fn(scale == 1.f ? x : x * scale, -1);
+}
+
+// ai.lopper.ScaledSoftmax(x), attribute scale: softmax(scale * x) along the last axis (made by the
+// fusion pass from attention's Softmax(MatMul(Q * a, K * b) [* c]): the scales leave Q, K and the
+// scores and meet inside the softmax).
+void scaled_softmax_forward(OpContext& c) {
+  const at::Tensor& x = c.input(0);
+  c.check(x.dim() >= 1, "input must be at least 1-D");
+  c.set_output(0, scaled_softmax(c, x, c.attr_float("scale", 1.f)));
 }
 
 // Channel rules: activations keep their input's channels; Softmax and its kin only when they
@@ -183,8 +208,10 @@ void register_activation(OpTable& t) {
     at::Tensor r = at::where(x < -lambd, x + bias, at::where(x > lambd, x - bias, zero));
     return r.scalar_type() == x.scalar_type() ? r : r.to(x.scalar_type());
   });
-  unary(t, "Softmax",
-        [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, softmax_fn); });
+  unary(t, "Softmax", [](OpContext& c, const at::Tensor& x) {
+    return last_axis(c, x) ? scaled_softmax(c, x, 1.f) : along_axis(c, x, softmax_fn);
+  });
+  t.add({"ai.lopper", "ScaledSoftmax", scaled_softmax_forward});
   unary(t, "LogSoftmax",
         [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, log_softmax_fn); });
   unary(t, "Hardmax", [](OpContext& c, const at::Tensor& x) { return along_axis(c, x, hardmax); });

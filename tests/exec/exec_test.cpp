@@ -155,6 +155,57 @@ ir::Model grouped_attention_model(std::vector<int64_t> expand, std::vector<int64
 
 }  // namespace
 
+// Attention's scores as PyTorch exports scaled_dot_product_attention (sqrt(scale) on Q and on K)
+// and as older exports write it (the product divided by sqrt(d)): the scalings fold into
+// ScaledSoftmax; a scaling read twice, or by a constant that would broadcast the rank, stays.
+TEST(Exec, AttentionScalesFoldIntoTheSoftmax) {
+  at::manual_seed(17);
+  for (int variant = 0; variant < 4; ++variant) {
+    ir::Model m = image_model({2, 3, 9, 8});
+    ir::Graph& g = m.graph;
+    auto init = initializer_adder(g);
+    init("sq", at::scalar_tensor(0.4f));
+    init("sk", at::tensor({0.7f}));
+    init("d", at::scalar_tensor(2.5f));
+    init("wide", at::full({1, 1, 1, 1}, 0.5f));
+    init("k", at::randn({2, 3, 8, 9}));
+    init("v", at::randn({2, 3, 9, 5}));
+    name_outputs(g, 1);
+    const char* q_scale = variant == 3 ? "wide" : "sq";
+    g.nodes = {node("Mul", {"x", q_scale}, {"qs"}), node("Mul", {"sk", "k"}, {"ks"}),
+               node("MatMul", {"qs", "ks"}, {"s"})};
+    std::string scores = "s";
+    if (variant == 1) {  // the product divided by a constant too
+      g.nodes.push_back(node("Div", {"s", "d"}, {"sd"}));
+      scores = "sd";
+    }
+    g.nodes.push_back(node("Softmax", {scores}, {"p"}));
+    g.nodes.push_back(node("MatMul", {"p", "v"}, {"y1"}));
+    if (variant == 2) {  // Q's scaling read twice: it stays, K's folds
+      name_outputs(g, 2);
+      g.nodes.push_back(node("Identity", {"qs"}, {"y2"}));
+    }
+    const ir::Graph fused = exec::fuse_for_inference(g, 17);
+    int softmax = 0, muls = 0;
+    float scale = 0;
+    for (const auto& n : fused.nodes) {
+      if (n.op_type == "ScaledSoftmax") ++softmax, scale = n.attr("scale")->f;
+      muls += n.op_type == "Mul" || n.op_type == "Div";
+    }
+    const float want_scale[] = {0.4f * 0.7f, 0.4f * 0.7f / 2.5f, 0.7f, 0.7f};
+    EXPECT_EQ(softmax, 1) << variant;
+    EXPECT_FLOAT_EQ(scale, want_scale[variant]) << variant;
+    EXPECT_EQ(muls, variant >= 2 ? 1 : 0) << variant;
+    const at::Tensor x = at::randn({2, 3, 9, 8});
+    auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+    at::Tensor s = at::matmul(x * w(q_scale), w("k") * 0.7f);
+    if (variant == 1) s = s / 2.5f;
+    std::vector<at::Tensor> want{at::matmul(at::softmax(s, -1), w("v"))};
+    if (variant == 2) want.push_back(x * 0.4f);
+    expect_outputs_match(m, x, want, {""});
+  }
+}
+
 TEST(Exec, FusionRewritesAndKeepsOutputs) {
   ir::Model m = fusable_model();
   ir::Graph fused = exec::fuse_for_inference(m.graph, 17);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cpu/winograd.h"
 #include "kernels/cuda/pool_cuda.h"
@@ -603,6 +604,47 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
   EXPECT_THROW(
       kc::WinogradConv(at::randn({8, 8, 3, 3}), {}, 1, {}).run(at::randn({1, 8, 1, 1}), {}, {}),
       lopper::Error);
+}
+
+// softmax(scale * x) along the last axis against ATen's in double: row lengths around the vector
+// widths (tails), scales of both signs, -inf entries (attention masks), a row of -inf only and a
+// NaN (both rows NaN, as ATen's), 1-2 threads.
+TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
+  at::Generator gen = at::detail::createCPUGenerator(31);
+  const int threads = at::get_num_threads();
+  const float inf = std::numeric_limits<float>::infinity();
+  int cases = 0;
+  for (kc::Isa isa : isas())
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 33, 197, 1000})
+      for (float scale : {1.f, 0.125f, -2.f}) {
+        at::Tensor x = at::randn({3, 5, n}, gen) * 4;
+        x.index_put_({1, 2, 0}, -inf);
+        if (n > 3) x.index_put_({2, 1, n - 2}, -inf);
+        at::set_num_threads(1 + cases % 2);
+        const at::Tensor y = kc::softmax_last_axis(x, scale, isa);
+        at::set_num_threads(threads);
+        const at::Tensor ref = at::softmax(x.to(at::kDouble) * scale, -1);
+        const std::string what = std::string(kc::isa_name(isa)) + " n " + std::to_string(n) +
+                                 " scale " + std::to_string(scale);
+        ASSERT_EQ(y.sizes(), x.sizes()) << what;
+        // Where ATen gives NaN (a row whose only entry is -inf, scaled by a negative scale: +inf
+        // - inf), so must the kernel; elsewhere, within 1e-6 (exp's relative error is 2e-7).
+        const at::Tensor nan = ref.isnan();
+        EXPECT_TRUE(at::equal(y.isnan(), nan)) << what;
+        EXPECT_LE((y.to(at::kDouble) - ref).masked_fill(nan, 0).abs().max().item<double>(), 1e-6)
+            << what;
+        ++cases;
+      }
+  EXPECT_GT(cases, 50);
+  // A row of -inf only is 0 / 0; a NaN makes its row NaN.
+  at::Tensor x = at::randn({3, 20}, gen);
+  x.index_put_({0}, -inf);
+  x.index_put_({1, 5}, std::numeric_limits<float>::quiet_NaN());
+  const at::Tensor y = kc::softmax_last_axis(x, 1.f);
+  EXPECT_TRUE(y[0].isnan().all().item<bool>());
+  EXPECT_TRUE(y[1].isnan().all().item<bool>());
+  EXPECT_NEAR(y[2].sum().item<double>(), 1.0, 1e-6);
+  EXPECT_THROW(kc::softmax_last_axis(at::randn({2, 3}, at::kDouble), 1.f), lopper::Error);
 }
 
 TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {

@@ -67,9 +67,7 @@ void softmax_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, f
 
 extern const RowsIsaOps LOPPER_ROWS_OPS_NAME;
 const RowsIsaOps LOPPER_ROWS_OPS_NAME = {
-    LOPPER_ROWS_OPS_LABEL,
-    [](const float* x, float* y, int64_t r0, int64_t r1, int64_t n, float scale) {
-      softmax_rows<Wide>(x, y, r0, r1, n, scale);
-    }};
+    LOPPER_ROWS_OPS_LABEL, [](const float* x, float* y, int64_t r0, int64_t r1, int64_t n,
+                              float scale) { softmax_rows<Wide>(x, y, r0, r1, n, scale); }};
 
 }  // namespace lopper::kernels::cpu

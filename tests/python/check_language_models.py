@@ -129,7 +129,9 @@ for stem in CAUSAL:
 a = lopper_eval("gpt2.ts", f"tokens:{path('ids.npy')},mask={path('mask.npy')}")
 b = lopper_eval("gpt2.ts", f"tokens:{path('ids32.npy')},pad={PAD}")
 c = lopper_eval("gpt2.ts", TOKENS)
-check(a["loss"] == c["loss"] and b["loss"] == c["loss"],
+# Each process times its own kernel choices, which round differently: "the same" is to 1e-6.
+check(close(a["loss"], c["loss"], 1e-6) and close(b["loss"], c["loss"], 1e-6) and
+      a["tokens"] == c["tokens"] == b["tokens"],
       "gpt2: mask=FILE, pad=ID and int32 IDs give the same loss")
 # Without a mask every position counts.
 d = lopper_eval("gpt2.ts", f"tokens:{path('ids.npy')}")
@@ -151,7 +153,9 @@ for stem in ["bert_cls.ts", "bert_cls.dynamo"]:
     named = f"npy:input_ids={path('ids.npy')},attention_mask={path('mask.npy')}," \
             f"token_type_ids={path('types.npy')},labels={path('y.npy')}"
     got2 = lopper_eval(stem, named, batch=4)
-    check(got2["loss"] == got["loss"], f"{stem}: npy:NAME=F.npy,... gives what tokens: gives")
+    check(close(got2["loss"], got["loss"], 1e-6) and close(got2["top1"], got["top1"], 1e-6),
+          f"{stem}: npy:NAME=F.npy,... gives what tokens: gives ({got2['loss']!r} vs "
+          f"{got['loss']!r})")
     # token_type_ids left out: derived as zeros.
     logits0 = ort_logits(stem, {**feeds, "token_type_ids": np.zeros_like(types)}, 4)
     want0, _, _ = ce(logits0, seq_labels)
@@ -169,7 +173,7 @@ for stem in ["bert_mlm.ts", "bert_mlm.dynamo"]:
     mlm = lopper_eval(stem, TOKENS, "--loss", "masked-lm", "--mask-token", 3, batch=4)
     mlm2 = lopper_eval(stem, TOKENS, "--loss", "masked-lm", "--mask-token", 3, batch=4)
     live = int(mask.sum())
-    check(mlm["loss"] == mlm2["loss"] and 0.05 * live < mlm["tokens"] < 0.3 * live and
+    check(close(mlm["loss"], mlm2["loss"], 1e-6) and mlm["tokens"] == mlm2["tokens"] and 0.05 * live < mlm["tokens"] < 0.3 * live and
           close(mlm["perplexity"], np.exp(mlm["loss"])),
           f"{stem}: masked-LM picks ~15% of {live} tokens ({mlm['tokens']}), the same each run")
 

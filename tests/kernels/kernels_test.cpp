@@ -439,6 +439,40 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
                 << kc::isa_name(isa) << " " << kernel << "x" << kernel << " stride " << stride
                 << " side " << side << " channels " << c;
           }
+  // Maps wide enough for tiles inside the input beside tiles that touch the padding (the dense
+  // kernel reads the input unpadded): RegNet's 112x112 stride-2 grouped layer, the 3-channel first
+  // layers read from NCHW planes (3x3 stride 2, 7x7 stride 2 pad 3), a 5x5 kernel padded 2 of
+  // odd channels, a 3x3 of dilation 2 padded 2, batch 2.
+  struct Layer {
+    int64_t n, c, k, side, kernel, stride, pad, dilation, group;
+    bool nchw;
+  };
+  const Layer layers[] = {{1, 64, 64, 112, 3, 2, 1, 1, 4, false},
+                          {2, 3, 32, 64, 3, 2, 1, 1, 1, true},
+                          {1, 3, 64, 60, 7, 2, 3, 1, 1, true},
+                          {2, 13, 29, 31, 5, 1, 2, 1, 1, false},
+                          {1, 32, 48, 40, 3, 1, 2, 2, 2, false}};
+  for (kc::Isa isa : isas())
+    for (const Layer& l : layers) {
+      kc::DirectConv::Geometry g;
+      g.sh = g.sw = l.stride, g.ph = g.pw = l.pad, g.dh = g.dw = l.dilation;
+      const at::Tensor weight = at::randn({l.k, l.c / l.group, l.kernel, l.kernel}, gen);
+      const at::Tensor bias = at::randn({l.k}, gen);
+      at::Tensor x = at::randn({l.n, l.c, l.side, l.side}, gen);
+      if (!l.nchw) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      kc::Activation relu;
+      relu.kind = kc::Activation::kRelu;
+      const kc::DirectConv conv(weight, bias, l.group, g, isa);
+      const at::Tensor y = conv.run(x, {}, relu);
+      const at::Tensor ref = at::relu(at::convolution(
+          x.to(at::kDouble), weight.to(at::kDouble), bias.to(at::kDouble), {l.stride, l.stride},
+          {l.pad, l.pad}, {l.dilation, l.dilation}, false, {0, 0}, l.group));
+      ASSERT_EQ(y.sizes(), ref.sizes());
+      EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
+                1e-4 * (1 + ref.abs().max().item<double>()))
+          << kc::isa_name(isa) << " " << l.c << " -> " << l.k << " side " << l.side << " kernel "
+          << l.kernel << " stride " << l.stride << " pad " << l.pad;
+    }
   // Groups that do not divide the channels, and a non-float weight, are not taken.
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 3, 3, 3}), 4, 8));
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({6, 2, 3, 3}), 4, 8));

@@ -187,12 +187,10 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
                x_in.scalar_type(), " ", x_in.sizes());
   // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels
-  // ldx floats apart; so is an NCHW input of a few channels that is padded anyway (a network's
-  // first layer: its padded copy is made straight from the planes); anything else is made
-  // channels-last.
+  // ldx floats apart; so is an NCHW input of a few channels (a network's first layer, read from
+  // its planes); anything else is made channels-last.
   int64_t ldx = pixel_stride(x_in);
-  const bool planar = ldx == 0 && !depthwise_ && groups_ == 1 && (g_.ph > 0 || g_.pw > 0) &&
-                      c_ <= 4 && x_in.is_contiguous();
+  const bool planar = ldx == 0 && !depthwise_ && groups_ == 1 && c_ <= 4 && x_in.is_contiguous();
   const at::Tensor x = ldx > 0 || planar ? x_in : x_in.contiguous(kCl);
   if (ldx == 0) ldx = c_;
   ConvShape s;
@@ -209,43 +207,9 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   s.ow = spare_w / s.sw + 1;
   at::Tensor y = at::empty({s.n, s.k, s.oh, s.ow}, x.options().memory_format(kCl));
   const float* xp = x.data_ptr<float>();
-  // The dense kernel reads every tap of every pixel without a check: a padded copy, made by the
-  // threads (a small layer's time is otherwise its overheads: ATen's pad op took as long as a
-  // 14x14 convolution). A planar input stays planar: each channel's rows copied whole, the
-  // kernel reading the planes (ConvShape::c_stride) one image at a time.
-  at::Tensor padded;
-  if (!depthwise_ && (s.ph > 0 || s.pw > 0)) {
-    const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, c = s.c;
-    padded = at::empty({s.n * hp * wp * c}, x.options());
-    float* dst = padded.data_ptr<float>();
-    const int64_t px = planar ? 1 : c;  // floats a padded pixel holds
-    // planar: rows of [n][c][hp] planes; else rows of [n][hp] images
-    at::parallel_for(0, s.n * hp * (planar ? c : 1), 8, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        float* row = dst + r * wp * px;
-        const int64_t plane = r / hp, y = r % hp - s.ph;
-        if (y < 0 || y >= s.h) {
-          std::fill(row, row + wp * px, 0.f);
-          continue;
-        }
-        std::fill(row, row + s.pw * px, 0.f);
-        if (planar) {
-          std::memcpy(row + s.pw, xp + (plane * s.h + y) * s.w, sizeof(float) * s.w);
-        } else {
-          const float* src = xp + (plane * s.h + y) * s.w * ldx;
-          if (ldx == c)
-            std::memcpy(row + s.pw * c, src, sizeof(float) * s.w * c);
-          else
-            for (int64_t i = 0; i < s.w; ++i)
-              std::memcpy(row + (s.pw + i) * c, src + i * ldx, sizeof(float) * c);
-        }
-        std::fill(row + (s.pw + s.w) * px, row + wp * px, 0.f);
-      }
-    });
-    xp = dst;
-    s.h = hp, s.w = wp, s.ph = s.pw = 0, s.x_stride = px;
-    if (planar) s.c_stride = hp * wp;
-  }
+  // A planar input stays planar: the kernel reads the planes (ConvShape::c_stride) one image at a
+  // time. The dense kernel reads the input unpadded (the tiles at the border gather their windows).
+  if (planar) s.x_stride = 1, s.c_stride = s.h * s.w;
   at::Tensor r;
   if (residual.defined()) {
     LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),

@@ -5,15 +5,18 @@
 // The dense weight is packed once into blocks of NB output channels: [K/NB][KH][KW][C][NB], the
 // last block only as many vectors wide as its channels need (zero padded to a whole vector). The
 // microkernel keeps MR output pixels x NB channels in registers and streams the taps and input
-// channels; it runs on an input padded beforehand, so that every tap of every pixel is inside and
-// MR consecutive pixels may span rows (small images keep the registers full). A tile of work is MR
-// pixels of one channel block, block-major (a thread's consecutive tiles reuse one block's
-// weights). The depthwise kernel reads the unpadded input: its interior pixels four at a time, the
-// border pixels one at a time with their taps checked.
+// channels; every tap it reads is inside the input (a tile that touches the padding has its
+// windows gathered first), and MR consecutive pixels may span rows (small images keep the
+// registers full). A tile of work is MR pixels of one channel block, block-major (a thread's
+// consecutive tiles reuse one block's weights) or pixel-major. The depthwise kernel reads the
+// unpadded input: its interior pixels four at a time, the border pixels one at a time with their
+// taps checked.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/vec_impl.h"
@@ -82,14 +85,25 @@ inline void conv_pack(const float* w, const ConvShape& s, int nb, int width, flo
 }
 
 // MR output pixels x NV vectors of the channels of one block (packed NV vectors wide): the window
-// of pixel m starts at px[m] (every tap inside the input: the dense kernel runs on an input padded
-// beforehand, so a group of pixels may span rows and images); pixels [valid, MR) are computed
+// of pixel m starts at px[m] (every tap inside the input, or the window gathered: a group of
+// pixels may span rows and images); pixels [valid, MR) are computed
 // (their px repeat a valid one) and not stored. `row` is the floats between input rows.
 // PLANAR: the input is one image's planes (s.c_stride floats apart), read channel by channel.
-template <class T, int MR, int NV, bool PLANAR>
+// BORDER (not PLANAR): the tile touches the padding; px is not read, each tap of pixel m is
+// located from border->at[m] and checked, a tap outside reading border->zeros (s.c zeros).
+struct PixelAt {
+  int64_t img, iy, ix;  // the image, the row and column of the window's first tap (maybe outside)
+};
+struct BorderTile {
+  const float* x;
+  const PixelAt* at;
+  const float* zeros;
+};
+template <class T, int MR, int NV, bool PLANAR, bool BORDER = false>
 inline void conv_micro(const float* const* px, const float* wb, const ConvShape& s, int64_t row,
                        int valid, int64_t pix0, int64_t kbase, float* y, const float* res,
-                       const Epilogue& e) {
+                       const Epilogue& e, const BorderTile* border = nullptr) {
+  static_assert(!(PLANAR && BORDER));
   using V = typename T::V;
   constexpr int W = T::W, BW = NV * W;
   V acc[MR][NV];
@@ -98,7 +112,7 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
   for (int v = 0; v < NV; ++v) acc[m][v] = T::zero();
   // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
   // input (and of the packed weight): one loop over it (the 3-channel first layer: 9, not 3x3).
-  const bool runs = !PLANAR && s.dw == 1 && s.x_stride == s.c;
+  const bool runs = !PLANAR && !BORDER && s.dw == 1 && s.x_stride == s.c;
   const int64_t cs = PLANAR ? s.c_stride : 1;
   const int64_t span = runs ? s.kw * s.c : s.c, taps = runs ? 1 : s.kw;
   for (int64_t i = 0; i < s.kh; ++i)
@@ -106,8 +120,19 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
       const int64_t off = i * s.dh * row + j * s.dw * s.x_stride;
       const float* wp = wb + (i * s.kw + j) * s.c * BW;
       const float* p[MR];
-      LOPPER_UNROLL
-      for (int m = 0; m < MR; ++m) p[m] = px[m] + off;
+      if constexpr (BORDER) {
+        LOPPER_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          const PixelAt& a = border->at[m];
+          const int64_t iy = a.iy + i * s.dh, ix = a.ix + j * s.dw;
+          p[m] = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w
+                     ? border->x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride
+                     : border->zeros;
+        }
+      } else {
+        LOPPER_UNROLL
+        for (int m = 0; m < MR; ++m) p[m] = px[m] + off;
+      }
       for (int64_t c = 0; c < span; ++c) {
         V w[NV];
         LOPPER_UNROLL
@@ -158,8 +183,26 @@ int64_t conv_tile_count(const ConvShape& s) {
   return conv_blocks(s, ConvTraits<T>::kNB) * ((s.n * s.oh * s.ow + mr - 1) / mr);
 }
 
-// Tiles [t0, t1) of a dense convolution whose input needs no padding (ph = pw = 0: DirectConv
-// pads it first), in the order conv_pixel_major gives.
+// The input window of the output pixel at `a`, gathered from the planes of a planar input into
+// win as [kh][kw][c] (a tap outside the input: zeros), for a tile that touches the padding.
+inline void conv_gather_planar(const float* x, const ConvShape& s, const PixelAt& a, float* win) {
+  for (int64_t i = 0; i < s.kh; ++i) {
+    const int64_t iy = a.iy + i * s.dh;
+    for (int64_t j = 0; j < s.kw; ++j, win += s.c) {
+      const int64_t ix = a.ix + j * s.dw;
+      const bool inside = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w;
+      const float* src = x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride;
+      for (int64_t c = 0; c < s.c; ++c) win[c] = inside ? src[c * s.c_stride] : 0.f;
+    }
+  }
+}
+
+// Tiles [t0, t1) of a dense convolution, in the order conv_pixel_major gives. The input is read
+// unpadded: a tile whose pixels' taps all fall inside it runs the plain microkernel; one that
+// touches the padding checks each tap of each pixel (a tap outside reads zeros), or, from a planar
+// input (a few channels), has its windows gathered first.
+// NOTE: a padded copy of the whole input cost RegNet's 112x112x64 stride-2 layer 12% of its time
+// alone and more in the model, where the copy missed the caches twice.
 template <class T, int MR, bool PLANAR>
 void conv_tiles(const float* x, const float* packed, float* y, const float* res,
                 const ConvShape& s0, const Epilogue& e, int64_t t0, int64_t t1) {
@@ -169,8 +212,20 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
   const int64_t blocks = conv_blocks(s, NB);
   const int64_t row = s.w * s.x_stride, wblock = s.kh * s.kw * s.c * NB;
   const bool pixel_major = conv_pixel_major(s);
+  const bool padded = s.ph > 0 || s.pw > 0;
+  // A border tile's zeros (s.c of them), or, from a planar input, its gathered windows
+  // ([kh][kw][c] each, read as a packed input of 1 x kw pixels a row).
+  thread_local std::vector<float> scratch;
+  const int64_t win = s.kh * s.kw * s.c;
+  const size_t need = size_t(PLANAR ? MR * win : s.c);
+  if (padded && scratch.size() < need) scratch.assign(need, 0.f);
+  ConvShape sg = s;
+  sg.x_stride = s.c, sg.dh = sg.dw = 1, sg.c_stride = 1;
   const float* px[MR];
-  int64_t located = -1;  // the group whose windows px holds
+  PixelAt at[MR];
+  const BorderTile border_tile{x, at, scratch.data()};
+  bool border = false;   // whether the located group touches the padding
+  int64_t located = -1;  // the group whose windows px (or at) holds
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t b = pixel_major ? t % blocks : t / groups;
     const int64_t grp = pixel_major ? t / blocks : t % groups;
@@ -180,25 +235,52 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
       // The pixels' input windows: the first located by division, the others by stepping along
       // the row (divisions per pixel cost as much as the arithmetic of a 16-channel 1x1 layer).
       int64_t img = pix0 / (s.oh * s.ow), oy = pix0 / s.ow % s.oh, ox = pix0 % s.ow;
+      border = false;
       for (int m = 0; m < MR; ++m) {
-        px[m] = x + ((img * s.h + oy * s.sh) * s.w + ox * s.sw) * s.x_stride;
+        const int64_t iy = oy * s.sh - s.ph, ix = ox * s.sw - s.pw;
+        if (padded) {
+          at[m] = {img, iy, ix};
+          border = border || iy < 0 || ix < 0 || iy + (s.kh - 1) * s.dh >= s.h ||
+                   ix + (s.kw - 1) * s.dw >= s.w;
+        } else {
+          px[m] = x + ((img * s.h + iy) * s.w + ix) * s.x_stride;
+        }
         if (m + 1 >= valid) continue;  // the rest repeat the last valid pixel
         if (++ox == s.ow) {
           ox = 0;
           if (++oy == s.oh) oy = 0, ++img;
         }
       }
+      if (padded)
+        for (int m = 0; m < MR; ++m) {
+          if (!border) {
+            px[m] = x + ((at[m].img * s.h + at[m].iy) * s.w + at[m].ix) * s.x_stride;
+          } else if (PLANAR) {
+            if (m < valid) conv_gather_planar(x, s, at[m], scratch.data() + m * win);
+            px[m] = scratch.data() + std::min(m, valid - 1) * win;
+          }
+        }
       located = grp;
     }
     const float* wb = packed + b * wblock;
     static_assert(ConvTraits<T>::kNV == 3);
     const int64_t nv = (s.k - kbase + W - 1) / W;  // the last block: no vector of padding alone
+    auto micro = [&](auto nvc) {
+      constexpr int NV = decltype(nvc)::value;
+      if (!border)
+        conv_micro<T, MR, NV, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      else if constexpr (PLANAR)
+        conv_micro<T, MR, NV, false>(px, wb, sg, s.kw * s.c, valid, pix0, kbase, y, res, e);
+      else
+        conv_micro<T, MR, NV, false, true>(px, wb, s, row, valid, pix0, kbase, y, res, e,
+                                           &border_tile);
+    };
     if (nv >= 3)
-      conv_micro<T, MR, 3, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      micro(std::integral_constant<int, 3>{});
     else if (nv == 2)
-      conv_micro<T, MR, 2, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      micro(std::integral_constant<int, 2>{});
     else
-      conv_micro<T, MR, 1, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+      micro(std::integral_constant<int, 1>{});
   }
 }
 

@@ -50,8 +50,7 @@ struct ConvIsaOps {
   /// Depthwise: output rows x chunks of a few vectors of channels, or on small maps under a 5x5
   /// kernel, images x vectors of channels.
   int64_t (*tiles)(const ConvShape& s, bool depthwise);
-  /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel). The dense kernel
-  /// takes no padding (ph = pw = 0: pad the input first); the depthwise one any.
+  /// Computes tiles [t0, t1) of y (residual: null or r_stride floats per pixel), any padding.
   void (*run)(const float* x, const float* packed, float* y, const float* residual,
               const ConvShape& s, bool depthwise, const Epilogue& e, int64_t t0, int64_t t1);
   int width, block_vectors;  // floats per vector; vectors per dense block (see tiles)

@@ -53,7 +53,7 @@ void print_explain(const Executor& exec) {
   }
   std::cout << fmt::format(
       "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-      "* = chosen (the fastest, or lopper's own within 10% of it), ms = best of up to 5 rounds "
+      "* = chosen (the fastest, or lopper's own within 10% of it), ms = best of up to 15 rounds "
       "on the layer's input{})\n",
       kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size(),
       cold ? ", weights read from memory: the model's outgrow the last-level cache" : "");

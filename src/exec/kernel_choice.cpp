@@ -157,7 +157,10 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, 
   for (const auto& k : cands) run(k);  // first-touch allocations, primitive creation
   const double warm_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  const int rounds = warm_ms < 20 ? 5 : warm_ms < 200 ? 3 : 1;
+  // NOTE: a small layer's best of five was no better than the machine's bursts: RegNet's seven
+  // identical 14x14 grouped layers timed 0.097-0.156 ms for one kernel, and three of them took the
+  // other (slower in the model). Layers whose candidates take under 2 ms together get fifteen.
+  const int rounds = warm_ms < 2 ? 15 : warm_ms < 20 ? 5 : warm_ms < 200 ? 3 : 1;
   std::vector<double> best(cands.size(), 1e30);
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < cands.size(); ++i) {

@@ -28,7 +28,8 @@ struct KernelCandidate {
 };
 
 /// Returns the index of the fastest of `cands` (at least one) on the current input: a warm-up
-/// run of each, then the best of up to five rounds over all of them (a single candidate is
+/// run of each, then the best of up to fifteen rounds (five, three or one as the
+/// candidates take longer) over all of them (a single candidate is
 /// taken untimed). When the model's weights outgrow the last-level cache
 /// (OpContext::weights_exceed_cache), the caches are emptied before each timed run: a layer's
 /// weights then come from memory at every run of the model, and a kernel that wins on a weight

@@ -106,6 +106,8 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {112, 32, 16, 1, 1, 1},    // projection
       {112, 16, 96, 1, 1, 1},    // expansion
       {56, 144, 144, 3, 1, 0},   // depthwise
+      {112, 96, 96, 3, 2, 0},    // depthwise stride 2 (MobileNetV2's block 2)
+      {56, 144, 144, 3, 2, 0},   // depthwise stride 2 (MobileNetV2's block 4)
       {56, 144, 24, 1, 1, 1},    // projection
       {56, 24, 144, 1, 1, 1},    // expansion
       {14, 384, 64, 1, 1, 1},    // projection

@@ -28,13 +28,12 @@ struct KernelCandidate {
 };
 
 /// Returns the index of the fastest of `cands` (at least one) on the current input: a warm-up
-/// run of each, then the best of up to fifteen rounds (five, three or one as the
-/// candidates take longer) over all of them (a single candidate is
-/// taken untimed). When the model's weights outgrow the last-level cache
-/// (OpContext::weights_exceed_cache), the caches are emptied before each timed run: a layer's
-/// weights then come from memory at every run of the model, and a kernel that wins on a weight
-/// in cache (a dense one, twice the bytes of a 50% sparse one) can lose from memory. The cache
-/// key is the machine (CPU model, ISA, threads), the node, the weight's shape and values
+/// run of each, then the best of up to fifteen rounds over all of them (five, three or one as
+/// they take longer; a single candidate is taken untimed). When the model's weights outgrow the
+/// last-level cache (OpContext::weights_exceed_cache), the caches are emptied before each timed
+/// run: a layer's weights then come from memory at every run of the model, and a kernel that wins
+/// on a weight in cache (a dense one, twice the bytes of a 50% sparse one) can lose from memory.
+/// The cache key is the machine (CPU model, ISA, threads), the node, the weight's shape and values
 /// (hashed), the input's shape, the candidates' names and whether the timing was cold. The
 /// decision is reported to the executor (Executor::kernel_decisions).
 /// `refused` names the kernels that were considered but could not run here, each with why (they

@@ -94,6 +94,10 @@ inline void conv_pack(const float* w, const ConvShape& s, int nb, int width, flo
 struct PixelAt {
   int64_t img, iy, ix;  // the image, the row and column of the window's first tap (maybe outside)
 };
+// Whether input row iy, column ix is inside the (unpadded) input.
+inline bool tap_inside(const ConvShape& s, int64_t iy, int64_t ix) {
+  return iy >= 0 && iy < s.h && ix >= 0 && ix < s.w;
+}
 struct BorderTile {
   const float* x;
   const PixelAt* at;
@@ -125,9 +129,8 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
         for (int m = 0; m < MR; ++m) {
           const PixelAt& a = border->at[m];
           const int64_t iy = a.iy + i * s.dh, ix = a.ix + j * s.dw;
-          p[m] = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w
-                     ? border->x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride
-                     : border->zeros;
+          p[m] = tap_inside(s, iy, ix) ? border->x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride
+                                       : border->zeros;
         }
       } else {
         LOPPER_UNROLL
@@ -190,9 +193,12 @@ inline void conv_gather_planar(const float* x, const ConvShape& s, const PixelAt
     const int64_t iy = a.iy + i * s.dh;
     for (int64_t j = 0; j < s.kw; ++j, win += s.c) {
       const int64_t ix = a.ix + j * s.dw;
-      const bool inside = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w;
+      if (!tap_inside(s, iy, ix)) {
+        std::fill(win, win + s.c, 0.f);
+        continue;
+      }
       const float* src = x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride;
-      for (int64_t c = 0; c < s.c; ++c) win[c] = inside ? src[c * s.c_stride] : 0.f;
+      for (int64_t c = 0; c < s.c; ++c) win[c] = src[c * s.c_stride];
     }
   }
 }

@@ -139,6 +139,7 @@ Action add_bench(CLI::App& app) {
     LatencyOptions lo;
     lo.warmup = o->warmup;
     lo.min_runs = o->iters;
+    lo.max_runs = std::max(lo.max_runs, o->iters);  // --iters asks for exactly that many
     const LatencyStats lat = measure_latency([&] { exec.run(feeds); }, exec.device(), lo);
     if (lat.wide) std::cerr << "lopper: warning: " << lat.warning() << "\n";
     std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
@@ -176,7 +177,7 @@ Action add_bench(CLI::App& app) {
     if (o->json) {
       nlohmann::json j{{"model", o->model},    {"device", o->device},
                        {"batch", batch},       {"threads", threads},
-                       {"iters", o->iters},    {"median_ms", median},
+                       {"iters", lat.runs},    {"median_ms", median},
                        {"p90_ms", lat.p90_ms}, {"mean_ms", lat.mean_ms},
                        {"min_ms", lat.min_ms}, {"throughput_per_s", throughput},
                        {"p10_ms", lat.p10_ms}, {"max_ms", lat.max_ms},

@@ -666,7 +666,7 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
   auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
   // Kernels may hand back channels-last tensors; callers get the standard layout.
   for (auto& t : outs) {
-    if (t.defined() && !t.is_contiguous()) t = t.contiguous();
+    if (t.defined() && !t.is_contiguous()) t = kernels::cpu::standard_layout(t);
     if (impl_->lowered() && t.defined() && t.scalar_type() == impl_->opts.precision)
       t = t.to(at::kFloat);
   }

@@ -127,6 +127,10 @@ TEST(Cli, BenchReportsLatency) {
   EXPECT_GT(j["median_ms"].get<double>(), 0.0);
   EXPECT_GE(j["p90_ms"].get<double>(), j["median_ms"].get<double>());
   EXPECT_EQ(j["batch"].get<int64_t>(), 4);  // the model's static batch
+  // --iters is the number of timed runs, also above the helper's default cap of 500.
+  r = lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 700 --warmup 0 --threads 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["iters"].get<int64_t>(), 700);
   if (!cuda_available()) {
     expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --device cuda:0"), 1, "CUDA");
     expect_error(lopper_cli("compare " + fixture("mlp.ts.onnx") + " " + fixture("mlp.ts.onnx") +

@@ -209,6 +209,35 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
   EXPECT_LT(nmse(kc::dense_linear(x, w, {}, {}, kc::active_isa()), reference(x, w, {}, {})), 1e-10);
 }
 
+TEST(LayoutKernels, StandardLayoutEveryIsaEqualsAtenContiguous) {
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  const int threads = at::get_num_threads();
+  int checked = 0;
+  for (kc::Isa isa : isas())
+    for (int64_t n : {1, 3})
+      for (int64_t c : {1, 3, 8, 17, 24})
+        for (std::pair<int64_t, int64_t> hw :
+             {std::pair<int64_t, int64_t>{1, 1}, {7, 9}, {8, 8}, {13, 5}, {112, 112}}) {
+          at::set_num_threads(1 + (checked % 2));
+          const at::Tensor x = at::randn({n, c, hw.first, hw.second}, gen)
+                                   .contiguous(at::MemoryFormat::ChannelsLast);
+          const at::Tensor y = kc::standard_layout(x, isa);
+          ASSERT_TRUE(y.is_contiguous());
+          EXPECT_TRUE(at::equal(y, x.contiguous()))
+              << kc::isa_name(isa) << " " << n << "x" << c << "x" << hw.first << "x" << hw.second;
+          ++checked;
+        }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 2 * 5 * 5);
+  // Other layouts and types: their values in the standard layout.
+  const at::Tensor t = at::randn({4, 6}, gen).t();
+  EXPECT_TRUE(at::equal(kc::standard_layout(t), t.contiguous()));
+  EXPECT_TRUE(kc::standard_layout(t).is_contiguous());
+  const at::Tensor d =
+      at::randn({2, 3, 4, 5}, gen).to(at::kDouble).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(at::equal(kc::standard_layout(d), d.contiguous()));
+}
+
 TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
   std::mt19937 rng(1234);
   at::Generator gen = at::detail::createCPUGenerator(99);

@@ -519,4 +519,26 @@ at::Tensor dense_linear(const at::Tensor& x_in, const at::Tensor& w, const at::T
   return y;
 }
 
+at::Tensor standard_layout(const at::Tensor& x, Isa isa) {
+  if (x.is_contiguous()) return x;
+  if (x.dim() != 4 || !x.device().is_cpu() || x.scalar_type() != at::kFloat ||
+      !x.is_contiguous(at::MemoryFormat::ChannelsLast))
+    return x.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  constexpr int64_t kPixels = 64;  // per transpose: 64 x c floats in, c runs of 256 bytes out
+  const int64_t tiles = ceil_div(hw, kPixels);
+  const float* src = x.data_ptr<float>();
+  float* dst = y.data_ptr<float>();
+  const SparseIsaOps& ops = ops_of(isa);
+  at::parallel_for(0, n * tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, p0 = (t % tiles) * kPixels;
+      ops.transpose(src + (b * hw + p0) * c, std::min(kPixels, hw - p0), c, c,
+                    dst + b * c * hw + p0, hw);
+    }
+  });
+  return y;
+}
+
 }  // namespace lopper::kernels::cpu

@@ -134,4 +134,10 @@ class MaskedWeight {
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                         Activation act, Isa isa);
 
+/// x in the standard (contiguous) layout. A channels-last 4-D float32 tensor (what lopper's
+/// convolutions write) is copied by cache-blocked transposes of 64 pixels at a time, split between
+/// the threads; ATen's strided copy reads it one channel stride at a time. Any other tensor:
+/// x.contiguous().
+at::Tensor standard_layout(const at::Tensor& x, Isa isa = active_isa());
+
 }  // namespace lopper::kernels::cpu

@@ -3,15 +3,17 @@ keep going, end with "N passed, N failed"."""
 
 
 import concurrent.futures
+import time
 
 
 def _one(what, fn):
+    t0 = time.perf_counter()
     try:
         fn()
-        return True, f"ok   {what}"
+        return True, f"ok   {what} ({time.perf_counter() - t0:.1f} s)"
     except Exception as e:  # noqa: BLE001 - report every failure, keep going
         msg = (getattr(e, "stderr", None) or str(e) or repr(e)).strip()
-        return False, f"FAIL {what}: {msg}"
+        return False, f"FAIL {what} ({time.perf_counter() - t0:.1f} s): {msg}"
 
 
 def run(cases, jobs=1):

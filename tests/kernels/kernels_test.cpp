@@ -209,33 +209,42 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
   EXPECT_LT(nmse(kc::dense_linear(x, w, {}, {}, kc::active_isa()), reference(x, w, {}, {})), 1e-10);
 }
 
-TEST(LayoutKernels, StandardLayoutEveryIsaEqualsAtenContiguous) {
+TEST(LayoutKernels, BothWaysEveryIsaEqualAten) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   at::Generator gen = at::detail::createCPUGenerator(11);
   const int threads = at::get_num_threads();
   int checked = 0;
   for (kc::Isa isa : isas())
     for (int64_t n : {1, 3})
-      for (int64_t c : {1, 3, 8, 17, 24})
+      for (int64_t c : {1, 3, 8, 17, 24, 130})
         for (std::pair<int64_t, int64_t> hw :
              {std::pair<int64_t, int64_t>{1, 1}, {7, 9}, {8, 8}, {13, 5}, {112, 112}}) {
           at::set_num_threads(1 + (checked % 2));
-          const at::Tensor x = at::randn({n, c, hw.first, hw.second}, gen)
-                                   .contiguous(at::MemoryFormat::ChannelsLast);
-          const at::Tensor y = kc::standard_layout(x, isa);
-          ASSERT_TRUE(y.is_contiguous());
-          EXPECT_TRUE(at::equal(y, x.contiguous()))
-              << kc::isa_name(isa) << " " << n << "x" << c << "x" << hw.first << "x" << hw.second;
+          const at::Tensor x = at::randn({n, c, hw.first, hw.second}, gen);
+          const std::string what = std::string(kc::isa_name(isa)) + " " + std::to_string(n) + "x" +
+                                   std::to_string(c) + "x" + std::to_string(hw.first) + "x" +
+                                   std::to_string(hw.second);
+          const at::Tensor last = kc::channels_last_layout(x, isa);
+          ASSERT_TRUE(last.is_contiguous(kCl)) << what;
+          EXPECT_TRUE(at::equal(last, x)) << what;
+          const at::Tensor back = kc::standard_layout(last, isa);
+          ASSERT_TRUE(back.is_contiguous()) << what;
+          EXPECT_TRUE(at::equal(back, x)) << what;
           ++checked;
         }
   at::set_num_threads(threads);
-  EXPECT_GE(checked, 2 * 5 * 5);
-  // Other layouts and types: their values in the standard layout.
+  EXPECT_GE(checked, 2 * 6 * 5);
+  // Other layouts and types: their values in the layout asked for.
   const at::Tensor t = at::randn({4, 6}, gen).t();
-  EXPECT_TRUE(at::equal(kc::standard_layout(t), t.contiguous()));
+  EXPECT_TRUE(at::equal(kc::standard_layout(t), t));
   EXPECT_TRUE(kc::standard_layout(t).is_contiguous());
-  const at::Tensor d =
-      at::randn({2, 3, 4, 5}, gen).to(at::kDouble).contiguous(at::MemoryFormat::ChannelsLast);
-  EXPECT_TRUE(at::equal(kc::standard_layout(d), d.contiguous()));
+  const at::Tensor d = at::randn({2, 3, 4, 5}, gen).to(at::kDouble);
+  EXPECT_TRUE(at::equal(kc::standard_layout(d.contiguous(kCl)), d));
+  EXPECT_TRUE(kc::channels_last_layout(d).is_contiguous(kCl));
+  EXPECT_TRUE(at::equal(kc::channels_last_layout(d), d));
+  const at::Tensor strided = at::randn({2, 8, 6, 6}, gen).narrow(1, 2, 4);  // neither layout
+  EXPECT_TRUE(kc::channels_last_layout(strided).is_contiguous(kCl));
+  EXPECT_TRUE(at::equal(kc::channels_last_layout(strided), strided));
 }
 
 TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 
 namespace lopper::kernels::cpu {
@@ -63,7 +64,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c && x_in.scalar_type() == at::kFloat,
                "[kernels] the convolution chain wants float32 [n, ", c, ", h, w], got ",
                x_in.scalar_type(), " ", x_in.sizes());
-  const at::Tensor x = x_in.contiguous(kCl);
+  const at::Tensor x = channels_last_layout(x_in);
   const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
   // The depthwise convolution's shape (its input: the expanded map, m channels a pixel).
   ConvShape ds;
@@ -81,7 +82,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   if (residual.defined()) {
     LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
                  ", the output ", y.sizes());
-    r = residual.to(at::kFloat).contiguous(kCl);
+    r = channels_last_layout(residual.to(at::kFloat));
   }
   ConvShape es;  // one input row through the expansion
   es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;

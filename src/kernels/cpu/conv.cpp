@@ -42,7 +42,7 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
                      x.size(3) == xs_in[0].size(3),
                  "[kernels] concat_affine_nhwc wants float32 CPU [n, c, h, w] of one n, h, w, got ",
                  x.scalar_type(), " ", x.sizes());
-    xs.push_back(x.contiguous(kCl));
+    xs.push_back(channels_last_layout(x));
     channels += x.size(1);
   }
   const at::Tensor& x0 = xs[0];
@@ -190,7 +190,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   // its planes); anything else is made channels-last.
   int64_t ldx = pixel_stride(x_in);
   const bool planar = ldx == 0 && !depthwise_ && groups_ == 1 && c_ <= 4 && x_in.is_contiguous();
-  const at::Tensor x = ldx > 0 || planar ? x_in : x_in.contiguous(kCl);
+  const at::Tensor x = ldx > 0 || planar ? x_in : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3);
@@ -213,7 +213,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   if (residual.defined()) {
     LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
                  ", the output ", y.sizes());
-    r = residual.to(at::kFloat).contiguous(kCl);
+    r = channels_last_layout(residual.to(at::kFloat));
   }
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/sparse.h"
 
 namespace lopper::kernels::cpu {
 
@@ -18,7 +19,7 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   const int64_t kh = kernel[0], kw = kernel[1], sh = stride[0], sw = stride[1];
   const int64_t ph = pad_begin[0], pw = pad_begin[1], dh = dilation[0], dw = dilation[1];
   const int64_t oh = out_size[0], ow = out_size[1];
-  at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor xc = channels_last_layout(x);
   at::Tensor y = at::empty({n, c, std::max<int64_t>(oh, 0), std::max<int64_t>(ow, 0)},
                            x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;

@@ -519,25 +519,47 @@ at::Tensor dense_linear(const at::Tensor& x_in, const at::Tensor& w, const at::T
   return y;
 }
 
-at::Tensor standard_layout(const at::Tensor& x, Isa isa) {
-  if (x.is_contiguous()) return x;
-  if (x.dim() != 4 || !x.device().is_cpu() || x.scalar_type() != at::kFloat ||
-      !x.is_contiguous(at::MemoryFormat::ChannelsLast))
-    return x.contiguous();
-  const int64_t n = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
-  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  constexpr int64_t kPixels = 64;  // per transpose: 64 x c floats in, c runs of 256 bytes out
-  const int64_t tiles = ceil_div(hw, kPixels);
-  const float* src = x.data_ptr<float>();
-  float* dst = y.data_ptr<float>();
+namespace {
+
+// dst = src with each of its n images' [a][b] matrix transposed to [b][a], in tiles of 64 x 64
+// split between the threads: NHWC -> NCHW with a = pixels and b = channels, and back with
+// a = channels and b = pixels. A tile reads and writes runs of up to 256 bytes.
+void transpose_images(const float* src, float* dst, int64_t n, int64_t a, int64_t b, Isa isa) {
+  constexpr int64_t kTile = 64;
+  const int64_t ta = ceil_div(a, kTile), tb = ceil_div(b, kTile);
   const SparseIsaOps& ops = ops_of(isa);
-  at::parallel_for(0, n * tiles, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, n * ta * tb, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, p0 = (t % tiles) * kPixels;
-      ops.transpose(src + (b * hw + p0) * c, std::min(kPixels, hw - p0), c, c,
-                    dst + b * c * hw + p0, hw);
+      const int64_t img = t / (ta * tb), a0 = t / tb % ta * kTile, b0 = t % tb * kTile;
+      const int64_t at_img = img * a * b;
+      ops.transpose(src + at_img + a0 * b + b0, std::min(kTile, a - a0), std::min(kTile, b - b0), b,
+                    dst + at_img + b0 * a + a0, a);
     }
   });
+}
+
+bool float_cpu_4d(const at::Tensor& x) {
+  return x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == at::kFloat;
+}
+
+}  // namespace
+
+at::Tensor standard_layout(const at::Tensor& x, Isa isa) {
+  if (x.is_contiguous()) return x;
+  if (!float_cpu_4d(x) || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return x.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  transpose_images(x.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(2) * x.size(3),
+                   x.size(1), isa);
+  return y;
+}
+
+at::Tensor channels_last_layout(const at::Tensor& x, Isa isa) {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  if (x.is_contiguous(kCl)) return x;
+  if (!float_cpu_4d(x) || !x.is_contiguous()) return x.contiguous(kCl);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(kCl));
+  transpose_images(x.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1),
+                   x.size(2) * x.size(3), isa);
   return y;
 }
 

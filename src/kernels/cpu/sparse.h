@@ -140,4 +140,9 @@ at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 /// x.contiguous().
 at::Tensor standard_layout(const at::Tensor& x, Isa isa = active_isa());
 
+/// x channels-last (what lopper's convolutions read): a 4-D float32 CPU tensor in the standard
+/// layout by the same transposes (an image's c rows of 64 pixels at a time, out as 64 pixels of
+/// c channels); any other tensor: x.contiguous(ChannelsLast).
+at::Tensor channels_last_layout(const at::Tensor& x, Isa isa = active_isa());
+
 }  // namespace lopper::kernels::cpu

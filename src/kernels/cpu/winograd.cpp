@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 
 namespace lopper::kernels::cpu {
@@ -83,7 +84,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                "[kernels] the Winograd convolution wants float32 [n, ", c_, ", h, w], got ",
                x_in.scalar_type(), " ", x_in.sizes());
   int64_t ldx = pixel_stride(x_in);
-  const at::Tensor x = ldx > 0 ? x_in : x_in.contiguous(kCl);
+  const at::Tensor x = ldx > 0 ? x_in : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3), s.x_stride = ldx;
@@ -96,7 +97,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   if (residual.defined()) {
     LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
                  ", the output ", y.sizes());
-    r = residual.to(at::kFloat).contiguous(kCl);
+    r = channels_last_layout(residual.to(at::kFloat));
   }
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* xp = x.data_ptr<float>();

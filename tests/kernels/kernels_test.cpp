@@ -406,6 +406,14 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
         c = group * std::vector<int64_t>{1, 3, 8, 16, 24}[rng() % 5];
         k = group * std::vector<int64_t>{1, 2, 5, 16, 24}[rng() % 5];
       }
+      // narrow groups (2, 4 or 8 channels in and out, whole groups to a vector): up to 41 groups,
+      // so that the last vector of channels is partial (3 groups of 2: 6 of 8 or 16 lanes)
+      const bool narrow = grouped && it % 8 == 5;
+      int64_t narrow_groups = 0;
+      if (narrow) {
+        narrow_groups = 2 + rng() % 40;
+        c = k = narrow_groups * std::vector<int64_t>{2, 4, 8}[rng() % 3];
+      }
       int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
       kc::DirectConv::Geometry g;
       g.sh = 1 + rng() % 2, g.sw = 1 + rng() % 2, g.ph = rng() % 3, g.pw = rng() % 3;
@@ -417,7 +425,7 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       const int64_t spare_w = w + 2 * g.pw - g.dw * (kw - 1) - 1;
       if (spare_h < 0 || spare_w < 0) continue;  // the kernel reaches past the padded input
       const int64_t oh = spare_h / g.sh + 1, ow = spare_w / g.sw + 1;
-      const int64_t groups = dw ? c : group;
+      const int64_t groups = dw ? c : narrow ? narrow_groups : group;
       const at::Tensor weight = at::randn({k, c / groups, kh, kw}, gen);
       const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
       at::Tensor x = at::randn({n, c, h, w}, gen);
@@ -485,11 +493,20 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
     int64_t n, c, k, side, kernel, stride, pad, dilation, group;
     bool nchw;
   };
-  const Layer layers[] = {{1, 64, 64, 112, 3, 2, 1, 1, 4, false},
-                          {2, 3, 32, 64, 3, 2, 1, 1, 1, true},
-                          {1, 3, 64, 60, 7, 2, 3, 1, 1, true},
-                          {2, 13, 29, 31, 5, 1, 2, 1, 1, false},
-                          {1, 32, 48, 40, 3, 1, 2, 2, 2, false}};
+  const Layer layers[] = {
+      {1, 64, 64, 112, 3, 2, 1, 1, 4, false},
+      {2, 3, 32, 64, 3, 2, 1, 1, 1, true},
+      {1, 3, 64, 60, 7, 2, 3, 1, 1, true},
+      {2, 13, 29, 31, 5, 1, 2, 1, 1, false},
+      {1, 32, 48, 40, 3, 1, 2, 2, 2, false},
+      // narrow groups: a ResNeXt pruned to half (32 groups of 2, 4 and 8 at
+      // 56, 28 and 14, 3x3 stride 1 and 2), and 5 groups of 4 (a partial vector)
+      {2, 64, 64, 56, 3, 1, 1, 1, 32, false},
+      {1, 128, 128, 28, 3, 1, 1, 1, 32, true},
+      {1, 128, 128, 57, 3, 2, 1, 1, 32, false},
+      {2, 256, 256, 14, 3, 1, 1, 1, 32, false},
+      {1, 20, 20, 17, 3, 1, 1, 1, 5, false},
+      {1, 20, 20, 9, 3, 1, 0, 1, 5, false}};
   for (kc::Isa isa : isas())
     for (const Layer& l : layers) {
       kc::DirectConv::Geometry g;

@@ -168,9 +168,15 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   groups_ = depthwise_ ? 1 : group;
   ConvShape s;
   s.c = c_ / groups_, s.k = k_ / groups_, s.kh = kh_, s.kw = kw_;
-  const int64_t per_group = ops_->packed_size(s, depthwise_);
-  packed_.resize(static_cast<size_t>(per_group * groups_));
-  for (int64_t q = 0; q < groups_; ++q)
+  narrow_ = groups_ > 1 && s.c == s.k && ops_->narrow_takes(s.c);
+  if (narrow_) {
+    s.k = k_;
+    packed_.resize(static_cast<size_t>(ops_->narrow_packed_size(s)));
+    ops_->narrow_pack(w.data_ptr<float>(), s, packed_.data());
+  }
+  const int64_t per_group = narrow_ ? 0 : ops_->packed_size(s, depthwise_);
+  if (!narrow_) packed_.resize(static_cast<size_t>(per_group * groups_));
+  for (int64_t q = 0; q < (narrow_ ? 0 : groups_); ++q)
     ops_->pack(w.data_ptr<float>() + q * s.k * s.c * kh_ * kw_, s, depthwise_,
                packed_.data() + q * per_group);
   if (bias.defined()) {
@@ -268,6 +274,13 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
 // whole image. Too few tiles to split (a 7x7 map is 7 tiles): the threads split the groups.
 void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const ConvShape& whole,
                             const Epilogue& e) const {
+  if (narrow_) {
+    const int64_t tiles = ops_->narrow_tiles(whole);
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      ops_->narrow_run(xp, packed_.data(), yp, rp, whole, c_ / groups_, e, t0, t1);
+    });
+    return;
+  }
   ConvShape s = whole;
   s.c = c_ / groups_, s.k = k_ / groups_;
   s.x_stride = whole.x_stride, s.y_stride = k_, s.r_stride = k_;

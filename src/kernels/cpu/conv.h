@@ -52,8 +52,10 @@ class DirectConv {
   };
   /// Whether the kernels take w [k, c_per_group, kh, kw] with `group` groups over `in_channels`:
   /// a float32 CPU weight whose groups divide its input and output channels. Depthwise layers
-  /// (group == in_channels == k) run the depthwise kernel; other groupings run the dense kernel
-  /// per group on its slice of the channels (RegNet's and ResNeXt's groups of 8 to 64 channels).
+  /// (group == in_channels == k) run the depthwise kernel; groups of 2, 4 or 8 channels in and
+  /// out, fewer than a vector holds, the narrow-group kernel (a ResNeXt pruned to half); other
+  /// groupings the dense kernel per group on its slice of the channels (RegNet's and ResNeXt's
+  /// groups of 8 to 64 channels).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
   /// Packs w (see takes) and its bias [k] (optional, float32).
@@ -75,7 +77,8 @@ class DirectConv {
 
   const ConvIsaOps* ops_;
   bool depthwise_ = false;
-  int64_t groups_ = 1;  // dense groups: the packed weight holds each group's in turn
+  int64_t groups_ = 1;   // dense groups: the packed weight holds each group's in turn
+  bool narrow_ = false;  // groups of a few channels: the narrow-group kernel (conv_isa.h)
   int64_t k_ = 0, c_ = 0, kh_ = 1, kw_ = 1;
   Geometry g_;
   std::vector<float> packed_, bias_;

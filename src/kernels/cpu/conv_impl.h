@@ -732,6 +732,172 @@ void interleave_pixels(const float* a, int64_t lda, const float* b, int64_t ldb,
   }
 }
 
+// --- Narrow groups --------------------------------------------------------------------------
+// A grouped convolution of g channels a group in and out (g < W, dividing W: a ResNeXt pruned to
+// half has groups of 2, 4 and 8). The per-group dense kernel spends a whole vector on a group's g
+// outputs (2 of 16 lanes at g = 2); here one vector holds W / g whole groups of outputs, and the
+// input vector at the same channels is permuted once per input channel i of a group (lane o reads
+// channel o - o % g + i), so that every lane does a useful multiply-add. Packed weight:
+// [vector][kh][kw][i][W] (the lanes past k zero). A tile: one output row x one vector.
+inline int64_t narrow_vectors(const ConvShape& s, int width) { return (s.k + width - 1) / width; }
+
+inline void narrow_pack(const float* w, const ConvShape& s, int64_t g, int width, float* out) {
+  for (int64_t v = 0; v < narrow_vectors(s, width); ++v)
+    for (int64_t i = 0; i < s.kh; ++i)
+      for (int64_t j = 0; j < s.kw; ++j)
+        for (int64_t c = 0; c < g; ++c)
+          for (int64_t l = 0; l < width; ++l) {
+            const int64_t o = v * width + l;
+            *out++ = o < s.k ? w[((o * g + c) * s.kh + i) * s.kw + j] : 0.f;
+          }
+}
+
+// idx[i]: lane o reads input channel o - o % G + i (the i-th channel of its group).
+template <class T, int G>
+inline void narrow_indices(typename T::I* idx) {
+  for (int i = 0; i < G; ++i) {
+    int32_t lanes[T::W];
+    for (int l = 0; l < T::W; ++l) lanes[l] = l - l % G + i;
+    idx[i] = T::load_index(lanes);
+  }
+}
+
+template <class T, int G, int OB>
+void narrow_row(const float* x, const float* packed, float* yrow, const float* rrow,
+                const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
+  constexpr int W = T::W;
+  using V = typename T::V;
+  typename T::I idx[G];
+  narrow_indices<T, G>(idx);
+  const int64_t c0 = v * W;
+  const int valid = int(std::min<int64_t>(W, s.k - c0));
+  const V bias = e.bias ? T::loadm(e.bias + c0, valid) : T::zero();
+  const float* wv0 = packed + v * s.kh * s.kw * G * W;
+  for (int64_t ox0 = 0; ox0 < s.ow; ox0 += OB) {
+    const int np = int(std::min<int64_t>(OB, s.ow - ox0));
+    V acc[OB];
+    LOPPER_UNROLL
+    for (int m = 0; m < OB; ++m) acc[m] = bias;
+    for (int64_t ky = 0; ky < s.kh; ++ky) {
+      const int64_t iy = oy * s.sh - s.ph + ky * s.dh;
+      if (iy < 0 || iy >= s.h) continue;
+      const float* xrow = x + (img * s.h + iy) * s.w * s.x_stride + c0;
+      for (int64_t kx = 0; kx < s.kw; ++kx) {
+        const float* wt = wv0 + (ky * s.kw + kx) * G * W;
+        V wv[G];
+        LOPPER_UNROLL
+        for (int i = 0; i < G; ++i) wv[i] = T::load(wt + i * W);
+        const int64_t ix0 = ox0 * s.sw - s.pw + kx * s.dw;
+        LOPPER_UNROLL
+        for (int m = 0; m < OB; ++m) {
+          const int64_t ix = ix0 + m * s.sw;
+          if (m >= np || ix < 0 || ix >= s.w) continue;
+          const V xv = valid == W ? T::load(xrow + ix * s.x_stride)
+                                  : T::loadm(xrow + ix * s.x_stride, valid);
+          LOPPER_UNROLL
+          for (int i = 0; i < G; ++i) acc[m] = T::fma(T::permute(idx[i], xv), wv[i], acc[m]);
+        }
+      }
+    }
+    for (int m = 0; m < np; ++m) {
+      const int64_t px = ox0 + m;
+      store_out<T>(acc[m], valid, yrow + px * s.y_stride + c0,
+                   rrow ? rrow + px * s.r_stride + c0 : nullptr, e);
+    }
+  }
+}
+
+// narrow_row for 3x3, stride 1, no dilation (every grouped layer of a ResNeXt but its first a
+// stage): each input column of a kernel row is loaded and permuted once and serves the three
+// output pixels that read it (OB + 2 columns for OB pixels, not 3 * OB).
+template <class T, int G, int OB>
+void narrow_row_3x3(const float* x, const float* packed, float* yrow, const float* rrow,
+                    const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
+  constexpr int W = T::W;
+  using V = typename T::V;
+  typename T::I idx[G];
+  narrow_indices<T, G>(idx);
+  const int64_t c0 = v * W;
+  const int valid = int(std::min<int64_t>(W, s.k - c0));
+  const V bias = e.bias ? T::loadm(e.bias + c0, valid) : T::zero();
+  const float* wv0 = packed + v * 9 * G * W;
+  for (int64_t ox0 = 0; ox0 < s.ow; ox0 += OB) {
+    const int np = int(std::min<int64_t>(OB, s.ow - ox0));
+    V acc[OB];
+    LOPPER_UNROLL
+    for (int m = 0; m < OB; ++m) acc[m] = bias;
+    for (int64_t ky = 0; ky < 3; ++ky) {
+      const int64_t iy = oy - s.ph + ky;
+      if (iy < 0 || iy >= s.h) continue;
+      const float* xrow = x + (img * s.h + iy) * s.w * s.x_stride + c0;
+      const float* wk = wv0 + ky * 3 * G * W;
+      LOPPER_UNROLL
+      for (int cc = 0; cc < OB + 2; ++cc) {
+        const int64_t ix = ox0 - s.pw + cc;
+        if (ix < 0 || ix >= s.w) continue;
+        const V xv =
+            valid == W ? T::load(xrow + ix * s.x_stride) : T::loadm(xrow + ix * s.x_stride, valid);
+        V p[G];
+        LOPPER_UNROLL
+        for (int i = 0; i < G; ++i) p[i] = T::permute(idx[i], xv);
+        LOPPER_UNROLL
+        for (int kx = 0; kx < 3; ++kx) {
+          const int m = cc - kx;  // the output pixel that reads this column through tap kx
+          if (m < 0 || m >= OB) continue;
+          LOPPER_UNROLL
+          for (int i = 0; i < G; ++i) acc[m] = T::fma(p[i], T::load(wk + (kx * G + i) * W), acc[m]);
+        }
+      }
+    }
+    for (int m = 0; m < np; ++m) {
+      const int64_t px = ox0 + m;
+      store_out<T>(acc[m], valid, yrow + px * s.y_stride + c0,
+                   rrow ? rrow + px * s.r_stride + c0 : nullptr, e);
+    }
+  }
+}
+
+template <class T>
+void narrow_tiles(const float* x, const float* packed, float* y, const float* res,
+                  const ConvShape& s0, int64_t g, const Epilogue& e, int64_t t0, int64_t t1) {
+  const ConvShape s = with_strides(s0);
+  const int64_t nv = narrow_vectors(s, T::W);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t row = t / nv, v = t % nv, img = row / s.oh, oy = row % s.oh;
+    float* yrow = y + row * s.ow * s.y_stride;
+    const float* rrow = res ? res + row * s.ow * s.r_stride : nullptr;
+    constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
+    const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
+    if constexpr (T::W >= 2) {
+      if (g == 2) {
+        if (s1_3x3)
+          narrow_row_3x3<T, 2, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        else
+          narrow_row<T, 2, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        continue;
+      }
+    }
+    if constexpr (T::W >= 4) {
+      if (g == 4) {
+        if (s1_3x3)
+          narrow_row_3x3<T, 4, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        else
+          narrow_row<T, 4, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        continue;
+      }
+    }
+    if constexpr (T::W >= 16) {
+      if (g == 8) {
+        if (s1_3x3)
+          narrow_row_3x3<T, 8, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        else
+          narrow_row<T, 8, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        continue;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern const ConvIsaOps LOPPER_CONV_OPS_NAME;
@@ -798,6 +964,15 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
        int64_t p0, int64_t p1,
        const Epilogue& e) { affine_pixels<Wide>(x, ldx, y, ldy, scale, c, p0, p1, e); },
     [](const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t c, int64_t p0,
-       int64_t p1) { interleave_pixels<Wide>(a, lda, b, ldb, y, c, p0, p1); }};
+       int64_t p1) { interleave_pixels<Wide>(a, lda, b, ldb, y, c, p0, p1); },
+    [](int64_t g) { return g > 1 && g < Wide::W && Wide::W % g == 0 && g <= 8; },
+    [](const ConvShape& s) { return narrow_vectors(s, Wide::W) * s.kh * s.kw * s.c * Wide::W; },
+    [](const float* w, const ConvShape& s, float* packed) {
+      narrow_pack(w, s, s.c, Wide::W, packed);
+    },
+    [](const ConvShape& s) { return s.n * s.oh * narrow_vectors(s, Wide::W); },
+    [](const float* x, const float* packed, float* y, const float* residual, const ConvShape& s,
+       int64_t g, const Epilogue& e, int64_t t0,
+       int64_t t1) { narrow_tiles<Wide>(x, packed, y, residual, s, g, e, t0, t1); }};
 
 }  // namespace lopper::kernels::cpu

@@ -93,6 +93,20 @@ struct ConvIsaOps {
   /// of pixels [p0, p1): two tensors' channels interleaved (the channel shuffle of two groups).
   void (*interleave)(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t c,
                      int64_t p0, int64_t p1);
+  /// Narrow groups: a grouped convolution of g channels a group in and out, with whole groups in
+  /// each vector of output channels (the input vector permuted once per input channel of a
+  /// group). Whether this table runs groups of g (g > 1, dividing the vector width, at most 8).
+  bool (*narrow_takes)(int64_t g);
+  /// Floats of the packed weight of s (s.c: g, the channels a group; s.k: all output channels).
+  int64_t (*narrow_packed_size)(const ConvShape& s);
+  /// w [k][g][kh][kw] (ONNX's OIHW of the grouped convolution) -> packed, for s as above.
+  void (*narrow_pack)(const float* w, const ConvShape& s, float* packed);
+  /// Its tiles: output rows x vectors of output channels.
+  int64_t (*narrow_tiles)(const ConvShape& s);
+  /// Tiles [t0, t1) of y, x and y with s.k channels a pixel (s.x_stride, s.y_stride and s.r_stride
+  /// as for run), g channels a group.
+  void (*narrow_run)(const float* x, const float* packed, float* y, const float* residual,
+                     const ConvShape& s, int64_t g, const Epilogue& e, int64_t t0, int64_t t1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

@@ -825,6 +825,40 @@ ir::Graph fuse_for_inference(const ir::Graph& src, int64_t opset) {
     index();
   }
 
+  // 8. Attention itself: MatMul(ScaledSoftmax(MatMul(Q, Kt)) | Softmax(...) along the last axis,
+  //    V), the scores and the probabilities read by nothing else -> ScaledAttention(Q, Kt, V):
+  //    on the CPU a block of each head's scores stays in the caches through the three steps
+  //    (a masked attention adds the mask between them and stays as it is).
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& out = g.nodes[i];
+    if (removed[i] || !is(out, "MatMul") || out.inputs.size() != 2) continue;
+    auto sm = producer.find(out.inputs[0]);
+    if (sm == producer.end() || !uses.single(out.inputs[0])) continue;
+    const ir::Node& soft = g.nodes[sm->second];
+    float scale = 1.f;
+    if (soft.domain == "ai.lopper" && soft.op_type == "ScaledSoftmax") {
+      const auto* a = find_attr(soft, "scale");
+      scale = a ? a->f : 1.f;
+    } else if (is(soft, "Softmax") && soft.inputs.size() == 1) {
+      const auto* axis = find_attr(soft, "axis");
+      if (axis ? axis->i != -1 : opset < 13) continue;
+    } else {
+      continue;
+    }
+    auto mm = producer.find(soft.inputs[0]);
+    if (mm == producer.end() || !uses.single(soft.inputs[0]) ||
+        !is(g.nodes[mm->second], "MatMul") || g.nodes[mm->second].inputs.size() != 2)
+      continue;
+    const size_t scores = mm->second, probs = sm->second;
+    out.inputs = {g.nodes[scores].inputs[0], g.nodes[scores].inputs[1], out.inputs[1]};
+    out.domain = "ai.lopper";
+    out.op_type = "ScaledAttention";
+    out.attrs = {make_attr("scale", scale)};
+    removed[scores] = removed[probs] = true;
+    uses.build(g, removed);
+    index();
+  }
+
   std::vector<ir::Node> kept;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (!removed[i]) kept.push_back(std::move(g.nodes[i]));

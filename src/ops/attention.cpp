@@ -1,11 +1,13 @@
 // Transformer-fused ops: Attention (grouped heads, KV cache, masks, softcap), RotaryEmbedding, and
-// lopper's GroupedMatMul (grouped-query attention's products without the key/value repeat).
+// lopper's GroupedMatMul (grouped-query attention's products without the key/value repeat) and
+// ScaledAttention (an unmasked attention's two products and softmax in one pass).
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <limits>
 #include <optional>
 
+#include "kernels/cpu/rows.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
@@ -245,12 +247,51 @@ int64_t grouped_matmul_macs(const MacContext& m) {
   return numel_of(m.out_shapes[0]) * m.in_shapes[0].back();
 }
 
+// ai.lopper.ScaledAttention(Q, Kt, V), attribute scale: MatMul(softmax(scale * MatMul(Q, Kt)), V)
+// along the last axis (made by the fusion pass from an unmasked attention's MatMul, Softmax or
+// ScaledSoftmax and MatMul, the scores and probabilities read by nothing else). Inference on the
+// CPU in float32 runs kernels::cpu::scaled_attention over the leading axes (Q, Kt and V of one
+// rank, 3 or more, the same leading sizes); anything else, the three steps.
+void scaled_attention(OpContext& c) {
+  const at::Tensor &q = c.input(0), &kt = c.input(1), &v = c.input(2);
+  c.check(q.dim() >= 2 && kt.dim() >= 2 && v.dim() >= 2, "Q, Kt and V must be at least 2-D");
+  c.check(q.size(-1) == kt.size(-2) && kt.size(-1) == v.size(-2), "Q ", q.sizes(), ", Kt ",
+          kt.sizes(), " and V ", v.sizes(), " do not chain");
+  const float scale = c.attr_float("scale", 1.f);
+  bool fused = c.prepack() && q.dim() >= 3 && kt.dim() == q.dim() && v.dim() == q.dim() &&
+               q.numel() > 0 && kt.numel() > 0 && v.numel() > 0;
+  for (const at::Tensor* t : {&q, &kt, &v})
+    fused = fused && t->scalar_type() == at::kFloat && t->device().is_cpu();
+  for (int64_t d = 0; fused && d + 2 < q.dim(); ++d)
+    fused = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
+  if (!fused) {
+    at::Tensor s = at::matmul(q, kt);
+    return c.set_output(0, at::matmul(at::softmax(scale == 1.f ? s : s * scale, -1), v));
+  }
+  auto heads = [](const at::Tensor& x) { return x.dim() == 3 ? x : x.flatten(0, x.dim() - 3); };
+  at::Tensor y = kernels::cpu::scaled_attention(heads(q), heads(kt), heads(v), scale);
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  shape.back() = v.size(-1);
+  c.set_output(0, y.view(shape));
+}
+
+// The two products: every score one dot product over Q's last axis, every output one over Kt's.
+int64_t scaled_attention_macs(const MacContext& m) {
+  if (m.in_shapes.size() < 3 || m.out_shapes.empty() || m.in_shapes[0].size() < 2 ||
+      m.in_shapes[1].size() < 2)
+    return 0;
+  const auto& q = m.in_shapes[0];
+  const int64_t sk = m.in_shapes[1].back();
+  return numel_of(q) * sk + numel_of(m.out_shapes[0]) * sk;
+}
+
 }  // namespace
 
 void register_attention(OpTable& t) {
   t.add({"", "Attention", attention, attention_macs});
   t.add({"", "RotaryEmbedding", rotary_embedding});
   t.add({"ai.lopper", "GroupedMatMul", grouped_matmul, grouped_matmul_macs});
+  t.add({"ai.lopper", "ScaledAttention", scaled_attention, scaled_attention_macs});
 }
 
 }  // namespace lopper::ops

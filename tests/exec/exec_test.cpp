@@ -188,8 +188,8 @@ TEST(Exec, AttentionScalesFoldIntoTheSoftmax) {
     const ir::Graph fused = exec::fuse_for_inference(g, 17);
     int softmax = 0, muls = 0;
     float scale = 0;
-    for (const auto& n : fused.nodes) {
-      if (n.op_type == "ScaledSoftmax") ++softmax, scale = n.attr("scale")->f;
+    for (const auto& n : fused.nodes) {  // the softmax, fused with both products (step 8)
+      if (n.op_type == "ScaledAttention") ++softmax, scale = n.attr("scale")->f;
       muls += n.op_type == "Mul" || n.op_type == "Div";
     }
     const float want_scale[] = {0.4f * 0.7f, 0.4f * 0.7f / 2.5f, 0.7f, 0.7f};
@@ -203,6 +203,59 @@ TEST(Exec, AttentionScalesFoldIntoTheSoftmax) {
     std::vector<at::Tensor> want{at::matmul(at::softmax(s, -1), w("v"))};
     if (variant == 2) want.push_back(x * 0.4f);
     expect_outputs_match(m, x, want, {""});
+  }
+}
+
+// An unmasked attention (MatMul, Softmax along the last axis, MatMul; Q, K and V head views of one
+// fused projection, as transformers export them) runs as one ScaledAttention node; with a mask
+// added to the scores, or the probabilities also a graph output, it stays three nodes. Against
+// ATen, 1 and 2 threads.
+TEST(Exec, UnmaskedAttentionRunsInOnePass) {
+  at::manual_seed(23);
+  for (int variant = 0; variant < 3; ++variant) {
+    ir::Model m = image_model({2, 7, 36});  // [batch, tokens, 3 x 2 heads x 6]
+    ir::Graph& g = m.graph;
+    auto init = initializer_adder(g);
+    init("shape", at::tensor({2, 7, 3, 2, 6}, at::kLong));
+    init("mask", at::randn({1, 1, 7, 7}));
+    init("axis0", at::tensor({0}, at::kLong));
+    name_outputs(g, variant == 2 ? 2 : 1);
+    g.nodes = {node("Reshape", {"x", "shape"}, {"r"}),
+               node("Transpose", {"r"}, {"t"}, {ints_attr("perm", {2, 0, 3, 1, 4})}),
+               node("Split", {"t"}, {"q3", "k3", "v3"}, {int_attr("axis", 0)}),
+               node("Squeeze", {"q3", "axis0"}, {"q"}),
+               node("Squeeze", {"k3", "axis0"}, {"k"}),
+               node("Squeeze", {"v3", "axis0"}, {"v"}),
+               node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})}),
+               node("MatMul", {"q", "kt"}, {"s"})};
+    std::string scores = "s";
+    if (variant == 1) {
+      g.nodes.push_back(node("Add", {"s", "mask"}, {"sm"}));
+      scores = "sm";
+    }
+    g.nodes.push_back(node("Softmax", {scores}, {variant == 2 ? "y2" : "p"}));
+    g.nodes.push_back(node("MatMul", {variant == 2 ? "y2" : "p", "v"}, {"y1"}));
+    const ir::Graph fused = exec::fuse_for_inference(g, 17);
+    int attention = 0, matmuls = 0;
+    for (const auto& n : fused.nodes) {
+      attention += n.op_type == "ScaledAttention";
+      matmuls += n.op_type == "MatMul";
+    }
+    EXPECT_EQ(attention, variant == 0 ? 1 : 0) << variant;
+    EXPECT_EQ(matmuls, variant == 0 ? 0 : 2) << variant;
+    const at::Tensor x = at::randn({2, 7, 36});
+    const at::Tensor t = x.reshape({2, 7, 3, 2, 6}).permute({2, 0, 3, 1, 4});
+    at::Tensor s = at::matmul(t[0], t[1].transpose(-1, -2));
+    if (variant == 1) s = s + g.find_initializer("mask")->value;
+    const at::Tensor p = at::softmax(s, -1);
+    std::vector<at::Tensor> want{at::matmul(p, t[2])};
+    if (variant == 2) want.push_back(p);
+    for (int threads : {1, 2}) {
+      const int before = at::get_num_threads();
+      at::set_num_threads(threads);
+      expect_outputs_match(m, x, want, {""});
+      at::set_num_threads(before);
+    }
   }
 }
 

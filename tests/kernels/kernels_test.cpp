@@ -736,6 +736,38 @@ TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
   EXPECT_THROW(kc::softmax_last_axis(at::randn({2, 3}, at::kDouble), 1.f), lopper::Error);
 }
 
+// Attention in one pass against ATen's three steps in float64: head views of a fused QKV
+// projection (strided rows and columns), a long key axis (blocks of a few query rows), one and
+// many heads, 1 and 2 threads, every ISA.
+TEST(RowKernels, ScaledAttentionEveryIsaMatchesAten) {
+  at::Generator gen = at::detail::createCPUGenerator(29);
+  const int threads = at::get_num_threads();
+  int checked = 0;
+  for (kc::Isa isa : isas())
+    for (auto [heads, sq, sk, d] : std::vector<std::array<int64_t, 4>>{
+             {12, 197, 197, 32}, {1, 1, 9, 5}, {3, 20, 5000, 8}, {4, 7, 7, 64}}) {
+      at::set_num_threads(1 + checked % 2);
+      const at::Tensor qkv = at::randn({sk, 3, heads, d}, gen);  // [tokens, q/k/v, heads, d]
+      const at::Tensor q = at::randn({sq, heads, d}, gen).permute({1, 0, 2});
+      const at::Tensor kt = qkv.select(1, 1).permute({1, 2, 0});  // [heads, d, sk], strided
+      const at::Tensor v = qkv.select(1, 2).permute({1, 0, 2});   // [heads, sk, d], strided
+      const float scale = 0.125f;
+      const at::Tensor y = kc::scaled_attention(q, kt, v, scale, isa);
+      const at::Tensor ref =
+          at::matmul(at::softmax(at::matmul(q.to(at::kDouble), kt.to(at::kDouble)) * scale, -1),
+                     v.to(at::kDouble));
+      ASSERT_EQ(y.sizes(), ref.sizes());
+      EXPECT_LT(nmse(y, ref), 1e-10)
+          << kc::isa_name(isa) << " heads " << heads << " sq " << sq << " sk " << sk << " d " << d;
+      ++checked;
+    }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 4);
+  EXPECT_THROW(
+      kc::scaled_attention(at::randn({2, 3, 4}), at::randn({2, 5, 6}), at::randn({2, 6, 1}), 1.f),
+      std::exception);
+}
+
 TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {
   std::mt19937 rng(11);
   at::Generator gen = at::detail::createCPUGenerator(11);

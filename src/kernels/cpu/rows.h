@@ -13,4 +13,12 @@ namespace lopper::kernels::cpu {
 /// 2e-7); see rows_impl.h for NaN and -inf.
 at::Tensor softmax_last_axis(const at::Tensor& x, float scale, Isa isa = active_isa());
 
+/// Attention, y[i] = softmax(scale * q[i] kt[i]) v[i] for each i of q [b, sq, d], kt [b, d, sk] and
+/// v [b, sk, dv] (float32 CPU, none empty; rows and columns may be strided, as the head views of a
+/// fused QKV projection are): y [b, sq, dv]. The threads split the heads and blocks of query rows;
+/// a block's scores (128 KB at most) stay in the caches from the product through the softmax to
+/// the product with v, instead of the whole [b, sq, sk] going to memory and back twice.
+at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
+                            float scale, Isa isa = active_isa());
+
 }  // namespace lopper::kernels::cpu

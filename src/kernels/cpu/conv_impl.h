@@ -762,6 +762,15 @@ inline void narrow_indices(typename T::I* idx) {
   }
 }
 
+// act(acc[m] + residual) into np pixels' `valid` channels at yp (pixels s.y_stride floats apart;
+// rp: the residual's, s.r_stride apart, or null).
+template <class T>
+inline void narrow_store(const typename T::V* acc, int np, int valid, float* yp, const float* rp,
+                         const ConvShape& s, const Epilogue& e) {
+  for (int m = 0; m < np; ++m)
+    store_out<T>(acc[m], valid, yp + m * s.y_stride, rp ? rp + m * s.r_stride : nullptr, e);
+}
+
 template <class T, int G, int OB>
 void narrow_row(const float* x, const float* packed, float* yrow, const float* rrow,
                 const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
@@ -799,11 +808,8 @@ void narrow_row(const float* x, const float* packed, float* yrow, const float* r
         }
       }
     }
-    for (int m = 0; m < np; ++m) {
-      const int64_t px = ox0 + m;
-      store_out<T>(acc[m], valid, yrow + px * s.y_stride + c0,
-                   rrow ? rrow + px * s.r_stride + c0 : nullptr, e);
-    }
+    narrow_store<T>(acc, np, valid, yrow + ox0 * s.y_stride + c0,
+                    rrow ? rrow + ox0 * s.r_stride + c0 : nullptr, s, e);
   }
 }
 
@@ -849,12 +855,29 @@ void narrow_row_3x3(const float* x, const float* packed, float* yrow, const floa
         }
       }
     }
-    for (int m = 0; m < np; ++m) {
-      const int64_t px = ox0 + m;
-      store_out<T>(acc[m], valid, yrow + px * s.y_stride + c0,
-                   rrow ? rrow + px * s.r_stride + c0 : nullptr, e);
+    narrow_store<T>(acc, np, valid, yrow + ox0 * s.y_stride + c0,
+                    rrow ? rrow + ox0 * s.r_stride + c0 : nullptr, s, e);
+  }
+}
+
+// One output row x vector of groups of g channels, for g in {G, 2G, ...} up to 8 that the vector
+// holds whole (the 3x3 stride-1 path where it applies); false for any other g.
+template <class T, int G, int OB>
+bool narrow_row_of(int64_t g, bool s1_3x3, const float* x, const float* packed, float* yrow,
+                   const float* rrow, const ConvShape& s, const Epilogue& e, int64_t img,
+                   int64_t oy, int64_t v) {
+  if constexpr (G < T::W) {
+    if (g == G) {
+      if (s1_3x3)
+        narrow_row_3x3<T, G, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+      else
+        narrow_row<T, G, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+      return true;
     }
   }
+  if constexpr (G < 8)
+    return narrow_row_of<T, 2 * G, OB>(g, s1_3x3, x, packed, yrow, rrow, s, e, img, oy, v);
+  return false;
 }
 
 template <class T>
@@ -862,39 +885,12 @@ void narrow_tiles(const float* x, const float* packed, float* y, const float* re
                   const ConvShape& s0, int64_t g, const Epilogue& e, int64_t t0, int64_t t1) {
   const ConvShape s = with_strides(s0);
   const int64_t nv = narrow_vectors(s, T::W);
+  constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
+  const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t / nv, v = t % nv, img = row / s.oh, oy = row % s.oh;
-    float* yrow = y + row * s.ow * s.y_stride;
-    const float* rrow = res ? res + row * s.ow * s.r_stride : nullptr;
-    constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
-    const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
-    if constexpr (T::W >= 2) {
-      if (g == 2) {
-        if (s1_3x3)
-          narrow_row_3x3<T, 2, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        else
-          narrow_row<T, 2, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        continue;
-      }
-    }
-    if constexpr (T::W >= 4) {
-      if (g == 4) {
-        if (s1_3x3)
-          narrow_row_3x3<T, 4, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        else
-          narrow_row<T, 4, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        continue;
-      }
-    }
-    if constexpr (T::W >= 16) {
-      if (g == 8) {
-        if (s1_3x3)
-          narrow_row_3x3<T, 8, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        else
-          narrow_row<T, 8, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
-        continue;
-      }
-    }
+    narrow_row_of<T, 2, OB>(g, s1_3x3, x, packed, y + row * s.ow * s.y_stride,
+                            res ? res + row * s.ow * s.r_stride : nullptr, s, e, img, oy, v);
   }
 }
 

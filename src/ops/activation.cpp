@@ -90,14 +90,6 @@ bool last_axis(const OpContext& c, const at::Tensor& x) {
   return axis == -1 || axis == x.dim() - 1;
 }
 
-// softmax(scale * x) along the last axis: lopper's row kernel for float32 on the CPU in inference
-// (kernels/cpu/rows.h: one pass of three over each row, the scale folded in), else ATen's.
-at::Tensor scaled_softmax(const OpContext& c, const at::Tensor& x, float scale) {
-  if (c.prepack() && x.scalar_type() == at::kFloat && x.device().is_cpu())
-    return kernels::cpu::softmax_last_axis(x, scale);
-  return softmax_fn(scale == 1.f ? x : x * scale, -1);
-}
-
 // ai.lopper.ScaledSoftmax(x), attribute scale: softmax(scale * x) along the last axis (made by the
 // fusion pass from attention's Softmax(MatMul(Q * a, K * b) [* c]): the scales leave Q, K and the
 // scores and meet inside the softmax).
@@ -155,6 +147,15 @@ void swiglu(OpContext& c) {
 }
 
 }  // namespace
+
+// softmax(scale * x) along the last axis (op.h): lopper's row kernel for float32 on the CPU in
+// inference (kernels/cpu/rows.h: one pass of three over each row, the scale folded in), else
+// ATen's.
+at::Tensor scaled_softmax(const OpContext& c, const at::Tensor& x, float scale) {
+  if (c.prepack() && x.scalar_type() == at::kFloat && x.device().is_cpu())
+    return kernels::cpu::softmax_last_axis(x, scale);
+  return softmax_fn(scale == 1.f ? x : x * scale, -1);
+}
 
 void register_activation(OpTable& t) {
   unary(t, "Relu", [](OpContext&, const at::Tensor& x) { return at::relu(x); });

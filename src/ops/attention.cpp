@@ -264,10 +264,7 @@ void scaled_attention(OpContext& c) {
     fused = fused && t->scalar_type() == at::kFloat && t->device().is_cpu();
   for (int64_t d = 0; fused && d + 2 < q.dim(); ++d)
     fused = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
-  if (!fused) {
-    at::Tensor s = at::matmul(q, kt);
-    return c.set_output(0, at::matmul(at::softmax(scale == 1.f ? s : s * scale, -1), v));
-  }
+  if (!fused) return c.set_output(0, at::matmul(scaled_softmax(c, at::matmul(q, kt), scale), v));
   auto heads = [](const at::Tensor& x) { return x.dim() == 3 ? x : x.flatten(0, x.dim() - 3); };
   at::Tensor y = kernels::cpu::scaled_attention(heads(q), heads(kt), heads(v), scale);
   std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());

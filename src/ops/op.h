@@ -212,5 +212,9 @@ int64_t numel_of(const std::vector<int64_t>& shape);
 /// values (ConstantOfShape, Expand, Tile, Range, Resize, Pad ...) call it before allocating.
 void check_output_fits(const AttrReader& ctx, const std::vector<int64_t>& shape,
                        at::ScalarType type);
+/// softmax(scale * x) along x's last axis: Softmax's, ScaledSoftmax's and ScaledAttention's
+/// (lopper's row kernel in float32 CPU inference; ATen's, half precision summed in float32,
+/// elsewhere).
+at::Tensor scaled_softmax(const OpContext& c, const at::Tensor& x, float scale);
 
 }  // namespace lopper::ops

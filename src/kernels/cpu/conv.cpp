@@ -169,16 +169,17 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   ConvShape s;
   s.c = c_ / groups_, s.k = k_ / groups_, s.kh = kh_, s.kw = kw_;
   narrow_ = groups_ > 1 && s.c == s.k && ops_->narrow_takes(s.c);
-  if (narrow_) {
+  if (narrow_) {  // one packing of all groups, several to a vector
     s.k = k_;
     packed_.resize(static_cast<size_t>(ops_->narrow_packed_size(s)));
     ops_->narrow_pack(w.data_ptr<float>(), s, packed_.data());
+  } else {  // each group's in turn
+    const int64_t per_group = ops_->packed_size(s, depthwise_);
+    packed_.resize(static_cast<size_t>(per_group * groups_));
+    for (int64_t q = 0; q < groups_; ++q)
+      ops_->pack(w.data_ptr<float>() + q * s.k * s.c * kh_ * kw_, s, depthwise_,
+                 packed_.data() + q * per_group);
   }
-  const int64_t per_group = narrow_ ? 0 : ops_->packed_size(s, depthwise_);
-  if (!narrow_) packed_.resize(static_cast<size_t>(per_group * groups_));
-  for (int64_t q = 0; q < (narrow_ ? 0 : groups_); ++q)
-    ops_->pack(w.data_ptr<float>() + q * s.k * s.c * kh_ * kw_, s, depthwise_,
-               packed_.data() + q * per_group);
   if (bias.defined()) {
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());

@@ -762,16 +762,11 @@ inline void narrow_indices(typename T::I* idx) {
   }
 }
 
-// act(acc[m] + residual) into np pixels' `valid` channels at yp (pixels s.y_stride floats apart;
-// rp: the residual's, s.r_stride apart, or null).
-template <class T>
-inline void narrow_store(const typename T::V* acc, int np, int valid, float* yp, const float* rp,
-                         const ConvShape& s, const Epilogue& e) {
-  for (int m = 0; m < np; ++m)
-    store_out<T>(acc[m], valid, yp + m * s.y_stride, rp ? rp + m * s.r_stride : nullptr, e);
-}
-
-template <class T, int G, int OB>
+// One output row x one vector of groups of G channels. K3S1: a 3x3 kernel of stride 1 without
+// dilation (every grouped layer of a ResNeXt but a stage's first), where each input column of a
+// kernel row is loaded and permuted once and serves the three output pixels that read it (OB + 2
+// columns for OB pixels, not 3 * OB); otherwise each pixel's taps in turn.
+template <class T, int G, int OB, bool K3S1>
 void narrow_row(const float* x, const float* packed, float* yrow, const float* rrow,
                 const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
   constexpr int W = T::W;
@@ -782,6 +777,7 @@ void narrow_row(const float* x, const float* packed, float* yrow, const float* r
   const int valid = int(std::min<int64_t>(W, s.k - c0));
   const V bias = e.bias ? T::loadm(e.bias + c0, valid) : T::zero();
   const float* wv0 = packed + v * s.kh * s.kw * G * W;
+  auto load_x = [&](const float* p) { return valid == W ? T::load(p) : T::loadm(p, valid); };
   for (int64_t ox0 = 0; ox0 < s.ow; ox0 += OB) {
     const int np = int(std::min<int64_t>(OB, s.ow - ox0));
     V acc[OB];
@@ -791,72 +787,47 @@ void narrow_row(const float* x, const float* packed, float* yrow, const float* r
       const int64_t iy = oy * s.sh - s.ph + ky * s.dh;
       if (iy < 0 || iy >= s.h) continue;
       const float* xrow = x + (img * s.h + iy) * s.w * s.x_stride + c0;
-      for (int64_t kx = 0; kx < s.kw; ++kx) {
-        const float* wt = wv0 + (ky * s.kw + kx) * G * W;
-        V wv[G];
+      const float* wk = wv0 + ky * s.kw * G * W;
+      if constexpr (K3S1) {
         LOPPER_UNROLL
-        for (int i = 0; i < G; ++i) wv[i] = T::load(wt + i * W);
-        const int64_t ix0 = ox0 * s.sw - s.pw + kx * s.dw;
-        LOPPER_UNROLL
-        for (int m = 0; m < OB; ++m) {
-          const int64_t ix = ix0 + m * s.sw;
-          if (m >= np || ix < 0 || ix >= s.w) continue;
-          const V xv = valid == W ? T::load(xrow + ix * s.x_stride)
-                                  : T::loadm(xrow + ix * s.x_stride, valid);
+        for (int cc = 0; cc < OB + 2; ++cc) {
+          const int64_t ix = ox0 - s.pw + cc;
+          if (ix < 0 || ix >= s.w) continue;
+          const V xv = load_x(xrow + ix * s.x_stride);
+          V p[G];
           LOPPER_UNROLL
-          for (int i = 0; i < G; ++i) acc[m] = T::fma(T::permute(idx[i], xv), wv[i], acc[m]);
+          for (int i = 0; i < G; ++i) p[i] = T::permute(idx[i], xv);
+          LOPPER_UNROLL
+          for (int kx = 0; kx < 3; ++kx) {
+            const int m = cc - kx;  // the output pixel that reads this column through tap kx
+            if (m < 0 || m >= OB) continue;
+            LOPPER_UNROLL
+            for (int i = 0; i < G; ++i)
+              acc[m] = T::fma(p[i], T::load(wk + (kx * G + i) * W), acc[m]);
+          }
+        }
+      } else {
+        for (int64_t kx = 0; kx < s.kw; ++kx) {
+          V wv[G];
+          LOPPER_UNROLL
+          for (int i = 0; i < G; ++i) wv[i] = T::load(wk + (kx * G + i) * W);
+          const int64_t ix0 = ox0 * s.sw - s.pw + kx * s.dw;
+          LOPPER_UNROLL
+          for (int m = 0; m < OB; ++m) {
+            const int64_t ix = ix0 + m * s.sw;
+            if (m >= np || ix < 0 || ix >= s.w) continue;
+            const V xv = load_x(xrow + ix * s.x_stride);
+            LOPPER_UNROLL
+            for (int i = 0; i < G; ++i) acc[m] = T::fma(T::permute(idx[i], xv), wv[i], acc[m]);
+          }
         }
       }
     }
-    narrow_store<T>(acc, np, valid, yrow + ox0 * s.y_stride + c0,
-                    rrow ? rrow + ox0 * s.r_stride + c0 : nullptr, s, e);
-  }
-}
-
-// narrow_row for 3x3, stride 1, no dilation (every grouped layer of a ResNeXt but its first a
-// stage): each input column of a kernel row is loaded and permuted once and serves the three
-// output pixels that read it (OB + 2 columns for OB pixels, not 3 * OB).
-template <class T, int G, int OB>
-void narrow_row_3x3(const float* x, const float* packed, float* yrow, const float* rrow,
-                    const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
-  constexpr int W = T::W;
-  using V = typename T::V;
-  typename T::I idx[G];
-  narrow_indices<T, G>(idx);
-  const int64_t c0 = v * W;
-  const int valid = int(std::min<int64_t>(W, s.k - c0));
-  const V bias = e.bias ? T::loadm(e.bias + c0, valid) : T::zero();
-  const float* wv0 = packed + v * 9 * G * W;
-  for (int64_t ox0 = 0; ox0 < s.ow; ox0 += OB) {
-    const int np = int(std::min<int64_t>(OB, s.ow - ox0));
-    V acc[OB];
-    LOPPER_UNROLL
-    for (int m = 0; m < OB; ++m) acc[m] = bias;
-    for (int64_t ky = 0; ky < 3; ++ky) {
-      const int64_t iy = oy - s.ph + ky;
-      if (iy < 0 || iy >= s.h) continue;
-      const float* xrow = x + (img * s.h + iy) * s.w * s.x_stride + c0;
-      const float* wk = wv0 + ky * 3 * G * W;
-      LOPPER_UNROLL
-      for (int cc = 0; cc < OB + 2; ++cc) {
-        const int64_t ix = ox0 - s.pw + cc;
-        if (ix < 0 || ix >= s.w) continue;
-        const V xv =
-            valid == W ? T::load(xrow + ix * s.x_stride) : T::loadm(xrow + ix * s.x_stride, valid);
-        V p[G];
-        LOPPER_UNROLL
-        for (int i = 0; i < G; ++i) p[i] = T::permute(idx[i], xv);
-        LOPPER_UNROLL
-        for (int kx = 0; kx < 3; ++kx) {
-          const int m = cc - kx;  // the output pixel that reads this column through tap kx
-          if (m < 0 || m >= OB) continue;
-          LOPPER_UNROLL
-          for (int i = 0; i < G; ++i) acc[m] = T::fma(p[i], T::load(wk + (kx * G + i) * W), acc[m]);
-        }
-      }
+    for (int m = 0; m < np; ++m) {
+      const int64_t px = ox0 + m;
+      store_out<T>(acc[m], valid, yrow + px * s.y_stride + c0,
+                   rrow ? rrow + px * s.r_stride + c0 : nullptr, e);
     }
-    narrow_store<T>(acc, np, valid, yrow + ox0 * s.y_stride + c0,
-                    rrow ? rrow + ox0 * s.r_stride + c0 : nullptr, s, e);
   }
 }
 
@@ -869,9 +840,9 @@ bool narrow_row_of(int64_t g, bool s1_3x3, const float* x, const float* packed, 
   if constexpr (G < T::W) {
     if (g == G) {
       if (s1_3x3)
-        narrow_row_3x3<T, G, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        narrow_row<T, G, OB, true>(x, packed, yrow, rrow, s, e, img, oy, v);
       else
-        narrow_row<T, G, OB>(x, packed, yrow, rrow, s, e, img, oy, v);
+        narrow_row<T, G, OB, false>(x, packed, yrow, rrow, s, e, img, oy, v);
       return true;
     }
   }

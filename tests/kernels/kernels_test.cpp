@@ -8,12 +8,17 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <limits>
 #include <random>
+#include <stdexcept>
+#include <thread>
 
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/sparse.h"
@@ -207,6 +212,47 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
   const at::Tensor wide = at::randn({3, 40}, gen), w = at::randn({6, 32}, gen);
   const at::Tensor x = wide.narrow(1, 4, 32);
   EXPECT_LT(nmse(kc::dense_linear(x, w, {}, {}, kc::active_isa()), reference(x, w, {}, {})), 1e-10);
+}
+
+TEST(ParallelSteal, EveryItemOnceAndAStalledThreadsShareTaken) {
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2, 3})
+    for (int64_t n : {0, 1, 2, 7, 100, 1001})
+      for (int64_t grain : {1, 3, 64, 5000}) {
+        at::set_num_threads(t);
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        std::atomic<bool> empty{false};
+        kc::parallel_steal(n, grain, [&](int64_t b, int64_t e) {
+          if (b >= e) empty = true;
+          for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i)];
+        });
+        const std::string what = std::to_string(t) + " threads, n " + std::to_string(n) +
+                                 ", grain " + std::to_string(grain);
+        EXPECT_FALSE(empty) << what;
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(seen[static_cast<size_t>(i)], 1) << what << " item " << i;
+      }
+  // The second thread stalls on its first chunk (as on a core another process took): the first
+  // does its own half, then takes what is left of the second's (a fixed split: exactly half).
+  at::set_num_threads(2);
+  constexpr int64_t kItems = 64;
+  std::atomic<int64_t> by_first{0};
+  std::atomic<bool> stalled{false};
+  kc::parallel_steal(kItems, 1, [&](int64_t b, int64_t e) {
+    if (at::get_thread_num() == 0) {
+      by_first += e - b;
+    } else if (!stalled.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  EXPECT_GT(by_first.load(), kItems / 2 + kItems / 4);
+  // An exception from a chunk reaches the caller.
+  EXPECT_THROW(kc::parallel_steal(100, 1,
+                                  [](int64_t b, int64_t) {
+                                    if (b == 57) throw std::runtime_error("item 57");
+                                  }),
+               std::runtime_error);
+  at::set_num_threads(threads);
 }
 
 TEST(LayoutKernels, BothWaysEveryIsaEqualAten) {

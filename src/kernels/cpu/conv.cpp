@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/parallel.h"
 #include "lopper/error.h"
 
 namespace lopper::kernels::cpu {
@@ -233,7 +234,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   auto run_tiles = [&](const float* xp, float* yp, const float* rp, const ConvShape& s) {
     const int64_t tiles = ops_->tiles(s, depthwise_);
     if (depthwise_ || conv_pixel_major(s)) {  // tiles of equal cost, or whole groups of blocks
-      at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
         ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
       });
       return;
@@ -248,8 +249,8 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
       const int64_t in_block = cost - b * groups * nv, block_nv = std::min(nv, kv - b * nv);
       return std::min(tiles, b * groups + (in_block + block_nv - 1) / block_nv);
     };
-    const int64_t parts = std::min<int64_t>(at::get_num_threads(), tiles);
-    at::parallel_for(0, parts, 1, [&](int64_t q0, int64_t q1) {
+    const int64_t parts = std::min<int64_t>(kStealParts * at::get_num_threads(), tiles);
+    parallel_steal(parts, 1, [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t t0 = tile_at(total * q / parts), t1 = tile_at(total * (q + 1) / parts);
         if (t0 < t1) ops_->run(xp, packed_.data(), yp, rp, s, depthwise_, e, t0, t1);
@@ -277,7 +278,7 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
                             const Epilogue& e) const {
   if (narrow_) {
     const int64_t tiles = ops_->narrow_tiles(whole);
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
       ops_->narrow_run(xp, packed_.data(), yp, rp, whole, c_ / groups_, e, t0, t1);
     });
     return;
@@ -295,13 +296,13 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
   };
   if (tiles >= 8 * at::get_num_threads()) {
     constexpr int64_t kChunk = 4;  // tiles of one group per call
-    at::parallel_for(0, tiles, kChunk, [&](int64_t t0, int64_t t1) {
+    parallel_steal(tiles, kChunk, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; t += kChunk)
         for (int64_t q = 0; q < groups_; ++q) run(q, t, std::min(t1, t + kChunk));
     });
     return;
   }
-  at::parallel_for(0, tiles * groups_, 1, [&](int64_t t0, int64_t t1) {
+  parallel_steal(tiles * groups_, steal_grain(tiles * groups_), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1;) {
       const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
       run(q, t - q * tiles, end - q * tiles);

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/sparse.h"
 
 namespace lopper::kernels::cpu {
@@ -30,8 +31,8 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   const float* in = xc.data_ptr<float>();
   float* out = y.data_ptr<float>();
   // One task per output row (n, oy); channels a vector at a time.
-  at::parallel_for(0, n * oh, 1,
-                   [&](int64_t begin, int64_t end) { ops.max_pool(in, out, s, begin, end); });
+  parallel_steal(n * oh, steal_grain(n * oh),
+                 [&](int64_t begin, int64_t end) { ops.max_pool(in, out, s, begin, end); });
   return y;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rows_isa.h"
 #include "lopper/error.h"
 
@@ -59,7 +60,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   // NOTE: inside the threads' parallel region ATen's products run on the calling thread; the
   // workers take the caller's inference mode (thread-local), or writing into y, made in it, fails.
   const bool inference = c10::InferenceMode::is_enabled();
-  at::parallel_for(0, b * blocks, 1, [&](int64_t t0, int64_t t1) {
+  parallel_steal(b * blocks, 1, [&](int64_t t0, int64_t t1) {
     c10::InferenceMode mode(inference);
     at::Tensor scores = at::empty({rows, sk}, q.options());
     for (int64_t t = t0; t < t1; ++t) {

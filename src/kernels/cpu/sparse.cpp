@@ -10,6 +10,7 @@
 #include <iterator>
 #include <limits>
 
+#include "kernels/cpu/parallel.h"
 #include "lopper/error.h"
 
 namespace lopper::kernels::cpu {
@@ -277,7 +278,7 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
   const auto bounds =
       split_rows(algo == Algo::kCols ? ceil_div(threads, tiles) : ceil_div(4 * threads, tiles));
   const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
-  at::parallel_for(0, tiles * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_steal(tiles * chunks, steal_grain(tiles * chunks), [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t m0 = (item / chunks) * tile, mt = std::min(tile, m - m0);
       const int64_t br0 = bounds[item % chunks], br1 = bounds[item % chunks + 1];
@@ -321,7 +322,7 @@ at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Is
   const int64_t ctiles = ceil_div(l, kCols), items = batch * ctiles;
   const auto bounds = split_rows(ceil_div(2 * at::get_num_threads(), items));
   const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
-  at::parallel_for(0, items * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_steal(items * chunks, steal_grain(items * chunks), [&](int64_t begin, int64_t end) {
     for (int64_t it = begin; it < end; ++it) {
       const int64_t q = it % chunks, b = it / chunks / ctiles, c0 = (it / chunks % ctiles) * kCols;
       ops.cols(s, bounds[q], bounds[q + 1], xp + b * k_ * l + c0, l, std::min(kCols, l - c0),
@@ -528,7 +529,7 @@ void transpose_images(const float* src, float* dst, int64_t n, int64_t a, int64_
   constexpr int64_t kTile = 64;
   const int64_t ta = ceil_div(a, kTile), tb = ceil_div(b, kTile);
   const SparseIsaOps& ops = ops_of(isa);
-  at::parallel_for(0, n * ta * tb, 1, [&](int64_t t0, int64_t t1) {
+  parallel_steal(n * ta * tb, steal_grain(n * ta * tb), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t img = t / (ta * tb), a0 = t / tb % ta * kTile, b0 = t % tb * kTile;
       const int64_t at_img = img * a * b;

@@ -1,0 +1,26 @@
+// Work split between the CPU threads, with stealing (internal).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace lopper::kernels::cpu {
+
+/// Runs fn(begin, end) over the items [0, n) on the intra-op threads. Thread t starts on the t-th
+/// of equal shares, front to back, as at::parallel_for would split them (what a layer's thread
+/// writes, the next layer's same thread reads), `grain` items at a time; a thread whose share is
+/// done takes `grain` items at a time from the back of the share with the most left. A thread
+/// slowed by another process on its core, or late to wake, no longer holds up the layer. NOTE: with
+/// at::parallel_for's fixed halves, RegNet's grouped layers left the second thread spinning in the
+/// OpenMP barrier for 10% of the run while the first finished its half. Inside a parallel region,
+/// or with one thread or one chunk: fn(0, n) on the caller.
+void parallel_steal(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+/// Chunks a thread's share is cut in: a late thread's work can be taken in quarters (each call sets
+/// up again what its items share: eighths cost small layers more than they gained).
+constexpr int64_t kStealParts = 4;
+
+/// The grain that cuts `items` into kStealParts chunks a thread (at least one item).
+int64_t steal_grain(int64_t items);
+
+}  // namespace lopper::kernels::cpu

@@ -269,6 +269,60 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   return y;
 }
 
+// NOTE: a group of few channels is a line or two of each pixel, every 20th line of the input (288
+// channels in groups of 16): read in place, each tile touched the padding (a 14-wide row in tiles
+// of 7 pixels) and checked each tap of each pixel, and a group's lines shared a half of L1's sets.
+// Copied first, a band of the group's rows is [rows][columns][channels] with its padding, a few KB
+// that stay in L1: the plain kernel reads a kernel row's taps as one run. Items: bands x groups,
+// groups innermost (a thread reads each pixel's lines one group after another).
+void DirectConv::run_gathered(const float* xp, float* yp, const float* rp, const ConvShape& s,
+                              int64_t per_group, const Epilogue& e) const {
+  const int64_t cg = s.c, kg = s.k;
+  const int64_t cols = (s.ow - 1) * s.sw + s.kw;  // the input columns of a row, padding included
+  const int64_t row_floats = cols * cg;
+  // Output rows a band: its input rows ((rows - 1) * sh + kh) fit kGatherBytes.
+  const int64_t fit = kGatherBytes / int64_t(sizeof(float)) / row_floats;
+  const int64_t rows = std::clamp<int64_t>((fit - s.kh) / s.sh + 1, 1, s.oh);
+  const int64_t bands = (s.oh + rows - 1) / rows, items = s.n * bands * groups_;
+  parallel_steal(items, steal_grain(items), [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> buf;
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t q = item % groups_, band = item / groups_ % bands, img = item / groups_ / bands;
+      const int64_t oy0 = band * rows, oy1 = std::min(s.oh, oy0 + rows);
+      const int64_t in_rows = (oy1 - oy0 - 1) * s.sh + s.kh, iy0 = oy0 * s.sh - s.ph;
+      const size_t need = static_cast<size_t>(in_rows * row_floats);
+      if (buf.size() < need) buf.resize(need);
+      float* b = buf.data();
+      for (int64_t r = 0; r < in_rows; ++r) {
+        const int64_t iy = iy0 + r;
+        float* dst = b + r * row_floats;
+        if (iy < 0 || iy >= s.h) {
+          std::fill(dst, dst + row_floats, 0.f);
+          continue;
+        }
+        const float* src = xp + ((img * s.h + iy) * s.w) * s.x_stride + q * cg;
+        for (int64_t j = 0; j < cols; ++j, dst += cg) {  // (a loop: memcpy's call cost 5%)
+          const int64_t ix = j - s.pw;
+          if (ix < 0 || ix >= s.w) {
+            for (int64_t c = 0; c < cg; ++c) dst[c] = 0.f;
+            continue;
+          }
+          const float* from = src + ix * s.x_stride;
+          for (int64_t c = 0; c < cg; ++c) dst[c] = from[c];
+        }
+      }
+      ConvShape g = s;
+      g.n = 1, g.h = in_rows, g.w = cols, g.ph = g.pw = 0, g.oh = oy1 - oy0;
+      g.x_stride = cg;
+      Epilogue eq = e;
+      if (eq.bias) eq.bias += q * kg;
+      const int64_t at = (img * s.oh + oy0) * s.ow * k_ + q * kg;
+      ops_->run(b, packed_.data() + q * per_group, yp + at, rp ? rp + at : nullptr, g, false, eq, 0,
+                ops_->tiles(g, false));
+    }
+  });
+}
+
 // NOTE: each group is a dense convolution of its own channels: the same kernel on the group's
 // slice of every pixel (x, y and the residual are read and written with the whole tensor's
 // channel strides). The threads split the pixels and run every group on their pixels, a few tiles
@@ -287,6 +341,10 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
   s.c = c_ / groups_, s.k = k_ / groups_;
   s.x_stride = whole.x_stride, s.y_stride = k_, s.r_stride = k_;
   const int64_t per_group = static_cast<int64_t>(packed_.size()) / groups_;
+  if (s.c <= kGatherMaxChannels && s.dh == 1 && s.dw == 1) {
+    run_gathered(xp, yp, rp, s, per_group, e);
+    return;
+  }
   const int64_t tiles = ops_->tiles(s, false);
   auto run = [&](int64_t q, int64_t t0, int64_t t1) {
     Epilogue eq = e;

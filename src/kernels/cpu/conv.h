@@ -55,7 +55,7 @@ class DirectConv {
   /// (group == in_channels == k) run the depthwise kernel; groups of 2, 4 or 8 channels in and
   /// out, fewer than a vector holds, the narrow-group kernel (a ResNeXt pruned to half); other
   /// groupings the dense kernel per group on its slice of the channels (RegNet's and ResNeXt's
-  /// groups of 8 to 64 channels).
+  /// groups of 8 to 64 channels: copied a band of rows at a time, with the padding).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
   /// Packs w (see takes) and its bias [k] (optional, float32).
@@ -74,6 +74,12 @@ class DirectConv {
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
                   const Epilogue& e) const;
+  // Groups of up to kGatherMaxChannels input channels: each band of a group's rows copied with its
+  // padding into at most kGatherBytes, then run as an unpadded input (conv.cpp).
+  static constexpr int64_t kGatherMaxChannels = 64;
+  static constexpr int64_t kGatherBytes = 24 << 10;
+  void run_gathered(const float* x, float* y, const float* residual, const ConvShape& group,
+                    int64_t per_group, const Epilogue& e) const;
 
   const ConvIsaOps* ops_;
   bool depthwise_ = false;

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/conv_isa.h"
@@ -301,14 +302,20 @@ void DirectConv::run_gathered(const float* xp, float* yp, const float* rp, const
           continue;
         }
         const float* src = xp + ((img * s.h + iy) * s.w) * s.x_stride + q * cg;
-        for (int64_t j = 0; j < cols; ++j, dst += cg) {  // (a loop: memcpy's call cost 5%)
+        // NOTE: copied 16 floats at a time where the group holds whole lines (a call of memcpy
+        // per pixel cost 5% of the layer, a loop of unknown length 10%).
+        for (int64_t j = 0; j < cols; ++j, dst += cg) {
           const int64_t ix = j - s.pw;
           if (ix < 0 || ix >= s.w) {
-            for (int64_t c = 0; c < cg; ++c) dst[c] = 0.f;
+            std::fill(dst, dst + cg, 0.f);
             continue;
           }
           const float* from = src + ix * s.x_stride;
-          for (int64_t c = 0; c < cg; ++c) dst[c] = from[c];
+          if (cg % 16 == 0) {
+            for (int64_t c = 0; c < cg; c += 16) std::memcpy(dst + c, from + c, 16 * sizeof(float));
+          } else {
+            std::copy(from, from + cg, dst);
+          }
         }
       }
       ConvShape g = s;

@@ -132,6 +132,10 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {28, 64, 64, 3, 1, 4},     // RegNetX-400MF grouped 3x3, stage 2
       {14, 160, 160, 3, 1, 10},  // RegNetX-400MF grouped 3x3, stage 3
       {7, 400, 400, 3, 1, 25},   // RegNetX-400MF grouped 3x3, stage 4
+      {14, 288, 288, 3, 1, 18},  // RegNetX-800MF grouped 3x3, stage 3
+      {224, 3, 24, 3, 2, 1},     // first layer (MnasNet 0.75)
+      {112, 24, 24, 3, 1, 0},    // depthwise (MnasNet 0.75)
+      {112, 24, 16, 1, 1, 1},    // projection (MnasNet 0.75)
   };
   for (const auto& l : layers)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});

@@ -21,6 +21,7 @@
 
 #include "exec/allocator.h"
 #include "exec/fuse.h"
+#include "exec/kernel_choice.h"
 #include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
@@ -661,9 +662,14 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
     ordered.push_back(t);
   }
   impl_->on_node_ = on_node;
-  if (impl_->opts.autograd) return impl_->run_graph(impl_->top(), ordered, nullptr);
+  if (impl_->opts.autograd) {
+    auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
+    ops::flush_kernel_choices();
+    return outs;
+  }
   c10::InferenceMode guard;
   auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
+  ops::flush_kernel_choices();  // the choices this run timed, in one write
   // Kernels may hand back channels-last tensors; callers get the standard layout.
   for (auto& t : outs) {
     if (t.defined() && !t.is_contiguous()) t = kernels::cpu::standard_layout(t);

@@ -74,24 +74,67 @@ class ChoiceCache {
     return *k;
   }
 
+  // Kept in memory until flush(): a model's first run times many layers, and each write of the
+  // file read and wrote it whole.
   void put(const std::string& machine, const std::string& key, nlohmann::json value) {
     std::lock_guard<std::mutex> lock(mu_);
     load();
-    if (path_.empty()) return;
-    // NOTE: merged into what another process may have written since; a cache that cannot be
-    // written only costs the timing again next time, so failures are silent.
+    value["at"] = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count());
+    data_[machine][key] = value;
+    if (!path_.empty()) pending_[machine][key] = std::move(value);
+  }
+
+  // Writes the choices made since the last flush.
+  // NOTE: merged into what another process may have written since; a cache that cannot be
+  // written only costs the timing again next time, so failures are silent.
+  void flush() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.empty() || path_.empty()) return;
     try {
       nlohmann::json disk = read_json();
-      disk[machine][key] = value;
-      data_ = std::move(disk);
+      for (const auto& [machine, keys] : pending_.items())
+        for (const auto& [key, value] : keys.items()) disk[machine][key] = value;
+      bound(disk);
       std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
-      write_file_atomic(path_, data_.dump(1));
+      write_file_atomic(path_, disk.dump(1));
+      data_ = std::move(disk);
     } catch (const std::exception&) {
-      data_[machine][key] = std::move(value);
+    }
+    pending_ = nlohmann::json::object();
+  }
+
+  ~ChoiceCache() { flush(); }
+
+ private:
+  // Choices of other kernel generations are dropped (never read again: the generation is part of
+  // the machine), and each machine keeps its kMaxChoices newest.
+  // NOTE: one session's benchmarks and tests left 10,686 choices of an older generation (2.2 of
+  // the file's 2.7 MB): parsing it cost every run of lopper 0.12 s before its first layer.
+  static void bound(nlohmann::json& cache) {
+    const std::string current = " | kernels " + std::to_string(kKernelGeneration);
+    for (auto it = cache.begin(); it != cache.end();) {
+      const std::string& machine = it.key();
+      const size_t at = machine.rfind(" | kernels ");
+      const bool stale = at != std::string::npos && machine.compare(at, std::string::npos, current);
+      if (stale || !it->is_object()) {
+        it = cache.erase(it);
+        continue;
+      }
+      if (it->size() > kMaxChoices) {
+        std::vector<std::pair<int64_t, std::string>> by_age;
+        for (const auto& [key, value] : it->items())
+          if (key != "probe")
+            by_age.emplace_back(value.is_object() ? value.value("at", int64_t{0}) : 0, key);
+        std::sort(by_age.begin(), by_age.end());
+        const size_t excess = std::min(it->size() - kMaxChoices, by_age.size());
+        for (size_t i = 0; i < excess; ++i) it->erase(by_age[i].second);
+      }
+      ++it;
     }
   }
 
- private:
   void load() {
     if (loaded_) return;
     loaded_ = true;
@@ -122,6 +165,7 @@ class ChoiceCache {
   bool loaded_ = false;
   std::string path_;
   nlohmann::json data_ = nlohmann::json::object();
+  nlohmann::json pending_ = nlohmann::json::object();  // machine -> key -> choice, not yet written
 };
 
 // Reads a buffer twice the size of the last-level cache, so that what a kernel reads next comes
@@ -243,6 +287,8 @@ size_t keep_of(const std::vector<KernelCandidate>& cands, const std::vector<doub
 }
 
 }  // namespace
+
+void flush_kernel_choices() { ChoiceCache::get().flush(); }
 
 std::optional<bool> kernel_forced(const std::string& name) {
   const char* env = std::getenv("LOPPER_FORCE_KERNEL");

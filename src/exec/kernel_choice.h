@@ -44,6 +44,13 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
                      std::vector<std::string> refused = {}, bool prefer_own = true);
 
+/// Writes the choices timed since the last call to the cache file (Executor::run calls it after
+/// each run, and the process at its exit): a model's first run writes the file once, not once a
+/// layer. The file keeps the current kernel generation's choices only, at most kMaxChoices a
+/// machine (the newest).
+void flush_kernel_choices();
+inline constexpr size_t kMaxChoices = 4096;
+
 /// Whether LOPPER_FORCE_KERNEL names `name` when it names kernels (tests and end-to-end
 /// comparisons of kernels); nothing when it does not.
 std::optional<bool> kernel_forced(const std::string& name);

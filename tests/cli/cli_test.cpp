@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "exec/kernel_choice.h"
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
@@ -180,7 +181,8 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   for (int run = 0; run < 2; ++run) {
     auto busy = lopper_cli(bench);
     ASSERT_EQ(busy.code, 0) << busy.err;
-    for (const auto& l : nlohmann::json::parse(busy.out).at("kernels").at("layers")) {
+    const auto report = nlohmann::json::parse(busy.out);  // (a temporary dies before the loop)
+    for (const auto& l : report.at("kernels").at("layers")) {
       EXPECT_TRUE(l.at("busy").get<bool>()) << l.dump();
       EXPECT_FALSE(l.at("cached").get<bool>()) << l.dump();
     }
@@ -227,6 +229,49 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   unsetenv("LOPPER_ISA");
   unsetenv("LOPPER_CACHE_DIR");
   unsetenv("LOPPER_CHOICE_BUSY");
+}
+
+// The cache keeps the current kernel generation's choices only, and at most kMaxChoices a machine
+// (the newest): a cache left by older builds and many models is not parsed at every start.
+TEST(Cli, KernelCacheDropsOldGenerationsAndStaysBounded) {
+  TempDir dir;
+  fs::create_directories(dir / "cache");
+  const std::string gen = std::to_string(lopper::ops::kKernelGeneration);
+  nlohmann::json cache = nlohmann::json::object();
+  cache["some cpu | avx2 | kernels 3"]["k"] = {{"kernel", "aten"}};
+  nlohmann::json& many = cache["some device | kernels " + gen];
+  const size_t n = lopper::ops::kMaxChoices + 100;
+  for (size_t i = 0; i < n; ++i)
+    many["k" + std::to_string(i)] = {{"kernel", "aten"}, {"at", static_cast<int64_t>(i)}};
+  std::ofstream(dir / "cache/kernels.json") << cache.dump();
+  setenv("LOPPER_CACHE_DIR", (dir / "cache").c_str(), 1);
+  setenv("LOPPER_CHOICE_BUSY", "0", 1);
+  auto r = lopper_cli("bench " + fixture("small_cnn.ts.onnx") +
+                      " --iters 1 --warmup 0 --threads 1 --explain --json");
+  unsetenv("LOPPER_CACHE_DIR");
+  unsetenv("LOPPER_CHOICE_BUSY");
+  ASSERT_EQ(r.code, 0) << r.err;
+  size_t timed = 0;
+  const auto report = nlohmann::json::parse(r.out);
+  for (const auto& l : report.at("kernels").at("layers"))
+    timed += l.at("ms").size() > 1 && !l.at("cached").get<bool>();
+  ASSERT_GT(timed, 0u) << r.out;  // something was written
+  std::ifstream in(dir / "cache/kernels.json");
+  const auto after = nlohmann::json::parse(in);
+  EXPECT_FALSE(after.contains("some cpu | avx2 | kernels 3"));
+  const auto& kept = after.at("some device | kernels " + gen);
+  EXPECT_EQ(kept.size(), lopper::ops::kMaxChoices);
+  EXPECT_TRUE(kept.contains("k" + std::to_string(n - 1)));  // the newest stay
+  EXPECT_FALSE(kept.contains("k0"));
+  EXPECT_FALSE(kept.contains("k99"));
+  EXPECT_TRUE(kept.contains("k100"));
+  // This run's choices, under this machine, stamped.
+  bool mine = false;
+  for (const auto& [machine, keys] : after.items())
+    if (machine.find("some ") != 0)
+      for (const auto& [key, value] : keys.items())
+        mine = mine || (key != "probe" && value.contains("kernel") && value.contains("at"));
+  EXPECT_TRUE(mine) << after.dump().substr(0, 2000);
 }
 
 TEST(Cli, ConvertRoundTrips) {

@@ -246,6 +246,21 @@ TEST(ParallelSteal, EveryItemOnceAndAStalledThreadsShareTaken) {
     }
   });
   EXPECT_GT(by_first.load(), kItems / 2 + kItems / 4);
+  // A SerialScope keeps the work on the calling thread, in one call; nested, the outer one holds.
+  {
+    const kc::SerialScope serial(true);
+    const kc::SerialScope inner(false);
+    std::atomic<int> calls{0}, off_caller{0};
+    kc::parallel_steal(kItems, 1, [&](int64_t b, int64_t e) {
+      ++calls;
+      if (at::get_thread_num() != 0 || b != 0 || e != kItems) ++off_caller;
+    });
+    EXPECT_EQ(calls.load(), 1);
+    EXPECT_EQ(off_caller.load(), 0);
+  }
+  std::atomic<int> calls_after{0};
+  kc::parallel_steal(kItems, 1, [&](int64_t, int64_t) { ++calls_after; });
+  EXPECT_GT(calls_after.load(), 1);  // the scope is gone
   // An exception from a chunk reaches the caller.
   EXPECT_THROW(kc::parallel_steal(100, 1,
                                   [](int64_t b, int64_t) {

@@ -35,7 +35,12 @@ bool take(Share& s, bool front, int64_t grain, int64_t* begin, int64_t* end) {
   }
 }
 
+thread_local bool serial_here = false;
+
 }  // namespace
+
+SerialScope::SerialScope(bool serial) : before_(serial_here) { serial_here = before_ || serial; }
+SerialScope::~SerialScope() { serial_here = before_; }
 
 int64_t steal_grain(int64_t items) {
   return std::max<int64_t>(1, items / (kStealParts * at::get_num_threads()));
@@ -46,7 +51,7 @@ void parallel_steal(int64_t n, int64_t grain, const std::function<void(int64_t, 
   grain = std::max<int64_t>(grain, 1);
   const int64_t threads =
       std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);  // a chunk or more each
-  if (threads <= 1 || n > int64_t{0xffffffff} || at::in_parallel_region()) {
+  if (threads <= 1 || serial_here || n > int64_t{0xffffffff} || at::in_parallel_region()) {
     fn(0, n);
     return;
   }

@@ -16,6 +16,19 @@ namespace lopper::kernels::cpu {
 /// or with one thread or one chunk: fn(0, n) on the caller.
 void parallel_steal(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+/// While one is alive on a thread, parallel_steal on that thread runs fn(0, n) itself: for work
+/// smaller than what waking the other threads costs (a few microseconds).
+class SerialScope {
+ public:
+  explicit SerialScope(bool serial);
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  bool before_;
+};
+
 /// Chunks a thread's share is cut in: a late thread's work can be taken in quarters (each call sets
 /// up again what its items share: eighths cost small layers more than they gained).
 constexpr int64_t kStealParts = 4;

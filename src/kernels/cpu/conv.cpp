@@ -275,7 +275,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   return y;
 }
 
-// NOTE: a group of few channels is a line or two of each pixel, every 20th line of the input (288
+// NOTE: a group of few channels is a line or two of each pixel, one line in 18 of the input (288
 // channels in groups of 16): read in place, each tile touched the padding (a 14-wide row in tiles
 // of 7 pixels) and checked each tap of each pixel, and a group's lines shared a half of L1's sets.
 // Copied first, a band of the group's rows is [rows][columns][channels] with its padding, a few KB

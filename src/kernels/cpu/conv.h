@@ -77,11 +77,11 @@ class DirectConv {
   // Groups of up to kGatherMaxChannels input channels: each band of a group's rows copied with its
   // padding into at most kGatherBytes, then run as an unpadded input (conv.cpp).
   static constexpr int64_t kGatherMaxChannels = 64;
-  // Layers of fewer multiply-adds run on the calling thread alone.
-  static constexpr int64_t kSerialMacs = 1 << 16;
   static constexpr int64_t kGatherBytes = 24 << 10;
   void run_gathered(const float* x, float* y, const float* residual, const ConvShape& group,
                     int64_t per_group, const Epilogue& e) const;
+  // Layers of fewer multiply-adds run on the calling thread alone.
+  static constexpr int64_t kSerialMacs = 1 << 16;
 
   const ConvIsaOps* ops_;
   bool depthwise_ = false;

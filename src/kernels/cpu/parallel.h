@@ -10,10 +10,11 @@ namespace lopper::kernels::cpu {
 /// of equal shares, front to back, as at::parallel_for would split them (what a layer's thread
 /// writes, the next layer's same thread reads), `grain` items at a time; a thread whose share is
 /// done takes `grain` items at a time from the back of the share with the most left. A thread
-/// slowed by another process on its core, or late to wake, no longer holds up the layer. NOTE: with
-/// at::parallel_for's fixed halves, RegNet's grouped layers left the second thread spinning in the
-/// OpenMP barrier for 10% of the run while the first finished its half. Inside a parallel region,
-/// or with one thread or one chunk: fn(0, n) on the caller.
+/// slowed by another process on its core, or late to wake, no longer holds up the layer.
+/// Inside a parallel region or a SerialScope, or with one thread or one chunk: fn(0, n) on the
+/// caller.
+/// NOTE: with at::parallel_for's fixed halves, RegNet's grouped layers left the second thread
+/// spinning in the OpenMP barrier for 10% of the run while the first finished its half.
 void parallel_steal(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 /// While one is alive on a thread, parallel_steal on that thread runs fn(0, n) itself: for work

@@ -226,7 +226,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     # The package's sources (not a copy the build folder kept of a file since removed), the
     # generated _build_info.py and the extension.
     names = sorted(f.name for f in (SOURCE / "python" / NAME).glob("*.py"))
-    names += ["_build_info.py", f"_{NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"]
+    names += ["_build_info.py", f"_{NAME}{sysconfig.get_config_var('EXT_SUFFIX')}",
+              "liblopper_cuda.so"]
     files = {f"{NAME}/{n}": (package / n).read_bytes() for n in names}
     return _write_wheel(wheel_directory, _project(), torch, files)
 

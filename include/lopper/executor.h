@@ -49,7 +49,13 @@ int default_threads();
 /// inter-op thread, so the OpenMP and MKL pools never oversubscribe the cores.
 void configure_threads(int threads);
 
-/// True when the linked libtorch has CUDA and a GPU is present.
+/// Loads lopper's CUDA library (liblopper_cuda.so, and with it libtorch_cuda and the CUDA
+/// libraries) if it is not loaded yet; false when it cannot be. lopper calls it when a CUDA device
+/// is asked for; a program that embeds lopper and touches CUDA through ATen itself first (seeds
+/// its generators, say) calls it before: ATen keeps the answer of its first look for CUDA.
+bool load_cuda();
+
+/// True when lopper's CUDA library loads, the linked libtorch has CUDA and a GPU is present.
 bool cuda_available();
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;

@@ -206,6 +206,13 @@ std::string method_help() {
 
 void check_device_flag(const std::string& device) { (void)check_device(device); }
 
+void load_cuda_if_asked(const CLI::App& command) {
+  const CLI::Option* device = command.get_option_no_throw("--device");
+  // A library that cannot be loaded is reported where the device is checked.
+  if (device != nullptr && device->count() > 0 && device->as<std::string>().rfind("cuda", 0) == 0)
+    (void)load_cuda();
+}
+
 ExecOptions exec_options(const std::string& device, const std::string& precision) {
   ExecOptions eo;
   eo.device = device;

@@ -54,6 +54,10 @@ std::string method_help();
 /// there is an Error (exit 1).
 void check_device_flag(const std::string& device);
 
+/// Loads lopper's CUDA library when the command's --device names a GPU, before the command does
+/// anything (lopper::load_cuda()); a CPU run never maps libtorch_cuda.
+void load_cuda_if_asked(const CLI::App& command);
+
 /// "NAME=FILE" -> (NAME, tensor from .npy or TensorProto .pb).
 std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
 /// "NAME=1x3x224x224" -> (NAME, dims).

@@ -57,8 +57,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    for (auto& [sub, action] : commands)
-      if (sub->parsed()) return action();
+    for (auto& [sub, action] : commands) {
+      if (!sub->parsed()) continue;
+      lopper::cli::load_cuda_if_asked(*sub);
+      return action();
+    }
   } catch (const lopper::Error& e) {
     // One line, whatever the message holds: its lines (a name with a newline in it, a message
     // wrapped from a library) are joined.

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
 
 #include <sched.h>
@@ -23,6 +24,7 @@
 #include "exec/fuse.h"
 #include "exec/kernel_choice.h"
 #include "kernels/cpu/sparse.h"
+#include "kernels/cuda/library.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
@@ -159,7 +161,26 @@ at::ScalarType parse_precision(const std::string& s) {
   throw Error(detail::concat("[precision] bad precision '", s, "' (expected fp32, bf16 or fp16)"));
 }
 
-bool cuda_available() { return at::hasCUDA() && at::globalContext().hasCUDA(); }
+bool load_cuda() { return kernels::cuda::library() != nullptr; }
+
+bool cuda_available() { return load_cuda() && at::hasCUDA() && at::globalContext().hasCUDA(); }
+
+namespace {
+
+// Why CUDA is unavailable, for the error of a device the user asked for.
+std::string why_no_cuda() {
+  if (!load_cuda()) return "lopper's CUDA library: " + kernels::cuda::load_error();
+  try {
+    (void)at::detail::getCUDAHooks().versionCUDART();
+  } catch (const std::exception&) {
+    // ATen keeps the answer it got before libtorch_cuda was loaded (kernels/cuda/library.h).
+    return "CUDA was looked up in this process before lopper loaded its CUDA library: call "
+           "lopper::load_cuda() first";
+  }
+  return "no CUDA GPU is available";
+}
+
+}  // namespace
 
 at::Device parse_device(const std::string& spec) {
   if (spec == "cpu") return at::Device(at::kCPU);
@@ -172,8 +193,7 @@ at::Device parse_device(const std::string& spec) {
                    "[device] bad device '", spec, "' (expected cpu, cuda or cuda:N)");
       index = std::stoi(spec.substr(5));
     }
-    LOPPER_CHECK(cuda_available(), "[device] '", spec,
-                 "' requested, but no CUDA GPU is available (or libtorch was built without CUDA)");
+    LOPPER_CHECK(cuda_available(), "[device] '", spec, "' requested, but ", why_no_cuda());
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
   throw Error(detail::concat("[device] bad device '", spec, "' (expected cpu, cuda or cuda:N)"));

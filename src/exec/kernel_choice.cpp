@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "kernels/cpu/sparse.h"
-#include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/library.h"
 #include "util/files.h"
 #include "util/memory.h"
 
@@ -195,7 +195,7 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, 
   // On a GPU a run only queues work: wait for it, or the times say nothing.
   auto run = [gpu](const KernelCandidate& k) {
     k.run();
-    if (gpu) kernels::cuda::synchronize();
+    if (gpu) kernels::cuda::need_library().synchronize();
   };
   auto start = std::chrono::steady_clock::now();
   for (const auto& k : cands) run(k);  // first-touch allocations, primitive creation
@@ -326,10 +326,10 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   static const std::string cpu_machine = cpu_model() + " | " +
                                          kernels::cpu::isa_name(kernels::cpu::active_isa()) +
                                          " | kernels " + std::to_string(kKernelGeneration);
-  const std::string machine = input.is_cuda()
-                                  ? kernels::cuda::device_name(input.device().index()) +
-                                        " | kernels " + std::to_string(kKernelGeneration)
-                                  : cpu_machine;
+  const std::string machine =
+      input.is_cuda() ? kernels::cuda::need_library().device_name(input.device().index()) +
+                            " | kernels " + std::to_string(kKernelGeneration)
+                      : cpu_machine;
   std::string names;
   for (const auto& k : cands) names += k.name + ",";
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/library.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -58,7 +58,7 @@ LatencyStats latency_stats(std::vector<double> ms) {
 void wait_for_device(c10::Device device) {
   if (!device.is_cuda()) return;
   c10::DeviceGuard guard(device);
-  kernels::cuda::synchronize();
+  kernels::cuda::need_library().synchronize();
 }
 
 LatencyStats measure_latency(const std::function<void()>& run, c10::Device device,

@@ -8,8 +8,8 @@
 #include "exec/onednn.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/sparse.h"
-#include "kernels/cuda/semi_structured.h"
-#include "kernels/cuda/sparse_cuda.h"
+#include "kernels/cuda/library.h"
+#include "kernels/cuda/sparse_gemv.h"  // kMaxRows
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -18,8 +18,8 @@ namespace {
 
 struct LinearState {
   at::Tensor weight;  // [N, K] contiguous
-  std::shared_ptr<kernels::cuda::SparseWeightCuda> cuda_sparse;
-  std::shared_ptr<kernels::cuda::SemiStructuredWeight> semi;
+  std::shared_ptr<kernels::cuda::PackedLinear> cuda_sparse;
+  std::shared_ptr<kernels::cuda::PackedLinear> semi;
   enum class Kernel {
     kUndecided,
     kAten,
@@ -55,28 +55,29 @@ at::Tensor unflatten_rows(const at::Tensor& y, const at::Tensor& x) {
 constexpr double kMaxCudaDensity = 0.5;
 
 // A 2:4 weight in fp16/bf16 compressed for each sparse-tensor-core backend that takes it (tried
-// once on x); the others are named in `refused` with why.
-using SemiWeights = std::vector<std::shared_ptr<kernels::cuda::SemiStructuredWeight>>;
+// once on x), with its backend; the others are named in `refused` with why.
+using SemiWeights = std::vector<
+    std::pair<kernels::cuda::SemiBackend, std::shared_ptr<kernels::cuda::PackedLinear>>>;
 
-SemiWeights pack_two_four(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& x,
+SemiWeights pack_two_four(const kernels::cuda::Library& lib, const at::Tensor& weight,
+                          const at::Tensor& bias, const at::Tensor& x,
                           std::vector<std::string>& refused) {
   namespace kcu = kernels::cuda;
   SemiWeights packed;
-  if (!kcu::semi_fits(weight, x.scalar_type())) {
-    if (x.scalar_type() == at::kFloat && kcu::is_two_four(weight))
+  if (!lib.semi_fits(weight, x.scalar_type())) {
+    if (x.scalar_type() == at::kFloat && lib.is_two_four(weight))
       refused.push_back("cuda-2:4: the sparse tensor cores take fp16/bf16 (--precision bf16)");
     return packed;
   }
   for (auto b : {kcu::SemiBackend::kCusparselt, kcu::SemiBackend::kCutlass}) {
-    if (!kcu::semi_compiled(b)) {
+    if (!lib.semi_compiled(b)) {
       refused.push_back(detail::concat(kcu::semi_name(b), ": not in this libtorch"));
       continue;
     }
     try {  // a GPU or library that refuses the weight or the shape drops the candidate
-      auto sw =
-          std::make_shared<kcu::SemiStructuredWeight>(b, weight, bias, x.scalar_type(), x.device());
+      auto sw = lib.pack_semi(b, weight, bias, x.scalar_type(), x.device());
       sw->linear(x);
-      packed.push_back(std::move(sw));
+      packed.emplace_back(b, std::move(sw));
     } catch (const std::exception& e) {
       refused.push_back(e.what());
     }
@@ -91,6 +92,7 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
                            const at::Tensor& bias, const onednn::PostOp& post) {
   namespace kcu = kernels::cuda;
   using K = LinearState::Kernel;
+  const kcu::Library& lib = kcu::need_library();
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
   const bool skinny = x2.size(0) <= kcu::kMaxRows;
   auto dense = [&] { return onednn::apply_unfused(at::linear(x, st.weight, bias), post); };
@@ -101,24 +103,25 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
     std::vector<std::string> refused;
     const bool same_dtype = st.weight.scalar_type() == x.scalar_type();
     const SemiWeights semi =
-        same_dtype ? pack_two_four(st.weight, bias, x2, refused) : SemiWeights{};
-    for (const auto& sw : semi) {
-      cands.push_back({kcu::semi_name(sw->backend()),
-                       [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
+        same_dtype ? pack_two_four(lib, st.weight, bias, x2, refused) : SemiWeights{};
+    for (const auto& packed : semi) {
+      auto sw = packed.second;
+      cands.push_back(
+          {kcu::semi_name(packed.first), [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
       kinds.push_back(K::kCudaSemi);
     }
-    if (kcu::built() && skinny && same_dtype && kcu::SparseWeightCuda::fits(st.weight) &&
+    if (lib.kernels_built() && skinny && same_dtype && lib.sparse_fits(st.weight) &&
         double(st.weight.count_nonzero().item<int64_t>()) <=
             kMaxCudaDensity * double(st.weight.numel())) {
-      st.cuda_sparse =
-          std::make_shared<kcu::SparseWeightCuda>(st.weight, bias, x.scalar_type(), x.device());
+      st.cuda_sparse = lib.pack_sparse(st.weight, bias, x.scalar_type(), x.device());
       cands.push_back(
           {"cuda-csr16", [&] { onednn::apply_unfused(st.cuda_sparse->linear(x2), post); }});
       kinds.push_back(K::kCudaSparse);
     }
     const size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
     st.kernel = kinds[best];
-    if (st.kernel == K::kCudaSemi) st.semi = semi[best - 1];  // candidates 1.. are the 2:4 ones
+    if (st.kernel == K::kCudaSemi)
+      st.semi = semi[best - 1].second;  // candidates 1.. are the 2:4 ones
     if (st.kernel != K::kCudaSparse) st.cuda_sparse.reset();
   }
   if (st.kernel == K::kCudaSemi)

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/pool.h"
-#include "kernels/cuda/pool_cuda.h"
+#include "kernels/cuda/library.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -216,10 +216,12 @@ void max_pool(OpContext& c) {
   }
   // The same on a GPU, NCHW or NHWC, fp32/fp16/bf16 (ATen's writes int64 indices too); it has no
   // backward, so not under autograd.
-  if (!c.wants_output(1) && !c.grad_mode() && g.nd == 2 && kernels::cuda::max_pool2d_fits(x)) {
-    c.set_output(
-        0, kernels::cuda::max_pool2d(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
-    return;
+  if (!c.wants_output(1) && !c.grad_mode() && g.nd == 2 && x.is_cuda()) {
+    const kernels::cuda::Library& lib = kernels::cuda::need_library();
+    if (lib.max_pool2d_fits(x)) {
+      c.set_output(0, lib.max_pool2d(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
+      return;
+    }
   }
   if (!c.wants_output(1) && aten_pads(g, ap)) {
     at::Tensor y;

@@ -19,14 +19,6 @@
 #define LOPPER_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-// NOTE: ProcessGroupNCCL::Options holds NCCL's ncclConfig_t by value, whose size changes between
-// NCCL versions: this file must see the nccl.h the wheel was built with (its pinned nvidia-nccl
-// package, put first on the include path by CMakeLists.txt); check_nccl() verifies it.
-#if defined(USE_C10D_NCCL)
-#define LOPPER_HAVE_NCCL 1
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
-
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -43,6 +35,7 @@
 #include <regex>
 #include <thread>
 
+#include "kernels/cuda/library.h"
 #include "lopper/error.h"
 
 namespace lopper {
@@ -284,41 +277,13 @@ c10::intrusive_ptr<c10d::Backend> Distributed::Impl::make_gloo() {
 #endif
 }
 
+// NCCL lives in liblopper_cuda.so with the rest of lopper's CUDA code (kernels/cuda/library.h).
 void Distributed::Impl::check_nccl() {
-#ifdef LOPPER_HAVE_NCCL
-  // The wheel's torch::cuda::nccl::version() is the nccl.h it was compiled with (a constant).
-  const uint64_t ours = (uint64_t(NCCL_MAJOR) << 32) | (uint64_t(NCCL_MINOR) << 16) | NCCL_PATCH;
-  const uint64_t wheel = torch::cuda::nccl::version();
-  LOPPER_CHECK(ours == wheel, me(), "lopper was compiled against nccl.h ", NCCL_MAJOR, ".",
-               NCCL_MINOR, ".", NCCL_PATCH, " but libtorch against ", wheel >> 32, ".",
-               (wheel >> 16) & 0xffff, ".", wheel & 0xffff,
-               ": rebuild with the torch wheel's nvidia-nccl headers first on the include path");
-  LOPPER_CHECK(at::cuda::is_available(), me(), "device '", o.device,
-               "' needs NCCL on a GPU, but CUDA is unavailable (no GPU or driver)");
-  const long count = long(c10::cuda::device_count());
-  const long index = cuda_device < 0 ? long(c10::cuda::current_device()) : cuda_device;
-  LOPPER_CHECK(index < count, me(), "device '", o.device, "' does not exist: ", count,
-               " GPU(s) visible");
-  cuda_device = index;
-#else
-  throw Error(detail::concat(me(), "device '", o.device,
-                             "' needs NCCL, but the linked libtorch was built without it"));
-#endif
+  cuda_device = kernels::cuda::need_library().nccl_device(me(), o.device, cuda_device);
 }
 
 c10::intrusive_ptr<c10d::Backend> Distributed::Impl::make_nccl() {
-#ifdef LOPPER_HAVE_NCCL
-  c10::cuda::set_device(c10::DeviceIndex(cuda_device));
-  // NOTE: without blocking wait, NCCL's watchdog handles a timed-out or failed collective by
-  // aborting the whole process; with it, wait() throws here and the error is ours to report. A
-  // value the user set is kept.
-  ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
-  auto opts = c10d::ProcessGroupNCCL::Options::create();
-  opts->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world, opts);
-#else
-  return {};  // check_nccl() threw
-#endif
+  return kernels::cuda::need_library().nccl_backend(store, o.rank, o.world, timeout, cuda_device);
 }
 
 void Distributed::Impl::fail(const std::string& what, const std::exception& e) {

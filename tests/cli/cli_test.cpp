@@ -165,6 +165,29 @@ TEST(Cli, BenchReportsLatency) {
 // --explain names every weighted layer's choice and candidates; the second load takes the choices
 // from the per-machine cache; LOPPER_ISA picks the ISA or fails at load with one line; a corrupt
 // cache is rebuilt.
+// A CPU run maps none of the CUDA libraries (0.18 s and 400 MB a start); --device cuda loads
+// lopper's CUDA library, and libtorch_cuda with it, before anything else. The dynamic loader's own
+// log (LD_DEBUG=files, on stderr) tells which objects the process opened.
+TEST(Cli, CudaLibrariesLoadOnlyForACudaDevice) {
+  ::setenv("LD_DEBUG", "files", 1);
+  auto cpu = lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 1 --warmup 0 --threads 1");
+  auto gpu = lopper_cli("bench " + fixture("mlp.ts.onnx") +
+                        " --iters 1 --warmup 0 --threads 1 --device cuda");
+  ::unsetenv("LD_DEBUG");
+  ASSERT_EQ(cpu.code, 0) << cpu.err.substr(cpu.err.size() - std::min<size_t>(cpu.err.size(), 2000));
+  EXPECT_NE(cpu.err.find("file=libtorch_cpu.so"), std::string::npos);  // the log is there
+  EXPECT_EQ(cpu.err.find("libtorch_cuda"), std::string::npos);
+  EXPECT_EQ(cpu.err.find("liblopper_cuda"), std::string::npos);
+  EXPECT_EQ(cpu.err.find("libcublas"), std::string::npos);
+  EXPECT_NE(gpu.err.find("liblopper_cuda.so"), std::string::npos);
+  EXPECT_NE(gpu.err.find("file=libtorch_cuda.so"), std::string::npos);
+  if (!cuda_available()) {
+    EXPECT_EQ(gpu.code, 1);
+    EXPECT_NE(gpu.err.find("lopper: [device] 'cuda' requested, but no CUDA GPU is available"),
+              std::string::npos);
+  }
+}
+
 TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   TempDir dir;
   ASSERT_EQ(lopper_cli("prune " + fixture("mlp.ts.onnx") + " -o " + dir / "p.onnx" +

@@ -17,10 +17,6 @@ constexpr int64_t kRowsAlign = 32, kColsAlign = 64, kBatchAlign = 8;
 
 }  // namespace
 
-const char* semi_name(SemiBackend b) {
-  return b == SemiBackend::kCusparselt ? "cuda-2:4-cusparselt" : "cuda-2:4-cutlass";
-}
-
 bool is_two_four(const at::Tensor& w) {
   if (w.dim() != 2 || w.size(1) % 4 != 0 || w.numel() == 0) return false;
   at::Tensor nz = w.detach().ne(0);

@@ -12,12 +12,9 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/library.h"  // PackedLinear, SemiBackend, semi_name()
+
 namespace lopper::kernels::cuda {
-
-enum class SemiBackend { kCusparselt, kCutlass };
-
-/// The kernel's name as kernel choice reports it: "cuda-2:4-cusparselt" or "cuda-2:4-cutlass".
-const char* semi_name(SemiBackend b);
 
 /// True when w [n, k] (any device) has at most 2 nonzeros in every group of 4 consecutive
 /// inputs (k a multiple of 4) and at least one nonzero.
@@ -31,7 +28,7 @@ bool semi_fits(const at::Tensor& w, at::ScalarType dtype);
 bool semi_compiled(SemiBackend b);
 
 /// A 2:4 weight compressed for one backend on one GPU.
-class SemiStructuredWeight {
+class SemiStructuredWeight : public PackedLinear {
  public:
   /// Compresses w [n, k] and bias [n] (optional) from any device; throws lopper::Error when w
   /// does not fit or the backend refuses it (no such library, an unsupported GPU).
@@ -40,7 +37,7 @@ class SemiStructuredWeight {
 
   /// y [m, n] = x [m, k] . w^T + bias for x on the weight's device in its dtype. The batch is
   /// padded to a multiple of 8 rows when it is not one.
-  at::Tensor linear(const at::Tensor& x) const;
+  at::Tensor linear(const at::Tensor& x) const override;
 
   SemiBackend backend() const { return backend_; }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/library.h"
 #include "kernels/cuda/sparse_gemv.h"
 
 namespace lopper::kernels::cuda {
@@ -19,7 +20,7 @@ std::string device_name(int index);
 
 /// An unstructured-sparse weight for skinny batches on the GPU: CSR with 16-bit column indices,
 /// values, x, bias and y in one dtype (fp32, fp16 or bf16).
-class SparseWeightCuda {
+class SparseWeightCuda : public PackedLinear {
  public:
   /// True when w ([n, k], k <= 65536) can be packed.
   static bool fits(const at::Tensor& w);
@@ -30,7 +31,7 @@ class SparseWeightCuda {
 
   /// y [m, n] = x [m, k] . w^T + bias for x on the weight's device in its dtype (rows with a
   /// contiguous inner dim); batches over 16 rows run 16 at a time.
-  at::Tensor linear(const at::Tensor& x) const;
+  at::Tensor linear(const at::Tensor& x) const override;
 
   int64_t nonzeros() const { return nnz_; }
   /// The packed arrays (on the device): row offsets (int32), column indices (int16 bits of the

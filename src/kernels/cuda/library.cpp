@@ -59,8 +59,7 @@ class CudaLibrary final : public Library {
   long nccl_device(const std::string& me, const std::string& device, long index) const override {
 #ifdef LOPPER_HAVE_NCCL
     // The wheel's torch::cuda::nccl::version() is the nccl.h it was compiled with (a constant).
-    const uint64_t ours =
-        (uint64_t(NCCL_MAJOR) << 32) | (uint64_t(NCCL_MINOR) << 16) | NCCL_PATCH;
+    const uint64_t ours = (uint64_t(NCCL_MAJOR) << 32) | (uint64_t(NCCL_MINOR) << 16) | NCCL_PATCH;
     const uint64_t wheel = torch::cuda::nccl::version();
     LOPPER_CHECK(ours == wheel, me, "lopper was compiled against nccl.h ", NCCL_MAJOR, ".",
                  NCCL_MINOR, ".", NCCL_PATCH, " but libtorch against ", wheel >> 32, ".",

@@ -74,9 +74,9 @@ class Library {
 
   /// lopper's 2-D max pooling (values only): x dense 4-D fp32/fp16/bf16, NCHW or NHWC.
   virtual bool max_pool2d_fits(const at::Tensor& x) const = 0;
-  virtual at::Tensor max_pool2d(const at::Tensor& x, at::IntArrayRef kernel,
-                                at::IntArrayRef stride, at::IntArrayRef pad_begin,
-                                at::IntArrayRef dilation, at::IntArrayRef out_size) const = 0;
+  virtual at::Tensor max_pool2d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                                at::IntArrayRef pad_begin, at::IntArrayRef dilation,
+                                at::IntArrayRef out_size) const = 0;
 
   /// NCCL for data parallel: checks that this build's nccl.h is libtorch's and that GPU `index`
   /// (-1: the current one) exists; returns its index. `me` and `device` name the rank and the

@@ -445,6 +445,49 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   EXPECT_GT(pairs, 0);
 }
 
+// A network's first layer read from its NCHW planes (1 to 4 channels), wide enough for the kernel
+// vectorised over output pixels: every output-channel count's passes (8 to 64, partial ones), both
+// strides, padding, dilation, batches, bias, activations; against ATen in float64.
+TEST(DenseConvKernels, FirstLayersFromPlanesMatchAten) {
+  std::mt19937 rng(11);
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  int cases = 0;
+  for (kc::Isa isa : isas()) {
+    for (int it = 0; it < 60; ++it) {
+      const int64_t c = 1 + rng() % 4, n = 1 + rng() % 2;
+      const int64_t k = std::vector<int64_t>{8, 12, 16, 24, 29, 32, 40, 48, 64}[it % 9];
+      const int64_t kh = std::vector<int64_t>{3, 3, 5, 7, 1}[rng() % 5], kw = kh;
+      kc::DirectConv::Geometry g;
+      g.sh = g.sw = 1 + rng() % 2;
+      g.ph = g.pw = kh / 2;
+      if (it % 7 == 3) g.dh = g.dw = 2, g.ph = g.pw = kh - 1;
+      const int64_t h = 9 + rng() % 20, w = 32 + rng() % 60;
+      const at::Tensor weight = at::randn({k, c, kh, kw}, gen);
+      const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
+      const at::Tensor x = at::randn({n, c, h, w}, gen);  // NCHW: read from its planes
+      const kc::Activation act = random_activation(rng);
+      const kc::DirectConv conv(weight, bias, 1, g, isa);
+      const at::Tensor y = conv.run(x, at::Tensor(), act);
+      const at::Tensor ref = activation_reference(
+          at::convolution(x.to(at::kDouble), weight.to(at::kDouble),
+                          bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {g.sh, g.sw},
+                          {g.ph, g.pw}, {g.dh, g.dw}, false, {0, 0}, 1),
+          act);
+      const std::string what = std::string(kc::isa_name(isa)) + " " + std::to_string(n) + "x" +
+                               std::to_string(c) + "x" + std::to_string(h) + "x" +
+                               std::to_string(w) + " k " + std::to_string(k) + " kernel " +
+                               std::to_string(kh) + " stride " + std::to_string(g.sh) +
+                               " dilation " + std::to_string(g.dh);
+      ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+      ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      const double err = (y.to(at::kDouble) - ref).abs().max().item<double>();
+      EXPECT_LE(err, 1e-4 * (1 + ref.abs().max().item<double>())) << what;
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 60);
+}
+
 // Random geometries (strides, padding, dilation, odd and single channel counts, images smaller
 // than the kernel's reach, batches of 1 and 2), with and without bias and residual, every fused
 // activation, inputs in either layout: each ISA's direct, grouped and depthwise kernels against

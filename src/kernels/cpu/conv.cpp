@@ -186,6 +186,14 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
   }
+  if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
+      (planar_kg_ = ops_->planar_group(k_)) > 0) {
+    ConvShape ps;
+    ps.c = c_, ps.k = k_, ps.kh = kh_, ps.kw = kw_;
+    const int64_t kp = (k_ + planar_kg_ - 1) / planar_kg_ * planar_kg_;
+    planar_packed_.resize(static_cast<size_t>(kp * c_ * kh_ * kw_));
+    ops_->planar_pack(w.data_ptr<float>(), ps, planar_kg_, planar_packed_.data());
+  }
 }
 
 at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
@@ -198,7 +206,8 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   // ldx floats apart; so is an NCHW input of a few channels (a network's first layer, read from
   // its planes); anything else is made channels-last.
   int64_t ldx = pixel_stride(x_in);
-  const bool planar = ldx == 0 && !depthwise_ && groups_ == 1 && c_ <= 4 && x_in.is_contiguous();
+  const bool planar =
+      ldx == 0 && !depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && x_in.is_contiguous();
   const at::Tensor x = ldx > 0 || planar ? x_in : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;
   ConvShape s;
@@ -265,6 +274,13 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   };
   if (!planar) {
     run_tiles(xp, yp, rp, s);
+    return y;
+  }
+  if (planar_kg_ > 0 && rp == nullptr && s.ow >= ops_->width) {
+    const int64_t rows = s.n * s.oh;
+    parallel_steal(rows, steal_grain(rows), [&](int64_t r0, int64_t r1) {
+      ops_->planar_rows(xp, planar_packed_.data(), planar_kg_, yp, s, e, r0, r1);
+    });
     return y;
   }
   ConvShape one = s;  // planes are one image's: the kernels take them an image at a time

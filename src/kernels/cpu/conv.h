@@ -80,6 +80,9 @@ class DirectConv {
   static constexpr int64_t kGatherBytes = 24 << 10;
   void run_gathered(const float* x, float* y, const float* residual, const ConvShape& group,
                     int64_t per_group, const Epilogue& e) const;
+  // An input of at most this many channels in NCHW (a network's first layer) is read from its
+  // planes, not made channels-last.
+  static constexpr int64_t kPlanarChannels = 4;
   // Layers of fewer multiply-adds run on the calling thread alone.
   static constexpr int64_t kSerialMacs = 1 << 16;
 
@@ -90,6 +93,11 @@ class DirectConv {
   int64_t k_ = 0, c_ = 0, kh_ = 1, kw_ = 1;
   Geometry g_;
   std::vector<float> packed_, bias_;
+  // A first layer of a few input channels (a planar input) has its weight packed a second way too,
+  // // for the kernel vectorised over output pixels (ConvIsaOps::planar_rows), kg channels a pass
+  // (0: none).
+  std::vector<float> planar_packed_;
+  int planar_kg_ = 0;
 };
 
 }  // namespace lopper::kernels::cpu

@@ -732,6 +732,155 @@ void interleave_pixels(const float* a, int64_t lda, const float* b, int64_t ldb,
   }
 }
 
+// --- A planar first layer, vectorised over output pixels ---------------------------------------
+// A network's first layer (3 input planes, 16-48 outputs, stride 2: MobileNet's and MnasNet's 24
+// or 32, EfficientNet's 48) has too few input channels for the tile kernel's broadcasts to pay:
+// per tap it broadcasts each of MR pixels' input and fills 24 of 32 lanes with 24 outputs. Here a
+// vector holds W consecutive output pixels of one channel: per tap, one load of W inputs (the even
+// columns of 2W at stride 2) feeds KG multiply-adds, one per output channel, each by that
+// channel's weight broadcast from memory, every lane useful; KG accumulators of W pixels, stored
+// channels-last through a small buffer. Each (channel, kernel row) of input is copied with its
+// padding first, so no tap is checked.
+
+// Output channels a pass for k of them: the fewest multiply-adds counting the per-tap load (3),
+// among KG = 3, 2 or 1 times kPlanarStep channels (the accumulators fit the registers: AVX-512's
+// 32 hold 24, AVX2's 16 hold 12).
+template <class T>
+constexpr int kPlanarStep = T::W >= 16 ? 8 : 4;
+template <class T>
+int planar_group(int64_t k) {
+  int best = 0;
+  int64_t cost = 0;
+  for (int m = 3; m >= 1; --m) {
+    const int kg = m * kPlanarStep<T>;
+    const int64_t c = (k + kg - 1) / kg * (kg + 3);
+    if (best == 0 || c < cost) best = kg, cost = c;
+  }
+  return best;
+}
+
+// y's row (`ow` pixels, ys floats apart) channels [k0, k0 + kg) from the taps: tap t reads its
+// inputs from taps[t] (S floats a pixel) and its KG weights from wts[t].
+// NOTE: unrolled whole (LOPPER_UNROLL's 16 left 24 accumulators an array on the stack: 2x slower),
+// and each tap's weights at one pointer (from a shared base, wts[t] + k0 + k, GCC kept the offsets
+// in general registers).
+template <class T, int KG, int S>
+void planar_row_pass(const float* const* taps, const float* const* wts, int64_t ntaps, int64_t k0,
+                     int kg, int64_t ow, const Epilogue& e, float* yrow, int64_t ys) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  for (int64_t ox0 = 0; ox0 < ow; ox0 += W) {
+    V acc[KG];
+    _Pragma("GCC unroll 32") for (int k = 0; k < KG; ++k) acc[k] = T::zero();
+    for (int64_t t = 0; t < ntaps; ++t) {
+      const float* p = taps[t] + S * ox0;
+      V v;
+      if constexpr (S == 2)
+        v = T::even(T::load(p), T::load(p + W));
+      else
+        v = T::load(p);
+      const float* wp = wts[t];
+      _Pragma("GCC unroll 32") for (int k = 0; k < KG; ++k) acc[k] =
+          T::fma(v, T::set1(wp[k]), acc[k]);
+    }
+    const int n = int(std::min<int64_t>(W, ow - ox0));
+    float* yp = yrow + ox0 * ys + k0;
+    // W channels at a time: activated, transposed to W pixels' channels, stored pixel by pixel.
+    _Pragma("GCC unroll 4") for (int c0 = 0; c0 < KG; c0 += W) {
+      if (c0 >= kg) break;
+      V r[W];
+      _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) {
+        if (c0 + j < KG) {
+          const V b = e.bias ? T::set1(e.bias[k0 + c0 + j]) : T::zero();
+          r[j] = activate<T>(T::add(acc[c0 + j], b), e);
+        } else {
+          r[j] = T::zero();
+        }
+      }
+      T::transpose(r);
+      const int nc = std::min(W, kg - c0);
+      for (int l = 0; l < n; ++l) {
+        if (nc == W)
+          T::store(yp + l * ys + c0, r[l]);
+        else
+          T::storem(yp + l * ys + c0, r[l], nc);
+      }
+    }
+  }
+}
+
+// w [k][c][kh][kw] (ONNX's OIHW) -> [k / kg][c][kh][kw][kg], zeros past k: each pass's weights of
+// a tap together.
+inline void planar_pack(const float* w, const ConvShape& s, int kg, float* out) {
+  const int64_t taps = s.c * s.kh * s.kw, passes = (s.k + kg - 1) / kg;
+  for (int64_t p = 0; p < passes; ++p)
+    for (int64_t t = 0; t < taps; ++t)
+      for (int64_t r = 0; r < kg; ++r) {
+        const int64_t k = p * kg + r;
+        *out++ = k < s.k ? w[k * taps + t] : 0.f;
+      }
+}
+
+// Output rows [r0, r1) of the s.n * s.oh rows of y (channels-last, s.y_stride floats a pixel; 0:
+// s.k) from x's planes (image after image, s.c planes of s.c_stride floats each, rows s.w floats);
+// packed by planar_pack for kg; s.sw 1 or 2.
+template <class T>
+void conv_planar_rows(const float* x, const float* packed, int kg, float* y, const ConvShape& s0,
+                      const Epilogue& e, int64_t r0, int64_t r1) {
+  constexpr int W = T::W;
+  const ConvShape s = with_strides(s0);
+  const int64_t owp = (s.ow + W - 1) / W * W;
+  // A padded input row: pw zeros, the row, zeros up to what the last vector of taps reads.
+  const int64_t len = (s.kw - 1) * s.dw + s.sw * owp + W;
+  thread_local std::vector<float> rows;
+  thread_local std::vector<const float*> taps, wts;
+  rows.resize(static_cast<size_t>(s.c * s.kh * len));
+  taps.resize(static_cast<size_t>(s.c * s.kh * s.kw));
+  wts.resize(taps.size());
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t img = r / s.oh, oy = r % s.oh;
+    int64_t ntaps = 0;
+    for (int64_t c = 0; c < s.c; ++c)
+      for (int64_t i = 0; i < s.kh; ++i) {
+        const int64_t iy = oy * s.sh - s.ph + i * s.dh;
+        if (iy < 0 || iy >= s.h) continue;  // a padding row adds nothing
+        float* row = rows.data() + (c * s.kh + i) * len;
+        const float* src = x + (img * s.c + c) * s.c_stride + iy * s.w;
+        const int64_t lead = std::min(s.pw, len), body = std::min(s.w, len - lead);
+        std::fill(row, row + lead, 0.f);
+        std::copy(src, src + body, row + lead);
+        std::fill(row + lead + body, row + len, 0.f);
+        for (int64_t j = 0; j < s.kw; ++j, ++ntaps) {
+          taps[ntaps] = row + j * s.dw;
+          wts[ntaps] = packed + ((c * s.kh + i) * s.kw + j) * kg;  // the first pass's
+        }
+      }
+    float* yrow = y + (img * s.oh + oy) * s.ow * s.y_stride;
+    const int64_t pass_floats = s.c * s.kh * s.kw * kg;
+    for (int64_t k0 = 0; k0 < s.k; k0 += kg) {
+      if (k0 > 0)
+        for (int64_t t = 0; t < ntaps; ++t) wts[t] += pass_floats;
+      const int n = int(std::min<int64_t>(kg, s.k - k0));
+      constexpr int step = kPlanarStep<T>;
+      auto pass = [&](auto kg_const) {
+        constexpr int G = decltype(kg_const)::value;
+        if (s.sw == 2)
+          planar_row_pass<T, G, 2>(taps.data(), wts.data(), ntaps, k0, n, s.ow, e, yrow,
+                                   s.y_stride);
+        else
+          planar_row_pass<T, G, 1>(taps.data(), wts.data(), ntaps, k0, n, s.ow, e, yrow,
+                                   s.y_stride);
+      };
+      if (kg == 3 * step)
+        pass(std::integral_constant<int, 3 * step>());
+      else if (kg == 2 * step)
+        pass(std::integral_constant<int, 2 * step>());
+      else
+        pass(std::integral_constant<int, step>());
+    }
+  }
+}
+
 // --- Narrow groups --------------------------------------------------------------------------
 // A grouped convolution of g channels a group in and out (g < W, dividing W: a ResNeXt pruned to
 // half has groups of 2, 4 and 8). The per-group dense kernel spends a whole vector on a group's g
@@ -940,6 +1089,12 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const ConvShape& s) { return s.n * s.oh * narrow_vectors(s, Wide::W); },
     [](const float* x, const float* packed, float* y, const float* residual, const ConvShape& s,
        int64_t g, const Epilogue& e, int64_t t0,
-       int64_t t1) { narrow_tiles<Wide>(x, packed, y, residual, s, g, e, t0, t1); }};
+       int64_t t1) { narrow_tiles<Wide>(x, packed, y, residual, s, g, e, t0, t1); },
+    [](int64_t k) { return Wide::W >= 8 ? planar_group<Wide>(k) : 0; },
+    planar_pack,
+    [](const float* x, const float* packed, int kg, float* y, const ConvShape& s, const Epilogue& e,
+       int64_t r0, int64_t r1) {
+      if constexpr (Wide::W >= 8) conv_planar_rows<Wide>(x, packed, kg, y, s, e, r0, r1);
+    }};
 
 }  // namespace lopper::kernels::cpu

@@ -107,6 +107,16 @@ struct ConvIsaOps {
   /// as for run), g channels a group.
   void (*narrow_run)(const float* x, const float* packed, float* y, const float* residual,
                      const ConvShape& s, int64_t g, const Epilogue& e, int64_t t0, int64_t t1);
+  /// A dense convolution of a planar input (a network's first layer) vectorised over output
+  /// pixels: the output channels a pass for s.k of them, 0 where this ISA has no such kernel.
+  int (*planar_group)(int64_t k);  /// w [k][c][kh][kw] (ONNX's OIHW) -> packed, kg channels a pass:
+                                   /// (k rounded up to kg) x c x kh
+  /// x kw floats.
+  void (*planar_pack)(const float* w, const ConvShape& s, int kg, float* packed);
+  /// Output rows [r0, r1) of its s.n * s.oh rows: x is s.n images of s.c planes (s.c_stride floats
+  /// each, rows s.w floats), y channels-last (s.y_stride floats a pixel); s.sw 1 or 2.
+  void (*planar_rows)(const float* x, const float* packed, int kg, float* y, const ConvShape& s,
+                      const Epilogue& e, int64_t r0, int64_t r1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

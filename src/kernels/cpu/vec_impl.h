@@ -97,6 +97,29 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
     _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
   }
+  // r[i][j] -> r[j][i] for the 8 x 8 floats of r[0..8).
+  static void transpose(V* r) {
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+      u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+      r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+  }
+  // The even lanes of a then b: a0 a2 a4 a6 b0 b2 b4 b6 (a stride-2 row's every other column).
+  static V even(V a, V b) {
+    const V t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  // a0 a2 b0 b2 | a4 a6 b4 b6
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+  }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -142,6 +165,44 @@ struct V16 {  // 16 floats (AVX-512F)
     const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     _mm512_storeu_ps(p, _mm512_permutex2var_ps(a, lo, b));
     _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(a, hi, b));
+  }
+  // r[i][j] -> r[j][i] for the 16 x 16 floats of r[0..16).
+  static void transpose(V* r) {
+    V t[16];
+    for (int i = 0; i < 8; ++i) {  // per 128-bit lane: rows 2i, 2i+1 interleaved
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    auto lo = [](V a, V b) {
+      return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    auto hi = [](V a, V b) {
+      return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    for (int i = 0; i < 4; ++i) {  // r[4i + j], lane L: rows 4i..4i+3 at column 4L + j
+      r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+      t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+      t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+      t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    }
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+      r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+      r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+      r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xdd);
+    }
+  }
+  // The even lanes of a then b: a0 a2 ... a14 b0 b2 ... b14.
+  static V even(V a, V b) {
+    const __m512i idx =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(a, idx, b);
   }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

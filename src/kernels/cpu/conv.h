@@ -94,8 +94,8 @@ class DirectConv {
   Geometry g_;
   std::vector<float> packed_, bias_;
   // A first layer of a few input channels (a planar input) has its weight packed a second way too,
-  // // for the kernel vectorised over output pixels (ConvIsaOps::planar_rows), kg channels a pass
-  // (0: none).
+  // for the kernel vectorised over output pixels (ConvIsaOps::planar_rows), kg channels a pass (0:
+  // none).
   std::vector<float> planar_packed_;
   int planar_kg_ = 0;
 };

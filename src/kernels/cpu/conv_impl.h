@@ -738,8 +738,8 @@ void interleave_pixels(const float* a, int64_t lda, const float* b, int64_t ldb,
 // per tap it broadcasts each of MR pixels' input and fills 24 of 32 lanes with 24 outputs. Here a
 // vector holds W consecutive output pixels of one channel: per tap, one load of W inputs (the even
 // columns of 2W at stride 2) feeds KG multiply-adds, one per output channel, each by that
-// channel's weight broadcast from memory, every lane useful; KG accumulators of W pixels, stored
-// channels-last through a small buffer. Each (channel, kernel row) of input is copied with its
+// channel's weight broadcast from memory, every lane useful; KG accumulators of W pixels,
+// transposed in registers to channels-last. Each (channel, kernel row) of input is copied with its
 // padding first, so no tap is checked.
 
 // Output channels a pass for k of them: the fewest multiply-adds counting the per-tap load (3),
@@ -761,9 +761,9 @@ int planar_group(int64_t k) {
 
 // y's row (`ow` pixels, ys floats apart) channels [k0, k0 + kg) from the taps: tap t reads its
 // inputs from taps[t] (S floats a pixel) and its KG weights from wts[t].
-// NOTE: unrolled whole (LOPPER_UNROLL's 16 left 24 accumulators an array on the stack: 2x slower),
-// and each tap's weights at one pointer (from a shared base, wts[t] + k0 + k, GCC kept the offsets
-// in general registers).
+// NOTE: unrolled whole (LOPPER_UNROLL_ALL: with 16, 24 accumulators were an array on the stack, 2x
+// slower), and each tap's weights at one pointer (from a shared base, wts[t] + k0 + k, GCC kept the
+// offsets in general registers).
 template <class T, int KG, int S>
 void planar_row_pass(const float* const* taps, const float* const* wts, int64_t ntaps, int64_t k0,
                      int kg, int64_t ow, const Epilogue& e, float* yrow, int64_t ys) {
@@ -771,7 +771,8 @@ void planar_row_pass(const float* const* taps, const float* const* wts, int64_t 
   constexpr int W = T::W;
   for (int64_t ox0 = 0; ox0 < ow; ox0 += W) {
     V acc[KG];
-    _Pragma("GCC unroll 32") for (int k = 0; k < KG; ++k) acc[k] = T::zero();
+    LOPPER_UNROLL_ALL
+    for (int k = 0; k < KG; ++k) acc[k] = T::zero();
     for (int64_t t = 0; t < ntaps; ++t) {
       const float* p = taps[t] + S * ox0;
       V v;
@@ -780,16 +781,18 @@ void planar_row_pass(const float* const* taps, const float* const* wts, int64_t 
       else
         v = T::load(p);
       const float* wp = wts[t];
-      _Pragma("GCC unroll 32") for (int k = 0; k < KG; ++k) acc[k] =
-          T::fma(v, T::set1(wp[k]), acc[k]);
+      LOPPER_UNROLL_ALL
+      for (int k = 0; k < KG; ++k) acc[k] = T::fma(v, T::set1(wp[k]), acc[k]);
     }
     const int n = int(std::min<int64_t>(W, ow - ox0));
     float* yp = yrow + ox0 * ys + k0;
     // W channels at a time: activated, transposed to W pixels' channels, stored pixel by pixel.
-    _Pragma("GCC unroll 4") for (int c0 = 0; c0 < KG; c0 += W) {
+    LOPPER_UNROLL
+    for (int c0 = 0; c0 < KG; c0 += W) {
       if (c0 >= kg) break;
       V r[W];
-      _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j) {
+      LOPPER_UNROLL
+      for (int j = 0; j < W; ++j) {
         if (c0 + j < KG) {
           const V b = e.bias ? T::set1(e.bias[k0 + c0 + j]) : T::zero();
           r[j] = activate<T>(T::add(acc[c0 + j], b), e);

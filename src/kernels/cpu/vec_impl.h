@@ -13,6 +13,9 @@
 #endif
 
 #define LOPPER_UNROLL _Pragma("GCC unroll 16")
+// For loops of up to 32 iterations that must vanish whole (an array of accumulators kept in
+// registers: LOPPER_UNROLL's 16 left 24 of them an array on the stack).
+#define LOPPER_UNROLL_ALL _Pragma("GCC unroll 32")
 
 namespace lopper::kernels::cpu {
 namespace {

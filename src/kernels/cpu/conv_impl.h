@@ -401,6 +401,82 @@ inline int64_t dw_interior_run(const float* const* rows, const float* packed, fl
   return ox;
 }
 
+// 3x3 interior pixels [ox0, ox0 + OB) of one output row, one vector of channels at c, the nine
+// weight vectors in registers (w, zero for the taps rows outside the input: rows[i] is not read
+// there). FULL: every lane a channel (plain loads).
+template <class T, int SW, int OB, bool FULL>
+inline void dw3_block(const float* const* rows, const typename T::V (&w)[3][3], float* yrow,
+                      const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
+                      int64_t i1, int64_t ox0, int64_t c, int valid) {
+  using V = typename T::V;
+  constexpr int NX = OB * SW + 2;
+  const int64_t xs = s.x_stride;
+  V a[OB];
+  LOPPER_UNROLL
+  for (int m = 0; m < OB; ++m) a[m] = T::zero();
+  LOPPER_UNROLL
+  for (int i = 0; i < 3; ++i) {
+    if (i < i0 || i >= i1) continue;
+    const float* xp = rows[i] + (ox0 * SW - s.pw) * xs + c;
+    V xv[NX];
+    LOPPER_UNROLL_ALL
+    for (int q = 0; q < NX; ++q) xv[q] = FULL ? T::load(xp + q * xs) : T::loadm(xp + q * xs, valid);
+    LOPPER_UNROLL
+    for (int j = 0; j < 3; ++j) {
+      LOPPER_UNROLL
+      for (int m = 0; m < OB; ++m) a[m] = T::fma(xv[m * SW + j], w[i][j], a[m]);
+    }
+  }
+  LOPPER_UNROLL
+  for (int m = 0; m < OB; ++m)
+    dw_finish<T>(a[m], c, valid, yrow + (ox0 + m) * s.y_stride,
+                 rrow ? rrow + (ox0 + m) * s.r_stride : nullptr, e);
+}
+
+// 3x3 interior columns [lo, hi] of one output row: one vector of channels at a time along the
+// whole row, its nine weight vectors loaded once into registers, then OB pixels at a time.
+template <class T, int SW, bool FULL>
+inline void dw3_vector_run(const float* const* rows, const typename T::V (&w)[3][3], float* yrow,
+                           const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
+                           int64_t i1, int64_t lo, int64_t hi, int64_t c, int valid) {
+  constexpr int OB = T::W >= 16 ? 8 : 4;
+  int64_t ox = lo;
+  for (; ox + OB <= hi + 1; ox += OB)
+    dw3_block<T, SW, OB, FULL>(rows, w, yrow, rrow, s, e, i0, i1, ox, c, valid);
+  if (OB > 4 && ox + 4 <= hi + 1) {
+    dw3_block<T, SW, 4, FULL>(rows, w, yrow, rrow, s, e, i0, i1, ox, c, valid);
+    ox += 4;
+  }
+  if (ox + 2 <= hi + 1) {
+    dw3_block<T, SW, 2, FULL>(rows, w, yrow, rrow, s, e, i0, i1, ox, c, valid);
+    ox += 2;
+  }
+  if (ox <= hi) dw3_block<T, SW, 1, FULL>(rows, w, yrow, rrow, s, e, i0, i1, ox, c, valid);
+}
+
+template <class T, int SW>
+inline int64_t dw3_interior_run(const float* const* rows, const float* packed, float* yrow,
+                                const float* rrow, const ConvShape& s, const Epilogue& e,
+                                int64_t i0, int64_t i1, int64_t lo, int64_t hi, int64_t c0,
+                                int64_t c1) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const int64_t cp = dw_padded(s.c, W);
+  for (int64_t c = c0; c < c1; c += W) {
+    const int valid = int(std::min<int64_t>(W, s.c - c));
+    V w[3][3];
+    LOPPER_UNROLL
+    for (int i = 0; i < 3; ++i) LOPPER_UNROLL
+    for (int j = 0; j < 3; ++j)
+      w[i][j] = i >= i0 && i < i1 ? T::load(packed + (i * 3 + j) * cp + c) : T::zero();
+    if (valid == W)
+      dw3_vector_run<T, SW, true>(rows, w, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
+    else
+      dw3_vector_run<T, SW, false>(rows, w, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
+  }
+  return hi + 1;
+}
+
 // One output pixel (taps [i0, i1) x [j0, j1) inside the input, rows[i] the input row of tap row
 // i), NV vectors of channels from c: NV independent sums (one alone waits on each FMA's latency,
 // tap after tap: a 7x7 map under a 5x5 kernel has no interior run of four pixels, and ran at a
@@ -468,7 +544,12 @@ void dw_row(const float* const* rows, const float* packed, float* yrow, const fl
   // 3x3 and 5x5 without dilation (nearly every depthwise layer): the input columns shared by the
   // taps, kOB3 pixels at a time, then 4, 2 and 1 for the rest of the interior.
   if ((s.kw == 3 || s.kw == 5) && s.dw == 1 && (s.sw == 1 || s.sw == 2) && lo >= 0) {
-    if (s.kw == 3 && s.sw == 1)
+    if (s.kw == 3 && s.kh == 3 && T::W >= 16)
+      blocked_end =
+          s.sw == 1
+              ? dw3_interior_run<T, 1>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1)
+              : dw3_interior_run<T, 2>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
+    else if (s.kw == 3 && s.sw == 1)
       blocked_end =
           dw_interior_run<T, 3, 1>(rows, packed, yrow, rrow, s, e, i0, i1, lo, hi, c0, c1);
     else if (s.kw == 3)

@@ -135,6 +135,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {14, 160, 160, 3, 1, 10},  // RegNetX-400MF grouped 3x3, stage 3
       {7, 400, 400, 3, 1, 25},   // RegNetX-400MF grouped 3x3, stage 4
       {14, 288, 288, 3, 1, 18},  // RegNetX-800MF grouped 3x3, stage 3
+      {112, 32, 32, 1, 1, 1},    // RegNetX-400MF block 1's first 1x1, after the first layer
       {224, 3, 24, 3, 2, 1},     // first layer (MnasNet 0.75)
       {112, 24, 24, 3, 1, 0},    // depthwise (MnasNet 0.75)
       {112, 24, 16, 1, 1, 1},    // projection (MnasNet 0.75)

@@ -474,7 +474,7 @@ inline int64_t dw3_interior_run(const float* const* rows, const float* packed, f
     else
       dw3_vector_run<T, SW, false>(rows, w, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
   }
-  return hi + 1;
+  return std::max(lo, hi + 1);  // the column after the last done, as dw_interior_run
 }
 
 // One output pixel (taps [i0, i1) x [j0, j1) inside the input, rows[i] the input row of tap row

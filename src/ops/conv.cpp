@@ -85,6 +85,7 @@ struct ConvState {
     kLinear,
     kSparse,
     kDirect,
+    kDirectInPlace,  // lopper's grouped kernel, the groups read in place (not copied)
     kWinograd
   } kernel = Kernel::kUndecided;
 };
@@ -282,6 +283,11 @@ void conv_forward(OpContext& c) {
       at::Tensor y = st.direct->run(in, other_cl, act);
       return finish_activation(y, post, act);
     };
+    auto as_direct_in_place = [&] {
+      const kernels::cpu::Activation act = fused_activation(post);
+      at::Tensor y = st.direct->run(in, other_cl, act, true);
+      return finish_activation(y, post, act);
+    };
     auto as_winograd = [&] {
       const kernels::cpu::Activation act = fused_activation(post);
       at::Tensor y = st.winograd->run(in, other_cl, act);
@@ -301,6 +307,10 @@ void conv_forward(OpContext& c) {
         st.direct = std::make_shared<const kernels::cpu::DirectConv>(w, b, g.group, dg);
         cands.push_back({st.direct->name(), as_direct});
         kinds.push_back(K::kDirect);
+        if (st.direct->gathers()) {
+          cands.push_back({"lopper-grouped-in-place", as_direct_in_place});
+          kinds.push_back(K::kDirectInPlace);
+        }
         // NOTE: a quarter of the arithmetic on evenly tiled maps, more memory traffic (36
         // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
         using kernels::cpu::WinogradConv;
@@ -332,11 +342,12 @@ void conv_forward(OpContext& c) {
       if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
       if (st.kernel != K::kConv) st.packed.reset();
       if (st.kernel != K::kLinear) st.packed_linear.reset();
-      if (st.kernel != K::kDirect) st.direct.reset();
+      if (st.kernel != K::kDirect && st.kernel != K::kDirectInPlace) st.direct.reset();
       if (st.kernel != K::kWinograd) st.winograd.reset();
     }
     if (st.kernel == K::kSparse) return c.set_output(0, as_sparse(st.sparse));
     if (st.kernel == K::kDirect) return c.set_output(0, as_direct());
+    if (st.kernel == K::kDirectInPlace) return c.set_output(0, as_direct_in_place());
     if (st.kernel == K::kWinograd) return c.set_output(0, as_winograd());
     c.set_output(0, st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv());
     return;

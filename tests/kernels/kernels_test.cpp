@@ -495,7 +495,7 @@ TEST(DenseConvKernels, FirstLayersFromPlanesMatchAten) {
 TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   std::mt19937 rng(7);
   at::Generator gen = at::detail::createCPUGenerator(7);
-  int cases = 0;
+  int cases = 0, in_place = 0;
   for (kc::Isa isa : isas()) {
     for (int it = 0; it < 400; ++it) {
       const bool dw = it % 4 == 0, grouped = it % 4 == 1;
@@ -557,10 +557,19 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       const double err = (y.to(at::kDouble) - ref).abs().max().item<double>();
       EXPECT_LE(err, 1e-4 * (1 + ref.abs().max().item<double>())) << what;
+      if (conv.gathers()) {  // the groups read in place: the executor's other candidate
+        const at::Tensor yi = conv.run(x, res, act, true);
+        ASSERT_TRUE(yi.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+        EXPECT_LE((yi.to(at::kDouble) - ref).abs().max().item<double>(),
+                  1e-4 * (1 + ref.abs().max().item<double>()))
+            << what << " in place";
+        ++in_place;
+      }
       ++cases;
     }
   }
   EXPECT_GT(cases, 300);
+  EXPECT_GT(in_place, 30);
   // The depthwise kernel on small maps (5x5: a padded plane per vector of channels; 3x3: rows),
   // strides 1 and 2, 7x7 and 14x14 maps, odd channel counts, batch 2, bias, residual, ReLU.
   for (kc::Isa isa : isas())
@@ -622,15 +631,19 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
       kc::Activation relu;
       relu.kind = kc::Activation::kRelu;
       const kc::DirectConv conv(weight, bias, l.group, g, isa);
-      const at::Tensor y = conv.run(x, {}, relu);
       const at::Tensor ref = at::relu(at::convolution(
           x.to(at::kDouble), weight.to(at::kDouble), bias.to(at::kDouble), {l.stride, l.stride},
           {l.pad, l.pad}, {l.dilation, l.dilation}, false, {0, 0}, l.group));
-      ASSERT_EQ(y.sizes(), ref.sizes());
-      EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
-                1e-4 * (1 + ref.abs().max().item<double>()))
-          << kc::isa_name(isa) << " " << l.c << " -> " << l.k << " side " << l.side << " kernel "
-          << l.kernel << " stride " << l.stride << " pad " << l.pad;
+      for (bool in_place : {false, true}) {
+        if (in_place && !conv.gathers()) continue;
+        const at::Tensor y = conv.run(x, {}, relu, in_place);
+        ASSERT_EQ(y.sizes(), ref.sizes());
+        EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
+                  1e-4 * (1 + ref.abs().max().item<double>()))
+            << kc::isa_name(isa) << " " << l.c << " -> " << l.k << " side " << l.side << " kernel "
+            << l.kernel << " stride " << l.stride << " pad " << l.pad
+            << (in_place ? " in place" : "");
+      }
     }
   // Groups that do not divide the channels, and a non-float weight, are not taken.
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 3, 3, 3}), 4, 8));

@@ -196,8 +196,12 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   }
 }
 
-at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
-                           Activation act) const {
+bool DirectConv::gathers() const {
+  return groups_ > 1 && !narrow_ && c_ / groups_ <= kGatherMaxChannels && g_.dh == 1 && g_.dw == 1;
+}
+
+at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, Activation act,
+                           bool in_place) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.scalar_type() == at::kFloat,
                "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
@@ -242,7 +246,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const int64_t per_output = (depthwise_ ? 1 : c_ / groups_) * kh_ * kw_;
   const SerialScope serial(s.n * s.oh * s.ow * k_ * per_output < kSerialMacs);
   if (groups_ > 1) {
-    run_groups(xp, yp, rp, s, e);
+    run_groups(xp, yp, rp, s, e, in_place);
     return y;
   }
   // The tiles of one call of the kernels (s.n images from x into y), split between the threads.
@@ -357,7 +361,7 @@ void DirectConv::run_gathered(const float* xp, float* yp, const float* rp, const
 // at a time: a thread reads whole pixels, the rows it padded, not every other cache line of the
 // whole image. Too few tiles to split (a 7x7 map is 7 tiles): the threads split the groups.
 void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const ConvShape& whole,
-                            const Epilogue& e) const {
+                            const Epilogue& e, bool in_place) const {
   if (narrow_) {
     const int64_t tiles = ops_->narrow_tiles(whole);
     parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
@@ -369,7 +373,7 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
   s.c = c_ / groups_, s.k = k_ / groups_;
   s.x_stride = whole.x_stride, s.y_stride = k_, s.r_stride = k_;
   const int64_t per_group = static_cast<int64_t>(packed_.size()) / groups_;
-  if (s.c <= kGatherMaxChannels && s.dh == 1 && s.dw == 1) {
+  if (gathers() && !in_place) {
     run_gathered(xp, yp, rp, s, per_group, e);
     return;
   }

@@ -67,13 +67,20 @@ class DirectConv {
   int64_t groups() const { return groups_; }
   /// "lopper-depthwise", "lopper-grouped" or "lopper-direct": the candidate's name per layer.
   const char* name() const;
+  /// Whether its groups are copied a band of rows at a time with their padding (groups of up to
+  /// kGatherMaxChannels, no dilation) — or, asked with `in_place`, read where they are. Neither
+  /// wins everywhere (RegNet's 112x112 stride-2 grouped layers: in place 0.7x the time at batch 1,
+  /// 1.3x at batch 32), so the executor times both per layer.
+  bool gathers() const;
   /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
-  /// (made channels-last when it is not); `residual` undefined or of y's shape.
-  at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
+  /// (made channels-last when it is not); `residual` undefined or of y's shape. in_place: groups
+  /// read in place even where gathers().
+  at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act,
+                 bool in_place = false) const;
 
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
-                  const Epilogue& e) const;
+                  const Epilogue& e, bool in_place) const;
   // Groups of up to kGatherMaxChannels input channels: each band of a group's rows copied with its
   // padding into at most kGatherBytes, then run as an unpadded input (conv.cpp).
   static constexpr int64_t kGatherMaxChannels = 64;

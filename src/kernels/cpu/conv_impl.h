@@ -449,11 +449,11 @@ inline void dw3_block(const float* const* rows, const typename T::V (&w)[3][3], 
 
 // 3x3 interior columns [lo, hi] of one output row: one vector of channels at a time along the
 // whole row, its nine weight vectors loaded once into registers, then OB pixels at a time.
-template <class T, int SW, bool FULL>
+template <class T, int SW, bool FULL, int OB = 8>
 inline void dw3_vector_run(const float* const* rows, const typename T::V (&w)[3][3], float* yrow,
                            const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
                            int64_t i1, int64_t lo, int64_t hi, int64_t c, int valid) {
-  in_column_groups<T::W >= 16 ? 8 : 4>(lo, hi, [&](auto ob, int64_t ox) {
+  in_column_groups<OB>(lo, hi, [&](auto ob, int64_t ox) {
     dw3_block<T, SW, decltype(ob)::value, FULL>(rows, w, yrow, rrow, s, e, i0, i1, ox, c, valid);
   });
 }
@@ -478,6 +478,20 @@ inline int64_t dw3_interior_run(const float* const* rows, const float* packed, f
     for (int i = 0; i < 3; ++i) LOPPER_UNROLL
     for (int j = 0; j < 3; ++j)
       w[i][j] = i >= i0 && i < i1 ? T::load(packed + (i * 3 + j) * cp + c) : T::zero();
+    // A last vector half full (24, 40, 72, 120 channels) as an 8-lane vector: two 256-bit FMAs
+    // a cycle on a core that does one 512-bit (112^2 x 24, one thread: 0.84x the time).
+    if constexpr (W == 16) {
+      if (valid == 8) {
+        using H = typename T::Half;
+        typename H::V h[3][3];
+        LOPPER_UNROLL
+        for (int i = 0; i < 3; ++i) LOPPER_UNROLL
+        for (int j = 0; j < 3; ++j)
+          h[i][j] = i >= i0 && i < i1 ? H::load(packed + (i * 3 + j) * cp + c) : H::zero();
+        dw3_vector_run<H, SW, true>(rows, h, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
+        continue;
+      }
+    }
     if (valid == W)
       dw3_vector_run<T, SW, true>(rows, w, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
     else

@@ -150,7 +150,8 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
 #endif
 
 #if LOPPER_SPARSE_ISA > 1
-struct V16 {  // 16 floats (AVX-512F)
+struct V16 {        // 16 floats (AVX-512F)
+  using Half = V8;  // 8 of them (a ymm register, 16-31 too with AVX-512VL)
   using V = __m512;
   using I = __m512i;  // lane indices
   static constexpr int W = 16;

@@ -278,16 +278,13 @@ void conv_forward(OpContext& c) {
       }
       return fused_add ? onednn::apply_unfused(y.add_(other_cl), post) : y;
     };
-    auto as_direct = [&] {
+    auto direct = [&](bool in_place) {  // in_place: a grouped layer's groups not copied first
       const kernels::cpu::Activation act = fused_activation(post);
-      at::Tensor y = st.direct->run(in, other_cl, act);
+      at::Tensor y = st.direct->run(in, other_cl, act, in_place);
       return finish_activation(y, post, act);
     };
-    auto as_direct_in_place = [&] {
-      const kernels::cpu::Activation act = fused_activation(post);
-      at::Tensor y = st.direct->run(in, other_cl, act, true);
-      return finish_activation(y, post, act);
-    };
+    auto as_direct = [&] { return direct(false); };
+    auto as_direct_in_place = [&] { return direct(true); };
     auto as_winograd = [&] {
       const kernels::cpu::Activation act = fused_activation(post);
       at::Tensor y = st.winograd->run(in, other_cl, act);

@@ -408,11 +408,10 @@ template <class T, int KW, int SW>
 inline int64_t dw_interior_run(const float* const* rows, const float* packed, float* yrow,
                                const float* rrow, const ConvShape& s, const Epilogue& e, int64_t i0,
                                int64_t i1, int64_t lo, int64_t hi, int64_t c0, int64_t c1) {
-  return in_column_groups < T::W >= 16 ? 8
-                                       : 4 > (lo, hi, [&](auto ob, int64_t ox) {
-                                           dw_interior<T, KW, SW, decltype(ob)::value>(
-                                               rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
-                                         });
+  constexpr int OB = T::W >= 16 ? 8 : 4;
+  return in_column_groups<OB>(lo, hi, [&](auto ob, int64_t ox) {
+    dw_interior<T, KW, SW, decltype(ob)::value>(rows, packed, yrow, rrow, s, e, i0, i1, ox, c0, c1);
+  });
 }
 
 // 3x3 interior pixels [ox0, ox0 + OB) of one output row, one vector of channels at c, the nine
@@ -458,6 +457,17 @@ inline void dw3_vector_run(const float* const* rows, const typename T::V (&w)[3]
   });
 }
 
+// The nine weight vectors of channels [c, c + T::W) of a 3x3 kernel packed cp channels a tap; zero
+// for the taps rows outside [i0, i1).
+template <class T>
+inline void dw3_weights(const float* packed, int64_t cp, int64_t c, int64_t i0, int64_t i1,
+                        typename T::V (&w)[3][3]) {
+  LOPPER_UNROLL
+  for (int i = 0; i < 3; ++i) LOPPER_UNROLL
+  for (int j = 0; j < 3; ++j)
+    w[i][j] = i >= i0 && i < i1 ? T::load(packed + (i * 3 + j) * cp + c) : T::zero();
+}
+
 // dw_interior_run for a 3x3 kernel on AVX-512 (32 registers: 9 weights, 8 accumulators, 10 input
 // columns): channels [c0, c1) a vector at a time, each along the row's interior. 0.63-0.85x the
 // time of dw_interior_run's order (every vector of channels per group of pixels, the weights
@@ -468,30 +478,23 @@ inline int64_t dw3_interior_run(const float* const* rows, const float* packed, f
                                 const float* rrow, const ConvShape& s, const Epilogue& e,
                                 int64_t i0, int64_t i1, int64_t lo, int64_t hi, int64_t c0,
                                 int64_t c1) {
-  using V = typename T::V;
   constexpr int W = T::W;
   const int64_t cp = dw_padded(s.c, W);
   for (int64_t c = c0; c < c1; c += W) {
     const int valid = int(std::min<int64_t>(W, s.c - c));
-    V w[3][3];
-    LOPPER_UNROLL
-    for (int i = 0; i < 3; ++i) LOPPER_UNROLL
-    for (int j = 0; j < 3; ++j)
-      w[i][j] = i >= i0 && i < i1 ? T::load(packed + (i * 3 + j) * cp + c) : T::zero();
     // A last vector half full (24, 40, 72, 120 channels) as an 8-lane vector: two 256-bit FMAs
     // a cycle on a core that does one 512-bit (112^2 x 24, one thread: 0.84x the time).
     if constexpr (W == 16) {
       if (valid == 8) {
         using H = typename T::Half;
         typename H::V h[3][3];
-        LOPPER_UNROLL
-        for (int i = 0; i < 3; ++i) LOPPER_UNROLL
-        for (int j = 0; j < 3; ++j)
-          h[i][j] = i >= i0 && i < i1 ? H::load(packed + (i * 3 + j) * cp + c) : H::zero();
+        dw3_weights<H>(packed, cp, c, i0, i1, h);
         dw3_vector_run<H, SW, true>(rows, h, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
         continue;
       }
     }
+    typename T::V w[3][3];
+    dw3_weights<T>(packed, cp, c, i0, i1, w);
     if (valid == W)
       dw3_vector_run<T, SW, true>(rows, w, yrow, rrow, s, e, i0, i1, lo, hi, c, valid);
     else

@@ -133,6 +133,18 @@ void BM_DecodeDense(benchmark::State& state) {
   state.counters["bytes"] = double(w.numel() * w.element_size());
 }
 
+// lopper's dense GEMV (a classifier at batch 1 picks it), float32 only: its panels streamed once
+// per 4 rows of x.
+void BM_DecodeGemv(benchmark::State& state) {
+  const int64_t in = state.range(0), out = state.range(1), batch = state.range(2);
+  if (state.range(4)) return state.SkipWithError("float32 only");
+  at::Tensor w = decode_weight(out, in, 50);
+  at::Tensor b = at::randn({out}), x = at::randn({batch, in});
+  const kc::DenseGemv g(w, kc::active_isa());
+  for (auto _ : state) benchmark::DoNotOptimize(g.linear(x, b, {}));
+  state.counters["bytes"] = double(w.numel() * w.element_size());
+}
+
 void BM_DecodeMasked(benchmark::State& state) {
   const int64_t in = state.range(0), out = state.range(1), batch = state.range(2);
   const auto dt = state.range(4) ? at::kBFloat16 : at::kFloat;
@@ -165,6 +177,7 @@ void decode_shapes(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_DecodeDense)->Apply(decode_shapes);
+BENCHMARK(BM_DecodeGemv)->Apply(decode_shapes);
 BENCHMARK(BM_DecodeMasked)->Apply(decode_shapes);
 // Rows in tiles of 1 and of 4 side by side (AVX2: one stream per 4 rows against four).
 BENCHMARK(BM_DecodeMasked)

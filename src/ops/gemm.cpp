@@ -33,7 +33,8 @@ struct LinearState {
   // format's regime) and of more (a prompt, a batch): a model that runs both keeps the best of
   // each.
   struct CpuChoice {
-    at::Tensor packed;  // oneDNN's layout of the weight
+    at::Tensor packed;                              // oneDNN's layout of the weight
+    std::shared_ptr<kernels::cpu::DenseGemv> gemv;  // lopper's panels of the weight
     SparseCandidate sparse;
     Kernel kernel = Kernel::kUndecided;
   } few, many;
@@ -131,14 +132,13 @@ at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
 }
 
 // lopper's dense GEMV for a few rows (a classifier's last layer at batch 1, a decoded token): the
-// weight streamed once, its rows split between the threads. In a model its weight comes from
+// weight streamed once, its panels split between the threads. In a model its weight comes from
 // memory, not cache: mnasnet0_5's 1280 -> 1000 classifier took 0.26 ms by oneDNN there (0.06 ms
 // timed alone, warm).
-at::Tensor dense_gemv(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias,
-                      const onednn::PostOp& post) {
+at::Tensor dense_gemv(const at::Tensor& x2, const kernels::cpu::DenseGemv& w,
+                      const at::Tensor& bias, const onednn::PostOp& post) {
   const kernels::cpu::Activation act = fused_activation(post);
-  at::Tensor y = kernels::cpu::dense_linear(x2, w, bias, act, kernels::cpu::active_isa());
-  return finish_activation(y, post, act);
+  return finish_activation(w.linear(x2, bias, act), post, act);
 }
 
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
@@ -168,7 +168,8 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       kinds.push_back(K::kOnednn);
     }
     if (cpu_f32 && x2.size(0) <= kFewRows) {
-      cands.push_back({"lopper-gemv", [&] { dense_gemv(x2, st.weight, bias, post); }});
+      ch.gemv = std::make_shared<kernels::cpu::DenseGemv>(st.weight, kernels::cpu::active_isa());
+      cands.push_back({"lopper-gemv", [&] { dense_gemv(x2, *ch.gemv, bias, post); }});
       kinds.push_back(K::kGemv);
     }
     auto sparse = sparse_candidates(st.weight, bias, {}, x2.size(0));
@@ -180,13 +181,14 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
     ch.kernel = kinds[best];
     if (ch.kernel == K::kSparse) ch.sparse = sparse[best - (cands.size() - sparse.size())];
     if (ch.kernel != K::kOnednn) ch.packed.reset();
+    if (ch.kernel != K::kGemv) ch.gemv.reset();
   }
   at::Tensor y;
   if (ch.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   if (ch.kernel == K::kOnednn) {
     y = onednn::linear(x2.contiguous(), ch.packed, bias, post);
   } else if (ch.kernel == K::kGemv) {
-    y = dense_gemv(x2, st.weight, bias, post);
+    y = dense_gemv(x2, *ch.gemv, bias, post);
   } else {
     y = run_sparse_linear(ch.sparse, x2, post);
   }

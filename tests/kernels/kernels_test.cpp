@@ -199,7 +199,7 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
           const at::Tensor x = at::randn({m, k}, gen);
           const at::Tensor bias = rng() % 2 ? at::randn({n}, gen) : at::Tensor();
           const kc::Activation act = random_activation(rng);
-          const at::Tensor y = kc::dense_linear(x, w, bias, act, isa);
+          const at::Tensor y = kc::DenseGemv(w, isa).linear(x, bias, act);
           const at::Tensor ref = reference(x, w, bias, act);
           ASSERT_EQ(y.sizes(), ref.sizes());
           EXPECT_LT(nmse(y, ref), 1e-10)
@@ -211,7 +211,8 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
   // A strided x (rows of a wider tensor) is read as its values.
   const at::Tensor wide = at::randn({3, 40}, gen), w = at::randn({6, 32}, gen);
   const at::Tensor x = wide.narrow(1, 4, 32);
-  EXPECT_LT(nmse(kc::dense_linear(x, w, {}, {}, kc::active_isa()), reference(x, w, {}, {})), 1e-10);
+  EXPECT_LT(nmse(kc::DenseGemv(w, kc::active_isa()).linear(x, {}, {}), reference(x, w, {}, {})),
+            1e-10);
 }
 
 TEST(ParallelSteal, EveryItemOnceAndAStalledThreadsShareTaken) {

@@ -490,32 +490,40 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
   return x_in.scalar_type() == at::kFloat ? y : y.to(x_in.scalar_type());
 }
 
-at::Tensor dense_linear(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& bias,
-                        Activation act, Isa isa) {
-  LOPPER_CHECK(
-      w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous() && w.device().is_cpu(),
-      "[kernels] dense_linear: w must be a contiguous 2-D float32 CPU tensor");
-  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == w.size(1) && x_in.scalar_type() == at::kFloat,
-               "[kernels] dense_linear: x must be [m, ", w.size(1), "] float32");
-  LOPPER_CHECK(!bias.defined() || (bias.numel() == w.size(0) && bias.is_contiguous() &&
-                                   bias.scalar_type() == at::kFloat),
-               "[kernels] dense_linear: bias must be [", w.size(0), "] float32");
+DenseGemv::DenseGemv(const at::Tensor& w_in, Isa isa) : isa_(isa) {
+  LOPPER_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
+               "[kernels] DenseGemv: w must be a 2-D float32 CPU tensor");
+  const at::Tensor w = w_in.contiguous();
+  n_ = w.size(0), k_ = w.size(1), width_ = ops_of(isa).panel_width;
+  const int64_t panels = (n_ + width_ - 1) / width_;
+  // [n, k] -> [panels][k][W], the rows past n zero.
+  panels_ = at::constant_pad_nd(w, {0, 0, 0, panels * width_ - n_})
+                .view({panels, width_, k_})
+                .transpose(1, 2)
+                .contiguous();
+}
+
+at::Tensor DenseGemv::linear(const at::Tensor& x_in, const at::Tensor& bias, Activation act) const {
+  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == k_ && x_in.scalar_type() == at::kFloat,
+               "[kernels] DenseGemv: x must be [m, ", k_, "] float32");
+  LOPPER_CHECK(!bias.defined() ||
+                   (bias.numel() == n_ && bias.is_contiguous() && bias.scalar_type() == at::kFloat),
+               "[kernels] DenseGemv: bias must be [", n_, "] float32");
   const at::Tensor x = x_in.contiguous();
-  const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return y;
-  const SparseIsaOps& ops = ops_of(isa);
+  const int64_t m = x.size(0);
+  at::Tensor y = at::empty({m, n_}, x.options());
+  if (m == 0 || n_ == 0) return y;
+  const SparseIsaOps& ops = ops_of(isa_);
   const Epilogue e = to_epilogue(act, bias.defined() ? bias.data_ptr<float>() : nullptr);
-  const float* wp = w.data_ptr<float>();
+  const float* pp = panels_.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Parts of whole 4-row blocks, as many per thread as keep the last ones short.
-  const int64_t blocks = (n + 3) / 4;
-  const int64_t parts = std::min<int64_t>(blocks, kPartsPerThread * at::get_num_threads());
+  // Runs of whole panels, as many per thread as keep the last ones short.
+  const int64_t panels = panels_.size(0);
+  const int64_t parts = std::min<int64_t>(panels, kPartsPerThread * at::get_num_threads());
   run_parts(parts, [&](int64_t q) {
-    const int64_t r0 = std::min(n, blocks * q / parts * 4);
-    const int64_t r1 = std::min(n, blocks * (q + 1) / parts * 4);
-    if (r1 > r0) ops.dense_rows(wp, k, k, r0, r1, xp, k, m, yp, n, e);
+    const int64_t q0 = panels * q / parts, q1 = panels * (q + 1) / parts;
+    if (q1 > q0) ops.dense_panels(pp, k_, q0, q1, xp, k_, m, yp, n_, n_, e);
   });
   return y;
 }

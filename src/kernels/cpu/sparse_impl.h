@@ -772,84 +772,78 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float*
     for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i0] = src[i0 * lds + j];
 }
 
-// --- dense_rows: a dense W times a few rows of x (a product of one token or one image) ----------
+// --- dense_panels: a dense W times a few rows of x (a product of one token or one image) -------
 
-constexpr int kDensePrefetchBytes = 2048;
-
-// R outputs x MX rows of x, each a vector of partial sums along k; x's vectors are loaded once for
-// the R weight rows, the R rows streamed side by side (for the prefetchers: R streams).
-template <int R, int MX>
-inline void dense_block(const float* w, int64_t ldw, int64_t k, const float* x, int64_t ldx,
-                        float* y, int64_t ldy, int64_t r, const Epilogue& e) {
+// MX rows of x through the panels [q0, q1) of W (each [k][W]: k steps of a vector of W outputs),
+// U partial sums a row along k; a panel is one run of memory, x's values broadcast.
+template <int MX>
+void dense_panels_mx(const float* p, int64_t k, int64_t q0, int64_t q1, const float* x, int64_t ldx,
+                     float* y, int64_t ldy, int64_t n, const Epilogue& e) {
   using T = Wide;
   using V = typename T::V;
   constexpr int64_t W = T::W;
-  V acc[R][MX];
-  LOPPER_UNROLL for (int i = 0; i < R; ++i) LOPPER_UNROLL for (int m = 0; m < MX; ++m) acc[i][m] =
-      T::zero();
-  int64_t j = 0;
-  for (; j + W <= k; j += W) {
-    V xv[MX];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) xv[m] = T::load(x + m * ldx + j);
-    LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-#if LOPPER_SPARSE_ISA > 0
-      // In a model the weight comes from memory: a line per row ahead of the hardware's own.
-      _mm_prefetch(reinterpret_cast<const char*>(w + i * ldw + j) + kDensePrefetchBytes,
-                   _MM_HINT_T0);
-#endif
-      const V wv = T::load(w + i * ldw + j);
-      LOPPER_UNROLL for (int m = 0; m < MX; ++m) acc[i][m] = T::fma(wv, xv[m], acc[i][m]);
+  constexpr int U = MX == 1 ? 4 : 2;
+  for (int64_t q = q0; q < q1; ++q) {
+    const float* b = p + q * k * W;
+    V acc[MX][U];
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+        T::zero();
+    int64_t j = 0;
+    for (; j + U <= k; j += U) {
+      LOPPER_UNROLL for (int u = 0; u < U; ++u) {
+        const V wv = T::load(b + (j + u) * W);
+        LOPPER_UNROLL for (int m = 0; m < MX; ++m) acc[m][u] =
+            T::fma(wv, T::set1(x[m * ldx + j + u]), acc[m][u]);
+      }
     }
-  }
-  if (j < k) {
-    const int tail = int(k - j);
-    V xv[MX];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) xv[m] = T::loadm(x + m * ldx + j, tail);
-    LOPPER_UNROLL for (int i = 0; i < R; ++i) {
-      const V wv = T::loadm(w + i * ldw + j, tail);
-      LOPPER_UNROLL for (int m = 0; m < MX; ++m) acc[i][m] = T::fma(wv, xv[m], acc[i][m]);
+    for (; j < k; ++j) {
+      const V wv = T::load(b + j * W);
+      LOPPER_UNROLL for (int m = 0; m < MX; ++m) acc[m][0] =
+          T::fma(wv, T::set1(x[m * ldx + j]), acc[m][0]);
     }
-  }
-  LOPPER_UNROLL for (int i = 0; i < R; ++i) LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-    float v = T::hsum(acc[i][m]);
-    if (e.bias) v += e.bias[r + i];
-    y[m * ldy + r + i] = activate<Scalar>(v, e);
+    const int64_t o = q * W;
+    const int valid = int(std::min<int64_t>(W, n - o));
+    const V bias = !e.bias      ? T::zero()
+                   : valid == W ? T::load(e.bias + o)
+                                : T::loadm(e.bias + o, valid);
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+      V sum = acc[m][0];
+      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = T::add(sum, acc[m][u]);
+      const V out = activate<T>(T::add(sum, bias), e);
+      if (valid == W)
+        T::store(y + m * ldy + o, out);
+      else
+        T::storem(y + m * ldy + o, out, valid);
+    }
   }
 }
 
-// The widest product of rows of x the registers hold beside R = 4 weight rows: 4 x 4 accumulators
-// with AVX-512's 32 registers, 4 x 2 with AVX2's 16.
+// The widest product of rows of x the registers hold: 4 rows x 2 sums with AVX-512's 32
+// registers, 2 x 2 with AVX2's 16.
 constexpr int kDenseMaxRows = Wide::W >= 16 ? 4 : Wide::W >= 8 ? 2 : 1;
 
-template <int MX>
-void dense_rows_mx(const float* w, int64_t ldw, int64_t k, int64_t r0, int64_t r1, const float* x,
-                   int64_t ldx, float* y, int64_t ldy, const Epilogue& e) {
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) dense_block<4, MX>(w + r * ldw, ldw, k, x, ldx, y, ldy, r, e);
-  for (; r < r1; ++r) dense_block<1, MX>(w + r * ldw, ldw, k, x, ldx, y, ldy, r, e);
-}
-
-void dense_rows(const float* w, int64_t ldw, int64_t k, int64_t r0, int64_t r1, const float* x,
-                int64_t ldx, int64_t rows, float* y, int64_t ldy, const Epilogue& e) {
+void dense_panels(const float* p, int64_t k, int64_t q0, int64_t q1, const float* x, int64_t ldx,
+                  int64_t rows, float* y, int64_t ldy, int64_t n, const Epilogue& e) {
   for (int64_t m = 0; m < rows; m += kDenseMaxRows) {
     const int64_t mx = std::min<int64_t>(kDenseMaxRows, rows - m);
     const float* xm = x + m * ldx;
     float* ym = y + m * ldy;
     if (mx == 4)
-      dense_rows_mx<kDenseMaxRows >= 4 ? 4 : 1>(w, ldw, k, r0, r1, xm, ldx, ym, ldy, e);
+      dense_panels_mx<kDenseMaxRows >= 4 ? 4 : 1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
     else if (mx == 3)
-      dense_rows_mx<kDenseMaxRows >= 3 ? 3 : 1>(w, ldw, k, r0, r1, xm, ldx, ym, ldy, e);
+      dense_panels_mx<kDenseMaxRows >= 3 ? 3 : 1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
     else if (mx == 2)
-      dense_rows_mx<kDenseMaxRows >= 2 ? 2 : 1>(w, ldw, k, r0, r1, xm, ldx, ym, ldy, e);
+      dense_panels_mx<kDenseMaxRows >= 2 ? 2 : 1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
     else
-      dense_rows_mx<1>(w, ldw, k, r0, r1, xm, ldx, ym, ldy, e);
+      dense_panels_mx<1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
   }
 }
 
 }  // namespace
 
 extern const SparseIsaOps LOPPER_OPS_NAME;
-const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL,   cols,      rows,      gather, dot, masked,
-                                      LOPPER_MASKED_BF16, transpose, dense_rows};
+const SparseIsaOps LOPPER_OPS_NAME = {
+    LOPPER_OPS_LABEL,   cols,      rows,    gather,      dot, masked,
+    LOPPER_MASKED_BF16, transpose, Wide::W, dense_panels};
 
 }  // namespace lopper::kernels::cpu

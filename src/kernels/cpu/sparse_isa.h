@@ -77,10 +77,14 @@ struct SparseIsaOps {
   /// dst[j][i] = src[i][j] for i < rows, j < cols.
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);
-  /// y[m][r] = act(x[m, :k] . w[r, :k] + bias[r]) for m < rows and r in [r0, r1): a dense w,
-  /// rows ldw floats apart, read once for up to 4 rows of x (x and y row-major).
-  void (*dense_rows)(const float* w, int64_t ldw, int64_t k, int64_t r0, int64_t r1, const float* x,
-                     int64_t ldx, int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// The outputs of a dense_panels panel: the table's vector width.
+  int64_t panel_width;
+  /// y[m][r] = act(x[m, :k] . w[r, :k] + bias[r]) for m < rows and the outputs r < n of panels
+  /// [q0, q1) of a dense w packed in panels ([n / panel_width][k][panel_width], DenseGemv), read
+  /// once for up to 4 rows of x (x and y row-major).
+  void (*dense_panels)(const float* p, int64_t k, int64_t q0, int64_t q1, const float* x,
+                       int64_t ldx, int64_t rows, float* y, int64_t ldy, int64_t n,
+                       const Epilogue& e);
 };
 
 extern const SparseIsaOps kScalarOps;

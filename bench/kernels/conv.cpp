@@ -139,6 +139,9 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {224, 3, 24, 3, 2, 1},     // first layer (MnasNet 0.75)
       {112, 24, 24, 3, 1, 0},    // depthwise (MnasNet 0.75)
       {112, 24, 16, 1, 1, 1},    // projection (MnasNet 0.75)
+      {56, 72, 24, 1, 1, 1},     // projection, 24 outputs: 1.5 vectors (MnasNet 0.75)
+      {56, 24, 72, 1, 1, 1},     // expansion, 72 outputs: 4.5 vectors (MnasNet 0.75)
+      {14, 432, 72, 1, 1, 1},    // projection (MnasNet 0.75)
   };
   for (const auto& l : layers)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});

@@ -103,17 +103,33 @@ struct BorderTile {
   const PixelAt* at;
   const float* zeros;
 };
-template <class T, int MR, int NV, bool PLANAR, bool BORDER = false>
+// HALF (T with a Half): the block's last vector has at most half its lanes valid (24, 40, 72
+// channels) and runs as a Half vector, its input the lower lanes of the broadcast.
+template <class T, bool HALF>
+struct MicroHalf {
+  using H = T;  // unused
+};
+template <class T>
+struct MicroHalf<T, true> {
+  using H = typename T::Half;
+};
+template <class T, int MR, int NV, bool PLANAR, bool BORDER = false, bool HALF = false>
 inline void conv_micro(const float* const* px, const float* wb, const ConvShape& s, int64_t row,
                        int valid, int64_t pix0, int64_t kbase, float* y, const float* res,
                        const Epilogue& e, const BorderTile* border = nullptr) {
   static_assert(!(PLANAR && BORDER));
   using V = typename T::V;
-  constexpr int W = T::W, BW = NV * W;
-  V acc[MR][NV];
+  using H = typename MicroHalf<T, HALF>::H;
+  using HV = typename H::V;
+  constexpr int W = T::W, BW = NV * W, NF = HALF ? NV - 1 : NV;  // NF: full vectors
+  V acc[MR][NF > 0 ? NF : 1];
+  HV hacc[MR];
   LOPPER_UNROLL
-  for (int m = 0; m < MR; ++m) LOPPER_UNROLL
-  for (int v = 0; v < NV; ++v) acc[m][v] = T::zero();
+  for (int m = 0; m < MR; ++m) {
+    LOPPER_UNROLL
+    for (int v = 0; v < NF; ++v) acc[m][v] = T::zero();
+    if constexpr (HALF) hacc[m] = H::zero();
+  }
   // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
   // input (and of the packed weight): one loop over it (the 3-channel first layer: 9, not 3x3).
   const bool runs = !PLANAR && !BORDER && s.dw == 1 && s.x_stride == s.c;
@@ -137,25 +153,29 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
         for (int m = 0; m < MR; ++m) p[m] = px[m] + off;
       }
       for (int64_t c = 0; c < span; ++c) {
-        V w[NV];
+        V w[NF > 0 ? NF : 1];
         LOPPER_UNROLL
-        for (int v = 0; v < NV; ++v) w[v] = T::load(wp + c * BW + v * W);
+        for (int v = 0; v < NF; ++v) w[v] = T::load(wp + c * BW + v * W);
+        HV wh;
+        if constexpr (HALF) wh = H::load(wp + c * BW + NF * W);
         LOPPER_UNROLL
         for (int m = 0; m < MR; ++m) {
           const V xb = T::set1(p[m][c * cs]);
           LOPPER_UNROLL
-          for (int v = 0; v < NV; ++v) acc[m][v] = T::fma(xb, w[v], acc[m][v]);
+          for (int v = 0; v < NF; ++v) acc[m][v] = T::fma(xb, w[v], acc[m][v]);
+          if constexpr (HALF) hacc[m] = H::fma(T::lower(xb), wh, hacc[m]);
         }
       }
     }
   const int64_t left = s.k - kbase;  // valid channels of this block (may exceed NB)
   int n[NV];
-  V b[NV];
+  V b[NF > 0 ? NF : 1];
   LOPPER_UNROLL
-  for (int v = 0; v < NV; ++v) {
-    n[v] = int(std::clamp<int64_t>(left - v * W, 0, W));
-    b[v] = e.bias ? T::loadm(e.bias + kbase + v * W, n[v]) : T::zero();
-  }
+  for (int v = 0; v < NV; ++v) n[v] = int(std::clamp<int64_t>(left - v * W, 0, W));
+  LOPPER_UNROLL
+  for (int v = 0; v < NF; ++v) b[v] = e.bias ? T::loadm(e.bias + kbase + v * W, n[v]) : T::zero();
+  HV bh;
+  if constexpr (HALF) bh = e.bias ? H::loadm(e.bias + kbase + NF * W, n[NF]) : H::zero();
   LOPPER_UNROLL
   for (int m = 0; m < MR; ++m) {
     if (m >= valid) break;
@@ -163,8 +183,10 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
     float* yp = y + pix * s.y_stride + kbase;
     const float* rp = res ? res + pix * s.r_stride + kbase : nullptr;
     LOPPER_UNROLL
-    for (int v = 0; v < NV; ++v)
+    for (int v = 0; v < NF; ++v)
       store_out<T>(T::add(acc[m][v], b[v]), n[v], yp + v * W, rp ? rp + v * W : nullptr, e);
+    if constexpr (HALF)
+      store_out<H>(H::add(hacc[m], bh), n[NF], yp + NF * W, rp ? rp + NF * W : nullptr, e);
   }
 }
 
@@ -279,8 +301,17 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
     const float* wb = packed + b * wblock;
     static_assert(ConvTraits<T>::kNV == 3);
     const int64_t nv = (s.k - kbase + W - 1) / W;  // the last block: no vector of padding alone
+    // A last vector at most half full runs as a Half vector (the pointwise layers' 24 and 72
+    // outputs: 2 and 5 vectors, the last 8 of 16 lanes).
+    const bool half = W == 16 && nv <= 3 && s.k - kbase - (nv - 1) * W <= W / 2;
     auto micro = [&](auto nvc) {
       constexpr int NV = decltype(nvc)::value;
+      if constexpr (W == 16 && !PLANAR) {
+        if (!border && half) {
+          conv_micro<T, MR, NV, false, false, true>(px, wb, s, row, valid, pix0, kbase, y, res, e);
+          return;
+        }
+      }
       if (!border)
         conv_micro<T, MR, NV, PLANAR>(px, wb, s, row, valid, pix0, kbase, y, res, e);
       else if constexpr (PLANAR)

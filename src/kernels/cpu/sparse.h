@@ -141,8 +141,6 @@ class DenseGemv {
   /// y [m, n] = act(x [m, k] . w^T + bias): x float32 (rows strided or not), bias [n] float32 or
   /// undefined; on the ISA the weight was packed for.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& bias, Activation act) const;
-  int64_t outputs() const { return n_; }
-  int64_t inputs() const { return k_; }
 
  private:
   Isa isa_;

@@ -153,8 +153,8 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
 struct V16 {        // 16 floats (AVX-512F)
   using Half = V8;  // 8 of them (a ymm register, 16-31 too with AVX-512VL)
   using V = __m512;
-  static __m256 lower(V v) { return _mm512_castps512_ps256(v); }  // lanes 0-7, no instruction
   using I = __m512i;                                              // lane indices
+  static __m256 lower(V v) { return _mm512_castps512_ps256(v); }  // lanes 0-7, no instruction
   static constexpr int W = 16;
   static I load_index(const int32_t* p) { return _mm512_loadu_si512(p); }
   static V permute(I idx, V v) { return _mm512_permutexvar_ps(idx, v); }  // lane l: v[idx[l]]

@@ -494,11 +494,11 @@ DenseGemv::DenseGemv(const at::Tensor& w_in, Isa isa) : isa_(isa) {
   LOPPER_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
                "[kernels] DenseGemv: w must be a 2-D float32 CPU tensor");
   const at::Tensor w = w_in.contiguous();
-  n_ = w.size(0), k_ = w.size(1), width_ = ops_of(isa).panel_width;
-  const int64_t panels = (n_ + width_ - 1) / width_;
+  n_ = w.size(0), k_ = w.size(1);
+  const int64_t width = ops_of(isa).panel_width, panels = (n_ + width - 1) / width;
   // [n, k] -> [panels][k][W], the rows past n zero.
-  panels_ = at::constant_pad_nd(w, {0, 0, 0, panels * width_ - n_})
-                .view({panels, width_, k_})
+  panels_ = at::constant_pad_nd(w, {0, 0, 0, panels * width - n_})
+                .view({panels, width, k_})
                 .transpose(1, 2)
                 .contiguous();
 }

@@ -144,7 +144,7 @@ class DenseGemv {
 
  private:
   Isa isa_;
-  int64_t n_, k_, width_;
+  int64_t n_, k_;
   at::Tensor panels_;  // [n / W][k][W] float32
 };
 

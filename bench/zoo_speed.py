@@ -4,8 +4,10 @@ For every torchvision classification builder (random weights, fixed seed, eval m
 builds and exports them the same way) the model is exported once (TorchScript exporter, opset 17,
 batch 1), pruned with `lopper prune --structured channel --amount A`, and both files are timed in
 ONNX Runtime (in-process, intra-op threads = T, inter-op 1, all graph optimizations) and in lopper
-(`lopper bench --json`, its own latency helper), the two taking turns for --rounds rounds; each
-figure is the median of the round medians, with the spread (p90 / median, worst round of the two).
+(`lopper bench --json`, its own latency helper), the two taking turns for --rounds rounds, the
+order swapped each round; each figure is the median of the round medians, with the spread (p90 /
+median, worst round of the two), and the ratio lopper / ORT the median of the rounds' own ratios
+(paired: a slow spell of the machine that spans a round hits both runtimes).
 The end prints the distribution of lopper / ORT (dense and structured): median, 90th percentile,
 worst, and how many models are above 1.0 and 1.1. A model whose export or pruning fails is listed
 with the reason and left out of the distribution.
@@ -40,14 +42,21 @@ def lopper_round(lopper, path, threads, iters):
 
 
 def compare(lopper, path, x, a):
-    """(lopper ms, ORT ms, spread) for one file, the two taking turns."""
+    """(lopper ms, ORT ms, spread, ratio) for one file, the two taking turns: each figure the median
+    of its round medians, the ratio the median of the rounds' own ratios (a round's two runs are
+    seconds apart, so a slow spell of the machine that spans them hits both), the order swapped
+    from one round to the next."""
     sess = ort_session(path, a.threads)
     lo, oo = [], []
-    for _ in range(a.rounds):
-        oo.append(ort_ms(sess, x, a.iters))
-        lo.append(lopper_round(lopper, path, a.threads, a.iters))
+    for r in range(a.rounds):
+        if r % 2 == 0:
+            oo.append(ort_ms(sess, x, a.iters))
+            lo.append(lopper_round(lopper, path, a.threads, a.iters))
+        else:
+            lo.append(lopper_round(lopper, path, a.threads, a.iters))
+            oo.append(ort_ms(sess, x, a.iters))
     return (statistics.median(m for m, _ in lo), statistics.median(m for m, _ in oo),
-            max(sp for _, sp in lo + oo))
+            max(sp for _, sp in lo + oo), statistics.median(l[0] / o[0] for l, o in zip(lo, oo)))
 
 
 def distribution(ratios):
@@ -85,7 +94,8 @@ def main():
                 pruned = os.path.join(tmp, name + ".pruned.onnx")
                 export(model, x, dense, "ts")
                 xn = x.numpy()
-                row["lopper_ms"], row["ort_ms"], row["spread"] = compare(a.lopper, dense, xn, a)
+                (row["lopper_ms"], row["ort_ms"], row["spread"],
+                 row["ratio"]) = compare(a.lopper, dense, xn, a)
                 r = subprocess.run([a.lopper, "prune", dense, "-o", pruned, "--structured", "channel",
                                     "--amount", str(a.amount), "--json"], capture_output=True, text=True)
                 if r.returncode != 0:
@@ -93,8 +103,8 @@ def main():
                 else:
                     j = json.loads(r.stdout)
                     row["macs_ratio"] = j["macs"] / max(j["macs_before"], 1)
-                    (row["lopper_pruned_ms"], row["ort_pruned_ms"],
-                     row["pruned_spread"]) = compare(a.lopper, pruned, xn, a)
+                    (row["lopper_pruned_ms"], row["ort_pruned_ms"], row["pruned_spread"],
+                     row["pruned_ratio"]) = compare(a.lopper, pruned, xn, a)
                 for f in (dense, pruned):
                     if os.path.exists(f):
                         os.remove(f)
@@ -106,17 +116,17 @@ def main():
             line = f"{name:28s}"
             if "lopper_ms" in row:
                 line += (f" dense {row['lopper_ms']:8.2f} / {row['ort_ms']:8.2f} ms = "
-                         f"{row['lopper_ms'] / row['ort_ms']:.2f} (spread {row['spread']:.2f})")
+                         f"{row['ratio']:.2f} (spread {row['spread']:.2f})")
             if "lopper_pruned_ms" in row:
                 line += (f"  50%: {row['lopper_pruned_ms']:8.2f} / {row['ort_pruned_ms']:8.2f} ms = "
-                         f"{row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
+                         f"{row['pruned_ratio']:.2f} "
                          f"(spread {row['pruned_spread']:.2f}, MACs {row['macs_ratio']:.2f})")
             for k in ("skip", "error", "pruned_error"):
                 if k in row:
                     line += f"  {k}: {row[k]}"
             print(line, flush=True)
-    dense = [r["lopper_ms"] / r["ort_ms"] for r in rows if "lopper_ms" in r]
-    pruned = [r["lopper_pruned_ms"] / r["ort_pruned_ms"] for r in rows if "lopper_pruned_ms" in r]
+    dense = [r["ratio"] for r in rows if "ratio" in r]
+    pruned = [r["pruned_ratio"] for r in rows if "pruned_ratio" in r]
     print(f"\nlopper / ONNX Runtime, dense: {distribution(dense)}")
     print(f"lopper / ONNX Runtime, {a.amount:.0%}-structured: {distribution(pruned)}")
     if a.json:

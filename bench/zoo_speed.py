@@ -42,7 +42,7 @@ def lopper_round(lopper, path, threads, iters):
 
 
 def compare(lopper, path, x, a):
-    """(lopper ms, ORT ms, spread, ratio) for one file, the two taking turns: each figure the median
+    """(lopper ms, ORT ms, spread, ratio, [lopper ms, ORT ms] a round) for one file, the two taking turns: each figure the median
     of its round medians, the ratio the median of the rounds' own ratios (a round's two runs are
     seconds apart, so a slow spell of the machine that spans them hits both), the order swapped
     from one round to the next."""
@@ -56,7 +56,8 @@ def compare(lopper, path, x, a):
             lo.append(lopper_round(lopper, path, a.threads, a.iters))
             oo.append(ort_ms(sess, x, a.iters))
     return (statistics.median(m for m, _ in lo), statistics.median(m for m, _ in oo),
-            max(sp for _, sp in lo + oo), statistics.median(l[0] / o[0] for l, o in zip(lo, oo)))
+            max(sp for _, sp in lo + oo), statistics.median(l[0] / o[0] for l, o in zip(lo, oo)),
+            [[round(l[0], 4), round(o[0], 4)] for l, o in zip(lo, oo)])
 
 
 def distribution(ratios):
@@ -94,8 +95,8 @@ def main():
                 pruned = os.path.join(tmp, name + ".pruned.onnx")
                 export(model, x, dense, "ts")
                 xn = x.numpy()
-                (row["lopper_ms"], row["ort_ms"], row["spread"],
-                 row["ratio"]) = compare(a.lopper, dense, xn, a)
+                (row["lopper_ms"], row["ort_ms"], row["spread"], row["ratio"],
+                 row["rounds"]) = compare(a.lopper, dense, xn, a)
                 r = subprocess.run([a.lopper, "prune", dense, "-o", pruned, "--structured", "channel",
                                     "--amount", str(a.amount), "--json"], capture_output=True, text=True)
                 if r.returncode != 0:
@@ -104,7 +105,7 @@ def main():
                     j = json.loads(r.stdout)
                     row["macs_ratio"] = j["macs"] / max(j["macs_before"], 1)
                     (row["lopper_pruned_ms"], row["ort_pruned_ms"], row["pruned_spread"],
-                     row["pruned_ratio"]) = compare(a.lopper, pruned, xn, a)
+                     row["pruned_ratio"], row["pruned_rounds"]) = compare(a.lopper, pruned, xn, a)
                 for f in (dense, pruned):
                     if os.path.exists(f):
                         os.remove(f)

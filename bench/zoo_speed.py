@@ -13,11 +13,13 @@ worst, and how many models are above 1.0 and 1.1. A model whose export or prunin
 with the reason and left out of the distribution.
 
 Usage: .venv/bin/python bench/zoo_speed.py --lopper build/lopper [--only a,b] [--amount 0.5]
-       [--threads 2] [--rounds 3] [--iters 20] [--max-params 100e6] [--json out.json]
+       [--threads 2] [--rounds 3] [--iters 20] [--round-ms 300] [--max-params 100e6]
+       [--json out.json]
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,9 +34,9 @@ from structured import ort_ms, ort_session  # noqa: E402  bench/structured.py
 from zoo_check import Skip, build, export, first_line, tv_models  # noqa: E402
 
 
-def lopper_round(lopper, path, threads, iters):
+def lopper_round(lopper, path, threads, iters, warmup):
     r = subprocess.run([lopper, "bench", path, "--threads", str(threads), "--iters", str(iters),
-                        "--warmup", "2", "--json"], capture_output=True, text=True)
+                        "--warmup", str(warmup), "--json"], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("lopper bench: " + first_line(r.stderr))
     j = json.loads(r.stdout)
@@ -42,22 +44,27 @@ def lopper_round(lopper, path, threads, iters):
 
 
 def compare(lopper, path, x, a):
-    """(lopper ms, ORT ms, spread, ratio, [lopper ms, ORT ms] a round) for one file, the two taking turns: each figure the median
-    of its round medians, the ratio the median of the rounds' own ratios (a round's two runs are
-    seconds apart, so a slow spell of the machine that spans them hits both), the order swapped
-    from one round to the next."""
+    """(lopper ms, ORT ms, spread, ratio, runs a round, [lopper ms, ORT ms] a round) for one file,
+    the two taking turns: each figure the median of its round medians, the ratio the median of the
+    rounds' own ratios (a round's two runs are seconds apart, so a slow spell of the machine that
+    spans them hits both), the order swapped from one round to the next. A round is --iters runs,
+    or as many as fill --round-ms (ONNX Runtime's time probed first): ten runs of a 2 ms model
+    last less than one of a shared machine's slow spells."""
     sess = ort_session(path, a.threads)
+    probe = ort_ms(sess, x, 3)[0]
+    iters = max(a.iters, math.ceil(a.round_ms / max(probe, 1e-3)))
+    warmup = max(2, iters // 10)
     lo, oo = [], []
     for r in range(a.rounds):
         if r % 2 == 0:
-            oo.append(ort_ms(sess, x, a.iters))
-            lo.append(lopper_round(lopper, path, a.threads, a.iters))
+            oo.append(ort_ms(sess, x, iters))
+            lo.append(lopper_round(lopper, path, a.threads, iters, warmup))
         else:
-            lo.append(lopper_round(lopper, path, a.threads, a.iters))
-            oo.append(ort_ms(sess, x, a.iters))
+            lo.append(lopper_round(lopper, path, a.threads, iters, warmup))
+            oo.append(ort_ms(sess, x, iters))
     return (statistics.median(m for m, _ in lo), statistics.median(m for m, _ in oo),
             max(sp for _, sp in lo + oo), statistics.median(l[0] / o[0] for l, o in zip(lo, oo)),
-            [[round(l[0], 4), round(o[0], 4)] for l, o in zip(lo, oo)])
+            iters, [[round(l[0], 4), round(o[0], 4)] for l, o in zip(lo, oo)])
 
 
 def distribution(ratios):
@@ -76,7 +83,9 @@ def main():
     ap.add_argument("--amount", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="runs a round, at least")
+    ap.add_argument("--round-ms", type=float, default=300,
+                    help="a round's runs fill at least this many ms (default %(default)s)")
     ap.add_argument("--max-params", type=float, default=100e6)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -95,7 +104,7 @@ def main():
                 pruned = os.path.join(tmp, name + ".pruned.onnx")
                 export(model, x, dense, "ts")
                 xn = x.numpy()
-                (row["lopper_ms"], row["ort_ms"], row["spread"], row["ratio"],
+                (row["lopper_ms"], row["ort_ms"], row["spread"], row["ratio"], row["iters"],
                  row["rounds"]) = compare(a.lopper, dense, xn, a)
                 r = subprocess.run([a.lopper, "prune", dense, "-o", pruned, "--structured", "channel",
                                     "--amount", str(a.amount), "--json"], capture_output=True, text=True)
@@ -105,7 +114,8 @@ def main():
                     j = json.loads(r.stdout)
                     row["macs_ratio"] = j["macs"] / max(j["macs_before"], 1)
                     (row["lopper_pruned_ms"], row["ort_pruned_ms"], row["pruned_spread"],
-                     row["pruned_ratio"], row["pruned_rounds"]) = compare(a.lopper, pruned, xn, a)
+                     row["pruned_ratio"], row["pruned_iters"],
+                     row["pruned_rounds"]) = compare(a.lopper, pruned, xn, a)
                 for f in (dense, pruned):
                     if os.path.exists(f):
                         os.remove(f)
@@ -133,7 +143,7 @@ def main():
     if a.json:
         import onnxruntime as ort
 
-        meta = dict(threads=a.threads, rounds=a.rounds, iters=a.iters, amount=a.amount,
+        meta = dict(threads=a.threads, rounds=a.rounds, iters=a.iters, round_ms=a.round_ms, amount=a.amount,
                     onnxruntime=ort.__version__, torch=torch.__version__, cores=os.cpu_count())
         with open(a.json + ".tmp", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -126,10 +126,10 @@ def main():
             rows.append(row)
             line = f"{name:28s}"
             if "lopper_ms" in row:
-                line += (f" dense {row['lopper_ms']:8.2f} / {row['ort_ms']:8.2f} ms = "
+                line += (f" dense {row['lopper_ms']:8.2f} / {row['ort_ms']:8.2f} ms, paired "
                          f"{row['ratio']:.2f} (spread {row['spread']:.2f})")
             if "lopper_pruned_ms" in row:
-                line += (f"  50%: {row['lopper_pruned_ms']:8.2f} / {row['ort_pruned_ms']:8.2f} ms = "
+                line += (f"  50%: {row['lopper_pruned_ms']:8.2f} / {row['ort_pruned_ms']:8.2f} ms, paired "
                          f"{row['pruned_ratio']:.2f} "
                          f"(spread {row['pruned_spread']:.2f}, MACs {row['macs_ratio']:.2f})")
             for k in ("skip", "error", "pruned_error"):

@@ -55,13 +55,11 @@ def compare(lopper, path, x, a):
     iters = max(a.iters, math.ceil(a.round_ms / max(probe, 1e-3)))
     warmup = max(2, iters // 10)
     lo, oo = [], []
+    turns = [lambda: oo.append(ort_ms(sess, x, iters)),
+             lambda: lo.append(lopper_round(lopper, path, a.threads, iters, warmup))]
     for r in range(a.rounds):
-        if r % 2 == 0:
-            oo.append(ort_ms(sess, x, iters))
-            lo.append(lopper_round(lopper, path, a.threads, iters, warmup))
-        else:
-            lo.append(lopper_round(lopper, path, a.threads, iters, warmup))
-            oo.append(ort_ms(sess, x, iters))
+        for turn in turns if r % 2 == 0 else turns[::-1]:
+            turn()
     return (statistics.median(m for m, _ in lo), statistics.median(m for m, _ in oo),
             max(sp for _, sp in lo + oo), statistics.median(l[0] / o[0] for l, o in zip(lo, oo)),
             iters, [[round(l[0], 4), round(o[0], 4)] for l, o in zip(lo, oo)])

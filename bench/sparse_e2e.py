@@ -5,9 +5,10 @@ Two models are built with torch (random weights, fixed seeds: speed only) and ex
   * bert-base-encoder: nn.TransformerEncoder, --layers (12) x TransformerEncoderLayer(d_model 768,
     12 heads, FFN 3072, GELU, dropout 0, batch_first), input [--batch, --seq, 768]. Exported with
     the MHA fast path off, so every attention in-proj, out-proj and FFN weight is an initializer
-    read by a MatMul or Gemm (checked with onnx). Each parameter gets its own random values: the
-    encoder deep-copies one layer, and the exporter would otherwise share identical weights
-    between layers through Identity nodes that no pruner sees through.
+    read by a MatMul or Gemm (checked with onnx). Each parameter gets its own random values, as a
+    trained BERT's layers have: the encoder deep-copies one layer, and the exporter would otherwise
+    store the identical weights once, read by every layer through Identity nodes (lopper prunes
+    such a weight once for all its readers, which would make the model one layer's weights).
   * mobilenet_v2: torchvision.models.mobilenet_v2(weights=None), input [1, 3, 224, 224].
 and pruned with the lopper CLI:
   * bert-base-encoder: `lopper prune --method l1 --amount 0.9` (90% of every Gemm/MatMul weight,

@@ -8,6 +8,7 @@ debs=(
   cmake ninja-build ccache g++ pkg-config
   libprotobuf-dev protobuf-compiler     # ONNX's protobuf classes (protoc on the onnx package's onnx.proto)
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
+  libre2-dev                            # linear-time regexes for patterns on untrusted names
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev              # libFuzzer target for the importer
   clang-format                          # the code's one format (.clang-format), checked by .ci/run

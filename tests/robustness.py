@@ -112,6 +112,7 @@ EXPECT = {
     "usage-train-epochs-0": (2, ["epochs"]),
     "usage-train-device-tpu": (2, ["tpu", "device"]),
     "usage-bench-device-tpu": (2, ["tpu", "device"]),
+    "usage-prune-structured-without-unit": (2, ["unit"]),
     # --- consistency: what succeeds says and writes the right thing
     "prune-amount-1-warns": (0, ["every weight", "all weights", "all its weights",
                                  "all of its weights"]),
@@ -135,6 +136,23 @@ EXPECT = {
     "recipe-malformed-yaml": (1, ["yaml"]),
     "recipe-unknown-method": (1, ["method"]),
     "data-unknown-kind": (1, ["foo:bar"]),
+    # --- hostile names and patterns: linear-time matching
+    "exclude-on-a-200k-character-name": (0, None),
+    "exclude-backtracking-pattern": (0, None),
+    "exclude-lookahead-refused": (2, ["regex"]),
+    # --- external data that lies
+    "external-data-overlapping-ranges": (1, ["overlaps"]),
+    "external-data-negative-offset": (1, ["negative"]),
+    # --- outputs the file system cannot take
+    "prune-o-name-too-long": (2, ["too long"]),
+    "prune-file-size-limit": (1, ["too large"]),
+    # --- a poisoned kernel cache: ignored with one warning, never a hang or a raw message
+    "kernel-cache-fifo-bench": (0, ["kernel cache"]),
+    "kernel-cache-folder-bench": (0, ["kernel cache"]),
+    "kernel-cache-fifo-inspect": (0, None),
+    "kernel-cache-wrong-shapes-bench": (0, None),
+    # --- one checkpoint folder, one run
+    "train-checkpoint-dir-held-by-another-run": (2, ["in use"]),
 }
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -251,11 +269,19 @@ def user_folder(d, name):
         f.write("a user's file lopper must not touch\n")
 
 
-def run_lopper(d, args, timeout=None):
-    """(returncode or None on a hang, stdout, stderr) of lopper ARGS run in folder d."""
+def run_lopper(d, args, timeout=None, env=None, fsize=None):
+    """(returncode or None on a hang, stdout, stderr) of lopper ARGS run in folder d, with `env`
+    added to the environment and `fsize` as its file-size limit."""
+    import resource
+
+    def limit():
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
     p = subprocess.Popen([LOPPER, *args], cwd=d, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, errors="replace",
-                         start_new_session=True)
+                         start_new_session=True, env={**os.environ, **(env or {})},
+                         preexec_fn=limit if fsize is not None else None)
     try:
         out, err = p.communicate(timeout=timeout or TIMEOUT)
         return p.returncode, out, err
@@ -396,13 +422,15 @@ class Case:
 
     def __init__(self, name, args, setup=None, allow=(), check=None, skip=None, depends=None,
                  serial=False, models=("lenet5",), data=False, timeout=None, watch_dev=False,
-                 may_block=False):
+                 may_block=False, env=None, fsize=None):
         assert name in EXPECT, f"{name} has no row in EXPECT"
         self.name, self.args, self.setup, self.allow = name, args, setup, tuple(allow)
         self.check, self.skip, self.depends, self.serial = check, skip, depends, serial
         self.models, self.data, self.timeout = models, data, timeout
         self.watch_dev = watch_dev   # also look for temporaries lopper left in /dev
         self.may_block = may_block   # a FIFO an unfixed lopper may wait on: runs in its own pool
+        self.env = env               # env(d): variables set for the command (paths in d)
+        self.fsize = fsize           # RLIMIT_FSIZE (ulimit -f) of the command, in bytes
 
 
 CASES = []
@@ -701,6 +729,106 @@ def past_end(d):
 case("external-data-past-end", ["inspect", "w.onnx"], setup=past_end, models=())
 
 
+def named_gemm(d, name):
+    """m.onnx: the Gemm model with its layer named `name`."""
+    m = gemm_model()
+    m.graph.node[0].name = name
+    save_raw(m, os.path.join(d, "m.onnx"))
+
+
+case("exclude-on-a-200k-character-name", PRUNE + ["--exclude", ".*embed.*", "-o", "out.onnx"],
+     setup=lambda d: named_gemm(d, "x" * 200000), models=(), allow=("out.onnx*",), timeout=30)
+case("exclude-backtracking-pattern", PRUNE + ["--exclude", "(a+)+z", "-o", "out.onnx"],
+     setup=lambda d: named_gemm(d, "a" * 1000), models=(), allow=("out.onnx*",), timeout=30)
+case("usage-prune-structured-without-unit",
+     ["prune", "m.onnx", "--structured", "--amount", "0.5", "-o", "out.onnx"])
+case("exclude-lookahead-refused", PRUNE + ["--exclude", "(?=fc)", "-o", "out.onnx"])
+
+
+def overlapping(d):
+    with open(os.path.join(d, "w.bin"), "wb") as f:
+        f.write(np.linspace(-1, 1, 128, dtype=np.float32).tobytes())
+    w2 = external_tensor("W2", [16, 8], "w.bin", offset=0)
+    add = helper.make_node("Gemm", ["X", "W2"], ["Z"], name="fc2", transB=1)
+    save_raw(gemm_model(weight=external_tensor("W", [16, 8], "w.bin"), extra_inits=[w2],
+                        extra_nodes=[add]), os.path.join(d, "w.onnx"))
+
+
+def negative_offset(d):
+    with open(os.path.join(d, "w.bin"), "wb") as f:
+        f.write(b"\0" * 1024)
+    save_raw(gemm_model(weight=external_tensor("W", [16, 8], "w.bin", offset=-8)),
+             os.path.join(d, "w.onnx"))
+
+
+case("external-data-overlapping-ranges", ["prune", "w.onnx", "--method", "l1", "--amount", "0.5",
+                                          "-o", "out.onnx"], setup=overlapping, models=())
+case("external-data-negative-offset", ["inspect", "w.onnx"], setup=negative_offset, models=())
+case("prune-o-name-too-long", PRUNE + ["-o", "n" * 240 + ".onnx"])
+case("prune-file-size-limit", PRUNE + ["-o", "out.onnx"], fsize=4096)
+
+
+def cache_env(d):
+    return {"LOPPER_CACHE_DIR": os.path.join(d, "cache"), "LOPPER_KERNEL_CACHE": ""}
+
+
+def cache_with(make):
+    def setup(d):
+        os.mkdir(os.path.join(d, "cache"))
+        make(os.path.join(d, "cache", "kernels.json"))
+    return setup
+
+
+def wrong_shapes(d):
+    """A real cache (from a first run), every choice's kernel a number, a machine a number."""
+    os.mkdir(os.path.join(d, "cache"))
+    rc, _, err = run_lopper(d, ["bench", "m.onnx", "--iters", "1"], env=cache_env(d))
+    path = os.path.join(d, "cache", "kernels.json")
+    if rc != 0 or not os.path.isfile(path):
+        raise SetupError(f"the first bench made no kernel cache ({rc}): {err.strip()[-200:]}")
+    cache = json.load(open(path))
+    for machine in cache.values():
+        for key, choice in machine.items():
+            if isinstance(choice, dict):
+                choice["kernel"] = 5
+                choice["ms"] = "fast"
+            machine[key] = choice if key != "probe" else {"ms": "x"}
+    cache["a machine"] = 3
+    json.dump(cache, open(path, "w"))
+
+
+BENCH1 = ["bench", "m.onnx", "--iters", "1"]
+case("kernel-cache-fifo-bench", BENCH1, setup=cache_with(os.mkfifo), env=cache_env,
+     may_block=True)
+case("kernel-cache-folder-bench", BENCH1, setup=cache_with(os.mkdir), env=cache_env)
+case("kernel-cache-fifo-inspect", ["inspect", "m.onnx"], setup=cache_with(os.mkfifo),
+     env=cache_env, may_block=True)
+case("kernel-cache-wrong-shapes-bench", BENCH1, setup=wrong_shapes, env=cache_env,
+     allow=("cache/kernels.json",), models=("cnn_small",))
+
+
+HELD = {}   # case folder -> the descriptor holding the lock
+
+
+def hold_checkpoint(d):
+    import fcntl
+    os.mkdir(os.path.join(d, "ck"))
+    fd = os.open(os.path.join(d, "ck", ".lopper-checkpoint"), os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, b"A checkpoint folder of lopper train: epoch-N/ and latest are lopper's.\n")
+    fcntl.flock(fd, fcntl.LOCK_EX)   # as a live run holds it
+    HELD[d] = fd
+
+
+def release_checkpoint(d, out, err):
+    os.close(HELD.pop(d))
+    return []
+
+
+case("train-checkpoint-dir-held-by-another-run",
+     TRAIN + ["-o", "out.onnx", "--checkpoint-dir", "ck"], setup=hold_checkpoint,
+     check=release_checkpoint, data=True)
+
+
 def bad_npy(d):
     with open(os.path.join(d, "in.npy"), "wb") as f:
         f.write(b"\x93NUMPY\x01\x00\x10\x00{garbage       }\n" + b"\0" * 64)
@@ -746,7 +874,7 @@ def judge(c, d):
     before = snapshot(d)
     dev_before = set(os.listdir("/dev")) if c.watch_dev else set()
     t0 = time.monotonic()
-    rc, out, err = run_lopper(d, c.args, c.timeout)
+    rc, out, err = run_lopper(d, c.args, c.timeout, c.env(d) if c.env else None, c.fsize)
     took = time.monotonic() - t0
     problems = []
     if rc is None:

@@ -44,6 +44,10 @@ at::ScalarType parse_precision(const std::string& s);
 /// /proc/stat over 20 ms; a CPU another process keeps busy is left out), at least 1. See the
 /// measurements in src/exec/executor.cpp.
 int default_threads();
+/// The most intra-op threads lopper accepts: 4x the hardware threads, at least 4 (libgomp aborts
+/// the process when it cannot start the threads asked for; more than 4 per hardware thread only
+/// ever slows a run down).
+int max_threads();
 
 /// Configures ATen's thread pools: `threads` intra-op threads (0 = default_threads()) and one
 /// inter-op thread, so the OpenMP and MKL pools never oversubscribe the cores.

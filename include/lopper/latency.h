@@ -24,8 +24,16 @@ struct Model;
 /// with other work, scheduler slices land in some runs and it reaches 1.4-1.7 (time-sliced) or
 /// 2-600 (OpenMP barriers waiting for a slice). 1.5 sits between: a warning on a quiet machine is
 /// rare, and a slowdown of the kind that made bench print 35 ms for a 0.1 ms model is flagged.
-/// What the spread cannot flag is a run that is slow every time (every run waits alike).
+/// What the spread cannot flag is a run that is slow every time (every run waits alike): see
+/// kContendedProbe.
 inline constexpr double kWideLatencySpread = 1.5;
+
+/// A measurement on 2+ CPU threads is "contended" when the same fixed arithmetic on each thread
+/// takes more than this many times what it takes on one thread (measured before and after the
+/// timed runs): a core lopper's threads need is held by another process, and every run's OpenMP
+/// barriers wait for it (bench reported 60-120x the real latency with a steady spread). On a quiet
+/// machine the ratio stays near 1 (each thread does one thread's work on its own core).
+inline constexpr double kContendedProbe = 1.5;
 
 /// Statistics of timed runs, in milliseconds.
 struct LatencyStats {
@@ -37,8 +45,15 @@ struct LatencyStats {
   double spread = 0;
   /// spread > kWideLatencySpread: the runs disagree and the median may not be the model's.
   bool wide = false;
+  /// The threads' probe over one thread's (the larger of before and after; 1 on one thread or a
+  /// GPU), and whether it is above kContendedProbe.
+  double contention = 1;
+  bool contended = false;
 
-  /// One line for stderr when wide ("latency spread is wide (p90 2.3x the median): ..."), else "".
+  /// wide or contended: the figures may not be the model's.
+  bool unreliable() const { return wide || contended; }
+  /// One line for stderr when unreliable ("another process holds a core: ...", "latency spread is
+  /// wide (p90 2.3x the median): ..."), else "".
   std::string warning() const;
 };
 

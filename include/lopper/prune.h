@@ -80,7 +80,7 @@ struct OwlOptions {
 
 struct PruneOptions : PruneLayerOptions {
   PruneScope scope = PruneScope::kLocal;
-  std::string exclude;  // ECMAScript regex on each of a layer's names (PrunableWeight::names)
+  std::string exclude;  // regex (regex_error) on each of a layer's names (PrunableWeight::names)
   bool skip_first_last = false;
   OwlOptions owl;  // prune_calibrated() with unstructured fractions
 };
@@ -130,6 +130,10 @@ void check_layer_options(const PruneLayerOptions& o);
 /// check_layer_options(), and throws when scope is global with a pattern other than unstructured
 /// and block, or `exclude` is not a valid regex: every check prune() makes before any work.
 void check_prune_options(const PruneOptions& o);
+/// Why `re` is not a valid pattern for `exclude`, recipe `match` or `freeze` ("" when it is).
+/// Patterns are RE2's: ECMAScript's syntax without backreferences and lookaround, matched in time
+/// linear in the name (names come from untrusted models).
+std::string regex_error(const std::string& re);
 /// What a criterion that ranks single weights asks of its caller (the table of
 /// src/prune/importance.cpp), for checking a caller's options before any work.
 struct CriterionInfo {
@@ -155,12 +159,12 @@ void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);
 // Keys of `defaults` and of a rule: method (a criterion: abs, l1, lamp, random, grad, taylor,
 // wanda, sparsegpt), amount (fraction or count), threshold, pattern, norm, seed, allow_tied (bool),
 // block_size and dampening (sparsegpt); a rule also has
-// match (required; ECMAScript regex searched in each name of the layer: its node name, the weight
-// (initializer) name, the PyTorch parameter name; a weight several layers share: each of theirs)
-// and skip (bool). A rule's keys override the defaults.
+// match (required; a regex (regex_error) searched in each name of the layer: its node name, the
+// weight (initializer) name, the PyTorch parameter name; a weight several layers share: each of
+// theirs) and skip (bool). A rule's keys override the defaults.
 
 struct PruneRule {
-  std::string match;          // ECMAScript regex on the layer's names (PrunableWeight::names)
+  std::string match;          // regex (regex_error) on the layer's names (PrunableWeight::names)
   bool skip = false;          // leave the matching layers alone
   PruneLayerOptions options;  // the defaults with the rule's own keys on top
   std::string where;          // "rules[1] (line 7)", for messages and the report

@@ -34,7 +34,7 @@ struct SensitivityOptions {
   double dampening = PruneLayerOptions().dampening;     // sparsegpt
   int64_t round_to = 1;  // structured: channel counts a multiple of this
   uint64_t seed = 0;     // random
-  std::string exclude;   // ECMAScript regex: layers (or groups with a layer) left out
+  std::string exclude;   // regex (prune.h: regex_error): layers (or groups with a layer) left out
   /// Unstructured: analyse tied weights too (PruneLayerOptions::allow_tied); off, a weight that a
   /// node other than a prunable layer shares (a tied embedding) is left out, as prune() leaves it.
   bool allow_tied = false;

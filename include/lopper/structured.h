@@ -44,8 +44,9 @@ struct StructuredOptions {
   PruneScope scope = PruneScope::kLocal;
   double max_layer_amount = 0.9;  // global: no group loses more than this share
   int64_t round_to = 1;           // keep channel counts a multiple of this
-  std::string exclude;  // ECMAScript regex on the names of a group's layers (node or parameter)
-  uint64_t seed = 0;    // random
+  std::string
+      exclude;  // regex (prune.h: regex_error) on the names of a group's layers (node or parameter)
+  uint64_t seed = 0;  // random
   const PruneRecipe* recipe =
       nullptr;  // per-group amount or skip, by the first rule matching a layer
   /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed

@@ -55,7 +55,8 @@ struct TrainOptions {
   /// bits, the weights, optimiser state and loss stay fp32. fp16 scales the loss dynamically
   /// (PyTorch's GradScaler policy) and skips steps whose gradients overflow.
   at::ScalarType precision = at::kFloat;
-  /// Float initializers whose name matches are not trained (ECMAScript regex; empty: none).
+  /// Float initializers whose name matches are not trained (regex (prune.h: regex_error); empty:
+  /// none).
   std::string freeze;
 
   // Joint training: penalties added to the loss.
@@ -106,6 +107,8 @@ struct TrainResult {
 };
 
 struct TrainCallbacks {
+  /// Once, when every check has passed and the checkpoint folder is held, before the first step.
+  std::function<void()> start;
   /// After every step (1-based within the epoch) with the running mean loss and accuracy.
   std::function<void(int64_t epoch, int64_t step, int64_t steps, double loss, double acc,
                      double lr)>

@@ -1,6 +1,5 @@
 #include <ATen/ATen.h>
 
-#include <regex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -10,6 +9,7 @@
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
 #include "util/memory.h"
+#include "util/pattern.h"
 
 namespace lopper {
 
@@ -67,12 +67,23 @@ const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
       n.op_type != "MatMul")
     return nullptr;
   if (n.inputs.size() < 2) return nullptr;
-  const std::string& w = n.inputs[1];
-  if (const auto* init = g.find_initializer(w)) return init;
-  // A weight used through a Transpose (how exporters write some Linear layers).
-  for (const auto& p : g.nodes)
-    if (p.op_type == "Transpose" && p.outputs.size() == 1 && p.outputs[0] == w && !p.inputs.empty())
-      return g.find_initializer(p.inputs[0]);
+  // NOTE: a weight used through a Transpose (how exporters write some Linear layers), and through
+  // Identity nodes: TorchScript's exporter stores equal weights once and reads the copies through
+  // Identity (nn.TransformerEncoder's layers right after init, ALBERT's shared layers), so every
+  // reader is a layer of the one weight.
+  std::string w = n.inputs[1];
+  bool transposed = false;
+  for (int depth = 0; depth < 8; ++depth) {
+    if (const auto* init = g.find_initializer(w)) return init;
+    const ir::Node* producer = nullptr;
+    for (const auto& p : g.nodes)
+      if (p.outputs.size() == 1 && p.outputs[0] == w && p.inputs.size() == 1 && p.domain.empty() &&
+          (p.op_type == "Identity" || (p.op_type == "Transpose" && !transposed)))
+        producer = &p;
+    if (!producer) return nullptr;
+    transposed = transposed || producer->op_type == "Transpose";
+    w = producer->inputs[0];
+  }
   return nullptr;
 }
 
@@ -82,8 +93,8 @@ namespace {
 // parameter's: TorchScript's "onnx::Conv_193" and bare numbers, torch.export's "val_59", node
 // outputs ("/m/Constant_output_0"; a parameter's name has no '/').
 bool exporter_made(const std::string& s) {
-  static const std::regex made(R"(onnx::.*|_?val_[0-9]+|[0-9]+|.*/.*)");
-  return s.empty() || std::regex_match(s, made);
+  static const Pattern made(R"(onnx::.*|_?val_[0-9]+|[0-9]+|.*/.*)", "names");
+  return s.empty() || made.full_match(s);
 }
 
 std::string metadata(const ir::Node& n, const std::string& key) {
@@ -123,14 +134,12 @@ std::string param_name(const ir::Node& layer, const std::string& weight) {
   // Only calls whose weight is the layer's own: a node fused from another call (a BatchNorm
   // folded into a Conv) names that call's parameters.
   const std::string fx = metadata(layer, "pkg.torch.onnx.fx_node");
-  static const std::regex call(
-      R"(target=torch\.ops\.aten\.(linear|addmm|mm|matmul|conv[123]d|convolution|conv_transpose[123]d)\.)");
-  if (fx.empty() || !std::regex_search(fx, call)) return "";
-  static const std::regex placeholder(R"(%(p_[A-Za-z0-9_]*weight)\b)");
-  std::vector<std::string> weights;
-  for (auto it = std::sregex_iterator(fx.begin(), fx.end(), placeholder);
-       it != std::sregex_iterator(); ++it)
-    weights.push_back((*it)[1].str());
+  static const Pattern call(
+      R"(target=torch\.ops\.aten\.(linear|addmm|mm|matmul|conv[123]d|convolution|conv_transpose[123]d)\.)",
+      "fx_node");
+  if (fx.empty() || !call.search(fx)) return "";
+  static const Pattern placeholder(R"(%(p_[A-Za-z0-9_]*weight)\b)", "fx_node");
+  const std::vector<std::string> weights = placeholder.find_all(fx);
   const std::vector<std::string> scopes = module_scopes(layer);
   for (auto s = scopes.rbegin(); s != scopes.rend(); ++s) {
     std::string prefix = "p_" + *s + "_";

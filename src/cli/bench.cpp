@@ -24,6 +24,24 @@ namespace lopper::cli {
 
 namespace {
 
+double timing_of(const KernelDecision& d, const std::string& name) {
+  for (const auto& [n, ms] : d.timings)
+    if (n == name) return ms;
+  return 0;
+}
+
+// The fastest candidate when the chosen one is not it (lopper's own kept within its margin), else
+// null.
+const std::pair<std::string, double>* faster_than_chosen(const KernelDecision& d) {
+  const std::pair<std::string, double>* best = nullptr;
+  double chosen = -1;
+  for (const auto& t : d.timings) {
+    if (!best || t.second < best->second) best = &t;
+    if (t.first == d.chosen) chosen = t.second;
+  }
+  return best && chosen >= 0 && best->first != d.chosen && best->second < chosen ? best : nullptr;
+}
+
 nlohmann::json explain_json(const Executor& exec) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& d : exec.kernel_decisions()) {
@@ -38,6 +56,7 @@ nlohmann::json explain_json(const Executor& exec) {
                       {"cached", d.cached},
                       {"cold", d.cold},
                       {"busy", d.busy},
+                      {"own_within_margin", faster_than_chosen(d) != nullptr},
                       {"ms", t},
                       {"refused", d.refused}});
   }
@@ -69,6 +88,11 @@ void print_explain(const Executor& exec) {
     for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
     if (d.busy)
       std::cout << fmt::format("{:<40}   timed while the machine ran slow: not cached\n", "");
+    if (const auto* best = faster_than_chosen(d))
+      std::cout << fmt::format(
+          "{:<40}   lopper's own kept: {:.0f}% slower than {} timed alone, within its 10% "
+          "margin\n",
+          "", 100.0 * (timing_of(d, d.chosen) / best->second - 1), best->first);
   }
 }
 
@@ -141,7 +165,7 @@ Action add_bench(CLI::App& app) {
     lo.min_runs = o->iters;
     lo.max_runs = std::max(lo.max_runs, o->iters);  // --iters asks for exactly that many
     const LatencyStats lat = measure_latency([&] { exec.run(feeds); }, exec.device(), lo);
-    if (lat.wide) std::cerr << "lopper: warning: " << lat.warning() << "\n";
+    if (lat.unreliable()) std::cerr << "lopper: warning: " << lat.warning() << "\n";
     std::map<std::string, std::pair<double, int64_t>> per_op;  // op -> (ms, calls)
     std::map<std::string, double> per_node;                    // "node (op)" -> ms
     if (o->profile) {
@@ -175,14 +199,23 @@ Action add_bench(CLI::App& app) {
     std::sort(ops.begin(), ops.end(),
               [](auto& a, auto& b) { return a.second.first > b.second.first; });
     if (o->json) {
-      nlohmann::json j{{"model", o->model},    {"device", o->device},
-                       {"batch", batch},       {"threads", threads},
-                       {"iters", lat.runs},    {"median_ms", median},
-                       {"p90_ms", lat.p90_ms}, {"mean_ms", lat.mean_ms},
-                       {"min_ms", lat.min_ms}, {"throughput_per_s", throughput},
-                       {"p10_ms", lat.p10_ms}, {"max_ms", lat.max_ms},
-                       {"spread", lat.spread}, {"spread_wide", lat.wide}};
-      if (lat.wide) j["warning"] = lat.warning();
+      nlohmann::json j{{"model", o->model},
+                       {"device", o->device},
+                       {"batch", batch},
+                       {"threads", threads},
+                       {"iters", lat.runs},
+                       {"median_ms", median},
+                       {"p90_ms", lat.p90_ms},
+                       {"mean_ms", lat.mean_ms},
+                       {"min_ms", lat.min_ms},
+                       {"throughput_per_s", throughput},
+                       {"p10_ms", lat.p10_ms},
+                       {"max_ms", lat.max_ms},
+                       {"spread", lat.spread},
+                       {"spread_wide", lat.wide},
+                       {"contention", lat.contention},
+                       {"contended", lat.contended}};
+      if (lat.unreliable()) j["warning"] = lat.warning();
       if (o->profile) {
         nlohmann::json p = nlohmann::json::array();
         for (const auto& [op, v] : ops)

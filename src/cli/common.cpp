@@ -133,12 +133,8 @@ ir::Model load_input_model(OutputFiles& files, const std::string& path) {
   return m;
 }
 
-int max_threads() { return std::max(4, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
-
 void add_threads_option(CLI::App* cmd, int& threads) {
-  // NOTE: a bound, because libgomp aborts the process when it cannot start the threads asked for
-  // (--threads 100000); more than 4 per hardware thread only ever slows a run down.
-  const int most = max_threads();
+  const int most = max_threads();  // executor.h: why there is a bound
   cmd->add_option("--threads", threads,
                   fmt::format("intra-op threads, 0..{} (0, the default: the idle CPUs)", most))
       ->check(CLI::Validator(

@@ -84,8 +84,6 @@ ir::Model load_input_model(OutputFiles& files, const std::string& path);
 /// max_threads(); anything else is a usage error. Every command that runs a model has it and calls
 /// configure_threads(threads) before its work.
 void add_threads_option(CLI::App* cmd, int& threads);
-/// The largest --threads accepted: 4x the hardware threads (at least 4).
-int max_threads();
 /// The executor's options for --device and --precision (parsed; errors name the bad value).
 ExecOptions exec_options(const std::string& device, const std::string& precision);
 

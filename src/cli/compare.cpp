@@ -111,7 +111,7 @@ Action add_compare(CLI::App& app) {
       costs.push_back(std::move(c));
       r[i].latency = latency_ms(m, shapes, o->iters, eo);
       r[i].latency_ms = r[i].latency.median_ms;
-      if (r[i].latency.wide)
+      if (r[i].latency.unreliable())
         std::cerr << "lopper: warning: " << paths[i] << ": " << r[i].latency.warning() << "\n";
       if (o->data.given()) {
         bool fixed = false;
@@ -137,7 +137,8 @@ Action add_compare(CLI::App& app) {
       j["latency_p90_ms"] = m.latency.p90_ms;
       j["latency_spread"] = m.latency.spread;
       j["latency_spread_wide"] = m.latency.wide;
-      if (m.latency.wide) j["latency_warning"] = m.latency.warning();
+      j["latency_contended"] = m.latency.contended;
+      if (m.latency.unreliable()) j["latency_warning"] = m.latency.warning();
       if (m.top1 >= 0) j["top1"] = m.top1;
       return j;
     };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -43,6 +44,10 @@ Action add_inspect(CLI::App& app) {
     auto shapes = resolve_input_shapes(model, overrides);
     ModelCost cost = analyze(model, shapes);
     const int64_t file_bytes = model_file_bytes(o->model, model);  // with its external data
+    // A weight several layers read (stored once by the exporter): each layer is listed, marked.
+    std::map<std::string, int> readers;
+    for (const auto& l : cost.layers) ++readers[l.weight];
+    auto shared = [&](const LayerCost& l) { return readers[l.weight] > 1; };
 
     if (o->json) {
       nlohmann::json j;
@@ -61,7 +66,8 @@ Action add_inspect(CLI::App& app) {
                                {"shape", l.weight_shape},
                                {"params", l.params},
                                {"nonzero", l.nonzero},
-                               {"macs", l.macs}});
+                               {"macs", l.macs},
+                               {"shared", shared(l)}});
       std::cout << j.dump(2) << "\n";
       return 0;
     }
@@ -73,12 +79,14 @@ Action add_inspect(CLI::App& app) {
     std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>9} {:>14}\n", "layer", w, "op",
                              "weight", "params", "nonzero", "sparsity", "MACs");
     for (const auto& l : cost.layers) {
-      std::string shape = shape_string(l.weight_shape);
+      std::string shape = shape_string(l.weight_shape) + (shared(l) ? " shared" : "");
       double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
       std::string name = fit_name(label(l), w);
       std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w,
                                l.op, shape, l.params, l.nonzero, sp, l.macs);
     }
+    if (readers.size() < cost.layers.size())
+      std::cout << "shared: one weight several layers read (stored once, counted once in params)\n";
     double sp = cost.params ? 100.0 * (1.0 - double(cost.nonzero) / double(cost.params)) : 0.0;
     std::cout << "\ninputs:";
     for (const auto& [n, d] : cost.input_shapes) std::cout << " " << n << "=" << shape_string(d);

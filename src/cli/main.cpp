@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -12,6 +13,9 @@
 #include "util/memory.h"
 
 int main(int argc, char** argv) {
+  // NOTE: a write past the file-size limit (ulimit -f) then fails with EFBIG on the ordinary error
+  // path (one line, temporaries removed) instead of SIGXFSZ killing the process mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   lopper::cli::set_command_line(argc, argv);
   CLI::App app{"lopper: prune trained neural networks (ONNX) and prove the gain"};
   app.set_version_flag("--version", std::string("lopper ") + LOPPER_VERSION);

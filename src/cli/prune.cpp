@@ -20,7 +20,6 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -201,11 +200,19 @@ Action add_prune(CLI::App& app) {
   cmd->add_flag("--sparse-initializers", o->sparse,
                 "store pruned weights as sparse_initializer where that makes them smaller");
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
-  auto* structured = cmd->add_option(
-      "--structured", o->structured,
-      "channel | head: remove whole channels (filters, neurons) or attention heads; the model "
-      "shrinks. Methods: " +
-          importance::names(importance::Use::kChannels) + " (default l1)");
+  auto* structured =
+      cmd->add_option("--structured", o->structured,
+                      "channel | head: remove whole channels (filters, neurons) or attention "
+                      "heads; the model shrinks. Methods: " +
+                          importance::names(importance::Use::kChannels) + " (default l1)")
+          ->check(CLI::Validator(
+              [](std::string& v) -> std::string {
+                // NOTE: CLI11 hands the next word over whatever it is: `--structured --amount
+                // 0.5` would read the unit "--amount" and leave "0.5" unexpected.
+                if (v == "channel" || v == "head") return "";
+                return "needs its unit, channel or head, right after it (got '" + v + "')";
+              },
+              "channel|head", "unit"));
   auto* mla = cmd->add_option("--max-layer-amount", o->max_layer_amount,
                               "structured, global: no group loses more than this share (0.9)");
   auto* round_to =

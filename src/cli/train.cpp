@@ -267,11 +267,13 @@ Action add_train_command(CLI::App& app, bool finetune) {
       if (bar) bar->finish();
       std::cerr << s << "\n";
     };
-    if (main_rank)
-      std::cerr << fmt::format("train {} on {} ({} samples/epoch{}, batch {}, {} epochs)\n",
-                               o->model, loader.dataset().name(), loader.samples_per_epoch(),
-                               dist ? fmt::format(" on rank 0 of {}", dist->world()) : "",
-                               lo.batch_size, t.epochs);
+    cb.start = [&] {
+      if (main_rank)
+        std::cerr << fmt::format("train {} on {} ({} samples/epoch{}, batch {}, {} epochs)\n",
+                                 o->model, loader.dataset().name(), loader.samples_per_epoch(),
+                                 dist ? fmt::format(" on rank 0 of {}", dist->world()) : "",
+                                 lo.batch_size, t.epochs);
+    };
     TrainResult r = train(model, loader, t, cb, dist.get());
     if (dist) dist->barrier();
     if (!main_rank) return 0;

@@ -112,6 +112,8 @@ std::map<int, std::pair<uint64_t, uint64_t>> cpu_times() {
 // The 20 ms sample is /proc/stat's per-CPU idle time (10 ms ticks), summed over the allowed CPUs.
 // What it cannot see is load that starts later in a long run; --threads and OMP_NUM_THREADS
 // override it.
+int max_threads() { return std::max(4, 4 * static_cast<int>(std::thread::hardware_concurrency())); }
+
 int default_threads() {
   if (const char* env = std::getenv("OMP_NUM_THREADS")) {
     char* end = nullptr;

@@ -1,6 +1,7 @@
 #include "exec/kernel_choice.h"
 
 #include <ATen/Parallel.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -82,6 +84,7 @@ class ChoiceCache {
     value["at"] = static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::system_clock::now().time_since_epoch())
                                            .count());
+    if (!data_[machine].is_object()) data_[machine] = nlohmann::json::object();
     data_[machine][key] = value;
     if (!path_.empty()) pending_[machine][key] = std::move(value);
   }
@@ -94,8 +97,10 @@ class ChoiceCache {
     if (pending_.empty() || path_.empty()) return;
     try {
       nlohmann::json disk = read_json();
-      for (const auto& [machine, keys] : pending_.items())
+      for (const auto& [machine, keys] : pending_.items()) {
+        if (!disk[machine].is_object()) disk[machine] = nlohmann::json::object();
         for (const auto& [key, value] : keys.items()) disk[machine][key] = value;
+      }
       bound(disk);
       std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
       write_file_atomic(path_, disk.dump(1));
@@ -151,13 +156,30 @@ class ChoiceCache {
       return;
     }
     path_ = dir + "/kernels.json";
+    // NOTE: the cache is lopper's own file: anything else in its place (a folder, a FIFO, which an
+    // open would block on) is left alone, with one warning, and this run keeps its choices in
+    // memory only; a file that does not parse, or parses into another shape, is rebuilt.
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      std::cerr << "lopper: warning: [kernels] the kernel cache '" << path_
+                << "' is not a regular file: ignored (kernel choices are timed again)\n";
+      path_.clear();
+      return;
+    }
     data_ = read_json();
+    bound(data_);
   }
 
+  // The cache's JSON, "{}" when it is missing, unreadable, not a regular file or not an object.
+  // Entries of another shape are dropped by bound() or never matched by find().
   nlohmann::json read_json() const {
-    std::ifstream in(path_);
-    if (!in) return nlohmann::json::object();
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    std::string bytes;
+    try {
+      bytes = read_file(path_);
+    } catch (const std::exception&) {
+      return nlohmann::json::object();
+    }
+    nlohmann::json j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
     return j.is_object() ? j : nlohmann::json::object();  // a corrupt cache is rebuilt
   }
 
@@ -218,13 +240,13 @@ std::vector<double> time_round_robin(const std::vector<KernelCandidate>& cands, 
   return best;
 }
 
-// The machine's speed now: a fixed piece of arithmetic on each thread, in ms (best of three). A
-// busy machine (another process on a core, a VM whose host takes its cycles) runs it slower.
-double probe_ms() {
-  auto once = [] {
+}  // namespace
+
+double probe_ms(int threads) {
+  auto once = [threads] {
     std::atomic<int64_t> sink{0};
     const auto t0 = std::chrono::steady_clock::now();
-    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
+    auto work = [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         float a[16];
         for (int k = 0; k < 16; ++k) a[k] = float(k + t);
@@ -234,7 +256,11 @@ double probe_ms() {
         for (float v : a) sum += static_cast<int64_t>(v);
         sink += sum;
       }
-    });
+    };
+    if (threads <= 1)
+      work(0, 1);
+    else
+      at::parallel_for(0, threads, 1, work);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     static std::atomic<int64_t> keep{0};  // the arithmetic has an effect the compiler must keep
@@ -243,6 +269,8 @@ double probe_ms() {
   };
   return std::min({once(), once(), once()});
 }
+
+namespace {
 
 // How much slower than the fastest probe this machine has run a choice's probes may be and still
 // be kept in the cache: a choice timed in a slow spell (a kernel whose threads wait on a stolen
@@ -337,7 +365,9 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                           shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
                           "|" + names + (d.cold ? "|cold" : "");
   if (const std::optional<nlohmann::json> hit = ChoiceCache::get().find(machine, key)) {
-    const std::string chosen = hit->value("kernel", "");
+    const auto kernel = hit->find("kernel");
+    const std::string chosen =
+        kernel != hit->end() && kernel->is_string() ? kernel->get<std::string>() : "";
     for (size_t i = 0; i < cands.size(); ++i)
       if (cands[i].name == chosen) best = i;
     d.cached = best < cands.size();
@@ -353,14 +383,17 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     const bool gpu = input.is_cuda();
     const char* busy_env = std::getenv("LOPPER_CHOICE_BUSY");
     const bool probe = !gpu && !(busy_env && *busy_env);
-    const double before = probe ? probe_ms() : 0;
+    const double before = probe ? probe_ms(at::get_num_threads()) : 0;
     std::vector<double> t = time_round_robin(cands, input.is_cuda(), d.cold);
-    const double after = probe ? probe_ms() : 0;
+    const double after = probe ? probe_ms(at::get_num_threads()) : 0;
     if (busy_env && *busy_env) {
       d.busy = std::string(busy_env) == "1";
     } else if (probe) {
       const std::optional<nlohmann::json> known = ChoiceCache::get().find(machine, "probe");
-      const double fastest = known && (*known)["ms"].is_number() ? (*known)["ms"].get<double>() : 0;
+      double fastest = 0;
+      if (known)
+        if (const auto ms = known->find("ms"); ms != known->end() && ms->is_number())
+          fastest = ms->get<double>();
       d.busy = fastest > 0 && std::max(before, after) > kBusyFactor * fastest;
       if (fastest == 0 || std::min(before, after) < fastest)
         ChoiceCache::get().put(machine, "probe", {{"ms", std::min(before, after)}});

@@ -49,6 +49,11 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
 /// layer. The file keeps the current kernel generation's choices only, at most kMaxChoices a
 /// machine (the newest).
 void flush_kernel_choices();
+
+/// The machine's speed now: a fixed piece of arithmetic on each of `threads` threads (1: on the
+/// calling thread), in ms, best of three. A busy machine (another process on a core, a VM whose
+/// host takes its cycles) runs it slower.
+double probe_ms(int threads);
 inline constexpr size_t kMaxChoices = 4096;
 
 /// Whether LOPPER_FORCE_KERNEL names `name` when it names kernels (tests and end-to-end

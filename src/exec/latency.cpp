@@ -1,6 +1,7 @@
 #include "lopper/latency.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "exec/kernel_choice.h"
 #include "kernels/cuda/library.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
@@ -29,6 +31,12 @@ double quantile(const std::vector<double>& v, double p) {
 }  // namespace
 
 std::string LatencyStats::warning() const {
+  if (contended)
+    return fmt::format(
+        "another process holds a core lopper's threads need (each of them ran a fixed piece of "
+        "work {:.1f}x slower than one thread alone): every run waited for it, the figures are the "
+        "busy machine's, not the model's; use fewer threads or a quiet machine",
+        contention);
   if (!wide) return "";
   return fmt::format(
       "latency spread is wide (p90 {:.1f}x the median over {} runs): the machine is busy; the "
@@ -71,6 +79,11 @@ LatencyStats measure_latency(const std::function<void()>& run, c10::Device devic
     run();
     wait_for_device(device);
   };
+  // NOTE: the threads' probe against one thread's, before and after: a held core slows every run
+  // alike, which the spread cannot see.
+  const int threads = device.is_cuda() ? 1 : at::get_num_threads();
+  auto contention = [&] { return threads > 1 ? ops::probe_ms(threads) / ops::probe_ms(1) : 1.0; };
+  const double before = contention();
   for (int i = 0; i < o.warmup; ++i) call();
   std::vector<double> ms;
   double total = 0;
@@ -84,6 +97,8 @@ LatencyStats measure_latency(const std::function<void()>& run, c10::Device devic
   }
   LatencyStats s = latency_stats(std::move(ms));
   s.warmup = o.warmup;
+  s.contention = std::max(before, contention());
+  s.contended = s.contention > kContendedProbe;
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "exec/onednn.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 namespace lopper::ops::onednn {
@@ -26,6 +27,26 @@ c10::IValue algorithm(const PostOp& p) {
 at::Tensor call(const c10::OperatorHandle& h, torch::jit::Stack stack) {
   h.callBoxed(stack);
   return stack.back().toTensor();
+}
+
+// NOTE: oneDNN's ReLU (slope 0), clip (hardtanh) and hardsigmoid post-ops take max/min with the
+// value as the first operand, which turns a NaN into 0 or a bound: a model fed NaN would give
+// plausible numbers where ONNX Runtime and PyTorch give NaN. Those run after the primitive, in
+// place, as ATen's ops (NaN stays NaN); oneDNN's other post-ops keep NaN (a leaky ReLU blends
+// alpha x, the smooth ones compute on x).
+bool drops_nan(const PostOp& p) {
+  return p.attr == "relu" || p.attr == "hardtanh" || p.attr == "hardsigmoid";
+}
+
+// What oneDNN fuses of `p`: nothing where it would drop NaN.
+PostOp in_primitive(const PostOp& p) { return drops_nan(p) ? PostOp{} : p; }
+
+// `y` after the part of `p` the primitive did not fuse.
+at::Tensor after_primitive(at::Tensor y, const PostOp& p) {
+  if (!drops_nan(p)) return y;
+  if (p.attr == "relu") return y.relu_();
+  if (p.attr == "hardtanh") return y.clamp_(p.scalars[0], p.scalars[1]);
+  return at::hardsigmoid_(y);
 }
 
 }  // namespace
@@ -91,20 +112,25 @@ at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::
 
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
                   at::IntArrayRef padding, at::IntArrayRef stride, at::IntArrayRef dilation,
-                  int64_t groups, const PostOp& post) {
+                  int64_t groups, const PostOp& post_in) {
   static const c10::OperatorHandle h = op("mkldnn::_convolution_pointwise", "");
-  return call(h, {x, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(),
-                  groups, post.attr, scalars(post.scalars), algorithm(post)});
+  const PostOp post = in_primitive(post_in);
+  return after_primitive(
+      call(h, {x, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(), groups,
+               post.attr, scalars(post.scalars), algorithm(post)}),
+      post_in);
 }
 
 at::Tensor conv2d_add(const at::Tensor& x, const at::Tensor& other, const at::Tensor& packed_w,
                       const at::Tensor& bias, at::IntArrayRef padding, at::IntArrayRef stride,
-                      at::IntArrayRef dilation, int64_t groups, const PostOp& post) {
+                      at::IntArrayRef dilation, int64_t groups, const PostOp& post_in) {
   static const c10::OperatorHandle h = op("mkldnn::_convolution_pointwise", "binary");
-  return call(h, {x, other, packed_w, opt_tensor(bias), padding.vec(), stride.vec(), dilation.vec(),
-                  groups, std::string("add"), c10::IValue(),
-                  post.attr == "none" ? c10::IValue() : c10::IValue(post.attr),
-                  scalars(post.scalars), algorithm(post)});
+  const PostOp post = in_primitive(post_in);
+  return after_primitive(call(h, {x, other, packed_w, opt_tensor(bias), padding.vec(), stride.vec(),
+                                  dilation.vec(), groups, std::string("add"), c10::IValue(),
+                                  post.attr == "none" ? c10::IValue() : c10::IValue(post.attr),
+                                  scalars(post.scalars), algorithm(post)}),
+                         post_in);
 }
 
 at::Tensor pack_linear_weight(const at::Tensor& w, int64_t batch) {
@@ -119,10 +145,12 @@ at::Tensor linear_add(const at::Tensor& x, const at::Tensor& other, const at::Te
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& bias,
-                  const PostOp& post) {
+                  const PostOp& post_in) {
   static const c10::OperatorHandle h = op("mkldnn::_linear_pointwise", "");
-  return call(h,
-              {x, packed_w, opt_tensor(bias), post.attr, scalars(post.scalars), algorithm(post)});
+  const PostOp post = in_primitive(post_in);
+  return after_primitive(
+      call(h, {x, packed_w, opt_tensor(bias), post.attr, scalars(post.scalars), algorithm(post)}),
+      post_in);
 }
 
 }  // namespace lopper::ops::onednn

@@ -172,6 +172,8 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
   for (const auto& kv : p.external_data()) {
     const std::string& k = kv.key();
     auto parse_int = [&](const std::string& v) {
+      LOPPER_CHECK(v.empty() || v[0] != '-', "[import] ", what, ": external data ", k, " '", v,
+                   "' is negative");
       LOPPER_CHECK(
           !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 19,
           "[import] ", what, ": external data ", k, " '", v, "' is not a number");
@@ -203,6 +205,24 @@ at::Tensor read_external(const lopper_onnx::TensorProto& p, const ExternalDataCo
     throw Error(detail::concat("[import] ", what, ": external data '", location, "' has ",
                                st.st_size, " bytes, but the tensor needs ", nbytes,
                                " bytes at offset ", offset));
+  }
+  if (nbytes > 0) {
+    auto& taken = ctx.ranges[path];
+    const uint64_t begin = uint64_t(offset), end = begin + nbytes;
+    auto next = taken.lower_bound(begin);
+    const bool again = next != taken.end() && next->first == begin && next->second.first == end &&
+                       next->second.second == what;  // re-read
+    const std::string* other = nullptr;
+    if (!again && next != taken.end() && next->first < end) other = &next->second.second;
+    if (!other && next != taken.begin() && std::prev(next)->second.first > begin)
+      other = &std::prev(next)->second.second;
+    if (other) {
+      ::close(fd);
+      throw Error(detail::concat("[import] ", what, ": its external data (bytes ", begin, " to ",
+                                 end, " of '", location, "') overlaps that of ", *other,
+                                 " (refused: each tensor needs bytes of its own)"));
+    }
+    if (!again) taken.emplace(begin, std::make_pair(end, what));
   }
   // NOTE: one file is mapped; the tensors of another (a model split over several files) are read
   // into memory as usual.

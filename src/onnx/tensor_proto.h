@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 
@@ -25,6 +26,9 @@ struct ExternalDataContext {
   std::function<std::string()> copy_to;
   mutable std::shared_ptr<MappedData> mapped;  // the mapping of copy_to, once made
   mutable std::string mapped_source;           // the external data file it copies
+  /// The byte ranges read so far, per external data file: offset -> (end, tensor), so that two
+  /// tensors whose bytes overlap are refused (pruning one would change the other).
+  mutable std::map<std::string, std::map<uint64_t, std::pair<uint64_t, std::string>>> ranges;
 };
 
 /// The sparse budget of a model of `model_bytes` bytes: 256 MiB, or 1024 times the model's size

@@ -31,14 +31,18 @@ at::Tensor from_saliency(const WeightInput& in) {
 }
 
 // LAMP (Lee et al. 2021): w^2 over the sum of the squares of the layer's weights not smaller
-// than it, so that scores compare across layers. Zeros score 0.
+// than it, so that scores compare across layers. Zeros score 0. A NaN or infinite weight scores
+// NaN or +Inf (ranked largest, as torch ranks NaN) and is left out of the other weights' sums,
+// which it would otherwise make NaN or infinite for the whole layer.
 at::Tensor lamp(const WeightInput& in) {
   const at::Tensor sq = in.w.to(at::kCPU, at::kDouble).flatten().square();
-  auto [sorted, order] = sq.sort();
+  const at::Tensor finite = sq.isfinite();
+  auto [sorted, order] = at::where(finite, sq, at::zeros_like(sq)).sort();
   // suffix sums: sum_{v >= u} w_v^2 over the sorted squares (the zeros, first, add nothing)
   const at::Tensor suffix = sorted.flip(0).cumsum(0).flip(0);
   const at::Tensor score = at::where(sorted.gt(0), sorted / suffix, at::zeros_like(sorted));
-  return at::zeros_like(score).index_put_({order}, score).to(at::kFloat).reshape(in.w.sizes());
+  const at::Tensor out = at::zeros_like(score).index_put_({order}, score);
+  return at::where(finite, out, sq).to(at::kFloat).reshape(in.w.sizes());
 }
 
 // Wanda (Sun et al. 2023): |w_ij| * ||x_j||_2, the weight times the norm of the input feature it

@@ -2,16 +2,11 @@
 #include "prune/layer_filter.h"
 
 #include "lopper/error.h"
+#include "lopper/prune.h"
 
 namespace lopper {
 
-std::regex compile_regex(const std::string& re, const std::string& what) {
-  try {
-    return std::regex(re);
-  } catch (const std::regex_error& e) {
-    throw Error("[prune] \x1e" + what + "\x1f '" + re + "' is not a valid regex: " + e.what());
-  }
-}
+std::string regex_error(const std::string& re) { return Pattern::error_of(re); }
 
 LayerFilter::LayerFilter(const std::string& exclude) : pattern_(exclude) {
   if (!exclude.empty()) re_ = compile_regex(exclude, "exclude");
@@ -20,7 +15,7 @@ LayerFilter::LayerFilter(const std::string& exclude) : pattern_(exclude) {
 bool LayerFilter::excludes(const std::vector<std::string>& names) {
   if (!re_) return false;
   for (const auto& n : names)
-    if (!n.empty() && std::regex_search(n, *re_)) return matched_ = true;
+    if (!n.empty() && re_->search(n)) return matched_ = true;
   return false;
 }
 

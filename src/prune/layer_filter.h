@@ -3,17 +3,20 @@
 #pragma once
 
 #include <optional>
-#include <regex>
 #include <string>
 #include <vector>
 
+#include "util/pattern.h"
+
 namespace lopper {
 
-/// `re` compiled (ECMAScript); throws lopper::Error "[prune] WHAT 'RE' is not a valid regex:
+/// `re` compiled (util/pattern.h); throws lopper::Error "[prune] WHAT 'RE' is not a valid regex:
 /// ..." naming the option `what`.
-std::regex compile_regex(const std::string& re, const std::string& what);
+inline Pattern compile_regex(const std::string& re, const std::string& what) {
+  return Pattern(re, what);
+}
 
-/// An `exclude` option: an ECMAScript regex searched in each name of a layer (its nodes, its
+/// An `exclude` option: a regex (util/pattern.h) searched in each name of a layer (its nodes, its
 /// weight, its PyTorch parameter: PrunableWeight::names), compiled once. Empty: it leaves nothing
 /// out.
 class LayerFilter {
@@ -35,7 +38,7 @@ class LayerFilter {
   std::string leaves_none() const;
 
  private:
-  std::optional<std::regex> re_;
+  std::optional<Pattern> re_;
   std::string pattern_;
   bool matched_ = false;
 };

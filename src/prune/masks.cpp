@@ -7,24 +7,24 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
-#include <regex>
 
 #include "lopper/error.h"
 #include "lopper/prune.h"
 #include "prune/masks.h"
+#include "util/pattern.h"
 
 namespace lopper {
 
 PruneAmount PruneAmount::parse(const std::string& s) {
   PruneAmount a;
-  static const std::regex count_re("[0-9]+");
-  static const std::regex number_re("[-+]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][-+]?[0-9]+)?");
-  if (std::regex_match(s, count_re)) {
+  static const Pattern count_re("[0-9]+", "amount");
+  static const Pattern number_re("[-+]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][-+]?[0-9]+)?", "amount");
+  if (count_re.full_match(s)) {
     a.value = std::stod(s);
     a.is_count = true;
     return a;
   }
-  LOPPER_CHECK(std::regex_match(s, number_re),
+  LOPPER_CHECK(number_re.full_match(s),
                "[prune] amount must be a fraction in [0, 1] or a count of weights, got '", s, "'");
   a.value = std::stod(s);
   LOPPER_CHECK(a.value >= 0 && a.value <= 1, "[prune] amount must be in [0, 1], got ", s);

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <unordered_set>
 
@@ -282,23 +281,29 @@ std::vector<PrunableWeight> prunable_weights(const ir::Graph& g) {
   return out;
 }
 
+// The digits of `s` as a number below 10^8, or -1 when `s` is not 1 to 8 digits.
+static int64_t small_count(const std::string& s) {
+  if (s.empty() || s.size() > 8 || !std::all_of(s.begin(), s.end(), ::isdigit)) return -1;
+  return std::stoll(s);
+}
+
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o) {
-  static const std::regex nm("([0-9]+):([0-9]+)");
-  static const std::regex block("block:([0-9]{1,3})x([0-9]{1,3})");
-  std::smatch m;
+  const size_t colon = s.find(':');
   if (s == "unstructured") {
     o.pattern = PrunePattern::kUnstructured;
   } else if (s == "row") {
     o.pattern = PrunePattern::kRow;
   } else if (s == "column") {
     o.pattern = PrunePattern::kColumn;
-  } else if (std::regex_match(s, m, nm) && m[1].length() < 9 && m[2].length() < 9) {
+  } else if (colon != std::string::npos && small_count(s.substr(0, colon)) >= 0 &&
+             small_count(s.substr(colon + 1)) >= 0) {
     o.pattern = PrunePattern::kNM;
-    o.n = std::stoll(m[1]);
-    o.m = std::stoll(m[2]);
+    o.n = small_count(s.substr(0, colon));
+    o.m = small_count(s.substr(colon + 1));
   } else if (s.rfind("block", 0) == 0) {
-    bool ok = std::regex_match(s, m, block);
-    int64_t r = ok ? std::stoll(m[1]) : 0, c = ok ? std::stoll(m[2]) : 0;
+    const size_t x = s.find('x');
+    const bool ok = s.rfind("block:", 0) == 0 && x != std::string::npos;
+    int64_t r = ok ? small_count(s.substr(6, x - 6)) : 0, c = ok ? small_count(s.substr(x + 1)) : 0;
     LOPPER_CHECK(r >= 1 && r <= 256 && c >= 1 && c <= 256, "[prune] bad pattern '", s,
                  "' (expected block:RxC with R, C in 1..256)");
     o.pattern = PrunePattern::kBlock;
@@ -374,6 +379,12 @@ std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
     l.shape = t.init->value.sizes().vec();
     l.params = t.init->value.numel();
     l.nonzero_before = l.nonzero_after = t.init->value.count_nonzero().item<int64_t>();
+    if (at::isFloatingType(t.init->value.scalar_type()))
+      if (const int64_t bad = t.init->value.isfinite().logical_not().sum().item<int64_t>(); bad)
+        report.warnings.push_back(detail::concat(
+            "weight '", pw.weight, "' holds ", bad, " non-finite value", bad == 1 ? "" : "s",
+            " (NaN or Inf): ranked as the largest, never below a threshold; the model's outputs "
+            "will not be finite"));
     onnx::drop_pages(t.init->value);  // a mapped model's weight is read again when pruned
     report.layers.push_back(std::move(l));
     t.weight = std::move(pw);
@@ -490,7 +501,8 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
   const int norm = rank == WeightRank::kDrawn ? 0 : o.norm;
   switch (o.pattern) {
     case PrunePattern::kUnstructured:
-      if (rank == WeightRank::kThreshold) return w.abs().ge(o.threshold) & w.ne(0);
+      // NOTE: |w| < t removes; a NaN is not below any threshold, so it stays (as torch's |w| < t).
+      if (rank == WeightRank::kThreshold) return w.abs().lt(o.threshold).logical_not() & w.ne(0);
       {
         at::Tensor alive = w.ne(0);
         int64_t k = o.amount.count_of(alive.sum().item<int64_t>(), where);
@@ -637,14 +649,12 @@ PrunePlan plan_prune(ir::Model& model, const PruneRecipe& recipe) {
     }
   };
   if (recipe.has_defaults) check(recipe.defaults, "defaults");
-  std::vector<std::regex> res;
+  std::vector<Pattern> res;
   for (const auto& r : recipe.rules) {
     if (!r.skip) check(r.options, r.where);
-    try {
-      res.emplace_back(r.match);
-    } catch (const std::regex_error& e) {
-      throw Error(in_recipe(r.where, "match '" + r.match + "' is not a valid regex: " + e.what()));
-    }
+    if (const std::string why = Pattern::error_of(r.match); !why.empty())
+      throw Error(in_recipe(r.where, "match '" + r.match + "' is not a valid regex: " + why));
+    res.emplace_back(r.match, "match");
   }
 
   PrunePlan plan;
@@ -658,7 +668,7 @@ PrunePlan plan_prune(ir::Model& model, const PruneRecipe& recipe) {
     const std::vector<std::string> names = t.weight.names();
     for (size_t i = 0; i < res.size() && rule == recipe.rules.size(); ++i)
       for (const auto& name : names)
-        if (!name.empty() && std::regex_search(name, res[i])) {
+        if (!name.empty() && res[i].search(name)) {
           rule = i;
           matched[i] = true;
           break;

@@ -3,7 +3,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -165,11 +164,8 @@ PruneRecipe parse_prune_recipe(const std::string& yaml, const std::string& sourc
     if (!m)
       p.fail(n, path, "needs 'match' (a regex on the layer's node, weight or parameter name)");
     rule.match = p.scalar(m, path + ".match");
-    try {
-      std::regex re(rule.match);
-    } catch (const std::regex_error& e) {
-      p.fail(m, path + ".match", "'" + rule.match + "' is not a valid regex: " + e.what());
-    }
+    if (const std::string why = regex_error(rule.match); !why.empty())
+      p.fail(m, path + ".match", "'" + rule.match + "' is not a valid regex: " + why);
     for (auto it = n.begin(); it != n.end(); ++it) {
       std::string k = it->first.Scalar();
       if (k != "match" && k != "skip") own_keys = true;

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <unordered_map>
 
 #include "lopper/analysis.h"

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
-#include <regex>
 #include <set>
 
 #include "lopper/analysis.h"
@@ -364,7 +363,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   LOPPER_CHECK(!crit.needs_data() || saliency, "[prune] " LOPPER_OPTION("criterion") " ", crit.name,
                " needs calibration data: a Saliency");
   LayerFilter exclude(opts.exclude);
-  std::vector<std::regex> rule_res;  // checked when the recipe was parsed
+  std::vector<Pattern> rule_res;  // checked when the recipe was parsed
   if (opts.recipe)
     for (const auto& rule : opts.recipe->rules)
       rule_res.push_back(compile_regex(rule.match, "match"));
@@ -409,7 +408,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       for (size_t ri = 0; ri < rc.rules.size() && !matched; ++ri) {
         const auto& rule = rc.rules[ri];
         if (std::none_of(names.begin(), names.end(),
-                         [&](const std::string& n) { return std::regex_search(n, rule_res[ri]); }))
+                         [&](const std::string& n) { return rule_res[ri].search(n); }))
           continue;
         matched = true, rule_used[ri] = 1, rules[gi] = rule.where;
         if (rule.skip) {

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <regex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -634,8 +633,7 @@ PruneRecipe target_recipe(const TargetReport& r, const PruneLayerOptions& how) {
                  " is a channel group (structured targets prune channels, not by a recipe)");
     if (u.amount <= 0) continue;
     PruneRule rule;
-    rule.match =
-        "^" + std::regex_replace(u.weight, std::regex(R"([.^$|()\[\]{}*+?\\/])"), R"(\$&)") + "$";
+    rule.match = "^" + Pattern::quote(u.weight) + "$";
     rule.options = how;
     rule.options.amount = PruneAmount{u.amount, false};
     rule.where = u.label();
@@ -651,8 +649,10 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
   TargetOptions o = opts;
   o.on_latency = [&](const LatencyStats& s) {
     ++measurements;
-    if (s.wide) ++wide;
-    if (s.spread > widest.spread) widest = s;
+    if (s.unreliable()) ++wide;
+    if (s.contended ? s.contention > widest.contention || !widest.contended
+                    : !widest.contended && s.spread > widest.spread)
+      widest = s;
     if (opts.on_latency) opts.on_latency(s);
   };
   check_target_options(o);

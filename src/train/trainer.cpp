@@ -6,14 +6,18 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -29,6 +33,7 @@
 #include "train/optimizer.h"
 #include "util/files.h"
 #include "util/npy.h"
+#include "util/pattern.h"
 
 namespace lopper {
 
@@ -55,6 +60,67 @@ namespace fs = std::filesystem;
 
 // The file that marks a checkpoint folder as lopper's (see check_checkpoint_dir).
 constexpr const char* kCheckpointMarker = ".lopper-checkpoint";
+
+// A checkpoint folder held for one run: its marker file (made when missing, with the folder) is
+// locked (flock) until the run ends, so that a second run on the same folder is refused instead
+// of each removing the other's epochs. A run that made the folder or the marker and wrote no
+// checkpoint removes them again: a failed run leaves nothing.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& dir) : dir_(dir) {
+    std::error_code ec;
+    if (!fs::exists(dir_, ec)) {
+      made_dir_ = fs::create_directory(dir_, ec);
+      LOPPER_CHECK(!ec, "[train] cannot make the checkpoint folder '", dir, "': ", ec.message());
+    }
+    const std::string marker = (dir_ / kCheckpointMarker).string();
+    // NOTE: O_EXCL makes the marker once: two runs starting together open the same file, so
+    // that their locks meet (a marker replaced by a rename would give each its own).
+    fd_ = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ >= 0) {
+      made_marker_ = true;
+      const std::string text =
+          "A checkpoint folder of lopper train: epoch-N/ and latest are lopper's.\n";
+      const bool ok = ::write(fd_, text.data(), text.size()) == ssize_t(text.size());
+      if (!ok) release();
+      LOPPER_CHECK(ok, "[train] cannot write '", marker, "': ", std::strerror(errno));
+    } else if (errno == EEXIST) {
+      fd_ = ::open(marker.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    }
+    if (fd_ < 0) {
+      const int e = errno;
+      release();
+      throw Error(detail::concat("[train] cannot open '", marker, "': ", std::strerror(e)));
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      release();
+      if (e == EWOULDBLOCK)
+        throw UsageError("[train] " LOPPER_OPTION("checkpoint_dir") " " + dir +
+                         " is in use by another run of lopper train (it holds the lock on " +
+                         kCheckpointMarker + "); give another folder or wait for it to end");
+      throw Error(detail::concat("[train] cannot lock '", marker, "': ", std::strerror(e)));
+    }
+  }
+  ~CheckpointLock() { release(); }
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  void release() {
+    std::error_code ec;
+    const bool wrote = fs::exists(dir_ / "latest", ec);
+    if (made_marker_ && !wrote) fs::remove(dir_ / kCheckpointMarker, ec);
+    if (made_dir_ && !wrote) fs::remove(dir_, ec);  // only when empty again
+    if (fd_ >= 0) ::close(fd_);                     // the lock goes with the descriptor
+    fd_ = -1;
+    made_marker_ = made_dir_ = false;
+  }
+
+  fs::path dir_;
+  int fd_ = -1;
+  bool made_dir_ = false, made_marker_ = false;
+};
 
 // Mixed precision for one forward pass: ATen's autocast runs matmul-class ops (linear, conv,
 // matmul) in `dtype` and keeps reductions, normalisations and losses in fp32; the weights stay
@@ -138,7 +204,10 @@ class Trainer {
     // Dropout draws from ATen's default generator: seeded, so the same seed trains the same model
     // (each rank its own stream).
     at::manual_seed(o_.seed * 1000003 + uint64_t(dist_ ? dist_->rank() : 0));
+    if (!o_.checkpoint_dir.empty() && !(dist_ && !dist_->is_main()))
+      lock_.emplace(o_.checkpoint_dir);
     if (!o_.resume.empty()) resume();
+    if (cb_.start) cb_.start();
     if (dist_ && dist_->world() > 1) {
       // Every rank starts from rank 0's weights (and running statistics).
       std::vector<at::Tensor> all;
@@ -224,20 +293,18 @@ class Trainer {
       prunable[w.weight] = w.out_axis;
       if (w.tied() && !o_.prune.allow_tied) tied.insert(w.weight);
     }
-    std::optional<std::regex> freeze;
+    std::optional<Pattern> freeze;
     if (!o_.freeze.empty()) {
-      try {
-        freeze.emplace(o_.freeze);
-      } catch (const std::regex_error& e) {
+      if (const std::string why = Pattern::error_of(o_.freeze); !why.empty())
         throw Error("[train] " LOPPER_OPTION("freeze") " '" + o_.freeze +
-                    "' is not a valid regex: " + e.what());
-      }
+                    "' is not a valid regex: " + why);
+      freeze.emplace(o_.freeze, "freeze");
     }
     for (auto& [name, t] : ex_->parameters()) {
       // NOTE: scalars are constants the exporter kept as initializers (epsilons, attention
       // scales), not parameters; BatchNorm's running statistics are updated by the op itself.
       if (!t.requires_grad() || t.numel() <= 1 || bn_stats.count(name)) continue;
-      if (freeze && std::regex_search(name, *freeze)) continue;
+      if (freeze && freeze->search(name)) continue;
       Param p;
       p.name = name;
       p.value = t;
@@ -592,13 +659,8 @@ class Trainer {
     const fs::path dir(o_.checkpoint_dir);
     check_checkpoint_dir(o_.checkpoint_dir);  // again: it may have changed while training
     std::error_code ec;
-    if (!fs::exists(dir / kCheckpointMarker)) {
-      fs::create_directory(dir, ec);
-      LOPPER_CHECK(!ec, "[train] cannot make the checkpoint folder '", dir.string(),
-                   "': ", ec.message());
-      write_file_atomic((dir / kCheckpointMarker).string(),
-                        "A checkpoint folder of lopper train: epoch-N/ and latest are lopper's.\n");
-    }
+    LOPPER_CHECK(fs::exists(dir / kCheckpointMarker, ec), "[train] the checkpoint folder '",
+                 dir.string(), "' lost its ", kCheckpointMarker, " while training");
     const std::string name = fmt::format("epoch-{}", epochs_done);
     const fs::path tmp = temp_path_beside((dir / name).string());
     fs::create_directory(tmp, ec);
@@ -636,7 +698,8 @@ class Trainer {
     write_file_atomic((dir / "latest").string(), name + "\n");
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string f = e.path().filename().string();
-      const bool ours = std::regex_match(f, std::regex(R"(epoch-\d+|\.epoch-\d+\.tmp[0-9a-f]+)"));
+      const bool ours =
+          Pattern(R"(epoch-\d+|\.epoch-\d+\.tmp[0-9a-f]+)", "checkpoint").full_match(f);
       if (ours && f != name && e.is_directory()) remove_tree(e.path().string(), ec);
     }
     note(fmt::format("checkpoint {} (epoch {})", final.string(), epochs_done));
@@ -707,6 +770,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> opt_;
   ModelIO io_;
   std::optional<Objective> objective_;  // made with the first executor; kept across rebuilds
+  std::optional<CheckpointLock> lock_;  // the checkpoint folder, held while the run lasts
   std::vector<Param> params_;
   TrainResult result_;
   int64_t steps_per_epoch_ = 0, first_epoch_ = 0;
@@ -904,7 +968,7 @@ std::string checkpoint_to_resume(const std::string& dir) {
   if (!fs::exists(p / "latest", ec)) return dir;  // a checkpoint itself (epoch-N, or older layout)
   std::string name = read_file((p / "latest").string());
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  LOPPER_CHECK(std::regex_match(name, std::regex(R"(epoch-\d+)")),
+  LOPPER_CHECK(Pattern(R"(epoch-\d+)", "resume").full_match(name),
                "[train] " LOPPER_OPTION("resume") " '", dir, "': 'latest' names '", name,
                "', not a checkpoint of this folder");
   return (p / name).string();

@@ -35,8 +35,9 @@ const char* file_kind(mode_t m) {
   return "not a regular file";
 }
 
-// NOTE: the temporaries alive now, for the SIGINT/SIGTERM handler: it may only call
-// async-signal-safe functions (unlink), so the paths sit in fixed slots it reads with atomics.
+// NOTE: the temporaries alive now, for the handler of every signal that ends the process by
+// default: it may only call async-signal-safe functions (unlink), so the paths sit in fixed slots
+// it reads with atomics. SIGKILL cannot be caught: what it can leave is named in the README.
 constexpr size_t kSlots = 64;
 std::array<std::atomic<const char*>, kSlots> g_live{};
 std::once_flag g_handlers;
@@ -50,7 +51,8 @@ void on_signal(int sig) {
 
 void track(const std::string& tmp) {
   std::call_once(g_handlers, [] {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU,
+                    SIGVTALRM, SIGPROF, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGSYS}) {
       struct sigaction old {};
       ::sigaction(sig, nullptr, &old);
       if (old.sa_handler == SIG_DFL) std::signal(sig, on_signal);  // leave others' handlers be
@@ -76,9 +78,36 @@ void fsync_path(const std::string& path, int flags) {
   ::close(fd);
 }
 
+// What temp_path_beside() adds to a file's name: "." before it, ".tmp" and 8 hex digits after.
+constexpr size_t kTempNameExtra = 13;
+
 std::string folder_of(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
   return dir.empty() ? "." : dir;
+}
+
+// Writes all of `bytes` to the open file `fd`; false on failure (errno set).
+bool write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += size_t(n);
+  }
+  return true;
+}
+
+// An unnamed file in `dir` (O_TMPFILE) that can be linked into it later through
+// /proc/self/fd, or -1 where the filesystem or the kernel cannot make one.
+int unnamed_file_in(const std::string& dir) {
+#ifdef O_TMPFILE
+  static const bool proc = ::access("/proc/self/fd", X_OK) == 0;
+  if (!proc) return -1;
+  return ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+#else
+  return -1;
+#endif
 }
 
 // Writes all of `bytes` to a new file `tmp` and fsyncs it; false on failure (errno set).
@@ -182,9 +211,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 OutputFiles::OutputFiles(std::string cmd) : cmd_(std::move(cmd)) {}
 
 OutputFiles::~OutputFiles() {
+  for (const auto& o : outs_)
+    if (o.fd >= 0) ::close(o.fd);  // an unnamed temporary goes with its last descriptor
   if (committed_) return;
   for (const auto& o : outs_)
-    if (!o.tmp.empty()) {
+    if (!o.tmp.empty() && o.fd < 0) {
       ::unlink(o.tmp.c_str());
       untrack(o.tmp);
     }
@@ -245,6 +276,16 @@ void OutputFiles::declare(const std::string& path, const std::string& flag) {
   struct stat sd {};
   if (::stat(dir.c_str(), &sd) != 0 || !S_ISDIR(sd.st_mode))
     throw UsageError(who + ": no folder " + dir);
+  // NOTE: the temporary beside it is named ".NAME.tmpXXXXXXXX" (temp_path_beside): a name that
+  // fits but leaves no room for that would fail only after the work.
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t most = size_t(name_max > 0 ? name_max : 255) - kTempNameExtra;
+  const size_t length = fs::path(path).filename().string().size();
+  if (length > most)
+    throw UsageError(detail::concat(who, ": the file name is too long (", length,
+                                    " bytes; at most ", most,
+                                    " here, with the temporary lopper "
+                                    "writes beside it)"));
   outs_.push_back({path, flag, ""});
 }
 
@@ -271,8 +312,16 @@ std::string OutputFiles::temp(const std::string& path) {
   if (!find(path)) declare(path, "output");
   Out& o = *find(path);
   if (o.tmp.empty()) {
-    o.tmp = temp_path_beside(o.path);
-    track(o.tmp);
+    o.fd = unnamed_file_in(folder_of(o.path));
+    if (o.fd >= 0) {
+      o.tmp = "/proc/self/fd/" + std::to_string(o.fd);
+    } else {
+      o.tmp = temp_path_beside(o.path);
+      track(o.tmp);
+    }
+  } else if (o.fd >= 0) {
+    LOPPER_CHECK(::ftruncate(o.fd, 0) == 0, "[", cmd_, "] cannot write '", o.path,
+                 "': ", std::strerror(errno));  // written again: start from nothing
   } else {
     ::unlink(o.tmp.c_str());  // written again: start from nothing
   }
@@ -281,6 +330,11 @@ std::string OutputFiles::temp(const std::string& path) {
 
 void OutputFiles::write(const std::string& path, const std::string& bytes) {
   const std::string tmp = temp(path);
+  if (const Out* o = find(path); o->fd >= 0) {
+    if (::lseek(o->fd, 0, SEEK_SET) != 0 || !write_all(o->fd, bytes) || ::fsync(o->fd) != 0)
+      throw Error(detail::concat("[", cmd_, "] cannot write '", path, "': ", std::strerror(errno)));
+    return;
+  }
   if (!write_synced(tmp, bytes)) {
     const int e = errno;
     ::unlink(tmp.c_str());
@@ -314,11 +368,33 @@ void OutputFiles::commit() {
                        file_kind(st.st_mode) + ", not a regular file; nothing written");
   }
   std::vector<std::string> dirs;
-  for (const auto& o : outs_) {
+  for (auto& o : outs_) {
     if (o.tmp.empty()) continue;
-    if (std::rename(o.tmp.c_str(), o.path.c_str()) != 0)
-      throw Error(
-          detail::concat("[", cmd_, "] cannot write '", o.path, "': ", std::strerror(errno)));
+    if (o.fd >= 0) {
+      // NOTE: an unnamed temporary gets a hidden name only now, for the rename that replaces the
+      // output at once (linkat cannot replace a file); a signal between the two is handled as for
+      // any named temporary.
+      const std::string unnamed = o.tmp;
+      o.tmp = temp_path_beside(o.path);
+      track(o.tmp);  // the handler reads the string where it stays: in the deque
+      const int fd = o.fd;
+      o.fd = -1;
+      const bool linked =
+          ::linkat(AT_FDCWD, unnamed.c_str(), AT_FDCWD, o.tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+      const int e = errno;
+      ::close(fd);
+      if (!linked) {
+        untrack(o.tmp);
+        o.tmp.clear();
+        throw Error(detail::concat("[", cmd_, "] cannot write '", o.path, "': ", std::strerror(e)));
+      }
+    }
+    if (std::rename(o.tmp.c_str(), o.path.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(o.tmp.c_str());
+      untrack(o.tmp);
+      throw Error(detail::concat("[", cmd_, "] cannot write '", o.path, "': ", std::strerror(e)));
+    }
     untrack(o.tmp);
     dirs.push_back(folder_of(o.path));
   }

@@ -39,7 +39,9 @@ void remove_tree(const std::string& path, std::error_code& ec);
 /// input or another output, or lies in no folder); its bytes go to a temporary file beside it;
 /// commit() fsyncs every temporary, renames them all into place and fsyncs their folders.
 /// Destroyed without commit() — the command failed — it removes its temporaries and the folders it
-/// made, so a failure leaves nothing behind. The temporaries are also removed on SIGINT/SIGTERM.
+/// made, so a failure leaves nothing behind. Where the filesystem allows, a temporary has no name
+/// until commit() (O_TMPFILE), so that even SIGKILL leaves nothing; elsewhere it is a hidden file
+/// beside the output (".NAME.tmpXXXXXXXX"), removed on every signal that can be caught.
 class OutputFiles {
  public:
   /// `cmd` names the command in errors: "[prune] -o out.onnx is a FIFO ...".
@@ -70,6 +72,7 @@ class OutputFiles {
  private:
   struct Out {
     std::string path, flag, tmp;
+    int fd = -1;  // an unnamed temporary (O_TMPFILE), tmp its /proc/self/fd path; -1: tmp is named
   };
   const Out* find(const std::string& path) const;
   Out* find(const std::string& path);

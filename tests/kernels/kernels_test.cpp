@@ -144,13 +144,16 @@ Case random_case(std::mt19937& rng, kc::BlockShape b) {
 }  // namespace
 
 // Each fused activation over its whole range, through an identity weight (y = act(x)): the
-// vectorised e^x of Sigmoid and SiLU against ATen's, the ends where it saturates, -0, NaN.
+// vectorised e^x of Sigmoid and SiLU against ATen's, the ends where it saturates, -0, NaN and
+// +-Inf. NaN comes out where ATen's unfused op gives NaN, for every activation (a fused ReLU that
+// turned NaN into 0 hid broken inputs), and an infinity where ATen gives that infinity.
 TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
   const int64_t k = 16;
-  at::Tensor x = at::cat({at::linspace(-100, 100, 20001, at::kFloat),
-                          at::tensor({0.f, -0.f, 1e-30f, -1e-30f, 87.3f, -87.3f, 88.f, -88.f, 89.f,
-                                      -89.f, 3.f, -3.f, 1e30f, -1e30f, NAN},
-                                     at::kFloat)});
+  at::Tensor x =
+      at::cat({at::linspace(-100, 100, 20001, at::kFloat),
+               at::tensor({0.f, -0.f, 1e-30f, -1e-30f, 87.3f, -87.3f, 88.f, -88.f, 89.f, -89.f, 3.f,
+                           -3.f, 1e30f, -1e30f, NAN, -NAN, INFINITY, -INFINITY},
+                          at::kFloat)});
   x = at::cat({x, at::zeros({(k - x.numel() % k) % k})}).reshape({-1, k});
   const kc::SparseWeight eye(at::eye(k), kc::BlockShape{1, 1});
   int checked = 0;
@@ -164,15 +167,15 @@ TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
       const at::Tensor y = eye.linear(x, kc::Algo::kCols, act, isa).flatten();
       const at::Tensor ref = activation_reference(x.to(at::kDouble), act).flatten();
       const std::string what = std::string(kc::isa_name(isa)) + " kind " + std::to_string(kind);
-      // NaN: the smooth activations keep it (the piecewise ones take max/min's second operand,
-      // 0 or a bound, as ONNX Runtime's fused activations do).
-      const at::Tensor nan = at::isnan(x.flatten());
-      if (act.kind == kc::Activation::kSigmoid || act.kind == kc::Activation::kSilu)
-        EXPECT_TRUE(at::all(at::isnan(y.masked_select(nan))).item<bool>()) << what;
-      const at::Tensor err = (y.to(at::kDouble) - ref).abs().masked_fill(nan, 0);
-      // 1e-7 absolute: float rounding where x / 6 + 1/2 cancels (HardSwish near -3), and SiLU
-      // of -1e30 (-6e-9: e^-x is clamped at e^88).
-      const at::Tensor excess = (err - ref.abs() * 1e-6 - 1e-7).masked_fill(nan, 0);
+      const at::Tensor nan = at::isnan(ref);
+      EXPECT_TRUE(at::equal(at::isnan(y), nan)) << what << ": NaN where ATen has none, or not";
+      const at::Tensor inf = at::isinf(ref);
+      EXPECT_TRUE(at::equal(y.masked_select(inf).to(at::kDouble), ref.masked_select(inf)))
+          << what << ": an infinity ATen keeps";
+      const at::Tensor skip = nan | inf;
+      const at::Tensor err = (y.to(at::kDouble) - ref).abs().masked_fill(skip, 0);
+      // 1e-7 absolute: float rounding where x / 6 + 1/2 cancels (HardSwish near -3).
+      const at::Tensor excess = (err - ref.abs().masked_fill(skip, 0) * 1e-6 - 1e-7);
       const int64_t worst = excess.argmax().item<int64_t>();
       EXPECT_LE(excess[worst].item<double>(), 0)
           << what << ": at x = " << x.flatten()[worst].item<float>() << " got "
@@ -920,6 +923,130 @@ TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {
   // Ceil mode: the last window hangs over the end.
   const at::Tensor yc = kc::max_pool2d_nhwc(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, {8, 8});
   EXPECT_TRUE(at::equal(yc, at::max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true)));
+}
+
+// NaN and +-Inf in the input come out of every own kernel where ATen's unfused ops put them (a
+// NaN is never turned into a number by a fused ReLU, clip or bias), and every kernel takes an
+// empty batch: the sparse formats and kernels, the dense GEMV, the direct, depthwise, Winograd and
+// chained convolutions, with a bias, each activation and (convolutions) a residual.
+TEST(EveryKernel, KeepsNanAndInfAsAtenAndTakesEmptyBatches) {
+  at::Generator gen = at::detail::createCPUGenerator(41);
+  std::mt19937 rng(41);
+  auto poison = [](at::Tensor x) {
+    at::Tensor flat = x.view(-1);  // x is contiguous
+    flat.slice(0, 0, flat.numel(), 7).fill_(NAN);
+    flat.slice(0, 3, flat.numel(), 11).fill_(INFINITY);
+    flat.slice(0, 5, flat.numel(), 13).fill_(-INFINITY);
+    return x;
+  };
+  int checked = 0;
+  // `tiles`: Winograd's transforms mix a tile's inputs, so a non-finite input makes its whole tile
+  // NaN (never a number where ATen has NaN; NaN where ATen may have an infinity or a number).
+  auto same_nans = [&](const at::Tensor& y, const at::Tensor& ref, const std::string& what,
+                       bool tiles = false) {
+    ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+    EXPECT_TRUE(at::any(at::isnan(ref)).item<bool>()) << what << ": the case reaches no NaN";
+    if (tiles)
+      EXPECT_TRUE(at::all(at::isnan(y.masked_select(at::isnan(ref)))).item<bool>()) << what;
+    else
+      EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << what;
+    const at::Tensor finite = at::isfinite(ref) & at::isfinite(y);
+    const double err =
+        (y.to(at::kDouble) - ref).abs().masked_fill(finite.logical_not(), 0).max().item<double>();
+    EXPECT_LE(err, 1e-3 * (1 + ref.abs().masked_fill(finite.logical_not(), 0).max().item<double>()))
+        << what;
+    ++checked;
+  };
+  for (kc::Isa isa : isas())
+    for (int kind = 0; kind < 8; ++kind) {
+      kc::Activation act;
+      act.kind = static_cast<kc::Activation::Kind>(kind);
+      act.lo = -0.5f, act.hi = 0.75f, act.beta = 0.4f;
+      act.alpha = kind == kc::Activation::kHardSigmoid ? 0.3f : 0.1f;
+      const std::string tag = std::string(kc::isa_name(isa)) + " act " + std::to_string(kind);
+      // Linear layers: [m, 24] -> 20, no weight zero (a format that skips zeros skips 0 x NaN,
+      // which ATen's dense product counts).
+      const at::Tensor w = at::randn({20, 24}, gen);
+      const at::Tensor b = at::randn({20}, gen);
+      for (int64_t m : {3, 40}) {
+        const at::Tensor x = poison(at::randn({m, 24}, gen));
+        const at::Tensor ref = reference(x, w, b, act);
+        for (const kc::BlockShape& bs : kc::kernel_block_shapes()) {
+          const kc::SparseWeight sw(w, bs, b);
+          for (kc::Algo algo :
+               {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot})
+            if (sw.supports(algo)) {
+              const std::string what = tag + " sparse " + bs.str() + " " + kc::algo_name(algo);
+              same_nans(sw.linear(x, algo, act, isa), ref, what);
+              EXPECT_EQ(sw.linear(x.narrow(0, 0, 0), algo, act, isa).sizes(),
+                        (std::vector<int64_t>{0, 20}))
+                  << what;
+            }
+        }
+        const kc::MaskedWeight mw(w, b, 0, isa);
+        if (mw.runs_on(isa)) {
+          same_nans(mw.linear(x, act, isa), ref, tag + " masked");
+          EXPECT_EQ(mw.linear(x.narrow(0, 0, 0), act, isa).size(0), 0) << tag;
+        }
+        if (m <= 16) {
+          const kc::DenseGemv gemv(w, isa);
+          same_nans(gemv.linear(x, b, act), ref, tag + " gemv");
+          EXPECT_EQ(gemv.linear(x.narrow(0, 0, 0), b, act).size(0), 0) << tag;
+        }
+      }
+      // Convolutions on [2, 8, 9, 10] maps: 3x3 dense (direct and Winograd), depthwise, 1x1.
+      const at::Tensor x = poison(at::randn({2, 8, 9, 10}, gen));
+      kc::DirectConv::Geometry g;
+      g.ph = g.pw = 1;
+      auto conv_ref = [&](const at::Tensor& wt, const at::Tensor& bias, int64_t groups, int64_t pad,
+                          const at::Tensor& res) {
+        at::Tensor r = at::convolution(x.to(at::kDouble), wt.to(at::kDouble), bias.to(at::kDouble),
+                                       {1, 1}, {pad, pad}, {1, 1}, false, {0, 0}, groups);
+        if (res.defined()) r = r + res.to(at::kDouble);
+        return activation_reference(r, act);
+      };
+      const at::Tensor w3 = at::randn({16, 8, 3, 3}, gen), b16 = at::randn({16}, gen);
+      const at::Tensor res16 = at::randn({2, 16, 9, 10}, gen);
+      const kc::DirectConv direct(w3, b16, 1, g, isa);
+      same_nans(direct.run(x, res16, act), conv_ref(w3, b16, 1, 1, res16), tag + " direct");
+      EXPECT_EQ(direct.run(x.narrow(0, 0, 0), {}, act).size(0), 0) << tag;
+      if (kc::WinogradConv::takes(w3, 1, g)) {
+        const kc::WinogradConv wino(w3, b16, 1, g, isa);
+        same_nans(wino.run(x, res16, act), conv_ref(w3, b16, 1, 1, res16), tag + " winograd", true);
+        EXPECT_EQ(wino.run(x.narrow(0, 0, 0), {}, act).size(0), 0) << tag;
+      }
+      const at::Tensor wd = at::randn({8, 1, 3, 3}, gen), b8 = at::randn({8}, gen);
+      const kc::DirectConv depthwise(wd, b8, 8, g, isa);
+      same_nans(depthwise.run(x, {}, act), conv_ref(wd, b8, 8, 1, {}), tag + " depthwise");
+      EXPECT_EQ(depthwise.run(x.narrow(0, 0, 0), {}, act).size(0), 0) << tag;
+      kc::DirectConv::Geometry g1;
+      const at::Tensor w1 = at::randn({16, 8, 1, 1}, gen);
+      const kc::DirectConv pointwise(w1, b16, 1, g1, isa);
+      same_nans(pointwise.run(x, res16, act), conv_ref(w1, b16, 1, 0, res16), tag + " 1x1");
+      // The chain: 1x1 expansion to 24, 3x3 depthwise, 1x1 projection to 8, each with `act`.
+      const kc::ConvChain::Pointwise expand{at::randn({24, 8, 1, 1}, gen), at::randn({24}, gen),
+                                            act};
+      const at::Tensor dw = at::randn({24, 1, 3, 3}, gen), dw_b = at::randn({24}, gen);
+      const kc::ConvChain::Pointwise project{at::randn({8, 24, 1, 1}, gen), at::randn({8}, gen),
+                                             act};
+      if (kc::ConvChain::takes(&expand, dw, &project)) {
+        const kc::ConvChain chain(expand, dw, dw_b, g, act, project, isa);
+        at::Tensor r = activation_reference(
+            at::convolution(x.to(at::kDouble), expand.w.to(at::kDouble), expand.b.to(at::kDouble),
+                            {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1),
+            act);
+        r = activation_reference(at::convolution(r, dw.to(at::kDouble), dw_b.to(at::kDouble),
+                                                 {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 24),
+                                 act);
+        r = activation_reference(
+            at::convolution(r, project.w.to(at::kDouble), project.b.to(at::kDouble), {1, 1}, {0, 0},
+                            {1, 1}, false, {0, 0}, 1),
+            act);
+        same_nans(chain.run(x, {}), r, tag + " chain");
+        EXPECT_EQ(chain.run(x.narrow(0, 0, 0), {}).size(0), 0) << tag;
+      }
+    }
+  EXPECT_GE(checked, 8 * 6);
 }
 
 TEST(SparseKernels, PackingCountsAndRefusals) {

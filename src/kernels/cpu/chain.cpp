@@ -84,7 +84,8 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
                  ", the output ", y.sizes());
     r = channels_last_layout(residual.to(at::kFloat));
   }
-  ConvShape es;  // one input row through the expansion
+  if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
+  ConvShape es;                  // one input row through the expansion
   es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;
   ConvShape ps;  // one depthwise row through the projection
   ps.h = ps.oh = 1, ps.w = ps.ow = ow, ps.c = m, ps.k = k;

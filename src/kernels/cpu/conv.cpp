@@ -237,6 +237,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, A
                  ", the output ", y.sizes());
     r = channels_last_layout(residual.to(at::kFloat));
   }
+  if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();

@@ -71,7 +71,7 @@ struct V4 {  // 4 floats (SSE registers, FMA3)
   static V min(V a, V b) { return _mm_min_ps(a, b); }
   static V div(V a, V b) { return _mm_div_ps(a, b); }
   static V round(V x) { return _mm_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static V pow2(V n) {  // 2^n for integral n in [-126, 127]
+  static V pow2(V n) {  // 2^n for integral n in [-126, 128] (128: +Inf)
     return _mm_castsi128_ps(
         _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23));
   }
@@ -240,12 +240,14 @@ using Wide = Scalar;
 
 // e^x for a vector type with round and pow2: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6
 // Taylor polynomial (relative error below 2e-7 over the range), times 2^n. Inputs are clamped to
-// [-87.3, 88.0], where e^x and 2^n are normal floats; NaN stays NaN (max/min return the second
-// operand, x, when it is NaN).
+// [-87.3, 88.8]: below, e^x and 2^n are normal floats; at the top n = 128 makes 2^n +Inf, so that
+// e^x overflows to +Inf as std::exp does (from x = 88.38 on, 0.34 short of where float itself
+// overflows) and SiLU(-Inf) is -Inf / Inf = NaN, as in ATen. NaN stays NaN (max/min return the
+// second operand, x, when it is NaN).
 template <class T>
 inline typename T::V exp_of(typename T::V x) {
   using V = typename T::V;
-  x = T::min(T::set1(88.0f), x);
+  x = T::min(T::set1(88.8f), x);
   x = T::max(T::set1(-87.3f), x);
   const V n = T::round(T::mul(x, T::set1(1.44269504088896341f)));
   // r = x - n ln2, ln2 in two parts so that n * hi is exact
@@ -268,22 +270,25 @@ inline V8::V V8::exp(V x) { return exp_of<V8>(x); }
 inline V16::V V16::exp(V x) { return exp_of<V16>(x); }
 #endif
 
+// NOTE: NaN stays NaN, as in the unfused op (ATen's and ONNX Runtime's): each max/min takes the
+// value as its second operand, which every ISA's max and min return when either is NaN (x86's
+// maxps/minps; Scalar's `a > b ? a : b`).
 template <class T>
 inline typename T::V activate(typename T::V v, const Epilogue& e) {
   switch (e.act) {
     case Epilogue::kRelu:
-      return T::max(v, T::zero());
+      return T::max(T::zero(), v);
     case Epilogue::kClip:
-      return T::min(T::max(v, T::set1(e.lo)), T::set1(e.hi));
+      return T::min(T::set1(e.hi), T::max(T::set1(e.lo), v));
     case Epilogue::kLeaky:
-      return T::add(T::max(v, T::zero()), T::mul(T::set1(e.alpha), T::min(v, T::zero())));
+      return T::add(T::max(T::zero(), v), T::mul(T::set1(e.alpha), T::min(T::zero(), v)));
     case Epilogue::kHardSwish: {
       const auto g =
-          T::min(T::max(T::fma(v, T::set1(1.f / 6), T::set1(0.5f)), T::zero()), T::set1(1.f));
+          T::min(T::set1(1.f), T::max(T::zero(), T::fma(v, T::set1(1.f / 6), T::set1(0.5f))));
       return T::mul(v, g);
     }
     case Epilogue::kHardSigmoid:
-      return T::min(T::max(T::fma(v, T::set1(e.alpha), T::set1(e.beta)), T::zero()), T::set1(1.f));
+      return T::min(T::set1(1.f), T::max(T::zero(), T::fma(v, T::set1(e.alpha), T::set1(e.beta))));
     case Epilogue::kSigmoid:
       return T::div(T::set1(1.f), T::add(T::set1(1.f), T::exp(T::sub(T::zero(), v))));
     case Epilogue::kSilu:

@@ -99,6 +99,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                  ", the output ", y.sizes());
     r = channels_last_layout(residual.to(at::kFloat));
   }
+  if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* xp = x.data_ptr<float>();
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;

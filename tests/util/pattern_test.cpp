@@ -28,7 +28,9 @@ TEST(Pattern, TheSyntaxUsersWrite) {
   EXPECT_TRUE(Pattern("epoch-\\d+", "resume").full_match("epoch-12"));
   EXPECT_FALSE(Pattern("epoch-\\d+", "resume").full_match("epoch-12x"));
   // A name's bytes, whatever they are: invalid UTF-8 still matches '.'.
-  EXPECT_TRUE(Pattern("^a.b$", "exclude").search(std::string("a\xff" "b")));
+  EXPECT_TRUE(Pattern("^a.b$", "exclude")
+                  .search(std::string("a\xff"
+                                      "b")));
   EXPECT_EQ(Pattern("%(p_[a-z_]*weight)\\b", "fx").find_all("%p_fc_weight, %p_b_weight x"),
             (std::vector<std::string>{"p_fc_weight", "p_b_weight"}));
   const std::string odd = "a.b*c(d)[e]{f}|g^h$i?j+k\\l/m";
@@ -48,8 +50,7 @@ TEST(Pattern, HostileNamesEndAtOnce) {
   lopper::LayerFilter f(".*embed.*");
   EXPECT_TRUE(f.excludes(huge + "embed", ""));
   EXPECT_TRUE(Pattern("[0-9]+", "amount").full_match(std::string(300000, '7')));
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 5.0);
 }
 

@@ -9,6 +9,7 @@ across.
 """
 import copy
 import inspect
+import reprlib
 import sys
 import warnings
 
@@ -189,8 +190,11 @@ def _example_shapes(module, args, kwargs):
 
 
 def _command(module, **given):
-    """The call as a report's header shows it: lopper.prune(ModuleClass, the arguments given)."""
-    parts = [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()
+    """The call as a report's header shows it: lopper.prune(ModuleClass, the arguments given),
+    each argument's repr bounded (a recipe that nests deep or holds itself stays one short line)."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxstring, short.maxother = 4, 8, 8, 80, 80
+    parts = [type(module).__name__] + [f"{k}={short.repr(v)}" for k, v in given.items()
                                        if v is not None and not (k == "scope" and v == "local")]
     return "lopper.prune({})".format(", ".join(parts))
 
@@ -324,8 +328,12 @@ def _export(module, args, kwargs, dynamic, op="prune"):
     def export(shapes):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(target, args, kwargs=kwargs, dynamo=True, optimize=False,
-                                        verbose=False, dynamic_shapes=shapes)
+            # NOTE: torch.onnx.export reads a trailing dict of args as the keyword arguments when
+            # none are given: a module whose last positional argument is a dict gets an empty dict
+            # after it, which the exporter takes as the (empty) keywords instead.
+            positional = args + ({},) if not kwargs and args and isinstance(args[-1], dict) else args
+            program = torch.onnx.export(target, positional, kwargs=kwargs, dynamo=True,
+                                        optimize=False, verbose=False, dynamic_shapes=shapes)
         # NOTE: not the exporter's optimizer: it folds a Transpose of a weight into a new,
         # renamed constant, fuses BatchNorm into convolutions and merges equal initializers. Only
         # constant folding that reads no parameter (it turns SplitToSequence into Split, shape

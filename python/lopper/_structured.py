@@ -7,6 +7,8 @@ file puts the values into the module under their names, updates the sizes the st
 as attributes, and checks the shrunk module against the pruned graph.
 """
 import inspect
+import math
+import numbers
 import warnings
 
 import torch
@@ -113,6 +115,10 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     for name, value in (("unit", unit), ("scope", scope)):
         if not isinstance(value, str):
             raise TypeError(f"[prune] {name} must be a str, got {type(value).__name__}")
+    if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real):
+        raise TypeError(f"[prune] rtol must be a float >= 0, got {type(rtol).__name__}")
+    if not (math.isfinite(rtol) and rtol >= 0):
+        raise ValueError(f"[prune] rtol must be a finite float >= 0, got {rtol}")
     if _pruned(module):
         raise ValueError("[prune] the module carries torch.nn.utils.prune masks: make them "
                          "permanent first (torch.nn.utils.prune.remove) or prune it structured "

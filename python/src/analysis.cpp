@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -87,6 +86,10 @@ T arg(py::handle h, const char* op, const char* what, const char* kind) {
   try {
     return h.cast<T>();
   } catch (const py::cast_error&) {
+    // An int of the right type but out of range (a negative seed, 2**64) is a bad value.
+    if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()))
+      throw UsageError(fmt::format("[{}] {} must be {}, got {}", op, what, kind,
+                                   py::str(h).cast<std::string>()));
     throw py::type_error(fmt::format("[{}] {} must be {}, got {}", op, what, kind, type_name(h)));
   }
 }
@@ -106,13 +109,11 @@ std::vector<double> amounts_arg(py::handle h) {
   return out;
 }
 
-// `exclude` is searched as an ECMAScript regex: one that does not compile is a bad argument.
+// `exclude` is searched as a regex (lopper::regex_error): one that does not compile is a bad
+// argument.
 void check_regex(const std::string& re, const char* op) {
-  try {
-    (void)std::regex(re, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw UsageError(fmt::format("[{}] exclude '{}' is not a valid regex: {}", op, re, e.what()));
-  }
+  if (const std::string why = regex_error(re); !why.empty())
+    throw UsageError(fmt::format("[{}] exclude '{}' is not a valid regex: {}", op, re, why));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <set>
 
+#include "lopper/executor.h"
 #include "lopper/onnx_io.h"
 
 namespace py = pybind11;
@@ -20,22 +21,42 @@ std::string python_option(const std::string& option) {
 }
 
 PruneAmount to_amount(py::handle a) {
-  PruneAmount out;
-  if (PyBool_Check(a.ptr()))
-    throw py::type_error(
-        "[prune] amount must be a float (a fraction) or an int (a count), got bool");
-  // NOTE: as torch's numbers.Integral: an int, numpy's integers, anything with __index__.
-  if (PyIndex_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
-    out.value = double(py::reinterpret_steal<py::int_>(PyNumber_Index(a.ptr())).cast<int64_t>());
-    out.is_count = true;
-  } else if (PyFloat_Check(a.ptr()) || py::hasattr(a, "__float__")) {
-    out.value = PyFloat_AsDouble(a.ptr());
-    if (PyErr_Occurred()) throw py::error_already_set();
-  } else {
-    throw py::type_error("[prune] amount must be a float (a fraction) or an int (a count), got " +
-                         type_name(a));
+  const std::string wanted =
+      "[prune] amount must be a float (a fraction) or an int (a count), got ";
+  if (PyBool_Check(a.ptr())) throw py::type_error(wanted + "bool");
+  // A tensor or array is a number only when it is 0-d (float() also takes one element of more).
+  if (py::hasattr(a, "ndim") && !PyLong_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
+    const py::object ndim = a.attr("ndim");
+    if (!PyLong_Check(ndim.ptr()) || ndim.cast<int64_t>() != 0)
+      throw py::type_error(wanted + type_name(a) + " that is not 0-d");
   }
-  return out;
+  PruneAmount out;
+  // NOTE: as torch's numbers.Integral: an int, numpy's integers, anything with __index__ (a 0-d
+  // integer tensor or array too). A float tensor or array has __index__ as well, which refuses it:
+  // it is then a number through __float__, as float() takes it.
+  if (PyIndex_Check(a.ptr()) && !PyFloat_Check(a.ptr())) {
+    if (PyObject* i = PyNumber_Index(a.ptr())) {
+      const auto index = py::reinterpret_steal<py::int_>(i);
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      if (overflow != 0)
+        throw UsageError("[prune] amount " + py::str(index).cast<std::string>() +
+                         " is not a count of weights (more than any model holds)");
+      out.value = double(v);
+      out.is_count = true;
+      return out;
+    }
+    PyErr_Clear();
+  }
+  if (PyFloat_Check(a.ptr()) || py::hasattr(a, "__float__")) {
+    out.value = PyFloat_AsDouble(a.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();  // a tensor or array of several numbers: not a number
+      throw py::type_error(wanted + type_name(a) + " that is not one number");
+    }
+    return out;
+  }
+  throw py::type_error(wanted + type_name(a));
 }
 
 std::string string_arg(py::handle h, const char* what) {
@@ -45,7 +66,13 @@ std::string string_arg(py::handle h, const char* what) {
 }
 
 std::string path_of(py::handle p) {
-  return py::module_::import("os").attr("fsdecode")(p).cast<std::string>();
+  const auto path = py::module_::import("os").attr("fsdecode")(p).cast<std::string>();
+  // NOTE: as open() refuses it: the C library would cut the path at the NUL ("victim\0.html"
+  // would write "victim").
+  if (path.find('\0') != std::string::npos)
+    throw py::value_error("[io] the path " + py::repr(p).cast<std::string>() +
+                          " holds an embedded null byte");
+  return path;
 }
 
 // --- Calibration batches ---------------------------------------------------------------------
@@ -133,6 +160,7 @@ CalibrationOptions calibration_arg(py::handle loss, py::handle mask_token, int64
     throw UsageError("[prune] calib_batches must be >= 1, got " + std::to_string(calib_batches));
   c.batches = calib_batches;
   c.device = string_arg(device, "device");
+  (void)check_device(c.device);  // a bad spec is a ValueError, CUDA without a GPU a RuntimeError
   c.loss.seed = seed;
   const std::string name = string_arg(loss, "loss");
   c.loss.loss = as_usage([&] { return parse_loss(name); });
@@ -244,7 +272,18 @@ PruneRecipe recipe_arg(py::handle recipe) {
   if (py::isinstance(recipe, mapping)) {
     // NOTE: JSON is YAML: the dict goes through the recipe parser as it is, so its errors and
     // checks are the YAML file's (line numbers count the indented JSON's lines).
-    py::object text = py::module_::import("json").attr("dumps")(recipe, py::arg("indent") = 1);
+    py::object text;
+    try {
+      text = py::module_::import("json").attr("dumps")(recipe, py::arg("indent") = 1);
+    } catch (py::error_already_set& e) {
+      // A dict that holds itself, nests deeper than Python recurses, or holds what is not a
+      // plain value (a tensor): one line in lopper's words, not json's.
+      const bool wrong_type = e.matches(PyExc_TypeError);
+      std::string why = py::str(e.value()).cast<std::string>();
+      why = why.substr(0, why.find('\n'));
+      if (wrong_type) throw py::type_error("[prune] recipe: " + why);
+      throw UsageError("[prune] recipe is not a tree of plain values (" + why + ")");
+    }
     const auto yaml = text.cast<std::string>();
     return as_usage([&] { return parse_prune_recipe(yaml, "recipe"); });
   }

@@ -53,6 +53,10 @@ std::optional<T> optional_arg(pybind11::handle h, const char* what, const char* 
   try {
     return h.cast<T>();
   } catch (const pybind11::cast_error&) {
+    // An int of the right type but out of range (a negative seed, 2**64) is a bad value.
+    if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()))
+      throw UsageError(std::string("[prune] ") + what + " must be " + kind + ", got " +
+                       pybind11::str(h).cast<std::string>());
     throw pybind11::type_error(std::string("[prune] ") + what + " must be " + kind + ", got " +
                                type_name(h));
   }

@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/tensor_numpy.h>
 
+#include <climits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "convert.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
@@ -155,11 +157,96 @@ at::Tensor as_ordinary_tensor(const at::Tensor& t) {
   return out;
 }
 
+// `h` as a str; a TypeError naming `what` otherwise.
+std::string string_of(py::handle h, const char* what) {
+  if (!py::isinstance<py::str>(h))
+    throw py::type_error(std::string("[session] ") + what + " must be a str, got " + type_name(h));
+  return h.cast<std::string>();
+}
+
+// `h` as an int (not a bool); a TypeError otherwise, a ValueError when it does not fit an int.
+int int_of(py::handle h, const char* what) {
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    throw py::type_error(std::string("[session] ") + what + " must be an int, got " + type_name(h));
+  const auto i = py::reinterpret_steal<py::object>(PyNumber_Index(h.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow || v < INT_MIN || v > INT_MAX)
+    throw UsageError(std::string("[session] ") + what + " " + py::str(i).cast<std::string>() +
+                     " is out of range");
+  return int(v);
+}
+
+// The device of onnxruntime's providers list: names, or (name, options) pairs, in order of
+// preference; "CPUExecutionProvider" is the CPU, "CUDAExecutionProvider" a GPU (its device_id
+// option, from the pair or provider_options). The first one is used; a provider lopper does not
+// run is refused.
+std::string device_of_providers(const py::object& providers, const py::object& options) {
+  if (py::isinstance<py::str>(providers) || !py::isinstance<py::sequence>(providers))
+    throw py::type_error("[session] providers must be a list of provider names, got " +
+                         type_name(providers));
+  const auto list = providers.cast<py::sequence>();
+  if (list.size() == 0) throw UsageError("[session] providers is empty");
+  if (!options.is_none() &&
+      (!py::isinstance<py::sequence>(options) || py::isinstance<py::str>(options) ||
+       options.cast<py::sequence>().size() != list.size()))
+    throw UsageError("[session] provider_options must be a list of dicts, one per provider");
+  std::string device;
+  for (size_t i = 0; i < list.size(); ++i) {
+    py::object item = list[i];
+    py::object opts = options.is_none() ? py::object(py::none()) : py::object(options[py::int_(i)]);
+    if (py::isinstance<py::tuple>(item) && py::len(item) == 2) {
+      opts = item[py::int_(1)];
+      item = item[py::int_(0)];
+    }
+    const std::string name = string_of(item, "a provider");
+    std::string d;
+    if (name == "CPUExecutionProvider") {
+      d = "cpu";
+    } else if (name == "CUDAExecutionProvider") {
+      d = "cuda";
+      if (py::isinstance<py::dict>(opts) && opts.contains("device_id"))
+        d += ":" + py::str(opts["device_id"]).cast<std::string>();
+    } else {
+      throw UsageError("[session] provider '" + name +
+                       "' is not one lopper runs (CPUExecutionProvider, CUDAExecutionProvider)");
+    }
+    if (device.empty()) device = d;
+  }
+  return device;
+}
+
 class Session {
  public:
-  Session(const py::object& path_or_bytes, const std::string& device, int threads) {
-    if (threads < 0)
-      throw UsageError("[session] threads must be >= 0 (0: lopper's default), got " +
+  Session(const py::object& path_or_bytes, const py::object& sess_options,
+          const py::object& providers, const py::object& provider_options,
+          const py::object& device_arg, const py::object& threads_arg) {
+    std::string device = device_arg.is_none() ? "cpu" : string_of(device_arg, "device");
+    int threads = threads_arg.is_none() ? 0 : int_of(threads_arg, "threads");
+    // onnxruntime's arguments, where they map: SessionOptions.intra_op_num_threads, and the CPU
+    // and CUDA execution providers (the first of the list is used; CUDA with its device_id).
+    if (!sess_options.is_none()) {
+      if (!py::hasattr(sess_options, "intra_op_num_threads"))
+        throw py::type_error(
+            "[session] sess_options must be an onnxruntime.SessionOptions (or have "
+            "intra_op_num_threads), got " +
+            type_name(sess_options));
+      const int n = int_of(sess_options.attr("intra_op_num_threads"), "intra_op_num_threads");
+      if (n != 0 && threads != 0 && n != threads)
+        throw UsageError("[session] threads=" + std::to_string(threads) +
+                         " and sess_options.intra_op_num_threads=" + std::to_string(n) + " differ");
+      if (threads == 0) threads = n;
+    }
+    if (!providers.is_none()) {
+      if (!device_arg.is_none()) throw UsageError("[session] give device or providers, not both");
+      device = device_of_providers(providers, provider_options);
+    } else if (!provider_options.is_none()) {
+      throw UsageError("[session] provider_options needs providers");
+    }
+    if (threads < 0 || threads > max_threads())
+      throw UsageError("[session] threads must be 0.." + std::to_string(max_threads()) +
+                       " (0: lopper's default; at most 4x the hardware threads), got " +
                        std::to_string(threads));
     py::object bytes;
     std::string path;
@@ -168,7 +255,7 @@ class Session {
       bytes = py::reinterpret_steal<py::object>(PyBytes_FromObject(path_or_bytes.ptr()));
       if (!bytes) throw py::error_already_set();
     } else if (py::isinstance<py::str>(path_or_bytes) || py::hasattr(path_or_bytes, "__fspath__")) {
-      path = py::module_::import("os").attr("fsdecode")(path_or_bytes).cast<std::string>();
+      path = path_of(path_or_bytes);
     } else {
       throw py::type_error(
           "[session] path_or_bytes must be a path (str or os.PathLike) or the model's bytes, got " +
@@ -326,21 +413,34 @@ The call shape is ONNX Runtime's, so code written for onnxruntime.InferenceSessi
 lopper runs the graph on ATen (libtorch) with its own fusions, and picks per layer among BLAS,
 oneDNN and its own sparse kernels by timing them on the first run, so a pruned model runs at
 its sparse speed. The first run() is therefore slower than the ones after it.)doc")
-      .def(py::init<const py::object&, const std::string&, int>(), py::arg("path_or_bytes"),
-           py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
+      .def(py::init<const py::object&, const py::object&, const py::object&, const py::object&,
+                    const py::object&, const py::object&>(),
+           py::arg("path_or_bytes"), py::arg("sess_options") = py::none(),
+           py::arg("providers") = py::none(), py::arg("provider_options") = py::none(),
+           py::kw_only(), py::arg("device") = py::none(), py::arg("threads") = py::none(),
            R"doc(Loads a model and prepares it to run.
 
 Args:
     path_or_bytes: the .onnx file (str or os.PathLike; external data is read from its folder),
         or the model's serialized bytes (bytes, bytearray or memoryview; no external data).
+    sess_options: an onnxruntime.SessionOptions (or any object with intra_op_num_threads):
+        its intra_op_num_threads is the thread count (0: lopper's default); the rest is
+        onnxruntime's own and not read.
+    providers: onnxruntime's provider list (names or (name, options) pairs, in order of
+        preference): "CPUExecutionProvider" runs on the CPU, "CUDAExecutionProvider" on a GPU
+        (its "device_id" option); the first is used; any other name is a ValueError.
+    provider_options: one dict per provider (onnxruntime's), read for CUDA's device_id.
     device (str): "cpu" (default), "cuda" or "cuda:N".
-    threads (int): intra-op threads each run() uses; 0 (default) is lopper's default: the
+    threads (int): intra-op threads each run() uses, at most 4x the hardware threads; 0
+        (default) is lopper's default: the
         OMP_NUM_THREADS variable when set, else the cores idle when the session is made. The
         count applies while lopper works and is put back after (torch.get_num_threads() is the
         same process-wide pool).
 
 Raises:
-    ValueError: a bad argument (threads < 0, a device that is not "cpu", "cuda" or "cuda:N").
+    ValueError: a bad argument (threads outside 0..4x the hardware threads, a device that is
+        not "cpu", "cuda" or "cuda:N", a provider lopper does not run, device and providers
+        both given).
     TypeError: path_or_bytes is neither a path nor bytes.
     RuntimeError: the file or model cannot be read or run (an unsupported op, a missing file,
         corrupt bytes, "cuda" without a GPU), with lopper's one-line message.)doc")

@@ -321,3 +321,53 @@ def test_a_recipe_that_holds_itself_or_nests_too_deep_is_a_value_error():
         lopper.prune(m, x, recipe={"defaults": {"method": "l1", "amount": 0.5}, "x": deep})
     with pytest.raises(TypeError, match=r"^\[prune\] recipe"):
         lopper.prune(m, x, recipe={"defaults": {"method": "l1", "amount": torch.tensor(0.5)}})
+
+
+# --- grouped-query heads on a dynamic export ---------------------------------------------------
+
+def test_gqa_heads_on_a_dynamic_export_end_in_one_line_never_an_internal_error(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import warnings
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=4,
+                                   intermediate_size=128, max_position_embeddings=64,
+                                   attn_implementation="eager", use_cache=False)
+    lm = transformers.LlamaForCausalLM(cfg).eval()
+
+    class Logits(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids):
+            return self.m(input_ids=input_ids, use_cache=False).logits
+
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(Logits(lm), (torch.randint(0, 200, (2, 12)),), dynamo=True,
+                                    dynamic_shapes=({0: batch, 1: seq},),
+                                    input_names=["input_ids"], output_names=["logits"])
+    src = tmp_path / "llama.onnx"
+    program.save(str(src))
+    lopper_cli = Path(os.environ.get("LOPPER_BUILD_DIR", SOURCE / "build")) / "lopper"
+    out = tmp_path / "heads.onnx"
+    r = subprocess.run([str(lopper_cli), "prune", str(src), "--structured", "head", "--amount",
+                        "0.5", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "internal error" not in r.stderr, r.stderr
+    if r.returncode == 0:  # the heads went with their key/value heads: the model must run
+        ids = np.random.default_rng(0).integers(0, 200, (3, 17)).astype(np.int64)
+        assert ort_run(out, {"input_ids": ids})[0].shape == (3, 17, 200)
+    else:
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert "breaks the model" in lines[0] and not out.exists()
+    # Channels (the MLP's and the hidden size's that can go) still shrink and run.
+    out = tmp_path / "channels.onnx"
+    r = subprocess.run([str(lopper_cli), "prune", str(src), "--structured", "channel",
+                        "--amount", "0.3", "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    ids = np.random.default_rng(1).integers(0, 200, (3, 17)).astype(np.int64)
+    assert ort_run(out, {"input_ids": ids})[0].shape == (3, 17, 200)

@@ -15,6 +15,7 @@
 #include "prune/depgraph.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
+#include "util/memory.h"
 
 namespace lopper {
 
@@ -489,23 +490,62 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       if (amount[gi]) choose(gi, want[gi]);
   }
 
-  // Remove: classes of every removed channel.
-  std::vector<char> gone(a.dg.parent.size(), 0);
-  bool changed = false;
-  for (size_t gi = 0; gi < a.groups.size(); ++gi)
-    for (size_t c : removed[gi]) gone[a.groups[gi].classes[c]] = 1, changed = true;
+  // Remove: classes of every removed channel. The shrunk model is run on shapes (as the analysis
+  // ran it); where it does not run, the groups whose removal alone breaks it are kept at their
+  // size, each named with the reason (a width the graph computes in a way the rules did not
+  // follow: grouped-query heads repeated through shapes of a dynamic export), and the rest goes.
+  auto gone_of = [&] {
+    std::vector<char> gone(a.dg.parent.size(), 0);
+    for (size_t gi = 0; gi < a.groups.size(); ++gi)
+      for (size_t c : removed[gi]) gone[a.groups[gi].classes[c]] = 1;
+    return gone;
+  };
+  auto shrunk = [&](const std::vector<char>& gone, std::string& why) {
+    ir::Model m = model;
+    depgraph::apply(m, a.dg, gone);
+    try {
+      (void)node_shapes(m, resolve_input_shapes(m, opts.input_shapes, 1));
+      why.clear();
+    } catch (const std::exception& e) {
+      why = first_line(e.what());
+    }
+    return m;
+  };
+  std::vector<char> gone = gone_of();
+  if (std::none_of(gone.begin(), gone.end(), [](char g) { return g != 0; })) {
+    StructuredReport r = report_of(model, a, removed, rules);
+    r.warnings = warnings;
+    return r;  // amount 0: the model as it was
+  }
+  std::string why;
+  ir::Model out = shrunk(gone, why);
+  if (!why.empty()) {
+    const std::string first_why = why;
+    for (size_t gi = 0; gi < a.groups.size(); ++gi) {
+      if (removed[gi].empty()) continue;
+      std::vector<char> alone(a.dg.parent.size(), 0);
+      for (size_t c : removed[gi]) alone[a.groups[gi].classes[c]] = 1;
+      std::string broke;
+      (void)shrunk(alone, broke);
+      if (broke.empty()) continue;
+      removed[gi].clear();
+      a.groups[gi].blocked = "removing its channels breaks the model (" + broke + ")";
+      warnings.push_back(
+          "group " + std::to_string(gi) + " (" + graph.nodes[*a.groups[gi].layers.begin()].label() +
+          ") kept at its size: removing its channels breaks the model (" + broke + ")");
+    }
+    gone = gone_of();
+    if (std::none_of(gone.begin(), gone.end(), [](char g) { return g != 0; }))
+      throw Error("[prune] no channel group can be pruned: removing any breaks the model (" +
+                  first_why +
+                  "); a model exported with static input shapes lets lopper follow "
+                  "every width");
+    out = shrunk(gone, why);
+    if (!why.empty())
+      throw InternalError("internal error (a lopper bug): the shrunk model does not run: " + why);
+  }
   StructuredReport r = report_of(model, a, removed, rules);
   r.warnings = warnings;
-  if (!changed) return r;  // amount 0: the model as it was
-  ir::Model out = model;
-  depgraph::apply(out, a.dg, gone);
-  try {
-    (void)node_shapes(out, resolve_input_shapes(out, opts.input_shapes, 1));
-  } catch (const std::exception& e) {
-    throw InternalError(std::string("internal error (a lopper bug): the shrunk model does not "
-                                    "run: ") +
-                        e.what());
-  }
   model = std::move(out);
   return r;
 }

@@ -371,3 +371,13 @@ def test_gqa_heads_on_a_dynamic_export_end_in_one_line_never_an_internal_error(t
     assert r.returncode == 0, r.stderr
     ids = np.random.default_rng(1).integers(0, 200, (3, 17)).astype(np.int64)
     assert ort_run(out, {"input_ids": ids})[0].shape == (3, 17, 200)
+
+
+def test_a_structured_report_counts_what_pytorch_counts():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18().eval()
+    want = sum(p.numel() for p in m.parameters())
+    report = lopper.prune_structured(m, torch.randn(1, 3, 64, 64), amount=0.25, progress=False)
+    assert report.params_before == want  # 11,689,512, not the export's 11,694,312
+    assert report.params == sum(p.numel() for p in m.parameters()) < want

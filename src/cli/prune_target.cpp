@@ -54,8 +54,6 @@ int run_target(const Opts& o, TargetKind kind) {
     throw UsageError("[prune] a target with --method " + t.criterion +
                      " calibrates on the layers' inputs: give --data SPEC (e.g. --data "
                      "tokens:ids.npy)");
-  if (!o.sensitivity.empty() && o.data.given() && !inputs)
-    throw UsageError("[prune] --sensitivity FILE already holds the measurements: drop --data");
   if (!inputs && o.calib_batches_given)
     throw UsageError("[prune] --calib-batches is for a target with --method wanda or sparsegpt");
   t.block_size = o.block_size;
@@ -79,7 +77,9 @@ int run_target(const Opts& o, TargetKind kind) {
     t.calibration_data = calib.get();
     check_calibration(*calib, co);  // before the sweep
   }
-  if (o.data.given() && o.sensitivity.empty()) {
+  // --data: the sensitivity is measured on it, or (with --sensitivity FILE) only the model before
+  // and after pruning, for the report's top-1 and loss.
+  if (o.data.given()) {
     LoaderOptions lo = o.data.loader(model);
     lo.shuffle = false;
     loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
@@ -104,6 +104,12 @@ int run_target(const Opts& o, TargetKind kind) {
     if (!bar) bar = std::make_unique<Progress>("target", total, 10);
     bar->update(done, what);
   };
+  EvalOptions eval_opts;
+  eval_opts.device = o.device;
+  eval_opts.max_batches = o.eval_batches;
+  if (o.data.given()) eval_opts.loss = o.data.loss_options(o.seed);
+  std::optional<EvalResult> base;  // the model before, measured here when the file holds the sweep
+  if (!o.sensitivity.empty() && loader) base = evaluate(model, *loader, eval_opts);
   const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
   const ModelCost before = analyze(model, shapes);
   TargetReport r = prune_to_target(model, t);
@@ -123,18 +129,16 @@ int run_target(const Opts& o, TargetKind kind) {
   std::optional<EvalResult> measured;  // the pruned model on the sensitivity's own batches
   std::optional<std::pair<EvalResult, EvalResult>> evaluated;  // before and after, for --report
   if (sens && loader) {
-    EvalOptions eo;
-    eo.device = o.device;
-    eo.max_batches = o.eval_batches;
-    eo.loss = o.data.loss_options(o.seed);
-    measured = evaluate(model, *loader, eo);
-    EvalResult base;
-    base.samples = sens->samples;
-    base.top1 = sens->top1;
-    base.loss = sens->loss;
-    evaluated.emplace(base, *measured);
+    measured = evaluate(model, *loader, eval_opts);
+    if (!base) {  // the sweep's own measurement of the model before, on the same batches
+      base.emplace();
+      base->samples = sens->samples;
+      base->top1 = sens->top1;
+      base->loss = sens->loss;
+    }
+    evaluated.emplace(*base, *measured);
     j["target"]["loss"]["measured"] = measured->loss;
-    j["target"]["loss"]["top1_base"] = sens->top1;
+    j["target"]["loss"]["top1_base"] = base->top1;
     j["target"]["loss"]["top1_measured"] = measured->top1;
   }
   j["structured"] = t.structured;

@@ -169,6 +169,20 @@ def main():
         assert d["target"]["measured"] == j["target"]["measured"]
         assert [c["amount"] for c in d["chosen"]] == [l["amount"] for l in j["layers"]]
 
+    def target_from_file():
+        # The sweep from a file, --data only to measure the model before and after for the page.
+        sens, out = os.path.join(tmp, "ls.json"), os.path.join(tmp, "tf.onnx")
+        page = os.path.join(tmp, "tf.html")
+        lopper(exe, "sensitivity", lenet, "--data", idx, "--amounts", "0.5,0.9", "--eval-batches",
+               "2", "-o", sens)
+        lopper(exe, "prune", lenet, "-o", out, "--target-params", "0.3", "--sensitivity", sens,
+               "--data", idx, "--eval-batches", "2", "--report", page)
+        check_drawn(browser, page, tmp,
+                    ["summary", "target", "layers", "chosen", "sensitivity", "tradeoff"])
+        j = json.load(open(out + ".report.json"))
+        assert "top1_measured" in j["target"]["loss"], "no top-1 after pruning"
+        assert page_data(page)["models"][1]["top1"] == j["target"]["loss"]["top1_measured"]
+
     def sensitivity():
         out, page = os.path.join(tmp, "s.json"), os.path.join(tmp, "s.html")
         lopper(exe, "sensitivity", cnn, "--data", idx, "--structured", "channel", "--amounts",
@@ -218,6 +232,8 @@ def main():
     return cases.run([("prune --method l1 --report (top-1 on --data)", unstructured),
                       ("prune --structured channel --report", structured),
                       ("prune --target-params --data --report", target),
+                      ("prune --target-params --sensitivity FILE --data --report",
+                       target_from_file),
                       ("sensitivity --structured channel --report", sensitivity),
                       ("train --schedule agp --report", train),
                       ("compare -o --report", compare),

@@ -158,6 +158,10 @@ def main():
         assert [m["params"] for m in d["models"]] == [j["params_before"], j["params"]]
         assert [m["macs"] for m in d["models"]] == [j["macs_before"], j["macs"]]
         assert "top1" not in d["models"][0], "top-1 without data"
+        # Per layer the page draws the share removed (no zeros to show as sparsity): the layers'
+        # parameters before and after, as the shrunk model has them.
+        assert any(l["params"][1] < l["params"][0] for l in d["layers"]), d["layers"]
+        assert all(l["nonzero"] == l["params"] for l in d["layers"])
 
     def target():
         out, page = os.path.join(tmp, "t.onnx"), os.path.join(tmp, "t.html")

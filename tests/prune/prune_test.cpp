@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "lopper/error.h"
@@ -178,6 +179,52 @@ TEST(PruneModel, AbsThresholdAndRandomCounts) {
   EXPECT_EQ(r.layers[0].nonzero_after, 70);
   prune(b, ro);
   EXPECT_TRUE(at::equal(init(a, "w1"), init(b, "w1")));  // the seed decides
+}
+
+// A weight holding NaN or Inf: one warning names it, a threshold never removes a NaN (|NaN| < t
+// is false, as in torch), l1 ranks NaN largest (torch.topk's order), and LAMP keeps the other
+// weights of its layer comparable (one NaN made every LAMP score of the layer NaN).
+TEST(PruneModel, NonFiniteWeightsAreNamedAndRankedAsTorchRanksThem) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  ir::Model m = two_layers(at::tensor({0.1f, nan, 0.3f, -0.4f}).reshape({2, 2}),
+                           at::tensor({0.05f, 0.5f, -0.6f, 0.2f}).reshape({2, 2}));
+  PruneOptions o;
+  o.criterion = "abs";
+  o.threshold = 0.35;
+  PruneReport r = prune(m, o);
+  const at::Tensor w1 = init(m, "w1").flatten();
+  EXPECT_TRUE(std::isnan(w1[1].item<float>()));  // kept
+  EXPECT_EQ(nnz(init(m, "w1")), 2);              // NaN and -0.4
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("'w1'"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("non-finite"), std::string::npos) << r.warnings[0];
+
+  ir::Model l = two_layers(at::tensor({0.1f, nan, 0.3f, -0.4f}).reshape({2, 2}),
+                           at::tensor({0.05f, 0.5f, -0.6f, 0.2f}).reshape({2, 2}));
+  PruneOptions lo;
+  lo.amount = count(1);
+  prune(l, lo);
+  EXPECT_TRUE(std::isnan(init(l, "w1").flatten()[1].item<float>()));  // NaN ranks largest
+  EXPECT_EQ(init(l, "w1").flatten()[0].item<float>(), 0.f);           // 0.1 goes
+
+  // LAMP, global, 50%: with one NaN and one Inf in fc1, fc1's finite weights still rank among
+  // fc2's; the non-finite ones stay; no layer is emptied.
+  at::manual_seed(5);
+  at::Tensor a = at::randn({8, 8}), b = at::randn({8, 8});
+  a.view(-1)[3] = nan;
+  a.view(-1)[9] = inf;
+  ir::Model g = two_layers(a, b);
+  PruneOptions go;
+  go.criterion = "lamp";
+  go.scope = PruneScope::kGlobal;
+  go.amount = frac(0.5);
+  PruneReport gr = prune(g, go);
+  EXPECT_TRUE(std::isnan(init(g, "w1").view(-1)[3].item<float>()));
+  EXPECT_TRUE(std::isinf(init(g, "w1").view(-1)[9].item<float>()));
+  EXPECT_GT(gr.layers[0].nonzero_after, 8);
+  EXPECT_GT(gr.layers[1].nonzero_after, 8);
+  EXPECT_EQ(gr.layers[0].nonzero_after + gr.layers[1].nonzero_after, 64);
 }
 
 TEST(PruneModel, NMAlongTheReductionDimAndSkipsWhatDoesNotDivide) {

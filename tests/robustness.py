@@ -146,6 +146,7 @@ EXPECT = {
     # --- outputs the file system cannot take
     "prune-o-name-too-long": (2, ["too long"]),
     "prune-file-size-limit": (1, ["too large"]),
+    "prune-disk-full": (1, ["no space left"]),
     # --- a poisoned kernel cache: ignored with one warning, never a hang or a raw message
     "kernel-cache-fifo-bench": (0, ["kernel cache"]),
     "kernel-cache-folder-bench": (0, ["kernel cache"]),
@@ -766,6 +767,37 @@ case("external-data-overlapping-ranges", ["prune", "w.onnx", "--method", "l1", "
 case("external-data-negative-offset", ["inspect", "w.onnx"], setup=negative_offset, models=())
 case("prune-o-name-too-long", PRUNE + ["-o", "n" * 240 + ".onnx"])
 case("prune-file-size-limit", PRUNE + ["-o", "out.onnx"], fsize=4096)
+
+
+def can_mount():
+    """None when this process may mount a small tmpfs (root in most containers), else why not."""
+    d = tempfile.mkdtemp()
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d],
+                            capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", d], capture_output=True)
+        return None if ok else "cannot mount a tmpfs here"
+    finally:
+        os.rmdir(d)
+
+
+def small_disk(d):
+    os.mkdir(os.path.join(d, "full"))
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
+                        os.path.join(d, "full")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SetupError("mount: " + r.stderr.strip())
+
+
+def unmount_small_disk(d, out, err):
+    left = os.listdir(os.path.join(d, "full"))
+    subprocess.run(["umount", os.path.join(d, "full")], capture_output=True)
+    return [f"left on the full disk: {n}" for n in left]
+
+
+case("prune-disk-full", PRUNE + ["-o", "full/out.onnx"], setup=small_disk, skip=can_mount,
+     check=unmount_small_disk)
 
 
 def cache_env(d):

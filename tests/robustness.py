@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 # --------------------------------------------------------------------------------------------
 # Expectations: case name -> (exit codes, words). Exit codes: an int or a tuple of allowed ints.
@@ -147,6 +147,8 @@ EXPECT = {
     "prune-o-name-too-long": (2, ["too long"]),
     "prune-file-size-limit": (1, ["too large"]),
     "prune-disk-full": (1, ["no space left"]),
+    # --- what succeeds but measures another model than the one deployed: one warning
+    "run-batchnorm-in-training-mode": (0, ["training mode"]),
     # --- a poisoned kernel cache: ignored with one warning, never a hang or a raw message
     "kernel-cache-fifo-bench": (0, ["kernel cache"]),
     "kernel-cache-folder-bench": (0, ["kernel cache"]),
@@ -796,6 +798,23 @@ def unmount_small_disk(d, out, err):
     return [f"left on the full disk: {n}" for n in left]
 
 
+def training_bn(d):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.random(3).astype(np.float32) + 0.5, n)
+             for n in ("scale", "bias", "mean", "var")]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
+                            name="bn", training_mode=1)
+    g = helper.make_graph([node], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])],
+                          inits)
+    save_raw(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8),
+             os.path.join(d, "m.onnx"))
+    np.save(os.path.join(d, "in.npy"), rng.random((2, 3, 4, 4)).astype(np.float32))
+
+
+case("run-batchnorm-in-training-mode", ["run", "m.onnx", "--input", "x=in.npy", "--out", "res"],
+     setup=training_bn, models=(), allow=("res", "res/*"))
 case("prune-disk-full", PRUNE + ["-o", "full/out.onnx"], setup=small_disk, skip=can_mount,
      check=unmount_small_disk)
 

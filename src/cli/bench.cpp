@@ -135,6 +135,7 @@ Action add_bench(CLI::App& app) {
     configure_threads(o->threads);
     auto overrides = parse_shape_overrides(o->shapes);
     ir::Model model = onnx::load_model(o->model);
+    warn_about_model(model, o->model);
     auto shapes = resolve_input_shapes(model, overrides);
     Executor exec(model, exec_options(o->device, o->precision));
     NamedTensors feeds;

@@ -78,7 +78,11 @@ int64_t model_file_bytes(const std::string& path, const ir::Model& model);
 int64_t staged_model_bytes(const OutputFiles& files, const std::string& path);
 /// The files a --data SPEC reads (npy:X.npy,Y.npy: both), as inputs of `files`.
 void add_data_inputs(OutputFiles& files, const std::string& spec);
-/// Loads the model at `path`; it and its external data files become inputs of `files`.
+/// One warning line on stderr for what in `m` makes its figures another model's than the one a
+/// user deploys (BatchNormalization in training mode).
+void warn_about_model(const ir::Model& m, const std::string& path);
+/// Loads the model at `path` (warn_about_model); it and its external data files become inputs of
+/// `files`.
 ir::Model load_input_model(OutputFiles& files, const std::string& path);
 /// Adds --threads to `cmd`: intra-op threads, 0 (the default) = configure_threads' choice, at most
 /// max_threads(); anything else is a usage error. Every command that runs a model has it and calls

@@ -373,6 +373,7 @@ Action add_eval(CLI::App& app) {
   return [o]() {
     configure_threads(o->threads);
     ir::Model model = onnx::load_model(o->model);
+    warn_about_model(model, o->model);
     bool fixed = false;
     LoaderOptions lo = o->data.loader(model, fixed);
     lo.shuffle = false;

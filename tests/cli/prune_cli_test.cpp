@@ -296,7 +296,7 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("small_cnn.ts.onnx"), out = tmp / "p.onnx";
   const BadCase cases[] = {
-      {"--structured filter --amount 0.5", 2, "--structured takes channel or head"},
+      {"--structured filter --amount 0.5", 2, "channel or head, right after it (got 'filter')"},
       {"--structured channel", 2, "needs --amount"},
       {"--structured channel --amount 1.5", 2, "amount must be in [0, 1]"},
       {"--structured channel --amount 0.5 --method frob", 2, "unknown structured method"},

@@ -335,7 +335,6 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--target-macs 0.5 --structured head", 2, "not 'head'"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "bad.json"), 1, "bad.json"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "none.json"), 1, "none.json"},
-      {"--target-macs 0.5 --sensitivity " + (tmp / "s.json") + " --data " + data, 2, "drop --data"},
       {"--target-macs 0.5 --structured channel --sensitivity " + (tmp / "s.json"), 1,
        "sensitivity data is per weight"},
       {"--target-params 0.01 --sensitivity " + (tmp / "s.json"), 1, "cannot reach"},
@@ -349,4 +348,12 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
     EXPECT_EQ(test::lines(r.err), 1) << c.args << ": " << r.err;
     EXPECT_FALSE(fs::exists(target)) << c.args;
   }
+  // The sweep from a file with --data: the data measures the model before and after (the
+  // report's top-1 and loss), it is no longer refused.
+  auto r = lopper_cli("prune " + in + " -o " + target + " --target-macs 0.5 --sensitivity " +
+                      (tmp / "s.json") + " --data " + data + " --eval-batches 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto measured = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(measured["target"]["loss"].contains("top1_measured")) << r.out;
+  EXPECT_TRUE(measured["target"]["loss"].contains("top1_base")) << r.out;
 }

@@ -58,6 +58,9 @@ struct StructuredOptions {
   /// blocked with that reason (lopper.prune_structured pins what a module cannot follow, e.g.
   /// nn.MultiheadAttention's projections).
   std::vector<FixedAxis> fixed;
+  /// Groups kept whole by ChannelGroupReport::id (ids are the same for the same model and unit),
+  /// and why: lopper.prune_structured keeps the groups whose size a module's forward() hard-codes.
+  std::map<int64_t, std::string> kept_groups;
 };
 
 struct ChannelGroupReport {

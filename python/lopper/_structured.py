@@ -55,9 +55,13 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     num_heads): its projections keep their size, and the groups through them are kept whole.
 
     Last, the shrunk module is run on ``example_inputs`` and must give lopper's pruned graph's
-    outputs within ``rtol``. If it does not (a forward() that hard-codes a width or a head count),
-    the module is put back exactly as it was and a RuntimeError names the module and attribute
-    in the way.
+    outputs within ``rtol``. If it does not (a forward() that hard-codes a width or a head count:
+    ``torch.split(x, [self.c, self.c])``, ``x.view(-1, 64, 4, 4)``), the module is put back and
+    lopper finds the groups in the way by pruning again with groups kept whole (a binary search,
+    the groups near the failure first: a few prunes per such group), keeps those at their size,
+    prunes the rest and checks again. Each group kept so says why in ``report.groups``
+    (``blocked``) and in a warning. When no prune passes, the module is back exactly as it was
+    and a RuntimeError names the module and attribute in the way.
 
     Args:
         module (torch.nn.Module): the model; it must export with ``torch.onnx.export(...,
@@ -106,9 +110,9 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         ValueError: a bad argument (an unknown method or unit, an amount outside [0, 1], a bad
             recipe, example inputs the module rejects).
         TypeError: an argument of the wrong type.
-        RuntimeError: the module cannot be exported, no group can be pruned, or the shrunk
-            module does not compute what the pruned graph computes (the module is then as it
-            was).
+        RuntimeError: the module cannot be exported, no group can be pruned, or no prune that
+            keeps the groups in the way gives a module that computes what the pruned graph
+            computes (the module is then as it was).
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"[prune] module must be a torch.nn.Module, got {type(module).__name__}")
@@ -137,39 +141,151 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     holders = _holders(module)
     before = _check_runs(module, args, kwargs)
     exported, _ = _export(module, args, kwargs, dynamic=data is not None)
-    bar = _Progress("calibrate") if progress and data is not None else None
+    given = {k: v for k, v in options.items()
+             if k in ("unit", "method", "amount", "scope", "round_to", "exclude", "recipe")
+             and v is not None and not (k == "round_to" and v == 1)}
+    command = "lopper.prune_structured({})".format(", ".join(
+        [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()]))
+    fixed = _fixed(module, unit)
+    kept_ids = set()
+
+    def attempt(kept, keep=True):
+        """Prunes the export with the groups `kept` ({id: why}) kept whole and shrinks the
+        module (_shrink_in_place); the report."""
+        bar = _Progress("calibrate") if progress and data is not None and not kept else None
+        try:
+            *shrunk, report = _lopper._prune_structured_onnx(
+                exported, parameters=list(holders), fixed=fixed, kept=kept, inputs=leaves,
+                progress=bar, name=type(module).__name__, command=command, **options)
+        finally:
+            if bar is not None:
+                bar.close()
+        try:
+            _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep)
+        except _Mismatch as e:
+            e.report = report
+            raise
+        if keep:
+            kept_ids.update(kept)
+        return report
+
+    first = report = None
     try:
-        given = {k: v for k, v in options.items()
-                 if k in ("unit", "method", "amount", "scope", "round_to", "exclude", "recipe")
-                 and v is not None and not (k == "round_to" and v == 1)}
-        command = "lopper.prune_structured({})".format(", ".join(
-            [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()]))
-        *shrunk, report = _lopper._prune_structured_onnx(
-            exported, parameters=list(holders), fixed=_fixed(module, unit), inputs=leaves,
-            progress=bar, name=type(module).__name__, command=command, **options)
-    finally:
-        if bar is not None:
-            bar.close()
-    del exported
-    _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol)
+        report = attempt({})
+    except _Mismatch as e:
+        first = e
+    report = _keep_what_the_module_hard_codes(attempt, first) if first is not None else report
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
+    for g in report.groups:
+        if g.id in kept_ids:
+            warnings.warn(f"[prune] group {g.id} ({_label(g)}) kept at {g.size_before} "
+                          f"{g.kind}s: {g.blocked}", stacklevel=2)
     return report
 
 
-def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol):
-    """Puts the pruned export's values into the module and checks it (see prune_structured).
-    `shrunk`: (values, graph outputs before, after, diverged names, gone names) from the C++
-    side; `before`: the module's own outputs before, from _check_runs."""
+class _Mismatch(RuntimeError):
+    """The shrunk module does not compute what lopper's pruned graph computes (it is back as it
+    was). `what`: what is in the way; `suspects`: qualified names of the modules and parameters
+    where it showed; `report`: the StructuredReport of the prune that led to it."""
+
+    def __init__(self, message, what, suspects):
+        super().__init__(message)
+        self.what, self.suspects, self.report = what, suspects, None
+
+
+def _pruned_groups(report):
+    return [g for g in report.groups if not g.blocked and g.size_after < g.size_before]
+
+
+def _label(g):
+    names = [p or n for p, n in zip(g.layer_params, g.layers)][:3]
+    return ", ".join(names) + (", ..." if len(g.layers) > 3 else "")
+
+
+def _near(g, suspects):
+    """Whether a layer of group g lies in (or is) one of the suspect modules or parameters."""
+    return any(s == "" or p == s or p.startswith(s + ".") for p in g.layer_params if p
+               for s in suspects)
+
+
+def _keep_what_the_module_hard_codes(attempt, first):
+    """Finds the groups whose size the module's forward() hard-codes and keeps them at their size,
+    pruning the rest: `attempt(kept, keep)` prunes with the groups `kept` ({id: why}) kept whole,
+    shrinks the module and checks it (raising _Mismatch with the module put back; with
+    keep=False, it is put back after a passing check too). The culprits are found by binary
+    search over the pruned groups, those near the failure first (a group whose keeping makes the
+    check pass, where keeping the groups before it does not): a few prunes per culprit. Returns
+    the report of the prune that passes, applied; raises `first` when none does."""
+    kept, fail, trials = {}, first, 0
+
+    def passes(ids):
+        nonlocal trials
+        trials += 1
+        if trials > _MAX_TRIALS:
+            raise first
+        try:
+            attempt({**kept, **{i: "kept for a check" for i in ids}}, keep=False)
+            return None
+        except _Mismatch as e:
+            return e
+        except RuntimeError as e:
+            if "no channel group can be pruned" in str(e):
+                return None  # nothing pruned: the module computes what it did
+            raise
+
+    while True:
+        pool = [g.id for g in sorted(_pruned_groups(fail.report),
+                                     key=lambda g: not _near(g, fail.suspects))]
+        if not pool:
+            raise first
+        # Under a global amount, keeping groups moves their share to others: grow the pool with
+        # the groups that then go, until keeping the whole pool passes.
+        while (e := passes(pool)) is not None:
+            new = [g.id for g in _pruned_groups(e.report) if g.id not in pool]
+            if not new:
+                raise first
+            pool += new
+        lo, hi, lo_fail = 0, len(pool), fail
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            e = passes(pool[:mid])
+            if e is None:
+                hi = mid
+            else:
+                lo, lo_fail = mid, e
+        kept[pool[hi - 1]] = f"its size is hard-coded in the module: {lo_fail.what}"
+        try:
+            return attempt(kept, keep=True)
+        except _Mismatch as e:
+            fail = e
+        except RuntimeError as e:
+            if "no channel group can be pruned" in str(e):
+                raise first from None
+            raise
+
+
+# The most prunes _keep_what_the_module_hard_codes tries (each culprit takes about log2(groups)).
+_MAX_TRIALS = 64
+
+
+def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep=True):
+    """Puts the pruned export's values into the module and checks it (see prune_structured); with
+    keep=False it is put back after the check too. `shrunk`: (values, graph outputs before,
+    after, diverged names, gone names) from the C++ side; `before`: the module's own outputs
+    before, from _check_runs. Raises _Mismatch with the module as it was."""
     values, graph_before, reference, diverged, gone = shrunk
     for name in list(diverged) + list(gone):
-        raise RuntimeError(
-            f"[prune] '{name}' is read by layers that shrink differently, and the module holds "
-            "it once: exclude one of its layers (exclude=...)")
+        what = (f"'{name}' is read by layers that shrink differently, and the module holds it "
+                "once")
+        raise _Mismatch(f"[prune] {what}: exclude one of its layers (exclude=...)", what,
+                        [name])
     # The check allows what lopper's executor and PyTorch differ by on the unpruned module (float
     # rounding in another order), ten times over, where that exceeds rtol.
     noise = [_difference(a, b)[0] for a, b in zip(before, graph_before)]
-    _apply(module, holders, values, args, kwargs, reference, rtol, noise)
+    changes = _apply(module, holders, values, args, kwargs, reference, rtol, noise)
+    if not keep:
+        changes.undo()
 
 
 def _in_signature_order(module, kwargs):
@@ -311,6 +427,7 @@ def _apply(module, holders, values, args, kwargs, reference, rtol, noise):
     except BaseException:
         changes.undo()
         raise
+    return changes
 
 
 def _update_sizes(sub, changes):
@@ -466,15 +583,16 @@ def _check(module, args, kwargs, reference, rtol, noise, sizes, changes):
                     break
     if problem is None:
         return
-    where = _in_the_way(module, failed_in, sizes, names, changes)
-    raise RuntimeError(
+    where, suspects = _in_the_way(module, failed_in, sizes, names, changes)
+    raise _Mismatch(
         f"[prune] the shrunk module does not compute what lopper's pruned graph computes "
         f"({problem}): {where}; the module is back as it was: exclude its layers "
-        f"(exclude=...) or keep that size in its attributes")
+        f"(exclude=...) or keep that size in its attributes", f"{where} ({problem})", suspects)
 
 
 def _in_the_way(module, failed_in, sizes, names, changes):
-    """The module and attribute that still hold a pruned size (a forward that hard-codes it)."""
+    """The module and attribute that still hold a pruned size (a forward that hard-codes it), and
+    the names of the modules where the failure showed (innermost first)."""
     updated = {(id(s), a) for s, a, _ in changes.attrs}
     shrunk = changes.modules
     # The modules running when forward failed (innermost first), then those that hold a module
@@ -492,9 +610,11 @@ def _in_the_way(module, failed_in, sizes, names, changes):
             for x in values:
                 if isinstance(x, int) and not isinstance(x, bool) and x in sizes:
                     return (f"module '{names.get(id(m), '?')}' ({type(m).__name__}) attribute "
-                            f"'{attr}' = {v} is a size that pruning changed ({x} -> {sizes[x]})")
+                            f"'{attr}' = {v} is a size that pruning changed ({x} -> {sizes[x]})",
+                            [names.get(id(m), "")])
+    suspects = [names.get(id(m), "") for m in reversed(failed_in)]
     if failed_in:
         m = failed_in[-1]
         return (f"module '{names.get(id(m), '?')}' ({type(m).__name__}) fails in its forward(), "
-                "which hard-codes a size pruning changed")
-    return "no module attribute holds a pruned size (a forward() hard-codes one)"
+                "which hard-codes a size pruning changed", suspects)
+    return "no module attribute holds a pruned size (a forward() hard-codes one)", suspects

@@ -80,8 +80,9 @@ py::tuple prune_structured_onnx(
     const py::object& exclude, const py::object& seed, const py::object& recipe,
     const py::object& data, const py::object& loss, const py::object& mask_token,
     int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
-    const py::object& fixed, const std::vector<at::Tensor>& inputs, const py::object& progress,
-    bool check_only, const std::string& name, const std::string& command) {
+    const py::object& fixed, const std::map<int64_t, std::string>& kept,
+    const std::vector<at::Tensor>& inputs, const py::object& progress, bool check_only,
+    const std::string& name, const std::string& command) {
   StructuredOptions so;
   if (unit == "channel")
     so.unit = StructuredUnit::kChannel;
@@ -118,6 +119,7 @@ py::tuple prune_structured_onnx(
     so.exclude = optional_arg<std::string>(exclude, "exclude", "a str").value();
   if (!seed.is_none()) so.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0").value();
   so.fixed = fixed_arg(fixed);
+  so.kept_groups = kept;
   as_usage([&] { check_structured_options(so); });
   CalibrationOptions calib = calibration_arg(loss, mask_token, calib_batches, device, so.seed);
   if (crit.needs_data && data.is_none())
@@ -257,6 +259,7 @@ path cannot be written. The report keeps both exports for this (deleting it free
         py::arg("loss") = py::str("auto"), py::arg("mask_token") = py::none(),
         py::arg("calib_batches") = 32, py::arg("device") = py::str("cpu"),
         py::arg("parameters") = std::vector<std::string>{}, py::arg("fixed") = py::list(),
+        py::arg("kept") = std::map<int64_t, std::string>{},
         py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
         py::arg("check_only") = false, py::arg("name") = "module",
         py::arg("command") = "lopper.prune_structured",
@@ -266,7 +269,7 @@ StructuredReport): values {name: tensor} for each name of `parameters` whose ini
 shape, the graph's outputs on `inputs` (in the graph's input order) before and after pruning, the
 names read by several layers that
 shrank differently, and the names the pruned graph no longer has. `fixed` lists (initializer,
-axis or -1, why) that must keep their size. With `check_only`, only the arguments are checked
+axis or -1, why) that must keep their size; `kept` {group id: why} the groups kept whole. With `check_only`, only the arguments are checked
 (and () returned), before any export. Internal: lopper.prune_structured exports the module
 and applies the values.)");
 }

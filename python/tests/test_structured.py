@@ -1,7 +1,8 @@
 """lopper.prune_structured on nn.Modules: torchvision and transformers models shrink in place, keep
 their output shape and compute what `lopper prune --structured` writes for the same export (run
-in ONNX Runtime); the standard modules' size attributes follow; a forward() that hard-codes a width
-gets one clear error and the module comes back bit-identical; bad arguments are one-line errors;
+in ONNX Runtime); the standard modules' size attributes follow; the groups whose size a forward()
+hard-codes are found and kept, the rest pruned; where nothing else can be pruned, one clear error and
+the module comes back bit-identical; bad arguments are one-line errors;
 the shrunk module trains."""
 import copy
 import subprocess
@@ -211,6 +212,166 @@ def test_hard_coded_width_is_named_and_the_module_comes_back():
     assert "\n" not in msg
     assert "module '' (HardCoded) attribute 'width' = 32" in msg, msg
     assert_same(m, snap)
+
+
+class SplitInHalves(nn.Module):
+    """A stem whose output forward() splits by a width of its own (the split's sizes are the
+    module's, not the tensor's), then branches and a head that prune freely."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.c = c
+        self.stem = nn.Conv2d(3, 2 * c, 3, padding=1)
+        self.a = nn.Conv2d(c, 12, 3, padding=1)
+        self.b = nn.Conv2d(c, 12, 3, padding=1)
+        self.mix = nn.Conv2d(24, 16, 1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        p, q = torch.split(torch.relu(self.stem(x)), [self.c, self.c], dim=1)
+        h = torch.cat([torch.relu(self.a(p)), torch.relu(self.b(q))], 1)
+        return self.fc(torch.relu(self.mix(h)).mean((2, 3)))
+
+
+class ViewByConstant(nn.Module):
+    """view(-1, 64, 4, 4) with a literal channel count: the last conv's channels must stay."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 16, 48)
+        self.fc2 = nn.Linear(48, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        h = nn.functional.adaptive_avg_pool2d(h, 4).view(-1, 64, 4, 4).flatten(1)
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+class HeadsByLiteral(nn.Module):
+    """Self-attention whose forward reshapes by a head count it keeps as `n` (a name lopper does
+    not know), then an MLP: the attention's channels must stay, the MLP's may go."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.n = 4
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.up = nn.Linear(d, 64)
+        self.down = nn.Linear(64, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n, d // self.n).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.n) ** 0.5, -1) @ v
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class SplitBlock(nn.Module):
+    def __init__(self, cin, c):
+        super().__init__()
+        self.c = c
+        self.stem = nn.Conv2d(cin, 2 * c, 3, padding=1)
+        self.a = nn.Conv2d(c, 8, 3, padding=1)
+        self.b = nn.Conv2d(c, 8, 3, padding=1)
+        self.mix = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        p, q = torch.split(torch.relu(self.stem(x)), [self.c, self.c], dim=1)
+        return torch.relu(self.mix(torch.cat([torch.relu(self.a(p)), torch.relu(self.b(q))], 1)))
+
+
+class TwoBlocks(nn.Module):
+    """Two split blocks stacked: two groups in the way, both found."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = SplitBlock(3, 8)
+        self.two = SplitBlock(16, 4)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(self.two(self.one(x)).mean((2, 3)))
+
+
+def prune_keeping(m, x, **kw):
+    """prune_structured with its warnings: (report, the 'kept at' warnings)."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        report = lopper.prune_structured(m, x, **kw)
+    return report, [str(x.message) for x in w if "kept at" in str(x.message)]
+
+
+def blocked_by_module(report):
+    return {g.id: g for g in report.groups if g.blocked.startswith("its size is hard-coded")}
+
+
+@pytest.mark.parametrize("scope", ["local", "global"])
+def test_groups_a_forward_hard_codes_are_kept_and_the_rest_pruned(scope):
+    torch.manual_seed(0)
+    m = SplitInHalves().eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = call(m, x)
+    report, kept = prune_keeping(m, x, amount=0.5, scope=scope)
+    # The stem keeps its 16 channels (the split's [8, 8] needs them); everything else shrank.
+    assert m.stem.out_channels == 16 and m.stem.weight.shape[0] == 16
+    assert m.mix.out_channels < 16 and (m.a.out_channels < 12 or m.b.out_channels < 12)
+    hard = blocked_by_module(report)
+    assert len(hard) == 1, [(g.layers, g.blocked) for g in report.groups]
+    (g,) = hard.values()
+    assert "stem.weight" in g.layer_params and g.size_after == g.size_before == 16
+    assert "attribute 'c' = 8" in g.blocked or "SplitInHalves" in g.blocked, g.blocked
+    assert len(kept) == 1 and "stem.weight" in kept[0] and "kept at 16 channels" in kept[0]
+    assert report.params < report.params_before
+    assert sum(p.numel() for p in m.parameters()) == report.params
+    out = call(m, x)  # it runs and keeps its shape (the check against the graph passed inside)
+    assert out.shape == want.shape
+
+
+def test_a_literal_view_keeps_its_channels_and_the_rest_is_sliced_as_reported():
+    torch.manual_seed(0)
+    m = ViewByConstant().eval()
+    fresh = copy.deepcopy(m)
+    x = torch.randn(2, 3, 8, 8)
+    report, kept = prune_keeping(m, x, amount=0.5)
+    assert m.conv2.out_channels == 64 and m.fc1.in_features == 64 * 16
+    assert m.conv1.out_channels == 16 and m.fc1.out_features == 24
+    assert len(kept) == 1 and "conv2.weight" in kept[0], kept
+    # The module computes what slicing a copy by hand at the report's removed indices computes.
+    removed = {g.layer_params[0]: g.removed for g in report.groups if g.removed}
+    assert set(removed) == {"conv1.weight", "fc1.weight"}, removed
+    with torch.no_grad():
+        for first, second in (("conv1", "conv2"), ("fc1", "fc2")):
+            keep = [i for i in range(getattr(fresh, first).weight.shape[0])
+                    if i not in removed[first + ".weight"]]
+            a, b = getattr(fresh, first), getattr(fresh, second)
+            a.weight = nn.Parameter(a.weight[keep])
+            a.bias = nn.Parameter(a.bias[keep])
+            b.weight = nn.Parameter(b.weight[:, keep])
+    assert_close(call(m, x), call(fresh, x), rtol=1e-5)
+
+
+def test_a_head_count_kept_by_an_unknown_name_keeps_the_attention_and_prunes_the_mlp():
+    torch.manual_seed(0)
+    m = HeadsByLiteral().eval()
+    x = torch.randn(2, 6, 32)
+    want = call(m, x)
+    report, kept = prune_keeping(m, x, amount=0.5)
+    assert m.up.out_features == 32 and m.down.in_features == 32
+    assert m.qkv.out_features == 96 and m.n == 4
+    assert call(m, x).shape == want.shape
+
+
+def test_every_group_in_the_way_is_found():
+    torch.manual_seed(0)
+    m = TwoBlocks().eval()
+    x = torch.randn(2, 3, 8, 8)
+    report, kept = prune_keeping(m, x, amount=0.5)
+    assert m.one.stem.out_channels == 16 and m.two.stem.out_channels == 8
+    assert m.one.mix.out_channels < 16 and m.two.mix.out_channels < 16
+    assert len(kept) == 2, kept
 
 
 class Parameters(nn.Module):

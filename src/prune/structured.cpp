@@ -109,6 +109,9 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
       g.block_of = block_of, g.blocks = blocks;
     }
   }
+  for (const auto& [id, why] : opts.kept_groups)
+    if (id >= 0 && size_t(id) < a.groups.size() && a.groups[size_t(id)].blocked.empty())
+      a.groups[size_t(id)].blocked = why;
   for (auto& g : a.groups)
     if (g.blocked.empty() && g.classes.size() < 2) g.blocked = "a single channel";
   // Values that hold some of a group's channels only (a Split's outputs, a Slice): each keeps

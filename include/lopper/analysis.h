@@ -69,4 +69,9 @@ NodeShapes node_shapes(const ir::Model& model,
 ModelCost analyze(const ir::Model& model,
                   const std::map<std::string, std::vector<int64_t>>& input_shapes);
 
+/// What deserves a warning the moment `model` is loaded, one sentence each (no prefix): today,
+/// BatchNormalization in training mode, which normalises with each batch's own statistics as
+/// ONNX specifies (eval and compare then measure another model than the one deployed).
+std::vector<std::string> load_warnings(const ir::Model& model);
+
 }  // namespace lopper

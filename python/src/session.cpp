@@ -18,6 +18,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
@@ -264,14 +265,19 @@ class Session {
     (void)check_device(device);  // a bad spec is a ValueError, CUDA without a GPU a RuntimeError
     const char* data = bytes ? PyBytes_AS_STRING(bytes.ptr()) : nullptr;
     const size_t size = bytes ? static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr())) : 0;
-    py::gil_scoped_release nogil;
-    threads_ = threads > 0 ? threads : default_threads();
-    ThreadsScope scope(threads_);
-    model_ =
-        std::make_unique<ir::Model>(bytes ? onnx::parse_model(data, size) : onnx::load_model(path));
-    ExecOptions opts;
-    opts.device = device;
-    exec_ = std::make_unique<Executor>(*model_, opts);
+    std::vector<std::string> warnings;
+    {
+      py::gil_scoped_release nogil;
+      threads_ = threads > 0 ? threads : default_threads();
+      ThreadsScope scope(threads_);
+      model_ = std::make_unique<ir::Model>(bytes ? onnx::parse_model(data, size)
+                                                 : onnx::load_model(path));
+      warnings = load_warnings(*model_);
+      ExecOptions opts;
+      opts.device = device;
+      exec_ = std::make_unique<Executor>(*model_, opts);
+    }
+    for (const auto& w : warnings) warn("[session] " + (bytes ? std::string() : path + ": ") + w);
   }
 
   py::list run(const py::object& output_names, const py::object& input_feed,

@@ -374,3 +374,34 @@ def test_a_structured_report_counts_what_pytorch_counts():
     report = lopper.prune_structured(m, torch.randn(1, 3, 64, 64), amount=0.25, progress=False)
     assert report.params_before == want  # 11,689,512, not the export's 11,694,312
     assert report.params == sum(p.numel() for p in m.parameters()) < want
+
+
+def batchnorm_in_training_mode(path):
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.random(3).astype(np.float32) + 0.5, n)
+             for n in ("scale", "bias", "mean", "var")]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
+                            name="bn", training_mode=1)
+    g = helper.make_graph([node], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])],
+                          inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8),
+              str(path))
+
+
+def test_a_session_on_batchnorm_in_training_mode_warns_once(tmp_path):
+    path = tmp_path / "bn.onnx"
+    batchnorm_in_training_mode(path)
+    with pytest.warns(UserWarning, match=r"1 BatchNormalization node in training mode \('bn'\)"):
+        lopper.InferenceSession(str(path))
+    with pytest.warns(UserWarning, match="training mode") as w:
+        lopper.InferenceSession(path.read_bytes())
+    assert len([x for x in w if "training mode" in str(x.message)]) == 1
+    # The same graph in inference mode loads without a word.
+    m = onnx.load(str(path))
+    m.graph.node[0].attribute[0].i = 0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lopper.InferenceSession(m.SerializeToString())

@@ -233,4 +233,26 @@ ModelCost analyze(const ir::Model& model,
   return cost;
 }
 
+std::vector<std::string> load_warnings(const ir::Model& m) {
+  // NOTE: an export with BatchNorm in training mode (torch.onnx.export(..., training=TRAINING)
+  // or a module left in train()) normalises with each batch's statistics, as ONNX specifies:
+  // eval and compare then measure another model than the one deployed, with no error anywhere.
+  int64_t opset = 0;
+  for (const auto& o : m.opset_import)
+    if (o.domain.empty() || o.domain == "ai.onnx") opset = o.version;
+  std::vector<std::string> nodes;
+  for (const auto& n : m.graph.nodes) {
+    if (n.op_type != "BatchNormalization" || !n.domain.empty()) continue;
+    const ir::Attribute* a = n.attr("training_mode");
+    const bool stats_out = n.outputs.size() > 1 && !n.outputs[1].empty();
+    if ((opset >= 14 && a && a->i != 0) || (opset < 14 && stats_out)) nodes.push_back(n.label());
+  }
+  if (nodes.empty()) return {};
+  return {std::to_string(nodes.size()) + " BatchNormalization node" +
+          (nodes.size() == 1 ? "" : "s") + " in training mode ('" + nodes.front() + "'" +
+          (nodes.size() > 1 ? " and more" : "") +
+          "): normalised with each batch's own statistics, as ONNX specifies, not the running "
+          "ones; export the module after model.eval() for inference"};
+}
+
 }  // namespace lopper

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "prune/importance.h"
@@ -128,26 +129,8 @@ void add_data_inputs(OutputFiles& files, const std::string& spec) {
 }
 
 void warn_about_model(const ir::Model& m, const std::string& path) {
-  // NOTE: an export with BatchNorm in training mode (torch.onnx.export(..., training=TRAINING)
-  // or a module left in train()) normalises with each batch's statistics, as ONNX specifies:
-  // eval and compare then measure another model than the one deployed, with no error anywhere.
-  int64_t opset = 0;
-  for (const auto& o : m.opset_import)
-    if (o.domain.empty() || o.domain == "ai.onnx") opset = o.version;
-  std::vector<std::string> nodes;
-  for (const auto& n : m.graph.nodes) {
-    if (n.op_type != "BatchNormalization" || !n.domain.empty()) continue;
-    const ir::Attribute* a = n.attr("training_mode");
-    const bool stats_out = n.outputs.size() > 1 && !n.outputs[1].empty();
-    if ((opset >= 14 && a && a->i != 0) || (opset < 14 && stats_out)) nodes.push_back(n.label());
-  }
-  if (nodes.empty()) return;
-  std::cerr << fmt::format(
-      "lopper: warning: {}: {} BatchNormalization node{} in training mode ('{}'{}): normalised "
-      "with each batch's own statistics, as ONNX specifies, not the running ones; export the "
-      "module after model.eval() for inference\n",
-      path, nodes.size(), nodes.size() == 1 ? "" : "s", nodes.front(),
-      nodes.size() > 1 ? " and more" : "");
+  for (const auto& w : load_warnings(m))
+    std::cerr << "lopper: warning: " << path << ": " << w << "\n";
 }
 
 ir::Model load_input_model(OutputFiles& files, const std::string& path) {

@@ -5,24 +5,32 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 MODEL ?= examples/cnn_small.onnx
 
-.PHONY: deps configure build run test bench fuzz clean format format-check
+.PHONY: deps deps-run configure build build-cli run test bench fuzz clean format format-check
 
+# deps: everything (the tests' peers and tools too); deps-run: what lopper and its main job need.
 deps:
 	@scripts/install-deps.sh
 
+deps-run:
+	@scripts/install-deps.sh --run
+
 $(BUILD)/build.ninja: CMakeLists.txt scripts/requirements.txt
-	@$(MAKE) --no-print-directory deps
+	@scripts/install-deps.sh --run
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOPPER_PYTHON=$(PY)
 
-configure: deps $(BUILD)/build.ninja
+configure: deps-run $(BUILD)/build.ninja
 
-build: configure
+build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The CLI alone: what `make run` needs (not the Python package, the tests or the benchmarks).
+build-cli: configure
+	cmake --build $(BUILD) -j $(JOBS) --target lopper
 
 # The main job: train LeNet-5 on Fashion-MNIST, prune it 90% on the AGP schedule while
 # fine-tuning, and show the gain (params, nonzero, MACs, file size, test accuracy, latency).
 OUT ?= out
-run: build
+run: build-cli
 	@mkdir -p $(OUT)
 	$(BUILD)/lopper train examples/lenet5.onnx --data fashion-mnist -o $(OUT)/lenet5.dense.onnx \
 	  --epochs 3 --lr 0.02 --lr-schedule cosine --batch-size 128 --seed 0

@@ -86,6 +86,7 @@ struct TargetReport {
   /// (LatencyStats::wide: the machine was busy), and the widest one.
   int latency_measurements = 0, latency_wide = 0;
   LatencyStats latency_widest;
+  std::vector<std::string> warnings;  // what deserves a look (a weight holding NaN or Inf)
 };
 
 /// The sensitivity sweep a target measures on data when it has none: the target's unit,

@@ -559,6 +559,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     out->warnings.push_back(fmt::format(
         "measured {:.3f} ms, over the target {:.3f} ms (latency is noisy: measure again)",
         r.measured, r.target));
+  out->warnings.insert(out->warnings.end(), r.warnings.begin(), r.warnings.end());
   const nlohmann::json j = to_json(r, false);
   if (j["target"].contains("latency_warning"))
     out->warnings.push_back(j["target"]["latency_warning"].get<std::string>());

@@ -405,3 +405,13 @@ def test_a_session_on_batchnorm_in_training_mode_warns_once(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lopper.InferenceSession(m.SerializeToString())
+
+
+def test_a_target_on_a_module_with_a_nan_weight_names_it_and_empties_no_layer():
+    m, x = mlp()
+    with torch.no_grad():
+        m[1].weight[0, 0] = float("nan")
+    with pytest.warns(UserWarning, match=r"weight '.*' holds 1 non-finite value"):
+        report = lopper.prune_to_target(m, x, params=0.5, progress=False)
+    assert all(layer.amount < 0.95 for layer in report.layers)
+    assert torch.isnan(m[1].weight[0, 0])

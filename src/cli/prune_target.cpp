@@ -114,6 +114,7 @@ int run_target(const Opts& o, TargetKind kind) {
   const ModelCost before = analyze(model, shapes);
   TargetReport r = prune_to_target(model, t);
   if (bar) bar->finish();
+  for (const auto& w : r.warnings) std::cerr << "lopper: [prune] warning: " << w << "\n";
   const ModelCost after = analyze(model, shapes);
   onnx::SaveOptions save;
   if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;

@@ -256,4 +256,13 @@ void GradientStats::clear() {
   batches_ = 0;
 }
 
+std::string non_finite_warning(const std::string& name, const at::Tensor& w) {
+  if (!at::isFloatingType(w.scalar_type())) return "";
+  const int64_t bad = w.isfinite().logical_not().sum().item<int64_t>();
+  if (!bad) return "";
+  return detail::concat("weight '", name, "' holds ", bad, " non-finite value", bad == 1 ? "" : "s",
+                        " (NaN or Inf): ranked as the largest, never below a threshold; the "
+                        "model's outputs will not be finite");
+}
+
 }  // namespace lopper::importance

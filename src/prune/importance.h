@@ -117,6 +117,10 @@ std::string data_needed(const Criterion& c);
 /// gradient criterion has no saliency for it, or one of the wrong shape.
 at::Tensor weight_scores(const WeightInput& in);
 
+/// The warning for weight `name` when `w` holds NaN or Inf (how every criterion ranks them), ""
+/// when it is finite or not floating point.
+std::string non_finite_warning(const std::string& name, const at::Tensor& w);
+
 /// Accumulates the per-weight statistics of the gradient criteria over calibration batches:
 /// compute_saliency() and the trainer's data-driven schedules both fill their Saliency with it.
 class GradientStats {

@@ -379,12 +379,8 @@ std::vector<Target> find_targets(ir::Graph& g, PruneReport& report) {
     l.shape = t.init->value.sizes().vec();
     l.params = t.init->value.numel();
     l.nonzero_before = l.nonzero_after = t.init->value.count_nonzero().item<int64_t>();
-    if (at::isFloatingType(t.init->value.scalar_type()))
-      if (const int64_t bad = t.init->value.isfinite().logical_not().sum().item<int64_t>(); bad)
-        report.warnings.push_back(detail::concat(
-            "weight '", pw.weight, "' holds ", bad, " non-finite value", bad == 1 ? "" : "s",
-            " (NaN or Inf): ranked as the largest, never below a threshold; the model's outputs "
-            "will not be finite"));
+    if (auto w = importance::non_finite_warning(pw.weight, t.init->value); !w.empty())
+      report.warnings.push_back(std::move(w));
     onnx::drop_pages(t.init->value);  // a mapped model's weight is read again when pruned
     report.layers.push_back(std::move(l));
     t.weight = std::move(pw);

@@ -690,6 +690,11 @@ TargetReport prune_to_target(ir::Model& model, const TargetOptions& opts) {
   r.latency_measurements = measurements;
   r.latency_wide = wide;
   r.latency_widest = widest;
+  for (const auto& pw : prunable_weights(original.graph))
+    if (auto w = importance::non_finite_warning(pw.weight,
+                                                original.graph.find_initializer(pw.weight)->value);
+        !w.empty())
+      r.warnings.push_back(std::move(w));
   return r;
 }
 

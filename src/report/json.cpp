@@ -87,6 +87,7 @@ nlohmann::json to_json(const TargetReport& r, bool with_sensitivity) {
   }
   if (with_sensitivity)
     j["target"]["loss"] = {{"base", r.base_loss}, {"predicted", r.predicted_loss}};
+  if (!r.warnings.empty()) j["target"]["warnings"] = r.warnings;
   j["layers"] = nlohmann::json::array();
   for (const auto& u : r.units) {
     nlohmann::json ju = {{"name", u.name}, {"layers", u.layers}, {"amount", u.amount}};

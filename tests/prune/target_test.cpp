@@ -9,11 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
+#include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
 #include "test_models.h"
@@ -89,6 +91,30 @@ TEST(PruneTarget, LampMeetsParamsAndMacsWithPerLayerAmounts) {
   }
   // The source model was not touched.
   EXPECT_EQ(effective_cost(model, shapes).params, base.params);
+}
+
+TEST(PruneTarget, ANonFiniteWeightIsNamedAndEmptiesNoLayer) {
+  // One NaN and one Inf in the first layer: the target warns once, naming the weight; LAMP's
+  // ranking stays defined (the non-finite values rank largest), so no layer is emptied.
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  const PrunableWeight first = prunable_weights(m.graph).front();
+  ir::Initializer* w = m.graph.find_initializer(first.weight);
+  w->value = w->value.clone();
+  w->value.view(-1)[3] = std::numeric_limits<float>::quiet_NaN();
+  w->value.view(-1)[7] = std::numeric_limits<float>::infinity();
+  TargetOptions o;
+  o.kind = TargetKind::kParams;
+  o.value = 0.5;
+  const TargetReport r = prune_to_target(m, o);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("'" + first.weight + "' holds 2 non-finite values"),
+            std::string::npos)
+      << r.warnings[0];
+  for (const auto& u : r.units) EXPECT_LT(u.amount, 0.95) << u.name;
+  const at::Tensor after = m.graph.find_initializer(first.weight)->value.view(-1);
+  EXPECT_TRUE(std::isnan(after[3].item<float>()));
+  EXPECT_TRUE(std::isinf(after[7].item<float>()));
+  EXPECT_EQ(to_json(r, false)["target"]["warnings"].size(), 1u);
 }
 
 TEST(PruneTarget, SensitivitySparesTheLayerThatHurts) {

@@ -419,15 +419,45 @@ void transpose_channels(ChannelContext& c) {
   c.barrier("Transpose without a valid perm");
 }
 
+// Expand's shape at the channel axis: a constant's entry equal to the channel count is rewritten
+// to the kept count (1 broadcasts and follows by itself). A shape computed at run time (a dynamic
+// export's repeat of grouped-query key/value heads: Concat(Shape(x)[0], [kv_heads], [n_rep],
+// Shape(x)[1], [head_dim])) is followed entry by entry: the entry at the channel axis is a
+// literal (rewritten) or 1, and no other entry depends on a channel count.
 void expand_channels(ChannelContext& c) {
+  using Kind = ShapeEntry::Kind;
   const Tracked* x = c.in(0);
   if (!x) return;
-  at::Tensor shape = c.constant(1);
-  if (!shape.defined()) return c.barrier("Expand to a shape computed at run time");
-  const int64_t out_axis = x->axis + int64_t(c.out_shape(0).size() - c.in_shape(0).size());
-  const int64_t k = out_axis - (int64_t(c.out_shape(0).size()) - shape.numel());
+  const int64_t out_rank = int64_t(c.out_shape(0).size());
+  const int64_t out_axis = x->axis + out_rank - int64_t(c.in_shape(0).size());
   const int64_t old = int64_t(x->atoms.size());
   auto atoms = x->atoms;
+  at::Tensor shape = c.constant(1);
+  if (!shape.defined()) {
+    const std::vector<ShapeEntry>* entries = c.shape_entries(1);
+    const std::string runtime = "Expand to a shape computed at run time";
+    if (!entries) return c.barrier(runtime + " (not one lopper can read)");
+    const int64_t k = out_axis - (out_rank - int64_t(entries->size()));
+    for (size_t j = 0; j < entries->size(); ++j) {
+      const ShapeEntry& e = (*entries)[j];
+      const std::string at = " (its entry " + std::to_string(j) + " ";
+      if (e.kind == Kind::kOther)
+        return c.barrier(runtime + at + "is not followed: " + e.why + ")");
+      if (e.kind == Kind::kChannels) return c.barrier(runtime + at + "follows a channel count)");
+      if (int64_t(j) == k && !(e.kind == Kind::kLiteral && (e.value == old || e.value == 1)))
+        return c.barrier(runtime + at + "(the channels) is a size computed at run time)");
+    }
+    if (k >= 0 && (*entries)[size_t(k)].value == old && old != 1) {
+      const ShapeEntry e = (*entries)[size_t(k)];
+      c.edit([e, atoms, old](ChannelEditor& ed) {
+        const int64_t kept = int64_t(ed.kept(atoms).size());
+        if (kept != old) ed.set_shape_entry(1, e, kept);
+      });
+    }
+    c.independent_of(1);
+    return c.set_out(0, Tracked{out_axis, atoms});
+  }
+  const int64_t k = out_axis - (out_rank - shape.numel());
   if (k >= 0 && to_int_vector(shape)[k] == old)
     c.edit([k, atoms](ChannelEditor& e) {
       at::Tensor s = e.constant(1).clone();

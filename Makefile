@@ -5,7 +5,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 MODEL ?= examples/cnn_small.onnx
 
-.PHONY: deps deps-run configure build build-cli run test bench fuzz clean format format-check
+.PHONY: deps deps-run configure build build-cli run test test-quick bench fuzz clean format format-check
 
 # deps: everything (the tests' peers and tools too); deps-run: what lopper and its main job need.
 deps:
@@ -44,7 +44,12 @@ run: build-cli
 # -j 2: the tests are mostly one Python process driving lopper at a time; two at once keep both
 # cores busy (no test asserts a timing). data_parallel_two_ranks runs alone (tests/CMakeLists.txt).
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 1500 -j 2
+	cd $(BUILD) && ctest --output-on-failure --timeout 1500 -j 2 -LE quick_only
+
+# The quick tier: unit tests, one parity and one structured case, robustness (ctest -L quick:
+# the labels quick and quick_only); CI runs the full `make test`.
+test-quick: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 2 -L quick
 
 bench: build
 	$(PY) bench/compare_runtimes.py --lopper $(BUILD)/lopper

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/index.h"
 #include "lopper/error.h"
 
 namespace lopper::depgraph {
@@ -25,13 +26,6 @@ void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::strin
 }
 
 namespace {
-
-const ir::Node* producer(const ir::Graph& g, const std::string& name) {
-  for (const auto& n : g.nodes)
-    for (const auto& o : n.outputs)
-      if (o == name) return &n;
-  return nullptr;
-}
 
 // Every value some node (or the graph's outputs) reads.
 std::unordered_set<std::string> values_read(const ir::Graph& g) {
@@ -81,8 +75,11 @@ std::vector<int64_t> values_of(const at::Tensor& v) {
 // computed so far, node by node in topological order.
 class ShapeFollower {
  public:
-  ShapeFollower(const ir::Graph& g, const std::unordered_map<std::string, at::Tensor>& folded)
-      : g_(g), folded_(folded) {}
+  ShapeFollower(const ir::Graph& g, const ir::GraphIndex& index,
+                const std::unordered_map<std::string, at::Tensor>& folded)
+      : g_(g), index_(index), folded_(folded) {}
+
+  const ir::GraphIndex& index() const { return index_; }
 
   const Entries* find(const std::string& name) const {
     auto it = sym_.find(name);
@@ -129,7 +126,7 @@ class ShapeFollower {
     if (auto it = sym_.find(name); it != sym_.end()) return it->second;
     ConstRef ref;
     at::Tensor v;
-    const bool literal = resolve_constant(g_, name, ref, v);
+    const bool literal = resolve_constant(g_, index_, name, ref, v);
     if (!literal) {
       auto f = folded_.find(name);
       if (f == folded_.end()) return std::nullopt;
@@ -346,6 +343,7 @@ class ShapeFollower {
   }
 
   const ir::Graph& g_;
+  const ir::GraphIndex& index_;
   const std::unordered_map<std::string, at::Tensor>& folded_;
   std::unordered_map<std::string, Entries> sym_;
 };
@@ -411,7 +409,7 @@ class Context final : public ops::ChannelContext {
     if (!has_input(i)) return {};
     ConstRef ref;
     at::Tensor v;
-    if (resolve_constant(model_.graph, node().inputs[i], ref, v)) return v;
+    if (resolve_constant(model_.graph, follower_.index(), node().inputs[i], ref, v)) return v;
     auto f = dg_.folded.find(node().inputs[i]);
     return f != dg_.folded.end() && shape_operand(node(), i) ? f->second : at::Tensor();
   }
@@ -453,7 +451,7 @@ class Context final : public ops::ChannelContext {
     Slice s;
     s.node = index_, s.input = input, s.axis = axis, s.atoms = atoms, s.role = role;
     if (!has_input(input) ||
-        !resolve_constant(model_.graph, node().inputs[input], s.ref, s.value) ||
+        !resolve_constant(model_.graph, follower_.index(), node().inputs[input], s.ref, s.value) ||
         axis >= s.value.dim() || s.value.size(axis) != int64_t(atoms.size())) {
       pin(atoms, "a parameter that cannot follow the channels");
       return;
@@ -502,11 +500,12 @@ class Context final : public ops::ChannelContext {
 
 class Editor final : public ops::ChannelEditor {
  public:
-  Editor(ir::Graph& g, size_t index, const DepGraph& dg, const std::vector<char>& removed,
-         std::unordered_set<std::string>& replaced,
+  Editor(ir::Graph& g, ir::GraphIndex& ix, size_t index, const DepGraph& dg,
+         const std::vector<char>& removed, std::unordered_set<std::string>& replaced,
          std::vector<std::pair<std::string, std::string>>& copies,
          std::vector<std::pair<std::string, std::string>>* node_copies = nullptr)
       : g_(g),
+        ix_(ix),
         index_(index),
         dg_(dg),
         removed_(removed),
@@ -543,7 +542,7 @@ class Editor final : public ops::ChannelEditor {
     const ir::Node& n = g_.nodes[index];
     ConstRef ref;
     at::Tensor v;
-    if (input < n.inputs.size() && resolve_constant(g_, n.inputs[input], ref, v)) return v;
+    if (input < n.inputs.size() && resolve_constant(g_, ix_, n.inputs[input], ref, v)) return v;
     auto f = input < n.inputs.size() ? dg_.folded.find(n.inputs[input]) : dg_.folded.end();
     LOPPER_ASSERT(f != dg_.folded.end(), "edit of a non-constant input ", input, " of ", n.label());
     return f->second;
@@ -553,15 +552,16 @@ class Editor final : public ops::ChannelEditor {
     if (input >= n.inputs.size()) n.inputs.resize(input + 1);
     ConstRef ref;
     at::Tensor old;
-    const bool known = !n.inputs[input].empty() && resolve_constant(g_, n.inputs[input], ref, old);
+    const bool known =
+        !n.inputs[input].empty() && resolve_constant(g_, ix_, n.inputs[input], ref, old);
     const bool direct = known && n.inputs[input] == ref.name;
     if (known && readers(n.inputs[input]) == 1 && (direct || readers(ref.name) == 1)) {
       at::Tensor v = ref.perm.empty() ? value : value.permute(inverse(ref.perm)).contiguous();
       if (ref.is_initializer) {
-        g_.find_initializer(ref.name)->value = v.contiguous();
+        g_.initializers[ix_.initializer(ref.name)].value = v.contiguous();
         replaced_.insert(ref.name);  // its declared shape (value_info, graph input) is stale
       } else {
-        ir::Node* c = const_cast<ir::Node*>(producer(g_, ref.name));
+        ir::Node* c = &g_.nodes[ix_.producer(ref.name)];
         c->attrs.clear();
         ir::Attribute a;
         a.name = "value", a.type = ir::AttrType::kTensor, a.t = v.contiguous();
@@ -574,55 +574,46 @@ class Editor final : public ops::ChannelEditor {
     if (known) replaced_.insert(ref.name);
     if (known && ref.is_initializer && ref.perm.empty()) copies_.emplace_back(name, ref.name);
     g_.initializers.push_back({name, value.contiguous(), "", false});
+    ix_.add_initializer(g_.initializers.size() - 1);
+    const std::string before = g_.nodes[index].inputs[input];
     g_.nodes[index].inputs[input] = name;
+    ix_.set_input(index, before, name);
   }
   size_t producer_index(const std::string& name) const {
-    for (size_t i = 0; i < g_.nodes.size(); ++i)
-      for (const auto& o : g_.nodes[i].outputs)
-        if (o == name) return i;
-    LOPPER_ASSERT(false, "no node makes '", name, "'");
-    return 0;
+    const size_t i = ix_.producer(name);
+    LOPPER_ASSERT(i != ir::GraphIndex::npos, "no node makes '", name, "'");
+    return i;
   }
   // A copy of node `p` (appended; apply() restores the topological order) whose outputs only
   // `reader` reads, at its input `slot`. Returns the copy's index.
   size_t copy_for(size_t p, size_t reader, size_t slot) {
     ir::Node c = g_.nodes[p];
     c.name = fresh_name((c.name.empty() ? c.label() : c.name) + "_pruned");
+    std::vector<std::pair<std::string, std::string>> renamed;  // the reader's input: before, after
     for (auto& o : c.outputs) {
       if (o.empty()) continue;
       const std::string fresh = fresh_name(o + "_pruned");
-      if (g_.nodes[reader].inputs[slot] == o) g_.nodes[reader].inputs[slot] = fresh;
+      if (g_.nodes[reader].inputs[slot] == o) {
+        g_.nodes[reader].inputs[slot] = fresh;
+        renamed.emplace_back(o, fresh);
+      }
       if (node_copies_) node_copies_->emplace_back(fresh, o);
       o = fresh;
     }
     g_.nodes.push_back(std::move(c));
+    ix_.add_node(g_.nodes.size() - 1);
+    for (const auto& [before, after] : renamed) ix_.set_input(reader, before, after);
     return g_.nodes.size() - 1;
   }
   // `base`, or base_1, base_2 ...: a name no value or node has.
   std::string fresh_name(const std::string& base) const {
-    auto taken = [&](const std::string& s) {
-      if (g_.find_initializer(s)) return true;
-      for (const auto& v : g_.inputs)
-        if (v.name == s) return true;
-      for (const auto& n : g_.nodes) {
-        if (n.name == s) return true;
-        for (const auto& o : n.outputs)
-          if (o == s) return true;
-      }
-      return false;
-    };
     std::string name = base;
-    for (int k = 1; taken(name); ++k) name = base + "_" + std::to_string(k);
+    for (int k = 1; ix_.taken(name); ++k) name = base + "_" + std::to_string(k);
     return name;
   }
-  int64_t readers(const std::string& name) const {
-    int64_t r = 0;
-    for (const auto& n : g_.nodes)
-      for (const auto& i : ir::node_reads(n)) r += i == name;
-    for (const auto& o : g_.outputs) r += o.name == name;
-    return r;
-  }
+  int64_t readers(const std::string& name) const { return int64_t(ix_.uses(name)); }
   ir::Graph& g_;
+  ir::GraphIndex& ix_;
   size_t index_;
   const DepGraph& dg_;
   const std::vector<char>& removed_;
@@ -633,14 +624,14 @@ class Editor final : public ops::ChannelEditor {
 
 }  // namespace
 
-bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref,
-                      at::Tensor& value) {
+bool resolve_constant(const ir::Graph& g, const ir::GraphIndex& index, const std::string& name,
+                      ConstRef& ref, at::Tensor& value) {
   ref = {};
-  if (const auto* init = g.find_initializer(name)) {
-    ref.name = name, ref.is_initializer = true, value = init->value;
+  if (const size_t i = index.initializer(name); i != ir::GraphIndex::npos) {
+    ref.name = name, ref.is_initializer = true, value = g.initializers[i].value;
     return true;
   }
-  const ir::Node* p = producer(g, name);
+  const ir::Node* p = index.producer_node(name);
   if (!p || !p->domain.empty()) return false;
   if (p->op_type == "Constant") {
     value = ir::constant_value(*p);
@@ -648,13 +639,13 @@ bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref
     return value.defined();
   }
   if (p->op_type == "Identity" && !p->inputs.empty()) {  // how exporters share equal tensors
-    if (!resolve_constant(g, p->inputs[0], ref, value) || !ref.perm.empty()) return false;
+    if (!resolve_constant(g, index, p->inputs[0], ref, value) || !ref.perm.empty()) return false;
     return true;
   }
   if (p->op_type == "Transpose" && !p->inputs.empty()) {
     ConstRef inner;
     at::Tensor v;
-    if (!resolve_constant(g, p->inputs[0], inner, v) || !inner.perm.empty()) return false;
+    if (!resolve_constant(g, index, p->inputs[0], inner, v) || !inner.perm.empty()) return false;
     std::vector<int64_t> perm;
     if (const auto* a = p->attr("perm")) perm = a->ints;
     if (perm.empty())
@@ -687,7 +678,8 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
   // followed entry by entry.
   std::unordered_set<std::string> constant;
   for (const auto& i : g.initializers) constant.insert(i.name);
-  ShapeFollower follower(g, dg.folded);
+  const ir::GraphIndex index(g);
+  ShapeFollower follower(g, index, dg.folded);
   NodeIO none;
   for (size_t idx : g.topological_order()) {
     const ir::Node& n = g.nodes[idx];
@@ -797,9 +789,10 @@ void rejoin_copies(ir::Graph& g, const std::vector<std::pair<std::string, std::s
 // first: a copy of a Concat reads a copy of an Unsqueeze made after it.
 void rejoin_node_copies(ir::Graph& g,
                         const std::vector<std::pair<std::string, std::string>>& node_copies) {
+  const ir::GraphIndex index(g);  // producers only: what the loop rewrites are inputs
   for (auto it = node_copies.rbegin(); it != node_copies.rend(); ++it) {
-    const ir::Node* c = producer(g, it->first);
-    const ir::Node* o = producer(g, it->second);
+    const ir::Node* c = index.producer_node(it->first);
+    const ir::Node* o = index.producer_node(it->second);
     if (!c || !o || c->op_type != o->op_type || c->domain != o->domain || c->inputs != o->inputs)
       continue;
     for (auto& n : g.nodes)
@@ -815,8 +808,9 @@ void apply(ir::Model& model, DepGraph& dg, const std::vector<char>& removed_clas
   std::unordered_set<std::string> replaced;
   std::vector<std::pair<std::string, std::string>> copies;
   std::vector<std::pair<std::string, std::string>> node_copies;
+  ir::GraphIndex ix(g);  // the edits record what they add and rewire
   for (const auto& e : dg.edits) {
-    Editor ed(g, e.node, dg, removed_class, replaced, copies, &node_copies);
+    Editor ed(g, ix, e.node, dg, removed_class, replaced, copies, &node_copies);
     e.fn(ed);
   }
   rejoin_copies(g, copies);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ir/index.h"
 #include "lopper/analysis.h"
 #include "lopper/graph.h"
 #include "ops/channels.h"
@@ -73,9 +74,10 @@ DepGraph build(const ir::Model& model, const NodeShapes& shapes, bool whole_head
 /// Pins `atoms` (those not pinned yet) for `where`, and lists `where` once among the barriers.
 void pin_atoms(DepGraph& dg, const std::vector<int64_t>& atoms, const std::string& where);
 
-/// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either).
-bool resolve_constant(const ir::Graph& g, const std::string& name, ConstRef& ref,
-                      at::Tensor& value);
+/// Resolves `name` to a constant (initializer, Constant node, or a Transpose of either), looked
+/// up in `index` (an index of `g`).
+bool resolve_constant(const ir::Graph& g, const ir::GraphIndex& index, const std::string& name,
+                      ConstRef& ref, at::Tensor& value);
 
 /// Carries out the edits on `model` (which must be the model `dg` was built from), with
 /// `removed(root)` saying which atom classes go.

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "analysis/weights.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -61,7 +62,12 @@ std::map<std::string, std::vector<int64_t>> resolve_input_shapes(
   return out;
 }
 
-const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
+namespace {
+
+// layer_weight's walk, with lookups given: `init(name)` the initializer, `made(name)` the node
+// that makes the value (nullptr for none).
+template <class Init, class Made>
+const ir::Initializer* weight_of(const ir::Node& n, Init init, Made made) {
   if (!n.domain.empty()) return nullptr;
   if (n.op_type != "Conv" && n.op_type != "ConvTranspose" && n.op_type != "Gemm" &&
       n.op_type != "MatMul")
@@ -74,17 +80,34 @@ const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
   std::string w = n.inputs[1];
   bool transposed = false;
   for (int depth = 0; depth < 8; ++depth) {
-    if (const auto* init = g.find_initializer(w)) return init;
-    const ir::Node* producer = nullptr;
-    for (const auto& p : g.nodes)
-      if (p.outputs.size() == 1 && p.outputs[0] == w && p.inputs.size() == 1 && p.domain.empty() &&
-          (p.op_type == "Identity" || (p.op_type == "Transpose" && !transposed)))
-        producer = &p;
-    if (!producer) return nullptr;
-    transposed = transposed || producer->op_type == "Transpose";
-    w = producer->inputs[0];
+    if (const ir::Initializer* t = init(w)) return t;
+    const ir::Node* p = made(w);
+    if (!p || p->outputs.size() != 1 || p->inputs.size() != 1 || !p->domain.empty() ||
+        !(p->op_type == "Identity" || (p->op_type == "Transpose" && !transposed)))
+      return nullptr;
+    transposed = transposed || p->op_type == "Transpose";
+    w = p->inputs[0];
   }
   return nullptr;
+}
+
+}  // namespace
+
+const ir::Initializer* layer_weight(const ir::Graph& g, const ir::Node& n) {
+  return weight_of(
+      n, [&](const std::string& name) { return g.find_initializer(name); },
+      [&](const std::string& name) -> const ir::Node* {
+        for (const auto& p : g.nodes)
+          for (const auto& o : p.outputs)
+            if (o == name) return &p;
+        return nullptr;
+      });
+}
+
+const ir::Initializer* layer_weight(const ir::GraphIndex& index, const ir::Node& n) {
+  return weight_of(
+      n, [&](const std::string& name) { return index.find_initializer(name); },
+      [&](const std::string& name) { return index.producer_node(name); });
 }
 
 namespace {
@@ -208,6 +231,7 @@ ModelCost analyze(const ir::Model& model,
   const NodeShapes seen = node_shapes(model, input_shapes);
 
   const auto& table = ops::OpTable::global();
+  const ir::GraphIndex index(g);
   for (const auto& n : g.nodes) {
     auto it = seen.find(&n);
     int64_t macs = 0;
@@ -217,7 +241,7 @@ ModelCost analyze(const ir::Model& model,
       macs = op->macs(mc);
     }
     cost.macs += macs;
-    if (const ir::Initializer* w = layer_weight(g, n)) {
+    if (const ir::Initializer* w = layer_weight(index, n)) {
       LayerCost l;
       l.name = n.label();
       l.op = n.op_type;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "analysis/weights.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
@@ -179,7 +180,8 @@ Readers readers_of(const ir::Graph& g) {
 }
 
 // Every reader of initializer `w` but `first`, through the ops that pass it on.
-std::vector<WeightUse> other_uses(const ir::Graph& g, const Readers& readers,
+std::vector<WeightUse> other_uses(const ir::Graph& g, const ir::GraphIndex& index,
+                                  const Readers& readers,
                                   const std::unordered_set<std::string>& outputs,
                                   const ir::Initializer* w, const ir::Node* first) {
   std::map<size_t, std::string> use;  // node index -> use, in node order
@@ -201,7 +203,7 @@ std::vector<WeightUse> other_uses(const ir::Graph& g, const Readers& readers,
         continue;
       }
       if (k >= 0 && reads_shape(n)) continue;
-      std::string u = k == 1 && layer_weight(g, n) == w                     ? "layer"
+      std::string u = k == 1 && layer_weight(index, n) == w                 ? "layer"
                       : k == 0 && n.domain.empty() && n.op_type == "Gather" ? "embedding"
                                                                             : "other";
       auto [at, fresh] = use.emplace(i, u);
@@ -263,19 +265,20 @@ std::string PrunableWeight::tie_reason() const {
 
 std::vector<PrunableWeight> prunable_weights(const ir::Graph& g) {
   const Readers readers = readers_of(g);
+  const ir::GraphIndex index(g);
   std::unordered_set<std::string> outputs;
   for (const auto& o : g.outputs) outputs.insert(o.name);
   std::vector<PrunableWeight> out;
   std::unordered_set<std::string> seen;
   for (const auto& n : g.nodes) {
-    const ir::Initializer* w = layer_weight(g, n);
+    const ir::Initializer* w = layer_weight(index, n);
     if (!w || !seen.insert(w->name).second) continue;
     PrunableWeight p;
     p.node = &n;
     p.weight = w->name;
     p.param = param_name(n, w->name);
     find_axes(g, n, w->value, p.in_axis, p.out_axis);
-    p.shared = other_uses(g, readers, outputs, w, &n);
+    p.shared = other_uses(g, index, readers, outputs, w, &n);
     out.push_back(std::move(p));
   }
   return out;

@@ -113,6 +113,7 @@ EXPECT = {
     "usage-train-device-tpu": (2, ["tpu", "device"]),
     "usage-bench-device-tpu": (2, ["tpu", "device"]),
     "usage-prune-structured-without-unit": (2, ["unit"]),
+    "usage-prune-structured-recipe-and-amount": (2, ["--recipe", "drop --amount"]),
     # --- consistency: what succeeds says and writes the right thing
     "prune-amount-1-warns": (0, ["every weight", "all weights", "all its weights",
                                  "all of its weights"]),
@@ -898,6 +899,10 @@ case("recipe-malformed-yaml", ["prune", "m.onnx", "-o", "out.onnx", "--recipe", 
 case("recipe-unknown-method", ["prune", "m.onnx", "-o", "out.onnx", "--recipe", "r.yaml"],
      setup=lambda d: open(os.path.join(d, "r.yaml"), "w").write(
          "defaults:\n  method: frob\n  amount: 0.5\n"))
+case("usage-prune-structured-recipe-and-amount",
+     ["prune", "m.onnx", "--structured", "channel", "--recipe", "r.yaml", "--amount", "0.5", "-o",
+      "out.onnx"],
+     setup=lambda d: open(os.path.join(d, "r.yaml"), "w").write("defaults:\n  amount: 0.5\n"))
 case("data-unknown-kind", TRAIN[:2] + ["--data", "foo:bar", "--epochs", "1", "-o", "out.onnx"])
 
 BY_NAME = {c.name: c for c in CASES}

@@ -30,6 +30,11 @@ int run_structured(const Opts& o) {
   so.criterion = crit.name;
   std::optional<PruneRecipe> recipe;
   if (!o.recipe.empty()) {
+    // One rule with lopper.prune_structured: a recipe sets every group's amount.
+    if (!o.amount.empty())
+      throw UsageError(
+          "[prune] --recipe sets each group's amount: drop --amount (put it in the "
+          "recipe)");
     recipe = load_prune_recipe(o.recipe);
     so.recipe = &*recipe;
   } else {

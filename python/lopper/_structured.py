@@ -148,6 +148,7 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()]))
     fixed = _fixed(module, unit)
     kept_ids = set()
+    graph_before = []  # the unpruned export's outputs, from the first prune (the same each time)
 
     def attempt(kept, keep=True):
         """Prunes the export with the groups `kept` ({id: why}) kept whole and shrinks the
@@ -156,10 +157,15 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         try:
             *shrunk, report = _lopper._prune_structured_onnx(
                 exported, parameters=list(holders), fixed=fixed, kept=kept, inputs=leaves,
-                progress=bar, name=type(module).__name__, command=command, **options)
+                progress=bar, run_before=not graph_before, name=type(module).__name__,
+                command=command, **options)
         finally:
             if bar is not None:
                 bar.close()
+        if graph_before:
+            shrunk[1] = graph_before
+        else:
+            graph_before.extend(shrunk[1])
         try:
             _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep)
         except _Mismatch as e:

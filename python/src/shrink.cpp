@@ -24,7 +24,7 @@ NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>
 
 Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
                      const std::vector<std::string>& names, const NamedTensors& feeds,
-                     const std::string& device) {
+                     const std::string& device, bool run_before) {
   Shrunk s;
   for (const auto& name : names) {
     const ir::Initializer* was = before.graph.find_initializer(name);
@@ -43,7 +43,7 @@ Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
   }
   ExecOptions eo;
   eo.device = device;
-  s.before = Executor(before, eo).run(feeds);
+  if (run_before) s.before = Executor(before, eo).run(feeds);
   s.after = Executor(after, eo).run(feeds);
   return s;
 }

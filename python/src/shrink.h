@@ -29,11 +29,13 @@ struct Shrunk {
 /// Throws lopper::Error when their count differs from the graph's.
 NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>& inputs);
 
-/// Compares `after` with `before` for the parameters and buffers `names` and runs both on
-/// `feeds` on `device`. Call with the GIL released.
+/// Compares `after` with `before` for the parameters and buffers `names` and runs `after` on
+/// `feeds` on `device`, and `before` too unless `run_before` is false (Shrunk::before is empty
+/// then: a caller that prunes the same model again has its outputs already). Call with the GIL
+/// released.
 Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
                      const std::vector<std::string>& names, const NamedTensors& feeds,
-                     const std::string& device);
+                     const std::string& device, bool run_before = true);
 
 /// (values {name: tensor}, before, after, diverged, gone), as _structured._shrink_in_place takes
 /// them.

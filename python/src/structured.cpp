@@ -82,7 +82,7 @@ py::tuple prune_structured_onnx(
     int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
     const py::object& fixed, const std::map<int64_t, std::string>& kept,
     const std::vector<at::Tensor>& inputs, const py::object& progress, bool check_only,
-    const std::string& name, const std::string& command) {
+    bool run_before, const std::string& name, const std::string& command) {
   StructuredOptions so;
   if (unit == "channel")
     so.unit = StructuredUnit::kChannel;
@@ -167,7 +167,7 @@ py::tuple prune_structured_onnx(
     auto original = std::make_shared<const ir::Model>(model);
     rep.r = prune_structured(model, so, saliency ? &*saliency : nullptr);
     rep.after = module_cost(model);
-    shrunk = shrunk_values(*original, model, parameters, feeds, calib.device);
+    shrunk = shrunk_values(*original, model, parameters, feeds, calib.device, run_before);
     rep.model_before = std::move(original);
     rep.model_after = std::make_shared<const ir::Model>(std::move(model));
     rep.shapes = so.input_shapes;
@@ -261,12 +261,13 @@ path cannot be written. The report keeps both exports for this (deleting it free
         py::arg("parameters") = std::vector<std::string>{}, py::arg("fixed") = py::list(),
         py::arg("kept") = std::map<int64_t, std::string>{},
         py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
-        py::arg("check_only") = false, py::arg("name") = "module",
+        py::arg("check_only") = false, py::arg("run_before") = true, py::arg("name") = "module",
         py::arg("command") = "lopper.prune_structured",
         R"(Prunes a serialized ONNX model's channels or heads as lopper.prune_structured says (its
 arguments, the same names) and returns (values, before, after, diverged, gone,
 StructuredReport): values {name: tensor} for each name of `parameters` whose initializer changed
-shape, the graph's outputs on `inputs` (in the graph's input order) before and after pruning, the
+shape, the graph's outputs on `inputs` (in the graph's input order) before (empty without
+`run_before`) and after pruning, the
 names read by several layers that
 shrank differently, and the names the pruned graph no longer has. `fixed` lists (initializer,
 axis or -1, why) that must keep their size; `kept` {group id: why} the groups kept whole. With `check_only`, only the arguments are checked

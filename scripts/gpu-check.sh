@@ -184,8 +184,8 @@ if selected cli; then
   cli prune examples/lenet300_100.onnx -o $o/l300-wanda.onnx --method wanda --amount 0.5 \
     --data $fmnist --device cuda
   cli prune examples/lenet300_100.onnx -o $o/l300-sparsegpt.onnx --method sparsegpt \
-    --amount 0.5 --pattern 2:4 --data $fmnist --device cuda
-  cli prune $f/bert.ts.onnx -o $o/bert-24.onnx --method l1 --amount 0.5 --pattern 2:4
+    --pattern 2:4 --data $fmnist --device cuda
+  cli prune $f/bert.ts.onnx -o $o/bert-24.onnx --method l1 --pattern 2:4
   cli bench $o/bert-24.onnx --device cuda --precision bf16 --iters 5 --explain
   cli prune $f/bert.ts.onnx -o $o/bert-90.onnx --method l1 --amount 0.9
   cli bench $o/bert-90.onnx --device cuda --precision bf16 --iters 5 --explain

@@ -17,6 +17,7 @@ std::string type_name(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
 std::string python_option(const std::string& option) {
   if (option == "criterion") return "method";
   if (option == "batches") return "calib_batches";
+  if (option == "one_pass") return "sequential=False";
   return option;
 }
 

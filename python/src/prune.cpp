@@ -22,6 +22,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -51,15 +52,6 @@ py::list shared_of(const PruneLayerReport& l) {
 
 // --- The call --------------------------------------------------------------------------------
 
-struct Args {
-  std::optional<PruneOptions> options;  // method/amount/...: one way for every layer
-  std::optional<PruneRecipe> recipe;    // or per layer
-  bool needs_data = false;
-  bool reads_inputs = false;  // wanda, sparsegpt, OWL: prune_calibrated()
-  std::string data_method;    // the first criterion that needs data, for messages
-  CalibrationOptions calib;
-};
-
 // The library's defaults (the papers': Wanda, SparseGPT, OWL), as lopper.prune's signature has
 // them.
 const int64_t kBlockSize = PruneLayerOptions{}.block_size;
@@ -67,138 +59,46 @@ const double kDampening = PruneLayerOptions{}.dampening;
 const double kOwlM = OwlOptions{}.m;
 constexpr int64_t kCalibSamples = CalibrationOptions::kLayerInputSamples;
 
-// The one-shot arguments (block_size, dampening, owl_lambda, owl_m) as Python gave them.
-struct OneShotArgs {
-  int64_t block_size = kBlockSize;
-  double dampening = kDampening;
-  std::optional<double> owl_lambda;
-  double owl_m = kOwlM;
-};
-
-OneShotArgs one_shot_arg(const py::object& block_size, const py::object& dampening,
-                         const py::object& owl_lambda, const py::object& owl_m) {
-  OneShotArgs o;
+// lopper.prune's arguments as the library's request: an argument left at its default is not
+// given (the one-shot arguments have the papers' values as defaults: only others are given).
+PruneRequest prune_request(const py::object& method, const py::object& amount,
+                           const py::object& threshold, const py::object& scope,
+                           const py::object& pattern, const py::object& norm,
+                           const py::object& seed, const py::object& exclude, bool skip_first_last,
+                           bool allow_tied, const py::object& recipe, bool have_data,
+                           const std::optional<int64_t>& calib_batches,
+                           const py::object& block_size, const py::object& dampening,
+                           const py::object& owl_lambda, const py::object& owl_m, bool sequential) {
+  PruneRequest r;
+  r.criterion = optional_arg<std::string>(method, "method", "a str");
+  if (!r.criterion && recipe.is_none()) r.criterion = "l1";  // lopper.prune's default
+  if (!amount.is_none()) r.amount = to_amount(amount);
+  r.threshold = optional_arg<double>(threshold, "threshold", "a float");
+  if (const std::string s = string_arg(scope, "scope"); s != "local") r.scope = s;
+  r.pattern = optional_arg<std::string>(pattern, "pattern", "a str");
+  r.norm = optional_arg<int>(norm, "norm", "1 or 2");
+  r.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0");
+  r.exclude = optional_arg<std::string>(exclude, "exclude", "a str");
+  r.skip_first_last = skip_first_last;
+  r.allow_tied = allow_tied;
+  if (!recipe.is_none()) r.recipe = [recipe] { return recipe_arg(recipe); };
   // NOTE: a bool is an int to pybind11; as a block size it is a mistake.
   if (PyBool_Check(block_size.ptr()))
     throw py::type_error("[prune] block_size must be an int, got bool");
-  o.block_size = optional_arg<int64_t>(block_size, "block_size", "an int").value_or(kBlockSize);
-  o.dampening = optional_arg<double>(dampening, "dampening", "a float").value_or(kDampening);
-  o.owl_lambda = optional_arg<double>(owl_lambda, "owl_lambda", "a float");
-  o.owl_m = optional_arg<double>(owl_m, "owl_m", "a float").value_or(kOwlM);
-  return o;
-}
-
-Args parse_args(const py::object& method, const py::object& amount, const py::object& threshold,
-                const py::object& scope_arg, const py::object& pattern, const py::object& norm,
-                const py::object& seed, const py::object& exclude, bool skip_first_last,
-                bool allow_tied, const py::object& recipe, bool have_data,
-                const py::object& loss_arg, const py::object& mask_token, int64_t calib_batches,
-                const py::object& device_arg, const OneShotArgs& one_shot, bool sequential) {
-  const std::string scope = string_arg(scope_arg, "scope");
-  Args a;
-  auto note = [&](const PruneLayerOptions& o) {
-    const CriterionInfo c = as_usage([&] { return weight_criterion_info(o.criterion); });
-    if (c.needs_data && !a.needs_data) a.needs_data = true, a.data_method = c.name;
-  };
-  if (!recipe.is_none()) {
-    // NOTE: the one-shot arguments have the papers' values as defaults: only others are given.
-    const std::pair<const char*, bool> per_layer[] = {
-        {"method", !method.is_none()},
-        {"amount", !amount.is_none()},
-        {"threshold", !threshold.is_none()},
-        {"pattern", !pattern.is_none()},
-        {"norm", !norm.is_none()},
-        {"seed", !seed.is_none()},
-        {"exclude", !exclude.is_none()},
-        {"skip_first_last", skip_first_last},
-        {"allow_tied", allow_tied},
-        {"block_size", one_shot.block_size != kBlockSize},
-        {"dampening", one_shot.dampening != kDampening},
-        {"owl_lambda", one_shot.owl_lambda.has_value()},
-        {"owl_m", one_shot.owl_m != kOwlM}};
-    for (const auto& [name, given] : per_layer)
-      if (given)
-        throw UsageError(std::string("[prune] recipe sets each layer's pruning: drop ") + name +
-                         " (put it in the recipe)");
-    if (scope != "local")
-      throw UsageError("[prune] recipe prunes layer by layer: scope '" + scope +
-                       "' does not go with it");
-    a.recipe = recipe_arg(recipe);
-    if (a.recipe->has_defaults) note(a.recipe->defaults);
-    for (const auto& r : a.recipe->rules)
-      if (!r.skip) note(r.options);
-    a.reads_inputs = reads_layer_inputs(*a.recipe);
-  } else {
-    PruneOptions o;
-    o.criterion =
-        method.is_none() ? "l1" : optional_arg<std::string>(method, "method", "a str").value();
-    const CriterionInfo c = as_usage([&] { return weight_criterion_info(o.criterion); });
-    if (scope == "local")
-      o.scope = PruneScope::kLocal;
-    else if (scope == "global")
-      o.scope = PruneScope::kGlobal;
-    else
-      throw UsageError("[prune] unknown scope '" + scope + "' (scopes: local, global)");
-    const std::string pat = pattern.is_none()
-                                ? "unstructured"
-                                : optional_arg<std::string>(pattern, "pattern", "a str").value();
-    as_usage([&] { parse_prune_pattern(pat, o); });
-    if (c.takes_threshold) {
-      if (threshold.is_none())
-        throw UsageError("[prune] method " + c.name +
-                         " needs a threshold (removes |w| < threshold)");
-      if (!amount.is_none())
-        throw UsageError("[prune] method " + c.name + " takes a threshold, not an amount");
-      o.threshold = optional_arg<double>(threshold, "threshold", "a float").value();
-    } else {
-      if (!threshold.is_none())
-        throw UsageError("[prune] threshold is for method abs; method " + c.name +
-                         " takes an amount");
-      if (o.pattern == PrunePattern::kNM) {
-        if (!amount.is_none())
-          throw UsageError("[prune] N:M keeps N of every M weights: drop amount");
-      } else {
-        if (amount.is_none())
-          throw UsageError("[prune] method " + c.name +
-                           " needs an amount (a fraction in [0, 1] or a count)");
-        o.amount = to_amount(amount);
-      }
-    }
-    if (!seed.is_none()) o.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0").value();
-    if (!norm.is_none()) o.norm = optional_arg<int>(norm, "norm", "1 or 2").value();
-    if (!exclude.is_none())
-      o.exclude = optional_arg<std::string>(exclude, "exclude", "a str").value();
-    a.calib.loss.seed = o.seed;  // masked-lm: which tokens are picked
-    o.skip_first_last = skip_first_last;
-    o.allow_tied = allow_tied;
-    o.block_size = one_shot.block_size;
-    o.dampening = one_shot.dampening;
-    o.owl.lambda = one_shot.owl_lambda.value_or(0);  // 0: off, as the library has it
-    o.owl.m = one_shot.owl_m;
-    as_usage([&] { check_prune_options(o); });
-    if (c.needs_data) a.needs_data = true, a.data_method = c.name;
-    a.reads_inputs = reads_layer_inputs(o);
-    if (o.owl.lambda != 0 && !have_data)
-      throw UsageError(
-          "[prune] OWL weighs each block by its outlier activations: give data (an iterable of "
-          "batches)");
-    a.needs_data |= a.reads_inputs;
-    a.options = std::move(o);
-  }
-  if (a.needs_data && !have_data)
-    throw UsageError("[prune] " + a.data_method + " ranks weights " +
-                     weight_criterion_info(a.data_method).data_needed +
-                     " on data: give data (an iterable of batches)");
-  if (!a.needs_data && have_data)
-    throw UsageError(
-        "[prune] data is for the methods that rank weights by data (grad, taylor, wanda, "
-        "sparsegpt) and OWL (owl_lambda)");
-  if (!sequential && !a.reads_inputs)
-    throw UsageError(
-        "[prune] sequential=False is for method wanda and sparsegpt (and OWL): drop it");
-  a.calib = calibration_arg(loss_arg, mask_token, calib_batches, device_arg, a.calib.loss.seed);
-  a.calib.sequential = sequential;
-  return a;
+  r.block_size = optional_arg<int64_t>(block_size, "block_size", "an int");
+  if (r.block_size == kBlockSize) r.block_size.reset();
+  r.dampening = optional_arg<double>(dampening, "dampening", "a float");
+  if (r.dampening == kDampening) r.dampening.reset();
+  r.owl_lambda = optional_arg<double>(owl_lambda, "owl_lambda", "a float");
+  r.owl_m = optional_arg<double>(owl_m, "owl_m", "a float");
+  if (r.owl_m == kOwlM) r.owl_m.reset();
+  r.one_pass = !sequential;
+  r.batches = calib_batches;
+  r.data = have_data;
+  if (have_data) r.data_options.push_back("data");
+  if (calib_batches) r.data_options.push_back("batches");
+  r.data_hint = " (an iterable of batches)";
+  return r;
 }
 
 }  // namespace
@@ -280,22 +180,25 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
     throw py::type_error("[prune] calib_batches must be an int, got bool");
   const std::optional<int64_t> calib_batches =
       optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int");
-  const OneShotArgs one_shot = one_shot_arg(block_size, dampening, owl_lambda, owl_m);
-  Args a = parse_args(method, amount, threshold, scope, pattern, norm, seed, exclude,
-                      skip_first_last, allow_tied, recipe, !data.is_none(), loss, mask_token,
-                      calib_batches.value_or(32), device, one_shot, sequential);
+  const PruneRequest request = prune_request(
+      method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last, allow_tied,
+      recipe, !data.is_none(), calib_batches, block_size, dampening, owl_lambda, owl_m, sequential);
+  PruneJob job = as_usage([&] { return request.validate(); });
+  CalibrationOptions calib = calibration_arg(loss, mask_token, calib_batches.value_or(32), device,
+                                             request.seed.value_or(0));
+  calib.sequential = sequential;
   std::unique_ptr<DataLoader> loader;
-  if (a.reads_inputs) {
+  if (job.reads_inputs) {
     loader = calibration_loader(data, calib_batches);
     // NOTE: prune_calibrated() needs every batch it is told of; the user's iterable may hold
     // fewer than asked, as grad's "at most calib_batches" has it.
-    a.calib.batches = loader->batches_per_epoch();
-  } else if (a.needs_data) {
-    loader = loader_arg(data, a.calib.batches);
+    calib.batches = loader->batches_per_epoch();
+  } else if (job.needs_data) {
+    loader = loader_arg(data, calib.batches);
   }
   if (!progress.is_none()) {
-    a.calib.progress = progress_arg(progress);
-    a.calib.on_pass = [progress](int64_t pass, int64_t of, const std::string& what) {
+    calib.progress = progress_arg(progress);
+    calib.on_pass = [progress](int64_t pass, int64_t of, const std::string& what) {
       py::gil_scoped_acquire gil;
       progress(pass, of, what);  // as the pass starts: the block being calibrated
       // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
@@ -321,33 +224,32 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
     for (const auto& w : prunable_weights(model.graph))
       if (!params.count(w.weight)) constants.insert(w.weight);
     if (const std::string anchored = constants_regex(model, params); !anchored.empty()) {
-      if (a.options) {
-        exclude_also(a.options->exclude, anchored);
+      if (job.options) {
+        exclude_also(job.options->exclude, anchored);
       } else {
         PruneRule skip;
         skip.match = anchored;
         skip.skip = true;
         skip.where = "(parameters only)";
-        a.recipe->rules.insert(a.recipe->rules.begin(), skip);
+        job.recipe->rules.insert(job.recipe->rules.begin(), skip);
       }
     }
-    if (a.reads_inputs) {
+    if (job.reads_inputs) {
       // NOTE: not as_usage: what prune_calibrated() throws past the options' checks is mostly the
       // model's or the data's doing (batches the model cannot take, a singular Hessian).
-      static_cast<PruneReport&>(report) = pythonic([&] {
-        return a.options ? prune_calibrated(model, *a.options, *loader, a.calib)
-                         : prune_calibrated(model, *a.recipe, *loader, a.calib);
-      });
+      static_cast<PruneReport&>(report) =
+          pythonic([&] { return job.run(model, loader.get(), calib); });
     } else {
-      std::optional<Saliency> saliency;
-      if (a.needs_data) saliency = compute_saliency(model, *loader, a.calib);
-      const Saliency* sal = saliency ? &*saliency : nullptr;
       // NOTE: the options were checked above, so what prune() still refuses is options that do
       // not fit this model (a count past a layer's size, a pattern that no layer's shape divides,
       // an exclude that leaves no layer): the arguments' doing, as torch's ValueError for an
-      // amount past a tensor's size.
-      static_cast<PruneReport&>(report) = as_usage(
-          [&] { return a.options ? prune(model, *a.options, sal) : prune(model, *a.recipe, sal); });
+      // amount past a tensor's size. (A gradient calibration's failure is the data's: kept.)
+      std::optional<Saliency> saliency;
+      if (job.needs_data) saliency = compute_saliency(model, *loader, calib);
+      const Saliency* sal = saliency ? &*saliency : nullptr;
+      static_cast<PruneReport&>(report) = as_usage([&] {
+        return job.options ? prune(model, *job.options, sal) : prune(model, *job.recipe, sal);
+      });
     }
     report.after = analyze(model, shapes);
     for (auto& l : report.layers) {
@@ -366,7 +268,7 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
     }
     report.model_before = std::move(before);
     report.model_after = std::make_shared<const ir::Model>(std::move(model));
-    report.device = a.calib.device;
+    report.device = calib.device;
     report.file_bytes = int64_t(size);
   }
   report.name = name;

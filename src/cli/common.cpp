@@ -183,6 +183,17 @@ std::string flag_of(const std::string& option) {
   return flag;
 }
 
+std::string library_name(const CLI::Option& flag) {
+  std::string name = flag.get_name();
+  if (name == "--method") return "criterion";
+  if (name == "--calib-batches") return "batches";
+  if (name == "--shape") return "input_shapes";
+  if (name.rfind("--", 0) == 0) name = name.substr(2);
+  for (char& ch : name)
+    if (ch == '-') ch = '_';
+  return name;
+}
+
 const importance::Criterion& weight_criterion(const std::string& name) {
   return parse_flag([&]() -> const importance::Criterion& {
     return importance::find(name, importance::Use::kWeights);

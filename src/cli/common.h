@@ -28,6 +28,9 @@ namespace lopper::cli {
 /// The flag that sets a library option ("round_to" -> "--round-to", "criterion" -> "--method").
 std::string flag_of(const std::string& option);
 
+/// The library option a flag sets, the inverse of flag_of ("--calib-batches" -> "batches").
+std::string library_name(const CLI::Option& flag);
+
 /// Runs `parse`, which reads flag values with the library's parsers: a lopper::Error it throws is
 /// about the user's flag, so it becomes a UsageError (exit code 2).
 template <typename F>

@@ -26,6 +26,7 @@
 #include "cli/prune.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -55,21 +56,6 @@ std::pair<LoaderOptions, CalibrationOptions> input_calibration(const Opts& o,
   co.loss = o.data.loss_options(o.seed);
   co.sequential = !o.one_pass;
   return {lo, co};
-}
-
-// Pruning that reads the layers' inputs (wanda, sparsegpt, OWL): calibrated block by block.
-PruneReport prune_with_inputs(const Opts& o, ir::Model& model, const PruneOptions* po,
-                              const PruneRecipe* recipe, const onnx::MappedData* mapped) {
-  auto [lo, co] = input_calibration(o, model);
-  DataLoader loader(o.data.dataset(), lo);
-  if (mapped) co.release_memory = [mapped] { mapped->release(); };
-  std::unique_ptr<Progress> bar;
-  co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
-    if (!bar) bar = std::make_unique<Progress>("calibrate", of);
-    bar->update(pass, what);  // as the pass starts: the block being calibrated
-  };
-  return recipe ? prune_calibrated(model, *recipe, loader, co)
-                : prune_calibrated(model, *po, loader, co);
 }
 
 // Gradient saliencies on calibration batches (grad, taylor).
@@ -161,6 +147,15 @@ void declare_files(OutputFiles& files, const Opts& o) {
   if (!o.report.empty()) files.declare(o.report, "--report");
 }
 
+// The request's job; its usage errors name the flags.
+PruneJob validated(const PruneRequest& req) {
+  try {
+    return req.validate();
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(flag_of));
+  }
+}
+
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand(
@@ -250,9 +245,6 @@ Action add_prune(CLI::App& app) {
       "--one-pass", o->one_pass,
       "wanda, sparsegpt: calibrate every layer on the unpruned model in one pass (default: block "
       "by block, each on the blocks before it already pruned)");
-  std::vector<CLI::Option*> per_layer = {method,    th,         amount, seed,       pattern,
-                                         norm,      exclude,    sfl,    allow_tied, block_size,
-                                         dampening, owl_lambda, owl_m};
   std::vector<CLI::Option*> targets = {
       cmd->add_option("--target-macs", o->target_macs,
                       "keep this share of the MACs, in (0, 1): per-layer amounts chosen"),
@@ -273,9 +265,9 @@ Action add_prune(CLI::App& app) {
       "top-1 before and after)");
   auto* recipe_opt = cmd->get_option("--recipe");
   add_threads_option(cmd, o->threads);
-  return [o, th, scope, data, data_opts, per_layer, structured, mla, round_to, shape, pattern, norm,
-          sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied, calib_batches,
-          block_size, dampening, owl_lambda, owl_m, one_pass]() {
+  return [o, method, th, seed, exclude, scope, data, data_opts, structured, mla, round_to, shape,
+          pattern, norm, sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied,
+          calib_batches, block_size, dampening, owl_lambda, owl_m, one_pass]() {
     configure_threads(o->threads);
     int given = 0;
     TargetKind kind = TargetKind::kMacs;
@@ -322,90 +314,34 @@ Action add_prune(CLI::App& app) {
     }
     for (const auto* opt : {mla, round_to, shape})
       if (opt->count() > 0) throw UsageError("[prune] " + opt->get_name() + " is for --structured");
-    std::optional<PruneRecipe> recipe;
-    PruneOptions po;
-    if (!o->recipe.empty()) {
-      for (const auto* opt : per_layer)
-        if (opt->count() > 0)
-          throw UsageError("[prune] --recipe sets each layer's pruning: drop " + opt->get_name() +
-                           " (put it in the recipe)");
-      if (scope->count() > 0 && o->scope != "local")
-        throw UsageError("[prune] --recipe prunes layer by layer: --scope " + o->scope +
-                         " does not go with it");
-    } else if (o->method.empty()) {
-      throw UsageError("[prune] needs --method " +
-                       importance::names(importance::Use::kWeights, nullptr, "|") +
-                       " or --recipe FILE.yaml");
-    } else {
-      po.criterion = weight_criterion(o->method).name;
-    }
-    const importance::Criterion* by_data = nullptr;  // a criterion that needs --data
-    auto note = [&](const PruneLayerOptions& l) {
-      const importance::Criterion& c = weight_criterion(l.criterion);
-      if (c.needs_data() && !by_data) by_data = &c;
-    };
-    if (!o->recipe.empty()) {
-      recipe = load_prune_recipe(o->recipe);
-      if (recipe->has_defaults) note(recipe->defaults);
-      for (const auto& r : recipe->rules)
-        if (!r.skip) note(r.options);
-    } else {
-      note(po);
-    }
-    if (owl_lambda->count() > 0 && !by_data && o->recipe.empty() && !o->data.given())
-      throw UsageError(
-          "[prune] OWL weighs each block by its outlier activations: give --data SPEC (e.g. "
-          "--data tokens:ids.npy)");
-    const bool needs_data = by_data != nullptr || owl_lambda->count() > 0;
-    if (by_data && !o->data.given())
-      throw UsageError("[prune] " + std::string(by_data->name) + " ranks weights " +
-                       importance::data_needed(*by_data) +
-                       " on data: give --data SPEC (e.g. --data fashion-mnist)");
-    if (!needs_data) {
-      // --report measures top-1 on --data: everything but the calibration's own batch count.
-      std::vector<CLI::Option*> given = data_opts;
-      given.insert(given.begin(), data);
-      for (const auto* opt : given)
-        if (opt->count() > 0 && (report->count() == 0 || opt->get_name() == "--calib-batches"))
-          throw UsageError("[prune] " + opt->get_name() + " is for " + data_methods() + " only" +
-                           (report->count() ? "" : " (or --report's accuracy)"));
-    }
-    if (o->recipe.empty()) {
-      if (o->scope == "local")
-        po.scope = PruneScope::kLocal;
-      else if (o->scope == "global")
-        po.scope = PruneScope::kGlobal;
-      else
-        throw UsageError("[prune] unknown scope '" + o->scope + "' (scopes: local, global)");
-      parse_flag([&] { parse_prune_pattern(o->pattern, po); });
-      if (weight_criterion(po.criterion).weights == importance::WeightRank::kThreshold) {
-        if (th->count() == 0)
-          throw UsageError("[prune] --method " + po.criterion + " needs --threshold T");
-        if (!o->amount.empty())
-          throw UsageError("[prune] --method " + po.criterion + " takes --threshold, not --amount");
-        po.threshold = o->threshold;
-      } else if (po.pattern != PrunePattern::kNM) {
-        if (o->amount.empty())
-          throw UsageError("[prune] --method " + po.criterion + " needs --amount A");
-        po.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
-      }
-      po.seed = o->seed;
-      po.norm = o->norm;
-      po.exclude = o->exclude;
-      po.skip_first_last = o->skip_first_last;
-      po.allow_tied = o->allow_tied;
-      po.block_size = o->block_size;
-      po.dampening = o->dampening;
-      po.owl.lambda = o->owl_lambda;
-      po.owl.m = o->owl_m;
-      parse_flag([&] { check_prune_options(po); });  // every flag checked before any work
-    }
-    const bool inputs = recipe ? reads_layer_inputs(*recipe) : reads_layer_inputs(po);
-    if (one_pass->count() > 0 && !inputs)
-      throw UsageError("[prune] --one-pass is for --method wanda and sparsegpt (and OWL)");
-    if (inputs && o->data.given() && o->calib_batches < 1)
-      throw UsageError("[prune] --calib-batches: must be >= 1, got " +
-                       std::to_string(o->calib_batches));
+    PruneRequest req;
+    if (method->count() > 0) req.criterion = o->method;
+    if (amount->count() > 0) req.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
+    if (th->count() > 0) req.threshold = o->threshold;
+    if (scope->count() > 0) req.scope = o->scope;
+    if (pattern->count() > 0) req.pattern = o->pattern;
+    if (norm->count() > 0) req.norm = o->norm;
+    if (seed->count() > 0) req.seed = o->seed;
+    if (exclude->count() > 0) req.exclude = o->exclude;
+    req.skip_first_last = o->skip_first_last;
+    req.allow_tied = o->allow_tied;
+    if (!o->recipe.empty()) req.recipe = [&] { return load_prune_recipe(o->recipe); };
+    if (block_size->count() > 0) req.block_size = o->block_size;
+    if (dampening->count() > 0) req.dampening = o->dampening;
+    if (owl_lambda->count() > 0) req.owl_lambda = o->owl_lambda;
+    if (owl_m->count() > 0) req.owl_m = o->owl_m;
+    req.one_pass = o->one_pass;
+    if (calib_batches->count() > 0) req.batches = o->calib_batches;
+    req.data = o->data.given();
+    if (data->count() > 0) req.data_options.push_back("data");
+    for (const auto* opt : data_opts)
+      if (opt->count() > 0) req.data_options.push_back(library_name(*opt));
+    req.offers_report = true;
+    req.data_hint = " SPEC (e.g. --data fashion-mnist)";
+    req.report = report->count() > 0;
+    // NOTE: not parse_flag: a recipe that does not read is an Error of its file (exit 1), not of
+    // the flags.
+    const PruneJob job = validated(req);
 
     OutputFiles files("prune");
     declare_files(files, *o);
@@ -415,7 +351,7 @@ Action add_prune(CLI::App& app) {
     std::shared_ptr<onnx::MappedData> mapped;
     const std::string data_out = o->out + ".data";
     ir::Model model;
-    if (inputs) {
+    if (job.reads_inputs) {
       files.input(o->model);
       onnx::LoadOptions lo;
       lo.external_copy = [&] {
@@ -428,14 +364,21 @@ Action add_prune(CLI::App& app) {
       model = load_input_model(files, o->model);
     }
     PruneReport r;
-    if (inputs) {
-      r = prune_with_inputs(*o, model, recipe ? nullptr : &po, recipe ? &*recipe : nullptr,
-                            mapped.get());
+    if (job.reads_inputs) {
+      auto [lo, co] = input_calibration(*o, model);
+      DataLoader loader(o->data.dataset(), lo);
+      if (mapped) co.release_memory = [m = mapped.get()] { m->release(); };
+      std::unique_ptr<Progress> bar;
+      co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
+        if (!bar) bar = std::make_unique<Progress>("calibrate", of);
+        bar->update(pass, what);  // as the pass starts: the block being calibrated
+      };
+      r = job.run(model, &loader, co);
     } else {
       std::optional<Saliency> saliency;
-      if (needs_data) saliency = calibrate(*o, model);
-      const Saliency* sal = saliency ? &*saliency : nullptr;
-      r = recipe ? prune(model, *recipe, sal) : prune(model, po, sal);
+      if (job.needs_data) saliency = calibrate(*o, model);
+      r = job.recipe ? prune(model, *job.recipe, saliency ? &*saliency : nullptr)
+                     : prune(model, *job.options, saliency ? &*saliency : nullptr);
     }
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller
@@ -451,7 +394,7 @@ Action add_prune(CLI::App& app) {
     j["out"] = o->out;
     j["file_bytes_before"] = model_file_bytes(o->model, model);
     j["file_bytes_after"] = staged_model_bytes(files, o->out);
-    if (recipe) j["recipe"] = o->recipe;
+    if (job.recipe) j["recipe"] = o->recipe;
     // The report beside the model, written like the model: a temporary name, then a rename.
     std::string report_path = o->out + ".report.json";
     files.write(report_path, j.dump(2) + "\n");

@@ -157,11 +157,17 @@ TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
       {"--method l1 --amount 0.1 --calib-batches 4", 2, "only"},
       {"--method taylor --amount 0.1 --data cifar10:" + tmp / "none", 1, "no such file"},
       {"--method taylor --amount 0.1 --data mnist:/x", 1, "mnist:/x"},
-      {"--method grad --amount 0.1 --data fashion-mnist --calib-batches 0", 1, "calib-batches"},
+      {"--method grad --amount 0.1 --data fashion-mnist --calib-batches 0", 2,
+       "--calib-batches must be >= 1"},
       {"--method grad --amount 0.1 --data fashion-mnist --split validation", 1, "validation"},
       {"--method l1 --amount 0.1 --recipe r.yaml", 2, "--recipe"},
       {"--method l1", 2, "needs --amount"},
       {"--method abs", 2, "needs --threshold"},
+      // As lopper.prune refuses them (one rule, lopper::PruneRequest).
+      {"--method l1 --amount 0.1 --threshold 0.1", 2,
+       "--threshold is for --method abs; --method l1 takes --amount"},
+      {"--method l1 --pattern 2:4 --amount 0.5", 2,
+       "N:M keeps N of every M weights: drop --amount"},
   };
   expect_refused(in, out, cases);
 }

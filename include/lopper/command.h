@@ -1,0 +1,74 @@
+// The workflows of lopper's front ends as requests. A request holds what the user gave (an unset
+// std::optional or an empty list: not given); validate() applies every rule between the options
+// (what an option needs, what does not go with it, the ranges) and resolves them into what the
+// library runs. The CLI and the Python package only parse into a request and print or convert its
+// result, so that a rule is written once and both front ends keep it.
+//
+// Errors are UsageErrors that name options by their library names, each marked with
+// LOPPER_OPTION: the CLI renders them as its flags (criterion -> --method), Python as its keyword
+// arguments (criterion -> method).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lopper/prune.h"
+
+namespace lopper {
+
+class DataLoader;  // lopper/data.h
+
+/// What a PruneRequest resolves to: one way of pruning for every layer, or a recipe, and what it
+/// reads.
+struct PruneJob {
+  std::optional<PruneOptions> options;  // one way for every layer ...
+  std::optional<PruneRecipe> recipe;    // ... or per layer
+  bool needs_data = false;    // a criterion ranks by data, or OWL weighs the blocks
+  bool reads_inputs = false;  // wanda, sparsegpt, OWL: prune_calibrated()
+  std::string data_method;    // the first criterion that ranks by data ("" for OWL alone)
+
+  /// Prunes `model` as planned: calibrated on `data` block by block when the job reads the
+  /// layers' inputs, else by gradient saliencies on `data` when a criterion needs them, else by
+  /// the weights alone (`data` may then be null). `calib` says how many batches, on which device.
+  PruneReport run(ir::Model& model, DataLoader* data, const CalibrationOptions& calib) const;
+};
+
+/// lopper prune (per layer or by a recipe) and lopper.prune.
+struct PruneRequest {
+  std::optional<std::string> criterion;  // --method / method
+  std::optional<PruneAmount> amount;
+  std::optional<double> threshold;
+  std::optional<std::string> scope;    // local (default) | global
+  std::optional<std::string> pattern;  // unstructured (default) | N:M | row | column | block:RxC
+  std::optional<int> norm;
+  std::optional<uint64_t> seed;
+  std::optional<std::string> exclude;
+  bool skip_first_last = false, allow_tied = false;
+  /// Per-layer rules instead of the options above: reads them (a YAML file, a dict), called once
+  /// validate() has checked that no option above is given with them.
+  std::function<PruneRecipe()> recipe;
+  std::optional<int64_t> block_size;  // sparsegpt
+  std::optional<double> dampening;    // sparsegpt
+  std::optional<double> owl_lambda, owl_m;
+  bool one_pass = false;  // wanda, sparsegpt: calibrate on the unpruned model in one pass
+  std::optional<int64_t> batches;  // calibration batches (--calib-batches / calib_batches)
+
+  bool data = false;  // calibration data given
+  /// The options given that shape the data (their library names: "data", "split", "device"...):
+  /// each is refused when nothing reads data.
+  std::vector<std::string> data_options;
+  /// Whether the front end has an accuracy report that reads the data too (the CLI's --report),
+  /// and whether it was asked for: then the data options are not refused, except `batches`.
+  bool offers_report = false, report = false;
+  /// What follows "give data" in the front end's words (the CLI: " SPEC (e.g. --data
+  /// fashion-mnist)").
+  std::string data_hint;
+
+  /// Every rule between the options; throws UsageError naming the first one broken.
+  PruneJob validate() const;
+};
+
+}  // namespace lopper

@@ -1,0 +1,170 @@
+// PruneRequest: the rules of lopper prune (per layer, recipes) and lopper.prune, once.
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "lopper/command.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "prune/importance.h"
+
+namespace lopper {
+namespace {
+
+#define OPT(name) LOPPER_OPTION(name)
+
+std::string opt(const std::string& name) { return "\x1e" + name + "\x1f"; }
+
+// "grad, taylor, wanda and sparsegpt": the weight criteria that rank by data.
+std::string data_methods() {
+  return importance::names(
+      importance::Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); },
+      " and ");
+}
+
+CriterionInfo criterion_of(const std::string& name) {
+  try {
+    return weight_criterion_info(name);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.render([](const std::string& o) { return opt(o); }));
+  }
+}
+
+// Runs `f`: what the library's checks throw about the options is the user's mistake.
+template <typename F>
+void as_usage(F&& f) {
+  try {
+    f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.render([](const std::string& o) { return opt(o); }));
+  }
+}
+
+}  // namespace
+
+PruneJob PruneRequest::validate() const {
+  PruneJob job;
+  auto note = [&](const PruneLayerOptions& l) {
+    const CriterionInfo c = criterion_of(l.criterion);
+    if (c.needs_data && job.data_method.empty()) job.data_method = c.name;
+  };
+  if (recipe) {
+    // Every option that says how a layer is pruned belongs in the recipe.
+    const std::pair<const char*, bool> per_layer[] = {
+        {"criterion", criterion.has_value()},
+        {"threshold", threshold.has_value()},
+        {"amount", amount.has_value()},
+        {"seed", seed.has_value()},
+        {"pattern", pattern.has_value()},
+        {"norm", norm.has_value()},
+        {"exclude", exclude.has_value()},
+        {"skip_first_last", skip_first_last},
+        {"allow_tied", allow_tied},
+        {"block_size", block_size.has_value()},
+        {"dampening", dampening.has_value()},
+        {"owl_lambda", owl_lambda.has_value()},
+        {"owl_m", owl_m.has_value()}};
+    for (const auto& [name, given] : per_layer)
+      if (given)
+        throw UsageError("[prune] " OPT("recipe") " sets each layer's pruning: drop " + opt(name) +
+                         " (put it in the recipe)");
+    if (scope && *scope != "local")
+      throw UsageError("[prune] " OPT("recipe") " prunes layer by layer: " OPT("scope") " " +
+                       *scope + " does not go with it");
+    job.recipe = recipe();
+    if (job.recipe->has_defaults) note(job.recipe->defaults);
+    for (const auto& r : job.recipe->rules)
+      if (!r.skip) note(r.options);
+    job.reads_inputs = reads_layer_inputs(*job.recipe);
+  } else {
+    if (!criterion)
+      throw UsageError("[prune] needs " OPT("criterion") " (methods: " +
+                       importance::names(importance::Use::kWeights) + ") or " OPT("recipe"));
+    PruneOptions o;
+    o.criterion = *criterion;
+    const CriterionInfo c = criterion_of(o.criterion);
+    const std::string s = scope.value_or("local");
+    if (s == "local")
+      o.scope = PruneScope::kLocal;
+    else if (s == "global")
+      o.scope = PruneScope::kGlobal;
+    else
+      throw UsageError("[prune] unknown scope '" + s + "' (scopes: local, global)");
+    as_usage([&] { parse_prune_pattern(pattern.value_or("unstructured"), o); });
+    const std::string method = opt("criterion") + " " + c.name;
+    if (c.takes_threshold) {
+      if (!threshold)
+        throw UsageError("[prune] " + method + " needs " OPT("threshold") " (it removes |w| < T)");
+      if (amount)
+        throw UsageError("[prune] " + method + " takes " OPT("threshold") ", not " OPT("amount"));
+      o.threshold = *threshold;
+    } else {
+      if (threshold)
+        throw UsageError("[prune] " OPT("threshold") " is for " OPT("criterion") " abs; " + method +
+                         " takes " OPT("amount"));
+      if (o.pattern != PrunePattern::kNM) {
+        if (!amount)
+          throw UsageError("[prune] " + method +
+                           " needs " OPT("amount") " (a fraction in [0, 1] or a count)");
+        o.amount = *amount;
+      }
+    }
+    if (seed) o.seed = *seed;
+    if (norm) o.norm = *norm;
+    if (exclude) o.exclude = *exclude;
+    o.skip_first_last = skip_first_last;
+    o.allow_tied = allow_tied;
+    if (block_size) o.block_size = *block_size;
+    if (dampening) o.dampening = *dampening;
+    if (owl_lambda) o.owl.lambda = *owl_lambda;
+    if (owl_m) o.owl.m = *owl_m;
+    as_usage([&] { check_prune_options(o); });
+    if (o.pattern == PrunePattern::kNM && amount)
+      throw UsageError("[prune] N:M keeps N of every M weights: drop " OPT("amount"));
+    if (owl_lambda && !data)
+      throw UsageError(
+          "[prune] OWL weighs each block by its outlier activations: give " OPT("data") +
+          data_hint);
+    note(o);
+    job.reads_inputs = reads_layer_inputs(o);
+    job.options = std::move(o);
+  }
+  job.needs_data = !job.data_method.empty() || job.reads_inputs;
+  if (!job.data_method.empty() && !data) {
+    throw UsageError("[prune] " + job.data_method + " ranks weights " +
+                     criterion_of(job.data_method).data_needed + " on data: give " OPT("data") +
+                     data_hint);
+  }
+  if (!job.needs_data) {
+    for (const std::string& name : data_options)
+      if (!report || name == "batches")
+        throw UsageError(
+            "[prune] " + opt(name) + " is for " + data_methods() + " only" +
+            (offers_report && name != "batches" ? " (or " OPT("report") "'s accuracy)" : ""));
+  }
+  if (one_pass && !job.reads_inputs)
+    throw UsageError("[prune] " OPT("one_pass") " is for " OPT(
+        "criterion") " wanda and sparsegpt (and OWL)");
+  if (batches && *batches < 1)
+    throw UsageError("[prune] " OPT("batches") " must be >= 1, got " + std::to_string(*batches));
+  return job;
+}
+
+PruneReport PruneJob::run(ir::Model& model, DataLoader* data,
+                           const CalibrationOptions& calib) const {
+  LOPPER_ASSERT(options.has_value() != recipe.has_value(), "a job prunes one way");
+  LOPPER_ASSERT(data || !needs_data, "a job that reads data was given none");
+  if (reads_inputs)
+    return options ? prune_calibrated(model, *options, *data, calib)
+                   : prune_calibrated(model, *recipe, *data, calib);
+  std::optional<Saliency> saliency;
+  if (needs_data) saliency = compute_saliency(model, *data, calib);
+  const Saliency* s = saliency ? &*saliency : nullptr;
+  return options ? prune(model, *options, s) : prune(model, *recipe, s);
+}
+
+}  // namespace lopper

@@ -1,0 +1,154 @@
+// PruneRequest: the rules of lopper prune and lopper.prune, once, and what they resolve to.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lopper/command.h"
+#include "lopper/error.h"
+#include "lopper/prune.h"
+#include "test_models.h"
+
+namespace lopper {
+namespace {
+
+PruneRequest l1(double amount) {
+  PruneRequest r;
+  r.criterion = "l1";
+  r.amount = PruneAmount{amount, false};
+  return r;
+}
+
+PruneRecipe half_l1() {
+  PruneRecipe recipe;
+  recipe.source = "r.yaml";
+  recipe.has_defaults = true;
+  recipe.defaults.amount = PruneAmount{0.5, false};
+  return recipe;
+}
+
+// The message `r` is refused with, options spelled as a front end spells them.
+std::string refusal(const PruneRequest& r, std::string (*name)(const std::string&) = nullptr) {
+  try {
+    r.validate();
+  } catch (const UsageError& e) {
+    return name ? e.render(name) : e.what();
+  }
+  return "(accepted)";
+}
+
+std::string flag(const std::string& o) { return o == "criterion" ? "--method" : "--" + o; }
+
+TEST(PruneRequest, EachRuleNamesTheOptionsInTheFrontEndsWords) {
+  PruneRequest r = l1(0.5);
+  r.threshold = 0.1;
+  EXPECT_EQ(refusal(r), "[prune] threshold is for criterion abs; criterion l1 takes amount");
+  EXPECT_EQ(refusal(r, flag), "[prune] --threshold is for --method abs; --method l1 takes --amount");
+
+  r = l1(0.5);
+  r.recipe = half_l1;
+  EXPECT_EQ(refusal(r), "[prune] recipe sets each layer's pruning: drop criterion (put it in the "
+                        "recipe)");
+  r.criterion.reset();
+  r.amount.reset();
+  r.scope = "global";
+  EXPECT_EQ(refusal(r, flag),
+            "[prune] --recipe prunes layer by layer: --scope global does not go with it");
+}
+
+TEST(PruneRequest, RefusesWhatDoesNotGoTogether) {
+  const struct {
+    const char* name;
+    PruneRequest request;
+    std::string message;
+  } cases[] = {
+      {"no criterion", PruneRequest{}, "[prune] needs criterion"},
+      {"abs without threshold", [] { PruneRequest r; r.criterion = "abs"; return r; }(),
+       "[prune] criterion abs needs threshold"},
+      {"abs with amount", [] { PruneRequest r = l1(0.5); r.criterion = "abs"; r.threshold = 0.1;
+                               return r; }(),
+       "[prune] criterion abs takes threshold, not amount"},
+      {"l1 without amount", [] { PruneRequest r; r.criterion = "l1"; return r; }(),
+       "[prune] criterion l1 needs amount"},
+      {"N:M with amount", [] { PruneRequest r = l1(0.5); r.pattern = "2:4"; return r; }(),
+       "[prune] N:M keeps N of every M weights: drop amount"},
+      {"bad N:M first", [] { PruneRequest r = l1(0.5); r.pattern = "5:4"; return r; }(),
+       "[prune] N:M needs 1 <= N < M, got 5:4"},
+      {"scope", [] { PruneRequest r = l1(0.5); r.scope = "galaxy"; return r; }(),
+       "[prune] unknown scope 'galaxy'"},
+      {"grad without data", [] { PruneRequest r = l1(0.5); r.criterion = "grad"; return r; }(),
+       "[prune] grad ranks weights by their gradients on data: give data"},
+      {"OWL without data", [] { PruneRequest r = l1(0.5); r.owl_lambda = 0.1; return r; }(),
+       "[prune] OWL weighs each block by its outlier activations: give data"},
+      {"data for l1", [] { PruneRequest r = l1(0.5); r.data = true; r.data_options = {"data"};
+                           return r; }(),
+       "[prune] data is for grad, taylor, wanda and sparsegpt only"},
+      {"one pass for l1", [] { PruneRequest r = l1(0.5); r.one_pass = true; return r; }(),
+       "[prune] one_pass is for criterion wanda and sparsegpt (and OWL)"},
+      {"no batches", [] { PruneRequest r = l1(0.5); r.criterion = "wanda"; r.data = true;
+                          r.data_options = {"data", "batches"}; r.batches = 0; return r; }(),
+       "[prune] batches must be >= 1, got 0"},
+      {"recipe and block size", [] { PruneRequest r; r.recipe = half_l1; r.block_size = 64;
+                                     return r; }(),
+       "[prune] recipe sets each layer's pruning: drop block_size"},
+  };
+  for (const auto& c : cases) {
+    const std::string m = refusal(c.request);
+    EXPECT_EQ(m.rfind(c.message, 0), 0u) << c.name << ": " << m;
+  }
+}
+
+TEST(PruneRequest, TheReportMayReadTheDataButNotItsBatchCount) {
+  PruneRequest r = l1(0.5);
+  r.data = true;
+  r.data_options = {"data", "batch_size"};
+  r.offers_report = true;
+  EXPECT_EQ(refusal(r, flag),
+            "[prune] --data is for grad, taylor, wanda and sparsegpt only (or --report's "
+            "accuracy)");
+  r.report = true;
+  EXPECT_EQ(refusal(r), "(accepted)");
+  r.data_options.push_back("batches");
+  r.batches = 4;
+  EXPECT_EQ(refusal(r), "[prune] batches is for grad, taylor, wanda and sparsegpt only");
+}
+
+TEST(PruneRequest, ResolvesToTheLibrarysOptionsAndPrunesAsPruneDoes) {
+  PruneRequest r = l1(0.5);
+  r.scope = "global";
+  r.seed = 3;
+  r.exclude = "fc2";
+  const PruneJob job = r.validate();
+  ASSERT_TRUE(job.options.has_value());
+  EXPECT_FALSE(job.recipe.has_value());
+  EXPECT_FALSE(job.needs_data);
+  EXPECT_EQ(job.options->scope, PruneScope::kGlobal);
+  EXPECT_EQ(job.options->seed, 3u);
+  EXPECT_EQ(job.options->block_size, PruneLayerOptions{}.block_size);  // not given: the default
+
+  at::manual_seed(0);
+  ir::Model a = test::two_layers(at::randn({8, 6}), at::randn({8, 4}));
+  ir::Model b = a;
+  for (auto& i : b.graph.initializers) i.value = i.value.clone();
+  const PruneReport ra = job.run(a, nullptr, {});
+  const PruneReport rb = prune(b, *job.options);
+  EXPECT_EQ(ra.nonzero_after, rb.nonzero_after);
+  EXPECT_TRUE(at::equal(a.graph.find_initializer("w1")->value, b.graph.find_initializer("w1")->value));
+
+  PruneRequest wanda = l1(0.5);
+  wanda.criterion = "wanda";
+  wanda.data = true;
+  const PruneJob w = wanda.validate();
+  EXPECT_TRUE(w.reads_inputs);
+  EXPECT_TRUE(w.needs_data);
+  EXPECT_EQ(w.data_method, "wanda");
+
+  PruneRequest recipe;
+  recipe.recipe = half_l1;
+  const PruneJob rj = recipe.validate();
+  ASSERT_TRUE(rj.recipe.has_value());
+  EXPECT_EQ(rj.recipe->source, "r.yaml");
+}
+
+}  // namespace
+}  // namespace lopper

@@ -11,11 +11,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "lopper/prune.h"
+#include "lopper/structured.h"
 
 namespace lopper {
 
@@ -26,9 +29,9 @@ class DataLoader;  // lopper/data.h
 struct PruneJob {
   std::optional<PruneOptions> options;  // one way for every layer ...
   std::optional<PruneRecipe> recipe;    // ... or per layer
-  bool needs_data = false;    // a criterion ranks by data, or OWL weighs the blocks
-  bool reads_inputs = false;  // wanda, sparsegpt, OWL: prune_calibrated()
-  std::string data_method;    // the first criterion that ranks by data ("" for OWL alone)
+  bool needs_data = false;              // a criterion ranks by data, or OWL weighs the blocks
+  bool reads_inputs = false;            // wanda, sparsegpt, OWL: prune_calibrated()
+  std::string data_method;              // the first criterion that ranks by data ("" for OWL alone)
 
   /// Prunes `model` as planned: calibrated on `data` block by block when the job reads the
   /// layers' inputs, else by gradient saliencies on `data` when a criterion needs them, else by
@@ -53,7 +56,7 @@ struct PruneRequest {
   std::optional<int64_t> block_size;  // sparsegpt
   std::optional<double> dampening;    // sparsegpt
   std::optional<double> owl_lambda, owl_m;
-  bool one_pass = false;  // wanda, sparsegpt: calibrate on the unpruned model in one pass
+  bool one_pass = false;           // wanda, sparsegpt: calibrate on the unpruned model in one pass
   std::optional<int64_t> batches;  // calibration batches (--calib-batches / calib_batches)
 
   bool data = false;  // calibration data given
@@ -69,6 +72,40 @@ struct PruneRequest {
 
   /// Every rule between the options; throws UsageError naming the first one broken.
   PruneJob validate() const;
+};
+
+/// What a StructuredRequest resolves to.
+struct StructuredJob {
+  StructuredOptions options;                  // its recipe (if any) points into `recipe`
+  std::shared_ptr<const PruneRecipe> recipe;  // per-group amounts, or null
+  bool needs_data = false;                    // the criterion ranks channels by data (taylor)
+
+  /// Prunes `model` as planned, ranking by gradient saliencies on `data` when the criterion
+  /// needs them (`data` may be null otherwise).
+  StructuredReport run(ir::Model& model, DataLoader* data, const CalibrationOptions& calib) const;
+};
+
+/// lopper prune --structured and lopper.prune_structured: whole channels or heads removed.
+struct StructuredRequest {
+  std::string unit = "channel";  // channel | head
+  std::optional<std::string> criterion;
+  std::optional<PruneAmount> amount;
+  std::optional<std::string> scope;  // local (default) | global
+  std::optional<double> max_layer_amount;
+  std::optional<int64_t> round_to;
+  std::optional<std::string> exclude;
+  std::optional<uint64_t> seed;
+  std::function<PruneRecipe()> recipe;  // per-group amounts instead of `amount`
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// Options of unstructured pruning given with this (their library names): each is refused.
+  std::vector<std::string> unstructured_options;
+
+  bool data = false;                      // calibration data given
+  std::vector<std::string> data_options;  // as PruneRequest's
+  bool offers_report = false, report = false;
+  std::string data_hint;
+
+  StructuredJob validate() const;
 };
 
 }  // namespace lopper

@@ -24,6 +24,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -83,53 +84,27 @@ py::tuple prune_structured_onnx(
     const py::object& fixed, const std::map<int64_t, std::string>& kept,
     const std::vector<at::Tensor>& inputs, const py::object& progress, bool check_only,
     bool run_before, const std::string& name, const std::string& command) {
-  StructuredOptions so;
-  if (unit == "channel")
-    so.unit = StructuredUnit::kChannel;
-  else if (unit == "head")
-    so.unit = StructuredUnit::kHead;
-  else
-    throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head)");
-  const std::string crit_name =
-      method.is_none() ? "l1" : optional_arg<std::string>(method, "method", "a str").value();
-  const CriterionInfo crit = as_usage([&] { return channel_criterion_info(crit_name); });
-  so.criterion = crit.name;
-  std::optional<PruneRecipe> rc;
-  if (!recipe.is_none()) {
-    if (!amount.is_none())
-      throw UsageError(
-          "[prune] recipe sets each group's amount: drop amount (put it in the "
-          "recipe)");
-    rc = recipe_arg(recipe);
-    so.recipe = &*rc;
-  } else {
-    if (amount.is_none())
-      throw UsageError(
-          "[prune] amount is needed: the share of each group's channels to remove "
-          "(a fraction in [0, 1]) or a count");
-    so.amount = to_amount(amount);
-  }
-  if (scope == "global")
-    so.scope = PruneScope::kGlobal;
-  else if (scope != "local")
-    throw UsageError("[prune] unknown scope '" + scope + "' (scopes: local, global)");
-  so.max_layer_amount = max_layer_amount;
-  so.round_to = round_to;
-  if (!exclude.is_none())
-    so.exclude = optional_arg<std::string>(exclude, "exclude", "a str").value();
-  if (!seed.is_none()) so.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0").value();
+  StructuredRequest req;
+  req.unit = unit;
+  req.criterion = optional_arg<std::string>(method, "method", "a str");
+  if (!amount.is_none()) req.amount = to_amount(amount);
+  if (scope != "local") req.scope = scope;
+  req.max_layer_amount = max_layer_amount;
+  req.round_to = round_to;
+  req.exclude = optional_arg<std::string>(exclude, "exclude", "a str");
+  req.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0");
+  if (!recipe.is_none()) req.recipe = [recipe] { return recipe_arg(recipe); };
+  req.data = !data.is_none();
+  if (req.data) req.data_options.push_back("data");
+  req.data_hint = " (an iterable of batches)";
+  StructuredJob job = as_usage([&] { return req.validate(); });
+  StructuredOptions& so = job.options;
   so.fixed = fixed_arg(fixed);
   so.kept_groups = kept;
-  as_usage([&] { check_structured_options(so); });
   CalibrationOptions calib = calibration_arg(loss, mask_token, calib_batches, device, so.seed);
-  if (crit.needs_data && data.is_none())
-    throw UsageError("[prune] " + crit.name + " ranks channels " + crit.data_needed +
-                     " on data: give data (an iterable of batches)");
-  if (!crit.needs_data && !data.is_none())
-    throw UsageError("[prune] data is for the methods that rank by data (taylor)");
   if (check_only) return py::tuple();
   std::unique_ptr<DataLoader> loader;
-  if (crit.needs_data) loader = loader_arg(data, calib_batches);
+  if (job.needs_data) loader = loader_arg(data, calib_batches);
   if (!progress.is_none()) calib.progress = progress_arg(progress);
   const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
   const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));

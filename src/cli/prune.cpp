@@ -58,23 +58,37 @@ std::pair<LoaderOptions, CalibrationOptions> input_calibration(const Opts& o,
   return {lo, co};
 }
 
-// Gradient saliencies on calibration batches (grad, taylor).
-Saliency calibrate(const Opts& o, const ir::Model& model) {
+std::unique_ptr<Calibration> calibration(const Opts& o, const ir::Model& model, bool layer_inputs) {
+  auto c = std::make_unique<Calibration>();
+  Calibration* self = c.get();  // the callbacks' (a heap object: its address stays)
+  if (layer_inputs) {
+    auto [lo, co] = input_calibration(o, model);
+    c->loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
+    c->co = std::move(co);
+    c->co.on_pass = [self](int64_t pass, int64_t of, const std::string& what) {
+      if (!self->bar) self->bar = std::make_unique<Progress>("calibrate", of);
+      self->bar->update(pass, what);  // as the pass starts: the block being calibrated
+    };
+    return c;
+  }
   LoaderOptions lo = o.data.loader(model);
   lo.seed = o.seed;
   lo.drop_last = true;  // every calibration batch the same size
-  DataLoader loader(o.data.dataset(), lo);
-  CalibrationOptions co;
-  co.batches = o.calib_batches;
-  co.device = o.device;
-  co.loss = o.data.loss_options(o.seed);
-  Progress bar("calibrate", std::min<int64_t>(co.batches, loader.batches_per_epoch()));
-  co.progress = [&](int64_t b, int64_t of, double loss) {
-    bar.update(b, fmt::format("loss {:.4f}", loss));
+  c->loader = std::make_unique<DataLoader>(o.data.dataset(), lo);
+  c->co.batches = o.calib_batches;
+  c->co.device = o.device;
+  c->co.loss = o.data.loss_options(o.seed);
+  c->bar = std::make_unique<Progress>(
+      "calibrate", std::min<int64_t>(c->co.batches, c->loader->batches_per_epoch()));
+  c->co.progress = [self](int64_t b, int64_t of, double loss) {
+    self->bar->update(b, fmt::format("loss {:.4f}", loss));
   };
-  Saliency s = compute_saliency(model, loader, co);
-  bar.finish();
-  return s;
+  c->finish_bar = true;
+  return c;
+}
+
+void Calibration::done() {
+  if (finish_bar && bar) bar->finish();
 }
 
 // --report: the models before (read again from --model) and after, measured on --device, top-1
@@ -148,7 +162,8 @@ void declare_files(OutputFiles& files, const Opts& o) {
 }
 
 // The request's job; its usage errors name the flags.
-PruneJob validated(const PruneRequest& req) {
+template <typename Request>
+auto validated(const Request& req) {
   try {
     return req.validate();
   } catch (const UsageError& e) {
@@ -278,8 +293,7 @@ Action add_prune(CLI::App& app) {
       throw UsageError("[prune] give one of --target-macs, --target-params, --target-latency-ms");
     o->calib_batches_given = calib_batches->count() > 0;
     for (const auto* opt : {block_size, dampening, owl_lambda, owl_m, one_pass})
-      if (opt->count() > 0 &&
-          (structured->count() > 0 || (given > 0 && opt != block_size && opt != dampening)))
+      if (opt->count() > 0 && given > 0 && opt != block_size && opt != dampening)
         throw UsageError("[prune] " + opt->get_name() + " is for --method " +
                          importance::names(
                              importance::Use::kWeights,
@@ -305,12 +319,33 @@ Action add_prune(CLI::App& app) {
       throw UsageError(
           "[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
           "--report");
+    // What lopper's data options are called, as given.
+    std::vector<std::string> data_given;
+    if (data->count() > 0) data_given.push_back("data");
+    for (const auto* opt : data_opts)
+      if (opt->count() > 0) data_given.push_back(library_name(*opt));
     if (structured->count() > 0) {
-      for (const auto* opt : {th, pattern, norm, sfl, allow_tied})
-        if (opt->count() > 0)
-          throw UsageError("[prune] " + opt->get_name() +
-                           " is for unstructured pruning, not --structured");
-      return run_structured(*o);
+      StructuredRequest req;
+      req.unit = o->structured;
+      if (method->count() > 0) req.criterion = o->method;
+      if (amount->count() > 0)
+        req.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
+      if (scope->count() > 0) req.scope = o->scope;
+      if (mla->count() > 0) req.max_layer_amount = o->max_layer_amount;
+      if (round_to->count() > 0) req.round_to = o->round_to;
+      if (exclude->count() > 0) req.exclude = o->exclude;
+      if (seed->count() > 0) req.seed = o->seed;
+      if (!o->recipe.empty()) req.recipe = [&] { return load_prune_recipe(o->recipe); };
+      req.input_shapes = parse_shape_overrides(o->shapes);
+      for (const auto* opt :
+           {th, pattern, norm, sfl, allow_tied, block_size, dampening, owl_lambda, owl_m, one_pass})
+        if (opt->count() > 0) req.unstructured_options.push_back(library_name(*opt));
+      req.data = o->data.given();
+      req.data_options = data_given;
+      req.offers_report = true;
+      req.report = report->count() > 0;
+      req.data_hint = " SPEC (e.g. --data fashion-mnist)";
+      return run_structured(*o, validated(req));
     }
     for (const auto* opt : {mla, round_to, shape})
       if (opt->count() > 0) throw UsageError("[prune] " + opt->get_name() + " is for --structured");
@@ -333,9 +368,7 @@ Action add_prune(CLI::App& app) {
     req.one_pass = o->one_pass;
     if (calib_batches->count() > 0) req.batches = o->calib_batches;
     req.data = o->data.given();
-    if (data->count() > 0) req.data_options.push_back("data");
-    for (const auto* opt : data_opts)
-      if (opt->count() > 0) req.data_options.push_back(library_name(*opt));
+    req.data_options = data_given;
     req.offers_report = true;
     req.data_hint = " SPEC (e.g. --data fashion-mnist)";
     req.report = report->count() > 0;
@@ -364,21 +397,13 @@ Action add_prune(CLI::App& app) {
       model = load_input_model(files, o->model);
     }
     PruneReport r;
-    if (job.reads_inputs) {
-      auto [lo, co] = input_calibration(*o, model);
-      DataLoader loader(o->data.dataset(), lo);
-      if (mapped) co.release_memory = [m = mapped.get()] { m->release(); };
-      std::unique_ptr<Progress> bar;
-      co.on_pass = [&](int64_t pass, int64_t of, const std::string& what) {
-        if (!bar) bar = std::make_unique<Progress>("calibrate", of);
-        bar->update(pass, what);  // as the pass starts: the block being calibrated
-      };
-      r = job.run(model, &loader, co);
+    if (job.needs_data) {
+      const auto cal = calibration(*o, model, job.reads_inputs);
+      if (mapped) cal->co.release_memory = [m = mapped.get()] { m->release(); };
+      r = job.run(model, cal->loader.get(), cal->co);
+      cal->done();
     } else {
-      std::optional<Saliency> saliency;
-      if (job.needs_data) saliency = calibrate(*o, model);
-      r = job.recipe ? prune(model, *job.recipe, saliency ? &*saliency : nullptr)
-                     : prune(model, *job.options, saliency ? &*saliency : nullptr);
+      r = job.run(model, nullptr, {});
     }
     onnx::SaveOptions so;
     if (o->sparse) so.sparse = onnx::SaveOptions::Sparse::kAll;  // where it makes a tensor smaller

@@ -3,17 +3,20 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cli/common.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
+#include "report/progress.h"
 
 namespace lopper::cli {
 
@@ -45,8 +48,17 @@ struct Opts {
 // batch the same size, the papers' 128 samples unless --calib-batches says otherwise.
 std::pair<LoaderOptions, CalibrationOptions> input_calibration(const Opts& o,
                                                                const ir::Model& model);
-// Gradient saliencies on calibration batches (criteria that rank by gradients).
-Saliency calibrate(const Opts& o, const ir::Model& model);
+// The calibration of a prune that reads data: its batches (--data, --calib-batches) and options,
+// with a progress bar. `layer_inputs`: wanda, sparsegpt, OWL (input_calibration); else gradient
+// saliencies.
+struct Calibration {
+  std::unique_ptr<DataLoader> loader;
+  CalibrationOptions co;
+  std::unique_ptr<Progress> bar;
+  bool finish_bar = false;
+  void done();  // after the run: the bar's last line
+};
+std::unique_ptr<Calibration> calibration(const Opts& o, const ir::Model& model, bool layer_inputs);
 // --report: the models before (read again from --model) and after, measured on --device, top-1
 // and loss on the first --eval-batches batches of --data when it is given (`known`: already
 // evaluated there, before and after); `extra` adds what the kind of pruning knows.
@@ -62,6 +74,6 @@ void declare_files(OutputFiles& files, const Opts& o);
 // lopper prune --target-macs|--target-params|--target-latency-ms.
 int run_target(const Opts& o, TargetKind kind);
 // lopper prune --structured channel|head.
-int run_structured(const Opts& o);
+int run_structured(const Opts& o, const StructuredJob& job);
 
 }  // namespace lopper::cli

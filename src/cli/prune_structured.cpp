@@ -18,54 +18,21 @@
 namespace lopper::cli {
 
 // lopper prune --structured channel|head: channels or heads removed, the model shrinks.
-int run_structured(const Opts& o) {
-  StructuredOptions so;
-  if (o.structured == "channel")
-    so.unit = StructuredUnit::kChannel;
-  else if (o.structured == "head")
-    so.unit = StructuredUnit::kHead;
-  else
-    throw UsageError("[prune] --structured takes channel or head, got '" + o.structured + "'");
-  const importance::Criterion& crit = channel_criterion(o.method);
-  so.criterion = crit.name;
-  std::optional<PruneRecipe> recipe;
-  if (!o.recipe.empty()) {
-    // One rule with lopper.prune_structured: a recipe sets every group's amount.
-    if (!o.amount.empty())
-      throw UsageError(
-          "[prune] --recipe sets each group's amount: drop --amount (put it in the "
-          "recipe)");
-    recipe = load_prune_recipe(o.recipe);
-    so.recipe = &*recipe;
-  } else {
-    if (o.amount.empty()) throw UsageError("[prune] --structured needs --amount A (or --recipe)");
-    so.amount = parse_flag([&] { return PruneAmount::parse(o.amount); });
-  }
-  if (o.scope == "global")
-    so.scope = PruneScope::kGlobal;
-  else if (o.scope != "local")
-    throw UsageError("[prune] unknown scope '" + o.scope + "' (scopes: local, global)");
-  so.max_layer_amount = o.max_layer_amount;
-  so.round_to = o.round_to;
-  so.exclude = o.exclude;
-  so.seed = o.seed;
-  so.input_shapes = parse_shape_overrides(o.shapes);
-  const bool needs_data = crit.needs_data();
-  if (needs_data && !o.data.given())
-    throw UsageError("[prune] --method " + so.criterion + " ranks channels " +
-                     importance::data_needed(crit) + " on data: give --data SPEC");
-  if (!needs_data && o.data.given() && o.report.empty())
-    throw UsageError("[prune] --data is for the methods that rank by data (" + data_methods() +
-                     ") only, or for the accuracy in --report");
-
+int run_structured(const Opts& o, const StructuredJob& job) {
+  const StructuredOptions& so = job.options;
   OutputFiles files("prune");
   declare_files(files, o);
   ir::Model model = load_input_model(files, o.model);
   auto shapes = resolve_input_shapes(model, so.input_shapes);
   ModelCost before = analyze(model, shapes);
-  std::optional<Saliency> saliency;
-  if (needs_data) saliency = calibrate(o, model);
-  StructuredReport r = prune_structured(model, so, saliency ? &*saliency : nullptr);
+  StructuredReport r;
+  if (job.needs_data) {
+    const auto cal = calibration(o, model, false);
+    r = job.run(model, cal->loader.get(), cal->co);
+    cal->done();
+  } else {
+    r = job.run(model, nullptr, {});
+  }
   ModelCost after = analyze(model, shapes);
   onnx::SaveOptions save;
   if (o.sparse) save.sparse = onnx::SaveOptions::Sparse::kAll;
@@ -77,7 +44,7 @@ int run_structured(const Opts& o) {
   j["out"] = o.out;
   j["structured"] = o.structured;
   j["method"] = so.criterion;
-  j["scope"] = o.scope;
+  j["scope"] = so.scope == PruneScope::kGlobal ? "global" : "local";
   put_costs(j, o, files, model, before, after);
   std::string report_path = o.out + ".report.json";
   files.write(report_path, j.dump(2) + "\n");

@@ -3,45 +3,42 @@
 #include <string>
 #include <utility>
 
+#include "command/rules.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "prune/importance.h"
 
 namespace lopper {
+namespace command {
+
+PruneScope scope_of(const std::optional<std::string>& scope) {
+  const std::string s = scope.value_or("local");
+  if (s == "local") return PruneScope::kLocal;
+  if (s == "global") return PruneScope::kGlobal;
+  throw UsageError("[prune] unknown scope '" + s + "' (scopes: local, global)");
+}
+
+void refuse_data_options(const std::vector<std::string>& given, bool report, bool offers_report,
+                         const std::string& methods) {
+  for (const std::string& name : given)
+    if (!report || name == "batches")
+      throw UsageError(
+          "[prune] " + opt(name) + " is for " + methods + " only" +
+          (offers_report && name != "batches" ? " (or " + opt("report") + "'s accuracy)" : ""));
+}
+
+}  // namespace command
+
 namespace {
 
 #define OPT(name) LOPPER_OPTION(name)
 
-std::string opt(const std::string& name) { return "\x1e" + name + "\x1f"; }
-
-// "grad, taylor, wanda and sparsegpt": the weight criteria that rank by data.
-std::string data_methods() {
-  return importance::names(
-      importance::Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); },
-      " and ");
-}
+using command::as_usage;
+using command::opt;
 
 CriterionInfo criterion_of(const std::string& name) {
-  try {
-    return weight_criterion_info(name);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.render([](const std::string& o) { return opt(o); }));
-  }
-}
-
-// Runs `f`: what the library's checks throw about the options is the user's mistake.
-template <typename F>
-void as_usage(F&& f) {
-  try {
-    f();
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.render([](const std::string& o) { return opt(o); }));
-  }
+  return as_usage([&] { return weight_criterion_info(name); });
 }
 
 }  // namespace
@@ -55,18 +52,12 @@ PruneJob PruneRequest::validate() const {
   if (recipe) {
     // Every option that says how a layer is pruned belongs in the recipe.
     const std::pair<const char*, bool> per_layer[] = {
-        {"criterion", criterion.has_value()},
-        {"threshold", threshold.has_value()},
-        {"amount", amount.has_value()},
-        {"seed", seed.has_value()},
-        {"pattern", pattern.has_value()},
-        {"norm", norm.has_value()},
-        {"exclude", exclude.has_value()},
-        {"skip_first_last", skip_first_last},
-        {"allow_tied", allow_tied},
-        {"block_size", block_size.has_value()},
-        {"dampening", dampening.has_value()},
-        {"owl_lambda", owl_lambda.has_value()},
+        {"criterion", criterion.has_value()}, {"threshold", threshold.has_value()},
+        {"amount", amount.has_value()},       {"seed", seed.has_value()},
+        {"pattern", pattern.has_value()},     {"norm", norm.has_value()},
+        {"exclude", exclude.has_value()},     {"skip_first_last", skip_first_last},
+        {"allow_tied", allow_tied},           {"block_size", block_size.has_value()},
+        {"dampening", dampening.has_value()}, {"owl_lambda", owl_lambda.has_value()},
         {"owl_m", owl_m.has_value()}};
     for (const auto& [name, given] : per_layer)
       if (given)
@@ -87,13 +78,7 @@ PruneJob PruneRequest::validate() const {
     PruneOptions o;
     o.criterion = *criterion;
     const CriterionInfo c = criterion_of(o.criterion);
-    const std::string s = scope.value_or("local");
-    if (s == "local")
-      o.scope = PruneScope::kLocal;
-    else if (s == "global")
-      o.scope = PruneScope::kGlobal;
-    else
-      throw UsageError("[prune] unknown scope '" + s + "' (scopes: local, global)");
+    o.scope = command::scope_of(scope);
     as_usage([&] { parse_prune_pattern(pattern.value_or("unstructured"), o); });
     const std::string method = opt("criterion") + " " + c.name;
     if (c.takes_threshold) {
@@ -139,23 +124,22 @@ PruneJob PruneRequest::validate() const {
                      criterion_of(job.data_method).data_needed + " on data: give " OPT("data") +
                      data_hint);
   }
-  if (!job.needs_data) {
-    for (const std::string& name : data_options)
-      if (!report || name == "batches")
-        throw UsageError(
-            "[prune] " + opt(name) + " is for " + data_methods() + " only" +
-            (offers_report && name != "batches" ? " (or " OPT("report") "'s accuracy)" : ""));
-  }
+  if (!job.needs_data)
+    command::refuse_data_options(
+        data_options, report, offers_report,
+        importance::names(
+            importance::Use::kWeights,
+            [](const importance::Criterion& c) { return c.needs_data(); }, " and "));
   if (one_pass && !job.reads_inputs)
-    throw UsageError("[prune] " OPT("one_pass") " is for " OPT(
-        "criterion") " wanda and sparsegpt (and OWL)");
+    throw UsageError(
+        "[prune] " OPT("one_pass") " is for " OPT("criterion") " wanda and sparsegpt (and OWL)");
   if (batches && *batches < 1)
     throw UsageError("[prune] " OPT("batches") " must be >= 1, got " + std::to_string(*batches));
   return job;
 }
 
 PruneReport PruneJob::run(ir::Model& model, DataLoader* data,
-                           const CalibrationOptions& calib) const {
+                          const CalibrationOptions& calib) const {
   LOPPER_ASSERT(options.has_value() != recipe.has_value(), "a job prunes one way");
   LOPPER_ASSERT(data || !needs_data, "a job that reads data was given none");
   if (reads_inputs)

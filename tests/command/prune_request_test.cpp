@@ -37,18 +37,31 @@ std::string refusal(const PruneRequest& r, std::string (*name)(const std::string
   return "(accepted)";
 }
 
+// The message a request of any kind is refused with ("(accepted)" when it is not).
+template <typename Request>
+std::string refusal_of(const Request& r) {
+  try {
+    r.validate();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 std::string flag(const std::string& o) { return o == "criterion" ? "--method" : "--" + o; }
 
 TEST(PruneRequest, EachRuleNamesTheOptionsInTheFrontEndsWords) {
   PruneRequest r = l1(0.5);
   r.threshold = 0.1;
   EXPECT_EQ(refusal(r), "[prune] threshold is for criterion abs; criterion l1 takes amount");
-  EXPECT_EQ(refusal(r, flag), "[prune] --threshold is for --method abs; --method l1 takes --amount");
+  EXPECT_EQ(refusal(r, flag),
+            "[prune] --threshold is for --method abs; --method l1 takes --amount");
 
   r = l1(0.5);
   r.recipe = half_l1;
-  EXPECT_EQ(refusal(r), "[prune] recipe sets each layer's pruning: drop criterion (put it in the "
-                        "recipe)");
+  EXPECT_EQ(refusal(r),
+            "[prune] recipe sets each layer's pruning: drop criterion (put it in the "
+            "recipe)");
   r.criterion.reset();
   r.amount.reset();
   r.scope = "global";
@@ -63,33 +76,95 @@ TEST(PruneRequest, RefusesWhatDoesNotGoTogether) {
     std::string message;
   } cases[] = {
       {"no criterion", PruneRequest{}, "[prune] needs criterion"},
-      {"abs without threshold", [] { PruneRequest r; r.criterion = "abs"; return r; }(),
+      {"abs without threshold",
+       [] {
+         PruneRequest r;
+         r.criterion = "abs";
+         return r;
+       }(),
        "[prune] criterion abs needs threshold"},
-      {"abs with amount", [] { PruneRequest r = l1(0.5); r.criterion = "abs"; r.threshold = 0.1;
-                               return r; }(),
+      {"abs with amount",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.criterion = "abs";
+         r.threshold = 0.1;
+         return r;
+       }(),
        "[prune] criterion abs takes threshold, not amount"},
-      {"l1 without amount", [] { PruneRequest r; r.criterion = "l1"; return r; }(),
+      {"l1 without amount",
+       [] {
+         PruneRequest r;
+         r.criterion = "l1";
+         return r;
+       }(),
        "[prune] criterion l1 needs amount"},
-      {"N:M with amount", [] { PruneRequest r = l1(0.5); r.pattern = "2:4"; return r; }(),
+      {"N:M with amount",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.pattern = "2:4";
+         return r;
+       }(),
        "[prune] N:M keeps N of every M weights: drop amount"},
-      {"bad N:M first", [] { PruneRequest r = l1(0.5); r.pattern = "5:4"; return r; }(),
+      {"bad N:M first",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.pattern = "5:4";
+         return r;
+       }(),
        "[prune] N:M needs 1 <= N < M, got 5:4"},
-      {"scope", [] { PruneRequest r = l1(0.5); r.scope = "galaxy"; return r; }(),
+      {"scope",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.scope = "galaxy";
+         return r;
+       }(),
        "[prune] unknown scope 'galaxy'"},
-      {"grad without data", [] { PruneRequest r = l1(0.5); r.criterion = "grad"; return r; }(),
+      {"grad without data",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.criterion = "grad";
+         return r;
+       }(),
        "[prune] grad ranks weights by their gradients on data: give data"},
-      {"OWL without data", [] { PruneRequest r = l1(0.5); r.owl_lambda = 0.1; return r; }(),
+      {"OWL without data",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.owl_lambda = 0.1;
+         return r;
+       }(),
        "[prune] OWL weighs each block by its outlier activations: give data"},
-      {"data for l1", [] { PruneRequest r = l1(0.5); r.data = true; r.data_options = {"data"};
-                           return r; }(),
+      {"data for l1",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.data = true;
+         r.data_options = {"data"};
+         return r;
+       }(),
        "[prune] data is for grad, taylor, wanda and sparsegpt only"},
-      {"one pass for l1", [] { PruneRequest r = l1(0.5); r.one_pass = true; return r; }(),
+      {"one pass for l1",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.one_pass = true;
+         return r;
+       }(),
        "[prune] one_pass is for criterion wanda and sparsegpt (and OWL)"},
-      {"no batches", [] { PruneRequest r = l1(0.5); r.criterion = "wanda"; r.data = true;
-                          r.data_options = {"data", "batches"}; r.batches = 0; return r; }(),
+      {"no batches",
+       [] {
+         PruneRequest r = l1(0.5);
+         r.criterion = "wanda";
+         r.data = true;
+         r.data_options = {"data", "batches"};
+         r.batches = 0;
+         return r;
+       }(),
        "[prune] batches must be >= 1, got 0"},
-      {"recipe and block size", [] { PruneRequest r; r.recipe = half_l1; r.block_size = 64;
-                                     return r; }(),
+      {"recipe and block size",
+       [] {
+         PruneRequest r;
+         r.recipe = half_l1;
+         r.block_size = 64;
+         return r;
+       }(),
        "[prune] recipe sets each layer's pruning: drop block_size"},
   };
   for (const auto& c : cases) {
@@ -133,7 +208,8 @@ TEST(PruneRequest, ResolvesToTheLibrarysOptionsAndPrunesAsPruneDoes) {
   const PruneReport ra = job.run(a, nullptr, {});
   const PruneReport rb = prune(b, *job.options);
   EXPECT_EQ(ra.nonzero_after, rb.nonzero_after);
-  EXPECT_TRUE(at::equal(a.graph.find_initializer("w1")->value, b.graph.find_initializer("w1")->value));
+  EXPECT_TRUE(
+      at::equal(a.graph.find_initializer("w1")->value, b.graph.find_initializer("w1")->value));
 
   PruneRequest wanda = l1(0.5);
   wanda.criterion = "wanda";
@@ -148,6 +224,43 @@ TEST(PruneRequest, ResolvesToTheLibrarysOptionsAndPrunesAsPruneDoes) {
   const PruneJob rj = recipe.validate();
   ASSERT_TRUE(rj.recipe.has_value());
   EXPECT_EQ(rj.recipe->source, "r.yaml");
+}
+
+TEST(StructuredRequest, OneRuleForBothFrontEnds) {
+  StructuredRequest r;
+  EXPECT_NE(std::string(refusal_of(r)).find("structured pruning needs amount"), std::string::npos);
+  r.amount = PruneAmount{0.5, false};
+  r.unit = "neuron";
+  EXPECT_EQ(refusal_of(r), "[prune] unknown unit 'neuron' (units: channel, head)");
+  r.unit = "head";
+  r.unstructured_options = {"block_size"};
+  EXPECT_EQ(refusal_of(r), "[prune] block_size is for unstructured pruning, not structured");
+  r.unstructured_options.clear();
+  r.criterion = "taylor";
+  EXPECT_EQ(refusal_of(r).rfind("[prune] criterion taylor ranks channels", 0), 0u);
+  r.criterion = "l1";
+  r.data = true;
+  r.data_options = {"data"};
+  EXPECT_EQ(refusal_of(r), "[prune] data is for taylor only");
+  r.data = false;
+  r.data_options.clear();
+  r.round_to = 0;
+  EXPECT_EQ(refusal_of(r), "[prune] round_to must be >= 1, got 0");  // a usage error too
+  r.round_to = 8;
+  r.recipe = [] {
+    PruneRecipe recipe;
+    recipe.source = "s.yaml";
+    return recipe;
+  };
+  EXPECT_EQ(refusal_of(r).rfind("[prune] recipe sets each group's amount: drop amount", 0), 0u);
+  r.amount.reset();
+  const StructuredJob job = r.validate();
+  ASSERT_TRUE(job.recipe);
+  EXPECT_EQ(job.options.recipe, job.recipe.get());
+  EXPECT_EQ(job.options.unit, StructuredUnit::kHead);
+  EXPECT_EQ(job.options.round_to, 8);
+  const StructuredJob copy = job;  // the options' recipe stays valid in a copy
+  EXPECT_EQ(copy.options.recipe->source, "s.yaml");
 }
 
 }  // namespace

@@ -1,0 +1,37 @@
+// What the requests' rules share (src/command, internal).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lopper/error.h"
+#include "lopper/prune.h"
+
+namespace lopper::command {
+
+/// `name` marked as an option (LOPPER_OPTION) in a message.
+inline std::string opt(const std::string& name) { return "\x1e" + name + "\x1f"; }
+
+/// Runs `f`: what the library's checks of the options throw is the user's mistake (UsageError).
+template <typename F>
+auto as_usage(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.render(opt));
+  }
+}
+
+/// local (the default) | global; anything else is refused.
+PruneScope scope_of(const std::optional<std::string>& scope);
+
+/// Refuses each of the data options given (library names) when nothing reads data: `methods`
+/// ("grad, taylor, wanda and sparsegpt") do. A report that reads the data (`report`) keeps them,
+/// but for the calibration's batch count.
+void refuse_data_options(const std::vector<std::string>& given, bool report, bool offers_report,
+                         const std::string& methods);
+
+}  // namespace lopper::command

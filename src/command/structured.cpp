@@ -1,0 +1,72 @@
+// StructuredRequest: the rules of lopper prune --structured and lopper.prune_structured, once.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "command/rules.h"
+#include "lopper/command.h"
+#include "lopper/data.h"
+#include "lopper/error.h"
+#include "prune/importance.h"
+
+namespace lopper {
+
+StructuredJob StructuredRequest::validate() const {
+  using command::opt;
+  for (const std::string& name : unstructured_options)
+    throw UsageError("[prune] " + opt(name) + " is for unstructured pruning, not " +
+                     opt("structured"));
+  StructuredJob job;
+  StructuredOptions& so = job.options;
+  if (unit == "channel")
+    so.unit = StructuredUnit::kChannel;
+  else if (unit == "head")
+    so.unit = StructuredUnit::kHead;
+  else
+    throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head)");
+  const CriterionInfo crit =
+      command::as_usage([&] { return channel_criterion_info(criterion.value_or("l1")); });
+  so.criterion = crit.name;
+  if (recipe) {
+    if (amount)
+      throw UsageError("[prune] " + opt("recipe") + " sets each group's amount: drop " +
+                       opt("amount") + " (put it in the recipe)");
+    job.recipe = std::make_shared<const PruneRecipe>(recipe());
+    so.recipe = job.recipe.get();
+  } else {
+    if (!amount)
+      throw UsageError("[prune] structured pruning needs " + opt("amount") +
+                       " (the share of each group's channels to remove, a fraction in [0, 1], "
+                       "or a count) or " +
+                       opt("recipe"));
+    so.amount = *amount;
+  }
+  so.scope = command::scope_of(scope);
+  if (max_layer_amount) so.max_layer_amount = *max_layer_amount;
+  if (round_to) so.round_to = *round_to;
+  if (exclude) so.exclude = *exclude;
+  if (seed) so.seed = *seed;
+  so.input_shapes = input_shapes;
+  command::as_usage([&] { check_structured_options(so); });
+  job.needs_data = crit.needs_data;
+  if (crit.needs_data && !data)
+    throw UsageError("[prune] " + opt("criterion") + " " + crit.name + " ranks channels " +
+                     crit.data_needed + " on data: give " + opt("data") + data_hint);
+  if (!crit.needs_data)
+    command::refuse_data_options(
+        data_options, report, offers_report,
+        importance::names(
+            importance::Use::kChannels,
+            [](const importance::Criterion& c) { return c.needs_data(); }, " and "));
+  return job;
+}
+
+StructuredReport StructuredJob::run(ir::Model& model, DataLoader* data,
+                                    const CalibrationOptions& calib) const {
+  LOPPER_ASSERT(data || !needs_data, "a structured job that ranks by data was given none");
+  std::optional<Saliency> saliency;
+  if (needs_data) saliency = compute_saliency(model, *data, calib);
+  return prune_structured(model, options, saliency ? &*saliency : nullptr);
+}
+
+}  // namespace lopper

@@ -19,6 +19,7 @@
 
 #include "lopper/prune.h"
 #include "lopper/structured.h"
+#include "lopper/target.h"
 
 namespace lopper {
 
@@ -106,6 +107,36 @@ struct StructuredRequest {
   std::string data_hint;
 
   StructuredJob validate() const;
+};
+
+/// What a TargetRequest resolves to: the target's options without their data, sensitivity or
+/// callbacks (the front end's), and what it reads.
+struct TargetJob {
+  TargetOptions options;
+  bool reads_inputs = false;  // wanda, sparsegpt: pruned by them on the calibration batches
+};
+
+/// lopper prune --target-macs|--target-params|--target-latency-ms and lopper.prune_to_target.
+struct TargetRequest {
+  std::optional<double> target_macs, target_params, target_latency_ms;  // exactly one
+  std::optional<std::string> structured;  // "channel": channel groups instead of single weights
+  std::optional<std::string> criterion;
+  std::optional<int64_t> round_to;
+  std::optional<std::string> exclude;
+  bool allow_tied = false;
+  std::optional<int64_t> block_size;  // sparsegpt
+  std::optional<double> dampening;    // sparsegpt
+  std::optional<int64_t> batches;     // wanda, sparsegpt: calibration batches
+  std::optional<int64_t> eval_batches;
+  std::string device = "cpu";
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// Options that choose each layer's amount themselves (amount, pattern, recipe...), given with
+  /// the target (their library names): each is refused.
+  std::vector<std::string> per_layer_options;
+  bool data = false;  // data given (the sensitivity sweep's, the calibration's)
+  std::string data_hint;
+
+  TargetJob validate() const;
 };
 
 }  // namespace lopper

@@ -170,14 +170,15 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
             buffers sliced by name, the standard modules' sizes updated, the result checked
             against lopper's pruned export, everything put back on a mismatch).
         data (iterable): batches to measure the sensitivity curves on (as ``lopper.sensitivity``
-            reads them); the pruned module's loss and top-1 are then measured on them too.
+            reads them); the pruned module's loss and top-1 are then measured on them too. With
+            ``sensitivity``: the module's loss and top-1 before and after, measured on them.
             ``wanda``, ``sparsegpt``: required, and also the calibration batches (as
             ``lopper.prune`` reads them: a smaller last batch left out); with ``sensitivity``
             only those. Without ``sensitivity`` it is read twice, once for the calibration and
             once for the sweep: a list or a DataLoader, not an iterator (a generator).
         sensitivity (SensitivityReport): curves measured before on this module by
-            ``lopper.sensitivity`` (instead of ``data``; with ``wanda`` or ``sparsegpt``,
-            measured with the same method).
+            ``lopper.sensitivity`` (instead of measuring them on ``data``; with ``wanda`` or
+            ``sparsegpt``, measured with the same method).
         method (str): how single weights are pruned: ``"l1"`` (default, by magnitude),
             ``"wanda"`` or ``"sparsegpt"`` (see ``lopper.prune``; they need ``data``).
         round_to (int): structured: keep channel counts a multiple of this (default 1).

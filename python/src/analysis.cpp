@@ -24,6 +24,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -48,10 +49,6 @@ using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 // The library names options as its structs spell them; these are the Python arguments' names.
 std::string python_name(const std::string& option) {
-  if (option == "criterion") return "method";
-  if (option == "target_params") return "params";
-  if (option == "target_macs") return "macs";
-  if (option == "target_latency-ms") return "latency_ms";
   return python_option(option);  // "batches": calib_batches
 }
 
@@ -319,7 +316,11 @@ struct Target : PrunedExport {  // the exports before and after, for save_html
   double value = 0;
   std::shared_ptr<Sensitivity> sens;   // the data it used (given, or measured on `data`)
   std::optional<EvalResult> measured;  // the pruned export on the sweep's batches (data given)
+  /// The export before on `data`, when the sensitivity was given (its sweep's batches are not
+  /// these); else the sweep's own measurement is the model before.
+  std::optional<EvalResult> base;
   std::vector<std::string> warnings;
+  double top1_base() const { return base ? base->top1 : sens->r.top1; }
 };
 
 // The report as `lopper prune --target-*` writes it in OUT.report.json, without the files.
@@ -329,7 +330,7 @@ nlohmann::json target_json(const Target& t) {
   if (t.r.kind == TargetKind::kLatency) j["target"]["device"] = t.device;
   if (t.sens && t.measured) {
     j["target"]["loss"]["measured"] = t.measured->loss;
-    j["target"]["loss"]["top1_base"] = t.sens->r.top1;
+    j["target"]["loss"]["top1_base"] = t.top1_base();
     j["target"]["loss"]["top1_measured"] = t.measured->top1;
   }
   j["structured"] = t.structured;
@@ -359,75 +360,30 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
                       const std::string& name, const std::string& command, const py::object& fixed,
                       const std::vector<at::Tensor>& inputs, const py::object& calib_batches,
                       const py::object& block_size, const py::object& dampening) {
-  TargetOptions t;
-  t.fixed = fixed_arg(fixed);
   const bool structured = flag(structured_arg, "prune", "structured");
-  const bool allow_tied = flag(allow_tied_arg, "prune", "allow_tied");
-  struct Given {
-    const py::object& value;
-    TargetKind kind;
-    const char* name;
-  };
-  int given = 0;
-  for (const Given& g :
-       {Given{macs, TargetKind::kMacs, "macs"}, Given{params, TargetKind::kParams, "params"},
-        Given{latency_ms, TargetKind::kLatency, "latency_ms"}}) {
-    if (g.value.is_none()) continue;
-    ++given;
-    t.kind = g.kind;
-    t.value = arg<double>(g.value, "prune", g.name, "a float");
-  }
-  if (given != 1)
-    throw UsageError(std::string("[prune] give one target: macs or params (the share kept, in "
-                                 "(0, 1)) or latency_ms, got ") +
-                     (given ? "several" : "none"));
-  t.structured = structured;
-  const std::string m =
-      method.is_none() ? "l1" : arg<std::string>(method, "prune", "method", "a str");
-  bool calibrated = false;  // wanda, sparsegpt: amounts on their curves, pruned by them on data
-  if (structured) {
-    t.criterion = usage([&] { return channel_criterion_info(m).name; });
-  } else {
-    const CriterionInfo c = usage([&] { return weight_criterion_info(m); });
-    calibrated = c.reads_inputs;
-    if (!calibrated && c.name != "l1")
-      throw UsageError("[prune] a target prunes weights by l1, wanda or sparsegpt; method " +
-                       c.name + " does not go with it");
-    t.criterion = c.name;
-  }
-  const OneShot one_shot =
-      one_shot_arg("prune", t.criterion, calibrated, calibrated && t.criterion == "sparsegpt",
-                   calib_batches, block_size, dampening);
-  if (one_shot.block_size) t.block_size = *one_shot.block_size;
-  if (one_shot.dampening) t.dampening = *one_shot.dampening;
-  if (calibrated && data.is_none())
-    throw UsageError("[prune] a target with method " + t.criterion +
-                     " calibrates on the layers' inputs: give data (an iterable of batches)");
-  t.round_to = arg<int64_t>(round_to, "prune", "round_to", "an int");
-  if (!exclude.is_none()) t.exclude = arg<std::string>(exclude, "prune", "exclude", "a str");
-  if (allow_tied && structured)
-    throw UsageError("[prune] allow_tied is for unstructured pruning, not structured");
-  t.allow_tied = allow_tied;
-  {
-    // NOTE: wanda and sparsegpt need sensitivity data and calibration data, which come later: what
-    // check_target_options() asks of them here is an l1 target's and their layer options.
-    TargetOptions early = t;
-    early.criterion = calibrated ? "l1" : t.criterion;
-    usage([&] { check_target_options(early); });
-    if (calibrated) {
-      PruneLayerOptions lo;
-      lo.criterion = t.criterion;
-      lo.block_size = t.block_size;
-      lo.dampening = t.dampening;
-      usage([&] { check_layer_options(lo); });
-    }
-  }
-  check_regex(t.exclude, "prune");
-  t.device = arg<std::string>(device, "prune", "device", "a str");
+  TargetRequest req;
+  if (!macs.is_none()) req.target_macs = arg<double>(macs, "prune", "macs", "a float");
+  if (!params.is_none()) req.target_params = arg<double>(params, "prune", "params", "a float");
+  if (!latency_ms.is_none())
+    req.target_latency_ms = arg<double>(latency_ms, "prune", "latency_ms", "a float");
+  if (structured) req.structured = "channel";
+  if (!method.is_none()) req.criterion = arg<std::string>(method, "prune", "method", "a str");
+  req.round_to = arg<int64_t>(round_to, "prune", "round_to", "an int");
+  if (!exclude.is_none()) req.exclude = arg<std::string>(exclude, "prune", "exclude", "a str");
+  req.allow_tied = flag(allow_tied_arg, "prune", "allow_tied");
+  req.batches = optional_int(calib_batches, "prune", "calib_batches");
+  req.block_size = optional_int(block_size, "prune", "block_size");
+  if (!dampening.is_none()) req.dampening = arg<double>(dampening, "prune", "dampening", "a float");
+  req.eval_batches = arg<int64_t>(eval_batches_arg, "prune", "eval_batches", "an int");
+  req.device = arg<std::string>(device, "prune", "device", "a str");
+  req.data = !data.is_none();
+  req.data_hint = " (an iterable of batches)";
+  const TargetJob job = usage([&] { return req.validate(); });
+  TargetOptions t = job.options;
+  t.fixed = fixed_arg(fixed);
+  const bool calibrated = job.reads_inputs;
   (void)check_device(t.device);
-  const int64_t eval_batches = arg<int64_t>(eval_batches_arg, "prune", "eval_batches", "an int");
-  if (eval_batches < 1)
-    throw UsageError("[prune] eval_batches must be > 0, got " + std::to_string(eval_batches));
+  const int64_t eval_batches = *req.eval_batches;
   const LossOptions loss_options = calibration_arg(loss, mask_token, eval_batches, device, 0).loss;
   std::shared_ptr<Sensitivity> sens;
   if (!sensitivity_arg.is_none()) {
@@ -437,8 +393,6 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
           "got " +
           type_name(sensitivity_arg));
     sens = sensitivity_arg.cast<std::shared_ptr<Sensitivity>>();
-    if (!data.is_none() && !calibrated)
-      throw UsageError("[prune] sensitivity already holds the measurements: drop data");
     const std::string unit = structured ? "channel" : "weight";
     if (sens->r.unit != unit)
       throw UsageError("[prune] the sensitivity is per " +
@@ -463,7 +417,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
                        " reads data twice (the calibration, then the sweep): give a list or a "
                        "DataLoader, not an iterator (" +
                        type_name(data) + ")");
-    calib = calibration_loader(data, one_shot.calib_batches);
+    calib = calibration_loader(data, req.batches);
     t.calibration = calibration_arg(loss, mask_token, calib->batches_per_epoch(), device, 0);
     t.calibration_data = calib.get();
     usage([&] { check_calibration(*calib, t.calibration); });
@@ -473,7 +427,10 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
       };
   }
   std::unique_ptr<DataLoader> loader;  // the sweep's batches, then the pruned export measured
-  if (!data.is_none() && !sens)
+  // With a sensitivity given, the data measures the module before and after (as the CLI's
+  // --sensitivity FILE with --data does); wanda's and sparsegpt's are their calibration only.
+  const bool sens_given = sens != nullptr;
+  if (!data.is_none() && !(sens_given && calibrated))
     loader = calibrated ? sweep_loader(data, eval_batches, true, calib->batches_per_epoch())
                         : loader_arg(data, eval_batches);
   auto out = std::make_shared<Target>();
@@ -525,15 +482,17 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
       sens->file_bytes = out->file_bytes;
     }
     t.sensitivity = sens ? &sens->r : nullptr;
+    EvalOptions eo;
+    eo.device = t.device;
+    eo.max_batches = eval_batches;
+    eo.loss = loss_options;
+    // The module before, on the data, when the sweep was not measured on it.
+    if (loader && sens_given) out->base = pythonic([&] { return evaluate(model, *loader, eo); });
     const auto shapes = resolve_input_shapes(model, t.input_shapes, 1);
     out->before = analyze(model, shapes);
     out->r = pythonic([&] { return prune_to_target(model, t); });
     out->after = analyze(model, shapes);
     if (loader && sens) {
-      EvalOptions eo;
-      eo.device = t.device;
-      eo.max_batches = eval_batches;
-      eo.loss = loss_options;
       out->measured = pythonic([&] { return evaluate(model, *loader, eo); });
     }
     if (structured) {
@@ -582,7 +541,10 @@ void target_html(const Target& t, const std::string& path) {
                                          t.file_bytes, warnings);
     if (t.sens && t.measured) {
       const std::string data = "the data, the sweep's own batches";
-      set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
+      if (t.base)
+        set_accuracy(mb, t.base->top1, t.base->loss, t.base->samples, data);
+      else
+        set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
       set_accuracy(ma, t.measured->top1, t.measured->loss, t.measured->samples, data);
     }
     rep.add_model(mb, t.before);

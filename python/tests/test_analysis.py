@@ -429,10 +429,12 @@ BAD_TARGETS = [
     (dict(params=0.5, method="taylor", data=[torch.randn(2, 784)]), "method taylor does not go"),
     (dict(params=0.5, method="wanda"), "a target with method wanda calibrates on the layers' "
      "inputs: give data"),
-    (dict(params=0.5, calib_batches=2), "calib_batches is for method wanda and sparsegpt"),
+    (dict(params=0.5, calib_batches=2),
+     "calib_batches is for a target with method wanda or sparsegpt, not l1"),
     (dict(params=0.5, method="wanda", data=[torch.randn(2, 784)], block_size=16),
-     "block_size is for method sparsegpt, not wanda"),
-    (dict(params=0.5, structured=True, dampening=0.1), "dampening is for method sparsegpt"),
+     "block_size is for a target with method sparsegpt, not wanda"),
+    (dict(params=0.5, structured=True, dampening=0.1),
+     "dampening is for a target with method sparsegpt"),
     (dict(params=0.5, method="sparsegpt", data=[torch.randn(2, 784)], dampening=0.0),
      "dampening must be > 0"),
     (dict(params=0.5, method="sparsegpt", data=[torch.randn(2, 784)], block_size=0),
@@ -448,7 +450,7 @@ BAD_TARGETS = [
     (dict(params=0.5, device="tpu"), "[device] bad device 'tpu'"),
     (dict(params=0.5, round_to=0), "round_to must be >= 1"),
     (dict(params=0.5, structured=True, method="nope"), "unknown structured method 'nope'"),
-    (dict(params=0.5, data=[torch.randn(2, 784)], eval_batches=0), "eval_batches must be > 0"),
+    (dict(params=0.5, data=[torch.randn(2, 784)], eval_batches=0), "eval_batches must be >= 1"),
 ]
 
 
@@ -515,10 +517,21 @@ def test_bad_types_are_type_errors(sweep):
     one_line(e, "[prune] dampening must be a float")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         lopper.sensitivity(lambda t: t, x, batches(n=1))
-    # Data and a sensitivity both, a sweep of another unit: bad arguments.
-    with pytest.raises(ValueError) as e:
-        lopper.prune_to_target(m, x, params=0.5, sensitivity=sweep[4], data=batches(n=1))
-    one_line(e, "drop data")
+
+
+def test_data_with_a_sensitivity_measures_the_module_before_and_after(sweep):
+    # As `lopper prune --target-params 0.5 --sensitivity FILE --data SPEC`: the amounts come from
+    # the given curves, the loss and top-1 before and after from the data.
+    m, x = copy.deepcopy(sweep[0]), sweep[1]
+    data = batches(n=2, seed=7)  # not the sweep's batches
+    loss_before, top1_before = own_loss_and_top1(copy.deepcopy(m), data)
+    report = lopper.prune_to_target(m, x, params=0.5, sensitivity=sweep[4], data=data,
+                                    progress=False)
+    loss = report.to_dict()["target"]["loss"]
+    assert loss["top1_base"] == pytest.approx(top1_before)
+    loss_after, top1_after = own_loss_and_top1(m, data)
+    assert report.measured_top1 == pytest.approx(top1_after)
+    assert report.measured_loss == pytest.approx(loss_after, rel=1e-4)
 
 
 def test_sensitivity_of_another_module_is_a_value_error(sweep):

@@ -284,34 +284,29 @@ Action add_prune(CLI::App& app) {
           pattern, norm, sfl, targets, sens, eval_batches, amount, recipe_opt, report, allow_tied,
           calib_batches, block_size, dampening, owl_lambda, owl_m, one_pass]() {
     configure_threads(o->threads);
-    int given = 0;
-    TargetKind kind = TargetKind::kMacs;
-    const TargetKind kinds[] = {TargetKind::kMacs, TargetKind::kParams, TargetKind::kLatency};
-    for (size_t i = 0; i < targets.size(); ++i)
-      if (targets[i]->count() > 0) ++given, kind = kinds[i];
-    if (given > 1)
-      throw UsageError("[prune] give one of --target-macs, --target-params, --target-latency-ms");
     o->calib_batches_given = calib_batches->count() > 0;
-    for (const auto* opt : {block_size, dampening, owl_lambda, owl_m, one_pass})
-      if (opt->count() > 0 && given > 0 && opt != block_size && opt != dampening)
-        throw UsageError("[prune] " + opt->get_name() + " is for --method " +
-                         importance::names(
-                             importance::Use::kWeights,
-                             [](const importance::Criterion& c) {
-                               return c.needs == importance::Needs::kActivations;
-                             },
-                             " and ") +
-                         " (and OWL's amounts)");
-    if (given == 1) {
-      if ((block_size->count() > 0 || dampening->count() > 0) &&
-          (o->method.empty() || weight_criterion(o->method).name != std::string("sparsegpt")))
-        throw UsageError(std::string("[prune] ") +
-                         (block_size->count() > 0 ? "--block-size" : "--dampening") +
-                         " is for a target with --method sparsegpt");
-      for (const auto* opt : {amount, th, pattern, norm, sfl, scope, mla, recipe_opt})
-        if (opt->count() > 0)
-          throw UsageError("[prune] a target chooses each layer's amount: drop " + opt->get_name());
-      return run_target(*o, kind);
+    if (targets[0]->count() + targets[1]->count() + targets[2]->count() > 0) {
+      TargetRequest req;
+      if (targets[0]->count() > 0) req.target_macs = o->target_macs;
+      if (targets[1]->count() > 0) req.target_params = o->target_params;
+      if (targets[2]->count() > 0) req.target_latency_ms = o->target_latency_ms;
+      if (structured->count() > 0) req.structured = o->structured;
+      if (method->count() > 0) req.criterion = o->method;
+      if (round_to->count() > 0) req.round_to = o->round_to;
+      if (exclude->count() > 0) req.exclude = o->exclude;
+      req.allow_tied = o->allow_tied;
+      if (block_size->count() > 0) req.block_size = o->block_size;
+      if (dampening->count() > 0) req.dampening = o->dampening;
+      if (calib_batches->count() > 0) req.batches = o->calib_batches;
+      if (eval_batches->count() > 0) req.eval_batches = o->eval_batches;
+      req.device = o->device;
+      req.input_shapes = parse_shape_overrides(o->shapes);
+      for (const auto* opt :
+           {amount, th, pattern, norm, sfl, scope, mla, recipe_opt, owl_lambda, owl_m, one_pass})
+        if (opt->count() > 0) req.per_layer_options.push_back(library_name(*opt));
+      req.data = o->data.given();
+      req.data_hint = " SPEC (e.g. --data tokens:ids.npy)";
+      return run_target(*o, validated(req));
     }
     if (sens->count() > 0)
       throw UsageError("[prune] --sensitivity is for --target-macs/-params/-latency-ms");

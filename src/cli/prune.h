@@ -72,7 +72,7 @@ void put_costs(nlohmann::json& j, const Opts& o, const OutputFiles& files, const
 void declare_files(OutputFiles& files, const Opts& o);
 
 // lopper prune --target-macs|--target-params|--target-latency-ms.
-int run_target(const Opts& o, TargetKind kind);
+int run_target(const Opts& o, const TargetJob& job);
 // lopper prune --structured channel|head.
 int run_structured(const Opts& o, const StructuredJob& job);
 

@@ -25,44 +25,9 @@ namespace lopper::cli {
 // lopper prune --target-macs|--target-params|--target-latency-ms: per-layer amounts chosen to meet
 // the target with the least estimated loss (sensitivity data from --sensitivity FILE or measured
 // on --data; without either, LAMP or the global channel ranking).
-int run_target(const Opts& o, TargetKind kind) {
-  TargetOptions t;
-  t.kind = kind;
-  t.value = t.kind == TargetKind::kMacs     ? o.target_macs
-            : t.kind == TargetKind::kParams ? o.target_params
-                                            : o.target_latency_ms;
-  if (!o.structured.empty()) {
-    if (o.structured != "channel")
-      throw UsageError("[prune] a target prunes weights or --structured channel, not '" +
-                       o.structured + "'");
-    t.structured = true;
-    t.criterion = channel_criterion(o.method).name;
-    if (o.allow_tied)
-      throw UsageError("[prune] --allow-tied is for unstructured pruning, not --structured");
-  } else if (!o.method.empty()) {
-    t.criterion = weight_criterion(o.method).name;
-  }
-  // wanda, sparsegpt: amounts chosen on their own sensitivity curves, then pruned by them on the
-  // calibration data.
-  const bool inputs =
-      !t.structured && importance::find(t.criterion, importance::Use::kWeights).needs ==
-                           importance::Needs::kActivations;
-  if (!t.structured && !inputs && t.criterion != "l1")
-    throw UsageError("[prune] a target prunes weights by l1, wanda or sparsegpt; --method " +
-                     o.method + " does not go with it");
-  if (inputs && !o.data.given())
-    throw UsageError("[prune] a target with --method " + t.criterion +
-                     " calibrates on the layers' inputs: give --data SPEC (e.g. --data "
-                     "tokens:ids.npy)");
-  if (!inputs && o.calib_batches_given)
-    throw UsageError("[prune] --calib-batches is for a target with --method wanda or sparsegpt");
-  t.block_size = o.block_size;
-  t.dampening = o.dampening;
-  t.round_to = o.round_to;
-  t.exclude = o.exclude;
-  t.allow_tied = o.allow_tied;
-  t.device = o.device;
-  t.input_shapes = parse_shape_overrides(o.shapes);
+int run_target(const Opts& o, const TargetJob& job) {
+  TargetOptions t = job.options;
+  const bool inputs = job.reads_inputs;
   check_device_flag(o.device);
   OutputFiles files("prune");
   declare_files(files, o);

@@ -263,5 +263,39 @@ TEST(StructuredRequest, OneRuleForBothFrontEnds) {
   EXPECT_EQ(copy.options.recipe->source, "s.yaml");
 }
 
+TEST(TargetRequest, OneRuleForBothFrontEnds) {
+  TargetRequest r;
+  EXPECT_EQ(refusal_of(r).rfind("[prune] give one target", 0), 0u);
+  r.target_params = 0.5;
+  r.target_macs = 0.5;
+  EXPECT_NE(refusal_of(r).find("got several"), std::string::npos);
+  r.target_macs.reset();
+  r.per_layer_options = {"amount"};
+  EXPECT_EQ(refusal_of(r), "[prune] a target chooses each layer's amount: drop amount");
+  r.per_layer_options.clear();
+  r.criterion = "random";
+  EXPECT_NE(refusal_of(r).find("criterion random does not go with it"), std::string::npos);
+  r.criterion = "wanda";
+  EXPECT_EQ(refusal_of(r).rfind("[prune] a target with criterion wanda calibrates", 0), 0u);
+  r.data = true;
+  r.block_size = 64;
+  EXPECT_EQ(refusal_of(r),
+            "[prune] block_size is for a target with criterion sparsegpt, not wanda");
+  r.criterion = "sparsegpt";
+  r.target_params = 1.5;
+  EXPECT_EQ(refusal_of(r), "[prune] target_params is the share kept, in (0, 1), got 1.5");
+  r.target_params = 0.5;
+  const TargetJob job = r.validate();
+  EXPECT_TRUE(job.reads_inputs);
+  EXPECT_EQ(job.options.kind, TargetKind::kParams);
+  EXPECT_EQ(job.options.block_size, 64);
+  EXPECT_EQ(job.options.criterion, "sparsegpt");
+  r.structured = "channel";
+  r.criterion.reset();
+  r.block_size.reset();
+  r.allow_tied = true;
+  EXPECT_EQ(refusal_of(r), "[prune] allow_tied is for unstructured pruning, not structured");
+}
+
 }  // namespace
 }  // namespace lopper

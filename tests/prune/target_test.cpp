@@ -340,10 +340,11 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
     int code;
     std::string needle;
   } cases[] = {
-      {"--target-macs 1.5", 1, "in (0, 1)"},
-      {"--target-params 0", 1, "in (0, 1)"},
-      {"--target-latency-ms -2", 1, "must be > 0"},
-      {"--target-macs 0.5 --target-params 0.5", 2, "give one of"},
+      // Out of range: usage errors, as lopper.prune_to_target's ValueError.
+      {"--target-macs 1.5", 2, "in (0, 1)"},
+      {"--target-params 0", 2, "in (0, 1)"},
+      {"--target-latency-ms -2", 2, "must be > 0"},
+      {"--target-macs 0.5 --target-params 0.5", 2, "give one target"},
       {"--target-macs 0.5 --amount 0.3", 2, "drop --amount"},
       {"--target-macs 0.5 --recipe x.yaml", 2, "drop --recipe"},
       {"--target-macs 0.5 --method random", 2, "does not go with it"},
@@ -355,7 +356,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--target-macs 0.5 --method wanda --calib-batches 2 --batch-size 4 --sensitivity " +
            (tmp / "s.json") + " --data " + data,
        1, "the sensitivity data was measured with l1"},
-      {"--target-macs 0.5 --owl-lambda 0.1", 2, "--owl-lambda is for"},
+      {"--target-macs 0.5 --owl-lambda 0.1", 2, "drop --owl-lambda"},
       {"--target-macs 0.5 --method wanda --block-size 64 --data " + data, 2,
        "--block-size is for a target with --method sparsegpt"},
       {"--target-macs 0.5 --structured head", 2, "not 'head'"},

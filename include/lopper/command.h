@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lopper/prune.h"
+#include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
 
@@ -137,6 +138,32 @@ struct TargetRequest {
   std::string data_hint;
 
   TargetJob validate() const;
+};
+
+/// What a SensitivityRequest resolves to: the sweep's options, without its loss or callbacks.
+struct SensitivityJob {
+  SensitivityOptions options;
+  bool reads_inputs = false;  // wanda, sparsegpt: the layers' inputs collected on the data
+};
+
+/// lopper sensitivity and lopper.sensitivity: each layer (or channel group) pruned alone.
+struct SensitivityRequest {
+  std::optional<std::string> structured;  // "channel": channel groups instead of single weights
+  std::optional<std::string> criterion;
+  std::optional<std::vector<double>> amounts;
+  std::optional<int64_t> eval_batches, round_to;
+  std::optional<std::string> exclude;
+  std::optional<uint64_t> seed;
+  bool allow_tied = false;
+  std::optional<int64_t> batches;     // wanda, sparsegpt: calibration batches
+  std::optional<int64_t> block_size;  // sparsegpt
+  std::optional<double> dampening;    // sparsegpt
+  std::string device = "cpu";
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  bool data = false;
+  std::string data_hint;
+
+  SensitivityJob validate() const;
 };
 
 }  // namespace lopper

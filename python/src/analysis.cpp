@@ -106,13 +106,6 @@ std::vector<double> amounts_arg(py::handle h) {
   return out;
 }
 
-// `exclude` is searched as a regex (lopper::regex_error): one that does not compile is a bad
-// argument.
-void check_regex(const std::string& re, const char* op) {
-  if (const std::string why = regex_error(re); !why.empty())
-    throw UsageError(fmt::format("[{}] exclude '{}' is not a valid regex: {}", op, re, why));
-}
-
 }  // namespace
 
 namespace {
@@ -127,34 +120,6 @@ std::optional<int64_t> optional_int(py::handle h, const char* op, const char* wh
 // them (None: the library's default), refused with a method that does not read them, as the CLI's
 // --calib-batches, --block-size and --dampening are. `reads_inputs`: the method reads the layers'
 // inputs (wanda, sparsegpt); `solves`: it is sparsegpt.
-struct OneShot {
-  std::optional<int64_t> calib_batches;
-  std::optional<int64_t> block_size;
-  std::optional<double> dampening;
-};
-
-OneShot one_shot_arg(const char* op, const std::string& method, bool reads_inputs, bool solves,
-                     const py::object& calib_batches, const py::object& block_size,
-                     const py::object& dampening) {
-  OneShot o;
-  o.calib_batches = optional_int(calib_batches, op, "calib_batches");
-  o.block_size = optional_int(block_size, op, "block_size");
-  if (!dampening.is_none()) o.dampening = arg<double>(dampening, op, "dampening", "a float");
-  if (o.calib_batches && !reads_inputs)
-    throw UsageError(fmt::format(
-        "[{}] calib_batches is for method wanda and sparsegpt (they read the layers' inputs), "
-        "not {}",
-        op, method));
-  if (o.calib_batches && *o.calib_batches < 1)
-    throw UsageError(fmt::format("[{}] calib_batches must be >= 1, got {}", op, *o.calib_batches));
-  for (const auto& [name, given] :
-       {std::pair<const char*, bool>{"block_size", o.block_size.has_value()},
-        {"dampening", o.dampening.has_value()}})
-    if (given && !solves)
-      throw UsageError(fmt::format("[{}] {} is for method sparsegpt, not {}", op, name, method));
-  return o;
-}
-
 // The sweep's batches: the first `eval_batches` of `data`; for wanda and sparsegpt
 // (`reads_inputs`) also the first `calib_batches` (None: enough for the papers' 128 samples,
 // counted in batches of the first one's size, as lopper.prune reads them), on which the sweep
@@ -229,43 +194,33 @@ std::shared_ptr<Sensitivity> sensitivity_call(
     const py::object& progress, const std::string& name, const std::string& command,
     const py::object& fixed, const py::object& calib_batches, const py::object& block_size,
     const py::object& dampening) {
-  SensitivityOptions so;
+  SensitivityRequest req;
+  if (flag(structured_arg, "sensitivity", "structured")) req.structured = "channel";
+  if (!method.is_none()) req.criterion = arg<std::string>(method, "sensitivity", "method", "a str");
+  if (!amounts.is_none()) req.amounts = amounts_arg(amounts);
+  req.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
+  req.round_to = arg<int64_t>(round_to, "sensitivity", "round_to", "an int");
+  if (!exclude.is_none())
+    req.exclude = arg<std::string>(exclude, "sensitivity", "exclude", "a str");
+  if (!seed.is_none()) req.seed = arg<uint64_t>(seed, "sensitivity", "seed", "an int >= 0");
+  req.allow_tied = flag(allow_tied_arg, "sensitivity", "allow_tied");
+  req.batches = optional_int(calib_batches, "sensitivity", "calib_batches");
+  req.block_size = optional_int(block_size, "sensitivity", "block_size");
+  if (!dampening.is_none())
+    req.dampening = arg<double>(dampening, "sensitivity", "dampening", "a float");
+  req.device = arg<std::string>(device, "sensitivity", "device", "a str");
+  req.data = !data.is_none();
+  req.data_hint = " (an iterable of batches: tensors, (samples, labels) or dicts of named inputs)";
+  const SensitivityJob job = usage([&] { return req.validate(); });
+  SensitivityOptions so = job.options;
   so.fixed = fixed_arg(fixed);
-  const bool structured = flag(structured_arg, "sensitivity", "structured");
-  const bool allow_tied = flag(allow_tied_arg, "sensitivity", "allow_tied");
-  so.structured = structured;
-  const std::string m =
-      method.is_none() ? "l1" : arg<std::string>(method, "sensitivity", "method", "a str");
-  so.criterion = usage(
-      [&] { return structured ? channel_criterion_info(m).name : weight_criterion_info(m).name; });
-  const bool reads_inputs = !structured && weight_criterion_info(so.criterion).reads_inputs;
-  const OneShot one_shot = one_shot_arg("sensitivity", so.criterion, reads_inputs,
-                                        !structured && so.criterion == "sparsegpt", calib_batches,
-                                        block_size, dampening);
-  if (one_shot.block_size) so.block_size = *one_shot.block_size;
-  if (one_shot.dampening) so.dampening = *one_shot.dampening;
-  if (!amounts.is_none()) so.amounts = amounts_arg(amounts);
-  so.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
-  so.round_to = arg<int64_t>(round_to, "sensitivity", "round_to", "an int");
-  if (!exclude.is_none()) so.exclude = arg<std::string>(exclude, "sensitivity", "exclude", "a str");
-  if (!seed.is_none()) so.seed = arg<uint64_t>(seed, "sensitivity", "seed", "an int >= 0");
-  if (allow_tied && structured)
-    throw UsageError("[sensitivity] allow_tied is for single weights, not structured");
-  so.allow_tied = allow_tied;
-  usage([&] { check_sensitivity_options(so); });
-  check_regex(so.exclude, "sensitivity");
-  so.device = arg<std::string>(device, "sensitivity", "device", "a str");
+  const bool reads_inputs = job.reads_inputs;
   (void)check_device(so.device);
   so.loss = calibration_arg(loss, mask_token, so.eval_batches, device, so.seed).loss;
-  if (data.is_none())
-    throw UsageError(
-        "[sensitivity] data is needed: the sweep evaluates the module on it (an iterable of "
-        "batches: tensors, (samples, labels) or dicts of named inputs)");
   std::unique_ptr<DataLoader> loader =
-      sweep_loader(data, so.eval_batches, reads_inputs, one_shot.calib_batches);
+      sweep_loader(data, so.eval_batches, reads_inputs, req.batches);
   // NOTE: calib_batches is "at most", as lopper.prune's: an iterable that ends first gives fewer.
-  if (one_shot.calib_batches)
-    so.calib_batches = std::min<int64_t>(*one_shot.calib_batches, loader->batches_per_epoch());
+  if (req.batches) so.calib_batches = std::min<int64_t>(*req.batches, loader->batches_per_epoch());
   if (!progress.is_none())
     so.progress = [&progress](int64_t done, int64_t total, const std::string& what) {
       call_progress(progress, "sensitivity", done, total, what);

@@ -466,6 +466,7 @@ def test_bad_target_arguments_are_value_errors(kwargs, message):
 
 BAD_SWEEPS = [
     (dict(data=None), "data is needed"),
+    (dict(structured=True, allow_tied=True), "allow_tied is for single weights, not structured"),
     (dict(amounts=[0.5, 1.0]), "every amount must be in [0, 1), got 1"),
     (dict(method="taylor"), "method must be"),
     (dict(method="nope"), "unknown method 'nope'"),

@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "cli/report.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
@@ -99,36 +100,25 @@ Action add_sensitivity(CLI::App& app) {
                   "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "
                   "model's layers");
   add_threads_option(cmd, o->threads);
-  return [o, calib, block, damp]() {
+  return [o, cmd, calib, block, damp]() {
     configure_threads(o->threads);
-    SensitivityOptions so;
-    so.amounts = parse_flag([&] { return parse_amounts(o->amounts); });
-    if (!o->structured.empty()) {
-      if (o->structured != "channel")
-        throw UsageError("[sensitivity] --structured takes channel, got '" + o->structured + "'");
-      so.structured = true;
-      if (!o->method.empty()) so.criterion = channel_criterion(o->method).name;
-    } else if (!o->method.empty()) {
-      so.criterion = weight_criterion(o->method).name;
-    }
-    const importance::Criterion& c = importance::find(
-        so.criterion, so.structured ? importance::Use::kChannels : importance::Use::kWeights);
-    const bool inputs = c.needs == importance::Needs::kActivations;
-    if (!inputs && calib->count())
-      throw UsageError("[sensitivity] --calib-batches is for wanda and sparsegpt");
-    if (c.weights != importance::WeightRank::kReconstruct && (block->count() || damp->count()))
-      throw UsageError(std::string("[sensitivity] ") +
-                       (block->count() ? "--block-size" : "--dampening") + " is for sparsegpt");
-    so.calib_batches = o->calib_batches;
-    so.block_size = o->defaults.block_size;
-    so.dampening = o->defaults.dampening;
-    so.eval_batches = o->eval_batches;
-    so.device = o->device;
-    so.exclude = o->exclude;
-    so.allow_tied = o->allow_tied;
-    so.round_to = o->round_to;
-    so.seed = o->seed;
-    so.input_shapes = parse_shape_overrides(o->shapes);
+    SensitivityRequest req;
+    req.amounts = parse_flag([&] { return parse_amounts(o->amounts); });
+    auto given = [&](const char* flag) { return cmd->get_option(flag)->count() > 0; };
+    if (given("--structured")) req.structured = o->structured;
+    if (given("--method")) req.criterion = o->method;
+    if (given("--eval-batches")) req.eval_batches = o->eval_batches;
+    if (given("--round-to")) req.round_to = o->round_to;
+    if (given("--exclude")) req.exclude = o->exclude;
+    if (given("--seed")) req.seed = o->seed;
+    req.allow_tied = o->allow_tied;
+    if (calib->count() > 0) req.batches = o->calib_batches;
+    if (block->count() > 0) req.block_size = o->defaults.block_size;
+    if (damp->count() > 0) req.dampening = o->defaults.dampening;
+    req.device = o->device;
+    req.input_shapes = parse_shape_overrides(o->shapes);
+    req.data = o->data.given();
+    SensitivityOptions so = parse_flag([&] { return req.validate(); }).options;
     // What it reads, then what it writes: checked before any work.
     OutputFiles files("sensitivity");
     files.input(o->model);
@@ -136,7 +126,6 @@ Action add_sensitivity(CLI::App& app) {
     if (!o->out.empty()) files.declare(o->out, "-o");
     if (!o->report.empty()) files.declare(o->report, "--report");
     check_device_flag(o->device);  // fails before the data is read
-    parse_flag([&] { check_sensitivity_options(so); });
     so.loss = o->data.loss_options(so.seed);
 
     ir::Model model = load_input_model(files, o->model);

@@ -25,6 +25,13 @@ auto as_usage(F&& f) -> decltype(f()) {
   }
 }
 
+/// Refuses an `exclude` that is not a valid regex (regex_error), in `op`'s words ("prune").
+inline void check_exclude(const char* op, const std::string& exclude) {
+  if (const std::string e = regex_error(exclude); !e.empty())
+    throw UsageError(std::string("[") + op + "] " + opt("exclude") + " '" + exclude +
+                     "' is not a valid regex: " + e);
+}
+
 /// local (the default) | global; anything else is refused.
 PruneScope scope_of(const std::optional<std::string>& scope);
 

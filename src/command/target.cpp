@@ -51,16 +51,17 @@ TargetJob TargetRequest::validate() const {
   if (batches && *batches < 1)
     throw UsageError("[prune] " + opt("batches") + " must be >= 1, got " +
                      std::to_string(*batches));
-  for (const auto& [name, value] : {std::pair<const char*, bool>{"block_size", block_size.has_value()},
-                                    {"dampening", dampening.has_value()}})
+  for (const auto& [name, value] :
+       {std::pair<const char*, bool>{"block_size", block_size.has_value()},
+        {"dampening", dampening.has_value()}})
     if (value && !(job.reads_inputs && t.criterion == "sparsegpt"))
       throw UsageError("[prune] " + opt(name) + " is for a target with " + opt("criterion") +
                        " sparsegpt, not " + t.criterion);
   if (block_size) t.block_size = *block_size;
   if (dampening) t.dampening = *dampening;
   if (job.reads_inputs && !data)
-    throw UsageError("[prune] a target with " + method + " calibrates on the layers' inputs: give " +
-                     opt("data") + data_hint);
+    throw UsageError("[prune] a target with " + method +
+                     " calibrates on the layers' inputs: give " + opt("data") + data_hint);
   if (round_to) t.round_to = *round_to;
   if (exclude) t.exclude = *exclude;
   t.allow_tied = allow_tied;
@@ -82,9 +83,7 @@ TargetJob TargetRequest::validate() const {
     lo.dampening = t.dampening;
     command::as_usage([&] { check_layer_options(lo); });
   }
-  if (const std::string e = regex_error(t.exclude); !e.empty())
-    throw UsageError("[prune] " + opt("exclude") + " '" + t.exclude + "' is not a valid regex: " +
-                     e);
+  command::check_exclude("prune", t.exclude);
   return job;
 }
 

@@ -1,0 +1,60 @@
+// SensitivityRequest: the rules of lopper sensitivity and lopper.sensitivity, once.
+#include <string>
+#include <utility>
+
+#include "command/rules.h"
+#include "lopper/command.h"
+#include "lopper/error.h"
+
+namespace lopper {
+
+SensitivityJob SensitivityRequest::validate() const {
+  using command::opt;
+  SensitivityJob job;
+  SensitivityOptions& so = job.options;
+  if (structured) {
+    if (*structured != "channel")
+      throw UsageError("[sensitivity] " + opt("structured") + " takes channel, got '" +
+                       *structured + "'");
+    so.structured = true;
+  }
+  const std::string name = criterion.value_or("l1");
+  const CriterionInfo c = command::as_usage(
+      [&] { return so.structured ? channel_criterion_info(name) : weight_criterion_info(name); });
+  so.criterion = c.name;
+  job.reads_inputs = !so.structured && c.reads_inputs;
+  if (batches && !job.reads_inputs)
+    throw UsageError("[sensitivity] " + opt("batches") + " is for " + opt("criterion") +
+                     " wanda and sparsegpt (they read the layers' inputs), not " + so.criterion);
+  if (batches && *batches < 1)
+    throw UsageError("[sensitivity] " + opt("batches") + " must be >= 1, got " +
+                     std::to_string(*batches));
+  for (const auto& [option, given] :
+       {std::pair<const char*, bool>{"block_size", block_size.has_value()},
+        {"dampening", dampening.has_value()}})
+    if (given && !(job.reads_inputs && so.criterion == "sparsegpt"))
+      throw UsageError("[sensitivity] " + opt(option) + " is for " + opt("criterion") +
+                       " sparsegpt, not " + so.criterion);
+  if (block_size) so.block_size = *block_size;
+  if (dampening) so.dampening = *dampening;
+  if (batches) so.calib_batches = *batches;
+  if (amounts) so.amounts = *amounts;
+  if (eval_batches) so.eval_batches = *eval_batches;
+  if (round_to) so.round_to = *round_to;
+  if (exclude) so.exclude = *exclude;
+  if (seed) so.seed = *seed;
+  if (allow_tied && so.structured)
+    throw UsageError("[sensitivity] " + opt("allow_tied") + " is for single weights, not " +
+                     opt("structured"));
+  so.allow_tied = allow_tied;
+  so.device = device;
+  so.input_shapes = input_shapes;
+  command::as_usage([&] { check_sensitivity_options(so); });
+  command::check_exclude("sensitivity", so.exclude);
+  if (!data)
+    throw UsageError("[sensitivity] " + opt("data") +
+                     " is needed: the sweep evaluates the model on it" + data_hint);
+  return job;
+}
+
+}  // namespace lopper

@@ -13,9 +13,9 @@
 
 #include "lopper/executor.h"
 #include "lopper/graph.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
-#include "util/npy.h"
 
 namespace lopper::test {
 

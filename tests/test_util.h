@@ -13,7 +13,7 @@
 #include <string>
 
 #include "lopper/error.h"
-#include "util/files.h"
+#include "lopper/files.h"
 
 namespace lopper::test {
 

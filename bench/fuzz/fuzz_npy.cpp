@@ -8,7 +8,7 @@
 #include <string>
 
 #include "lopper/error.h"
-#include "util/npy.h"
+#include "lopper/npy.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   at::set_num_threads(1);

@@ -59,6 +59,10 @@ void configure_threads(int threads);
 /// its generators, say) calls it before: ATen keeps the answer of its first look for CUDA.
 bool load_cuda();
 
+/// The instruction set lopper's CPU kernels run with on this machine: "avx512", "avx2" or
+/// "scalar" (the LOPPER_ISA environment variable may ask for a lower one).
+std::string cpu_isa();
+
 /// True when lopper's CUDA library loads, the linked libtorch has CUDA and a GPU is present.
 bool cuda_available();
 

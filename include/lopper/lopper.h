@@ -29,13 +29,18 @@
 #include <ATen/ATen.h>
 
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/graph.h"
 #include "lopper/latency.h"
+#include "lopper/memory.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"

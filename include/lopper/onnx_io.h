@@ -12,7 +12,9 @@
 
 #include "lopper/graph.h"
 
-namespace lopper {}
+namespace lopper {
+class OutputFiles;  // lopper/files.h
+}
 
 namespace lopper::onnx {
 
@@ -87,6 +89,12 @@ struct SaveOptions {
 /// Writes a model. The file (and its external data) is written to a temporary name in the same
 /// folder and renamed, so a failure never leaves a partial model.
 void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts = {});
+
+/// save_model() as part of a command's outputs: the model (and "<path>.data") are staged in
+/// `files` and appear only when the caller commits them. An external data file that is one of
+/// `files`' inputs (another model's data) is refused.
+void save_model(const ir::Model& model, const std::string& path, const SaveOptions& opts,
+                OutputFiles& files);
 
 /// Serializes a model to bytes (no external data).
 std::string serialize_model(const ir::Model& model);

@@ -142,9 +142,16 @@ struct CriterionInfo {
   bool needs_data = false;       // ranks by calibration data
   bool reads_inputs = false;     // ... by the layers' inputs: prune_calibrated(), not a Saliency
   std::string data_needed;       // "by their gradients" (needs_data), for messages
+  std::string summary;           // one line for help texts: what ranks, what goes first
 };
 /// The criterion called `name`. Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
 CriterionInfo weight_criterion_info(const std::string& name);
+/// Every criterion that ranks single weights, in the table's order (help texts, messages).
+std::vector<CriterionInfo> weight_criteria();
+/// The names of `criteria` joined ("l1, lamp and wanda" with `last` " and "); `data_only`: only
+/// those that rank by data.
+std::string criterion_names(const std::vector<CriterionInfo>& criteria, const char* last = ", ",
+                            bool data_only = false);
 /// "unstructured" | "N:M" (e.g. "2:4") | "row" | "column" | "block:RxC" (e.g. "block:8x1") into
 /// o.pattern (and o.n, o.m or o.block_r, o.block_c); throws lopper::Error on anything else.
 void parse_prune_pattern(const std::string& s, PruneLayerOptions& o);

@@ -163,4 +163,9 @@ class HtmlReport {
   nlohmann::json data_;
 };
 
+/// A text table's name column width: the longest of `names`, at least `min`, at most 48.
+size_t name_column_width(const std::vector<std::string>& names, size_t min);
+/// `name` cut to `width` from the left ("…" + its end) when longer.
+std::string fit_name(const std::string& name, size_t width);
+
 }  // namespace lopper

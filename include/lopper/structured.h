@@ -91,6 +91,8 @@ struct StructuredReport {
 /// The criterion called `name` among those that rank channels (l1, l2, bn, fpgm, random, taylor).
 /// Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
 CriterionInfo channel_criterion_info(const std::string& name);
+/// Every criterion that ranks channels, in the table's order.
+std::vector<CriterionInfo> channel_criteria();
 
 /// Throws lopper::Error naming the first option out of range (what prune_structured() checks
 /// before it looks at the model).

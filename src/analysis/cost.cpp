@@ -7,9 +7,9 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/memory.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
-#include "util/memory.h"
 #include "util/pattern.h"
 
 namespace lopper {

@@ -10,15 +10,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "kernels/cpu/sparse.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/latency.h"
+#include "lopper/memory.h"
 #include "lopper/onnx_io.h"
-#include "util/memory.h"
 
 namespace lopper::cli {
 
@@ -60,7 +59,7 @@ nlohmann::json explain_json(const Executor& exec) {
                       {"ms", t},
                       {"refused", d.refused}});
   }
-  return {{"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())}, {"layers", layers}};
+  return {{"isa", cpu_isa()}, {"layers", layers}};
 }
 
 void print_explain(const Executor& exec) {
@@ -74,7 +73,7 @@ void print_explain(const Executor& exec) {
       "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
       "* = chosen (the fastest, or lopper's own within 10% of it), ms = best of up to 15 rounds "
       "on the layer's input{})\n",
-      kernels::cpu::isa_name(kernels::cpu::active_isa()), cached, decisions.size(),
+      cpu_isa(), cached, decisions.size(),
       cold ? ", weights read from memory: the model's outgrow the last-level cache" : "");
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
                            "sparsity", "chosen", "candidates");

@@ -1,4 +1,4 @@
-#include "cli/common.h"
+#include "common.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,10 +10,10 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/memory.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
-#include "prune/importance.h"
-#include "util/memory.h"
-#include "util/npy.h"
+#include "lopper/structured.h"
 
 namespace lopper::cli {
 
@@ -194,28 +194,19 @@ std::string library_name(const CLI::Option& flag) {
   return name;
 }
 
-const importance::Criterion& weight_criterion(const std::string& name) {
-  return parse_flag([&]() -> const importance::Criterion& {
-    return importance::find(name, importance::Use::kWeights);
-  });
+CriterionInfo weight_criterion(const std::string& name) {
+  return parse_flag([&] { return weight_criterion_info(name); });
 }
 
-const importance::Criterion& channel_criterion(const std::string& name) {
-  return parse_flag([&]() -> const importance::Criterion& {
-    return importance::find(name.empty() ? "l1" : name, importance::Use::kChannels);
-  });
+CriterionInfo channel_criterion(const std::string& name) {
+  return parse_flag([&] { return channel_criterion_info(name.empty() ? "l1" : name); });
 }
 
-std::string data_methods() {
-  return importance::names(
-      importance::Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); },
-      " and ");
-}
+std::string data_methods() { return criterion_names(weight_criteria(), " and ", true); }
 
 std::string method_help() {
   std::string s = "what ranks the weights (or --recipe):";
-  for (const auto& c : importance::criteria())
-    if (c.ranks_weights()) s += std::string("\n  ") + c.name + ": " + c.summary;
+  for (const auto& c : weight_criteria()) s += "\n  " + c.name + ": " + c.summary;
   return s;
 }
 

@@ -8,20 +8,17 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/graph.h"
 #include "lopper/loss.h"
-#include "report/table.h"
-#include "util/files.h"
+#include "lopper/prune.h"
+#include "lopper/report.h"
 
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-namespace lopper::importance {
-struct Criterion;
-}
 
 namespace lopper::cli {
 
@@ -46,8 +43,8 @@ auto parse_flag(F&& parse) -> decltype(parse()) {
 
 /// The criterion --method names (src/prune/importance.h): ranking single weights, or channels
 /// (empty: l1). An unknown name is a UsageError that lists the methods.
-const importance::Criterion& weight_criterion(const std::string& name);
-const importance::Criterion& channel_criterion(const std::string& name);
+CriterionInfo weight_criterion(const std::string& name);
+CriterionInfo channel_criterion(const std::string& name);
 /// The weight criteria that rank by data, for messages: "grad, taylor, wanda and sparsegpt".
 std::string data_methods();
 /// --method's help: every weight criterion with its one-line summary.

@@ -10,18 +10,18 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/report.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/latency.h"
 #include "lopper/onnx_io.h"
 #include "lopper/report.h"
 #include "lopper/train.h"
-#include "util/files.h"
+#include "report.h"
 
 namespace lopper::cli {
 

@@ -4,12 +4,11 @@
 #include <filesystem>
 #include <iostream>
 
-#include "cli/commands.h"
-#include "cli/common.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
-#include "onnx/save.h"
-#include "util/files.h"
 
 namespace lopper::cli {
 

@@ -6,11 +6,11 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/report.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/error.h"
-#include "util/memory.h"
+#include "lopper/memory.h"
+#include "report.h"
 
 int main(int argc, char** argv) {
   // NOTE: a write past the file-size limit (ulimit -f) then fails with EFBIG on the ordinary error

@@ -21,25 +21,23 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/prune.h"
-#include "cli/report.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
-#include "onnx/save.h"
-#include "prune/importance.h"
-#include "report/progress.h"
-#include "util/files.h"
+#include "prune.h"
+#include "report.h"
 
 namespace lopper::cli {
 
@@ -214,7 +212,7 @@ Action add_prune(CLI::App& app) {
       cmd->add_option("--structured", o->structured,
                       "channel | head: remove whole channels (filters, neurons) or attention "
                       "heads; the model shrinks. Methods: " +
-                          importance::names(importance::Use::kChannels) + " (default l1)")
+                          criterion_names(channel_criteria()) + " (default l1)")
           ->check(CLI::Validator(
               [](std::string& v) -> std::string {
                 // NOTE: CLI11 hands the next word over whatever it is: `--structured --amount

@@ -9,14 +9,14 @@
 #include <utility>
 #include <vector>
 
-#include "cli/common.h"
+#include "common.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
+#include "lopper/progress.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
-#include "report/progress.h"
 
 namespace lopper::cli {
 

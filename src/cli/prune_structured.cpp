@@ -2,18 +2,16 @@
 #include <fmt/format.h>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include "cli/common.h"
-#include "cli/prune.h"
-#include "cli/report.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/structured.h"
-#include "onnx/save.h"
-#include "prune/importance.h"
-#include "util/files.h"
+#include "prune.h"
+#include "report.h"
 
 namespace lopper::cli {
 

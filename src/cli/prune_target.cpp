@@ -3,22 +3,20 @@
 #include <fmt/format.h>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include "cli/common.h"
-#include "cli/prune.h"
-#include "cli/report.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/target.h"
 #include "lopper/train.h"
-#include "onnx/save.h"
-#include "prune/importance.h"
-#include "report/progress.h"
-#include "util/files.h"
+#include "prune.h"
+#include "report.h"
 
 namespace lopper::cli {
 

@@ -1,8 +1,8 @@
-#include "cli/report.h"
+#include "report.h"
 
 #include <iostream>
 
-#include "cli/common.h"
+#include "common.h"
 #include "lopper/analysis.h"
 
 namespace lopper::cli {

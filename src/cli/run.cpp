@@ -4,13 +4,13 @@
 #include <filesystem>
 #include <iostream>
 
-#include "cli/commands.h"
-#include "cli/common.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
-#include "util/files.h"
-#include "util/npy.h"
 
 namespace lopper::cli {
 

@@ -9,18 +9,17 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/report.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 #include "lopper/sensitivity.h"
-#include "prune/importance.h"
-#include "report/progress.h"
-#include "util/files.h"
+#include "report.h"
 
 namespace lopper::cli {
 namespace {

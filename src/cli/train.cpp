@@ -12,21 +12,19 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "cli/report.h"
+#include "commands.h"
+#include "common.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
+#include "lopper/progress.h"
 #include "lopper/report.h"
 #include "lopper/train.h"
-#include "onnx/save.h"
-#include "prune/importance.h"
-#include "report/progress.h"
-#include "util/files.h"
+#include "report.h"
 
 namespace lopper::cli {
 
@@ -117,9 +115,8 @@ Action add_train_command(CLI::App& app, bool finetune) {
   cmd->add_option("--schedule", o->schedule,
                   "progressive pruning: none (default) | iterative | agp");
   cmd->add_option("--prune-method", o->prune_method,
-                  importance::names(importance::Use::kWeights, nullptr, " | ") +
-                      "; with --prune-structured: " +
-                      importance::names(importance::Use::kChannels, nullptr, " | "));
+                  criterion_names(weight_criteria(), " | ") +
+                      "; with --prune-structured: " + criterion_names(channel_criteria(), " | "));
   cmd->add_option("--prune-structured", o->prune_structured,
                   "channel | head: the schedule removes whole channels or heads; the model shrinks "
                   "while it trains");

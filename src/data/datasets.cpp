@@ -15,8 +15,8 @@
 #include "data/images.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "util/files.h"
-#include "util/npy.h"
+#include "lopper/files.h"
+#include "lopper/npy.h"
 
 namespace lopper {
 namespace fs = std::filesystem;

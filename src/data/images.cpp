@@ -16,7 +16,7 @@
 
 #include "data/images.h"
 #include "lopper/error.h"
-#include "util/files.h"
+#include "lopper/files.h"
 
 namespace lopper::data {
 namespace fs = std::filesystem;

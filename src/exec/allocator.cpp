@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "util/memory.h"
+#include "lopper/memory.h"
 
 namespace lopper::exec {
 namespace {

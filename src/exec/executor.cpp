@@ -26,9 +26,9 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/library.h"
 #include "lopper/error.h"
+#include "lopper/memory.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
-#include "util/memory.h"
 
 namespace lopper {
 

@@ -18,8 +18,8 @@
 
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/library.h"
-#include "util/files.h"
-#include "util/memory.h"
+#include "lopper/files.h"
+#include "lopper/memory.h"
 
 namespace lopper::ops {
 namespace {

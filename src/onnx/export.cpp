@@ -9,11 +9,10 @@
 #include <memory>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx.pb.h"
-#include "onnx/save.h"
 #include "onnx/tensor_proto.h"
-#include "util/files.h"
 
 namespace lopper::onnx {
 namespace {

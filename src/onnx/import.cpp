@@ -13,10 +13,10 @@
 #include <set>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
 #include "onnx.pb.h"
 #include "onnx/tensor_proto.h"
-#include "util/files.h"
 
 namespace lopper::onnx {
 namespace {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/onnx_io.h"
-#include "util/files.h"
 
 namespace lopper::onnx {
 namespace fs = std::filesystem;

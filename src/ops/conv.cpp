@@ -6,10 +6,10 @@
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/winograd.h"
+#include "lopper/memory.h"
 #include "ops/channels.h"
 #include "ops/conv_geometry.h"
 #include "ops/op.h"
-#include "util/memory.h"
 
 #include <cstdlib>
 #include <string_view>

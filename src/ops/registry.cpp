@@ -1,8 +1,8 @@
 #include <ATen/ATen.h>
 
+#include "lopper/memory.h"
 #include "lopper/onnx_io.h"
 #include "ops/op.h"
-#include "util/memory.h"
 
 namespace lopper::ops {
 

@@ -92,7 +92,26 @@ CriterionInfo weight_criterion_info(const std::string& name) {
   i.needs_data = c.needs_data();
   i.reads_inputs = c.needs == importance::Needs::kActivations;
   if (i.needs_data) i.data_needed = importance::data_needed(c);
+  i.summary = c.summary;
   return i;
+}
+
+std::vector<CriterionInfo> weight_criteria() {
+  std::vector<CriterionInfo> out;
+  for (const auto& c : importance::criteria())
+    if (c.ranks_weights()) out.push_back(weight_criterion_info(c.name));
+  return out;
+}
+
+std::string criterion_names(const std::vector<CriterionInfo>& criteria, const char* last,
+                            bool data_only) {
+  std::vector<const std::string*> names;
+  for (const auto& c : criteria)
+    if (!data_only || c.needs_data) names.push_back(&c.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + *names[i];
+  return s;
 }
 
 void check_layer_options(const PruneLayerOptions& o) {

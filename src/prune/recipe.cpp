@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/prune.h"
 #include "prune/importance.h"
-#include "util/files.h"
 
 namespace lopper {
 

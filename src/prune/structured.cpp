@@ -12,10 +12,10 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/memory.h"
 #include "prune/depgraph.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
-#include "util/memory.h"
 
 namespace lopper {
 
@@ -342,7 +342,15 @@ CriterionInfo channel_criterion_info(const std::string& name) {
   i.name = c.name;
   i.needs_data = c.needs_data();
   if (i.needs_data) i.data_needed = importance::data_needed(c);
+  i.summary = c.summary;
   return i;
+}
+
+std::vector<CriterionInfo> channel_criteria() {
+  std::vector<CriterionInfo> out;
+  for (const auto& c : importance::criteria())
+    if (c.ranks_channels()) out.push_back(channel_criterion_info(c.name));
+  return out;
 }
 
 void check_structured_options(const StructuredOptions& opts) {

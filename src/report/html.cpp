@@ -9,10 +9,10 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
-#include "util/files.h"
 
 namespace lopper {
 

@@ -1,5 +1,5 @@
 // Progress: a redrawn bar on a terminal, a few plain lines elsewhere.
-#include "report/progress.h"
+#include "lopper/progress.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // The text form of every pruning report (lopper/report.h): what the CLI prints, and what a
 // report object prints as in a program embedding lopper.
-#include "report/table.h"
+#include "lopper/report.h"
 
 #include <fmt/format.h>
 

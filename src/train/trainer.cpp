@@ -25,14 +25,14 @@
 #include "lopper/distributed.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/files.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
 #include "prune/importance.h"
 #include "train/loss.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
-#include "util/files.h"
-#include "util/npy.h"
 #include "util/pattern.h"
 
 namespace lopper {

@@ -1,4 +1,4 @@
-#include "util/files.h"
+#include "lopper/files.h"
 
 #include <fcntl.h>
 #include <ftw.h>

@@ -1,4 +1,4 @@
-#include "util/memory.h"
+#include "lopper/memory.h"
 
 #include <unistd.h>
 

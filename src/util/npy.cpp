@@ -1,11 +1,11 @@
-#include "util/npy.h"
+#include "lopper/npy.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
 #include "lopper/error.h"
-#include "util/files.h"
+#include "lopper/files.h"
 
 namespace lopper {
 namespace {

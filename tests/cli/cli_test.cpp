@@ -9,9 +9,9 @@
 
 #include "exec/kernel_choice.h"
 #include "lopper/executor.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

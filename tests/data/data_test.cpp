@@ -16,8 +16,8 @@
 
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "test_util.h"
-#include "util/npy.h"
 
 namespace lopper {
 namespace {

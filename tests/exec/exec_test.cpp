@@ -10,11 +10,11 @@
 #include "exec/fuse.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/memory.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "test_models.h"
-#include "util/memory.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

@@ -19,9 +19,9 @@
 
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace lopper {
 namespace {

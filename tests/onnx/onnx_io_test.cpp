@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "lopper/error.h"
+#include "lopper/files.h"
 #include "onnx.pb.h"
 #include "test_util.h"
-#include "util/files.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

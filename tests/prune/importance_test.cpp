@@ -7,10 +7,10 @@
 
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/prune.h"
 #include "lopper/structured.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace lopper {
 namespace {

@@ -7,13 +7,13 @@
 
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "prune/layer_inputs.h"
 #include "prune/masks.h"
 #include "prune/sparsegpt.h"
 #include "test_util.h"
-#include "util/npy.h"
 
 using namespace lopper;
 

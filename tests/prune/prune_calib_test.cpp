@@ -5,10 +5,10 @@
 
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
 #include "test_util.h"
-#include "util/npy.h"
 
 using namespace lopper;
 

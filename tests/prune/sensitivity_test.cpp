@@ -11,10 +11,10 @@
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/train.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

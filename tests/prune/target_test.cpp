@@ -14,12 +14,12 @@
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/report.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

@@ -1,5 +1,5 @@
 // Progress: plain lines off a terminal (CI logs, pipes), a bar redrawn in place on one.
-#include "report/progress.h"
+#include "lopper/progress.h"
 
 #include <gtest/gtest.h>
 #include <pty.h>

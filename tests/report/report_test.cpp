@@ -10,10 +10,10 @@
 
 #include "lopper/analysis.h"
 #include "lopper/error.h"
+#include "lopper/npy.h"
 #include "lopper/sensitivity.h"
 #include "lopper/train.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace lopper {
 namespace {

@@ -9,7 +9,6 @@
 #include "lopper/report.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
-#include "report/table.h"
 
 using namespace lopper;
 

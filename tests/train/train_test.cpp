@@ -12,10 +12,10 @@
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_models.h"
 #include "train/loss_scaler.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

@@ -1,6 +1,6 @@
 // A command's files: outputs staged and committed as one unit, refused when they are not regular
 // files or are inputs; reads that never block on a FIFO; checkpoint folders that are lopper's own.
-#include "util/files.h"
+#include "lopper/files.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,6 @@
 #include "lopper/error.h"
 #include "lopper/onnx_io.h"
 #include "lopper/train.h"
-#include "onnx/save.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

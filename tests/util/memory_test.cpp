@@ -2,7 +2,7 @@
 // machine has is refused before anything is allocated, in one line naming it and the size; an
 // allocation that fails anyway, a filesystem error and a message of several lines all reach the
 // user as one lopper line. Every case here must stay fast: the checks fire before allocating.
-#include "util/memory.h"
+#include "lopper/memory.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "test_models.h"
-#include "util/npy.h"
 
 namespace fs = std::filesystem;
 using namespace lopper;

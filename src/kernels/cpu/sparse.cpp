@@ -573,3 +573,7 @@ at::Tensor channels_last_layout(const at::Tensor& x, Isa isa) {
 }
 
 }  // namespace lopper::kernels::cpu
+
+namespace lopper {
+std::string cpu_isa() { return kernels::cpu::isa_name(kernels::cpu::active_isa()); }
+}  // namespace lopper

@@ -1,6 +1,6 @@
 // How much memory a tensor needs and whether this machine has it: the checks that turn a memory
 // bomb (a ConstantOfShape of 10^12 elements, --shape 100000x100000x100000) into one line naming the
-// thing, before anything is allocated (internal).
+// thing, before anything is allocated.
 #pragma once
 
 #include <cstddef>

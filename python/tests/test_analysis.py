@@ -430,7 +430,7 @@ BAD_TARGETS = [
     (dict(params=0.5, method="wanda"), "a target with method wanda calibrates on the layers' "
      "inputs: give data"),
     (dict(params=0.5, calib_batches=2),
-     "calib_batches is for a target with method wanda or sparsegpt, not l1"),
+     "calib_batches is for a target with method wanda and sparsegpt"),
     (dict(params=0.5, method="wanda", data=[torch.randn(2, 784)], block_size=16),
      "block_size is for a target with method sparsegpt, not wanda"),
     (dict(params=0.5, structured=True, dampening=0.1),

@@ -7,7 +7,6 @@
 #include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "prune/importance.h"
 
 namespace lopper {
 namespace command {
@@ -20,12 +19,29 @@ PruneScope scope_of(const std::optional<std::string>& scope) {
 }
 
 void refuse_data_options(const std::vector<std::string>& given, bool report, bool offers_report,
-                         const std::string& methods) {
+                         const std::vector<CriterionInfo>& criteria) {
+  const std::string methods = criterion_names(criteria, " and ", true);
   for (const std::string& name : given)
     if (!report || name == "batches")
       throw UsageError(
           "[prune] " + opt(name) + " is for " + methods + " only" +
           (offers_report && name != "batches" ? " (or " + opt("report") + "'s accuracy)" : ""));
+}
+
+void check_one_shot(const char* op, const std::string& whose, const std::string& criterion,
+                    bool reads_inputs, const std::optional<int64_t>& batches, bool block_size,
+                    bool dampening) {
+  const std::string at = std::string("[") + op + "] ";
+  if (batches && !reads_inputs)
+    throw UsageError(at + opt("batches") + " is for " + whose + opt("criterion") +
+                     " wanda and sparsegpt (they read the layers' inputs), not " + criterion);
+  if (batches && *batches < 1)
+    throw UsageError(at + opt("batches") + " must be >= 1, got " + std::to_string(*batches));
+  for (const auto& [name, given] :
+       {std::pair<const char*, bool>{"block_size", block_size}, {"dampening", dampening}})
+    if (given && !(reads_inputs && criterion == "sparsegpt"))
+      throw UsageError(at + opt(name) + " is for " + whose + opt("criterion") + " sparsegpt, not " +
+                       criterion);
 }
 
 }  // namespace command
@@ -74,7 +90,7 @@ PruneJob PruneRequest::validate() const {
   } else {
     if (!criterion)
       throw UsageError("[prune] needs " OPT("criterion") " (methods: " +
-                       importance::names(importance::Use::kWeights) + ") or " OPT("recipe"));
+                       criterion_names(weight_criteria()) + ") or " OPT("recipe"));
     PruneOptions o;
     o.criterion = *criterion;
     const CriterionInfo c = criterion_of(o.criterion);
@@ -125,11 +141,7 @@ PruneJob PruneRequest::validate() const {
                      data_hint);
   }
   if (!job.needs_data)
-    command::refuse_data_options(
-        data_options, report, offers_report,
-        importance::names(
-            importance::Use::kWeights,
-            [](const importance::Criterion& c) { return c.needs_data(); }, " and "));
+    command::refuse_data_options(data_options, report, offers_report, weight_criteria());
   if (one_pass && !job.reads_inputs)
     throw UsageError(
         "[prune] " OPT("one_pass") " is for " OPT("criterion") " wanda and sparsegpt (and OWL)");

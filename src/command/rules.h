@@ -1,6 +1,7 @@
 // What the requests' rules share (src/command, internal).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,10 +36,17 @@ inline void check_exclude(const char* op, const std::string& exclude) {
 /// local (the default) | global; anything else is refused.
 PruneScope scope_of(const std::optional<std::string>& scope);
 
-/// Refuses each of the data options given (library names) when nothing reads data: `methods`
-/// ("grad, taylor, wanda and sparsegpt") do. A report that reads the data (`report`) keeps them,
-/// but for the calibration's batch count.
+/// Refuses each of the data options given (library names) when nothing reads data: the
+/// `criteria` that rank by data do. A report that reads the data (`report`) keeps them, but for
+/// the calibration's batch count.
 void refuse_data_options(const std::vector<std::string>& given, bool report, bool offers_report,
-                         const std::string& methods);
+                         const std::vector<CriterionInfo>& criteria);
+
+/// The one-shot options of a sweep or a target (`whose`: "a target with " or ""): `batches` for
+/// the criteria that read the layers' inputs (at least 1), `block_size` and `dampening` for
+/// sparsegpt; `op` names the place ("prune").
+void check_one_shot(const char* op, const std::string& whose, const std::string& criterion,
+                    bool reads_inputs, const std::optional<int64_t>& batches, bool block_size,
+                    bool dampening);
 
 }  // namespace lopper::command

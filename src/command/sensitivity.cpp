@@ -23,18 +23,8 @@ SensitivityJob SensitivityRequest::validate() const {
       [&] { return so.structured ? channel_criterion_info(name) : weight_criterion_info(name); });
   so.criterion = c.name;
   job.reads_inputs = !so.structured && c.reads_inputs;
-  if (batches && !job.reads_inputs)
-    throw UsageError("[sensitivity] " + opt("batches") + " is for " + opt("criterion") +
-                     " wanda and sparsegpt (they read the layers' inputs), not " + so.criterion);
-  if (batches && *batches < 1)
-    throw UsageError("[sensitivity] " + opt("batches") + " must be >= 1, got " +
-                     std::to_string(*batches));
-  for (const auto& [option, given] :
-       {std::pair<const char*, bool>{"block_size", block_size.has_value()},
-        {"dampening", dampening.has_value()}})
-    if (given && !(job.reads_inputs && so.criterion == "sparsegpt"))
-      throw UsageError("[sensitivity] " + opt(option) + " is for " + opt("criterion") +
-                       " sparsegpt, not " + so.criterion);
+  command::check_one_shot("sensitivity", "", so.criterion, job.reads_inputs, batches,
+                          block_size.has_value(), dampening.has_value());
   if (block_size) so.block_size = *block_size;
   if (dampening) so.dampening = *dampening;
   if (batches) so.calib_batches = *batches;

@@ -7,7 +7,6 @@
 #include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
-#include "prune/importance.h"
 
 namespace lopper {
 
@@ -53,11 +52,7 @@ StructuredJob StructuredRequest::validate() const {
     throw UsageError("[prune] " + opt("criterion") + " " + crit.name + " ranks channels " +
                      crit.data_needed + " on data: give " + opt("data") + data_hint);
   if (!crit.needs_data)
-    command::refuse_data_options(
-        data_options, report, offers_report,
-        importance::names(
-            importance::Use::kChannels,
-            [](const importance::Criterion& c) { return c.needs_data(); }, " and "));
+    command::refuse_data_options(data_options, report, offers_report, channel_criteria());
   return job;
 }
 

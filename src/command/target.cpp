@@ -45,18 +45,8 @@ TargetJob TargetRequest::validate() const {
     t.criterion = c.name;
   }
   const std::string method = opt("criterion") + " " + t.criterion;
-  if (batches && !job.reads_inputs)
-    throw UsageError("[prune] " + opt("batches") + " is for a target with " + opt("criterion") +
-                     " wanda or sparsegpt, not " + t.criterion);
-  if (batches && *batches < 1)
-    throw UsageError("[prune] " + opt("batches") + " must be >= 1, got " +
-                     std::to_string(*batches));
-  for (const auto& [name, value] :
-       {std::pair<const char*, bool>{"block_size", block_size.has_value()},
-        {"dampening", dampening.has_value()}})
-    if (value && !(job.reads_inputs && t.criterion == "sparsegpt"))
-      throw UsageError("[prune] " + opt(name) + " is for a target with " + opt("criterion") +
-                       " sparsegpt, not " + t.criterion);
+  command::check_one_shot("prune", "a target with ", t.criterion, job.reads_inputs, batches,
+                          block_size.has_value(), dampening.has_value());
   if (block_size) t.block_size = *block_size;
   if (dampening) t.dampening = *dampening;
   if (job.reads_inputs && !data)

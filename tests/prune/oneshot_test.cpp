@@ -265,7 +265,8 @@ TEST(PruneCalibratedCli, BadInputIsOneLineAndWritesNothing) {
       {"--method wanda --amount 0.5 --owl-lambda 0.6 --batch-size 2 --data tokens:" +
            (tmp / "ids.npy"),
        "must stay in [0, 1]", 2},
-      {"--structured channel --amount 0.5 --block-size 64", "--block-size is for --method", 2},
+      {"--structured channel --amount 0.5 --block-size 64",
+       "--block-size is for unstructured pruning", 2},
       {"--method l1 --amount 0.5 --one-pass", "--one-pass is for --method wanda", 2},
   };
   for (const auto& c : cases) {

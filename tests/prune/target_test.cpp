@@ -350,7 +350,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--target-macs 0.5 --method random", 2, "does not go with it"},
       {"--target-macs 0.5 --method wanda", 2, "give --data SPEC"},
       {"--target-macs 0.5 --calib-batches 4 --data " + data, 2,
-       "--calib-batches is for a target with --method wanda or sparsegpt"},
+       "--calib-batches is for a target with --method wanda and sparsegpt"},
       {"--target-macs 0.5 --method wanda --batch-size 4 --data " + data, 1,
        "fewer than the 32 asked"},
       {"--target-macs 0.5 --method wanda --calib-batches 2 --batch-size 4 --sensitivity " +

@@ -2,7 +2,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <tuple>
 
 #include "lopper/command.h"
 #include "lopper/error.h"
@@ -70,106 +72,44 @@ TEST(PruneRequest, EachRuleNamesTheOptionsInTheFrontEndsWords) {
 }
 
 TEST(PruneRequest, RefusesWhatDoesNotGoTogether) {
-  const struct {
-    const char* name;
-    PruneRequest request;
-    std::string message;
-  } cases[] = {
-      {"no criterion", PruneRequest{}, "[prune] needs criterion"},
-      {"abs without threshold",
-       [] {
-         PruneRequest r;
-         r.criterion = "abs";
-         return r;
-       }(),
+  // Each case changes l1 at 0.5 (accepted) into what is refused.
+  using Edit = std::function<void(PruneRequest&)>;
+  const std::tuple<const char*, Edit, std::string> cases[] = {
+      {"no criterion", [](auto& r) { r.criterion.reset(); }, "[prune] needs criterion"},
+      {"abs without threshold", [](auto& r) { r.criterion = "abs", r.amount.reset(); },
        "[prune] criterion abs needs threshold"},
-      {"abs with amount",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.criterion = "abs";
-         r.threshold = 0.1;
-         return r;
-       }(),
+      {"abs with amount", [](auto& r) { r.criterion = "abs", r.threshold = 0.1; },
        "[prune] criterion abs takes threshold, not amount"},
-      {"l1 without amount",
-       [] {
-         PruneRequest r;
-         r.criterion = "l1";
-         return r;
-       }(),
-       "[prune] criterion l1 needs amount"},
-      {"N:M with amount",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.pattern = "2:4";
-         return r;
-       }(),
+      {"l1 without amount", [](auto& r) { r.amount.reset(); }, "[prune] criterion l1 needs amount"},
+      {"N:M with amount", [](auto& r) { r.pattern = "2:4"; },
        "[prune] N:M keeps N of every M weights: drop amount"},
-      {"bad N:M first",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.pattern = "5:4";
-         return r;
-       }(),
+      {"bad N:M first", [](auto& r) { r.pattern = "5:4"; },
        "[prune] N:M needs 1 <= N < M, got 5:4"},
-      {"scope",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.scope = "galaxy";
-         return r;
-       }(),
-       "[prune] unknown scope 'galaxy'"},
-      {"grad without data",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.criterion = "grad";
-         return r;
-       }(),
+      {"scope", [](auto& r) { r.scope = "galaxy"; }, "[prune] unknown scope 'galaxy'"},
+      {"grad without data", [](auto& r) { r.criterion = "grad"; },
        "[prune] grad ranks weights by their gradients on data: give data"},
-      {"OWL without data",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.owl_lambda = 0.1;
-         return r;
-       }(),
+      {"OWL without data", [](auto& r) { r.owl_lambda = 0.1; },
        "[prune] OWL weighs each block by its outlier activations: give data"},
-      {"data for l1",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.data = true;
-         r.data_options = {"data"};
-         return r;
-       }(),
+      {"data for l1", [](auto& r) { r.data = true, r.data_options = {"data"}; },
        "[prune] data is for grad, taylor, wanda and sparsegpt only"},
-      {"one pass for l1",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.one_pass = true;
-         return r;
-       }(),
+      {"one pass for l1", [](auto& r) { r.one_pass = true; },
        "[prune] one_pass is for criterion wanda and sparsegpt (and OWL)"},
       {"no batches",
-       [] {
-         PruneRequest r = l1(0.5);
-         r.criterion = "wanda";
-         r.data = true;
-         r.data_options = {"data", "batches"};
-         r.batches = 0;
-         return r;
-       }(),
+       [](auto& r) {
+         r.criterion = "wanda", r.data = true, r.data_options = {"data", "batches"}, r.batches = 0;
+       },
        "[prune] batches must be >= 1, got 0"},
       {"recipe and block size",
-       [] {
-         PruneRequest r;
-         r.recipe = half_l1;
-         r.block_size = 64;
-         return r;
-       }(),
+       [](auto& r) {
+         r.criterion.reset(), r.amount.reset(), r.recipe = half_l1, r.block_size = 64;
+       },
        "[prune] recipe sets each layer's pruning: drop block_size"},
   };
-  for (const auto& c : cases) {
-    const std::string m = refusal(c.request);
-    EXPECT_EQ(m.rfind(c.message, 0), 0u) << c.name << ": " << m;
+  for (const auto& [name, edit, message] : cases) {
+    PruneRequest r = l1(0.5);
+    edit(r);
+    const std::string m = refusal(r);
+    EXPECT_EQ(m.rfind(message, 0), 0u) << name << ": " << m;
   }
 }
 

@@ -50,6 +50,16 @@ def llama():
     return m, {"input_ids": torch.randint(0, 200, (1, 12))}
 
 
+class DataDependent(nn.Module):
+    """A module torch.export cannot trace: its forward branches on the values of its input."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) if float(x.sum()) > 0 else -self.fc(x)
+
+
 @pytest.fixture(scope="session")
 def fixtures():
     if not (FIXTURES / "resnet18.ts.onnx").is_file():

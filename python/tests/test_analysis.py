@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.utils import prune as torch_prune
 
 import lopper
-from conftest import mlp, seeded
+from conftest import DataDependent, mlp, seeded
 from lopper import _prune as lopper_prune_module
 
 AMOUNTS = [0.25, 0.5, 0.9]
@@ -558,17 +558,7 @@ def test_model_problems_are_runtime_errors():
     one_line(e, "[prune] cannot reach params 0.01")
     assert_same(m, snap)
 
-    class Unexportable(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x):
-            if x.sum() > 0:  # data-dependent control flow
-                return self.fc(x)
-            return x
-
-    u = Unexportable()
+    u = DataDependent()
     snap = snapshot(u)
     with pytest.raises(RuntimeError, match=r"^\[sensitivity\] the module does not export"):
         lopper.sensitivity(u, torch.randn(2, 4), [(torch.randn(2, 4), torch.tensor([0, 1]))],

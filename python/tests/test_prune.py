@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from torch.nn.utils import prune as torch_prune
 
 import lopper
-from conftest import BUILD, assert_close, llama, mlp, seeded
+from conftest import BUILD, DataDependent, assert_close, llama, mlp, seeded
 from lopper import _prune as lopper_prune_module
 
 
@@ -613,17 +613,7 @@ def test_model_problems_are_runtime_errors():
     assert str(e.value).startswith("[") and "\n" not in str(e.value)
     assert_same(m, snap)
 
-    class Unexportable(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x):
-            if x.sum() > 0:  # data-dependent control flow
-                return self.fc(x)
-            return x
-
-    u = Unexportable()
+    u = DataDependent()
     snap = snapshot(u)
     with pytest.raises(RuntimeError, match=r"^\[prune\] the module does not export"):
         lopper.prune(u, torch.randn(2, 4), method="l1", amount=0.5)

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import lopper
-from conftest import BUILD, llama
+from conftest import BUILD, DataDependent, llama
 from lopper import _prune as lopper_prune_module
 
 
@@ -485,14 +485,6 @@ def test_wrong_example_inputs_and_unexportable_modules():
         lopper.prune_structured(m, torch.randn(2, 7), amount=0.5)
     assert "\n" not in str(e.value)
     assert_same(m, snap)
-
-    class DataDependent(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.fc(x) if float(x.sum()) > 0 else -self.fc(x)
 
     m = DataDependent()
     snap = snapshot(m)

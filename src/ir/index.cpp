@@ -31,6 +31,17 @@ void GraphIndex::add_node(size_t i) {
   for (const auto& r : node_reads(n)) read(i, r);
 }
 
+void GraphIndex::remove_node(size_t i) {
+  const Node& n = g_->nodes[i];
+  for (const auto& o : n.outputs)
+    if (auto p = producer_.find(o); p != producer_.end() && p->second == i) producer_.erase(p);
+  for (const auto& value : node_reads(n)) {
+    if (auto u = uses_.find(value); u != uses_.end() && u->second > 0) --u->second;
+    auto& r = readers_[value];
+    r.erase(std::remove(r.begin(), r.end(), i), r.end());
+  }
+}
+
 void GraphIndex::add_initializer(size_t i) {
   const std::string& name = g_->initializers[i].name;
   initializer_.emplace(name, i);  // the first of a name, as Graph::find_initializer

@@ -55,6 +55,9 @@ class GraphIndex {
 
   /// Records node `i` (just appended to Graph::nodes): its outputs, reads and name.
   void add_node(size_t i);
+  /// Forgets node `i` as it is now (its outputs and reads; its names stay taken): before the node
+  /// is removed, or edited and recorded again with add_node(i).
+  void remove_node(size_t i);
   /// Records initializer `i` (just appended to Graph::initializers).
   void add_initializer(size_t i);
   /// Records that one input of node `node` changed from `before` to `after` (the graph holds

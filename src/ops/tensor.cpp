@@ -350,9 +350,9 @@ void unique(OpContext& c) {
   int64_t axis = -1;
   if (c.has_attr("axis")) {
     axis = normalize_axis(c, c.attr_int("axis"), x.dim());
-    std::tie(y, inv, counts) = at::unique_dim(x, axis, true, true, true);
+    std::tie(y, inv, counts) = at::unique_dim(x.detach(), axis, true, true, true);
   } else {
-    std::tie(y, inv, counts) = at::_unique2(x.reshape({-1}), true, true, true);
+    std::tie(y, inv, counts) = at::_unique2(x.detach().reshape({-1}), true, true, true);
   }
   inv = inv.reshape({-1});
   int64_t n = counts.size(0), m = inv.size(0);
@@ -367,6 +367,10 @@ void unique(OpContext& c) {
     first = first.index_select(0, order);
     inv = rank.index_select(0, inv);
   }
+  // ATen's unique has no derivative; under autograd the values are taken from x at their first
+  // occurrence (the same values), so the gradient reaches x through the selection.
+  if (x.requires_grad())
+    y = at::index_select(axis < 0 ? x.reshape({-1}) : x, std::max<int64_t>(axis, 0), first);
   c.set_output(0, y);
   if (c.wants_output(1)) c.set_output(1, first);
   if (c.wants_output(2)) c.set_output(2, inv);

@@ -692,6 +692,33 @@ TEST(Exec, GradientsMatchPyTorch) {
   }
 }
 
+// Unique under autograd (ATen's unique has no derivative): the values' gradient reaches the
+// input at each value's first occurrence, with and without an axis, sorted or not.
+TEST(Exec, UniqueIsDifferentiable) {
+  for (bool with_axis : {false, true})
+    for (int64_t sorted : {0, 1}) {
+      ir::Model m = image_model({4, 2});
+      std::vector<ir::Attribute> attrs{int_attr("sorted", sorted)};
+      if (with_axis) attrs.push_back(int_attr("axis", 0));
+      m.graph.nodes = {node("Unique", {"x"}, {"u"}, attrs), node("Mul", {"u", "u"}, {"y"})};
+      const at::Tensor x = at::tensor({3.f, 1.f, 2.f, 2.f, 3.f, 1.f, 2.f, 2.f}).reshape({4, 2});
+      ExecOptions o;
+      o.autograd = true;
+      Executor exec(m, o);
+      at::Tensor xg = x.clone().requires_grad_(true);
+      at::Tensor y = exec.run({{"x", xg}})[0];
+      y.sum().backward();
+      ASSERT_TRUE(xg.grad().defined());
+      // d(u^2)/dx = 2x where x is a value's first occurrence, 0 elsewhere.
+      const at::Tensor want =
+          with_axis ? at::tensor({6.f, 2.f, 4.f, 4.f, 0.f, 0.f, 0.f, 0.f}).reshape({4, 2})
+                    : at::tensor({6.f, 2.f, 4.f, 0.f, 0.f, 0.f, 0.f, 0.f}).reshape({4, 2});
+      EXPECT_TRUE(at::equal(xg.grad(), want)) << with_axis << sorted << xg.grad();
+      ExecOptions inference;
+      EXPECT_TRUE(at::equal(Executor(m, inference).run({{"x", x}})[0], y.detach()));
+    }
+}
+
 TEST(Exec, TrainingModeUsesBatchStatistics) {
   ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
   at::Tensor x = load_npy(fixture("small_cnn.input_0.npy"));

@@ -8,10 +8,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -107,7 +111,60 @@ struct Outcome {
   std::string reason;
 };
 
-Outcome run_case(const fs::path& dir, std::set<std::pair<std::string, std::string>>& ops) {
+// How a case runs: the executor's options; `constant_weights`: the weights (and biases) of the
+// ops that choose a kernel per layer become initializers of the first data set's values (those
+// ops prepack and time their candidates only for a constant weight), and that set alone runs;
+// `backward` (with autograd): every floating-point input requires grad, and the sum of the
+// floating-point outputs that carry one is differentiated back to them.
+struct Variant {
+  ExecOptions opts;
+  bool constant_weights = false;
+  bool backward = false;
+  std::vector<KernelDecision>* decisions = nullptr;  // what the last run chose, per layer
+};
+
+// The ops whose kernel is chosen per layer, and the inputs a constant weight of theirs is made of.
+const std::map<std::string, std::vector<size_t>>& weighted_ops() {
+  static const std::map<std::string, std::vector<size_t>> ops{
+      {"Conv", {1, 2}}, {"ConvTranspose", {1, 2}}, {"Gemm", {1, 2}}, {"MatMul", {1}}};
+  return ops;
+}
+
+bool has_weighted_op(const ir::Graph& g) {
+  for (const auto& n : g.nodes)
+    if (n.domain.empty() && weighted_ops().count(n.op_type)) return true;
+  return false;
+}
+
+// Makes the fed weights of the weighted ops initializers (taken out of `feeds`).
+void make_weights_constant(ir::Model& model, NamedTensors& feeds) {
+  for (const auto& n : model.graph.nodes) {
+    auto w = weighted_ops().find(n.op_type);
+    if (!n.domain.empty() || w == weighted_ops().end()) continue;
+    for (size_t k : w->second) {
+      if (k >= n.inputs.size() || n.inputs[k].empty()) continue;
+      auto fed = std::find_if(feeds.begin(), feeds.end(),
+                              [&](const auto& f) { return f.first == n.inputs[k]; });
+      if (fed == feeds.end()) continue;
+      model.graph.initializers.push_back({fed->first, fed->second, "", false});
+      feeds.erase(fed);
+    }
+  }
+  auto& in = model.graph.inputs;
+  in.erase(std::remove_if(in.begin(), in.end(),
+                          [&](const ir::ValueInfo& v) {
+                            return model.graph.find_initializer(v.name) != nullptr;
+                          }),
+           in.end());
+}
+
+// The types autograd differentiates (float8 types have no arithmetic to sum them with).
+bool differentiable(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+Outcome run_case(const fs::path& dir, std::set<std::pair<std::string, std::string>>& ops,
+                 const Variant& v = {}) {
   ir::Model model;
   try {
     model = onnx::load_model((dir / "model.onnx").string());
@@ -118,36 +175,47 @@ Outcome run_case(const fs::path& dir, std::set<std::pair<std::string, std::strin
   const auto& table = ops::OpTable::global();
   for (const auto& [d, op] : ops)
     if (!table.find(d, op)) return {Outcome::kUnsupported, "op " + op};
-  for (const auto* v : model.graph.real_inputs())
-    if (!v->type.is_tensor()) return {Outcome::kUnsupported, "non-tensor input"};
-  for (const auto& v : model.graph.outputs)
-    if (!v.type.is_tensor()) return {Outcome::kUnsupported, "non-tensor output"};
+  for (const auto* in : model.graph.real_inputs())
+    if (!in->type.is_tensor()) return {Outcome::kUnsupported, "non-tensor input"};
+  for (const auto& out : model.graph.outputs)
+    if (!out.type.is_tensor()) return {Outcome::kUnsupported, "non-tensor output"};
+  std::vector<fs::path> sets;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0)
+      sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) return {Outcome::kUnsupported, "no test data"};
+  if (v.constant_weights) sets.resize(1);
   try {
-    Executor exec(model);
-    auto inputs = exec.inputs();
-    std::vector<fs::path> sets;
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0)
-        sets.push_back(e.path());
-    std::sort(sets.begin(), sets.end());
-    if (sets.empty()) return {Outcome::kUnsupported, "no test data"};
+    std::unique_ptr<Executor> exec;
     for (const auto& set : sets) {
       NamedTensors feeds;
       // Inputs are numbered in the order of the graph's inputs (initializer-backed ones excluded,
       // unless a file is given for them).
-      const auto& all = model.graph.inputs;
       size_t k = 0;
-      for (const auto& v : all) {
+      for (const auto& in : model.graph.inputs) {
         fs::path p = set / ("input_" + std::to_string(k) + ".pb");
-        bool is_init = model.graph.find_initializer(v.name) != nullptr;
+        bool is_init = model.graph.find_initializer(in.name) != nullptr;
         if (!fs::exists(p)) {
           if (is_init) continue;
           break;
         }
-        feeds.emplace_back(v.name, onnx::load_tensor_pb(p.string()));
+        feeds.emplace_back(in.name, onnx::load_tensor_pb(p.string()));
         ++k;
       }
-      auto outs = exec.run(feeds);
+      if (v.constant_weights) make_weights_constant(model, feeds);
+      if (!exec) exec = std::make_unique<Executor>(model, v.opts);
+      if (v.backward)
+        for (auto& [name, t] : feeds)
+          if (differentiable(t.scalar_type())) t = t.clone().requires_grad_(true);
+      auto outs = exec->run(feeds);
+      if (v.backward) {
+        at::Tensor sum;
+        for (const auto& o : outs)
+          if (o.defined() && o.requires_grad() && differentiable(o.scalar_type()))
+            sum = sum.defined() ? sum + o.sum() : o.sum();
+        if (sum.defined()) sum.backward();
+      }
       for (size_t i = 0; i < outs.size(); ++i) {
         fs::path p = set / ("output_" + std::to_string(i) + ".pb");
         if (!fs::exists(p)) continue;
@@ -158,6 +226,7 @@ Outcome run_case(const fs::path& dir, std::set<std::pair<std::string, std::strin
                   set.filename().string() + " output " + std::to_string(i) + ": " + why};
       }
     }
+    if (v.decisions) *v.decisions = exec->kernel_decisions();
   } catch (const std::exception& e) {
     std::string msg = e.what();
     return {Outcome::kFail, msg.substr(0, msg.find('\n'))};
@@ -235,5 +304,140 @@ TEST(Conformance, OnnxBackendCases) {
     if (passed_ops.count({op->domain, op->op_type}) || xfail.uncovered_ops.count(op->op_type))
       continue;
     ADD_FAILURE() << "registered op " << op->op_type << " passes no conformance case";
+  }
+}
+
+namespace {
+
+// Sets an environment variable for a scope, and puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The cases every path must pass: those the inference path passes here (listed as no expected
+// failure), with the ops they use.
+std::vector<fs::path> passing_cases(const Xfail& xfail) {
+  std::vector<fs::path> out;
+  const char* filter = std::getenv("LOPPER_CONFORMANCE_FILTER");
+  for (const auto& dir : case_dirs()) {
+    const std::string name = dir.parent_path().filename().string() + "/" + dir.filename().string();
+    if ((filter && name.find(filter) == std::string::npos) || xfail.cases.count(name)) continue;
+    std::set<std::pair<std::string, std::string>> ops;
+    if (run_case(dir, ops).kind == Outcome::kPass) out.push_back(dir);
+  }
+  return out;
+}
+
+std::string case_name(const fs::path& dir) {
+  return dir.parent_path().filename().string() + "/" + dir.filename().string();
+}
+
+// Every kernel each layer of `dir` can run on `device`, forced one at a time, matches ONNX's
+// outputs (the weights constant, as the kernels need). Adds the candidates run to `tried`.
+void expect_every_kernel(const fs::path& dir, const std::string& device,
+                         std::set<std::string>& tried) {
+  std::set<std::pair<std::string, std::string>> ops;
+  std::vector<KernelDecision> decisions;
+  Variant v;
+  v.opts.device = device;
+  v.constant_weights = true;
+  v.decisions = &decisions;
+  Outcome timed = run_case(dir, ops, v);
+  ASSERT_EQ(timed.kind, Outcome::kPass)
+      << case_name(dir) << " with constant weights on " << device << ": " << timed.reason;
+  std::map<std::string, std::set<std::string>> candidates;  // layer -> the kernels it can run
+  for (const auto& d : decisions)
+    for (const auto& [name, ms] : d.timings) candidates[d.node].insert(name);
+  std::set<std::string> names;
+  for (const auto& [layer, c] : candidates) names.insert(c.begin(), c.end());
+  for (const auto& name : names) {
+    ScopedEnv force("LOPPER_FORCE_KERNEL", name);
+    std::vector<KernelDecision> forced;
+    v.decisions = &forced;
+    Outcome r = run_case(dir, ops, v);
+    EXPECT_EQ(r.kind, Outcome::kPass)
+        << case_name(dir) << " on " << device << ", kernel " << name << ": " << r.reason;
+    for (const auto& d : forced)  // the layers that have the kernel ran it
+      if (candidates[d.node].count(name))
+        EXPECT_EQ(d.chosen, name + " (forced)") << case_name(dir) << " layer " << d.node;
+    tried.insert(name);
+  }
+}
+
+// The autograd path (training, gradient scores: plain differentiable ATen, nothing prepacked,
+// fused or folded) on `dir`, every floating-point input differentiated, matches ONNX's outputs.
+void expect_autograd(const fs::path& dir, const std::string& device) {
+  std::set<std::pair<std::string, std::string>> ops;
+  Variant v;
+  v.opts.device = device;
+  v.opts.autograd = true;
+  v.backward = true;
+  Outcome r = run_case(dir, ops, v);
+  EXPECT_EQ(r.kind, Outcome::kPass)
+      << case_name(dir) << " under autograd on " << device << ": " << r.reason;
+}
+
+}  // namespace
+
+// ggml's test-backend-ops, for lopper: every conformance case of an op that chooses its kernel
+// per layer (Conv, ConvTranspose, Gemm, MatMul) runs with each kernel its layers can run forced
+// in turn, not only the one that won the timing on this machine; and every case the inference
+// path passes runs through the autograd path, forward and backward.
+TEST(Consistency, EveryKernelCandidateMatchesOnnx) {
+  configure_threads(2);
+  ScopedEnv no_cache("LOPPER_KERNEL_CACHE", "off");  // every candidate timed, none cached
+  const auto cases = passing_cases(load_xfail());
+  std::set<std::string> tried;
+  int weighted = 0;
+  for (const auto& dir : cases) {
+    ir::Model m = onnx::load_model((dir / "model.onnx").string());
+    if (!has_weighted_op(m.graph)) continue;
+    ++weighted;
+    expect_every_kernel(dir, "cpu", tried);
+  }
+  std::string all;
+  for (const auto& t : tried) all += " " + t;
+  std::cout << "kernels: " << weighted << " cases, " << tried.size() << " kernels:" << all << "\n";
+  if (std::getenv("LOPPER_CONFORMANCE_FILTER")) return;
+  EXPECT_GE(weighted, 40);
+  EXPECT_GE(tried.size(), 6u) << all;  // oneDNN, ATen and lopper's own, for convs and products
+}
+
+TEST(Consistency, TheAutogradPathMatchesOnnx) {
+  configure_threads(2);
+  const auto cases = passing_cases(load_xfail());
+  for (const auto& dir : cases) expect_autograd(dir, "cpu");
+  std::cout << "autograd: " << cases.size() << " cases\n";
+  if (!std::getenv("LOPPER_CONFORMANCE_FILTER")) EXPECT_GT(cases.size(), 1000u);
+}
+
+// The same on a CUDA device: every case the CPU passes, each kernel forced, and under autograd.
+TEST(Consistency, OnCuda) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU here";
+  ScopedEnv no_cache("LOPPER_KERNEL_CACHE", "off");
+  std::set<std::string> tried;
+  for (const auto& dir : passing_cases(load_xfail())) {
+    std::set<std::pair<std::string, std::string>> ops;
+    Variant v;
+    v.opts.device = "cuda";
+    Outcome r = run_case(dir, ops, v);
+    EXPECT_EQ(r.kind, Outcome::kPass) << case_name(dir) << " on cuda: " << r.reason;
+    if (has_weighted_op(onnx::load_model((dir / "model.onnx").string()).graph))
+      expect_every_kernel(dir, "cuda", tried);
+    expect_autograd(dir, "cuda");
   }
 }

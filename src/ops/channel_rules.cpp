@@ -3,6 +3,7 @@
 // a hidden dimension).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <set>
@@ -224,3 +225,90 @@ void reshape(ChannelContext& c, int64_t target_input) {
 }
 
 }  // namespace lopper::ops::channel_rules
+
+namespace lopper::ops::shape_rules {
+
+using Entries = std::vector<ShapeEntry>;
+using Kind = ShapeEntry::Kind;
+
+Entries via(Entries e, size_t hop) {
+  for (auto& x : e)
+    if (x.kind == Kind::kLiteral) x.hops.insert(x.hops.begin(), hop);
+  return e;
+}
+
+ShapeEntry other(std::vector<int64_t> atoms, std::string why) {
+  ShapeEntry e;
+  e.kind = Kind::kOther, e.atoms = std::move(atoms), e.why = std::move(why);
+  return e;
+}
+
+std::optional<Entries> same(const ShapeArithContext& c) {
+  auto e = c.entries(0);
+  if (!e || int64_t(e->size()) != c.out_numel(0)) return std::nullopt;
+  return via(std::move(*e), 0);
+}
+
+namespace {
+
+// a (op) b for one entry each: Mul, Div, Add, Sub.
+ShapeEntry combine(const std::string& op, const ShapeEntry& a, const ShapeEntry& b,
+                   const std::string& where) {
+  const bool ca = a.kind == Kind::kChannels, cb = b.kind == Kind::kChannels;
+  std::vector<int64_t> atoms = a.atoms;
+  atoms.insert(atoms.end(), b.atoms.begin(), b.atoms.end());
+  if (a.kind == Kind::kOther || b.kind == Kind::kOther) {
+    ShapeEntry r = a.kind == Kind::kOther ? a : b;
+    r.atoms = atoms;
+    return r;
+  }
+  const std::string mixed = "it is " + op + " of channel counts at node '" + where + "'";
+  ShapeEntry r;
+  if (ca || cb) {
+    if (ca && cb) return other(atoms, mixed);
+    const ShapeEntry& ch = ca ? a : b;
+    const int64_t v = ca ? b.value : a.value;
+    r = ch;
+    if (op == "Mul" && v > 0) {
+      r.num *= v, r.value *= v;
+    } else if (op == "Div" && ca && v > 0 && ch.value % v == 0) {
+      r.den *= v, r.value /= v;
+    } else {
+      return other(atoms, mixed);
+    }
+    const int64_t d = std::gcd(r.num, r.den);
+    r.num /= d, r.den /= d;
+    return r;
+  }
+  r.kind = a.kind == Kind::kDim || b.kind == Kind::kDim ? Kind::kDim : Kind::kConstant;
+  if (op == "Mul") {
+    r.value = a.value * b.value;
+  } else if (op == "Add") {
+    r.value = a.value + b.value;
+  } else if (op == "Sub") {
+    r.value = a.value - b.value;
+  } else {
+    if (b.value == 0) return other({}, "it divides by zero at node '" + where + "'");
+    r.value = a.value / b.value;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::optional<Entries> arithmetic(const ShapeArithContext& c) {
+  if (c.num_inputs() != 2) return std::nullopt;
+  auto a = c.entries(0), b = c.entries(1);
+  if (!a || !b || a->empty() || b->empty()) return std::nullopt;
+  const size_t len = std::max(a->size(), b->size());
+  if ((a->size() != len && a->size() != 1) || (b->size() != len && b->size() != 1) ||
+      int64_t(len) != c.out_numel(0))
+    return std::nullopt;
+  Entries out;
+  for (size_t i = 0; i < len; ++i)
+    out.push_back(combine(c.node().op_type, (*a)[a->size() == 1 ? 0 : i],
+                          (*b)[b->size() == 1 ? 0 : i], c.node().label()));
+  return out;
+}
+
+}  // namespace lopper::ops::shape_rules

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,57 @@ class ChannelContext : public AttrReader {
 };
 
 using ChannelRule = std::function<void(ChannelContext&)>;
+
+/// What a shape-arithmetic rule sees (the node, static shapes from one run, its inputs entry by
+/// entry, the tracked axes): the rule gives its first output's entries, or nothing when it does
+/// not follow them (the dependency graph then sees a value it cannot rewrite).
+class ShapeArithContext : public AttrReader {
+ public:
+  using AttrReader::AttrReader;
+  virtual ~ShapeArithContext() = default;
+
+  virtual int64_t opset() const = 0;
+  virtual size_t num_inputs() const = 0;
+  /// Static shapes seen when the model ran once; empty for a missing input.
+  virtual const std::vector<int64_t>& in_shape(size_t i) const = 0;
+  /// Output o's rank and element count when it was seen (-1 when not, and the count -1 too
+  /// when it is no scalar or vector).
+  virtual int64_t out_rank(size_t o) const = 0;
+  virtual int64_t out_numel(size_t o) const = 0;
+  /// Input i entry by entry: computed shape arithmetic, or a small integer constant's elements
+  /// (kLiteral, kConstant); nothing for any other input.
+  virtual std::optional<std::vector<ShapeEntry>> entries(size_t i) const = 0;
+  /// Input i's values when every entry is a literal or a constant.
+  std::optional<std::vector<int64_t>> constant_values(size_t i) const {
+    auto e = entries(i);
+    if (!e) return std::nullopt;
+    std::vector<int64_t> v;
+    for (const auto& x : *e) {
+      if (x.kind != ShapeEntry::Kind::kLiteral && x.kind != ShapeEntry::Kind::kConstant)
+        return std::nullopt;
+      v.push_back(x.value);
+    }
+    return v;
+  }
+  /// The tracked axis of input i, or nullptr.
+  virtual const Tracked* in(size_t i) const = 0;
+  /// The channels input i's value depends on (a size of a tensor whose shape follows channel
+  /// counts), or nullptr.
+  virtual const std::vector<int64_t>* depends_on(size_t i) const = 0;
+};
+
+// Shape-arithmetic rules and helpers shared by several op families (src/ops/channel_rules.cpp).
+namespace shape_rules {
+/// `e` carried through input `hop` unchanged: its literals remember the way back to their
+/// constant.
+std::vector<ShapeEntry> via(std::vector<ShapeEntry> e, size_t hop);
+/// An entry not followed, depending on `atoms`, and why.
+ShapeEntry other(std::vector<int64_t> atoms, std::string why);
+/// Input 0's entries, unchanged (Identity, Reshape, Flatten, Squeeze, Unsqueeze).
+std::optional<std::vector<ShapeEntry>> same(const ShapeArithContext& c);
+/// a (op) b entry by entry, numpy broadcasting a scalar: Add, Sub, Mul, Div.
+std::optional<std::vector<ShapeEntry>> arithmetic(const ShapeArithContext& c);
+}  // namespace shape_rules
 
 // Rules shared by several op families (src/ops/channel_rules.cpp).
 namespace channel_rules {

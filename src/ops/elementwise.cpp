@@ -337,6 +337,18 @@ void identity(OpContext& c) { c.set_output(0, c.input(0)); }
 
 }  // namespace
 
+namespace {
+
+// Cast to an integer type carries shape arithmetic unchanged.
+std::optional<std::vector<ShapeEntry>> cast_arith(const ShapeArithContext& c) {
+  const int64_t to = c.attr_int("to", 0);  // the integer types of onnx.TensorProto
+  if (to != 2 && to != 3 && to != 4 && to != 5 && to != 6 && to != 7 && to != 12 && to != 13)
+    return std::nullopt;
+  return shape_rules::same(c);
+}
+
+}  // namespace
+
 void register_elementwise(OpTable& t) {
   // --- arithmetic ---
   binary(t, "Add", [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); });
@@ -412,6 +424,9 @@ void register_elementwise(OpTable& t) {
                   "Floor", "Ceil",  "Round", "Erf",        "Sin",  "Cos",      "Tan",
                   "IsNaN", "IsInf", "Not",   "Clip",       "Cast", "CastLike", "Identity"},
                  channel_rules::same);
+  t.set_shape_rule({"Add", "Sub", "Mul", "Div"}, shape_rules::arithmetic);
+  t.set_shape_rule({"Identity"}, shape_rules::same);
+  t.set_shape_rule({"Cast"}, cast_arith);
 }
 
 }  // namespace lopper::ops

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,11 @@ using MacCount = std::function<int64_t(const MacContext&)>;
 class ChannelContext;  // ops/channels.h
 /// How the op carries prunable channels (ops/channels.h); empty: a barrier to structured pruning.
 using ChannelRule = std::function<void(ChannelContext&)>;
+class ShapeArithContext;  // ops/channels.h
+struct ShapeEntry;        // ops/channels.h
+/// How the op computes the integer vectors that shape arithmetic passes along (ops/channels.h):
+/// its output's entries; nothing when it does not follow them.
+using ShapeRule = std::function<std::optional<std::vector<ShapeEntry>>(const ShapeArithContext&)>;
 
 struct OpDef {
   std::string domain;  // "" for ai.onnx
@@ -152,6 +158,10 @@ struct OpDef {
   MacCount macs = {};         // empty: the op costs no multiply-accumulates worth counting
   bool deterministic = true;  // false for random ops (never constant-folded)
   ChannelRule channels = {};  // set with OpTable::set_channels beside the op's registration
+  ShapeRule shape = {};       // set with OpTable::set_shape_rule
+  /// The inputs ONNX defines as shapes, sizes, bounds or axes (a Reshape's target, a Slice's
+  /// bounds): a computation on constants only there is a constant to the channel rules.
+  std::vector<size_t> shape_operands;
 };
 
 class OpTable {
@@ -160,6 +170,10 @@ class OpTable {
   void add(OpDef def);
   /// Gives the registered op(s) `op_types` (default domain) a channel rule.
   void set_channels(std::initializer_list<const char*> op_types, ChannelRule rule);
+  /// Gives the registered op(s) `op_types` (default domain) a shape-arithmetic rule.
+  void set_shape_rule(std::initializer_list<const char*> op_types, ShapeRule rule);
+  /// Names the inputs of `op_types` (default domain) that are shape operands.
+  void set_shape_operands(std::initializer_list<const char*> op_types, std::vector<size_t> inputs);
   const OpDef* find(const std::string& domain, const std::string& op_type) const;
   std::vector<const OpDef*> all() const;
 

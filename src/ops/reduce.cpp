@@ -327,6 +327,10 @@ void register_reduce(OpTable& t) {
   t.set_channels({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceLogSum",
                   "ReduceLogSumExp", "ReduceSumSquare"},
                  reduce_channels);
+  t.set_shape_operands(
+      {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+       "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"},
+      {1});
 }
 
 }  // namespace lopper::ops

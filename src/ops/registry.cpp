@@ -99,6 +99,23 @@ void OpTable::set_channels(std::initializer_list<const char*> op_types, ChannelR
   }
 }
 
+void OpTable::set_shape_rule(std::initializer_list<const char*> op_types, ShapeRule rule) {
+  for (const char* op : op_types) {
+    auto it = ops_.find(key_of("", op));
+    LOPPER_ASSERT(it != ops_.end(), "shape rule for an op that is not registered: ", op);
+    it->second.shape = rule;
+  }
+}
+
+void OpTable::set_shape_operands(std::initializer_list<const char*> op_types,
+                                 std::vector<size_t> inputs) {
+  for (const char* op : op_types) {
+    auto it = ops_.find(key_of("", op));
+    LOPPER_ASSERT(it != ops_.end(), "shape operands for an op that is not registered: ", op);
+    it->second.shape_operands = inputs;
+  }
+}
+
 const OpDef* OpTable::find(const std::string& domain, const std::string& op_type) const {
   auto it = ops_.find(key_of(domain, op_type));
   return it == ops_.end() ? nullptr : &it->second;

@@ -453,6 +453,7 @@ void register_resize(OpTable& t) {
   t.add({"", "GridSample", grid_sample});
   t.add({"", "AffineGrid", affine_grid});
   t.set_channels({"Resize"}, resize_channels);
+  t.set_shape_operands({"Resize"}, {3});
 }
 
 }  // namespace lopper::ops

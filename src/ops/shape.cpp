@@ -654,6 +654,95 @@ std::vector<int64_t> reshape_target(const AttrReader& c, const at::Tensor& x,
   return reshape_target(c, sizes_of(x), std::move(shape), allowzero);
 }
 
+namespace {
+
+using Entries = std::vector<ShapeEntry>;
+using Kind = ShapeEntry::Kind;
+
+// Shape: an entry per dimension: the tracked axis's channel count follows the channels, a size
+// of a tensor whose shape follows them is not followed, any other a run-time size.
+std::optional<Entries> shape_arith(const ShapeArithContext& c) {
+  if (c.num_inputs() == 0 || c.out_rank(0) < 0) return std::nullopt;  // not seen in the run
+  const auto& sh = c.in_shape(0);
+  const int64_t r = int64_t(sh.size());
+  auto clampi = [r](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + r : v, 0, r); };
+  const int64_t s = clampi(c.attr_int("start", 0)), e = clampi(c.attr_int("end", r));
+  const Tracked* t = c.in(0);
+  const std::vector<int64_t>* d = c.depends_on(0);
+  Entries out;
+  for (int64_t i = s; i < e; ++i) {
+    ShapeEntry x;
+    x.value = sh[i];
+    if (t && t->axis == i) {
+      x.kind = Kind::kChannels, x.atoms = t->atoms;
+    } else if (d) {
+      x = shape_rules::other(
+          *d, "it is a size of '" + c.node().inputs[0] + "', whose shape follows channel counts");
+      x.value = sh[i];
+    } else {
+      x.kind = Kind::kDim;
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// Slice of a vector along its one axis, by constant bounds.
+std::optional<Entries> slice_arith(const ShapeArithContext& c) {
+  auto e = c.entries(0);
+  if (!e) return std::nullopt;
+  const auto& in = c.node().inputs;
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    if (!c.has_attr("starts") || !c.has_attr("ends")) return std::nullopt;
+    starts = c.attr_ints("starts"), ends = c.attr_ints("ends"), axes = c.attr_ints("axes");
+  } else {
+    auto a = c.constant_values(1), b = c.constant_values(2);
+    if (!a || !b) return std::nullopt;
+    starts = *a, ends = *b;
+    if (in.size() > 3 && !in[3].empty()) {
+      auto x = c.constant_values(3);
+      if (!x) return std::nullopt;
+      axes = *x;
+    }
+    if (in.size() > 4 && !in[4].empty()) {
+      auto x = c.constant_values(4);
+      if (!x) return std::nullopt;
+      steps = *x;
+    }
+  }
+  if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1 ||
+      (!axes.empty() && axes[0] != 0 && axes[0] != -1))
+    return std::nullopt;
+  const int64_t len = int64_t(e->size()), step = steps.empty() ? 1 : steps[0];
+  if (step == 0) return std::nullopt;
+  auto clampi = [&](int64_t v, int64_t lo, int64_t hi) {
+    return std::clamp<int64_t>(v < 0 ? v + len : v, lo, hi);
+  };
+  const int64_t s = step > 0 ? clampi(starts[0], 0, len) : clampi(starts[0], 0, len - 1);
+  const int64_t end = step > 0 ? clampi(ends[0], 0, len) : clampi(ends[0], -1, len - 1);
+  Entries out;
+  for (int64_t i = s; step > 0 ? i < end : i > end; i += step) out.push_back((*e)[i]);
+  if (int64_t(out.size()) != c.out_numel(0)) return std::nullopt;
+  return shape_rules::via(std::move(out), 0);
+}
+
+// Concat of vectors: their entries one after another.
+std::optional<Entries> concat_arith(const ShapeArithContext& c) {
+  if (c.out_rank(0) != 1) return std::nullopt;
+  Entries out;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    auto e = c.entries(i);
+    if (!e) return std::nullopt;
+    e = shape_rules::via(std::move(*e), i);
+    out.insert(out.end(), e->begin(), e->end());
+  }
+  if (int64_t(out.size()) != c.out_numel(0)) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
 void register_shape(OpTable& t) {
   t.add({"", "Shape", shape_op});
   t.add({"", "Size", size_op});
@@ -682,6 +771,13 @@ void register_shape(OpTable& t) {
   t.set_channels({"Split"}, split_channels);
   t.set_channels({"Slice"}, slice_channels);
   t.set_channels({"Shape"}, shape_channels);
+  t.set_shape_rule({"Shape"}, shape_arith);
+  t.set_shape_rule({"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, shape_rules::same);
+  t.set_shape_rule({"Slice"}, slice_arith);
+  t.set_shape_rule({"Concat"}, concat_arith);
+  t.set_shape_operands({"Reshape", "Expand", "Tile", "Split", "Squeeze", "Unsqueeze"}, {1});
+  t.set_shape_operands({"Slice"}, {1, 2, 3, 4});
+  t.set_shape_operands({"ConstantOfShape"}, {0});
 }
 
 }  // namespace lopper::ops

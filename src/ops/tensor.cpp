@@ -477,6 +477,26 @@ void gather_channels(ChannelContext& c) {
 
 }  // namespace
 
+namespace {
+
+// Gather of a vector's entries by constant indices (axis 0).
+std::optional<std::vector<ShapeEntry>> gather_arith(const ShapeArithContext& c) {
+  auto e = c.entries(0);
+  auto idx = c.constant_values(1);
+  if (!e || !idx || c.attr_int("axis", 0) != 0 || c.num_inputs() < 2) return std::nullopt;
+  std::vector<ShapeEntry> out;
+  const int64_t len = int64_t(e->size());
+  for (int64_t i : *idx) {
+    if (i < 0) i += len;
+    if (i < 0 || i >= len) return std::nullopt;
+    out.push_back((*e)[i]);
+  }
+  if (int64_t(out.size()) != c.out_numel(0)) return std::nullopt;
+  return shape_rules::via(std::move(out), 0);
+}
+
+}  // namespace
+
 void register_tensor(OpTable& t) {
   t.add({"", "Constant", constant});
   t.add({"", "Gather", gather});
@@ -496,6 +516,9 @@ void register_tensor(OpTable& t) {
   t.set_channels({"Pad"}, pad_channels);
   t.set_channels({"Gather"}, gather_channels);
   t.set_channels({"Dropout"}, channel_rules::same);
+  t.set_shape_rule({"Gather"}, gather_arith);
+  t.set_shape_operands({"Pad"}, {1, 3});
+  t.set_shape_operands({"CenterCropPad"}, {1});
 }
 
 }  // namespace lopper::ops

@@ -46,19 +46,14 @@ using ops::ShapeEntry;
 using Entries = std::vector<ShapeEntry>;
 using Kind = ShapeEntry::Kind;
 
-// Inputs that ONNX defines as shapes, sizes, bounds or axes: a computation on constants only
-// there is a constant to the rules (TorchScript's Where(Equal(shape, -1), 1, shape) before an
-// Expand). Elsewhere (a Gather's indices: an embedding's positions) it stays data.
+// Whether input i of `n` is a shape operand of its op (OpDef::shape_operands): a computation on
+// constants only there is a constant to the rules (TorchScript's Where(Equal(shape, -1), 1,
+// shape) before an Expand). Elsewhere (a Gather's indices: an embedding's positions) it stays
+// data.
 bool shape_operand(const ir::Node& n, size_t i) {
-  static const std::unordered_map<std::string, std::vector<size_t>> operands = {
-      {"Reshape", {1}}, {"Expand", {1}},          {"Tile", {1}},         {"Slice", {1, 2, 3, 4}},
-      {"Split", {1}},   {"Pad", {1, 3}},          {"Squeeze", {1}},      {"Unsqueeze", {1}},
-      {"Resize", {3}},  {"ConstantOfShape", {0}}, {"CenterCropPad", {1}}};
-  if (!n.domain.empty()) return false;
-  if (n.op_type.rfind("Reduce", 0) == 0) return i == 1;
-  auto it = operands.find(n.op_type);
-  return it != operands.end() &&
-         std::find(it->second.begin(), it->second.end(), i) != it->second.end();
+  const ops::OpDef* def = n.domain.empty() ? ops::OpTable::global().find("", n.op_type) : nullptr;
+  return def && std::find(def->shape_operands.begin(), def->shape_operands.end(), i) !=
+                    def->shape_operands.end();
 }
 
 bool small_int(const at::Tensor& v) {
@@ -143,203 +138,58 @@ class ShapeFollower {
     }
     return out;
   }
-  std::optional<std::vector<int64_t>> constant(const ir::Node& n, size_t i) const {
-    if (i >= n.inputs.size() || n.inputs[i].empty()) return std::nullopt;
-    auto e = entries(n.inputs[i]);
-    if (!e) return std::nullopt;
-    std::vector<int64_t> v;
-    for (const auto& x : *e) {
-      if (x.kind != Kind::kLiteral && x.kind != Kind::kConstant) return std::nullopt;
-      v.push_back(x.value);
+  // What an op's shape rule (OpDef::shape) sees of node `n`.
+  class Context : public ops::ShapeArithContext {
+   public:
+    Context(const ShapeFollower& f, const ir::Node& n, const NodeIO& io, int64_t opset,
+            const std::unordered_map<std::string, ops::Tracked>& tracked,
+            const std::unordered_map<std::string, std::vector<int64_t>>& taint)
+        : ShapeArithContext(n), f_(f), io_(io), opset_(opset), tracked_(tracked), taint_(taint) {}
+    int64_t opset() const override { return opset_; }
+    size_t num_inputs() const override { return node().inputs.size(); }
+    const std::vector<int64_t>& in_shape(size_t i) const override {
+      static const std::vector<int64_t> none;
+      return i < io_.in.size() ? io_.in[i] : none;
     }
-    return v;
-  }
-  static Entries via(Entries e, size_t hop) {
-    for (auto& x : e)
-      if (x.kind == Kind::kLiteral) x.hops.insert(x.hops.begin(), hop);
-    return e;
-  }
-  static ShapeEntry other(std::vector<int64_t> atoms, std::string why) {
-    ShapeEntry e;
-    e.kind = Kind::kOther, e.atoms = std::move(atoms), e.why = std::move(why);
-    return e;
-  }
-  // a (op) b for one entry each: Mul, Div, Add, Sub.
-  static ShapeEntry combine(const std::string& op, const ShapeEntry& a, const ShapeEntry& b,
-                            const std::string& where) {
-    const bool ca = a.kind == Kind::kChannels, cb = b.kind == Kind::kChannels;
-    std::vector<int64_t> atoms = a.atoms;
-    atoms.insert(atoms.end(), b.atoms.begin(), b.atoms.end());
-    if (a.kind == Kind::kOther || b.kind == Kind::kOther) {
-      ShapeEntry r = a.kind == Kind::kOther ? a : b;
-      r.atoms = atoms;
-      return r;
+    int64_t out_rank(size_t o) const override {
+      return o < io_.out.size() ? int64_t(io_.out[o].size()) : -1;
     }
-    const std::string mixed = "it is " + op + " of channel counts at node '" + where + "'";
-    ShapeEntry r;
-    if (ca || cb) {
-      if (ca && cb) return other(atoms, mixed);
-      const ShapeEntry& ch = ca ? a : b;
-      const int64_t v = ca ? b.value : a.value;
-      r = ch;
-      if (op == "Mul" && v > 0) {
-        r.num *= v, r.value *= v;
-      } else if (op == "Div" && ca && v > 0 && ch.value % v == 0) {
-        r.den *= v, r.value /= v;
-      } else {
-        return other(atoms, mixed);
-      }
-      const int64_t d = std::gcd(r.num, r.den);
-      r.num /= d, r.den /= d;
-      return r;
+    int64_t out_numel(size_t o) const override {
+      if (o >= io_.out.size() || io_.out[o].size() > 1) return -1;
+      int64_t k = 1;
+      for (int64_t d : io_.out[o]) k *= d;
+      return k;
     }
-    r.kind = a.kind == Kind::kDim || b.kind == Kind::kDim ? Kind::kDim : Kind::kConstant;
-    if (op == "Mul") {
-      r.value = a.value * b.value;
-    } else if (op == "Add") {
-      r.value = a.value + b.value;
-    } else if (op == "Sub") {
-      r.value = a.value - b.value;
-    } else {
-      if (b.value == 0) return other({}, "it divides by zero at node '" + where + "'");
-      r.value = a.value / b.value;
+    std::optional<Entries> entries(size_t i) const override {
+      return i < node().inputs.size() ? f_.entries(node().inputs[i]) : std::nullopt;
     }
-    return r;
-  }
+    const ops::Tracked* in(size_t i) const override {
+      if (i >= node().inputs.size()) return nullptr;
+      auto t = tracked_.find(node().inputs[i]);
+      return t == tracked_.end() ? nullptr : &t->second;
+    }
+    const std::vector<int64_t>* depends_on(size_t i) const override {
+      if (i >= node().inputs.size()) return nullptr;
+      auto t = taint_.find(node().inputs[i]);
+      return t == taint_.end() ? nullptr : &t->second;
+    }
 
+   private:
+    const ShapeFollower& f_;
+    const NodeIO& io_;
+    const int64_t opset_;
+    const std::unordered_map<std::string, ops::Tracked>& tracked_;
+    const std::unordered_map<std::string, std::vector<int64_t>>& taint_;
+  };
+
+  // The entries of node `n`'s first output, by its op's shape rule.
   std::optional<Entries> compute(
       const ir::Node& n, const NodeIO& io, int64_t opset,
       const std::unordered_map<std::string, ops::Tracked>& tracked,
-      const std::unordered_map<std::string, std::vector<int64_t>>& taint) {
-    const std::string& op = n.op_type;
-    auto attr = [&](const char* name, int64_t def) {
-      const ir::Attribute* a = n.attr(name);
-      return a ? a->i : def;
-    };
-    auto numel = [&](size_t o) -> int64_t {
-      if (o >= io.out.size()) return -1;
-      int64_t k = 1;
-      for (int64_t d : io.out[o]) k *= d;
-      return io.out[o].size() <= 1 ? k : -1;
-    };
-    if (op == "Shape") {
-      if (io.in.empty()) return std::nullopt;
-      const auto& sh = io.in[0];
-      const int64_t r = int64_t(sh.size());
-      auto clampi = [r](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + r : v, 0, r); };
-      const int64_t s = clampi(attr("start", 0)), e = clampi(attr("end", r));
-      auto t = tracked.find(n.inputs[0]);
-      auto d = taint.find(n.inputs[0]);
-      Entries out;
-      for (int64_t i = s; i < e; ++i) {
-        ShapeEntry x;
-        x.value = sh[i];
-        if (t != tracked.end() && t->second.axis == i) {
-          x.kind = Kind::kChannels, x.atoms = t->second.atoms;
-        } else if (d != taint.end()) {
-          x = other(d->second,
-                    "it is a size of '" + n.inputs[0] + "', whose shape follows channel counts");
-          x.value = sh[i];
-        } else {
-          x.kind = Kind::kDim;
-        }
-        out.push_back(std::move(x));
-      }
-      return out;
-    }
-    if (op == "Identity" || op == "Unsqueeze" || op == "Squeeze" || op == "Reshape" ||
-        op == "Flatten" || op == "Cast") {
-      if (op == "Cast") {
-        const int64_t to = attr("to", 0);  // the integer types of onnx.TensorProto
-        if (to != 2 && to != 3 && to != 4 && to != 5 && to != 6 && to != 7 && to != 12 && to != 13)
-          return std::nullopt;
-      }
-      auto e = entries(n.inputs.empty() ? "" : n.inputs[0]);
-      if (!e || int64_t(e->size()) != numel(0)) return std::nullopt;
-      return via(std::move(*e), 0);
-    }
-    if (op == "Gather") {
-      auto e = entries(n.inputs[0]);
-      auto idx = constant(n, 1);
-      if (!e || !idx || attr("axis", 0) != 0 || n.inputs.size() < 2) return std::nullopt;
-      Entries out;
-      const int64_t len = int64_t(e->size());
-      for (int64_t i : *idx) {
-        if (i < 0) i += len;
-        if (i < 0 || i >= len) return std::nullopt;
-        out.push_back((*e)[i]);
-      }
-      if (int64_t(out.size()) != numel(0)) return std::nullopt;
-      return via(std::move(out), 0);
-    }
-    if (op == "Slice") {
-      auto e = entries(n.inputs[0]);
-      if (!e) return std::nullopt;
-      std::vector<int64_t> starts, ends, axes, steps;
-      if (opset < 10) {
-        const auto* a = n.attr("starts");
-        const auto* b = n.attr("ends");
-        const auto* x = n.attr("axes");
-        if (!a || !b) return std::nullopt;
-        starts = a->ints, ends = b->ints;
-        if (x) axes = x->ints;
-      } else {
-        auto a = constant(n, 1), b = constant(n, 2);
-        if (!a || !b) return std::nullopt;
-        starts = *a, ends = *b;
-        if (n.inputs.size() > 3 && !n.inputs[3].empty()) {
-          auto x = constant(n, 3);
-          if (!x) return std::nullopt;
-          axes = *x;
-        }
-        if (n.inputs.size() > 4 && !n.inputs[4].empty()) {
-          auto x = constant(n, 4);
-          if (!x) return std::nullopt;
-          steps = *x;
-        }
-      }
-      if (starts.size() != 1 || ends.size() != 1 || axes.size() > 1 || steps.size() > 1 ||
-          (!axes.empty() && axes[0] != 0 && axes[0] != -1))
-        return std::nullopt;
-      const int64_t len = int64_t(e->size()), step = steps.empty() ? 1 : steps[0];
-      if (step == 0) return std::nullopt;
-      auto clampi = [&](int64_t v, int64_t lo, int64_t hi) {
-        return std::clamp<int64_t>(v < 0 ? v + len : v, lo, hi);
-      };
-      const int64_t s = step > 0 ? clampi(starts[0], 0, len) : clampi(starts[0], 0, len - 1);
-      const int64_t end = step > 0 ? clampi(ends[0], 0, len) : clampi(ends[0], -1, len - 1);
-      Entries out;
-      for (int64_t i = s; step > 0 ? i < end : i > end; i += step) out.push_back((*e)[i]);
-      if (int64_t(out.size()) != numel(0)) return std::nullopt;
-      return via(std::move(out), 0);
-    }
-    if (op == "Concat") {
-      if (io.out.empty() || io.out[0].size() != 1) return std::nullopt;
-      Entries out;
-      for (size_t i = 0; i < n.inputs.size(); ++i) {
-        auto e = entries(n.inputs[i]);
-        if (!e) return std::nullopt;
-        e = via(std::move(*e), i);
-        out.insert(out.end(), e->begin(), e->end());
-      }
-      if (int64_t(out.size()) != numel(0)) return std::nullopt;
-      return out;
-    }
-    if (op == "Mul" || op == "Div" || op == "Add" || op == "Sub") {
-      if (n.inputs.size() != 2) return std::nullopt;
-      auto a = entries(n.inputs[0]), b = entries(n.inputs[1]);
-      if (!a || !b || a->empty() || b->empty()) return std::nullopt;
-      const size_t len = std::max(a->size(), b->size());
-      if ((a->size() != len && a->size() != 1) || (b->size() != len && b->size() != 1) ||
-          int64_t(len) != numel(0))
-        return std::nullopt;
-      Entries out;
-      for (size_t i = 0; i < len; ++i)
-        out.push_back(
-            combine(op, (*a)[a->size() == 1 ? 0 : i], (*b)[b->size() == 1 ? 0 : i], n.label()));
-      return out;
-    }
-    return std::nullopt;
+      const std::unordered_map<std::string, std::vector<int64_t>>& taint) const {
+    const ops::OpDef* def = ops::OpTable::global().find("", n.op_type);
+    if (!def || !def->shape) return std::nullopt;
+    return def->shape(Context(*this, n, io, opset, tracked, taint));
   }
 
   const ir::Graph& g_;

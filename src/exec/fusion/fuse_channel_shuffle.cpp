@@ -16,8 +16,8 @@ bool fuse_channel_shuffle(ir::Graph& g, int64_t opset) {
   };
   for (size_t i = 0; i < r.size(); ++i) {
     const ir::Node& last = g.nodes[i];
-    if (!r.live(i) || !is(last, "Reshape") || last.inputs.size() != 2 ||
-        outputs_used(last) != 1 || last.outputs[0].empty() || !r.single(last.inputs[0]))
+    if (!r.live(i) || !is(last, "Reshape") || last.inputs.size() != 2 || outputs_used(last) != 1 ||
+        last.outputs[0].empty() || !r.single(last.inputs[0]))
       continue;
     auto t = r.made_by(last.inputs[0], "Transpose");
     if (!t) continue;

@@ -12,8 +12,7 @@ bool fuse_grouped_matmul(ir::Graph& g, int64_t opset) {
   Rewrite r(g, opset);
   for (size_t i = 0; i < r.size(); ++i) {
     const ir::Node& mm = g.nodes[i];
-    if (!r.live(i) || !is(mm, "MatMul") || mm.inputs.size() != 2 || outputs_used(mm) != 1)
-      continue;
+    if (!r.live(i) || !is(mm, "MatMul") || mm.inputs.size() != 2 || outputs_used(mm) != 1) continue;
     std::string b = mm.inputs[1];
     std::vector<size_t> absorbed;
     bool trans_b = false;

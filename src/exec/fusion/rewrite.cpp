@@ -215,7 +215,8 @@ void Rewrite::absorb_activation(std::string& out, std::vector<size_t>& absorbed,
 }
 
 void Rewrite::fuse_into(size_t i, const char* op, const std::string& out,
-                        const std::vector<ir::Attribute>& act, const std::vector<size_t>& absorbed) {
+                        const std::vector<ir::Attribute>& act,
+                        const std::vector<size_t>& absorbed) {
   ir::Node& n = change(i);
   n.domain = "ai.lopper";
   n.op_type = op;

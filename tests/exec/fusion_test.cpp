@@ -33,7 +33,8 @@ ir::Model model(std::vector<std::pair<std::string, std::vector<int64_t>>> inputs
   m.opset_import = {{"", opset}};
   for (const auto& [name, dims] : inputs) m.graph.inputs.push_back(value_info(name, dims));
   for (int i = 1; i <= outputs; ++i)
-    m.graph.outputs.push_back({"y" + std::to_string(i), {ir::DType::kFloat, false, {}, "", ""}, ""});
+    m.graph.outputs.push_back(
+        {"y" + std::to_string(i), {ir::DType::kFloat, false, {}, "", ""}, ""});
   return m;
 }
 
@@ -49,7 +50,8 @@ int64_t opset_of(const ir::Model& m) { return m.opset_import.at(0).version; }
 // Each node's op, with its domain when it has one ("ai.lopper.FusedConv").
 std::vector<std::string> ops(const ir::Graph& g) {
   std::vector<std::string> out;
-  for (const auto& n : g.nodes) out.push_back(n.domain.empty() ? n.op_type : n.domain + "." + n.op_type);
+  for (const auto& n : g.nodes)
+    out.push_back(n.domain.empty() ? n.op_type : n.domain + "." + n.op_type);
   return out;
 }
 
@@ -208,8 +210,7 @@ TEST(Fusion, FusesBatchNormAndActivation) {
                                                   : node("Add", {"n", "x"}, {"y1"})};
     return m;
   };
-  expect_rewrite(make("Relu"), "fuse_batchnorm_activation",
-                 {"ai.lopper.FusedBatchNormalization"});
+  expect_rewrite(make("Relu"), "fuse_batchnorm_activation", {"ai.lopper.FusedBatchNormalization"});
   expect_untouched(make("Add"), "fuse_batchnorm_activation");
 }
 
@@ -255,11 +256,10 @@ TEST(Fusion, FusesTheConvChain) {
     add(m, "wd", at::randn({6, depthwise ? 1 : 6, 3, 3}));
     add(m, "bd", at::randn({6}));
     add(m, "wp", at::randn({3, 6, 1, 1}));
-    m.graph.nodes = {
-        node("Conv", {"x", "we"}, {"e"}),
-        node("Conv", {"e", "wd", "bd"}, {"d"},
-             {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", depthwise ? 6 : 1)}),
-        node("Conv", {"d", "wp"}, {"y1"})};
+    m.graph.nodes = {node("Conv", {"x", "we"}, {"e"}),
+                     node("Conv", {"e", "wd", "bd"}, {"d"},
+                          {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", depthwise ? 6 : 1)}),
+                     node("Conv", {"d", "wp"}, {"y1"})};
     return m;
   };
   expect_rewrite(make(true), "fuse_conv_chain", {"ai.lopper.ConvChain"});
@@ -308,13 +308,12 @@ TEST(Fusion, FusesGroupedMatMul) {
     ir::Model m = model({{"q", {1, 4, 5, 8}}, {"k", {1, 2, expanded ? 1 : 2, 5, 8}}});
     add(m, "e", at::tensor(std::vector<int64_t>{1, 2, 2, 5, 8}));
     add(m, "s", at::tensor(std::vector<int64_t>{1, 4, 5, 8}));
-    m.graph.nodes = {node(expanded ? "Expand" : "Identity",
-                          expanded ? std::vector<std::string>{"k", "e"}
-                                   : std::vector<std::string>{"k"},
-                          {"ke"}),
-                     node("Reshape", {"ke", "s"}, {"kr"}),
-                     node("Transpose", {"kr"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})}),
-                     node("MatMul", {"q", "kt"}, {"y1"})};
+    m.graph.nodes = {
+        node(expanded ? "Expand" : "Identity",
+             expanded ? std::vector<std::string>{"k", "e"} : std::vector<std::string>{"k"}, {"ke"}),
+        node("Reshape", {"ke", "s"}, {"kr"}),
+        node("Transpose", {"kr"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})}),
+        node("MatMul", {"q", "kt"}, {"y1"})};
     return m;
   };
   expect_rewrite(make(true), "fuse_grouped_matmul", {"Expand", "ai.lopper.GroupedMatMul"});
@@ -332,12 +331,9 @@ TEST(Fusion, FusesRmsNorm) {
     add(m, "axes", at::tensor(std::vector<int64_t>{axis}));
     ir::Node mean = opset >= 18 ? node("ReduceMean", {"p", "axes"}, {"ms"})
                                 : node("ReduceMean", {"p"}, {"ms"}, {ints_attr("axes", {axis})});
-    m.graph.nodes = {node("Pow", {"x", "two"}, {"p"}),
-                     mean,
-                     node("Add", {"ms", "eps"}, {"a"}),
-                     node("Sqrt", {"a"}, {"r"}),
-                     node("Reciprocal", {"r"}, {"inv"}),
-                     node("Mul", {"x", "inv"}, {"n"}),
+    m.graph.nodes = {node("Pow", {"x", "two"}, {"p"}),   mean,
+                     node("Add", {"ms", "eps"}, {"a"}),  node("Sqrt", {"a"}, {"r"}),
+                     node("Reciprocal", {"r"}, {"inv"}), node("Mul", {"x", "inv"}, {"n"}),
                      node("Mul", {"n", "gamma"}, {"y1"})};
     return m;
   };
@@ -366,13 +362,13 @@ TEST(Fusion, FusesScaledSoftmax) {
 // probabilities are an output too.
 TEST(Fusion, FusesAttention) {
   auto make = [](bool probs_read, bool scaled) {
-    ir::Model m = model({{"q", {1, 2, 5, 8}}, {"kt", {1, 2, 8, 5}}, {"v", {1, 2, 5, 8}}},
-                        probs_read ? 2 : 1);
+    ir::Model m =
+        model({{"q", {1, 2, 5, 8}}, {"kt", {1, 2, 8, 5}}, {"v", {1, 2, 5, 8}}}, probs_read ? 2 : 1);
     const std::string p = probs_read ? "y2" : "p";
     ir::Node soft = node("Softmax", {"s"}, {p}, {int_attr("axis", -1)});
     if (scaled) {
-      soft = with_domain(node("ScaledSoftmax", {"s"}, {p}, {float_attr("scale", 0.25f)}),
-                         "ai.lopper");
+      soft =
+          with_domain(node("ScaledSoftmax", {"s"}, {p}, {float_attr("scale", 0.25f)}), "ai.lopper");
     }
     m.graph.nodes = {node("MatMul", {"q", "kt"}, {"s"}), soft, node("MatMul", {p, "v"}, {"y1"})};
     return m;

@@ -1,199 +1,16 @@
-// Matrix products and linear algebra: Gemm, MatMul, Einsum, Det. A constant weight is prepacked at
-// the first inference run; on the CPU the kernel (ATen's BLAS, oneDNN with a reordered weight, or a
-// sparse kernel) is chosen by timing them on the layer's real shape, once.
+// Matrix products and linear algebra: Gemm, MatMul, Einsum, Det: what each computes (shapes,
+// MACs, channel rules, the reference forward on ATen). A product by a constant weight (a linear
+// layer) runs on the kernel chosen for it per device (exec/linear_kernels.h).
 #include <cctype>
 #include <map>
 
-#include "exec/kernel_choice.h"
+#include "exec/linear_kernels.h"
 #include "exec/onednn.h"
-#include "exec/sparse_linear.h"
-#include "kernels/cpu/sparse.h"
-#include "kernels/cuda/library.h"
-#include "kernels/cuda/sparse_gemv.h"  // kMaxRows
 #include "ops/channels.h"
 #include "ops/op.h"
 
 namespace lopper::ops {
 namespace {
-
-struct LinearState {
-  at::Tensor weight;  // [N, K] contiguous
-  std::shared_ptr<kernels::cuda::PackedLinear> cuda_sparse;
-  std::shared_ptr<kernels::cuda::PackedLinear> semi;
-  enum class Kernel {
-    kUndecided,
-    kAten,
-    kOnednn,
-    kSparse,
-    kCudaSparse,
-    kCudaSemi,
-    kGemv
-  } kernel = Kernel::kUndecided;  // CUDA
-  // The CPU's choice, made apart for products of a few rows (decoding a token: the bitmask
-  // format's regime) and of more (a prompt, a batch): a model that runs both keeps the best of
-  // each.
-  struct CpuChoice {
-    at::Tensor packed;                              // oneDNN's layout of the weight
-    std::shared_ptr<kernels::cpu::DenseGemv> gemv;  // lopper's panels of the weight
-    SparseCandidate sparse;
-    Kernel kernel = Kernel::kUndecided;
-  } few, many;
-};
-
-// Rows up to which a product counts as "a few" (LinearState::few): the bitmask format's limit.
-constexpr int64_t kFewRows = 16;
-
-// y [rows, N] computed from x flattened to rows, back in x's leading shape.
-at::Tensor unflatten_rows(const at::Tensor& y, const at::Tensor& x) {
-  if (x.dim() == 2) return y;
-  auto shape = x.sizes().vec();
-  shape.back() = y.size(1);
-  return y.reshape(shape);  // a view unless y is a transposed or narrowed result
-}
-
-// NOTE: lopper's CUDA kernel reads 4 bytes per nonzero (16-bit value and index) where cuBLAS reads
-// 2 per weight, so it cannot win above half the weights nonzero; below, timing decides.
-constexpr double kMaxCudaDensity = 0.5;
-
-// A 2:4 weight in fp16/bf16 compressed for each sparse-tensor-core backend that takes it (tried
-// once on x), with its backend; the others are named in `refused` with why.
-using SemiWeights = std::vector<
-    std::pair<kernels::cuda::SemiBackend, std::shared_ptr<kernels::cuda::PackedLinear>>>;
-
-SemiWeights pack_two_four(const kernels::cuda::Library& lib, const at::Tensor& weight,
-                          const at::Tensor& bias, const at::Tensor& x,
-                          std::vector<std::string>& refused) {
-  namespace kcu = kernels::cuda;
-  SemiWeights packed;
-  if (!lib.semi_fits(weight, x.scalar_type())) {
-    if (x.scalar_type() == at::kFloat && lib.is_two_four(weight))
-      refused.push_back("cuda-2:4: the sparse tensor cores take fp16/bf16 (--precision bf16)");
-    return packed;
-  }
-  for (auto b : {kcu::SemiBackend::kCusparselt, kcu::SemiBackend::kCutlass}) {
-    if (!lib.semi_compiled(b)) {
-      refused.push_back(detail::concat(kcu::semi_name(b), ": not in this libtorch"));
-      continue;
-    }
-    try {  // a GPU or library that refuses the weight or the shape drops the candidate
-      auto sw = lib.pack_semi(b, weight, bias, x.scalar_type(), x.device());
-      sw->linear(x);
-      packed.emplace_back(b, std::move(sw));
-    } catch (const std::exception& e) {
-      refused.push_back(e.what());
-    }
-  }
-  return packed;
-}
-
-// On a GPU: cuBLAS (ATen); for a 2:4 weight in fp16/bf16 the sparse tensor cores (cuSPARSELt and
-// CUTLASS behind ATen); for an unstructured-sparse weight and a skinny batch (the LLM-decode
-// shape) lopper's own kernel. Chosen by timing them once on the layer's real input.
-at::Tensor run_linear_cuda(OpContext& c, const at::Tensor& x, LinearState& st,
-                           const at::Tensor& bias, const onednn::PostOp& post) {
-  namespace kcu = kernels::cuda;
-  using K = LinearState::Kernel;
-  const kcu::Library& lib = kcu::need_library();
-  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
-  const bool skinny = x2.size(0) <= kcu::kMaxRows;
-  auto dense = [&] { return onednn::apply_unfused(at::linear(x, st.weight, bias), post); };
-  if (st.kernel == K::kUndecided) {
-    st.kernel = K::kAten;
-    std::vector<KernelCandidate> cands{{"cublas", [&] { dense(); }}};
-    std::vector<K> kinds{K::kAten};
-    std::vector<std::string> refused;
-    const bool same_dtype = st.weight.scalar_type() == x.scalar_type();
-    const SemiWeights semi =
-        same_dtype ? pack_two_four(lib, st.weight, bias, x2, refused) : SemiWeights{};
-    for (const auto& packed : semi) {
-      auto sw = packed.second;
-      cands.push_back(
-          {kcu::semi_name(packed.first), [&, sw] { onednn::apply_unfused(sw->linear(x2), post); }});
-      kinds.push_back(K::kCudaSemi);
-    }
-    if (lib.kernels_built() && skinny && same_dtype && lib.sparse_fits(st.weight) &&
-        double(st.weight.count_nonzero().item<int64_t>()) <=
-            kMaxCudaDensity * double(st.weight.numel())) {
-      st.cuda_sparse = lib.pack_sparse(st.weight, bias, x.scalar_type(), x.device());
-      cands.push_back(
-          {"cuda-csr16", [&] { onednn::apply_unfused(st.cuda_sparse->linear(x2), post); }});
-      kinds.push_back(K::kCudaSparse);
-    }
-    const size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
-    st.kernel = kinds[best];
-    if (st.kernel == K::kCudaSemi)
-      st.semi = semi[best - 1].second;  // candidates 1.. are the 2:4 ones
-    if (st.kernel != K::kCudaSparse) st.cuda_sparse.reset();
-  }
-  if (st.kernel == K::kCudaSemi)
-    return unflatten_rows(onednn::apply_unfused(st.semi->linear(x2), post), x);
-  if (st.kernel != K::kCudaSparse || !skinny) return dense();
-  return unflatten_rows(onednn::apply_unfused(st.cuda_sparse->linear(x2), post), x);
-}
-
-// lopper's dense GEMV for a few rows (a classifier's last layer at batch 1, a decoded token): the
-// weight streamed once, its panels split between the threads. In a model its weight comes from
-// memory, not cache: mnasnet0_5's 1280 -> 1000 classifier took 0.26 ms by oneDNN there (0.06 ms
-// timed alone, warm).
-at::Tensor dense_gemv(const at::Tensor& x2, const kernels::cpu::DenseGemv& w,
-                      const at::Tensor& bias, const onednn::PostOp& post) {
-  const kernels::cpu::Activation act = fused_activation(post);
-  return finish_activation(w.linear(x2, bias, act), post, act);
-}
-
-// y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
-// CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN and (for a sparse weight) lopper's
-// sparse kernels on the layer's real input.
-at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
-                      const onednn::PostOp& post = {}) {
-  if (x.is_cuda()) return run_linear_cuda(c, x, st, bias, post);
-  const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
-                       st.weight.scalar_type() == at::kFloat &&
-                       (!bias.defined() || bias.scalar_type() == at::kFloat);
-  // bfloat16 on the CPU: ATen, or the bitmask format for a few rows.
-  const bool cpu_bf16 = x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
-                        st.weight.scalar_type() == at::kBFloat16 &&
-                        (!bias.defined() || bias.scalar_type() == at::kBFloat16);
-  if (!cpu_f32 && !cpu_bf16) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
-  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
-  using K = LinearState::Kernel;
-  LinearState::CpuChoice& ch = x2.size(0) <= kFewRows ? st.few : st.many;
-  if (ch.kernel == K::kUndecided) {
-    std::vector<KernelCandidate> cands{
-        {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
-    std::vector<K> kinds{K::kAten};
-    if (cpu_f32 && onednn::usable(x) && onednn::usable(st.weight)) {
-      ch.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
-      cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
-      kinds.push_back(K::kOnednn);
-    }
-    if (cpu_f32 && x2.size(0) <= kFewRows) {
-      ch.gemv = std::make_shared<kernels::cpu::DenseGemv>(st.weight, kernels::cpu::active_isa());
-      cands.push_back({"lopper-gemv", [&] { dense_gemv(x2, *ch.gemv, bias, post); }});
-      kinds.push_back(K::kGemv);
-    }
-    auto sparse = sparse_candidates(st.weight, bias, {}, x2.size(0));
-    for (const auto& sc : sparse) {
-      cands.push_back({sc.name, [&x2, &post, sc] { run_sparse_linear(sc, x2, post); }});
-      kinds.push_back(K::kSparse);
-    }
-    size_t best = choose_kernel(c, cands, st.weight, x2);
-    ch.kernel = kinds[best];
-    if (ch.kernel == K::kSparse) ch.sparse = sparse[best - (cands.size() - sparse.size())];
-    if (ch.kernel != K::kOnednn) ch.packed.reset();
-    if (ch.kernel != K::kGemv) ch.gemv.reset();
-  }
-  at::Tensor y;
-  if (ch.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
-  if (ch.kernel == K::kOnednn) {
-    y = onednn::linear(x2.contiguous(), ch.packed, bias, post);
-  } else if (ch.kernel == K::kGemv) {
-    y = dense_gemv(x2, *ch.gemv, bias, post);
-  } else {
-    y = run_sparse_linear(ch.sparse, x2, post);
-  }
-  return unflatten_rows(y, x);
-}
 
 void gemm_forward(OpContext& c) {
   at::Tensor a = c.input(0), b = c.input(1);
@@ -212,9 +29,9 @@ void gemm_forward(OpContext& c) {
   // The common case, a Linear layer: constant weight, bias per output, alpha = beta = 1.
   if (c.is_constant(1) && (!bias.defined() || c.is_constant(2)) && c.prepack() &&
       a.is_floating_point() && alpha == 1.0f && (beta == 1.0f || !bias.defined()) && row_bias) {
-    auto& st = c.state<LinearState>();
-    if (!st.weight.defined()) st.weight = trans_b ? b.contiguous() : b.t().contiguous();
-    c.set_output(0, run_linear(c, a, st, bias.defined() ? bias.reshape({n}) : bias));
+    c.set_output(0, linear_by_kernel(
+                        c, a, [&] { return trans_b ? b.contiguous() : b.t().contiguous(); },
+                        bias.defined() ? bias.reshape({n}) : bias));
     return;
   }
   at::Tensor w = trans_b ? b : b.t();  // [N, K]
@@ -248,9 +65,7 @@ void matmul_forward(OpContext& c) {
   c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
   if (b.dim() == 2 && a.dim() >= 2 && a.is_floating_point() && c.is_constant(1) && c.prepack()) {
     // A constant [K, N] weight: a linear layer with the weight prepacked as [N, K].
-    auto& st = c.state<LinearState>();
-    if (!st.weight.defined()) st.weight = b.t().contiguous();
-    c.set_output(0, run_linear(c, a, st, {}));
+    c.set_output(0, linear_by_kernel(c, a, [&] { return b.t().contiguous(); }, {}));
     return;
   }
   c.set_output(0, at::matmul(a, b));
@@ -270,9 +85,9 @@ void fused_matmul_forward(OpContext& c) {
   if (bias.defined()) c.check(bias.numel() == n, "bias must have ", n, " elements");
   if (x.dim() >= 2 && x.is_floating_point() && c.is_constant(1) &&
       (!bias.defined() || c.is_constant(2)) && c.prepack()) {
-    auto& st = c.state<LinearState>();
-    if (!st.weight.defined()) st.weight = trans_b ? w.contiguous() : w.t().contiguous();
-    c.set_output(0, run_linear(c, x, st, bias.defined() ? bias.reshape({n}) : bias, post));
+    c.set_output(0, linear_by_kernel(
+                        c, x, [&] { return trans_b ? w.contiguous() : w.t().contiguous(); },
+                        bias.defined() ? bias.reshape({n}) : bias, post));
     return;
   }
   at::Tensor y = at::matmul(x, trans_b ? w.t() : w);

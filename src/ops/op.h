@@ -161,7 +161,7 @@ struct OpDef {
   ShapeRule shape = {};       // set with OpTable::set_shape_rule
   /// The inputs ONNX defines as shapes, sizes, bounds or axes (a Reshape's target, a Slice's
   /// bounds): a computation on constants only there is a constant to the channel rules.
-  std::vector<size_t> shape_operands;
+  std::vector<size_t> shape_operands = {};
 };
 
 class OpTable {

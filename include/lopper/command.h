@@ -21,6 +21,7 @@
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 #include "lopper/target.h"
+#include "lopper/train.h"
 
 namespace lopper {
 
@@ -164,6 +165,28 @@ struct SensitivityRequest {
   std::string data_hint;
 
   SensitivityJob validate() const;
+};
+
+/// lopper train and lopper finetune: training, with progressive pruning on a schedule.
+struct TrainRequest {
+  /// The settings that need no rule between them as given (epochs, lr, momentum, regularisers,
+  /// freeze, rounds, start/end epochs, checkpoints, device, seed, allow_tied ...); validate()
+  /// fills in what the fields below name.
+  TrainOptions options;
+  std::optional<std::string> schedule;          // none (default) | iterative | agp
+  std::optional<std::string> prune_criterion;   // --prune-method
+  std::optional<std::string> prune_amount;      // the final sparsity, a fraction
+  std::optional<std::string> prune_structured;  // channel | head: the model shrinks as it trains
+  std::optional<std::string> prune_scope;       // global (default) | local
+  std::optional<std::string> prune_pattern;     // unstructured (default) | N:M | row | ...
+  std::optional<std::string> every;             // agp: "2" (epochs) or "100steps"
+  std::optional<std::string> optimizer;         // sgd (default) | adam | adamw
+  std::optional<std::string> lr_schedule;       // constant (default) | step | cosine
+  std::optional<std::string> precision;         // fp32 (default) | bf16 | fp16
+
+  /// Every rule between the options; throws UsageError naming the first one broken (an unknown
+  /// device: lopper::Error). The trainer's options, ready to run.
+  TrainOptions validate() const;
 };
 
 }  // namespace lopper

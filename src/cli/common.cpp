@@ -170,6 +170,7 @@ std::string flag_of(const std::string& option) {
       {"prune.criterion", "--prune-method"},
       {"structured.criterion", "--prune-method"},
       {"structured_schedule", "--prune-structured"},
+      {"prune.allow_tied", "--allow-tied"},
       {"every_epochs", "--every"},
       {"batches", "--calib-batches"},
       {"input_shapes", "--shape"},

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/distributed.h"
 #include "lopper/error.h"
@@ -31,33 +32,6 @@ namespace lopper::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-PruneSchedule parse_schedule(const std::string& s) {
-  if (s == "none") return PruneSchedule::kNone;
-  if (s == "iterative") return PruneSchedule::kIterative;
-  if (s == "agp") return PruneSchedule::kAgp;
-  throw UsageError("[train] unknown --schedule '" + s + "' (schedules: none, iterative, agp)");
-}
-
-// "2" (epochs) or "100steps" / "100s".
-void parse_every(const std::string& s, TrainOptions& o) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit = s.substr(used);
-  LOPPER_CHECK(used > 0 && v > 0 && (unit.empty() || unit == "steps" || unit == "s"),
-               "[train] --every takes a number of epochs (2) or steps (100steps), got '", s, "'");
-  if (unit.empty()) {
-    o.every_epochs = v;
-    o.every_steps = 0;
-  } else {
-    o.every_steps = v;
-  }
-}
 
 void print_table_row(const std::string& what, const std::string& value) {
   std::cout << fmt::format("{:<18}{}\n", what, value);
@@ -159,52 +133,23 @@ Action add_train_command(CLI::App& app, bool finetune) {
                          ": another output names the same path");
       check_checkpoint_dir(t.checkpoint_dir);
     }
-    t.schedule = parse_schedule(o->schedule);
-    if (t.schedule != PruneSchedule::kNone) {
-      if (o->prune_method.empty() || o->prune_amount.empty())
-        throw UsageError("[train] --schedule " + o->schedule +
-                         " needs --prune-method M and --prune-amount A");
-      t.prune.amount = parse_flag([&] { return PruneAmount::parse(o->prune_amount); });
-      if (!o->prune_structured.empty()) {
-        t.structured_schedule = true;
-        if (o->prune_structured == "head")
-          t.structured.unit = StructuredUnit::kHead;
-        else if (o->prune_structured != "channel")
-          throw UsageError("[train] --prune-structured takes channel or head, got '" +
-                           o->prune_structured + "'");
-        t.structured.criterion = channel_criterion(o->prune_method).name;
-        t.structured.seed = t.seed;
-      } else {
-        t.prune.criterion = weight_criterion(o->prune_method).name;
-      }
-      if (o->prune_scope == "global")
-        t.prune.scope = PruneScope::kGlobal;
-      else if (o->prune_scope == "local")
-        t.prune.scope = PruneScope::kLocal;
-      else
-        throw UsageError("[train] unknown --prune-scope '" + o->prune_scope + "' (global, local)");
-      parse_flag([&] { parse_prune_pattern(o->prune_pattern, t.prune); });
-      t.structured.scope = t.prune.scope;
-      if (t.prune.pattern != PrunePattern::kUnstructured && t.prune.pattern != PrunePattern::kBlock)
-        t.prune.scope = PruneScope::kLocal;
-      t.prune.seed = t.seed;
-      parse_flag([&] { parse_every(o->every, t); });
-      if (t.schedule == PruneSchedule::kIterative && t.rounds > 0 && t.epochs_per_round > 0)
-        t.epochs = t.rounds * t.epochs_per_round;
-    } else if (!o->prune_method.empty() || !o->prune_amount.empty() ||
-               !o->prune_structured.empty() || t.prune.allow_tied) {
-      throw UsageError(
-          "[train] --prune-method/--prune-amount/--prune-structured/--allow-tied need --schedule "
-          "iterative|agp");
-    }
-
-    // Every flag checked before any work (the trainer checks them again).
-    check_device_flag(t.device);
-    t.optimizer = parse_flag([&] { return parse_optimizer(o->optimizer); });
-    t.precision = parse_flag([&] { return parse_precision(o->precision); });
-    t.lr_schedule = parse_flag([&] { return parse_lr_schedule(o->lr_schedule); });
-    t.loss = o->data.loss_options(t.seed);
-    parse_flag([&] { check_train_options(t); });
+    auto given = [](const std::string& v) {
+      return v.empty() ? std::nullopt : std::optional<std::string>(v);
+    };
+    TrainRequest req;
+    req.options = t;
+    req.options.loss = o->data.loss_options(t.seed);
+    req.schedule = o->schedule;
+    req.prune_criterion = given(o->prune_method);
+    req.prune_amount = given(o->prune_amount);
+    req.prune_structured = given(o->prune_structured);
+    req.prune_scope = o->prune_scope;
+    req.prune_pattern = o->prune_pattern;
+    req.every = o->every;
+    req.optimizer = o->optimizer;
+    req.lr_schedule = o->lr_schedule;
+    req.precision = o->precision;
+    t = req.validate();  // a bad device: exit 1, as where it is checked elsewhere
     configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
     dopt.timeout_s = o->dist_timeout;

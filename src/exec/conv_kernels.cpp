@@ -136,25 +136,22 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   auto channels_last = [&] { return in.contiguous(at::MemoryFormat::ChannelsLast); };
   std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
   for (size_t i = 0; i < 2; ++i)
-    out_shape.push_back(
-        (in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
-            g.strides[i] +
-        1);
+    out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /
+                            g.strides[i] +
+                        1);
   bool fused_add =
       other.defined() && other.sizes() == at::IntArrayRef(out_shape) && onednn::usable(other);
   const bool may_conv =
       st.kernel == ConvState::Kernel::kUndecided || st.kernel == ConvState::Kernel::kConv;
   if (!st.packed.defined() && may_conv)
-    st.packed =
-        onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
+    st.packed = onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
   if (other.defined() && !fused_add) {
     // A broadcasting add: the convolution alone, then the add and the activation.
-    at::Tensor y = onednn::conv2d(channels_last(), st.packed, b, padding, g.strides, g.dilations,
-                                  g.group, {});
+    at::Tensor y =
+        onednn::conv2d(channels_last(), st.packed, b, padding, g.strides, g.dilations, g.group, {});
     return onednn::apply_unfused(y + other, post);
   }
-  at::Tensor other_cl =
-      fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
+  at::Tensor other_cl = fused_add ? other.contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
   auto as_conv = [&] {
     const at::Tensor x = channels_last();
     return fused_add
@@ -172,9 +169,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   const bool pointwise = pointwise_shape && (!fused_add || post.attr == "none");
   int64_t rows = in.size(0) * in.size(2) * in.size(3);
   // The channels-last activation as the [N*H*W, C_in] matrix it already is in memory.
-  auto in_rows = [&] {
-    return channels_last().permute({0, 2, 3, 1}).reshape({rows, in.size(1)});
-  };
+  auto in_rows = [&] { return channels_last().permute({0, 2, 3, 1}).reshape({rows, in.size(1)}); };
   auto as_linear = [&] {
     at::Tensor x2 = in_rows();
     at::Tensor y2 = fused_add ? onednn::linear_add(
@@ -268,9 +263,10 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
 }
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise
-// [-> 1x1 projection] convolutions (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 both ways are timed once
-// on the real input: lopper's one pass over the rows (kernels/cpu/chain.h) and the body layer by
-// layer (each convolution with its own kernel choice); anywhere else the body runs.
+// [-> 1x1 projection] convolutions (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 both
+// ways are timed once on the real input: lopper's one pass over the rows (kernels/cpu/chain.h) and
+// the body layer by layer (each convolution with its own kernel choice); anywhere else the body
+// runs.
 struct ChainState {
   std::shared_ptr<const kernels::cpu::ConvChain> chain;  // null: layer by layer
   bool decided = false;

@@ -39,32 +39,9 @@ inline ir::Node node(const char* op, std::vector<std::string> in, std::vector<st
   return n;
 }
 
-/// An int attribute.
-inline ir::Attribute int_attr(const char* name, int64_t v) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kInt;
-  a.i = v;
-  return a;
-}
-
-/// A float attribute.
-inline ir::Attribute float_attr(const char* name, float v) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kFloat;
-  a.f = v;
-  return a;
-}
-
-/// An ints attribute.
-inline ir::Attribute ints_attr(const char* name, std::vector<int64_t> v) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kInts;
-  a.ints = std::move(v);
-  return a;
-}
+using ir::float_attr;  // attributes of one value (lopper/graph.h)
+using ir::int_attr;
+using ir::ints_attr;
 
 /// A graph input or output: NAME of element type T with DIMS (-1: the symbolic dimension "N");
 /// without a shape at all when !HAS_SHAPE.

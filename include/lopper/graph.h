@@ -105,6 +105,12 @@ struct Attribute {
   std::string raw;  // serialized AttributeProto for sparse-tensor and type-proto attributes
 };
 
+/// An attribute of one int, float or string, or of a list of ints.
+Attribute int_attr(const std::string& name, int64_t v);
+Attribute float_attr(const std::string& name, float v);
+Attribute string_attr(const std::string& name, const std::string& v);
+Attribute ints_attr(const std::string& name, std::vector<int64_t> v);
+
 struct Node {
   std::string name;
   std::string op_type;

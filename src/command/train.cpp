@@ -56,9 +56,10 @@ TrainOptions TrainRequest::validate() const {
       if (*prune_structured == "head")
         t.structured.unit = StructuredUnit::kHead;
       else if (*prune_structured != "channel")
-        throw UsageError("[train] " + opt("structured_schedule") +
-                         " takes channel or head, got '" + *prune_structured + "'");
-      t.structured.criterion = as_usage([&] { return channel_criterion_info(*prune_criterion); }).name;
+        throw UsageError("[train] " + opt("structured_schedule") + " takes channel or head, got '" +
+                         *prune_structured + "'");
+      t.structured.criterion =
+          as_usage([&] { return channel_criterion_info(*prune_criterion); }).name;
       t.structured.seed = t.seed;
     } else {
       t.prune.criterion = as_usage([&] { return weight_criterion_info(*prune_criterion); }).name;

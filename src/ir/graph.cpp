@@ -129,6 +129,41 @@ static void collect_reads(const Node& n, std::vector<std::string>& out) {
   }
 }
 
+namespace {
+
+Attribute attr_of(const std::string& name, AttrType type) {
+  Attribute a;
+  a.name = name;
+  a.type = type;
+  return a;
+}
+
+}  // namespace
+
+Attribute int_attr(const std::string& name, int64_t v) {
+  Attribute a = attr_of(name, AttrType::kInt);
+  a.i = v;
+  return a;
+}
+
+Attribute float_attr(const std::string& name, float v) {
+  Attribute a = attr_of(name, AttrType::kFloat);
+  a.f = v;
+  return a;
+}
+
+Attribute string_attr(const std::string& name, const std::string& v) {
+  Attribute a = attr_of(name, AttrType::kString);
+  a.s = v;
+  return a;
+}
+
+Attribute ints_attr(const std::string& name, std::vector<int64_t> v) {
+  Attribute a = attr_of(name, AttrType::kInts);
+  a.ints = std::move(v);
+  return a;
+}
+
 at::Tensor constant_value(const Node& n) {
   for (const auto& a : n.attrs) {
     if (a.name == "value" && a.type == AttrType::kTensor) return a.t;

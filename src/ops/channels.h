@@ -88,25 +88,32 @@ class ChannelEditor {
 };
 using ChannelEdit = std::function<void(ChannelEditor&)>;
 
-/// What a channel rule sees (the node, static shapes from one run, the tracked inputs) and does.
-class ChannelContext : public AttrReader {
+/// What every rule of the dependency graph sees of a node: its attributes, the model's opset for
+/// its domain, its inputs' static shapes from one run and their tracked axes.
+class RuleContext : public AttrReader {
  public:
   using AttrReader::AttrReader;
-  virtual ~ChannelContext() = default;
+  virtual ~RuleContext() = default;
+
+  virtual int64_t opset() const = 0;
+  virtual size_t num_inputs() const = 0;
+  /// Static shapes seen when the model ran once; empty for a missing input.
+  virtual const std::vector<int64_t>& in_shape(size_t i) const = 0;
+  /// The tracked axis of input i, or nullptr.
+  virtual const Tracked* in(size_t i) const = 0;
+};
+
+/// What a channel rule sees (the node, static shapes from one run, the tracked inputs) and does.
+class ChannelContext : public RuleContext {
+ public:
+  using RuleContext::RuleContext;
 
   /// --structured head: a hidden axis split into [heads, head_dim] follows whole heads (the outer
   /// axis) rather than one head_dim shared by all heads (the inner axis, fewest atoms merged).
   virtual bool whole_heads() const = 0;
-  /// The model's opset for the node's domain.
-  virtual int64_t opset() const = 0;
-  virtual size_t num_inputs() const = 0;
   virtual size_t num_outputs() const = 0;
   virtual bool has_input(size_t i) const = 0;
-  /// Static shapes seen when the model ran once; empty for a missing input.
-  virtual const std::vector<int64_t>& in_shape(size_t i) const = 0;
   virtual const std::vector<int64_t>& out_shape(size_t i) const = 0;
-  /// The tracked axis of input i, or nullptr.
-  virtual const Tracked* in(size_t i) const = 0;
   /// Input i's value when it is constant (initializer, Constant node, a Transpose of either, or
   /// for a shape operand — a Reshape target, Expand shape, Slice bounds, Split sizes ... — a
   /// computation on constants only); undefined otherwise.
@@ -161,15 +168,10 @@ using ChannelRule = std::function<void(ChannelContext&)>;
 /// What a shape-arithmetic rule sees (the node, static shapes from one run, its inputs entry by
 /// entry, the tracked axes): the rule gives its first output's entries, or nothing when it does
 /// not follow them (the dependency graph then sees a value it cannot rewrite).
-class ShapeArithContext : public AttrReader {
+class ShapeArithContext : public RuleContext {
  public:
-  using AttrReader::AttrReader;
-  virtual ~ShapeArithContext() = default;
+  using RuleContext::RuleContext;
 
-  virtual int64_t opset() const = 0;
-  virtual size_t num_inputs() const = 0;
-  /// Static shapes seen when the model ran once; empty for a missing input.
-  virtual const std::vector<int64_t>& in_shape(size_t i) const = 0;
   /// Output o's rank and element count when it was seen (-1 when not, and the count -1 too
   /// when it is no scalar or vector).
   virtual int64_t out_rank(size_t o) const = 0;
@@ -189,8 +191,6 @@ class ShapeArithContext : public AttrReader {
     }
     return v;
   }
-  /// The tracked axis of input i, or nullptr.
-  virtual const Tracked* in(size_t i) const = 0;
   /// The channels input i's value depends on (a size of a tensor whose shape follows channel
   /// counts), or nullptr.
   virtual const std::vector<int64_t>* depends_on(size_t i) const = 0;

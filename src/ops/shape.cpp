@@ -532,11 +532,7 @@ void split_channels(ChannelContext& c) {
     if (as_input) return e.set_constant(1, at::tensor(sizes, at::kLong));
     for (auto& a : attrs)
       if (a.name == "split") return void(a.ints = sizes);
-    ir::Attribute a;
-    a.name = "split";
-    a.type = ir::AttrType::kInts;
-    a.ints = sizes;
-    attrs.push_back(a);
+    attrs.push_back(ir::ints_attr("split", sizes));
   });
 }
 

@@ -9,9 +9,7 @@ bool fuse_batchnorm_activation(ir::Graph& g, int64_t opset) {
   Rewrite r(g, opset);
   for (size_t i = 0; i < r.size(); ++i) {
     const ir::Node& bn = g.nodes[i];
-    if (!r.live(i) || !is(bn, "BatchNormalization") || outputs_used(bn) != 1 ||
-        bn.outputs[0].empty())
-      continue;
+    if (!r.writes_one(i, "BatchNormalization")) continue;
     std::string out = bn.outputs[0];
     std::vector<ir::Attribute> act;
     std::vector<size_t> absorbed;

@@ -44,10 +44,7 @@ bool fuse_channel_shuffle(ir::Graph& g, int64_t opset) {
     }
     std::vector<std::string> inputs{first.inputs[1], last.inputs[1]};
     inputs.insert(inputs.end(), xs.begin(), xs.end());
-    ir::Attribute az;
-    az.name = "allowzero";
-    az.type = ir::AttrType::kInts;
-    az.ints = {allowzero(first), allowzero(last)};
+    const ir::Attribute az = ir::ints_attr("allowzero", {allowzero(first), allowzero(last)});
     ir::Node& shuffle = r.change(i);
     shuffle.domain = "ai.lopper";
     shuffle.op_type = "ChannelShuffle";

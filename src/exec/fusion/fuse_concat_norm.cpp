@@ -10,8 +10,7 @@ bool fuse_concat_norm(ir::Graph& g, int64_t opset) {
   Rewrite r(g, opset);
   for (size_t i = 0; i < r.size(); ++i) {
     const ir::Node& cat = g.nodes[i];
-    if (!r.live(i) || !is(cat, "Concat") || outputs_used(cat) != 1 || cat.outputs[0].empty())
-      continue;
+    if (!r.writes_one(i, "Concat")) continue;
     const ir::Attribute* axis = cat.attr("axis");
     auto n = r.reader(cat.outputs[0]);
     if (!axis || axis->i != 1 || !n) continue;

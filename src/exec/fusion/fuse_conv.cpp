@@ -9,8 +9,7 @@ bool fuse_conv(ir::Graph& g, int64_t opset) {
   Rewrite r(g, opset);
   for (size_t i = 0; i < r.size(); ++i) {
     const ir::Node& conv = g.nodes[i];
-    if (!r.live(i) || !is(conv, "Conv") || outputs_used(conv) != 1 || conv.outputs[0].empty())
-      continue;
+    if (!r.writes_one(i, "Conv")) continue;
     std::string out = conv.outputs[0];
     std::string residual;
     std::vector<ir::Attribute> act;

@@ -15,30 +15,6 @@ int outputs_used(const ir::Node& n) {
   return k;
 }
 
-ir::Attribute string_attr(const std::string& name, const std::string& s) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kString;
-  a.s = s;
-  return a;
-}
-
-ir::Attribute int_attr(const std::string& name, int64_t i) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kInt;
-  a.i = i;
-  return a;
-}
-
-ir::Attribute float_attr(const std::string& name, float f) {
-  ir::Attribute a;
-  a.name = name;
-  a.type = ir::AttrType::kFloat;
-  a.f = f;
-  return a;
-}
-
 std::string other_input(const ir::Node& n, const std::string& v) {
   if (n.inputs.size() != 2) return "";
   return n.inputs[0] == v ? n.inputs[1] : (n.inputs[1] == v ? n.inputs[0] : "");

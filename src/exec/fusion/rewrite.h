@@ -18,9 +18,9 @@ namespace lopper::exec::fusion {
 bool is(const ir::Node& n, const char* op);
 /// How many of its outputs `n` writes (a name left empty is an output not asked for).
 int outputs_used(const ir::Node& n);
-ir::Attribute string_attr(const std::string& name, const std::string& s);
-ir::Attribute int_attr(const std::string& name, int64_t i);
-ir::Attribute float_attr(const std::string& name, float f);
+using ir::float_attr;
+using ir::int_attr;
+using ir::string_attr;
 /// The input of the two-input `n` other than `v`; "" when `n` does not read `v` so.
 std::string other_input(const ir::Node& n, const std::string& v);
 
@@ -38,6 +38,11 @@ class Rewrite {
   size_t size() const { return g.nodes.size(); }
   bool live(size_t i) const { return !removed_[i]; }
 
+  /// Whether node `i` is live, the default domain's `op`, and writes one output, its first.
+  bool writes_one(size_t i, const char* op) const {
+    const ir::Node& n = g.nodes[i];
+    return live(i) && is(n, op) && outputs_used(n) == 1 && !n.outputs[0].empty();
+  }
   /// The live node that makes `v`.
   std::optional<size_t> producer(const std::string& v) const;
   /// That node, when it is the default domain's `op`.

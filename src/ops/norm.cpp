@@ -203,15 +203,26 @@ void instance_norm(OpContext& c) {
   c.set_output(0, y.to(x.scalar_type()));
 }
 
+// What LayerNormalization and RMSNormalization read alike: the type they compute in, the
+// input's rank, the first normalised axis (every axis from it on is normalised) and epsilon.
+struct TrailingNorm {
+  at::ScalarType ct;
+  int64_t rank, axis;
+  double eps;
+  std::vector<int64_t> dims;  // axis .. rank - 1
+};
+
+TrailingNorm read_trailing_norm(OpContext& c, const at::Tensor& x) {
+  TrailingNorm n{stash_type_of(c, x), x.dim(), 0, c.attr_float("epsilon", 1e-5f), {}};
+  c.check(n.rank >= 1, "input must have rank >= 1");
+  n.axis = normalize_axis(c, c.attr_int("axis", -1), n.rank);
+  for (int64_t d = n.axis; d < n.rank; ++d) n.dims.push_back(d);
+  return n;
+}
+
 void layer_norm(OpContext& c) {
   const at::Tensor& x = c.input(0);
-  at::ScalarType ct = stash_type_of(c, x);
-  int64_t rank = x.dim();
-  c.check(rank >= 1, "input must have rank >= 1");
-  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
-  double eps = c.attr_float("epsilon", 1e-5f);
-  std::vector<int64_t> dims;
-  for (int64_t d = axis; d < rank; ++d) dims.push_back(d);
+  const auto [ct, rank, axis, eps, dims] = read_trailing_norm(c, x);
   at::IntArrayRef normalized = x.sizes().slice(axis);
   const at::Tensor& scale = c.input(1);
   at::Tensor bias = c.has_input(2) ? c.input(2) : at::Tensor();
@@ -327,11 +338,7 @@ void rms_norm_rows(const T* x, const T* scale, T* y, int64_t rows, int64_t d, fl
 
 void rms_norm(OpContext& c) {
   const at::Tensor& x = c.input(0);
-  at::ScalarType ct = stash_type_of(c, x);
-  int64_t rank = x.dim();
-  c.check(rank >= 1, "input must have rank >= 1");
-  int64_t axis = normalize_axis(c, c.attr_int("axis", -1), rank);
-  double eps = c.attr_float("epsilon", 1e-5f);
+  const auto [ct, rank, axis, eps, dims] = read_trailing_norm(c, x);
   const at::Tensor& scale = c.input(1);
   const int64_t d = x.size(rank - 1);
   if (axis == rank - 1 && !c.grad_mode() && x.is_cpu() && scale.is_cpu() && ct == at::kFloat &&
@@ -350,8 +357,6 @@ void rms_norm(OpContext& c) {
     c.set_output(0, y);
     return;
   }
-  std::vector<int64_t> dims;
-  for (int64_t d = axis; d < rank; ++d) dims.push_back(d);
   at::Tensor xc = x.to(ct);
   at::Tensor y = xc * at::rsqrt(xc.square().mean(dims, true) + eps);
   c.set_output(0, (y.to(x.scalar_type()) * c.input(1)).to(x.scalar_type()));

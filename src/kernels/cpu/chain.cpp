@@ -78,12 +78,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   ds.x_stride = ds.y_stride = ds.r_stride = m;
   const int64_t oh = ds.oh, ow = ds.ow, k = project_ ? project_->k : m;
   at::Tensor y = at::empty({n, k, oh, ow}, x.options().memory_format(kCl));
-  at::Tensor r;
-  if (residual.defined()) {
-    LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
-                 ", the output ", y.sizes());
-    r = channels_last_layout(residual.to(at::kFloat));
-  }
+  const at::Tensor r = residual_for(residual, y);
   if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   ConvShape es;                  // one input row through the expansion
   es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;

@@ -231,12 +231,7 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, A
   // A planar input stays planar: the kernel reads the planes (ConvShape::c_stride) one image at a
   // time. The dense kernel reads the input unpadded (the tiles at the border gather their windows).
   if (planar) s.x_stride = 1, s.c_stride = s.h * s.w;
-  at::Tensor r;
-  if (residual.defined()) {
-    LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
-                 ", the output ", y.sizes());
-    r = channels_last_layout(residual.to(at::kFloat));
-  }
+  const at::Tensor r = residual_for(residual, y);
   if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;

@@ -562,6 +562,13 @@ at::Tensor standard_layout(const at::Tensor& x, Isa isa) {
   return y;
 }
 
+at::Tensor residual_for(const at::Tensor& residual, const at::Tensor& y) {
+  if (!residual.defined()) return {};
+  LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
+               ", the output ", y.sizes());
+  return channels_last_layout(residual.to(at::kFloat));
+}
+
 at::Tensor channels_last_layout(const at::Tensor& x, Isa isa) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   if (x.is_contiguous(kCl)) return x;

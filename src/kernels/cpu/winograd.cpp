@@ -93,12 +93,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   LOPPER_CHECK(s.oh > 0 && s.ow > 0, "[kernels] the convolution's kernel reaches past its ",
                "padded input ", x.sizes());
   at::Tensor y = at::empty({s.n, s.k, s.oh, s.ow}, x.options().memory_format(kCl));
-  at::Tensor r;
-  if (residual.defined()) {
-    LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
-                 ", the output ", y.sizes());
-    r = channels_last_layout(residual.to(at::kFloat));
-  }
+  const at::Tensor r = residual_for(residual, y);
   if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const float* xp = x.data_ptr<float>();

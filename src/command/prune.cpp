@@ -48,8 +48,6 @@ void check_one_shot(const char* op, const std::string& whose, const std::string&
 
 namespace {
 
-#define OPT(name) LOPPER_OPTION(name)
-
 using command::as_usage;
 using command::opt;
 
@@ -77,11 +75,11 @@ PruneJob PruneRequest::validate() const {
         {"owl_m", owl_m.has_value()}};
     for (const auto& [name, given] : per_layer)
       if (given)
-        throw UsageError("[prune] " OPT("recipe") " sets each layer's pruning: drop " + opt(name) +
-                         " (put it in the recipe)");
+        throw UsageError("[prune] " + opt("recipe") + " sets each layer's pruning: drop " +
+                         opt(name) + " (put it in the recipe)");
     if (scope && *scope != "local")
-      throw UsageError("[prune] " OPT("recipe") " prunes layer by layer: " OPT("scope") " " +
-                       *scope + " does not go with it");
+      throw UsageError("[prune] " + opt("recipe") + " prunes layer by layer: " + opt("scope") +
+                       " " + *scope + " does not go with it");
     job.recipe = recipe();
     if (job.recipe->has_defaults) note(job.recipe->defaults);
     for (const auto& r : job.recipe->rules)
@@ -89,8 +87,8 @@ PruneJob PruneRequest::validate() const {
     job.reads_inputs = reads_layer_inputs(*job.recipe);
   } else {
     if (!criterion)
-      throw UsageError("[prune] needs " OPT("criterion") " (methods: " +
-                       criterion_names(weight_criteria()) + ") or " OPT("recipe"));
+      throw UsageError("[prune] needs " + opt("criterion") + " (methods: " +
+                       criterion_names(weight_criteria()) + ") or " + opt("recipe"));
     PruneOptions o;
     o.criterion = *criterion;
     const CriterionInfo c = criterion_of(o.criterion);
@@ -99,18 +97,20 @@ PruneJob PruneRequest::validate() const {
     const std::string method = opt("criterion") + " " + c.name;
     if (c.takes_threshold) {
       if (!threshold)
-        throw UsageError("[prune] " + method + " needs " OPT("threshold") " (it removes |w| < T)");
+        throw UsageError("[prune] " + method + " needs " + opt("threshold") +
+                         " (it removes |w| < T)");
       if (amount)
-        throw UsageError("[prune] " + method + " takes " OPT("threshold") ", not " OPT("amount"));
+        throw UsageError("[prune] " + method + " takes " + opt("threshold") + ", not " +
+                         opt("amount"));
       o.threshold = *threshold;
     } else {
       if (threshold)
-        throw UsageError("[prune] " OPT("threshold") " is for " OPT("criterion") " abs; " + method +
-                         " takes " OPT("amount"));
+        throw UsageError("[prune] " + opt("threshold") + " is for " + opt("criterion") + " abs; " +
+                         method + " takes " + opt("amount"));
       if (o.pattern != PrunePattern::kNM) {
         if (!amount)
-          throw UsageError("[prune] " + method +
-                           " needs " OPT("amount") " (a fraction in [0, 1] or a count)");
+          throw UsageError("[prune] " + method + " needs " + opt("amount") +
+                           " (a fraction in [0, 1] or a count)");
         o.amount = *amount;
       }
     }
@@ -125,11 +125,10 @@ PruneJob PruneRequest::validate() const {
     if (owl_m) o.owl.m = *owl_m;
     as_usage([&] { check_prune_options(o); });
     if (o.pattern == PrunePattern::kNM && amount)
-      throw UsageError("[prune] N:M keeps N of every M weights: drop " OPT("amount"));
+      throw UsageError("[prune] N:M keeps N of every M weights: drop " + opt("amount"));
     if (owl_lambda && !data)
-      throw UsageError(
-          "[prune] OWL weighs each block by its outlier activations: give " OPT("data") +
-          data_hint);
+      throw UsageError("[prune] OWL weighs each block by its outlier activations: give " +
+                       opt("data") + data_hint);
     note(o);
     job.reads_inputs = reads_layer_inputs(o);
     job.options = std::move(o);
@@ -137,16 +136,17 @@ PruneJob PruneRequest::validate() const {
   job.needs_data = !job.data_method.empty() || job.reads_inputs;
   if (!job.data_method.empty() && !data) {
     throw UsageError("[prune] " + job.data_method + " ranks weights " +
-                     criterion_of(job.data_method).data_needed + " on data: give " OPT("data") +
+                     criterion_of(job.data_method).data_needed + " on data: give " + opt("data") +
                      data_hint);
   }
   if (!job.needs_data)
     command::refuse_data_options(data_options, report, offers_report, weight_criteria());
   if (one_pass && !job.reads_inputs)
-    throw UsageError(
-        "[prune] " OPT("one_pass") " is for " OPT("criterion") " wanda and sparsegpt (and OWL)");
+    throw UsageError("[prune] " + opt("one_pass") + " is for " + opt("criterion") +
+                     " wanda and sparsegpt (and OWL)");
   if (batches && *batches < 1)
-    throw UsageError("[prune] " OPT("batches") " must be >= 1, got " + std::to_string(*batches));
+    throw UsageError("[prune] " + opt("batches") + " must be >= 1, got " +
+                     std::to_string(*batches));
   return job;
 }
 

@@ -72,6 +72,10 @@ struct PruneRequest {
   /// What follows "give data" in the front end's words (the CLI: " SPEC (e.g. --data
   /// fashion-mnist)").
   std::string data_hint;
+  /// Options of the other workflows given with this one (a front end that takes them all in one
+  /// command, as the CLI's prune does; library names): each is refused, naming its workflow.
+  std::vector<std::string> structured_options;  // max_layer_amount, round_to, input_shapes
+  std::vector<std::string> target_options;      // sensitivity; eval_batches without the report
 
   /// Every rule between the options; throws UsageError naming the first one broken.
   PruneJob validate() const;
@@ -107,6 +111,7 @@ struct StructuredRequest {
   std::vector<std::string> data_options;  // as PruneRequest's
   bool offers_report = false, report = false;
   std::string data_hint;
+  std::vector<std::string> target_options;  // as PruneRequest's
 
   StructuredJob validate() const;
 };

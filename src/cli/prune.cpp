@@ -306,13 +306,10 @@ Action add_prune(CLI::App& app) {
       req.data_hint = " SPEC (e.g. --data tokens:ids.npy)";
       return run_target(*o, validated(req));
     }
-    if (sens->count() > 0)
-      throw UsageError("[prune] --sensitivity is for --target-macs/-params/-latency-ms");
-    if (eval_batches->count() > 0 && report->count() == 0)
-      throw UsageError(
-          "[prune] --eval-batches is for --target-macs/-params/-latency-ms and "
-          "--report");
-    // What lopper's data options are called, as given.
+    // The options of a target, and what lopper's data options are called, as given.
+    std::vector<std::string> target_given;
+    for (const auto* opt : {sens, eval_batches})
+      if (opt->count() > 0) target_given.push_back(library_name(*opt));
     std::vector<std::string> data_given;
     if (data->count() > 0) data_given.push_back("data");
     for (const auto* opt : data_opts)
@@ -338,11 +335,13 @@ Action add_prune(CLI::App& app) {
       req.offers_report = true;
       req.report = report->count() > 0;
       req.data_hint = " SPEC (e.g. --data fashion-mnist)";
+      req.target_options = target_given;
       return run_structured(*o, validated(req));
     }
-    for (const auto* opt : {mla, round_to, shape})
-      if (opt->count() > 0) throw UsageError("[prune] " + opt->get_name() + " is for --structured");
     PruneRequest req;
+    req.target_options = target_given;
+    for (const auto* opt : {mla, round_to, shape})
+      if (opt->count() > 0) req.structured_options.push_back(library_name(*opt));
     if (method->count() > 0) req.criterion = o->method;
     if (amount->count() > 0) req.amount = parse_flag([&] { return PruneAmount::parse(o->amount); });
     if (th->count() > 0) req.threshold = o->threshold;

@@ -28,6 +28,15 @@ void refuse_data_options(const std::vector<std::string>& given, bool report, boo
           (offers_report && name != "batches" ? " (or " + opt("report") + "'s accuracy)" : ""));
 }
 
+void refuse_target_options(const std::vector<std::string>& given, bool report) {
+  const std::string targets =
+      opt("target_macs") + "/" + opt("target_params") + "/" + opt("target_latency_ms");
+  for (const std::string& name : given)
+    if (name != "eval_batches" || !report)
+      throw UsageError("[prune] " + opt(name) + " is for " + targets +
+                       (name == "eval_batches" ? " and " + opt("report") : std::string()));
+}
+
 void check_one_shot(const char* op, const std::string& whose, const std::string& criterion,
                     bool reads_inputs, const std::optional<int64_t>& batches, bool block_size,
                     bool dampening) {
@@ -58,6 +67,9 @@ CriterionInfo criterion_of(const std::string& name) {
 }  // namespace
 
 PruneJob PruneRequest::validate() const {
+  command::refuse_target_options(target_options, report);
+  for (const std::string& name : structured_options)
+    throw UsageError("[prune] " + opt(name) + " is for " + opt("structured"));
   PruneJob job;
   auto note = [&](const PruneLayerOptions& l) {
     const CriterionInfo c = criterion_of(l.criterion);

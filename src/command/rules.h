@@ -42,6 +42,10 @@ PruneScope scope_of(const std::optional<std::string>& scope);
 void refuse_data_options(const std::vector<std::string>& given, bool report, bool offers_report,
                          const std::vector<CriterionInfo>& criteria);
 
+/// Refuses each option of pruning to a target given without a target (library names):
+/// `sensitivity`, and `eval_batches` unless a report reads them (`report`).
+void refuse_target_options(const std::vector<std::string>& given, bool report);
+
 /// The one-shot options of a sweep or a target (`whose`: "a target with " or ""): `batches` for
 /// the criteria that read the layers' inputs (at least 1), `block_size` and `dampening` for
 /// sparsegpt; `op` names the place ("prune").

@@ -11,6 +11,7 @@
 namespace lopper {
 
 StructuredJob StructuredRequest::validate() const {
+  command::refuse_target_options(target_options, report);
   using command::opt;
   for (const std::string& name : unstructured_options)
     throw UsageError("[prune] " + opt(name) + " is for unstructured pruning, not " +

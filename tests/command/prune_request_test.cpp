@@ -113,6 +113,27 @@ TEST(PruneRequest, RefusesWhatDoesNotGoTogether) {
   }
 }
 
+// The options of the other workflows, given where one command takes them all (the CLI's prune):
+// each refused, naming the workflow it is for; the report reads eval_batches.
+TEST(PruneRequest, RefusesTheOptionsOfOtherWorkflows) {
+  PruneRequest r = l1(0.5);
+  r.structured_options = {"round_to"};
+  EXPECT_EQ(refusal(r, flag), "[prune] --round_to is for --structured");  // flag(): no dashes
+  r.structured_options.clear();
+  r.target_options = {"sensitivity"};
+  EXPECT_EQ(refusal(r), "[prune] sensitivity is for target_macs/target_params/target_latency_ms");
+  r.target_options = {"eval_batches"};
+  EXPECT_EQ(refusal(r),
+            "[prune] eval_batches is for target_macs/target_params/target_latency_ms and report");
+  r.report = true;  // --report's accuracy is measured on that many batches
+  EXPECT_EQ(refusal(r), "(accepted)");
+  StructuredRequest s;
+  s.amount = PruneAmount{0.5, false};
+  s.target_options = {"sensitivity"};
+  EXPECT_EQ(refusal_of(s),
+            "[prune] sensitivity is for target_macs/target_params/target_latency_ms");
+}
+
 TEST(PruneRequest, TheReportMayReadTheDataButNotItsBatchCount) {
   PruneRequest r = l1(0.5);
   r.data = true;

@@ -4,8 +4,8 @@
 // overhang the input. All of them are turned into one explicit padding of the input (pads that
 // count as padding, then "ceil" padding that never counts), after which every window lies inside
 // the padded tensor and ATen's pooling runs with zero padding and floor mode. (The channels-last
-// float32 MaxPool of inference, and MaxPool on a GPU, take the geometry as it is: their kernels
-// skip taps outside the input.)
+// float32 MaxPool of inference, and MaxPool on a GPU, take the geometry as it is: their kernels,
+// chosen in exec/pool_kernels.cpp, skip taps outside the input.)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -14,8 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/pool.h"
-#include "kernels/cuda/library.h"
+#include "exec/pool_kernels.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -205,24 +204,9 @@ void max_pool(OpContext& c) {
   c.check(x.scalar_type() != at::kBool, "bool input is not supported");
   at::Tensor xf = x.to(float_type(x));
   std::vector<int64_t> ap;
-  // NOTE: lopper's NHWC kernel checks each tap against the input, so it takes any padding,
-  // symmetric or not, and ceil mode's overhang (ResNet's 3x3/2 pool of a 112-pixel image drops its
-  // end padding: ATen would pad a copy first and compute the argmax too, 10x the time).
-  if (!c.wants_output(1) && g.nd == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
-      c.prepack() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    c.set_output(
-        0, kernels::cpu::max_pool2d_nhwc(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
-    return;
-  }
-  // The same on a GPU, NCHW or NHWC, fp32/fp16/bf16 (ATen's writes int64 indices too); it has no
-  // backward, so not under autograd.
-  if (!c.wants_output(1) && !c.grad_mode() && g.nd == 2 && x.is_cuda()) {
-    const kernels::cuda::Library& lib = kernels::cuda::need_library();
-    if (lib.max_pool2d_fits(x)) {
-      c.set_output(0, lib.max_pool2d(x, g.kernel, g.strides, g.pad_begin, g.dilations, g.out));
-      return;
-    }
-  }
+  if (!c.wants_output(1) && g.nd == 2)
+    if (auto y = max_pool2d_by_kernel(c, x, {g.kernel, g.strides, g.pad_begin, g.dilations, g.out}))
+      return c.set_output(0, *y);
   if (!c.wants_output(1) && aten_pads(g, ap)) {
     at::Tensor y;
     if (g.nd == 1)
@@ -328,9 +312,7 @@ void global_average_pool(OpContext& c) {
   const at::Tensor& x = c.input(0);
   c.check(x.is_floating_point(), "input must be a floating-point tensor");
   auto d = spatial_dims(c, x);
-  if (x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
-      x.numel() > 0 && x.is_contiguous(at::MemoryFormat::ChannelsLast))
-    return c.set_output(0, kernels::cpu::mean_over_pixels_nhwc(x));
+  if (auto y = mean_over_pixels_by_kernel(c, x)) return c.set_output(0, *y);
   c.set_output(0, d.empty() ? x : x.mean(d, true));
 }
 

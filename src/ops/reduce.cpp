@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/cpu/pool.h"
+#include "exec/pool_kernels.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -178,13 +178,9 @@ void add_reduce(OpTable& t, const char* name, Reduce kind, int64_t axes_input_fr
            // x.mean([2, 3]) before the classifier): one pass, channels innermost.
            std::vector<int64_t> sorted = dims;
            std::sort(sorted.begin(), sorted.end());
-           if (kind == Reduce::kMean && c.prepack() && rank == 4 &&
-               sorted == std::vector<int64_t>{2, 3} && x.scalar_type() == at::kFloat &&
-               x.device().is_cpu() && x.numel() > 0 &&
-               x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-             const at::Tensor y = kernels::cpu::mean_over_pixels_nhwc(x);
-             return c.set_output(0, keep ? y : y.view({x.size(0), x.size(1)}));
-           }
+           if (kind == Reduce::kMean && sorted == std::vector<int64_t>{2, 3})
+             if (auto y = mean_over_pixels_by_kernel(c, x))
+               return c.set_output(0, keep ? *y : y->view({x.size(0), x.size(1)}));
            c.set_output(0, reduce_dims(kind, x, dims, keep));
          }});
 }

@@ -485,25 +485,17 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
 }
 
 void target_html(const Target& t, const std::string& path) {
-  HtmlReport rep("prune", "Pruning " + t.name, t.command);
-  std::vector<std::string> warnings;
-  {
-    py::gil_scoped_release nogil;
-    ReportMeasure how;
-    how.device = t.device;
-    how.shapes = t.shapes;
-    auto [mb, ma] = measure_before_after(*t.model_before, *t.model_after, t.before, t.after, how,
-                                         t.file_bytes, warnings);
-    if (t.sens && t.measured) {
-      const std::string data = "the data, the sweep's own batches";
-      if (t.base)
-        set_accuracy(mb, t.base->top1, t.base->loss, t.base->samples, data);
-      else
-        set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
-      set_accuracy(ma, t.measured->top1, t.measured->loss, t.measured->samples, data);
-    }
-    rep.add_model(mb, t.before);
-    rep.add_model(ma, t.after);
+  PageParts parts;
+  parts.accuracy = [&](ReportModel& mb, ReportModel& ma) {
+    if (!t.sens || !t.measured) return;
+    const std::string data = "the data, the sweep's own batches";
+    if (t.base)
+      set_accuracy(mb, t.base->top1, t.base->loss, t.base->samples, data);
+    else
+      set_accuracy(mb, t.sens->r.top1, t.sens->r.loss, t.sens->r.samples, data);
+    set_accuracy(ma, t.measured->top1, t.measured->loss, t.measured->samples, data);
+  };
+  parts.sections = [&](HtmlReport& rep, const ReportModel& mb, const ReportModel& ma) {
     if (mb.top1 >= 0 && t.before.nonzero > 0) {
       const std::string x = "share of the nonzero parameters removed", y = "top-1";
       const std::string intro =
@@ -520,9 +512,8 @@ void target_html(const Target& t, const std::string& path) {
     for (const auto& u : t.r.units) chosen.emplace_back(u.label(), u.amount);
     rep.add_target(target_json(t)["target"], chosen);
     if (t.sens) rep.add_sensitivity(t.sens->r);
-  }
-  for (const auto& w : warnings) warn("[prune] " + w);
-  write_page(rep, path);
+  };
+  write_pruning_page(t, parts, path);
 }
 
 py::object optional_float(bool has, double v) {

@@ -239,8 +239,7 @@ std::pair<ReportModel, ReportModel> measure_before_after(
   return {std::move(mb), std::move(ma)};
 }
 
-void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& notes,
-                        const std::string& path) {
+void write_pruning_page(const PrunedExport& e, const PageParts& parts, const std::string& path) {
   HtmlReport rep("prune", "Pruning " + e.name, e.command);
   std::vector<std::string> warnings;
   {
@@ -250,12 +249,22 @@ void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& n
     how.shapes = e.shapes;
     auto [mb, ma] = measure_before_after(*e.model_before, *e.model_after, e.before, e.after, how,
                                          e.file_bytes, warnings);
+    if (parts.accuracy) parts.accuracy(mb, ma);
     rep.add_model(mb, e.before);
     rep.add_model(ma, e.after);
-    for (const auto& n : notes) rep.add_note(n);
+    if (parts.sections) parts.sections(rep, mb, ma);
   }
   for (const auto& w : warnings) warn("[prune] " + w);
   write_page(rep, path);
+}
+
+void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& notes,
+                        const std::string& path) {
+  PageParts parts;
+  parts.sections = [&](HtmlReport& rep, const ReportModel&, const ReportModel&) {
+    for (const auto& n : notes) rep.add_note(n);
+  };
+  write_pruning_page(e, parts, path);
 }
 
 void write_page(const HtmlReport& rep, const std::string& path) {

@@ -106,9 +106,19 @@ struct PrunedExport {
   int64_t file_bytes = 0;  // the unpruned export's
 };
 
+/// What a pruning page adds to its two columns (both called without the GIL): `accuracy` may set
+/// the columns' accuracy before they are added, `sections` adds the page's own sections after.
+struct PageParts {
+  std::function<void(ReportModel& before, ReportModel& after)> accuracy;
+  std::function<void(HtmlReport& page, const ReportModel& before, const ReportModel& after)>
+      sections;
+};
+
 /// Writes the page `lopper prune ... --report FILE` writes for `e` (the module before and after,
-/// measured now) with `notes`, to `path` (write_page); latency warnings are issued as Python
+/// measured now) with `parts`, to `path` (write_page); latency warnings are issued as Python
 /// warnings.
+void write_pruning_page(const PrunedExport& e, const PageParts& parts, const std::string& path);
+/// The same with `notes` as its sections.
 void write_pruning_page(const PrunedExport& e, const std::vector<std::string>& notes,
                         const std::string& path);
 

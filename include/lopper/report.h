@@ -46,6 +46,9 @@ nlohmann::json to_json(const TrainResult& r);
 /// top1, top5, loss, loss_kind, samples (per class: see EvalResult; language models: tokens,
 /// perplexity).
 nlohmann::json to_json(const EvalResult& r);
+/// Puts the costs of a model before and after into a report: params_before, params, macs_before,
+/// macs.
+void put_costs(nlohmann::json& j, const ModelCost& before, const ModelCost& after);
 
 // --- Text: the tables the CLI prints. ----------------------------------------------------------
 

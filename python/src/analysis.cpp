@@ -289,10 +289,7 @@ nlohmann::json target_json(const Target& t) {
     j["target"]["loss"]["top1_measured"] = t.measured->top1;
   }
   j["structured"] = t.structured;
-  j["params_before"] = t.before.params;
-  j["params"] = t.after.params;
-  j["macs_before"] = t.before.macs;
-  j["macs"] = t.after.macs;
+  put_costs(j, t.before, t.after);
   j["nonzero_before"] = t.before.nonzero;
   j["nonzero"] = t.after.nonzero;
   return j;

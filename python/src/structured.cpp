@@ -59,10 +59,7 @@ nlohmann::json to_json(const StructuredPruneReport& s) {
   j["structured"] = s.unit;
   j["method"] = s.method;
   j["scope"] = s.scope;
-  j["params_before"] = s.before.params;
-  j["params"] = s.after.params;
-  j["macs_before"] = s.before.macs;
-  j["macs"] = s.after.macs;
+  put_costs(j, s.before, s.after);
   return j;
 }
 

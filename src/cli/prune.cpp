@@ -140,10 +140,7 @@ void write_html_report(OutputFiles& files, const Opts& o, const ir::Model& after
 // The report's model costs before and after (a model that shrinks, or a target).
 void put_costs(nlohmann::json& j, const Opts& o, const OutputFiles& files, const ir::Model& input,
                const ModelCost& before, const ModelCost& after) {
-  j["params_before"] = before.params;
-  j["params"] = after.params;
-  j["macs_before"] = before.macs;
-  j["macs"] = after.macs;
+  lopper::put_costs(j, before, after);
   j["file_bytes_before"] = model_file_bytes(o.model, input);
   j["file_bytes_after"] = staged_model_bytes(files, o.out);
 }

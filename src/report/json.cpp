@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "lopper/analysis.h"
 #include "lopper/prune.h"
 #include "lopper/report.h"
 #include "lopper/structured.h"
@@ -114,6 +115,13 @@ nlohmann::json to_json(const TrainResult& r) {
                            {"skipped_steps", e.skipped_steps}});
   j["notes"] = r.notes;
   return j;
+}
+
+void put_costs(nlohmann::json& j, const ModelCost& before, const ModelCost& after) {
+  j["params_before"] = before.params;
+  j["params"] = after.params;
+  j["macs_before"] = before.macs;
+  j["macs"] = after.macs;
 }
 
 nlohmann::json to_json(const EvalResult& r) {

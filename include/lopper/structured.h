@@ -94,6 +94,18 @@ CriterionInfo channel_criterion_info(const std::string& name);
 /// Every criterion that ranks channels, in the table's order.
 std::vector<CriterionInfo> channel_criteria();
 
+/// The structured options a sweep or a target implies (`o`: SensitivityOptions, TargetOptions):
+/// the criterion that ranks channels, the rounding, the analysis shapes and the axes kept whole.
+template <typename Options>
+StructuredOptions structured_options_of(const Options& o) {
+  StructuredOptions so;
+  so.criterion = o.criterion;
+  so.round_to = o.round_to;
+  so.input_shapes = o.input_shapes;
+  so.fixed = o.fixed;
+  return so;
+}
+
 /// Throws lopper::Error naming the first option out of range (what prune_structured() checks
 /// before it looks at the model).
 void check_structured_options(const StructuredOptions& opts);

@@ -253,13 +253,9 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   SensitivityResult r;
   r.unit = "channel";
   r.method = o.criterion;
-  StructuredOptions so;
-  so.criterion = o.criterion;
-  so.round_to = o.round_to;
+  StructuredOptions so = structured_options_of(o);
   so.seed = o.seed;
   so.exclude = o.exclude;
-  so.input_shapes = o.input_shapes;
-  so.fixed = o.fixed;
   const auto shapes = resolve_input_shapes(model, o.input_shapes, 1);
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);

@@ -38,16 +38,6 @@ bool reads_inputs(const importance::Criterion& c) {
   return c.needs == importance::Needs::kActivations;
 }
 
-// The structured options a target implies (criterion, rounding, analysis shapes).
-StructuredOptions structured_options(const TargetOptions& o) {
-  StructuredOptions so;
-  so.criterion = o.criterion;
-  so.round_to = o.round_to;
-  so.input_shapes = o.input_shapes;
-  so.fixed = o.fixed;
-  return so;
-}
-
 }  // namespace
 
 SensitivityOptions sensitivity_options(const TargetOptions& o) {
@@ -78,7 +68,7 @@ ir::Model apply(const ir::Model& model, const TargetOptions& o,
     bool any = false;
     for (const auto& [g, a] : groups) any |= a > 0;
     if (!any) return m;
-    StructuredOptions so = structured_options(o);
+    StructuredOptions so = structured_options_of(o);
     for (const auto& [g, a] : groups)
       if (a > 0) so.group_amounts[g] = a;
     prune_structured(m, so);
@@ -233,7 +223,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
   StructuredReport groups;
   std::unordered_map<std::string, PrunableWeight> weights;
   if (o.structured) {
-    groups = channel_groups(model, structured_options(o));
+    groups = channel_groups(model, structured_options_of(o));
     for (const auto& l : s.layers) {
       const bool ok = l.group >= 0 && size_t(l.group) < groups.groups.size() &&
                       groups.groups[size_t(l.group)].layers == l.layers &&
@@ -433,7 +423,7 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
   LayerFilter exclude(o.exclude);
   if (o.structured) {
     r.estimator = "global channel ranking";
-    StructuredOptions so = structured_options(o);
+    StructuredOptions so = structured_options_of(o);
     so.exclude = o.exclude;
     so.scope = PruneScope::kGlobal;
     // The model pruned at global amount a, and what was removed.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lopper/data.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
 #include "lopper/npy.h"
@@ -124,6 +125,16 @@ inline std::string random_npy_data(const TempDir& tmp, int64_t n, uint64_t seed)
   save_npy(at::rand({n, 1, 28, 28}), tmp / "x.npy");
   save_npy(at::randint(0, 10, {n}, at::kLong), tmp / "y.npy");
   return "npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy");
+}
+
+/// Token ids `ids` saved under tmp, read as a language model's batches of `batch` rows, in order.
+inline DataLoader token_loader(const TempDir& tmp, const at::Tensor& ids, int64_t batch = 2) {
+  const std::string path = tmp / "ids.npy";
+  save_npy(ids, path);
+  LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = false;
+  return DataLoader(open_dataset("tokens:" + path), lo);
 }
 
 // A model tests/fixtures/make_models.py exported, with PyTorch's inputs and outputs for it.

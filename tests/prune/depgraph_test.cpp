@@ -334,15 +334,9 @@ TEST(DepGraph, FlattenMapsAChannelToABlockOfGemmColumns) {
   expect_runs_as(pruned, zeroed(n.m, {"w1", "b1"}, 0, low), {2, 2, 4, 4}, {2, 10});
 }
 
-// Self-attention, 4 heads of 8: Q/K/V MatMul -> Reshape [1,3,4,8] (one shared target) ->
-// Transpose -> MatMul -> Softmax -> MatMul -> Transpose -> Reshape [1,3,32] -> MatMul.
-static Net attention(const Ints& low_cols) {
-  at::manual_seed(8);
-  Net n({1, 3, 32});
-  for (const char* w : {"wq", "wk", "wv"}) n.init(w, scaled(at::randn({32, 32}), 1, low_cols));
-  n.init("wo", scaled(at::randn({32, 32}), 0, low_cols));
-  n.init("hs", longs({1, 3, 4, 8}));
-  n.init("os", longs({1, 3, 32}));
+// The heads of self-attention on x by wq, wk, wv: each projection reshaped by "hs" into heads,
+// the scores' softmax, the context back as "ct" [batch, sequence, heads, head_dim].
+static void attention_heads(Net& n) {
   for (std::string p : {"q", "k", "v"}) {
     n.op("MatMul", {"x", "w" + p}, {p});
     n.op("Reshape", {p, "hs"}, {p + "r"});
@@ -354,6 +348,18 @@ static Net attention(const Ints& low_cols) {
   n.op("Softmax", {"sc"}, {"p"}, {attr("axis", int64_t(-1))});
   n.op("MatMul", {"p", "vt"}, {"ctx"});
   n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
+}
+
+// Self-attention, 4 heads of 8: Q/K/V MatMul -> Reshape [1,3,4,8] (one shared target) ->
+// Transpose -> MatMul -> Softmax -> MatMul -> Transpose -> Reshape [1,3,32] -> MatMul.
+static Net attention(const Ints& low_cols) {
+  at::manual_seed(8);
+  Net n({1, 3, 32});
+  for (const char* w : {"wq", "wk", "wv"}) n.init(w, scaled(at::randn({32, 32}), 1, low_cols));
+  n.init("wo", scaled(at::randn({32, 32}), 0, low_cols));
+  n.init("hs", longs({1, 3, 4, 8}));
+  n.init("os", longs({1, 3, 32}));
+  attention_heads(n);
   n.op("Reshape", {"ct", "os"}, {"o"});
   n.op("MatMul", {"o", "wo"}, {"y"});
   return n;
@@ -560,17 +566,7 @@ static Net dynamic_attention(const Ints& low_cols) {
   size_of(n, "x", 0, "b");
   size_of(n, "x", 1, "s");
   n.op("Concat", {"b", "s", "minus1", "hd"}, {"hs"}, {attr("axis", int64_t(0))});
-  for (std::string p : {"q", "k", "v"}) {
-    n.op("MatMul", {"x", "w" + p}, {p});
-    n.op("Reshape", {p, "hs"}, {p + "r"});
-  }
-  n.op("Transpose", {"qr"}, {"qt"}, {attr("perm", Ints{0, 2, 1, 3})});
-  n.op("Transpose", {"kr"}, {"kt"}, {attr("perm", Ints{0, 2, 3, 1})});
-  n.op("Transpose", {"vr"}, {"vt"}, {attr("perm", Ints{0, 2, 1, 3})});
-  n.op("MatMul", {"qt", "kt"}, {"sc"});
-  n.op("Softmax", {"sc"}, {"p"}, {attr("axis", int64_t(-1))});
-  n.op("MatMul", {"p", "vt"}, {"ctx"});
-  n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
+  attention_heads(n);
   n.init("two", longs({2}).reshape({}));
   n.init("three", longs({3}).reshape({}));
   n.op("Shape", {"ct"}, {"cts"});

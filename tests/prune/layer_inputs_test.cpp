@@ -12,6 +12,7 @@
 #include "lopper/npy.h"
 #include "lopper/onnx_io.h"
 #include "lopper/prune.h"
+#include "test_models.h"
 #include "test_util.h"
 
 using namespace lopper;
@@ -92,12 +93,7 @@ TEST(LayerInputs, LanguageModelCountsTokens) {
   test::TempDir tmp;
   at::manual_seed(9);
   at::Tensor ids = at::randint(0, 100, {4, 16}, at::kLong);
-  const std::string path = tmp / "ids.npy";
-  save_npy(ids, path);
-  LoaderOptions lo;
-  lo.batch_size = 2;
-  lo.shuffle = false;
-  DataLoader loader(open_dataset("tokens:" + path), lo);
+  DataLoader loader = test::token_loader(tmp, ids);
   auto stats = collect_layer_inputs(m, loader, LayerInputOptions{});
   ASSERT_FALSE(stats.empty());
   for (const auto& pw : prunable_weights(m.graph)) {
@@ -116,11 +112,7 @@ TEST(LayerInputs, LayersOfOneInputShareTheirSums) {
   ir::Model m = onnx::load_model(test::fixture("llama.dynamo.onnx"));
   test::TempDir tmp;
   at::manual_seed(10);
-  save_npy(at::randint(1, 100, {4, 16}, at::kLong), tmp / "ids.npy");
-  LoaderOptions lo;
-  lo.batch_size = 2;
-  lo.shuffle = false;
-  DataLoader loader(open_dataset("tokens:" + (tmp / "ids.npy")), lo);
+  DataLoader loader = test::token_loader(tmp, at::randint(1, 100, {4, 16}, at::kLong));
   LayerInputOptions o;
   o.gram = true;
   const auto all = collect_layer_inputs(m, loader, o);

@@ -13,6 +13,7 @@
 #include "prune/layer_inputs.h"
 #include "prune/masks.h"
 #include "prune/sparsegpt.h"
+#include "test_models.h"
 #include "test_util.h"
 
 using namespace lopper;
@@ -201,11 +202,7 @@ TEST(PruneCalibrated, OwlSpreadsTheAmountOverTheBlocks) {
   ir::Model m = onnx::load_model(test::fixture("llama.dynamo.onnx"));
   test::TempDir tmp;
   at::manual_seed(5);
-  save_npy(at::randint(1, 100, {8, 16}, at::kLong), tmp / "ids.npy");
-  LoaderOptions lo;
-  lo.batch_size = 2;
-  lo.shuffle = false;
-  DataLoader loader(open_dataset("tokens:" + (tmp / "ids.npy")), lo);
+  DataLoader loader = test::token_loader(tmp, at::randint(1, 100, {8, 16}, at::kLong));
   PruneOptions po;
   po.criterion = "wanda";
   po.amount = PruneAmount{0.5, false};

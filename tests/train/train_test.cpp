@@ -35,6 +35,20 @@ std::unique_ptr<DataLoader> loader(const std::string& spec, int64_t batch = 4) {
   return std::make_unique<DataLoader>(open_dataset(spec), lo);
 }
 
+// `epochs` at lr 0.01, pruning by l1 (global) on the AGP ramp from epoch 0 to `end` to `amount`.
+TrainOptions agp_l1(int64_t epochs, double amount, int64_t end) {
+  TrainOptions o;
+  o.epochs = epochs;
+  o.lr = 0.01;
+  o.schedule = PruneSchedule::kAgp;
+  o.prune.criterion = "l1";
+  o.prune.scope = PruneScope::kGlobal;
+  o.prune.amount = PruneAmount{amount, false};
+  o.start_epoch = 0;
+  o.end_epoch = end;
+  return o;
+}
+
 }  // namespace
 
 TEST(TrainSchedule, AgpFollowsTheCubicRamp) {
@@ -44,15 +58,7 @@ TEST(TrainSchedule, AgpFollowsTheCubicRamp) {
   test::TempDir tmp;
   std::string data = npy_data(tmp);
   ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
-  TrainOptions o;
-  o.epochs = 4;
-  o.lr = 0.01;
-  o.schedule = PruneSchedule::kAgp;
-  o.prune.criterion = "l1";
-  o.prune.scope = PruneScope::kGlobal;
-  o.prune.amount = PruneAmount{0.8, false};
-  o.start_epoch = 0;
-  o.end_epoch = 3;
+  TrainOptions o = agp_l1(4, 0.8, 3);
   auto dl = loader(data);
   TrainResult r = train(m, *dl, o);
   ASSERT_EQ(r.epochs.size(), 4u);
@@ -72,16 +78,8 @@ TEST(TrainSchedule, TiedWeightsFollowThePrunePolicy) {
   std::string data = npy_data(tmp, 16);
   for (bool allow : {false, true}) {
     ir::Model m = tied_classifier();
-    TrainOptions o;
-    o.epochs = 3;
-    o.lr = 0.01;
-    o.schedule = PruneSchedule::kAgp;
-    o.prune.criterion = "l1";
-    o.prune.scope = PruneScope::kGlobal;
-    o.prune.amount = PruneAmount{0.6, false};
+    TrainOptions o = agp_l1(3, 0.6, 2);
     o.prune.allow_tied = allow;
-    o.start_epoch = 0;
-    o.end_epoch = 2;
     TrainResult r = train(m, *loader(data), o);
     ASSERT_EQ(r.epochs.size(), 3u);
     EXPECT_NEAR(r.epochs.back().sparsity, 0.6, 1e-3) << allow;

@@ -30,7 +30,7 @@ void refuse_data_options(const std::vector<std::string>& given, bool report, boo
 
 void refuse_target_options(const std::vector<std::string>& given, bool report) {
   const std::string targets =
-      opt("target_macs") + "/" + opt("target_params") + "/" + opt("target_latency_ms");
+      opt("target_macs") + "/" + opt("target_params") + "/" + opt("target_latency");
   for (const std::string& name : given)
     if (name != "eval_batches" || !report)
       throw UsageError("[prune] " + opt(name) + " is for " + targets +

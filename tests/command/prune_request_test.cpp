@@ -121,17 +121,16 @@ TEST(PruneRequest, RefusesTheOptionsOfOtherWorkflows) {
   EXPECT_EQ(refusal(r, flag), "[prune] --round_to is for --structured");  // flag(): no dashes
   r.structured_options.clear();
   r.target_options = {"sensitivity"};
-  EXPECT_EQ(refusal(r), "[prune] sensitivity is for target_macs/target_params/target_latency_ms");
+  EXPECT_EQ(refusal(r), "[prune] sensitivity is for target_macs/target_params/target_latency");
   r.target_options = {"eval_batches"};
   EXPECT_EQ(refusal(r),
-            "[prune] eval_batches is for target_macs/target_params/target_latency_ms and report");
+            "[prune] eval_batches is for target_macs/target_params/target_latency and report");
   r.report = true;  // --report's accuracy is measured on that many batches
   EXPECT_EQ(refusal(r), "(accepted)");
   StructuredRequest s;
   s.amount = PruneAmount{0.5, false};
   s.target_options = {"sensitivity"};
-  EXPECT_EQ(refusal_of(s),
-            "[prune] sensitivity is for target_macs/target_params/target_latency_ms");
+  EXPECT_EQ(refusal_of(s), "[prune] sensitivity is for target_macs/target_params/target_latency");
 }
 
 TEST(PruneRequest, TheReportMayReadTheDataButNotItsBatchCount) {

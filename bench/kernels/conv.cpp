@@ -33,6 +33,13 @@ struct ConvArgs {
         group(s.range(5) == 0 ? s.range(1) : s.range(5)),
         batch(s.range(6)) {}
   int64_t pad() const { return kernel / 2; }
+  // lopper's kernels' geometry of the layer (same padding, no dilation).
+  kc::DirectConv::Geometry geometry() const {
+    kc::DirectConv::Geometry g;
+    g.sh = g.sw = stride;
+    g.ph = g.pw = pad();
+    return g;
+  }
   at::Tensor weight() const { return at::randn({k, c / group, kernel, kernel}); }
   // A first layer's input (a few channels) as a model gets it, NCHW; the others channels-last.
   at::Tensor input() const {
@@ -68,9 +75,7 @@ void BM_ConvLopper(benchmark::State& state) {
   const ConvArgs a(state);
   at::manual_seed(7);
   const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
-  kc::DirectConv::Geometry g;
-  g.sh = g.sw = a.stride;
-  g.ph = g.pw = a.pad();
+  const kc::DirectConv::Geometry g = a.geometry();
   const kc::DirectConv conv(w, b, a.group, g);
   kc::Activation relu;
   relu.kind = kc::Activation::kRelu;
@@ -85,9 +90,7 @@ void BM_ConvWinograd(benchmark::State& state) {
   const ConvArgs a(state);
   at::manual_seed(7);
   const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
-  kc::DirectConv::Geometry g;
-  g.sh = g.sw = a.stride;
-  g.ph = g.pw = a.pad();
+  const kc::DirectConv::Geometry g = a.geometry();
   if (!kc::WinogradConv::takes(w, a.group, g)) {
     state.SkipWithError("not a 3x3 convolution of stride 1 (nor depthwise)");
     return;

@@ -350,6 +350,18 @@ static void attention_heads(Net& n) {
   n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
 }
 
+// n's attention with half its 4 heads pruned: heads 1 and 3 (`cols`, their features) go from
+// the projections' columns and the output's rows.
+static ir::Model without_heads_1_and_3(const Net& n, const Ints& cols) {
+  ir::Model pruned = n.m;
+  StructuredReport r = prune_structured(pruned, amount(0.5, StructuredUnit::kHead));
+  EXPECT_EQ(r.groups[0].removed, (Ints{1, 3}));
+  const Ints keep = kept(32, cols);
+  for (const char* w : {"wq", "wk", "wv"}) expect_slice(n.m, pruned, w, 1, keep);
+  expect_slice(n.m, pruned, "wo", 0, keep);
+  return pruned;
+}
+
 // Self-attention, 4 heads of 8: Q/K/V MatMul -> Reshape [1,3,4,8] (one shared target) ->
 // Transpose -> MatMul -> Softmax -> MatMul -> Transpose -> Reshape [1,3,32] -> MatMul.
 static Net attention(const Ints& low_cols) {
@@ -378,12 +390,7 @@ TEST(DepGraph, AttentionHeadsGoWhole) {
   EXPECT_EQ(g.groups[1].kind, "channel");
   EXPECT_EQ(g.groups[1].blocked, "graph output 'y'");
 
-  ir::Model pruned = n.m;
-  StructuredReport r = prune_structured(pruned, amount(0.5, StructuredUnit::kHead));
-  EXPECT_EQ(r.groups[0].removed, (Ints{1, 3}));
-  const Ints keep = kept(32, cols);
-  for (const char* w : {"wq", "wk", "wv"}) expect_slice(n.m, pruned, w, 1, keep);
-  expect_slice(n.m, pruned, "wo", 0, keep);
+  const ir::Model pruned = without_heads_1_and_3(n, cols);
   for (const char* rs : {"qr", "kr", "vr"})
     EXPECT_TRUE(at::equal(input_of(pruned, rs, 1), longs({1, 3, 2, 8}))) << rs;
   EXPECT_TRUE(at::equal(input_of(pruned, "o", 1), longs({1, 3, 16})));
@@ -616,12 +623,7 @@ TEST(DepGraph, DynamicShapeTargetsFollowHeads) {
   EXPECT_EQ(g.groups[0].size_before, 4);
   EXPECT_EQ(g.groups[0].blocked, "");
 
-  ir::Model pruned = n.m;
-  StructuredReport r = prune_structured(pruned, amount(0.5, StructuredUnit::kHead));
-  EXPECT_EQ(r.groups[0].removed, (Ints{1, 3}));
-  const Ints keep = kept(32, cols);
-  for (const char* w : {"wq", "wk", "wv"}) expect_slice(n.m, pruned, w, 1, keep);
-  expect_slice(n.m, pruned, "wo", 0, keep);
+  const ir::Model pruned = without_heads_1_and_3(n, cols);
   for (const char* rs : {"qr", "kr", "vr"}) {
     EXPECT_EQ(node(pruned, rs).inputs[1], "hs") << rs;  // untouched: -1 and 8
     EXPECT_EQ(head_dim_of(pruned, rs), 8) << rs;

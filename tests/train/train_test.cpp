@@ -49,6 +49,17 @@ TrainOptions agp_l1(int64_t epochs, double amount, int64_t end) {
   return o;
 }
 
+// Two iterative rounds of one epoch each at lr 0.01 (what the round prunes is the test's).
+TrainOptions two_rounds() {
+  TrainOptions o;
+  o.epochs = 2;
+  o.lr = 0.01;
+  o.schedule = PruneSchedule::kIterative;
+  o.rounds = 2;
+  o.epochs_per_round = 1;
+  return o;
+}
+
 }  // namespace
 
 TEST(TrainSchedule, AgpFollowsTheCubicRamp) {
@@ -101,12 +112,7 @@ TEST(TrainSchedule, IterativePrunesTheSameShareEachRound) {
   std::string data = npy_data(tmp);
   for (const char* method : {"l1", "taylor"}) {
     ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
-    TrainOptions o;
-    o.epochs = 2;
-    o.lr = 0.01;
-    o.schedule = PruneSchedule::kIterative;
-    o.rounds = 2;
-    o.epochs_per_round = 1;
+    TrainOptions o = two_rounds();
     o.prune.criterion = method;
     o.prune.scope = PruneScope::kGlobal;
     o.prune.amount = PruneAmount{0.75, false};
@@ -340,12 +346,7 @@ TEST(TrainStructured, IterativeRoundsShrinkTheModel) {
   std::string data = npy_data(tmp);
   ir::Model m = onnx::load_model(fixture("small_cnn.preserve.onnx"));
   StructuredReport before = channel_groups(m);
-  TrainOptions o;
-  o.epochs = 2;
-  o.lr = 0.01;
-  o.schedule = PruneSchedule::kIterative;
-  o.rounds = 2;
-  o.epochs_per_round = 1;
+  TrainOptions o = two_rounds();
   o.prune.amount = PruneAmount{0.5, false};
   o.structured_schedule = true;
   o.structured.criterion = "l2";

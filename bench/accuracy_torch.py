@@ -55,7 +55,6 @@ Usage:
 
 import argparse
 import gzip
-import json
 import math
 import os
 import platform
@@ -71,6 +70,7 @@ import torch.nn.utils.prune as prune
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import make_examples  # noqa: E402  (one definition of the example architectures)
+from results import save_json  # bench/results.py
 
 MODELS = {"lenet300_100": make_examples.lenet300_100, "lenet5": make_examples.lenet5}
 # Per-model defaults, tuned on 2 CPU cores (seeds 0-2) so that global 92% + fine-tune stays within
@@ -340,9 +340,7 @@ def main():
           f"delta {res['delta_vs_dense']:+.2f}) sparsity {100 * res['sparsity']:.2f}% "
           f"wall {res['wall_s']:.1f}s", flush=True)
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        save_json(a.json, res, indent=1)
     return res
 
 

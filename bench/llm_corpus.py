@@ -55,6 +55,7 @@ import time
 import zlib
 
 import numpy as np
+from results import save_json  # bench/results.py
 
 CACHE = os.path.join(os.path.expanduser(os.environ.get("LOPPER_CACHE", "~/.cache/lopper")), "llm-corpus")
 PACKAGE = "r-cran-janeaustenr"
@@ -213,9 +214,7 @@ def documents():
         for k, (a, b) in enumerate(zip(starts, starts[1:] + [len(lines)])):
             docs.append((novel, k + 1, "\n".join(_paragraphs(lines[a:b])) + "\n"))
     os.makedirs(CACHE, exist_ok=True)
-    with open(txt + ".tmp", "w") as f:
-        json.dump(docs, f)
-    os.replace(txt + ".tmp", txt)
+    save_json(txt, docs, indent=None)
     return docs
 
 
@@ -537,9 +536,7 @@ def prepare(threads=1, force=False):
     info["dense_ppl_seconds"] = round(time.perf_counter() - t0, 1)
     info["heldout_windows"] = int(len(hw))
     info["unigram_ppl"] = unigram_ppl(tr, held)
-    with open(meta + ".tmp", "w") as f:
-        json.dump(info, f, indent=1)
-    os.replace(meta + ".tmp", meta)
+    save_json(meta, info, indent=1)
     return info
 
 

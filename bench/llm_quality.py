@@ -76,6 +76,7 @@ def log(msg):
 # time and os.wait4 rusage. /usr/bin/time -v gives the same figures.
 _LAUNCHER = r"""
 import json, os, sys, time
+from results import save_json  # bench/results.py
 t0 = time.perf_counter()
 pid = os.fork()
 if pid == 0:
@@ -326,17 +327,13 @@ def main():
                                          f"{lc['peak_rss_mb']:.0f} MB"))
         res["rows"].append(dict(method=method, amount=amount, owl=owl, lopper=lo, llmc=lc))
         if a.out:  # partial results survive an interrupted run
-            with open(a.out + ".tmp", "w") as f:
-                json.dump(res, f, indent=1)
-            os.replace(a.out + ".tmp", a.out)
+            save_json(a.out, res, indent=1)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     res["table"] = table(res)
     print(res["table"])
     if a.out:
-        with open(a.out + ".tmp", "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(a.out + ".tmp", a.out)
+        save_json(a.out, res, indent=1)
 
 
 if __name__ == "__main__":

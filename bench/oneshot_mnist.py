@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from llm_quality import last_line, run_measured  # noqa: E402
+from results import save_json  # bench/results.py
 
 CACHE = os.path.join(os.path.expanduser(os.environ.get("LOPPER_CACHE", "~/.cache/lopper")), "oneshot-mnist")
 RECIPE = dict(model="lenet300_100", init="examples/lenet300_100.onnx", epochs=10, lr=0.05, momentum=0.9,
@@ -156,9 +157,7 @@ def main():
     res["table"] = "\n".join(lines)
     print(res["table"])
     if a.out:
-        with open(a.out + ".tmp", "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(a.out + ".tmp", a.out)
+        save_json(a.out, res, indent=1)
 
 
 if __name__ == "__main__":

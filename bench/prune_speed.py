@@ -14,7 +14,6 @@ Usage: bench/prune_speed.py --lopper build/lopper [--rounds 3] [--amount 0.9] [-
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -71,6 +70,7 @@ TORCH_CHILD = r"""
 import sys, onnx, torch, torch.nn as nn
 from onnx import numpy_helper
 import torch.nn.utils.prune as prune
+from results import save_json  # bench/results.py
 path, amount = sys.argv[1], float(sys.argv[2])
 m = onnx.load(path)
 layers = []
@@ -142,9 +142,7 @@ def main():
     print(f"prune / convert time: {res['prune_over_convert']:.2f} (target <= 2); "
           f"prune peak RSS / weights: {res['prune']['rss_over_weights']:.2f} (target <= 2.5)")
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(res, f, indent=2)
-        os.replace(a.json + ".tmp", a.json)
+        save_json(a.json, res)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,7 @@
 
 namespace lopper::kernels::cpu {
 const ConvIsaOps& conv_isa_ops(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return kConvAvx512Ops;
-    case Isa::kAvx2:
-      return kConvAvx2Ops;
-    default:
-      return kConvScalarOps;
-  }
+  return for_isa(isa, kConvAvx512Ops, kConvAvx2Ops, kConvScalarOps);
 }
 
 bool channels_last_of_one_map(const std::vector<at::Tensor>& xs) {

@@ -13,14 +13,7 @@
 namespace lopper::kernels::cpu {
 namespace {
 const RowsIsaOps& rows_ops(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return kRowsAvx512Ops;
-    case Isa::kAvx2:
-      return kRowsAvx2Ops;
-    default:
-      return kRowsScalarOps;
-  }
+  return for_isa(isa, kRowsAvx512Ops, kRowsAvx2Ops, kRowsScalarOps);
 }
 }  // namespace
 

@@ -18,16 +18,7 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const SparseIsaOps& ops_of(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return kAvx512Ops;
-    case Isa::kAvx2:
-      return kAvx2Ops;
-    default:
-      return kScalarOps;
-  }
-}
+const SparseIsaOps& ops_of(Isa isa) { return for_isa(isa, kAvx512Ops, kAvx2Ops, kScalarOps); }
 
 // A scratch buffer per thread that only grows: large per-call allocations would be returned to
 // the system and page-faulted back in on every run.

@@ -14,6 +14,12 @@
 namespace lopper::kernels::cpu {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
+
+/// Of one table of kernels per instruction set, the one for `isa`.
+template <typename Ops>
+const Ops& for_isa(Isa isa, const Ops& avx512, const Ops& avx2, const Ops& scalar) {
+  return isa == Isa::kAvx512 ? avx512 : isa == Isa::kAvx2 ? avx2 : scalar;
+}
 /// The ISA the kernels run with: the widest this CPU supports, or the one LOPPER_ISA names
 /// (scalar | avx2 | avx512). Throws lopper::Error for an unknown name or one the CPU lacks.
 Isa active_isa();

@@ -17,6 +17,18 @@
 
 namespace lopper::test {
 
+/// The message request `r` is refused with (UsageError: the options as the library names them,
+/// or as `name` renders each), "(accepted)" when validate() takes it.
+template <typename Request>
+std::string refusal_of(const Request& r, std::string (*name)(const std::string&) = nullptr) {
+  try {
+    r.validate();
+  } catch (const UsageError& e) {
+    return name ? e.render(name) : e.what();
+  }
+  return "(accepted)";
+}
+
 /// Folder of the models made by tests/fixtures/make_models.py (in the build tree).
 inline std::string fixtures_dir() { return LOPPER_FIXTURES_DIR; }
 /// A file in that folder.

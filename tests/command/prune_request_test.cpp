@@ -31,24 +31,9 @@ PruneRecipe half_l1() {
 
 // The message `r` is refused with, options spelled as a front end spells them.
 std::string refusal(const PruneRequest& r, std::string (*name)(const std::string&) = nullptr) {
-  try {
-    r.validate();
-  } catch (const UsageError& e) {
-    return name ? e.render(name) : e.what();
-  }
-  return "(accepted)";
+  return test::refusal_of(r, name);
 }
-
-// The message a request of any kind is refused with ("(accepted)" when it is not).
-template <typename Request>
-std::string refusal_of(const Request& r) {
-  try {
-    r.validate();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+using test::refusal_of;
 
 std::string flag(const std::string& o) { return o == "criterion" ? "--method" : "--" + o; }
 

@@ -7,6 +7,7 @@
 #include "lopper/command.h"
 #include "lopper/error.h"
 #include "lopper/train.h"
+#include "test_util.h"
 
 namespace lopper {
 namespace {
@@ -23,14 +24,7 @@ TrainRequest agp() {
 }
 
 // The message `r` is refused with, its options named as the library names them.
-std::string refusal(const TrainRequest& r) {
-  try {
-    r.validate();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+std::string refusal(const TrainRequest& r) { return test::refusal_of(r); }
 
 TEST(TrainRequest, ResolvesTheScheduleAndItsPruning) {
   const TrainOptions t = agp().validate();

@@ -8,26 +8,22 @@ namespace lopper::exec::fusion {
 bool fuse_conv(ir::Graph& g, int64_t opset) {
   Rewrite r(g, opset);
   for (size_t i = 0; i < r.size(); ++i) {
-    const ir::Node& conv = g.nodes[i];
     if (!r.writes_one(i, "Conv")) continue;
-    std::string out = conv.outputs[0];
+    Absorbed a{g.nodes[i].outputs[0], {}, {}};
     std::string residual;
-    std::vector<ir::Attribute> act;
-    std::vector<size_t> absorbed;
-    if (auto a = r.reader(out, "Add")) {
-      const ir::Node& add = g.nodes[*a];
+    if (auto k = r.reader(a.out, "Add")) {
+      const ir::Node& add = g.nodes[*k];
       if (add.inputs.size() == 2 && outputs_used(add) == 1 && add.inputs[0] != add.inputs[1]) {
-        residual = other_input(add, out);
-        absorbed.push_back(*a);
-        out = add.outputs[0];
+        residual = other_input(add, a.out);
+        a.take(*k, add.outputs[0]);
       }
     }
-    r.absorb_activation(out, absorbed, act);
-    if (absorbed.empty()) continue;
+    r.absorb_activation(a);
+    if (a.nodes.empty()) continue;
     ir::Node& c = r.change(i);
     c.inputs.resize(3);
     if (!residual.empty()) c.inputs.push_back(residual);
-    r.fuse_into(i, "FusedConv", out, act, absorbed);
+    r.fuse_into(i, "FusedConv", a);
   }
   return r.finish();
 }

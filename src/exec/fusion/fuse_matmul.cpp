@@ -36,27 +36,24 @@ bool fuse_matmul(ir::Graph& g, int64_t opset) {
       continue;
     }
     const int64_t n = trans_b ? w->value.size(0) : w->value.size(1);
-    std::string out = mm.outputs[0];
-    std::vector<size_t> absorbed;
-    std::vector<ir::Attribute> act;
-    if (auto a = bias.empty() ? r.reader(out, "Add") : std::nullopt) {
-      const ir::Node& add = g.nodes[*a];
-      const std::string b = other_input(add, out);
+    Absorbed a{mm.outputs[0], {}, {}};
+    if (auto k = bias.empty() ? r.reader(a.out, "Add") : std::nullopt) {
+      const ir::Node& add = g.nodes[*k];
+      const std::string b = other_input(add, a.out);
       const auto* bt = b.empty() ? nullptr : r.initializer(b);
       if (bt && bt->value.dim() == 1 && bt->value.size(0) == n &&
           bt->value.scalar_type() == w->value.scalar_type()) {
         bias = b;
-        absorbed.push_back(*a);
-        out = add.outputs[0];
+        a.take(*k, add.outputs[0]);
       }
     }
-    r.absorb_activation(out, absorbed, act);
-    if (absorbed.empty()) continue;
+    r.absorb_activation(a);
+    if (a.nodes.empty()) continue;
     ir::Node& f = r.change(i);
     f.inputs = {f.inputs[0], f.inputs[1], bias};
     f.attrs.clear();  // Gemm's are checked above: transB is the one that stays
     if (trans_b) f.attrs.push_back(int_attr("transB", 1));
-    r.fuse_into(i, "FusedMatMul", out, act, absorbed);
+    r.fuse_into(i, "FusedMatMul", a);
   }
   return r.finish();
 }

@@ -158,47 +158,43 @@ std::optional<std::vector<ir::Attribute>> Rewrite::activation_of(const ir::Node&
   return std::nullopt;
 }
 
-void Rewrite::absorb_activation(std::string& out, std::vector<size_t>& absorbed,
-                                std::vector<ir::Attribute>& act) const {
+void Rewrite::absorb_activation(Absorbed& a) const {
+  const std::string out = a.out;
   // x * gate(x), x read by nothing else.
   if (uses(out) == 2 && !is_output(out) && readers(out).size() == 2) {
     const std::vector<size_t> r = readers(out);
     for (int k = 0; k < 2; ++k) {
       const ir::Node& gate = g.nodes[r[k]];
       const ir::Node& mul = g.nodes[r[1 - k]];
-      const char* a = is(gate, "Sigmoid")                                     ? "Silu"
-                      : is(gate, "HardSigmoid") && is_torch_hardsigmoid(gate) ? "HardSwish"
-                                                                              : nullptr;
-      if (!a || gate.inputs.size() != 1 || outputs_used(gate) != 1 || !single(gate.outputs[0]) ||
+      const char* name = is(gate, "Sigmoid")                                     ? "Silu"
+                         : is(gate, "HardSigmoid") && is_torch_hardsigmoid(gate) ? "HardSwish"
+                                                                                 : nullptr;
+      if (!name || gate.inputs.size() != 1 || outputs_used(gate) != 1 || !single(gate.outputs[0]) ||
           !is(mul, "Mul") || mul.inputs.size() != 2 || outputs_used(mul) != 1)
         continue;
       if (other_input(mul, out) != gate.outputs[0]) continue;
-      act = {string_attr("activation", a)};
-      absorbed.push_back(r[k]);
-      absorbed.push_back(r[1 - k]);
-      out = mul.outputs[0];
+      a.act = {string_attr("activation", name)};
+      a.take(r[k], gate.outputs[0]);
+      a.take(r[1 - k], mul.outputs[0]);
       return;
     }
     return;
   }
   auto r = reader(out);
   if (!r) return;
-  if (auto a = activation_of(g.nodes[*r])) {
-    act = *a;
-    absorbed.push_back(*r);
-    out = g.nodes[*r].outputs[0];
+  if (auto act = activation_of(g.nodes[*r])) {
+    a.act = *act;
+    a.take(*r, g.nodes[*r].outputs[0]);
   }
 }
 
-void Rewrite::fuse_into(size_t i, const char* op, const std::string& out,
-                        const std::vector<ir::Attribute>& act,
-                        const std::vector<size_t>& absorbed) {
+void Rewrite::fuse_into(size_t i, const char* op, const Absorbed& a) {
   ir::Node& n = change(i);
   n.domain = "ai.lopper";
   n.op_type = op;
-  n.outputs = {out};
-  n.attrs.insert(n.attrs.end(), act.begin(), act.end());
-  for (size_t r : absorbed) remove(r);
+  n.outputs = {a.out};
+  n.attrs.insert(n.attrs.end(), a.act.begin(), a.act.end());
+  for (size_t r : a.nodes) remove(r);
   commit();
 }
 

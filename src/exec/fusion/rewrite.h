@@ -24,6 +24,19 @@ using ir::string_attr;
 /// The input of the two-input `n` other than `v`; "" when `n` does not read `v` so.
 std::string other_input(const ir::Node& n, const std::string& v);
 
+/// What a fused node takes over from the nodes after it: the value it writes in the end, the
+/// nodes it absorbs, the attributes of the activation it applies.
+struct Absorbed {
+  std::string out;
+  std::vector<size_t> nodes;
+  std::vector<ir::Attribute> act;
+  /// Takes node `i`, whose output `v` the fused node writes instead.
+  void take(size_t i, const std::string& v) {
+    nodes.push_back(i);
+    out = v;
+  }
+};
+
 /// One pass's view of a graph: the nodes it removed stay in place (their indices valid) until
 /// finish() drops them. Every change goes through change()/commit(), remove() or
 /// add_initializer(), which keep the index of the live nodes true.
@@ -80,15 +93,13 @@ class Rewrite {
   /// The activation attributes of a fused node (`activation`, `activation_alpha`, ...) when `n`
   /// is an activation lopper fuses.
   std::optional<std::vector<ir::Attribute>> activation_of(const ir::Node& n) const;
-  /// When the only reader of `out` is such an activation, or `out` is gated by itself
-  /// (Mul(x, Sigmoid(x)) is SiLU, Mul(x, HardSigmoid(x)) HardSwish): absorbs it, `out` becoming
-  /// its output, its nodes appended to `absorbed` and its attributes to `act`.
-  void absorb_activation(std::string& out, std::vector<size_t>& absorbed,
-                         std::vector<ir::Attribute>& act) const;
-  /// Makes node `i` the fused node ai.lopper.`op` writing `out` (the last absorbed node's output)
-  /// with the activation's attributes, and removes the absorbed nodes.
-  void fuse_into(size_t i, const char* op, const std::string& out,
-                 const std::vector<ir::Attribute>& act, const std::vector<size_t>& absorbed);
+  /// When the only reader of `a.out` is such an activation, or `a.out` is gated by itself
+  /// (Mul(x, Sigmoid(x)) is SiLU, Mul(x, HardSigmoid(x)) HardSwish): `a` takes it, its attributes
+  /// becoming a.act.
+  void absorb_activation(Absorbed& a) const;
+  /// Makes node `i` the fused node ai.lopper.`op` writing a.out with a.act, and removes the nodes
+  /// `a` took.
+  void fuse_into(size_t i, const char* op, const Absorbed& a);
 
  private:
   ir::GraphIndex index_;

@@ -114,8 +114,7 @@ Action add_bench(CLI::App& app) {
     bool json = false, profile = false, explain = false;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("bench", "latency and throughput of a model");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd = model_command(app, "bench", "latency and throughput of a model", o->model);
   cmd->add_option("--batch", o->batch,
                   "batch size: first dim of every input (default: the model's, 1 if dynamic)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));

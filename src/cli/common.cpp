@@ -163,6 +163,13 @@ void add_threads_option(CLI::App* cmd, int& threads) {
           "INT in [0 - " + std::to_string(most) + "]", "threads"));
 }
 
+CLI::App* model_command(CLI::App& app, const std::string& name, const std::string& help,
+                        std::string& model) {
+  CLI::App* cmd = app.add_subcommand(name, help);
+  cmd->add_option("model", model, "the ONNX model")->required();
+  return cmd;
+}
+
 std::string flag_of(const std::string& option) {
   // The options whose flag is not their name with dashes.
   static const std::map<std::string, std::string> flags = {

@@ -41,6 +41,10 @@ auto parse_flag(F&& parse) -> decltype(parse()) {
   }
 }
 
+/// A subcommand of `app` that reads one ONNX model: its first positional argument, into `model`.
+CLI::App* model_command(CLI::App& app, const std::string& name, const std::string& help,
+                        std::string& model);
+
 /// The criterion --method names (src/prune/importance.h): ranking single weights, or channels
 /// (empty: l1). An unknown name is a UsageError that lists the methods.
 CriterionInfo weight_criterion(const std::string& name);

@@ -18,8 +18,8 @@ Action add_convert(CLI::App& app) {
     bool sparse = false, dense = false, external = false;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("convert", "read a model and write it again (storage options)");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd =
+      model_command(app, "convert", "read a model and write it again (storage options)", o->model);
   cmd->add_option("-o,--out", o->out, "where to write the model")->required();
   auto* sp = cmd->add_flag("--sparse-initializers", o->sparse,
                            "store weights as sparse_initializer where that makes them smaller");

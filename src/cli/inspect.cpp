@@ -32,8 +32,8 @@ Action add_inspect(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("inspect", "per-layer parameters, nonzeros and MACs of a model");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd =
+      model_command(app, "inspect", "per-layer parameters, nonzeros and MACs of a model", o->model);
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   cmd->add_flag("--json", o->json, "print one JSON object");
   add_threads_option(cmd, o->threads);

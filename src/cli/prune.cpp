@@ -168,11 +168,11 @@ auto validated(const Request& req) {
 
 Action add_prune(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand(
-      "prune",
-      "zero weights (magnitude, random, gradients, N:M, rows/columns, blocks) or "
-      "remove whole channels and heads (--structured)");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd =
+      model_command(app, "prune",
+                    "zero weights (magnitude, random, gradients, N:M, rows/columns, blocks) or "
+                    "remove whole channels and heads (--structured)",
+                    o->model);
   cmd->add_option("-o,--out", o->out, "where to write the pruned model")->required();
   auto* method = cmd->add_option("--method", o->method, method_help());
   auto* th = cmd->add_option("--threshold", o->threshold, "abs: remove every |w| < T");

@@ -21,8 +21,8 @@ Action add_run(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("run", "run a model on inputs and write every output as .npy");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd =
+      model_command(app, "run", "run a model on inputs and write every output as .npy", o->model);
   cmd->add_option("--input,-i", o->inputs, "NAME=FILE (.npy or ONNX TensorProto .pb)");
   cmd->add_option("--out,-o", o->out, "folder for <output name>.npy")->required();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");

@@ -59,11 +59,11 @@ Action add_sensitivity(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand(
-      "sensitivity",
-      "how much each layer (or channel group) pruned alone costs: loss and top-1 "
-      "at each amount");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd =
+      model_command(app, "sensitivity",
+                    "how much each layer (or channel group) pruned alone costs: loss and top-1 "
+                    "at each amount",
+                    o->model);
   o->data.add(cmd, "test");
   cmd->add_option("--structured", o->structured,
                   "channel: prune each channel group (the model shrinks) instead of each weight");

@@ -56,12 +56,12 @@ Action add_train_command(CLI::App& app, bool finetune) {
     o->t.lr = 0.001;
     o->t.epochs = 3;
   }
-  auto* cmd = app.add_subcommand(
-      finetune ? "finetune" : "train",
+  auto* cmd = model_command(
+      app, finetune ? "finetune" : "train",
       finetune ? "train with fine-tuning defaults (lr 0.001, 3 epochs), pruned weights held at zero"
                : "train the model's weights on data (masks held, regularisers, progressive "
-                 "pruning, data parallel)");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+                 "pruning, data parallel)",
+      o->model);
   cmd->add_option("-o,--out", o->out, "where to write the trained model")->required();
   o->data.add(cmd, "train");
   TrainOptions& t = o->t;
@@ -302,10 +302,10 @@ Action add_eval(CLI::App& app) {
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("eval",
-                                 "a model on a dataset: top-1, top-5, loss and per class for a "
-                                 "classifier; loss, perplexity and token accuracy for an LM");
-  cmd->add_option("model", o->model, "the ONNX model")->required();
+  auto* cmd = model_command(app, "eval",
+                            "a model on a dataset: top-1, top-5, loss and per class for a "
+                            "classifier; loss, perplexity and token accuracy for an LM",
+                            o->model);
   o->data.add(cmd, "test");
   cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
   cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>

@@ -22,6 +22,7 @@ np.save('ids.npy', r.integers(0, 1000, (8, 16)))"
   local D="--data npy:x.npy,y.npy" T="--data tokens:ids.npy --calib-batches 4 --exclude lm_head"
   run() { local name=$1; shift; echo "$name: $BIN $*" >> commands.txt
     "$BIN" "$@" > "$name.stdout" 2> "$name.stderr"; echo "$name rc=$?" >> rc.txt; }
+  runj() { run "$@"; mv "$1.stdout" "$1.json"; }  # prints JSON: compared without its timings
   run l1 prune $E/lenet5.onnx -o l1.onnx --method l1 --amount 0.7 --scope global --json
   run lamp prune $E/lenet5.onnx -o lamp.onnx --method lamp --amount 0.7 --scope global
   run nm prune $E/lenet5.onnx -o nm.onnx --method l1 --pattern 2:4
@@ -49,6 +50,15 @@ np.save('ids.npy', r.integers(0, 1000, (8, 16)))"
   run inspect inspect $F/resnet18.dynamo.onnx --json
   run convert convert $E/lenet5.onnx -o convert.onnx
   run run run $F/small_cnn.ts.onnx -i input=$F/small_cnn.input_0.npy -o runout
+  run inspect_text inspect $E/lenet5.onnx --shape image=2x1x28x28
+  run convert_sparse convert l1.onnx -o convert_sparse.onnx --sparse-initializers
+  run convert_external convert $E/lenet5.onnx -o convert_external.onnx --external-data --dense
+  run convert_both convert $E/lenet5.onnx -o convert_both.onnx --sparse-initializers --dense
+  runj bench bench $E/lenet5.onnx --json --iters 3 --warmup 1 --profile --batch 2
+  run bench_zero bench $E/lenet5.onnx --iters 0
+  runj eval eval $E/lenet5.onnx $D --batch-size 16 --json
+  runj compare compare $E/lenet5.onnx l1.onnx $D --iters 3 --json -o compare_out.json --report compare.html
+  run compare_zero compare $E/lenet5.onnx l1.onnx --batch 0
 }
 (battery "$OLD" "$WORK/old") > /dev/null 2>&1
 (battery "$NEW" "$WORK/new") > /dev/null 2>&1
@@ -59,7 +69,11 @@ old, new = map(pathlib.Path, sys.argv[1:])
 def plain(o):  # a JSON report without what differs between any two runs
     if isinstance(o, dict):
         return {k: plain(v) for k, v in o.items()
-                if k not in ('seconds', 'samples_per_s', 'data', 'out', 'model', 'ms', 'latency_ms')}
+                if k not in ('seconds', 'samples_per_s', 'data', 'out', 'model', 'ms', 'latency_ms',
+                             'throughput_per_s', 'spread', 'spread_wide', 'contention',
+                             'contended', 'warning', 'ms_per_run', 'latency_spread',
+                             'latency_spread_wide', 'latency_contended', 'latency_warning')
+                and not k.endswith('_ms')}
     return [plain(v) for v in o] if isinstance(o, list) else o
 bad = 0
 names = sorted({p.relative_to(old) for p in old.rglob('*') if p.is_file()} |
@@ -68,6 +82,8 @@ for n in names:
     a, b = old / n, new / n
     if n.suffix == '.stderr' or n.name == 'commands.txt':
         continue  # progress lines with timings; the binary's path
+    if n.suffix == '.html':
+        continue  # a report holds its timings and the command line
     if not a.exists() or not b.exists():
         print(f'only in {"new" if b.exists() else "old"}: {n}'); bad += 1; continue
     if n.suffix == '.json':

@@ -98,6 +98,11 @@ EXPECT = {
     "bench-threads-huge": (2, ["threads"]),
     "bench-threads-negative": (2, ["threads"]),
     "inspect-threads-huge": (2, ["threads"]),
+    "bench-iters-zero": (2, ["--iters"]),
+    "bench-warmup-negative": (2, ["--warmup"]),
+    "compare-batch-zero": (2, ["--batch"]),
+    "convert-sparse-and-dense": (2, ["--sparse-initializers does not go with --dense"]),
+    "run-input-not-npy": (2, ["must be .npy or .pb"]),
     "graph-cycle-inspect": (1, ["cycle"]),
     "graph-cycle-prune": (1, ["cycle"]),
     "duplicate-initializer": (1, ["dup_weight", "duplicate"]),
@@ -623,6 +628,13 @@ case("inspect-shape-huge", ["inspect", "m.onnx", "--shape", "image=100000x100000
      serial=True)
 case("bench-threads-huge", ["bench", "m.onnx", "--threads", "100000", "--iters", "1"])
 case("bench-threads-negative", ["bench", "m.onnx", "--threads", "-1", "--iters", "1"])
+case("bench-iters-zero", ["bench", "m.onnx", "--iters", "0"])
+case("bench-warmup-negative", ["bench", "m.onnx", "--warmup", "-1", "--iters", "1"])
+case("compare-batch-zero", COMPARE[:2] + ["m.onnx", "--batch", "0", "--iters", "1"])
+case("convert-sparse-and-dense", ["convert", "m.onnx", "-o", "out.onnx", "--sparse-initializers",
+                                  "--dense"])
+case("run-input-not-npy", ["run", "m.onnx", "--input", "image=x.txt", "--out", "res"],
+     setup=lambda d: open(os.path.join(d, "x.txt"), "w").write("1"))
 # alone: an unfixed lopper starts 100000 threads, and the cases beside it could start none
 case("inspect-threads-huge", ["inspect", "m.onnx", "--threads", "100000"], serial=True)
 

@@ -17,6 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "lopper/analysis.h"
+#include "lopper/data.h"
+#include "lopper/executor.h"
+#include "lopper/files.h"
+#include "lopper/latency.h"
+#include "lopper/loss.h"
 #include "lopper/prune.h"
 #include "lopper/sensitivity.h"
 #include "lopper/structured.h"
@@ -25,7 +31,154 @@
 
 namespace lopper {
 
-class DataLoader;  // lopper/data.h
+/// What a request says of the models it reads before its work, one line each ("PATH: what"):
+/// what makes a model's figures another model's than the one a user deploys (load_warnings), a
+/// latency spread too wide to trust. Null: nothing said.
+using Warn = std::function<void(const std::string&)>;
+
+/// The data a command reads: the dataset SPEC (open_dataset) and what shapes its batches and
+/// its loss, by their library names (the CLI's --data, --split, --batch-size, ...).
+struct DataSpec {
+  std::string data, split = "test", normalize, resize, loss = "auto";
+  int64_t batch_size = 64;
+  int64_t mask_token = -1;
+  double mask_prob = 0.15;
+
+  bool given() const { return !data.empty(); }
+  /// Loader options for `model`: a fixed batch dim wins over batch_size (`fixed_batch` says so).
+  LoaderOptions loader(const ir::Model& model, bool& fixed_batch) const;
+  LoaderOptions loader(const ir::Model& model) const;
+  /// For measuring `model`: in order, and only full batches where its batch dim is fixed.
+  LoaderOptions eval_loader(const ir::Model& model) const;
+  std::shared_ptr<Dataset> dataset() const;
+  /// The loss and its masking, checked (UsageError naming the option); `seed` picks the masked
+  /// tokens.
+  LossOptions loss_options(uint64_t seed = 0) const;
+  /// Whether the data is one split only (npy:, tokens:): `split` does not apply.
+  bool one_split() const;
+};
+
+/// The files a dataset SPEC reads (npy:X.npy,Y.npy: both), as inputs of `files`.
+void add_data_inputs(OutputFiles& files, const std::string& spec);
+/// Bytes of the model file at `path` plus the external data files `model` was read from (0 when
+/// the file cannot be read).
+int64_t model_file_bytes(const std::string& path, const ir::Model& model);
+/// Bytes of a model staged in `files` (the model and "<path>.data").
+int64_t staged_model_bytes(const OutputFiles& files, const std::string& path);
+/// The model's fixed batch size: the first dim of its first real input when that dim is static and
+/// positive, else 0 (dynamic).
+int64_t fixed_batch_size(const ir::Model& model);
+/// Loads the model at `path`; it and its external data files become inputs of `files`, and what
+/// load_warnings says of it goes to `warn`.
+ir::Model load_input_model(OutputFiles& files, const std::string& path, const Warn& warn);
+/// The executor's options for a device and a precision, checked: a bad spelling is a UsageError,
+/// a CUDA device that is not there an Error.
+ExecOptions exec_options(const std::string& device, const std::string& precision);
+
+/// lopper inspect: what a model holds and computes, per layer.
+struct InspectResult {
+  ModelCost cost;
+  int64_t file_bytes = 0;    // the model file with its external data
+  std::vector<bool> shared;  // per layer of cost: its weight is read by other layers too
+};
+struct InspectRequest {
+  std::string model;
+  std::map<std::string, std::vector<int64_t>> input_shapes;  // dynamic dims default to 1
+  InspectResult run() const;
+};
+
+/// lopper run: a model run once on inputs read from files, every output written as .npy.
+struct RunOutput {
+  std::string name, path;
+  std::vector<int64_t> shape;
+};
+struct RunRequest {
+  std::string model;
+  std::vector<std::pair<std::string, std::string>> inputs;  // (input, .npy or TensorProto .pb)
+  std::string out;  // the folder for <output name>.npy (made if new)
+  std::string device = "cpu", precision = "fp32";
+  Warn warn;
+  /// Writes the outputs (staged, then renamed: nothing when any fails) and says where.
+  std::vector<RunOutput> run() const;
+};
+
+/// lopper convert: a model read and written again with other storage options.
+struct ConvertResult {
+  int64_t model_bytes = 0, written_bytes = 0;  // with their external data
+};
+struct ConvertRequest {
+  std::string model, out;
+  bool sparse_initializers = false;  // weights as sparse_initializer where that is smaller
+  bool dense = false;                // every initializer dense
+  bool external_data = false;        // weights in OUT.data
+  Warn warn;
+  void validate() const;
+  ConvertResult run() const;
+};
+
+/// lopper bench: latency and throughput of a model on random inputs.
+struct BenchResult {
+  LatencyStats latency;
+  int64_t batch = 1;
+  int threads = 1;
+  double throughput_per_s = 0;
+  struct OpTime {
+    std::string op;  // "Conv", or "domain.Op"
+    double ms_per_run = 0;
+    int64_t calls_per_run = 0;
+  };
+  std::vector<OpTime> ops;                            // profile: per op type, slowest first
+  std::vector<std::pair<double, std::string>> nodes;  // profile: ms per run of "node (Op)"
+  std::vector<KernelDecision> kernels;                // explain: the kernel chosen per layer
+};
+struct BenchRequest {
+  std::string model;
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  std::optional<int64_t>
+      batch;  // the first dim of every input (default: the model's, 1 if dynamic)
+  std::string device = "cpu", precision = "fp32";
+  int64_t warmup = 10, iters = 50;
+  bool profile = false;  // the time per op type and node, on `iters` more runs
+  bool explain = false;  // the kernel chosen per layer and the time of each candidate
+  Warn warn;
+  void validate() const;
+  BenchResult run() const;
+};
+
+/// lopper eval: a model measured on a dataset.
+struct EvalRequest {
+  std::string model;
+  DataSpec data;
+  std::string device = "cpu", precision = "fp32";
+  Warn warn;
+  std::function<void(int64_t batch, int64_t of)> progress;
+  EvalResult run() const;
+};
+
+/// lopper compare: two models side by side (params, nonzero, MACs, file size, accuracy, latency).
+struct CompareMeasured {
+  int64_t params = 0, nonzero = 0, macs = 0, file_bytes = 0;
+  int64_t effective_macs = 0;  // what a sparse kernel does: each layer's MACs times its density
+  double top1 = -1;            // -1: no data
+  LatencyStats latency;
+  ModelCost cost;
+};
+struct CompareResult {
+  CompareMeasured before, after;
+  std::string json;  // the JSON report (written to `out` too), indented
+};
+struct CompareRequest {
+  std::string before, after;
+  DataSpec data;  // top-1 accuracy on it, when given
+  int64_t batch = 1, iters = 200;
+  std::string device = "cpu", precision = "fp32";
+  std::string out;      // the JSON report, also written here
+  std::string report;   // an HTML report of the two models, per layer
+  std::string command;  // the command line, for the HTML report's header
+  Warn warn;
+  void validate() const;
+  CompareResult run() const;
+};
 
 /// What a PruneRequest resolves to: one way of pruning for every layer, or a recipe, and what it
 /// reads.

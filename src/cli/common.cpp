@@ -17,18 +17,11 @@
 
 namespace lopper::cli {
 
-std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec) {
+std::pair<std::string, std::string> parse_input_spec(const std::string& spec) {
   size_t eq = spec.rfind('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
     throw UsageError("[run] --input expects NAME=FILE, got '" + spec + "'");
-  std::string name = spec.substr(0, eq), file = spec.substr(eq + 1);
-  auto ends = [&](const char* s) {
-    std::string e(s);
-    return file.size() >= e.size() && file.compare(file.size() - e.size(), e.size(), e) == 0;
-  };
-  if (ends(".npy")) return {name, load_npy(file)};
-  if (ends(".pb")) return {name, onnx::load_tensor_pb(file)};
-  throw UsageError("[run] input file '" + file + "' must be .npy or .pb");
+  return {spec.substr(0, eq), spec.substr(eq + 1)};
 }
 
 std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec) {
@@ -67,14 +60,6 @@ std::map<std::string, std::vector<int64_t>> parse_shape_overrides(
   return out;
 }
 
-std::string safe_file_name(const std::string& name) {
-  std::string out;
-  for (char c : name)
-    out += (isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
-  if (out.empty() || out[0] == '.') out = "_" + out;
-  return out;
-}
-
 std::string shape_string(at::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -88,57 +73,14 @@ std::string shape_string(at::IntArrayRef shape) {
 
 namespace lopper::cli {
 
-int64_t fixed_batch_size(const ir::Model& model) {
-  for (const auto& v : model.graph.inputs) {
-    if (model.graph.find_initializer(v.name)) continue;
-    if (!v.type.dims.empty() && v.type.dims[0].is_static() && v.type.dims[0].value > 0)
-      return v.type.dims[0].value;
-    return 0;
-  }
-  return 0;
-}
-
-int64_t model_file_bytes(const std::string& path, const ir::Model& model) {
-  std::error_code ec;
-  auto n = std::filesystem::file_size(path, ec);
-  if (ec) return 0;
-  int64_t total = int64_t(n);
-  for (const auto& f : model.external_files) {
-    auto m = std::filesystem::file_size(f, ec);
-    if (!ec) total += int64_t(m);
-  }
-  return total;
-}
-
-int64_t staged_model_bytes(const OutputFiles& files, const std::string& path) {
-  return files.staged_bytes(path) + files.staged_bytes(path + ".data");
-}
-
-void add_data_inputs(OutputFiles& files, const std::string& spec) {
-  const size_t colon = spec.find(':');
-  if (colon == std::string::npos) return;
-  std::string rest = spec.substr(colon + 1);
-  for (size_t i = 0; i <= rest.size();) {
-    size_t j = rest.find(',', i);
-    if (j == std::string::npos) j = rest.size();
-    std::string entry = rest.substr(i, j - i);
-    size_t eq = entry.find('=');  // NAME=FILE (npy:, tokens:)
-    files.input(eq == std::string::npos ? entry : entry.substr(eq + 1));
-    i = j + 1;
-  }
-}
-
 void warn_about_model(const ir::Model& m, const std::string& path) {
-  for (const auto& w : load_warnings(m))
-    std::cerr << "lopper: warning: " << path << ": " << w << "\n";
+  for (const auto& w : load_warnings(m)) warn(path + ": " + w);
 }
+
+void warn(const std::string& what) { std::cerr << "lopper: warning: " << what << "\n"; }
 
 ir::Model load_input_model(OutputFiles& files, const std::string& path) {
-  files.input(path);
-  ir::Model m = onnx::load_model(path);
-  for (const auto& f : m.external_files) files.input(f);
-  warn_about_model(m, path);
-  return m;
+  return lopper::load_input_model(files, path, warn);
 }
 
 void add_threads_option(CLI::App* cmd, int& threads) {
@@ -227,14 +169,6 @@ void load_cuda_if_asked(const CLI::App& command) {
     (void)load_cuda();
 }
 
-ExecOptions exec_options(const std::string& device, const std::string& precision) {
-  ExecOptions eo;
-  eo.device = device;
-  eo.precision = parse_flag([&] { return parse_precision(precision); });
-  check_device_flag(device);
-  return eo;
-}
-
 std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& default_split,
                                          const std::string& purpose, int64_t default_batch_size) {
   split = default_split;
@@ -266,39 +200,6 @@ std::vector<CLI::Option*> DataFlags::add(CLI::App* cmd, const std::string& defau
   added.push_back(cmd->add_option("--mask-prob", mask_prob,
                                   "masked-lm: share of the tokens masked and predicted (0.15)"));
   return added;
-}
-
-LoaderOptions DataFlags::loader(const ir::Model& model, bool& fixed_batch) const {
-  LOPPER_CHECK(batch_size > 0, "[data] --batch-size must be > 0, got ", batch_size);
-  LoaderOptions lo;
-  lo.batch_size = batch_size;
-  int64_t fixed = fixed_batch_size(model);
-  fixed_batch = fixed > 0;
-  if (fixed_batch) lo.batch_size = fixed;
-  if (!normalize.empty()) parse_normalize(normalize, lo);
-  if (!resize.empty()) parse_resize(resize, lo);
-  return lo;
-}
-
-LoaderOptions DataFlags::loader(const ir::Model& model) const {
-  bool fixed = false;
-  return loader(model, fixed);
-}
-
-std::shared_ptr<Dataset> DataFlags::dataset() const { return open_dataset(data, split); }
-
-LossOptions DataFlags::loss_options(uint64_t seed) const {
-  LossOptions o;
-  o.loss = parse_flag([&] { return parse_loss(loss); });
-  o.mask_token = mask_token;
-  o.mask_prob = mask_prob;
-  o.seed = seed;
-  parse_flag([&] { check_loss_options(o); });
-  return o;
-}
-
-bool DataFlags::one_split() const {
-  return data.rfind("npy:", 0) == 0 || data.rfind("tokens:", 0) == 0;
 }
 
 }  // namespace lopper::cli

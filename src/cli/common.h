@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -62,29 +63,19 @@ void check_device_flag(const std::string& device);
 /// anything (lopper::load_cuda()); a CPU run never maps libtorch_cuda.
 void load_cuda_if_asked(const CLI::App& command);
 
-/// "NAME=FILE" -> (NAME, tensor from .npy or TensorProto .pb).
-std::pair<std::string, at::Tensor> parse_input_spec(const std::string& spec);
+/// "NAME=FILE" -> (NAME, FILE).
+std::pair<std::string, std::string> parse_input_spec(const std::string& spec);
 /// "NAME=1x3x224x224" -> (NAME, dims).
 std::pair<std::string, std::vector<int64_t>> parse_shape_spec(const std::string& spec);
 /// Every --shape NAME=DIMS given, by input name ("" when the name is left out).
 std::map<std::string, std::vector<int64_t>> parse_shape_overrides(
     const std::vector<std::string>& specs);
-/// A value name made safe as a file name ('/' and other odd characters become '_').
-std::string safe_file_name(const std::string& name);
 std::string shape_string(at::IntArrayRef shape);
-/// The model's fixed batch size: the first dim of its first real input when that dim is static and
-/// positive, else 0 (dynamic).
-int64_t fixed_batch_size(const ir::Model& model);
-/// Bytes of the model file at `path` plus the external data files `model` was read from (0 when
-/// the file cannot be read).
-int64_t model_file_bytes(const std::string& path, const ir::Model& model);
-/// Bytes of a model staged in `files` (the model and "<path>.data").
-int64_t staged_model_bytes(const OutputFiles& files, const std::string& path);
-/// The files a --data SPEC reads (npy:X.npy,Y.npy: both), as inputs of `files`.
-void add_data_inputs(OutputFiles& files, const std::string& spec);
 /// One warning line on stderr for what in `m` makes its figures another model's than the one a
 /// user deploys (BatchNormalization in training mode).
 void warn_about_model(const ir::Model& m, const std::string& path);
+/// Says a request's warning on stderr ("lopper: warning: ..."): the CLI's Warn.
+void warn(const std::string& what);
 /// Loads the model at `path` (warn_about_model); it and its external data files become inputs of
 /// `files`.
 ir::Model load_input_model(OutputFiles& files, const std::string& path);
@@ -92,31 +83,13 @@ ir::Model load_input_model(OutputFiles& files, const std::string& path);
 /// max_threads(); anything else is a usage error. Every command that runs a model has it and calls
 /// configure_threads(threads) before its work.
 void add_threads_option(CLI::App* cmd, int& threads);
-/// The executor's options for --device and --precision (parsed; errors name the bad value).
-ExecOptions exec_options(const std::string& device, const std::string& precision);
-
 /// The data options of every command that reads a dataset: --data, --split, --batch-size,
-/// --normalize, --resize.
-struct DataFlags {
-  std::string data, split, normalize, resize, loss = "auto";
-  int64_t batch_size = 64;
-  int64_t mask_token = -1;
-  double mask_prob = 0.15;
+/// --normalize, --resize, --loss, --mask-token, --mask-prob.
+struct DataFlags : DataSpec {
   /// Adds the options to `cmd`, --data first (the options added, in that order). `purpose`: what
   /// the data is for, when --data is optional ("" makes it required).
   std::vector<CLI::Option*> add(CLI::App* cmd, const std::string& default_split,
                                 const std::string& purpose = "", int64_t default_batch_size = 64);
-  bool given() const { return !data.empty(); }
-  /// Loader options for `model` (a fixed batch dim wins over --batch-size).
-  LoaderOptions loader(const ir::Model& model, bool& fixed_batch) const;
-  LoaderOptions loader(const ir::Model& model) const;
-  /// The dataset --data and --split name.
-  std::shared_ptr<Dataset> dataset() const;
-  /// --loss, --mask-token and --mask-prob, checked (UsageError naming the flag); `seed` picks the
-  /// masked tokens.
-  LossOptions loss_options(uint64_t seed = 0) const;
-  /// Whether the data is one split only (npy:, tokens:): --split does not apply.
-  bool one_split() const;
 };
 
 }  // namespace lopper::cli

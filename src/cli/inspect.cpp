@@ -2,16 +2,15 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
-#include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/error.h"
-#include "lopper/executor.h"
-#include "lopper/onnx_io.h"
 
 namespace lopper::cli {
 
@@ -26,39 +25,35 @@ std::string human(double v) {
 
 Action add_inspect(CLI::App& app) {
   struct Opts {
-    std::string model;
+    InspectRequest req;
     std::vector<std::string> shapes;
     bool json = false;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
-  auto* cmd =
-      model_command(app, "inspect", "per-layer parameters, nonzeros and MACs of a model", o->model);
+  auto* cmd = model_command(app, "inspect", "per-layer parameters, nonzeros and MACs of a model",
+                            o->req.model);
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   cmd->add_flag("--json", o->json, "print one JSON object");
   add_threads_option(cmd, o->threads);
   return [o]() {
     configure_threads(o->threads);
-    auto overrides = parse_shape_overrides(o->shapes);
-    ir::Model model = onnx::load_model(o->model);
-    auto shapes = resolve_input_shapes(model, overrides);
-    ModelCost cost = analyze(model, shapes);
-    const int64_t file_bytes = model_file_bytes(o->model, model);  // with its external data
-    // A weight several layers read (stored once by the exporter): each layer is listed, marked.
-    std::map<std::string, int> readers;
-    for (const auto& l : cost.layers) ++readers[l.weight];
-    auto shared = [&](const LayerCost& l) { return readers[l.weight] > 1; };
-
+    InspectRequest& req = o->req;
+    req.input_shapes = parse_shape_overrides(o->shapes);
+    const InspectResult r = req.run();
+    const ModelCost& cost = r.cost;
+    const int64_t file_bytes = r.file_bytes;
     if (o->json) {
       nlohmann::json j;
-      j["model"] = o->model;
+      j["model"] = req.model;
       j["params"] = cost.params;
       j["nonzero"] = cost.nonzero;
       j["macs"] = cost.macs;
       j["file_bytes"] = file_bytes;
       j["inputs"] = cost.input_shapes;
       j["layers"] = nlohmann::json::array();
-      for (const auto& l : cost.layers)
+      for (size_t i = 0; i < cost.layers.size(); ++i) {
+        const LayerCost& l = cost.layers[i];
         j["layers"].push_back({{"name", l.name},
                                {"op", l.op},
                                {"weight", l.weight},
@@ -67,7 +62,8 @@ Action add_inspect(CLI::App& app) {
                                {"params", l.params},
                                {"nonzero", l.nonzero},
                                {"macs", l.macs},
-                               {"shared", shared(l)}});
+                               {"shared", bool(r.shared[i])}});
+      }
       std::cout << j.dump(2) << "\n";
       return 0;
     }
@@ -78,14 +74,15 @@ Action add_inspect(CLI::App& app) {
     size_t w = name_column_width(names, 4);
     std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>9} {:>14}\n", "layer", w, "op",
                              "weight", "params", "nonzero", "sparsity", "MACs");
-    for (const auto& l : cost.layers) {
-      std::string shape = shape_string(l.weight_shape) + (shared(l) ? " shared" : "");
+    for (size_t i = 0; i < cost.layers.size(); ++i) {
+      const LayerCost& l = cost.layers[i];
+      std::string shape = shape_string(l.weight_shape) + (r.shared[i] ? " shared" : "");
       double sp = l.params ? 100.0 * (1.0 - double(l.nonzero) / double(l.params)) : 0.0;
       std::string name = fit_name(label(l), w);
       std::cout << fmt::format("{:<{}}  {:<13} {:<18} {:>12} {:>12} {:>8.1f}% {:>14}\n", name, w,
                                l.op, shape, l.params, l.nonzero, sp, l.macs);
     }
-    if (readers.size() < cost.layers.size())
+    if (std::find(r.shared.begin(), r.shared.end(), true) != r.shared.end())
       std::cout << "shared: one weight several layers read (stored once, counted once in params)\n";
     double sp = cost.params ? 100.0 * (1.0 - double(cost.nonzero) / double(cost.params)) : 0.0;
     std::cout << "\ninputs:";

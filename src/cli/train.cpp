@@ -296,7 +296,7 @@ Action add_finetune(CLI::App& app) { return add_train_command(app, true); }
 
 Action add_eval(CLI::App& app) {
   struct Opts {
-    std::string model, device = "cpu", precision = "fp32";
+    EvalRequest req;
     DataFlags data;
     bool json = false;
     int threads = 0;
@@ -305,39 +305,34 @@ Action add_eval(CLI::App& app) {
   auto* cmd = model_command(app, "eval",
                             "a model on a dataset: top-1, top-5, loss and per class for a "
                             "classifier; loss, perplexity and token accuracy for an LM",
-                            o->model);
+                            o->req.model);
   o->data.add(cmd, "test");
-  cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
-  cmd->add_option("--precision", o->precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
+  cmd->add_option("--device", o->req.device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--precision", o->req.precision, "fp32 (default) | bf16 | fp16 (CUDA only)");
   cmd->add_flag("--json", o->json,
                 "print JSON (top1, top5, loss, samples, per_class; tokens, perplexity)");
   add_threads_option(cmd, o->threads);
   return [o]() {
     configure_threads(o->threads);
-    ir::Model model = onnx::load_model(o->model);
-    warn_about_model(model, o->model);
-    bool fixed = false;
-    LoaderOptions lo = o->data.loader(model, fixed);
-    lo.shuffle = false;
-    lo.drop_last = fixed;
-    DataLoader loader(open_dataset(o->data.data, o->data.split), lo);
-    Progress bar("eval", loader.batches_per_epoch(), 1);
-    EvalOptions eval;
-    eval.device = o->device;
-    eval.precision = parse_flag([&] { return parse_precision(o->precision); });
-    eval.loss = o->data.loss_options();
-    eval.progress = [&](int64_t b, int64_t) { bar.update(b); };
-    EvalResult r = evaluate(model, loader, eval);
-    bar.finish();
+    EvalRequest& req = o->req;
+    req.data = o->data;
+    req.warn = warn;
+    std::optional<Progress> bar;
+    req.progress = [&](int64_t b, int64_t of) {
+      if (!bar) bar.emplace("eval", of, 1);
+      bar->update(b);
+    };
+    EvalResult r = req.run();
+    if (bar) bar->finish();
     if (o->json) {
       nlohmann::json j = to_json(r);
-      j["model"] = o->model;
+      j["model"] = req.model;
       j["data"] = o->data.data;
       j["split"] = o->data.split;
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    std::cout << fmt::format("{} on {} ({}): {} samples\n", o->model, o->data.data, o->data.split,
+    std::cout << fmt::format("{} on {} ({}): {} samples\n", req.model, o->data.data, o->data.split,
                              r.samples);
     if (r.tokens > 0) {
       std::cout << fmt::format(

@@ -67,6 +67,9 @@ import json, pathlib, sys
 import numpy as np
 old, new = map(pathlib.Path, sys.argv[1:])
 def plain(o):  # a JSON report without what differs between any two runs
+    if isinstance(o, dict) and 'profile' in o:  # bench: ops and nodes slowest first, as timed
+        o = dict(o, profile=sorted(o['profile'], key=lambda p: p['op']),
+                 profile_nodes=sorted(o['profile_nodes'], key=lambda p: p['node']))
     if isinstance(o, dict):
         return {k: plain(v) for k, v in o.items()
                 if k not in ('seconds', 'samples_per_s', 'data', 'out', 'model', 'ms', 'latency_ms',

@@ -99,9 +99,9 @@ Action add_bench(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = model_command(app, "bench", "latency and throughput of a model", o->req.model);
-  auto* batch =
-      cmd->add_option("--batch", o->batch,
-                      "batch size: first dim of every input (default: the model's, 1 if dynamic)");
+  auto* batch = cmd->add_option(
+      "--batch", o->batch,
+      "batch size, 1..1048576: first dim of every input (default: the model's, 1 if dynamic)");
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 (dynamic dims default to 1)");
   add_threads_option(cmd, o->threads);
   cmd->add_option("--device", o->req.device, "cpu, cuda or cuda:N");

@@ -26,7 +26,7 @@ Action add_compare(CLI::App& app) {
   cmd->add_option("before", o->req.before, "the model before (e.g. dense)")->required();
   cmd->add_option("after", o->req.after, "the model after (e.g. pruned)")->required();
   o->data.add(cmd, "test", "measure top-1 accuracy on this dataset", /*default_batch_size=*/256);
-  cmd->add_option("--batch", o->req.batch, "latency at this batch size (default 1)");
+  cmd->add_option("--batch", o->req.batch, "latency at this batch size (default 1; 1..1048576)");
   cmd->add_option("--iters", o->req.iters, "timed runs per model (default 200; 1..1000000)");
   add_threads_option(cmd, o->threads);
   cmd->add_option("--device", o->req.device, "cpu (default) | cuda | cuda:N");

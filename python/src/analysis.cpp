@@ -47,34 +47,6 @@ using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 // --- Arguments ---------------------------------------------------------------------------------
 
-// The library names options as its structs spell them; these are the Python arguments' names.
-std::string python_name(const std::string& option) {
-  return python_option(option);  // "batches": calib_batches
-}
-
-// Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
-// options as the Python arguments do.
-template <typename F>
-auto pythonic(F&& f) {
-  try {
-    return f();
-  } catch (const UsageError& e) {
-    throw UsageError(e.render(python_name));
-  } catch (const Error& e) {
-    throw Error(e.render(python_name));
-  }
-}
-
-// Runs `f`, whose errors are the caller's arguments' doing (ValueError).
-template <typename F>
-auto usage(F&& f) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    throw UsageError(e.render(python_name));
-  }
-}
-
 template <typename T>
 T arg(py::handle h, const char* op, const char* what, const char* kind) {
   // NOTE: a bool is an int to pybind11; as an amount, a count or a size it is a mistake.
@@ -142,7 +114,7 @@ std::unique_ptr<DataLoader> sweep_loader(py::handle data, int64_t eval_batches, 
     }
     if (int64_t(batches.size()) >= want) break;
   }
-  return usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
+  return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
 }
 
 // progress(label, done, total, what) in Python, with the GIL held; Ctrl-C stops the work there.
@@ -185,6 +157,23 @@ struct Sensitivity {
   int64_t file_bytes = 0;
 };
 
+// The arguments lopper.sensitivity and lopper.prune_to_target share, into their request (`op`
+// names the call in messages).
+template <typename Request>
+void one_shot_args(Request& req, const char* op, const py::object& round_to,
+                   const py::object& exclude, const py::object& allow_tied,
+                   const py::object& calib_batches, const py::object& block_size,
+                   const py::object& dampening, const py::object& device, const py::object& data) {
+  req.round_to = arg<int64_t>(round_to, op, "round_to", "an int");
+  if (!exclude.is_none()) req.exclude = arg<std::string>(exclude, op, "exclude", "a str");
+  req.allow_tied = flag(allow_tied, op, "allow_tied");
+  req.batches = optional_int(calib_batches, op, "calib_batches");
+  req.block_size = optional_int(block_size, op, "block_size");
+  if (!dampening.is_none()) req.dampening = arg<double>(dampening, op, "dampening", "a float");
+  req.device = arg<std::string>(device, op, "device", "a str");
+  req.data = !data.is_none();
+}
+
 std::shared_ptr<Sensitivity> sensitivity_call(
     const py::object& export_fn, const py::object& data, const py::object& structured_arg,
     const py::object& method, const py::object& amounts, const py::object& eval_batches,
@@ -199,19 +188,11 @@ std::shared_ptr<Sensitivity> sensitivity_call(
   if (!method.is_none()) req.criterion = arg<std::string>(method, "sensitivity", "method", "a str");
   if (!amounts.is_none()) req.amounts = amounts_arg(amounts);
   req.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
-  req.round_to = arg<int64_t>(round_to, "sensitivity", "round_to", "an int");
-  if (!exclude.is_none())
-    req.exclude = arg<std::string>(exclude, "sensitivity", "exclude", "a str");
+  one_shot_args(req, "sensitivity", round_to, exclude, allow_tied_arg, calib_batches, block_size,
+                dampening, device, data);
   if (!seed.is_none()) req.seed = arg<uint64_t>(seed, "sensitivity", "seed", "an int >= 0");
-  req.allow_tied = flag(allow_tied_arg, "sensitivity", "allow_tied");
-  req.batches = optional_int(calib_batches, "sensitivity", "calib_batches");
-  req.block_size = optional_int(block_size, "sensitivity", "block_size");
-  if (!dampening.is_none())
-    req.dampening = arg<double>(dampening, "sensitivity", "dampening", "a float");
-  req.device = arg<std::string>(device, "sensitivity", "device", "a str");
-  req.data = !data.is_none();
   req.data_hint = " (an iterable of batches: tensors, (samples, labels) or dicts of named inputs)";
-  const SensitivityJob job = usage([&] { return req.validate(); });
+  const SensitivityJob job = as_usage([&] { return req.validate(); });
   SensitivityOptions so = job.options;
   so.fixed = fixed_arg(fixed);
   const bool reads_inputs = job.reads_inputs;
@@ -320,17 +301,11 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     req.target_latency_ms = arg<double>(latency_ms, "prune", "latency_ms", "a float");
   if (structured) req.structured = "channel";
   if (!method.is_none()) req.criterion = arg<std::string>(method, "prune", "method", "a str");
-  req.round_to = arg<int64_t>(round_to, "prune", "round_to", "an int");
-  if (!exclude.is_none()) req.exclude = arg<std::string>(exclude, "prune", "exclude", "a str");
-  req.allow_tied = flag(allow_tied_arg, "prune", "allow_tied");
-  req.batches = optional_int(calib_batches, "prune", "calib_batches");
-  req.block_size = optional_int(block_size, "prune", "block_size");
-  if (!dampening.is_none()) req.dampening = arg<double>(dampening, "prune", "dampening", "a float");
+  one_shot_args(req, "prune", round_to, exclude, allow_tied_arg, calib_batches, block_size,
+                dampening, device, data);
   req.eval_batches = arg<int64_t>(eval_batches_arg, "prune", "eval_batches", "an int");
-  req.device = arg<std::string>(device, "prune", "device", "a str");
-  req.data = !data.is_none();
   req.data_hint = " (an iterable of batches)";
-  const TargetJob job = usage([&] { return req.validate(); });
+  const TargetJob job = as_usage([&] { return req.validate(); });
   TargetOptions t = job.options;
   t.fixed = fixed_arg(fixed);
   const bool calibrated = job.reads_inputs;
@@ -372,7 +347,7 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     calib = calibration_loader(data, req.batches);
     t.calibration = calibration_arg(loss, mask_token, calib->batches_per_epoch(), device, 0);
     t.calibration_data = calib.get();
-    usage([&] { check_calibration(*calib, t.calibration); });
+    as_usage([&] { check_calibration(*calib, t.calibration); });
     if (!progress.is_none())
       t.calibration.on_pass = [&progress](int64_t pass, int64_t of, const std::string& what) {
         call_progress(progress, "calibrate", pass, of, what);  // as the pass starts

@@ -44,6 +44,19 @@ auto as_usage(F&& f) {
   }
 }
 
+// Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
+// options as the Python arguments do (python_option).
+template <typename F>
+auto pythonic(F&& f) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(python_option));
+  } catch (const Error& e) {
+    throw Error(e.render(python_option));
+  }
+}
+
 /// torch.nn.utils.prune's `amount`: an int is a count, a float a fraction.
 PruneAmount to_amount(pybind11::handle a);
 

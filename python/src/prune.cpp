@@ -132,19 +132,6 @@ std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<in
 
 namespace {
 
-// Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
-// options as the Python arguments do.
-template <typename F>
-auto pythonic(F&& f) {
-  try {
-    return f();
-  } catch (const UsageError& e) {
-    throw UsageError(e.render(python_option));
-  } catch (const Error& e) {
-    throw Error(e.render(python_option));
-  }
-}
-
 // lopper.prune's report: the library's, and what save_html measures.
 struct ModulePruneReport : PruneReport, PrunedExport {};
 

@@ -47,15 +47,11 @@ std::vector<double> parse_amounts(const std::string& s) {
 
 Action add_sensitivity(CLI::App& app) {
   struct Opts {
-    std::string model, out, report, structured, method,
-        amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
-    std::string device = "cpu", exclude;
+    SensitivityRequest req;
+    std::string model, out, report, amounts = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95";
     std::vector<std::string> shapes;
     DataFlags data;
-    int64_t eval_batches = 16, round_to = 1, calib_batches = 0;
-    SensitivityOptions defaults;
-    uint64_t seed = 0;
-    bool json = false, allow_tied = false;
+    bool json = false;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -65,32 +61,31 @@ Action add_sensitivity(CLI::App& app) {
                     "at each amount",
                     o->model);
   o->data.add(cmd, "test");
-  cmd->add_option("--structured", o->structured,
+  cmd->add_option("--structured", o->req.structured,
                   "channel: prune each channel group (the model shrinks) instead of each weight");
-  cmd->add_option("--method", o->method,
+  cmd->add_option("--method", o->req.criterion,
                   "weights: l1 (default) | random | wanda | sparsegpt (by the layers' inputs on "
                   "the data); channels: l1 (default) | l2 | bn | fpgm | random");
-  auto* calib = cmd->add_option(
-      "--calib-batches", o->calib_batches,
+  cmd->add_option(
+      "--calib-batches", o->req.batches,
       "wanda, sparsegpt: the data's first batches the layers' inputs are collected on (default: "
       "128 samples; the evaluated batches are among them)");
-  auto* block = cmd->add_option("--block-size", o->defaults.block_size,
-                                "sparsegpt: columns pruned together (default 128)");
-  auto* damp = cmd->add_option("--dampening", o->defaults.dampening,
-                               "sparsegpt: added to the Hessian's diagonal, a share of its mean "
-                               "(default 0.01)");
+  cmd->add_option("--block-size", o->req.block_size,
+                  "sparsegpt: columns pruned together (default 128)");
+  cmd->add_option("--dampening", o->req.dampening,
+                  "sparsegpt: added to the Hessian's diagonal, a share of its mean (default 0.01)");
   cmd->add_option("--amounts", o->amounts,
                   "comma-separated shares removed, each in [0, 1) (default 0.1,...,0.9,0.95)");
-  cmd->add_option("--eval-batches", o->eval_batches,
+  cmd->add_option("--eval-batches", o->req.eval_batches,
                   "batches evaluated per point, the same ones each time (default 16)");
-  cmd->add_option("--device", o->device, "cpu (default) | cuda | cuda:N");
-  cmd->add_option("--exclude", o->exclude,
+  cmd->add_option("--device", o->req.device, "cpu (default) | cuda | cuda:N");
+  cmd->add_option("--exclude", o->req.exclude,
                   "leave out layers (or groups with a layer) whose node, weight or parameter name "
                   "matches REGEX");
-  cmd->add_option("--round-to", o->round_to, "channels: keep counts a multiple of N");
-  cmd->add_flag("--allow-tied", o->allow_tied,
+  cmd->add_option("--round-to", o->req.round_to, "channels: keep counts a multiple of N");
+  cmd->add_flag("--allow-tied", o->req.allow_tied,
                 "weights: analyse tied weights too (e.g. GPT-2's lm_head, the token embedding)");
-  cmd->add_option("--seed", o->seed, "random: the seed (default 0)");
+  cmd->add_option("--seed", o->req.seed, "random: the seed (default 0)");
   cmd->add_option("--shape", o->shapes, "NAME=1x3x224x224 for MAC counts (dynamic dims: 1)");
   cmd->add_option("-o,--out", o->out,
                   "write the result as JSON here (pruning to a target reads it)");
@@ -99,22 +94,10 @@ Action add_sensitivity(CLI::App& app) {
                   "write an HTML report here: the curves, the accuracy-sparsity trade-off, the "
                   "model's layers");
   add_threads_option(cmd, o->threads);
-  return [o, cmd, calib, block, damp]() {
+  return [o]() {
     configure_threads(o->threads);
-    SensitivityRequest req;
+    SensitivityRequest& req = o->req;
     req.amounts = parse_flag([&] { return parse_amounts(o->amounts); });
-    auto given = [&](const char* flag) { return cmd->get_option(flag)->count() > 0; };
-    if (given("--structured")) req.structured = o->structured;
-    if (given("--method")) req.criterion = o->method;
-    if (given("--eval-batches")) req.eval_batches = o->eval_batches;
-    if (given("--round-to")) req.round_to = o->round_to;
-    if (given("--exclude")) req.exclude = o->exclude;
-    if (given("--seed")) req.seed = o->seed;
-    req.allow_tied = o->allow_tied;
-    if (calib->count() > 0) req.batches = o->calib_batches;
-    if (block->count() > 0) req.block_size = o->defaults.block_size;
-    if (damp->count() > 0) req.dampening = o->defaults.dampening;
-    req.device = o->device;
     req.input_shapes = parse_shape_overrides(o->shapes);
     req.data = o->data.given();
     SensitivityOptions so = parse_flag([&] { return req.validate(); }).options;
@@ -124,7 +107,7 @@ Action add_sensitivity(CLI::App& app) {
     add_data_inputs(files, o->data.data);
     if (!o->out.empty()) files.declare(o->out, "-o");
     if (!o->report.empty()) files.declare(o->report, "--report");
-    check_device_flag(o->device);  // fails before the data is read
+    check_device_flag(req.device);  // fails before the data is read
     so.loss = o->data.loss_options(so.seed);
 
     ir::Model model = load_input_model(files, o->model);
@@ -144,7 +127,7 @@ Action add_sensitivity(CLI::App& app) {
     if (!o->report.empty()) {
       HtmlReport rep("sensitivity", "Sensitivity of " + o->model, command_line());
       ReportMeasure how;
-      how.device = o->device;
+      how.device = req.device;
       how.shapes = so.input_shapes;
       const ModelCost cost = analyze(model, resolve_input_shapes(model, so.input_shapes, 1));
       ReportModel m = measure_for_report("model", o->model, model, cost, how);

@@ -25,8 +25,8 @@ namespace {
 // Refuses `value` of `option` outside [lo, hi], in `op`'s words ("bench").
 void check_range(const char* op, const char* option, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi)
-    throw UsageError(detail::concat("[", op, "] ", opt(option), " must be ", lo, "..", hi,
-                                    ", got ", value));
+    throw UsageError(
+        detail::concat("[", op, "] ", opt(option), " must be ", lo, "..", hi, ", got ", value));
 }
 
 constexpr int64_t kMostBatch = int64_t(1) << 20;
@@ -63,9 +63,10 @@ BenchResult BenchRequest::run() const {
                     : onnx::to_scalar_type(v->type.elem_type);
     double bytes = tensor_bytes(dims, c10::elementSize(type));
     if (exceeds_memory(bytes))
-      throw UsageError(memory_message(detail::concat("[bench] ", opt("batch"), " ", batch.value_or(0),
-                                                     ": input '", v->name, "' ", dims_string(dims)),
-                                      bytes));
+      throw UsageError(
+          memory_message(detail::concat("[bench] ", opt("batch"), " ", batch.value_or(0),
+                                        ": input '", v->name, "' ", dims_string(dims)),
+                         bytes));
     at::Tensor t = at::isFloatingType(type) ? at::randn(dims).to(type)
                                             : at::zeros(dims, at::TensorOptions().dtype(type));
     feeds.emplace_back(v->name, t.to(exec.device()));
@@ -107,8 +108,7 @@ BenchResult BenchRequest::run() const {
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> ops(per_op.begin(), per_op.end());
   std::sort(ops.begin(), ops.end(),
             [](auto& a, auto& b) { return a.second.first > b.second.first; });
-  for (const auto& [op, v] : ops)
-    r.ops.push_back({op, v.first / double(iters), v.second / iters});
+  for (const auto& [op, v] : ops) r.ops.push_back({op, v.first / double(iters), v.second / iters});
   for (const auto& [n, ms] : per_node) r.nodes.emplace_back(ms, n);
   std::sort(r.nodes.rbegin(), r.nodes.rend());
   for (auto& node : r.nodes) node.first /= double(iters);
@@ -213,8 +213,8 @@ CompareResult CompareRequest::run() const {
       r[i]->top1 = evaluate(m, dl, ev).top1;
     }
   }
-  nlohmann::json j = {{"before", before}, {"after", after},   {"batch", batch},
-                      {"iters", iters},   {"data", data.data}, {"split", data.split},
+  nlohmann::json j = {{"before", before}, {"after", after},        {"batch", batch},
+                      {"iters", iters},   {"data", data.data},     {"split", data.split},
                       {"device", device}, {"precision", precision}};
   j["before_measured"] = row(result.before);
   j["after_measured"] = row(result.after);

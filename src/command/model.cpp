@@ -194,9 +194,9 @@ ConvertResult ConvertRequest::run() const {
   if (external_data) files.declare(out + ".data", opt("external_data") + " (" + out + ".data)");
   ir::Model m = load_input_model(files, model, warn);
   onnx::SaveOptions so;
-  so.sparse = sparse_initializers ? onnx::SaveOptions::Sparse::kAll
-                                  : (dense ? onnx::SaveOptions::Sparse::kNone
-                                           : onnx::SaveOptions::Sparse::kKeep);
+  so.sparse = sparse_initializers
+                  ? onnx::SaveOptions::Sparse::kAll
+                  : (dense ? onnx::SaveOptions::Sparse::kNone : onnx::SaveOptions::Sparse::kKeep);
   so.external_data = external_data;
   onnx::save_model(m, out, so, files);
   ConvertResult r;

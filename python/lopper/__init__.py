@@ -25,10 +25,10 @@ if _torch.__version__ != _BUILT_AGAINST:
         f"folder), or install torch=={_BUILT_AGAINST}")
 
 from lopper._lopper import InferenceSession, NodeArg, __version__  # noqa: E402
-from lopper._prune import PruneLayerReport, PruneReport, prune  # noqa: E402
+from lopper._prune import PruneLayerReport, PruneReport, make_permanent, prune  # noqa: E402
 from lopper import _analysis, _structured  # noqa: E402
 from lopper._analysis import *  # noqa: E402,F401,F403 (its __all__)
 from lopper._structured import *  # noqa: E402,F401,F403 (its __all__)
 
 __all__ = ["InferenceSession", "NodeArg", "PruneLayerReport", "PruneReport", "__version__",
-           "prune"] + _analysis.__all__ + _structured.__all__
+           "make_permanent", "prune"] + _analysis.__all__ + _structured.__all__

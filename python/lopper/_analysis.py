@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from lopper import _lopper, _structured, _prune
+from lopper import _hf, _lopper, _prune, _structured
 from lopper._lopper import (  # noqa: F401 (re-exported)
     SensitivityLayer, SensitivityPoint, SensitivityReport, TargetLayer, TargetReport)
 
@@ -106,7 +106,7 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
             data (an unsupported op, batches the module cannot take, no layer to analyse).
     """
     _prune._check_module(module, "sensitivity")
-    args, kwargs = _prune._split_inputs(example_inputs, "sensitivity")
+    args, kwargs = _prune._split_inputs(example_inputs, "sensitivity", module)
     if device is None:
         device = _prune._module_device(module)
 
@@ -221,7 +221,7 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
             (every layer at its largest amount is not enough).
     """
     _prune._check_module(module, "prune")
-    args, kwargs = _prune._split_inputs(example_inputs, "prune")
+    args, kwargs = _prune._split_inputs(example_inputs, "prune", module)
     if device is None:
         device = _prune._module_device(module)
     holders = {}
@@ -256,6 +256,11 @@ def prune_to_target(module, example_inputs, *, macs=None, params=None, latency_m
             progress=bars.callback, name=type(module).__name__, command=command, **extra)
     if structured:
         _structured._shrink_in_place(module, holders, args, kwargs, before, result, 1e-4)
+        # A transformers model's config follows where it can describe the widths a target chose.
+        problem = _hf.follow_config(module, _structured._ATTENTION_NAMES, setattr)
+        if problem is not None:
+            warnings.warn(f"[prune] {problem[0]}: save_pretrained + from_pretrained would not give "
+                          "the pruned model back", stacklevel=2)
     else:
         _prune._apply(result, values, holders)
     for w in report.warnings:

@@ -16,10 +16,10 @@ import warnings
 import torch
 from torch.nn.utils import prune as _torch_prune
 
-from lopper import _lopper
+from lopper import _hf, _lopper
 from lopper._lopper import PruneLayerReport, PruneReport  # noqa: F401 (re-exported)
 
-__all__ = ["PruneLayerReport", "PruneReport", "prune"]
+__all__ = ["PruneLayerReport", "PruneReport", "make_permanent", "prune"]
 
 
 def prune(module, example_inputs, *, method=None, amount=None, threshold=None, scope="local",
@@ -145,7 +145,7 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             (calibration batches the module cannot take, a Hessian that stays singular).
     """
     _check_module(module, "prune")
-    args, kwargs = _split_inputs(example_inputs)
+    args, kwargs = _split_inputs(example_inputs, module=module)
     if device is None:
         device = _module_device(module)
     exported, holders = _export(module, args, kwargs, dynamic=data is not None)
@@ -171,7 +171,38 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
     _apply(masks, values, holders)
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
+    if _hf.is_transformers_model(module) and _pruned(module):
+        warnings.warn("[prune] the pruned weights are torch.nn.utils.prune masks (weight_orig, "
+                      "weight_mask): save_pretrained stores those and from_pretrained starts "
+                      "every such weight anew; call lopper.make_permanent(model) before saving",
+                      stacklevel=2)
     return report
+
+
+def make_permanent(module):
+    """Makes every ``torch.nn.utils.prune`` mask on ``module`` permanent
+    (``torch.nn.utils.prune.remove`` on each masked parameter): the zeros stay, ``weight_orig``
+    and ``weight_mask`` go, and ``state_dict()`` and ``save_pretrained`` store each pruned weight
+    under its own name, as ``load_state_dict`` and ``from_pretrained`` read it. Call it before
+    saving a model ``lopper.prune`` pruned (the masks no longer keep later training from
+    filling the zeros in).
+
+    Returns:
+        list of str: the parameters made permanent ("fc1.weight", ...), none when nothing was
+        masked.
+
+    Raises:
+        TypeError: ``module`` is not a torch.nn.Module.
+    """
+    _check_module(module, "make_permanent")
+    done, seen = [], set()
+    for prefix, sub, name in _pruned(module):
+        if (id(sub), name) in seen:  # a submodule held twice (tied): once
+            continue
+        seen.add((id(sub), name))
+        _torch_prune.remove(sub, name)
+        done.append(f"{prefix}.{name}" if prefix else name)
+    return done
 
 
 # lopper.prune's one-shot defaults (the papers'): the report's command shows the others.
@@ -253,13 +284,15 @@ def _apply(masks, values, holders):
         _torch_prune.custom_from_mask(sub, attr, mask.to(getattr(sub, attr).device))
 
 
-def _split_inputs(example_inputs, op="prune"):
+def _split_inputs(example_inputs, op="prune", module=None):
+    """(positional, keyword) arguments of `module`'s forward; a transformers model is run without
+    its key/value cache (see _without_cache)."""
     if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), {}
+        return (example_inputs,), _hf.without_cache(module, {})
     if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
+        return (), _hf.without_cache(module, dict(example_inputs))
     if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs), {}
+        return tuple(example_inputs), _hf.without_cache(module, {})
     raise TypeError(f"[{op}] example_inputs must be a tensor, a tuple of positional arguments or a "
                     f"dict of keyword arguments, got {type(example_inputs).__name__}")
 

@@ -14,7 +14,7 @@ import warnings
 import torch
 from torch.nn.utils import prune as _torch_prune
 
-from lopper import _lopper
+from lopper import _hf, _lopper
 from lopper._lopper import ChannelGroup, StructuredReport  # noqa: F401 (re-exported)
 from lopper._prune import _export, _first_line, _Progress, _pruned, _split_inputs
 
@@ -28,12 +28,13 @@ _QUERY = ("q_proj", "query", "q", "q_lin", "to_q", "wq")
 _KEY = ("k_proj", "key", "k", "k_lin", "to_k", "wk")
 _VALUE = ("v_proj", "value", "v", "v_lin", "to_v", "wv")
 _FUSED_QKV = ("c_attn", "qkv", "Wqkv", "query_key_value", "in_proj")
+_ATTENTION_NAMES = (_HEADS, _KV_HEADS, _HEAD_DIM, _QUERY, _KEY, _FUSED_QKV)
 
 
 def prune_structured(module, example_inputs, *, unit="channel", method="l1", amount=None,
                      scope="local", max_layer_amount=0.9, round_to=1, exclude=None, seed=None,
                      recipe=None, data=None, loss="auto", mask_token=None, calib_batches=32,
-                     device=None, rtol=1e-4, progress=True):
+                     device=None, rtol=1e-4, progress=True, reloadable=True):
     """Removes whole channels (conv filters, linear neurons) or attention heads from ``module``, in
     place: the module gets smaller and faster, not just sparser.
 
@@ -98,6 +99,17 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         device (str): where lopper calibrates and runs the check (default: the module's).
         rtol (float): the check's tolerance, relative to each output's largest magnitude.
         progress (bool): show calibration progress (tqdm when installed, else plain lines).
+        reloadable (bool): a transformers model (a ``PreTrainedModel``, passed as it comes: it
+            runs without its key/value cache) gets a config that describes the pruned shapes
+            (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, the MLP width under
+            the architecture's own key: ``intermediate_size``, GPT-2's ``n_inner``,
+            DistilBERT's ``hidden_dim``), checked by building the class from it, so that
+            ``save_pretrained`` + ``from_pretrained`` gives back the pruned model. With
+            ``reloadable=True`` (the default) a group whose size the config cannot give (heads
+            where the head size follows the hidden size, as in GPT-2, BERT and DistilBERT; a
+            pooler) is kept whole, and ``scope="global"`` (unequal widths) is refused;
+            ``reloadable=False`` prunes them all the same, for a model that is not reloaded with
+            ``from_pretrained``.
 
     Returns:
         StructuredReport: per channel group (``report.groups``: layers, size before and after,
@@ -127,7 +139,15 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         raise ValueError("[prune] the module carries torch.nn.utils.prune masks: make them "
                          "permanent first (torch.nn.utils.prune.remove) or prune it structured "
                          "before unstructured")
-    args, kwargs = _split_inputs(example_inputs)
+    if not isinstance(reloadable, bool):
+        raise TypeError(f"[prune] reloadable must be a bool, got {type(reloadable).__name__}")
+    reloadable = reloadable and _hf.is_transformers_model(module)
+    if reloadable and scope == "global":
+        raise ValueError(
+            "[prune] scope='global' gives the layers different widths, which a transformers "
+            "config cannot describe (save_pretrained + from_pretrained would not give the model "
+            "back): use scope='local', or reloadable=False")
+    args, kwargs = _split_inputs(example_inputs, module=module)
     kwargs = _in_signature_order(module, kwargs)
     if device is None:
         first = next(module.parameters(), None)
@@ -167,7 +187,8 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         else:
             graph_before.extend(shrunk[1])
         try:
-            _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep)
+            _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep,
+                             reloadable)
         except _Mismatch as e:
             e.report = report
             raise
@@ -193,11 +214,12 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
 class _Mismatch(RuntimeError):
     """The shrunk module does not compute what lopper's pruned graph computes (it is back as it
     was). `what`: what is in the way; `suspects`: qualified names of the modules and parameters
-    where it showed; `report`: the StructuredReport of the prune that led to it."""
+    where it showed; `report`: the StructuredReport of the prune that led to it; `why`: what a
+    group kept for it says."""
 
-    def __init__(self, message, what, suspects):
+    def __init__(self, message, what, suspects, why="its size is hard-coded in the module"):
         super().__init__(message)
-        self.what, self.suspects, self.report = what, suspects, None
+        self.what, self.suspects, self.report, self.why = what, suspects, None, why
 
 
 def _pruned_groups(report):
@@ -260,7 +282,7 @@ def _keep_what_the_module_hard_codes(attempt, first):
                 hi = mid
             else:
                 lo, lo_fail = mid, e
-        kept[pool[hi - 1]] = f"its size is hard-coded in the module: {lo_fail.what}"
+        kept[pool[hi - 1]] = f"{lo_fail.why}: {lo_fail.what}"
         try:
             return attempt(kept, keep=True)
         except _Mismatch as e:
@@ -275,7 +297,8 @@ def _keep_what_the_module_hard_codes(attempt, first):
 _MAX_TRIALS = 64
 
 
-def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep=True):
+def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep=True,
+                     reloadable=False):
     """Puts the pruned export's values into the module and checks it (see prune_structured); with
     keep=False it is put back after the check too. `shrunk`: (values, graph outputs before,
     after, diverged names, gone names) from the C++ side; `before`: the module's own outputs
@@ -289,7 +312,7 @@ def _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep=T
     # The check allows what lopper's executor and PyTorch differ by on the unpruned module (float
     # rounding in another order), ten times over, where that exceeds rtol.
     noise = [_difference(a, b)[0] for a, b in zip(before, graph_before)]
-    changes = _apply(module, holders, values, args, kwargs, reference, rtol, noise)
+    changes = _apply(module, holders, values, args, kwargs, reference, rtol, noise, reloadable)
     if not keep:
         changes.undo()
 
@@ -382,7 +405,7 @@ class _Changes:
         self.modules = {}  # id -> a submodule whose parameters or buffers shrank
 
     def set_attr(self, sub, attr, value):
-        old = getattr(sub, attr)
+        old = getattr(sub, attr, _Changes)  # _Changes: there was none (a config's new key)
         if old == value:
             return
         self.attrs.append((sub, attr, old))
@@ -390,7 +413,10 @@ class _Changes:
 
     def undo(self):
         for sub, attr, old in reversed(self.attrs):
-            setattr(sub, attr, old)
+            if old is _Changes:
+                delattr(sub, attr)
+            else:
+                setattr(sub, attr, old)
         for sub, attr, old in reversed(self.buffers):
             sub._buffers[attr] = old
         for p, old in reversed(self.grads):
@@ -399,7 +425,7 @@ class _Changes:
             p.data = old
 
 
-def _apply(module, holders, values, args, kwargs, reference, rtol, noise):
+def _apply(module, holders, values, args, kwargs, reference, rtol, noise, reloadable):
     changes = _Changes()
     sizes = {}   # old size -> new size of every axis that shrank, to name attributes in the way
     try:
@@ -430,6 +456,14 @@ def _apply(module, holders, values, args, kwargs, reference, rtol, noise):
         for prefix, sub in module.named_modules():
             _update_heads(sub, changes)
         _check(module, args, kwargs, reference, rtol, noise, sizes, changes)
+        if reloadable:
+            problem = _hf.follow_config(module, _ATTENTION_NAMES, changes.set_attr)
+            if problem is not None:
+                what, suspect = problem
+                raise _Mismatch(
+                    f"[prune] {what}: save_pretrained + from_pretrained would not give the pruned "
+                    "model back (reloadable=False prunes it all the same)", what, [suspect],
+                    "the model's config cannot describe its size")
     except BaseException:
         changes.undo()
         raise

@@ -1,0 +1,143 @@
+"""What lopper does for a transformers model (a PreTrainedModel, passed as it comes): run it
+without its key/value cache, and make its config describe the shapes pruning left, so that
+save_pretrained + from_pretrained gives back the pruned model. Nothing here imports transformers:
+a model is recognised by what it has (a config with to_dict, a class that builds from one)."""
+
+import copy
+import inspect
+
+import torch
+
+# The config keys of an MLP's inner width, by architecture (LLaMA/Qwen2/BERT, GPT-2, DistilBERT,
+# OPT/BART).
+_INNER = ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim")
+# An MLP's first projections (their outputs are the inner width): LLaMA's gate/up, GPT-2's c_fc,
+# DistilBERT's lin1, OPT's fc1; BERT's BertIntermediate.dense.
+_UP = ("gate_proj", "up_proj", "c_fc", "lin1", "fc1", "w1", "w3")
+
+
+def is_transformers_model(module):
+    cfg = getattr(module, "config", None)
+    return cfg is not None and hasattr(cfg, "to_dict") and hasattr(type(module), "_from_config")
+
+
+def without_cache(module, kwargs):
+    """`kwargs` with use_cache=False for a transformers model that would return its key/value
+    cache (a DynamicCache no exporter knows, and a cost no pruning step needs): the model's config
+    is left as it is, and a caller's own use_cache wins."""
+    if module is None or "use_cache" in kwargs:
+        return kwargs
+    if getattr(getattr(module, "config", None), "use_cache", None) is None:
+        return kwargs
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if "use_cache" not in params:
+        return kwargs
+    return dict(kwargs, use_cache=False)
+
+
+def _out(sub):
+    w = getattr(sub, "weight", None)
+    if w is None or w.dim() != 2:
+        return None
+    return int(w.shape[1] if type(sub).__name__ == "Conv1D" else w.shape[0])
+
+
+def _int_attr(sub, names):
+    for n in names:
+        v = sub.__dict__.get(n)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _widths(module, heads_names, kv_names, head_dim_names, query, key, fused):
+    """The widths of every attention and MLP of `module`: sets of head counts, key/value head
+    counts, head sizes and MLP inner widths (one value each where every layer agrees)."""
+    heads, kv, head_dims, inner = set(), set(), set(), set()
+    for sub in module.modules():
+        children = dict(sub.named_children())
+        hd = _int_attr(sub, head_dim_names)
+        q = next((children[n] for n in query if n in children), None)
+        k = next((children[n] for n in key if n in children), None)
+        if hd and q is not None and k is not None and _out(q) and _out(k):
+            heads.add(_out(q) // hd)
+            kv.add(_out(k) // hd)
+            head_dims.add(hd)
+        elif hd and any(n in children for n in fused) and _int_attr(sub, heads_names):
+            heads.add(_int_attr(sub, heads_names))
+            head_dims.add(hd)
+        up = [children[n] for n in _UP if n in children and _out(children[n])]
+        if type(sub).__name__.endswith("Intermediate") and "dense" in children:
+            up.append(children["dense"])
+        if up:
+            inner.add(_out(up[0]))
+    return heads, kv, head_dims, inner
+
+
+def _shapes(module):
+    return {n: tuple(t.shape) for n, t in module.state_dict().items()}
+
+
+def follow_config(module, names, set_attr):
+    """Makes a transformers model's config describe what pruning left: head and key/value head
+    counts, the head size, the MLP's inner width, each under the architecture's own key, set
+    through `set_attr(config, key, value)` (so that it can be undone). The new config is checked
+    first by building the model's class from it (on the meta device: no memory) and comparing
+    every tensor's shape. Returns None when the config describes the model, else (what, suspect):
+    why save_pretrained + from_pretrained would not give this model back, and the parameter
+    whose size the config cannot give ("" when it is not one). `names`: _structured's attribute
+    names (heads, kv heads, head size, query, key, fused qkv)."""
+    if not is_transformers_model(module):
+        return None
+    cfg = module.config
+    heads, kv, head_dims, inner = _widths(module, *names)
+    given = cfg.to_dict()
+    updates = {}
+    uneven = []
+    for what, values, keys in (("attention heads", heads, ("num_attention_heads",)),
+                               ("key/value heads", kv, ("num_key_value_heads",)),
+                               ("MLP widths", inner, _INNER)):
+        key = next((k for k in keys if k in given or hasattr(cfg, k)), None)
+        if key is None or not values:
+            continue
+        if len(values) > 1:
+            uneven.append(f"{what} {sorted(values)}")
+            continue
+        (v,) = values
+        if getattr(cfg, key, None) != v:
+            updates[key] = v
+    if len(head_dims) == 1 and ("num_attention_heads" in updates or "head_dim" in given):
+        (hd,) = head_dims
+        if getattr(cfg, "head_dim", None) != hd:
+            updates["head_dim"] = hd
+    if uneven:
+        return (f"the layers differ in width ({', '.join(uneven)}), and a config gives one width "
+                f"to all", "")
+    if not updates:
+        return None
+    new = copy.deepcopy(cfg)
+    for k, v in updates.items():
+        setattr(new, k, v)
+    try:
+        with torch.device("meta"):
+            fresh = type(module)._from_config(new)
+    except Exception as e:  # noqa: BLE001 (a config the class refuses: say so)
+        first = str(e).splitlines()[0] if str(e) else ""
+        return (f"{type(module).__name__} does not build from a config with {_listed(updates)} "
+                f"({type(e).__name__}: {first})", "")
+    want, got = _shapes(module), _shapes(fresh)
+    wrong = [n for n in want if n in got and got[n] != want[n]]
+    if wrong:
+        return (f"{type(module).__name__} built from its config with {_listed(updates)} has "
+                f"{wrong[0]} {list(got[wrong[0]])}, not {list(want[wrong[0]])}: the config cannot "
+                f"give that size", wrong[0])
+    for k, v in updates.items():
+        set_attr(cfg, k, v)
+    return None
+
+
+def _listed(updates):
+    return ", ".join(f"{k}={v}" for k, v in updates.items())

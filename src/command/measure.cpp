@@ -42,8 +42,7 @@ void BenchRequest::validate() const {
 BenchResult BenchRequest::run() const {
   validate();
   ir::Model m = onnx::load_model(model);
-  if (warn)
-    for (const auto& w : load_warnings(m)) warn(model + ": " + w);
+  command::say_warnings(m, model, warn);
   auto shapes = resolve_input_shapes(m, input_shapes);
   Executor exec(m, exec_options(device, precision));
   NamedTensors feeds;
@@ -118,8 +117,7 @@ BenchResult BenchRequest::run() const {
 
 EvalResult EvalRequest::run() const {
   ir::Model m = onnx::load_model(model);
-  if (warn)
-    for (const auto& w : load_warnings(m)) warn(model + ": " + w);
+  command::say_warnings(m, model, warn);
   DataLoader loader(open_dataset(data.data, data.split), data.eval_loader(m));
   EvalOptions eval;
   eval.device = device;

@@ -98,18 +98,18 @@ int64_t fixed_batch_size(const ir::Model& model) {
   return 0;
 }
 
-namespace {
+namespace command {
 void say_warnings(const ir::Model& m, const std::string& path, const Warn& warn) {
   if (!warn) return;
   for (const auto& w : load_warnings(m)) warn(path + ": " + w);
 }
-}  // namespace
+}  // namespace command
 
 ir::Model load_input_model(OutputFiles& files, const std::string& path, const Warn& warn) {
   files.input(path);
   ir::Model m = onnx::load_model(path);
   for (const auto& f : m.external_files) files.input(f);
-  say_warnings(m, path, warn);
+  command::say_warnings(m, path, warn);
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "lopper/command.h"
 #include "lopper/error.h"
 #include "lopper/prune.h"
 
@@ -32,6 +33,9 @@ inline void check_exclude(const char* op, const std::string& exclude) {
     throw UsageError(std::string("[") + op + "] " + opt("exclude") + " '" + exclude +
                      "' is not a valid regex: " + e);
 }
+
+/// Says what load_warnings finds in `m` (read from `path`) to `warn`, one line each.
+void say_warnings(const ir::Model& m, const std::string& path, const Warn& warn);
 
 /// local (the default) | global; anything else is refused.
 PruneScope scope_of(const std::optional<std::string>& scope);

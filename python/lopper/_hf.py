@@ -38,19 +38,21 @@ def without_cache(module, kwargs):
     return dict(kwargs, use_cache=False)
 
 
-def _out(sub):
+def out_features(sub):
+    """A linear layer's output width (transformers' Conv1D keeps its weight [in, out])."""
     w = getattr(sub, "weight", None)
     if w is None or w.dim() != 2:
         return None
     return int(w.shape[1] if type(sub).__name__ == "Conv1D" else w.shape[0])
 
 
-def _int_attr(sub, names):
+def first_attr(sub, names):
+    """(name, value) of the first of `names` that `sub` holds as an int, else (None, None)."""
     for n in names:
         v = sub.__dict__.get(n)
         if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
+            return n, v
+    return None, None
 
 
 def _widths(module, heads_names, kv_names, head_dim_names, query, key, fused):
@@ -59,21 +61,21 @@ def _widths(module, heads_names, kv_names, head_dim_names, query, key, fused):
     heads, kv, head_dims, inner = set(), set(), set(), set()
     for sub in module.modules():
         children = dict(sub.named_children())
-        hd = _int_attr(sub, head_dim_names)
+        hd = first_attr(sub, head_dim_names)[1]
         q = next((children[n] for n in query if n in children), None)
         k = next((children[n] for n in key if n in children), None)
-        if hd and q is not None and k is not None and _out(q) and _out(k):
-            heads.add(_out(q) // hd)
-            kv.add(_out(k) // hd)
+        if hd and q is not None and k is not None and out_features(q) and out_features(k):
+            heads.add(out_features(q) // hd)
+            kv.add(out_features(k) // hd)
             head_dims.add(hd)
-        elif hd and any(n in children for n in fused) and _int_attr(sub, heads_names):
-            heads.add(_int_attr(sub, heads_names))
+        elif hd and any(n in children for n in fused) and first_attr(sub, heads_names)[1]:
+            heads.add(first_attr(sub, heads_names)[1])
             head_dims.add(hd)
-        up = [children[n] for n in _UP if n in children and _out(children[n])]
+        up = [children[n] for n in _UP if n in children and out_features(children[n])]
         if type(sub).__name__.endswith("Intermediate") and "dense" in children:
             up.append(children["dense"])
         if up:
-            inner.add(_out(up[0]))
+            inner.add(out_features(up[0]))
     return heads, kv, head_dims, inner
 
 

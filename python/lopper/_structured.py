@@ -511,19 +511,8 @@ def _update_sizes(sub, changes):
             changes.set_attr(sub, "nx", w.shape[0])
 
 
-def _out_features(sub):
-    w = getattr(sub, "weight", None)
-    if w is None or w.dim() != 2:
-        return None
-    return w.shape[1] if type(sub).__name__ == "Conv1D" else w.shape[0]
-
-
-def _first_attr(sub, names):
-    for n in names:
-        v = sub.__dict__.get(n)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return n, v
-    return None, None
+_out_features = _hf.out_features
+_first_attr = _hf.first_attr
 
 
 def _update_heads(sub, changes):

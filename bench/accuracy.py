@@ -18,7 +18,6 @@ Usage: bench/accuracy.py --lopper build/lopper [--models lenet300_100,lenet5] [-
        [--threads 2] [--json docs/bench-accuracy.json]
 """
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from options import seeds_parser  # bench/options.py
+from results import mean, save_json  # bench/results.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -132,15 +134,8 @@ def torch_side(a, model, tmp):
     return out, dense["top1"]
 
 
-def mean(xs):
-    return sum(xs) / len(xs)
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lopper", required=True)
-    ap.add_argument("--models", default="lenet300_100,lenet5")
-    ap.add_argument("--seeds", default="0,1", help="each pipeline runs once per seed; the table has the means")
+    ap = seeds_parser(__doc__, "lenet300_100,lenet5", "each pipeline runs once per seed; the table has the means")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -180,9 +175,7 @@ def main():
     if a.json:
         meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", seeds=seeds, threads=a.threads,
                     amount=AMOUNT, config=CONFIG)
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(dict(meta=meta, summary=summary, runs=results), f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        save_json(a.json, dict(meta=meta, summary=summary, runs=results), indent=1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llm_streaming import Logits  # noqa: E402  (the model without a cache: what calibration feeds)
+from options import int_options  # noqa: E402
+from results import save_json  # noqa: E402
 from timing import times_ms  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,12 +278,7 @@ def weight_bytes(path, dtype_bytes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lopper", default=os.path.join(ROOT, "build", "lopper"))
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--past", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=20)
+    int_options(ap, layers=8, past=256, threads=2, rounds=3, warmup=3, iters=20)
     ap.add_argument("--out", default="")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -344,11 +341,9 @@ def main():
     for k, v in ratios.items():
         print(f"{k:<40} {v:.2f}x")
     if a.out:
-        with open(a.out + ".tmp", "w") as fh:
-            json.dump({"layers": a.layers, "past": a.past, "threads": a.threads,
-                       "read_gb_s": bw, "median_ms": med, "spread": spread, "floor": floor,
-                       "ratios": ratios, "runs": res}, fh, indent=1)
-        os.replace(a.out + ".tmp", a.out)
+        save_json(a.out, {"layers": a.layers, "past": a.past, "threads": a.threads,
+                          "read_gb_s": bw, "median_ms": med, "spread": spread, "floor": floor,
+                          "ratios": ratios, "runs": res}, indent=1)
 
 
 if __name__ == "__main__":

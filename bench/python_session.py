@@ -31,7 +31,6 @@ Usage: PYTHONPATH=build/python .venv/bin/python bench/python_session.py --lopper
 """
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -47,7 +46,9 @@ warnings.filterwarnings("ignore")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sparse_e2e import build_bert, cpu_info, git_rev, lopper_bench, lopper_prune, rel_err  # noqa: E402
+from options import int_options  # noqa: E402 (bench/options.py)
+from results import git_rev, save_json  # noqa: E402 (bench/results.py)
+from sparse_e2e import build_bert, cpu_info, lopper_bench, lopper_prune, rel_err  # noqa: E402
 from timing import median_ms  # noqa: E402 (bench/timing.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,13 +59,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lopper", default=os.path.join(ROOT, "build", "lopper"),
                     help="the CLI that prunes the export (default %(default)s)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
+    int_options(ap, threads=2, layers=12, seq=128, batch=1, rounds=5, iters=10, warmup=2)
     ap.add_argument("--cli", action="store_true",
                     help="also time `lopper bench` (the CLI, a child process) on the same files")
     ap.add_argument("--work", help="keep the models here (default: a temp dir)")
@@ -172,9 +167,7 @@ def main():
               f"{meta['loadavg_start'][0]} at start, {meta['loadavg_end'][0]} at the end")
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json + ".tmp", "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
-            os.replace(a.json + ".tmp", a.json)
+            save_json(a.json, {"meta": meta, "rows": rows}, indent=1)
             print(f"wrote {a.json}")
     finally:
         if not a.work:

@@ -50,7 +50,6 @@ Usage: PYTHONPATH=build/python .venv/bin/python bench/python_structured.py [--mo
 
 import argparse
 import copy
-import json
 import os
 import platform
 import signal
@@ -63,6 +62,8 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+
+from results import git_rev, save_json  # noqa: E402 (bench/results.py)
 
 VISION = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "densenet121",
           "efficientnet_b0", "vit_b_16"]
@@ -420,24 +421,8 @@ def main():
           f"{meta['loadavg_start'][0]} at start, {meta['loadavg_end'][0]} at the end; {versions}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json + ".tmp", "w") as f:
-            json.dump({"meta": meta, "before": befores, "rows": rows}, f, indent=1, default=str)
-        os.replace(a.json + ".tmp", a.json)
+        save_json(a.json, {"meta": meta, "before": befores, "rows": rows}, indent=1, default=str)
         print(f"wrote {a.json}")
-
-
-def git_rev():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        import subprocess
-
-        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except OSError:
-        return ""
 
 
 def cpu_name():

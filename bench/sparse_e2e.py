@@ -50,6 +50,7 @@ import time
 
 import numpy as np
 
+from results import git_rev, save_json  # bench/results.py
 from timing import median_ms  # bench/timing.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -270,17 +271,6 @@ def cpu_info():
     except OSError:
         pass
     return name, flags
-
-
-def git_rev():
-    try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except OSError:
-        return ""
 
 
 def fmt(v, nd=2):
@@ -524,9 +514,7 @@ def run(a, q, work, ort, torch, torchvision):
             "speedup": "A vs B = time(B) / time(A); > 1: A is faster"}
     doc = {"meta": meta, "deepsparse": ds_field, "notes": notes, "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path + ".tmp", "w") as fh:
-        json.dump(doc, fh, indent=1)
-    os.replace(json_path + ".tmp", json_path)
+    save_json(json_path, doc, indent=1)
 
     have_ds = "deepsparse" in runtimes
     head = ["model", "pattern", "sparsity", "ORT dense ms", "ORT sparse ms", "lopper dense ms",

@@ -35,7 +35,6 @@ Usage: bench/target_vs_uniform.py --lopper build/lopper [--models resnet_fmnist,
        [--seeds 0,1] [--threads 1] [--jobs 2] [--json docs/bench-target.json] [--workdir DIR]
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -47,6 +46,9 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from options import seeds_parser  # bench/options.py
+from results import mean, save_json  # bench/results.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -233,15 +235,8 @@ def run_seed(a, tmp, model, seed):
     return res
 
 
-def mean(xs):
-    return sum(xs) / len(xs)
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lopper", required=True)
-    ap.add_argument("--models", default="resnet_fmnist,lenet300_100")
-    ap.add_argument("--seeds", default="0,1", help="each model runs once per seed; the table has the means")
+    ap = seeds_parser(__doc__, "resnet_fmnist,lenet300_100", "each model runs once per seed; the table has the means")
     ap.add_argument("--threads", type=int, default=1, help="threads per lopper process (see above)")
     ap.add_argument("--jobs", type=int, default=2, help="(model, seed) pairs run at once")
     ap.add_argument("--json")
@@ -290,9 +285,7 @@ def main():
         meta = dict(machine=f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} cores", lopper=lopper,
                     python=sys.version.split()[0], seeds=seeds, threads=a.threads, jobs=a.jobs, config=CONFIG,
                     wall_s=wall, command=" ".join(shlex.quote(x) for x in sys.argv))
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(dict(meta=meta, summary=summary, runs=results), f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        save_json(a.json, dict(meta=meta, summary=summary, runs=results), indent=1)
 
 
 if __name__ == "__main__":

@@ -811,8 +811,9 @@ def unmount_small_disk(d, out, err):
     return [f"left on the full disk: {n}" for n in left]
 
 
-def training_bn(d):
-    rng = np.random.default_rng(0)
+def training_bn_model(rng):
+    """One BatchNormalization node 'bn' in training mode on x [2, 3, 4, 4], its four tensors drawn
+    from `rng` (python/tests/test_trust.py loads it in a session too)."""
     inits = [numpy_helper.from_array(rng.random(3).astype(np.float32) + 0.5, n)
              for n in ("scale", "bias", "mean", "var")]
     node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
@@ -821,8 +822,12 @@ def training_bn(d):
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])],
                           inits)
-    save_raw(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8),
-             os.path.join(d, "m.onnx"))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+
+
+def training_bn(d):
+    rng = np.random.default_rng(0)
+    save_raw(training_bn_model(rng), os.path.join(d, "m.onnx"))
     np.save(os.path.join(d, "in.npy"), rng.random((2, 3, 4, 4)).astype(np.float32))
 
 

@@ -21,6 +21,8 @@ from conftest import mlp
 
 SOURCE = Path(__file__).resolve().parents[2]
 CNN = SOURCE / "examples" / "cnn_small.onnx"
+sys.path.append(str(SOURCE / "tests"))
+from robustness import training_bn_model  # noqa: E402 (tests/robustness.py: the CLI's model)
 
 
 def ort_run(model, feeds):
@@ -385,23 +387,9 @@ def test_a_structured_report_counts_what_pytorch_counts():
     assert report.params == sum(p.numel() for p in m.parameters()) < want
 
 
-def batchnorm_in_training_mode(path):
-    rng = np.random.default_rng(0)
-    inits = [onnx.numpy_helper.from_array(rng.random(3).astype(np.float32) + 0.5, n)
-             for n in ("scale", "bias", "mean", "var")]
-    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"],
-                            name="bn", training_mode=1)
-    g = helper.make_graph([node], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4])],
-                          inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], ir_version=8),
-              str(path))
-
-
 def test_a_session_on_batchnorm_in_training_mode_warns_once(tmp_path):
     path = tmp_path / "bn.onnx"
-    batchnorm_in_training_mode(path)
+    onnx.save(training_bn_model(np.random.default_rng(0)), str(path))  # the CLI's case too
     with pytest.warns(UserWarning, match=r"1 BatchNormalization node in training mode \('bn'\)"):
         lopper.InferenceSession(str(path))
     with pytest.warns(UserWarning, match="training mode") as w:

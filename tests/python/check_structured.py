@@ -94,6 +94,20 @@ def tied_weights(path):
     return {t: inits[t] for t in tables & weights}
 
 
+def check_outputs(lopper, ref, got, out, x, tmp, where, versus):
+    """The shrunk model `got` (at `out`) gives the original `ref`'s output shapes on `x`, and lopper's
+    run of it agrees with ONNX Runtime's (<= 1e-4 relative). `where` starts the shape message,
+    `versus` the agreement's."""
+    want, have = ref.run(None, x), got.run(None, x)
+    for w, h in zip(want, have):
+        assert w.shape == h.shape, f"{where}output shape {h.shape}, the original has {w.shape}"
+    outdir = lopper_run(lopper, out, x, tmp)
+    for o, h in zip(got.get_outputs(), have):
+        mine = np.load(os.path.join(outdir, o.name + ".npy"))
+        rel = np.abs(mine - h).max() / max(np.abs(h).max(), 1e-12)
+        assert rel <= 1e-4, f"{versus}: max rel diff {rel:.2e}"
+
+
 def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel", tag=""):
     src = os.path.join(fixtures, stem + ".onnx")
     out = os.path.join(tmp, f"{stem}.{unit}.{amount}{tag}.onnx")
@@ -107,16 +121,8 @@ def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel", tag=""):
         assert not any(n.startswith(t + "_pruned") for n in names), f"{t} was copied"
 
     ref, got = session(src), session(out)
-    x = feeds(ref, fixtures, stem.split(".")[0])
-    want, have = ref.run(None, x), got.run(None, x)
-    for w, h in zip(want, have):
-        assert w.shape == h.shape, f"output shape {h.shape}, the original has {w.shape}"
-    # lopper and ONNX Runtime agree on the shrunk model.
-    outdir = lopper_run(lopper, out, x, tmp)
-    for o, h in zip(got.get_outputs(), have):
-        mine = np.load(os.path.join(outdir, o.name + ".npy"))
-        rel = np.abs(mine - h).max() / max(np.abs(h).max(), 1e-12)
-        assert rel <= 1e-4, f"lopper vs ONNX Runtime on the shrunk model: max rel diff {rel:.2e}"
+    check_outputs(lopper, ref, got, out, feeds(ref, fixtures, stem.split(".")[0]), tmp, "",
+                  "lopper vs ONNX Runtime on the shrunk model")
     assert os.path.getsize(out) < os.path.getsize(src), "the shrunk model is not smaller on disk"
     assert j["params"] < j["params_before"] and j["macs"] < j["macs_before"], "params/MACs did not fall"
     # Every group that could be pruned lost round(amount * size) channels (fewer only to keep
@@ -208,14 +214,8 @@ def check_dynamic(lopper, fixtures, tmp, stem, amount, unit):
     ref, got = session(src), session(out)
     x = other_feeds(ref)
     check_head_counts(src, out, x, unit)
-    want, have = ref.run(None, x), got.run(None, x)
-    for w, h in zip(want, have):
-        assert w.shape == h.shape, f"batch 3, seq 11: output shape {h.shape}, the original has {w.shape}"
-    outdir = lopper_run(lopper, out, x, tmp)
-    for o, h in zip(got.get_outputs(), have):
-        mine = np.load(os.path.join(outdir, o.name + ".npy"))
-        rel = np.abs(mine - h).max() / max(np.abs(h).max(), 1e-12)
-        assert rel <= 1e-4, f"batch 3, seq 11: lopper vs ONNX Runtime: max rel diff {rel:.2e}"
+    check_outputs(lopper, ref, got, out, x, tmp, "batch 3, seq 11: ",
+                  "batch 3, seq 11: lopper vs ONNX Runtime")
     return j
 
 

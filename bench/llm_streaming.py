@@ -1,5 +1,6 @@
-"""SparseGPT 50% on a LLaMA-style model of about 1B parameters, on the CPU: lopper (streaming the
-model's external data block by block) beside llm-compressor (its sequential pipeline), the same
+"""SparseGPT 50% on a LLaMA-style model of about 1B parameters, on the CPU: lopper (the CLI
+streaming the model's external data block by block, and lopper.prune from Python on the
+transformers model in place) beside llm-compressor (its sequential pipeline), the same
 model and the same calibration tokens. Measured per job: wall time and peak RSS of that process.
 
 The model is transformers' LlamaForCausalLM with TinyLlama-1.1B's shape (hidden 2048, MLP 5632,
@@ -8,6 +9,10 @@ weights. It is exported once with torch.onnx (dynamo, external data) and saved w
 for llm-compressor, both cached in ~/.cache/lopper/llm-1b (or $LOPPER_CACHE/llm-1b).
 
     .venv/bin/python bench/llm_streaming.py [--samples 16] [--seq 256] [--layers 22] [--no-llmc]
+        [--no-cli] [--no-python]
+
+lopper.prune from Python (the third job) loads the saved model and prunes it in place through its
+own decoder layers, never exported.
 
 NOTE: the papers calibrate on 128 sequences of 2048 tokens; on a 2-core CPU one forward pass of a
 1B model over 262k tokens alone takes hours, so the default here is 16 x 256 tokens (both tools the
@@ -60,6 +65,27 @@ print("oneshot_s", time.perf_counter() - t, "sparsity", zeros)
 """
 
 
+# lopper.prune from Python on the same saved model and tokens: the transformers model pruned in
+# place through its own decoder layers (no export), lm_head left alone by default.
+PY_JOB = r"""
+import sys, time
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+import lopper
+torch.set_num_threads(int(sys.argv[3]))
+ids = torch.from_numpy(np.load(sys.argv[2]))
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32,
+                                             attn_implementation="eager").eval()
+batches = [{"input_ids": ids[i:i + 4]} for i in range(0, len(ids), 4)]
+t = time.perf_counter()
+report = lopper.prune(model, batches[0], method="sparsegpt", amount=0.5, data=batches,
+                      masks=False, progress=False)
+ws = [m.weight for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)]
+zeros = sum(int((w == 0).sum()) for w in ws) / sum(w.numel() for w in ws)
+print("oneshot_s", time.perf_counter() - t, "sparsity", zeros)
+"""
+
+
 def log(msg):
     print(f"[llm-streaming] {msg}", file=sys.stderr, flush=True)
 
@@ -79,8 +105,9 @@ def Logits(m):  # noqa: N802  (a module class, made on first use: torch is impor
     return _Logits(m)
 
 
-def prepare(layers, cache_root):
-    """The model (ONNX with external data, and a save_pretrained folder), cached."""
+def prepare(layers, cache_root, onnx=True):
+    """The model (ONNX with external data unless not `onnx`, and a save_pretrained folder),
+    cached."""
     import torch
     import transformers as T
 
@@ -88,14 +115,19 @@ def prepare(layers, cache_root):
     key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
     d = os.path.join(cache_root, f"llama-{layers}l-{key}")
     onnx_path, hf_dir = os.path.join(d, "model.onnx"), os.path.join(d, "hf")
-    if os.path.exists(onnx_path) and os.path.exists(os.path.join(hf_dir, "config.json")):
+    have_hf = os.path.exists(os.path.join(hf_dir, "config.json"))
+    if have_hf and (os.path.exists(onnx_path) or not onnx):
         return d, onnx_path, hf_dir
     os.makedirs(d, exist_ok=True)
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(T.LlamaConfig(**cfg, attn_implementation="eager")).eval()
     n = sum(p.numel() for p in model.parameters())
-    log(f"exporting a {n / 1e9:.2f}B-parameter LLaMA to {d} (once; minutes)")
-    model.save_pretrained(hf_dir)
+    if not have_hf:
+        log(f"saving a {n / 1e9:.2f}B-parameter LLaMA to {hf_dir} (once)")
+        model.save_pretrained(hf_dir)
+    if not onnx:
+        return d, onnx_path, hf_dir
+    log(f"exporting it to {onnx_path} (once; minutes)")
 
     ids = torch.randint(1, cfg["vocab_size"], (2, 16))
     batch, seq = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=2, max=2048)
@@ -106,27 +138,8 @@ def prepare(layers, cache_root):
     return d, onnx_path, hf_dir
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lopper", default=os.path.join(ROOT, "build", "lopper"))
-    ap.add_argument("--layers", type=int, default=22, help="decoder layers (22: 1.1B parameters)")
-    ap.add_argument("--samples", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-llmc", action="store_true")
-    ap.add_argument("--out", default="", help="write the results here (JSON)")
-    a = ap.parse_args()
-
-    import numpy as np
-
-    cache = os.path.join(os.environ.get("LOPPER_CACHE", os.path.expanduser("~/.cache/lopper")),
-                         "llm-1b")
-    d, onnx_path, hf_dir = prepare(a.layers, cache)
-    data_bytes = os.path.getsize(onnx_path + ".data")
-    ids_path = os.path.join(d, f"ids-{a.samples}x{a.seq}.npy")
-    np.save(ids_path, np.random.default_rng(0).integers(1, CONFIG["vocab_size"], (a.samples, a.seq)))
-    res = dict(layers=a.layers, samples=a.samples, seq=a.seq, weights_gb=data_bytes / 1e9, jobs={})
-
+def cli_job(a, d, onnx_path, ids_path):
+    """`lopper prune` on the ONNX export, streamed: wall time, peak RSS, sparsity."""
     with tempfile.TemporaryDirectory(dir=d) as work:
         out = os.path.join(work, "pruned.onnx")
         cmd = [a.lopper, "prune", onnx_path, "-o", out, "--method", "sparsegpt", "--amount", "0.5",
@@ -135,14 +148,52 @@ def main():
                "--threads", str(a.threads), "--json"]
         log("lopper: " + " ".join(cmd))
         r = run_measured(cmd)
-        if r["rc"] != 0:
-            sys.exit(f"lopper failed: {r['stderr'][-2000:]}")
-        pruned = [l for l in json.loads(r["stdout"])["layers"] if l["method"]]
-        zeros = sum(l["params"] - l["nonzero"] for l in pruned) / sum(l["params"] for l in pruned)
-        res["jobs"]["lopper"] = dict(wall_s=r["wall_s"], peak_rss_mb=r["peak_rss_mb"],
-                                     sparsity=zeros)
-        log(f"lopper: {r['wall_s']:.0f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+    if r["rc"] != 0:
+        sys.exit(f"lopper failed: {r['stderr'][-2000:]}")
+    pruned = [l for l in json.loads(r["stdout"])["layers"] if l["method"]]
+    zeros = sum(l["params"] - l["nonzero"] for l in pruned) / sum(l["params"] for l in pruned)
+    log(f"lopper: {r['wall_s']:.0f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+    return dict(wall_s=r["wall_s"], peak_rss_mb=r["peak_rss_mb"], sparsity=zeros)
 
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lopper", default=os.path.join(ROOT, "build", "lopper"))
+    ap.add_argument("--layers", type=int, default=22, help="decoder layers (22: 1.1B parameters)")
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-llmc", action="store_true")
+    ap.add_argument("--no-cli", action="store_true", help="skip the CLI (and the ONNX export)")
+    ap.add_argument("--no-python", action="store_true", help="skip lopper.prune from Python")
+    ap.add_argument("--out", default="", help="write the results here (JSON)")
+    a = ap.parse_args()
+
+    import numpy as np
+
+    cache = os.path.join(os.environ.get("LOPPER_CACHE", os.path.expanduser("~/.cache/lopper")),
+                         "llm-1b")
+    d, onnx_path, hf_dir = prepare(a.layers, cache, onnx=not a.no_cli)
+    data_bytes = sum(os.path.getsize(os.path.join(hf_dir, f)) for f in os.listdir(hf_dir)
+                     if f.endswith(".safetensors"))
+    ids_path = os.path.join(d, f"ids-{a.samples}x{a.seq}.npy")
+    np.save(ids_path, np.random.default_rng(0).integers(1, CONFIG["vocab_size"], (a.samples, a.seq)))
+    res = dict(layers=a.layers, samples=a.samples, seq=a.seq, weights_gb=data_bytes / 1e9, jobs={})
+
+    if not a.no_cli:
+        res["jobs"]["lopper"] = cli_job(a, d, onnx_path, ids_path)
+    if not a.no_python:
+        log("lopper.prune from Python: the transformers model in place, block by block")
+        path = os.pathsep.join(x for x in (os.path.join(ROOT, "build", "python"),
+                                           os.environ.get("PYTHONPATH")) if x)
+        r = run_measured([sys.executable, "-c", PY_JOB, hf_dir, ids_path, str(a.threads)],
+                         env=dict(os.environ, PYTHONPATH=path))
+        if r["rc"] != 0:
+            sys.exit(f"lopper.prune failed: {r['stderr'][-2000:]}")
+        line = [x for x in r["stdout"].splitlines() if x.startswith("oneshot_s")][-1].split()
+        res["jobs"]["lopper (Python)"] = dict(wall_s=r["wall_s"], peak_rss_mb=r["peak_rss_mb"],
+                                              oneshot_s=float(line[1]), sparsity=float(line[3]))
+        log(f"lopper.prune: {r['wall_s']:.0f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
     if not a.no_llmc:
         if not os.path.exists(LLMC_PY):
             log("llm-compressor: no .venv-llmc (scripts/install-llmcompressor.sh): skipped")

@@ -187,12 +187,16 @@ struct PruneJob {
   std::optional<PruneRecipe> recipe;    // ... or per layer
   bool needs_data = false;              // a criterion ranks by data, or OWL weighs the blocks
   bool reads_inputs = false;            // wanda, sparsegpt, OWL: prune_calibrated()
+  bool gradients = false;               // a criterion ranks by gradients (grad, taylor)
   std::string data_method;              // the first criterion that ranks by data ("" for OWL alone)
 
   /// Prunes `model` as planned: calibrated on `data` block by block when the job reads the
   /// layers' inputs, else by gradient saliencies on `data` when a criterion needs them, else by
   /// the weights alone (`data` may then be null). `calib` says how many batches, on which device.
   PruneReport run(ir::Model& model, DataLoader* data, const CalibrationOptions& calib) const;
+  /// The same on a layer model whose calibration the caller runs (reads_inputs only).
+  PruneReport run(ir::Model& layers, CalibrationRunner& runner,
+                  const CalibrationOptions& calib) const;
 };
 
 /// lopper prune (per layer or by a recipe) and lopper.prune.

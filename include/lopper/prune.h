@@ -296,4 +296,61 @@ void check_calibration(const DataLoader& data, const CalibrationOptions& calib);
 PruneReport prune_calibrated(ir::Model& model, const PruneRecipe& recipe, DataLoader& data,
                              const CalibrationOptions& calib);
 
+// --- One-shot pruning of a model the caller runs itself ---------------------------------------
+//
+// The Python package prunes a transformers model through its own decoder layers, never exported
+// whole: the layers are a model of their own (layer_model()), and a CalibrationRunner runs the
+// caller's blocks and hands lopper each layer's input. The rules, criteria, OWL and the solver are
+// prune_calibrated()'s, segment by segment as on an ONNX graph.
+
+/// A layer of a model the caller runs (a torch nn.Linear, transformers' Conv1D, an nn.Conv2d).
+struct ModuleLayer {
+  std::string name;         // the module's path ("model.layers.0.mlp.up_proj"): its node's name
+  std::string param;        // its weight's parameter name: the initializer's
+  std::string op = "Gemm";  // Gemm (weight [out, in]), MatMul (weight [in, out]) or Conv
+  at::Tensor weight;        // the parameter itself: pruning reads it and never writes it
+  std::vector<int64_t> strides, pads, dilations;  // Conv (pads: begins, then ends)
+  int64_t group = 1;                              // Conv
+  /// A module that is not a layer and reads the same parameter (a tied token embedding): its
+  /// path; "" when none does. Such a weight is left alone unless allow_tied.
+  std::string embedding;
+};
+
+/// The layers as a model of their own, in the order given (the caller's execution order): one
+/// node each, named as the module, reading an input of its own ("<name>:input") and its weight
+/// (an initializer named as the parameter, sharing its tensor; two layers of one parameter read
+/// one initializer). Throws lopper::Error for an op other than Gemm, MatMul and Conv, or a
+/// weight whose rank does not fit it.
+ir::Model layer_model(const std::vector<ModuleLayer>& layers);
+
+/// One calibration pass's share of the model, as a CalibrationRunner sees it.
+struct CalibrationSegment {
+  std::string name;    // a block ("model.layers.3"), a layer of its own (its label), or "the model"
+  bool block = false;  // layers named alike (a transformer layer)
+  std::vector<std::string> layers;  // the node names of the layers pruned in it
+};
+
+/// Runs the caller's model for prune_calibrated(): a segment on every calibration batch, its
+/// layers as pruned so far, handing lopper the inputs of the layers it watches.
+class CalibrationRunner {
+ public:
+  virtual ~CalibrationRunner() = default;
+  using Observe = std::function<void(const std::string& layer, const at::Tensor& input)>;
+  /// Runs `segment` (as pruned so far) on every calibration batch and calls `observe` with each
+  /// input of the layers `watched` (node names), as the layer reads it ([..., features]; a Conv:
+  /// [N, C, ...]).
+  virtual void collect(const CalibrationSegment& segment, const std::vector<std::string>& watched,
+                       const Observe& observe) = 0;
+  /// `segment`'s layers are pruned: their initializers in the layer model hold the new values.
+  /// Runs the segment again, pruned, so that the next one sees its outputs.
+  virtual void advance(const CalibrationSegment& segment) = 0;
+};
+
+/// prune_calibrated() on a layer model (layer_model()) whose calibration the caller runs. Gradient
+/// criteria (grad, taylor) are refused: they need the model's whole graph.
+PruneReport prune_calibrated(ir::Model& layers, const PruneOptions& opts, CalibrationRunner& runner,
+                             const CalibrationOptions& calib);
+PruneReport prune_calibrated(ir::Model& layers, const PruneRecipe& recipe,
+                             CalibrationRunner& runner, const CalibrationOptions& calib);
+
 }  // namespace lopper

@@ -4,6 +4,7 @@ save_pretrained + from_pretrained gives back the pruned model. Nothing here impo
 a model is recognised by what it has (a config with to_dict, a class that builds from one)."""
 
 import copy
+import re
 import inspect
 
 import torch
@@ -143,3 +144,28 @@ def follow_config(module, names, set_attr):
 
 def _listed(updates):
     return ", ".join(f"{k}={v}" for k, v in updates.items())
+
+
+def head_excluded(module, exclude):
+    """`exclude` (a regex, or None) widened to the output head of a transformers model
+    (get_output_embeddings(): lm_head), which lopper.prune leaves alone by default as
+    llm-compressor and ModelOpt do; as it is for any other module."""
+    if not is_transformers_model(module) or not isinstance(exclude, (str, type(None))):
+        return exclude
+    try:
+        head = module.get_output_embeddings()
+    except Exception:  # noqa: BLE001 (a model without one)
+        return exclude
+    if head is None or getattr(head, "weight", None) is None:
+        return exclude
+    names = set()
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        if sub is head:
+            names.update({prefix, f"{prefix}.weight"})
+    first = next((n for n, p in module.named_parameters() if p is head.weight), None)
+    if first is not None:
+        names.add(first)
+    if not names:
+        return exclude
+    head_re = "^(?:{})$".format("|".join(re.escape(n) for n in sorted(names)))
+    return head_re if exclude is None else f"(?:{exclude})|{head_re}"

@@ -5,7 +5,8 @@ The module is exported to ONNX in memory; lopper's C++ library (lopper._lopper._
 the export exactly as `lopper prune` would and hands back a keep-mask per pruned weight, which is
 applied with torch.nn.utils.prune.custom_from_mask, and the new values of the weights whose kept
 entries it changed (SparseGPT), copied into the parameters first. This file only moves the module
-across.
+across. A transformers model is not exported: its layers go to lopper as they are, and its own
+blocks run in _blocks.py for the methods that read the layers' inputs.
 """
 import copy
 import inspect
@@ -16,7 +17,7 @@ import warnings
 import torch
 from torch.nn.utils import prune as _torch_prune
 
-from lopper import _hf, _lopper
+from lopper import _blocks, _hf, _lopper
 from lopper._lopper import PruneLayerReport, PruneReport  # noqa: F401 (re-exported)
 
 __all__ = ["PruneLayerReport", "PruneReport", "make_permanent", "prune"]
@@ -26,7 +27,7 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
           pattern=None, norm=None, seed=None, exclude=None, skip_first_last=False,
           allow_tied=False, recipe=None, data=None, loss="auto", mask_token=None,
           calib_batches=None, device=None, block_size=128, dampening=0.01, owl_lambda=None,
-          owl_m=5, sequential=True, progress=True):
+          owl_m=5, sequential=True, prune_head=False, masks=True, progress=True):
     """Prunes the weights of ``module`` in place, the way ``lopper prune`` prunes its ONNX export.
 
     Every Conv, ConvTranspose and Linear weight (any parameter a convolution or a matrix product
@@ -121,6 +122,13 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
         sequential (bool): ``wanda``, ``sparsegpt`` and OWL: calibrate block by block, each on the
             pruned blocks before it (default True, as the papers); False: every layer on the
             unpruned module, in one pass (faster, a little less accurate).
+        prune_head (bool): a transformers model: prune its output head too
+            (``get_output_embeddings()``, ``lm_head``); default False leaves it alone, as
+            llm-compressor and ModelOpt do (without a recipe: with one, its rules decide).
+        masks (bool): True (default): ``torch.nn.utils.prune`` masks, as above. False: the zeros
+            are written into the parameters themselves, with no mask buffer (what
+            ``save_pretrained`` and ``torch.save`` store as they are; nothing keeps later training
+            from filling them in).
         progress (bool): show calibration progress on stderr (tqdm when installed, else a few
             plain lines): batches for ``grad`` and ``taylor``, the block being calibrated for
             ``wanda``, ``sparsegpt`` and OWL.
@@ -131,9 +139,16 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
         ``report.to_dict()`` its JSON. Its warnings are also issued with ``warnings.warn``.
 
     Note:
-        The export is held in memory as one ONNX model, so the weights must fit protobuf's 2 GB.
-        A module pruned before is exported from a copy with its masks made permanent, which
-        shares every other parameter and buffer with it.
+        A transformers model (a PreTrainedModel) is pruned in place, never exported: its Linear
+        and Conv1D layers are handed to lopper as they are and, for ``wanda``, ``sparsegpt`` and
+        OWL, its own decoder layers run one at a time on the batches (the first block's inputs
+        captured from a forward that stops there), so a model of any size the machine holds
+        once is pruned on its device and in its dtype, with the masks the export would give.
+        An error in the model's own forward part-way leaves the blocks before it pruned.
+        ``grad`` and ``taylor``, and any other module, go through the module's ONNX export, held
+        in memory as one ONNX model (the weights must fit protobuf's 2 GB). A module pruned
+        before is exported from a copy with its masks made permanent, which shares every other
+        parameter and buffer with it.
 
     Raises:
         ValueError: a bad argument, with lopper's one-line message (an unknown method, an
@@ -142,40 +157,82 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
             or ``sparsegpt`` with global scope).
         TypeError: an argument of the wrong type.
         RuntimeError: the module cannot be exported, or lopper cannot prune or run its export
-            (calibration batches the module cannot take, a Hessian that stays singular).
+            (calibration batches the module cannot take, a Hessian that stays singular); a
+            transformers model's forward failing on a calibration batch.
     """
     _check_module(module, "prune")
+    if not isinstance(masks, bool):
+        raise TypeError(f"[prune] masks must be a bool, got {type(masks).__name__}")
     args, kwargs = _split_inputs(example_inputs, module=module)
     if device is None:
         device = _module_device(module)
-    exported, holders = _export(module, args, kwargs, dynamic=data is not None)
-    bar = _Progress("calibrate") if progress and data is not None else None
+    if recipe is None and not prune_head:
+        exclude = _hf.head_excluded(module, exclude)
     one_shot = dict(block_size=block_size, dampening=dampening, owl_lambda=owl_lambda,
                     owl_m=owl_m, sequential=sequential)
-    try:
-        masks, values, report = _lopper._prune_onnx(
-            exported, method=method, amount=amount, threshold=threshold, scope=scope,
-            pattern=pattern, norm=norm, seed=seed, exclude=exclude,
-            skip_first_last=skip_first_last, allow_tied=allow_tied, recipe=recipe, data=data,
-            loss=loss, mask_token=mask_token, calib_batches=calib_batches, device=device,
-            parameters=list(holders), progress=bar, example=_example_shapes(module, args, kwargs),
-            name=type(module).__name__,
-            command=_command(module, method=method, amount=amount, threshold=threshold,
-                             scope=scope, pattern=pattern, recipe=recipe,
-                             **{k: v for k, v in one_shot.items() if v != _ONE_SHOT[k]}),
-            **one_shot)
-    finally:
-        if bar is not None:
-            bar.close()
-    del exported
-    _apply(masks, values, holders)
+    command = _command(module, method=method, amount=amount, threshold=threshold, scope=scope,
+                       pattern=pattern, recipe=recipe,
+                       **{k: v for k, v in one_shot.items() if v != _ONE_SHOT[k]})
+    given = dict(method=method, amount=amount, threshold=threshold, scope=scope, pattern=pattern,
+                 norm=norm, seed=seed, exclude=exclude, skip_first_last=skip_first_last,
+                 allow_tied=allow_tied, recipe=recipe, data=data, calib_batches=calib_batches,
+                 device=device, **one_shot)
+    report = None
+    if _hf.is_transformers_model(module):
+        report = _prune_in_place(module, given, masks, progress, command)
+    if report is None:
+        report = _prune_export(module, args, kwargs, given, loss, mask_token, masks, progress,
+                               command)
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
     if _hf.is_transformers_model(module) and _pruned(module):
         warnings.warn("[prune] the pruned weights are torch.nn.utils.prune masks (weight_orig, "
                       "weight_mask): save_pretrained stores those and from_pretrained starts "
-                      "every such weight anew; call lopper.make_permanent(model) before saving",
-                      stacklevel=2)
+                      "every such weight anew; call lopper.make_permanent(model) before saving, "
+                      "or prune with masks=False", stacklevel=2)
+    return report
+
+
+def _prune_in_place(module, given, masks, progress, command):
+    """lopper.prune on the module's own layers, without an export (_blocks.py); None when a
+    criterion ranks by gradients, which need the export."""
+    holders = _holders(module)
+    here = _module_device(module)
+    if torch.device(given["device"]) != torch.device(here):
+        raise ValueError(f"[prune] device {given['device']}: a transformers model is pruned where "
+                         f"it is ({here}); move it there first")
+    runner = _blocks.Runner(module, here, lambda m, v: _apply(m, v, holders, masks))
+    bar = _Progress("calibrate") if progress and given["data"] is not None else None
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            return _lopper._prune_layers(
+                _blocks.layers(module, holders), runner, progress=bar,
+                module_params=sum(p.numel() for p in module.parameters()),
+                name=type(module).__name__, command=command, **given)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        if bar is not None:
+            bar.close()
+
+
+def _prune_export(module, args, kwargs, given, loss, mask_token, masks, progress, command):
+    """lopper.prune on the module's ONNX export, held in memory."""
+    data = given["data"]
+    exported, holders = _export(module, args, kwargs, dynamic=data is not None)
+    bar = _Progress("calibrate") if progress and data is not None else None
+    try:
+        keep, values, report = _lopper._prune_onnx(
+            exported, loss=loss, mask_token=mask_token, parameters=list(holders), progress=bar,
+            example=_example_shapes(module, args, kwargs), name=type(module).__name__,
+            command=command, **given)
+    finally:
+        if bar is not None:
+            bar.close()
+    del exported
+    _apply(keep, values, holders, masks)
     return report
 
 
@@ -250,7 +307,7 @@ def _parameter(sub, attr):
     return sub._parameters[attr]
 
 
-def _apply(masks, values, holders):
+def _apply(masks, values, holders, keep_masks=True):
     """Copies {parameter name: new value} into the parameters (in their dtype and on their
     device), then applies {parameter name: keep-mask} with torch.nn.utils.prune.custom_from_mask
     to every submodule that holds the parameter (``holders`` as _holders gives it).
@@ -280,6 +337,14 @@ def _apply(masks, values, holders):
     with torch.no_grad():
         for p, value in copies.values():
             p.copy_(value.to(device=p.device, dtype=p.dtype))
+        if not keep_masks:  # the zeros written into the parameters, no mask kept
+            done = set()
+            for sub, attr, mask in todo:
+                p = _parameter(sub, attr)
+                if id(p) not in done:
+                    done.add(id(p))
+                    p.mul_(mask.to(device=p.device, dtype=p.dtype))
+            return
     for sub, attr, mask in todo:
         _torch_prune.custom_from_mask(sub, attr, mask.to(getattr(sub, attr).device))
 

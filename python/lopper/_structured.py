@@ -18,7 +18,7 @@ from lopper import _hf, _lopper
 from lopper._lopper import ChannelGroup, StructuredReport  # noqa: F401 (re-exported)
 from lopper._prune import _export, _first_line, _Progress, _pruned, _split_inputs
 
-__all__ = ["ChannelGroup", "StructuredReport", "prune_structured"]
+__all__ = ["ChannelGroup", "StructuredReport", "load_pruned", "prune_structured"]
 
 # Names transformers' attention modules keep their head counts and head size under.
 _HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
@@ -509,6 +509,74 @@ def _update_sizes(sub, changes):
         changes.set_attr(sub, "nf", w.shape[1])
         if hasattr(sub, "nx"):
             changes.set_attr(sub, "nx", w.shape[0])
+
+
+def load_pruned(module, state_dict, strict=True):
+    """Loads ``state_dict``, saved from a module that ``lopper.prune_structured`` shrank, into a
+    fresh instance of its class (``module``, as its constructor made it): every parameter and
+    buffer first takes the saved shape, the layers' sizes follow as ``prune_structured`` sets
+    them (``in_features``, ``out_channels``, ``groups``, ``num_features``, ``normalized_shape``,
+    transformers' head counts, ...), then ``module.load_state_dict(state_dict, strict=strict)``.
+    What Torch-Pruning's ``tp.load_state_dict`` does, from the shapes alone. A transformers model
+    needs none of this: its config follows the pruning and ``from_pretrained`` rebuilds it.
+
+    Returns:
+        module, pruned as the saved one was.
+
+    Raises:
+        TypeError: ``module`` is not a torch.nn.Module or ``state_dict`` not a mapping.
+        ValueError: a saved tensor has another rank than the module's, or is larger along an
+            axis (not a pruning of this architecture); ``module`` is then left as it was, as it
+            is when ``load_state_dict`` refuses the state dict.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"[load_pruned] module must be a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    if not hasattr(state_dict, "items"):
+        raise TypeError(f"[load_pruned] state_dict must be a mapping of tensors, got "
+                        f"{type(state_dict).__name__}")
+    own = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for kind, tensors in (("param", sub._parameters), ("buffer", sub._buffers)):
+            for attr, t in tensors.items():
+                if t is not None:
+                    own.setdefault(f"{prefix}.{attr}" if prefix else attr, []).append(
+                        (sub, attr, kind))
+    changes = _Changes()
+    done = set()
+    try:
+        with torch.no_grad():
+            for name, saved in state_dict.items():
+                if name not in own or not isinstance(saved, torch.Tensor):
+                    continue  # load_state_dict says what does not fit
+                sub, attr, kind = own[name][0]
+                old = getattr(sub, attr)
+                if tuple(old.shape) == tuple(saved.shape) or id(old) in done:
+                    continue
+                if old.dim() != saved.dim() or any(b > a for a, b in zip(old.shape, saved.shape)):
+                    raise ValueError(f"[load_pruned] {name} was saved as {list(saved.shape)}, the "
+                                     f"module's is {list(old.shape)}: not a pruning of it")
+                done.add(id(old))
+                new = torch.empty(saved.shape, dtype=old.dtype, device=old.device)
+                if kind == "param":
+                    changes.data.append((old, old.data))
+                    old.data = new
+                else:
+                    for s, a, _ in own[name]:
+                        changes.buffers.append((s, a, s._buffers[a]))
+                        s._buffers[a] = new
+                for s, _, _ in own[name]:
+                    changes.modules[id(s)] = s
+            for sub in module.modules():
+                if id(sub) in changes.modules:
+                    _update_sizes(sub, changes)
+            for sub in module.modules():
+                _update_heads(sub, changes)
+            module.load_state_dict(state_dict, strict=strict)
+    except BaseException:
+        changes.undo()
+        raise
+    return module
 
 
 _out_features = _hf.out_features

@@ -240,6 +240,10 @@ std::pair<ReportModel, ReportModel> measure_before_after(
 }
 
 void write_pruning_page(const PrunedExport& e, const PageParts& parts, const std::string& path) {
+  if (!e.model_before || !e.model_after)
+    throw Error(
+        "[prune] this module was pruned in place, without an export: there is no page to "
+        "write (export the pruned module to ONNX and run lopper inspect or bench on it)");
   HtmlReport rep("prune", "Pruning " + e.name, e.command);
   std::vector<std::string> warnings;
   {

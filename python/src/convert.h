@@ -161,6 +161,8 @@ PruneRecipe recipe_arg(pybind11::handle recipe);
 // samples; a smaller last batch left out), and whether pruning changed the kept entries of a
 // weight (sparsegpt's update), not only zeroed some.
 std::unique_ptr<DataLoader> calibration_loader(pybind11::handle data, std::optional<int64_t> limit);
+/// The items of `data` calibration_loader() reads, as they are (a list).
+pybind11::list calibration_items(pybind11::handle data, std::optional<int64_t> limit);
 bool kept_changed(const at::Tensor& before, const at::Tensor& after);
 
 }  // namespace lopper::python

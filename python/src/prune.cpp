@@ -107,26 +107,34 @@ PruneRequest prune_request(const py::object& method, const py::object& amount,
 // (without one, enough for the papers' 128 samples, counted in batches of the first one's size),
 // and a last batch smaller than the first left out (the CLI's drop_last: a torch DataLoader's
 // remainder) when others are there. Also lopper.prune_to_target's (analysis.cpp).
-std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<int64_t> limit) {
+py::list calibration_items(py::handle data, std::optional<int64_t> limit) {
   if (!py::hasattr(data, "__iter__"))
     throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
   auto samples = [](const Batch& b) { return b.x.dim() > 0 ? b.x.size(0) : int64_t(0); };
-  std::vector<Batch> batches;
+  py::list items;
+  std::vector<int64_t> sizes;
   int64_t want = limit.value_or(0);
   bool ended = true;  // the iterable ran out before `want` batches
   for (auto item : data) {
-    batches.push_back(to_batch(item, batches.size()));
-    if (!limit && batches.size() == 1) {
-      const int64_t b = std::max<int64_t>(samples(batches.front()), 1);
+    sizes.push_back(samples(to_batch(item, sizes.size())));
+    items.append(item);
+    if (!limit && sizes.size() == 1) {
+      const int64_t b = std::max<int64_t>(sizes.front(), 1);
       want = (kCalibSamples + b - 1) / b;
     }
-    if (int64_t(batches.size()) == want) {
+    if (int64_t(sizes.size()) == want) {
       ended = false;
       break;
     }
   }
-  if (ended && batches.size() > 1 && samples(batches.back()) < samples(batches.front()))
-    batches.pop_back();
+  if (ended && sizes.size() > 1 && sizes.back() < sizes.front()) items.attr("pop")();
+  return items;
+}
+
+std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<int64_t> limit) {
+  std::vector<Batch> batches;
+  for (auto item : calibration_items(data, limit))
+    batches.push_back(to_batch(item, batches.size()));
   return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
 }
 
@@ -267,6 +275,148 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
   return py::make_tuple(out, changed, report);
 }
 
+// lopper.prune's one-shot path for a model it runs block by block (python/lopper/_blocks.py):
+// the Python runner runs the module's own blocks and hands each layer's input on; every rule,
+// criterion and the solver are prune_calibrated()'s. After each segment its pruned weights go to
+// the runner (apply(masks, values)) before it runs the segment again; the layer model then drops
+// its copies, so that memory stays at the module's plus one block's.
+class PyRunner final : public CalibrationRunner {
+ public:
+  PyRunner(py::object runner, ir::Model& layers, std::vector<ModuleLayer> originals)
+      : runner_(std::move(runner)), layers_(layers) {
+    for (auto& l : originals) original_[l.param] = std::move(l.weight);
+    for (const auto& n : layers.graph.nodes)
+      if (n.op_type != "Gather") weight_of_[n.name] = n.inputs[1];
+  }
+
+  void collect(const CalibrationSegment& s, const std::vector<std::string>& watched,
+               const Observe& observe) override {
+    py::gil_scoped_acquire gil;
+    py::cpp_function see(
+        [&observe](const std::string& layer, const at::Tensor& x) { observe(layer, x); });
+    runner_.attr("collect")(s.name, s.block, s.layers, watched, see);
+    check_signals();
+  }
+
+  void advance(const CalibrationSegment& s) override {
+    apply(s.layers);
+    py::gil_scoped_acquire gil;
+    runner_.attr("advance")(s.name, s.block);
+    check_signals();
+  }
+
+  // Hands the runner the pruned weights of `layers` not handed yet: {parameter: keep-mask} and
+  // {parameter: new value} where the kept entries changed (sparsegpt).
+  void apply(const std::vector<std::string>& layers) {
+    py::gil_scoped_acquire gil;
+    py::dict masks, values;
+    for (const auto& layer : layers) {
+      const std::string& w = weight_of_.at(layer);
+      if (!applied_.insert(w).second) continue;
+      ir::Initializer* init = layers_.graph.find_initializer(w);
+      LOPPER_ASSERT(init, "no initializer '", w, "' in the layer model");
+      const at::Tensor& was = original_.at(w);
+      if (init->value.is_same(was)) continue;  // left alone
+      masks[py::str(w)] = py::cast(init->value.ne(0));
+      if (kept_changed(was, init->value)) values[py::str(w)] = py::cast(init->value);
+      init->value = was;  // the runner holds the new values now
+    }
+    if (!masks.empty()) runner_.attr("apply")(masks, values);
+  }
+
+ private:
+  static void check_signals() {
+    // NOTE: Ctrl-C reaches Python only when it runs: let it stop the work here.
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+
+  py::object runner_;
+  ir::Model& layers_;
+  std::map<std::string, at::Tensor> original_;
+  std::unordered_map<std::string, std::string> weight_of_;
+  std::set<std::string> applied_;
+};
+
+std::vector<ModuleLayer> module_layers(const py::list& layers) {
+  std::vector<ModuleLayer> out;
+  for (auto item : layers) {
+    const py::dict d = item.cast<py::dict>();
+    ModuleLayer l;
+    l.name = d["name"].cast<std::string>();
+    l.param = d["param"].cast<std::string>();
+    l.op = d["op"].cast<std::string>();
+    l.weight = THPVariable_Unpack(d["weight"].ptr()).detach();
+    if (d.contains("strides")) l.strides = d["strides"].cast<std::vector<int64_t>>();
+    if (d.contains("pads")) l.pads = d["pads"].cast<std::vector<int64_t>>();
+    if (d.contains("dilations")) l.dilations = d["dilations"].cast<std::vector<int64_t>>();
+    if (d.contains("group")) l.group = d["group"].cast<int64_t>();
+    if (d.contains("embedding")) l.embedding = d["embedding"].cast<std::string>();
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+// Prunes the layers as lopper.prune says, without an export: by their weights alone, or calibrated
+// by the runner (wanda, sparsegpt, OWL). None when a criterion ranks by gradients (lopper.prune
+// then exports the module); else the report, the runner having applied every pruned weight.
+py::object prune_layers(const py::list& layer_list, const py::object& runner,
+                        const py::object& method, const py::object& amount,
+                        const py::object& threshold, const py::object& scope,
+                        const py::object& pattern, const py::object& norm, const py::object& seed,
+                        const py::object& exclude, bool skip_first_last, bool allow_tied,
+                        const py::object& recipe, const py::object& data,
+                        const py::object& calib_batches_arg, const py::object& device,
+                        const py::object& block_size, const py::object& dampening,
+                        const py::object& owl_lambda, const py::object& owl_m, bool sequential,
+                        const py::object& progress, int64_t module_params, const std::string& name,
+                        const std::string& command) {
+  if (PyBool_Check(calib_batches_arg.ptr()))
+    throw py::type_error("[prune] calib_batches must be an int, got bool");
+  const std::optional<int64_t> calib_batches =
+      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int");
+  const PruneRequest request = prune_request(
+      method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last, allow_tied,
+      recipe, !data.is_none(), calib_batches, block_size, dampening, owl_lambda, owl_m, sequential);
+  PruneJob job = as_usage([&] { return request.validate(); });
+  if (job.gradients) return py::none();
+  CalibrationOptions calib;
+  calib.device = string_arg(device, "device");
+  if (job.reads_inputs) {
+    const py::list items = calibration_items(data, calib_batches);
+    if (items.empty()) throw UsageError("[prune] data gave no calibration batch");
+    calib.batches = int64_t(items.size());
+    runner.attr("start")(items);
+  }
+  calib.sequential = sequential;
+  if (!progress.is_none())
+    calib.on_pass = [progress](int64_t pass, int64_t of, const std::string& what) {
+      py::gil_scoped_acquire gil;
+      progress(pass, of, what);  // as the pass starts: the block being calibrated
+    };
+  std::vector<ModuleLayer> layers = module_layers(layer_list);
+  ir::Model model = as_usage([&] { return layer_model(layers); });
+  PyRunner run(runner, model, std::move(layers));
+  ModulePruneReport report;
+  {
+    py::gil_scoped_release nogil;
+    if (job.reads_inputs) {
+      static_cast<PruneReport&>(report) = pythonic([&] { return job.run(model, run, calib); });
+    } else {
+      // As prune_onnx: what prune() refuses past the options' checks is the arguments' doing.
+      static_cast<PruneReport&>(report) = as_usage([&] { return job.run(model, nullptr, calib); });
+    }
+    std::vector<std::string> all;
+    for (const auto& n : model.graph.nodes)
+      if (n.op_type != "Gather") all.push_back(n.name);
+    run.apply(all);
+  }
+  report.before.params = module_params;
+  report.device = calib.device;
+  report.name = name;
+  report.command = command;
+  return py::cast(std::move(report));
+}
+
 }  // namespace
 
 void bind_prune(py::module_& m) {
@@ -333,9 +483,14 @@ model (without the file entries); report.save_html(path) its --report page.)")
           "params_before", [](const ModulePruneReport& r) { return r.before.params; },
           "The module's parameters (int; BatchNorm statistics not counted).")
       .def_property_readonly(
-          "macs_before", [](const ModulePruneReport& r) { return r.before.macs; },
+          "macs_before",
+          [](const ModulePruneReport& r) -> py::object {
+            if (!r.model_before) return py::none();
+            return py::int_(r.before.macs);
+          },
           "Multiply-accumulates of one call on the example inputs (int; dense: a sparse "
-          "kernel computes fewer, see to_dict()).")
+          "kernel computes fewer, see to_dict()); None when the module was pruned block by "
+          "block, without an export.")
       .def(
           "save_html",
           [](const ModulePruneReport& r, const py::object& path) {
@@ -354,6 +509,34 @@ cannot be written. The report keeps both exports for this (deleting it frees the
                ", nonzero=" + std::to_string(r.nonzero_after) +
                ", sparsity=" + py::repr(py::float_(s)).cast<std::string>() + ")";
       });
+
+  m.def("_prune_layers", &prune_layers, py::arg("layers"), py::arg("runner"), py::kw_only(),
+        py::arg("method") = py::none(), py::arg("amount") = py::none(),
+        py::arg("threshold") = py::none(), py::arg("scope") = py::str("local"),
+        py::arg("pattern") = py::none(), py::arg("norm") = py::none(), py::arg("seed") = py::none(),
+        py::arg("exclude") = py::none(), py::arg("skip_first_last") = false,
+        py::arg("allow_tied") = false, py::arg("recipe") = py::none(), py::arg("data") = py::none(),
+        py::arg("calib_batches") = py::none(), py::arg("device") = py::str("cpu"),
+        py::arg("block_size") = py::int_(kBlockSize), py::arg("dampening") = py::float_(kDampening),
+        py::arg("owl_lambda") = py::none(), py::arg("owl_m") = py::float_(kOwlM),
+        py::arg("sequential") = true, py::arg("progress") = py::none(),
+        py::arg("module_params") = 0, py::arg("name") = "module",
+        py::arg("command") = "lopper.prune",
+        R"(Pruning of `layers` (dicts: name, param, op, weight, and
+strides/pads/dilations/group for a Conv, embedding for a tied weight), calibrated by `runner`:
+runner.start(items) takes the calibration items of `data` lopper reads (wanda, sparsegpt, OWL);
+runner.collect(segment, block, layers, watched, observe) runs a segment on every calibration batch
+calling observe(layer, input) for each watched layer's input; runner.apply(masks, values) takes
+the pruned weights ({param: keep-mask}, {param: new value}); runner.advance(segment, block) runs
+the pruned segment again. Criteria of the weights alone prune without the runner's passes. Returns
+None when a criterion ranks by gradients (grad, taylor: they need the export), else the
+PruneReport. Internal:
+lopper.prune's path for a module it runs block by block.)");
+
+  m.def("_calibration_batches", &calibration_items, py::arg("data"),
+        py::arg("calib_batches") = py::none(),
+        "The calibration batches of `data` lopper.prune reads for wanda, sparsegpt and OWL (a "
+        "list). Internal.");
 
   m.def("_prune_onnx", &prune_onnx, py::arg("model"), py::kw_only(), py::arg("method") = py::none(),
         py::arg("amount") = py::none(), py::arg("threshold") = py::none(),

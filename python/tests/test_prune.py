@@ -487,12 +487,12 @@ def test_training_keeps_zeros_and_remove_makes_them_permanent(make):
 def test_tied_weight_left_alone_unless_allowed():
     g, ids = gpt2()
     with pytest.warns(UserWarning, match="tied with embedding"):
-        lopper.prune(g, ids, method="l1", amount=0.5, scope="global")
+        lopper.prune(g, ids, method="l1", amount=0.5, scope="global", prune_head=True)
     assert "lm_head.weight" not in masks(g) and "transformer.wte.weight" not in masks(g)
 
     g, ids = gpt2()
     with pytest.warns(UserWarning):
-        report = lopper.prune(g, ids, method="l1", amount=0.5, allow_tied=True)
+        report = lopper.prune(g, ids, method="l1", amount=0.5, allow_tied=True, prune_head=True)
     got = masks(g)
     # One parameter, two holders: both masked alike, and both read the same pruned values.
     assert torch.equal(got["lm_head.weight"], got["transformer.wte.weight"])
@@ -673,11 +673,14 @@ def sample_batches(n=16, seed=4):
 # NOTE: one sample per batch: lopper sums a batch's statistics in float32 and the batches in
 # float64, so the CLI's shuffled order of the same samples gives the same statistics, and the same
 # masks and weights (--calib-batches: all of them).
+# A transformers model is pruned in place through its own blocks, lm_head left alone: the CLI's
+# --exclude lm_head on its export.
 ONE_SHOT_CASES = [
-    (llama, None, dict(method="wanda", amount=0.5), ["--amount", "0.5"]),
-    (llama, None, dict(method="sparsegpt", amount=0.5), ["--amount", "0.5"]),
+    (llama, None, dict(method="wanda", amount=0.5), ["--amount", "0.5", "--exclude", "lm_head"]),
+    (llama, None, dict(method="sparsegpt", amount=0.5),
+     ["--amount", "0.5", "--exclude", "lm_head"]),
     (llama, None, dict(method="wanda", amount=0.5, owl_lambda=0.1, owl_m=3),
-     ["--amount", "0.5", "--owl-lambda", "0.1", "--owl-m", "3"]),
+     ["--amount", "0.5", "--owl-lambda", "0.1", "--owl-m", "3", "--exclude", "lm_head"]),
     # Pruned before (masks held): sparsegpt's values go into weight_orig.
     (mlp, dict(method="l1", amount=0.3),
      dict(method="sparsegpt", pattern="2:4", block_size=16, dampening=0.05, sequential=False),
@@ -718,6 +721,7 @@ def test_one_shot_is_what_the_cli_writes(tmp_path, make, first, kwargs, flags):
     got = masks(m)
     pruned = [l.param for l in report.layers if not l.skipped]
     assert sorted(got) == sorted(pruned) and got
+    assert "lm_head.weight" not in got
     for name, mask in got.items():
         assert np.array_equal(mask.numpy() != 0, written[name] != 0), name
     # The weights as the module computes them (<name>_orig * <name>_mask): lopper's.
@@ -789,9 +793,22 @@ def test_one_shot_progress_names_the_blocks(monkeypatch, capsys):
         assert torch.all(mask.reshape(mask.shape[0], -1, 4).sum(-1) == 2), name
 
 
+class _Logits(nn.Module):
+    """A transformers model inside a plain module: lopper.prune exports it, as any module."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m(input_ids=input_ids).logits
+
+
 def test_sequential_calibration_reaches_every_layer():
-    # A block starts at the Transpose that hands its first layer's weight on, not at the layer.
+    # On the export, a block starts at the Transpose that hands its first layer's weight on, not
+    # at the layer.
     m, x = llama()
     data, _ = token_batches(n=2)
-    report = quiet_prune(m, x, method="wanda", amount=0.5, data=data, progress=False)
+    report = quiet_prune(_Logits(m), x, method="wanda", amount=0.5, data=data, progress=False)
+    assert report.macs_before is not None  # the export's
     assert [l.param for l in report.layers if l.skipped] == []

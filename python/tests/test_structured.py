@@ -532,3 +532,37 @@ def test_another_thread_runs_while_lopper_prunes():
         t.join()
     assert elapsed > 0.2, elapsed  # long enough to tell
     assert ticks > 0.2 * elapsed / 0.001, (ticks, elapsed)  # the thread ran most of the time
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small"])
+def test_a_shrunk_module_reloads_into_a_fresh_instance(name, tmp_path):
+    """lopper.load_pruned rebuilds the pruned architecture from a fresh instance and the saved
+    state dict (Torch-Pruning's tp.load_state_dict): the same outputs; a state dict that is not a
+    pruning of the module is refused and the module left as it was."""
+    m, x = torchvision_model(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lopper.prune_structured(m, x, amount=0.5, progress=False)
+    torch.save(m.state_dict(), tmp_path / "pruned.pt")
+    fresh, _ = torchvision_model(name)
+    dense = {k: v.clone() for k, v in fresh.state_dict().items()}
+    back = lopper.load_pruned(fresh, torch.load(tmp_path / "pruned.pt"))
+    assert back is fresh
+    assert sum(p.numel() for p in fresh.parameters()) == sum(p.numel() for p in m.parameters())
+    torch.testing.assert_close(call(fresh, x), call(m, x), rtol=0, atol=0)
+    # The other way round: the dense weights are larger than the pruned module's.
+    with pytest.raises(ValueError, match="not a pruning of it"):
+        lopper.load_pruned(fresh, dense)
+    torch.testing.assert_close(call(fresh, x), call(m, x), rtol=0, atol=0)  # as it was
+    other, _ = torchvision_model(name)
+    broken = dict(m.state_dict())
+    broken.pop(next(iter(broken)))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(RuntimeError, match="Missing key"):
+        lopper.load_pruned(other, broken)
+    assert all(v.shape == before[k].shape and torch.equal(v, before[k])
+               for k, v in other.state_dict().items())
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        lopper.load_pruned("resnet18", broken)
+    with pytest.raises(TypeError, match="mapping"):
+        lopper.load_pruned(other, [1, 2])

@@ -164,3 +164,89 @@ def test_masks_made_permanent_save_and_reload_with_their_zeros(tmp_path):
         torch.testing.assert_close(back(**_inputs()).logits, out, rtol=0, atol=1e-5)
     with pytest.raises(TypeError, match="torch.nn.Module"):
         lopper.make_permanent("model")
+
+
+def _export_path(monkeypatch, module):
+    """lopper.prune through the module's ONNX export (what `lopper prune` computes on it), as for
+    any other module; returns the exclude that leaves its output head alone."""
+    from lopper import _hf
+    exclude = _hf.head_excluded(module, None)
+    monkeypatch.setattr("lopper._prune._hf.is_transformers_model", lambda m: False)
+    return exclude
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("method,pattern", [("wanda", None), ("sparsegpt", None),
+                                            ("sparsegpt", "2:4")])
+def test_one_shot_in_place_equals_the_export(name, method, pattern, monkeypatch):
+    """A transformers model is pruned through its own blocks, never exported: the masks equal the
+    export's (lopper prune's on the same weights and batches), SparseGPT's weights to float
+    rounding, the output head left alone."""
+    data = [_inputs(batch=4, length=16, seed=s) for s in range(3)]
+    amount = None if pattern else 0.5
+    ex = data[0]
+    here = _model(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = lopper.prune(here, _inputs(batch=1), method=method, amount=amount,
+                              pattern=pattern, data=data, masks=False, progress=False)
+        there = _model(name)
+        exclude = _export_path(monkeypatch, there)
+        lopper.prune(there, ex, method=method, amount=amount, pattern=pattern, data=data,
+                     masks=False, progress=False, exclude=exclude)
+    assert report.macs_before is None  # no export was made
+    assert 0.4 < report.sparsity < 0.55
+    a, b = here.state_dict(), there.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k] != 0, b[k] != 0), k
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+    head = here.get_output_embeddings()
+    if head is not None:
+        assert bool((head.weight != 0).all())  # left alone
+
+
+def test_one_shot_in_place_saves_and_reloads_with_its_zeros(tmp_path):
+    m = _model("qwen2")
+    data = [_inputs(batch=2, length=8, seed=s) for s in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # masks=False: nothing to warn of
+        report = lopper.prune(m, _inputs(), method="sparsegpt", amount=0.5, data=data,
+                              masks=False, progress=False)
+    assert not any(k.endswith(("_orig", "_mask")) for k in m.state_dict())
+    assert [l.skipped for l in report.layers if l.name == "lm_head"] != [""]
+    with torch.no_grad():
+        out = m(**_inputs()).logits
+        back = _reloaded(m, tmp_path)
+        torch.testing.assert_close(back(**_inputs()).logits, out, rtol=0, atol=1e-5)
+    w = back.model.layers[1].mlp.down_proj.weight
+    assert 0.45 < float((w == 0).float().mean()) < 0.55
+    with pytest.raises(RuntimeError, match="without an export"):
+        report.save_html(tmp_path / "page.html")
+
+
+def test_one_shot_in_place_options():
+    data = [_inputs(batch=2, length=8, seed=s) for s in range(2)]
+    m = _model("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=data, prune_head=True,
+                     progress=False)
+    assert 0.45 < float((m.lm_head.weight == 0).float().mean()) < 0.55  # a mask, as asked
+    assert hasattr(m.lm_head, "weight_mask")
+    m = _model("llama")
+    with pytest.raises(ValueError, match="device cuda"):
+        lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=data, device="cuda")
+    with pytest.raises(TypeError, match="masks must be a bool"):
+        lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=data, masks=1)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(RuntimeError, match="failed on calibration batch 0: ValueError"):
+        lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=[{"bogus": torch.ones(2)}],
+                     progress=False)
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())  # as it was
+    # Gradient criteria need the whole graph: the export path, as before.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = lopper.prune(m, data[0], method="taylor", amount=0.3, data=data,
+                              progress=False)
+    assert report.macs_before is not None

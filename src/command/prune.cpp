@@ -74,6 +74,7 @@ PruneJob PruneRequest::validate() const {
   auto note = [&](const PruneLayerOptions& l) {
     const CriterionInfo c = criterion_of(l.criterion);
     if (c.needs_data && job.data_method.empty()) job.data_method = c.name;
+    job.gradients |= c.needs_data && !c.reads_inputs;
   };
   if (recipe) {
     // Every option that says how a layer is pruned belongs in the recipe.
@@ -173,6 +174,14 @@ PruneReport PruneJob::run(ir::Model& model, DataLoader* data,
   if (needs_data) saliency = compute_saliency(model, *data, calib);
   const Saliency* s = saliency ? &*saliency : nullptr;
   return options ? prune(model, *options, s) : prune(model, *recipe, s);
+}
+
+PruneReport PruneJob::run(ir::Model& layers, CalibrationRunner& runner,
+                          const CalibrationOptions& calib) const {
+  LOPPER_ASSERT(options.has_value() != recipe.has_value(), "a job prunes one way");
+  LOPPER_ASSERT(reads_inputs, "a job the caller calibrates reads the layers' inputs");
+  return options ? prune_calibrated(layers, *options, runner, calib)
+                 : prune_calibrated(layers, *recipe, runner, calib);
 }
 
 }  // namespace lopper

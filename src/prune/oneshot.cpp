@@ -91,7 +91,50 @@ struct Segment {
   bool block = false;           // a block of layers named alike (a transformer layer)
 };
 
-class Calibration {
+// The plan's targets cut into segments: one per block (`by_block`; a target outside the blocks is
+// one of its own), else one for them all. `target_pos`: where each target's segment would start in
+// the order the nodes run; `end`: the number of nodes.
+std::vector<Segment> cut_segments(const PrunePlan& plan, const std::vector<size_t>& target_pos,
+                                  size_t end, bool by_block) {
+  std::vector<size_t> by_pos(plan.targets.size());
+  for (size_t i = 0; i < by_pos.size(); ++i) by_pos[i] = i;
+  std::stable_sort(by_pos.begin(), by_pos.end(),
+                   [&](size_t a, size_t b) { return target_pos[a] < target_pos[b]; });
+  std::vector<Segment> out;
+  std::string last_key;
+  for (size_t i : by_pos) {
+    const std::string key = block_of(plan.targets[i]);
+    const bool same = !out.empty() && (!by_block || (!key.empty() && key == last_key));
+    if (!same) {
+      Segment s;
+      s.begin = out.empty() ? 0 : target_pos[i];
+      s.name = !by_block ? "the model" : key.empty() ? plan.targets[i].weight.label() : key;
+      s.block = by_block && !key.empty();
+      if (!out.empty()) out.back().end = s.begin;
+      out.push_back(std::move(s));
+    }
+    out.back().targets.push_back(i);
+    last_key = key;
+  }
+  if (!out.empty()) out.back().end = end;
+  return out;
+}
+
+// Where the layers' inputs come from, a segment at a time: lopper's executor on the model's graph
+// (Calibration), or the caller running its own model (Runner).
+class Source {
+ public:
+  virtual ~Source() = default;
+  // The model's segments: one per block (`by_block`), else one for the whole model.
+  virtual std::vector<Segment> segments(bool by_block) const = 0;
+  // Each watched weight's inputs over every batch, with the segment as it is now.
+  virtual std::map<std::string, LayerInput> collect(const Segment& s,
+                                                    const std::map<std::string, bool>& watch) = 0;
+  // Runs the segment (as pruned now) on every batch, so that the next one sees its outputs.
+  virtual void advance(const Segment& s) = 0;
+};
+
+class Calibration final : public Source {
  public:
   Calibration(ir::Model& model, PrunePlan& plan, DataLoader& data, const CalibrationOptions& calib)
       : model_(model), plan_(plan), calib_(calib) {
@@ -124,35 +167,12 @@ class Calibration {
     load_batches(data);
   }
 
-  // The model's segments: one per block (`by_block`), else one for the whole graph.
-  std::vector<Segment> segments(bool by_block) const {
-    std::vector<size_t> by_pos(plan_.targets.size());
-    for (size_t i = 0; i < by_pos.size(); ++i) by_pos[i] = i;
-    std::stable_sort(by_pos.begin(), by_pos.end(),
-                     [&](size_t a, size_t b) { return target_pos_[a] < target_pos_[b]; });
-    std::vector<Segment> out;
-    std::string last_key;
-    for (size_t i : by_pos) {
-      const std::string key = block_of(plan_.targets[i]);
-      const bool same = !out.empty() && (!by_block || (!key.empty() && key == last_key));
-      if (!same) {
-        Segment s;
-        s.begin = out.empty() ? 0 : target_pos_[i];
-        s.name = !by_block ? "the model" : key.empty() ? plan_.targets[i].weight.label() : key;
-        s.block = by_block && !key.empty();
-        if (!out.empty()) out.back().end = s.begin;
-        out.push_back(std::move(s));
-      }
-      out.back().targets.push_back(i);
-      last_key = key;
-    }
-    if (!out.empty()) out.back().end = order_.size();
-    return out;
+  std::vector<Segment> segments(bool by_block) const override {
+    return cut_segments(plan_, target_pos_, order_.size(), by_block);
   }
 
-  // Each watched weight's inputs over every batch, with the segment as it is now.
   std::map<std::string, LayerInput> collect(const Segment& s,
-                                            const std::map<std::string, bool>& watch) {
+                                            const std::map<std::string, bool>& watch) override {
     ir::Model sub = segment_model(s);
     LayerInputCollector collector(sub.graph, watch);
     Executor ex = executor(sub);
@@ -163,8 +183,7 @@ class Calibration {
     return collector.take();
   }
 
-  // Runs the segment (as pruned now) on every batch, so that the live values are the next one's.
-  void advance(const Segment& s) {
+  void advance(const Segment& s) override {
     ir::Model sub = segment_model(s);
     Executor ex = executor(sub);
     const std::vector<std::string> ins = inputs_of(sub);
@@ -175,8 +194,6 @@ class Calibration {
       for (size_t k = 0; k < outs.size(); ++k) live[sub.graph.outputs[k].name] = outs[k];
     }
   }
-
-  int64_t batches() const { return int64_t(live_.size()); }
 
  private:
   size_t last_read(const std::string& v) const {
@@ -268,6 +285,54 @@ class Calibration {
   std::unordered_map<std::string, size_t> last_read_;
   std::unordered_set<std::string> constants_;
   std::vector<std::unordered_map<std::string, at::Tensor>> live_;  // per batch
+};
+
+// The caller runs its own model (a layer model: layer_model()), a segment at a time.
+class Runner final : public Source {
+ public:
+  Runner(ir::Model& model, PrunePlan& plan, CalibrationRunner& runner)
+      : model_(model), plan_(plan), runner_(runner) {
+    const ir::Graph& g = model.graph;
+    for (const auto& t : plan.targets) target_pos_.push_back(size_t(t.node - g.nodes.data()));
+    for (const auto& n : g.nodes) nodes_[n.name] = &n;
+  }
+
+  std::vector<Segment> segments(bool by_block) const override {
+    return cut_segments(plan_, target_pos_, model_.graph.nodes.size(), by_block);
+  }
+
+  std::map<std::string, LayerInput> collect(const Segment& s,
+                                            const std::map<std::string, bool>& watch) override {
+    const ir::Graph& g = model_.graph;
+    LayerInputCollector collector(g, watch);
+    std::vector<std::string> watched;
+    for (const auto& n : g.nodes)
+      if (n.inputs.size() > 1 && watch.count(n.inputs[1])) watched.push_back(n.name);
+    runner_.collect(view(s), watched, [&](const std::string& layer, const at::Tensor& x) {
+      auto it = nodes_.find(layer);
+      LOPPER_CHECK(it != nodes_.end(), "[prune] calibration: no layer '", layer, "'");
+      const ir::Node& n = *it->second;
+      collector.observe(n, {x, g.find_initializer(n.inputs[1])->value});
+    });
+    return collector.take();
+  }
+
+  void advance(const Segment& s) override { runner_.advance(view(s)); }
+
+ private:
+  CalibrationSegment view(const Segment& s) const {
+    CalibrationSegment v;
+    v.name = s.name;
+    v.block = s.block;
+    for (size_t i : s.targets) v.layers.push_back(plan_.targets[i].node->name);
+    return v;
+  }
+
+  ir::Model& model_;
+  PrunePlan& plan_;
+  CalibrationRunner& runner_;
+  std::vector<size_t> target_pos_;
+  std::unordered_map<std::string, const ir::Node*> nodes_;
 };
 
 // A weight as [outputs, inputs]: the output axis first, the other axes flattened in order.
@@ -374,20 +439,15 @@ std::vector<double> owl_amounts(const PrunePlan& plan, const std::vector<Segment
   return amount;
 }
 
-PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
-                const CalibrationOptions& calib, const PruneOptions* opts) {
-  check_calibration(data, calib);
-  // Gradient criteria (a recipe's) score on the unpruned model first.
-  std::optional<Saliency> saliency;
+bool needs_gradients(const PrunePlan& plan) {
   bool gradients = false;
   for (const auto* o : plan.how) gradients |= criterion_of(*o).needs == Needs::kGradients;
-  if (gradients) saliency = compute_saliency(model, data, calib);
+  return gradients;
+}
 
-  // The plan counted every weight's zeros: its pages and temporaries need not stay.
-  exec::empty_cpu_cache();
-  if (calib.release_memory) calib.release_memory();
-  c10::NoGradGuard no_grad;
-  Calibration cal(model, plan, data, calib);
+// The segments calibrated and pruned in turn, their inputs from `cal`.
+PruneReport run(PrunePlan& plan, Source& cal, const CalibrationOptions& calib,
+                const PruneOptions* opts, const Saliency* saliency) {
   const std::vector<Segment> segments = cal.segments(calib.sequential);
   if (calib.sequential && segments.size() > 1 &&
       std::none_of(segments.begin(), segments.end(), [](const Segment& s) { return s.block; }))
@@ -425,8 +485,7 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
     if (!watch.empty()) inputs = cal.collect(s, watch);
     for (size_t i : s.targets) {
       auto it = inputs.find(plan.targets[i].init->name);
-      prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second,
-                   saliency ? &*saliency : nullptr);
+      prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second, saliency);
       if (it != inputs.end()) inputs.erase(it);
       exec::empty_cpu_cache();  // the solver's K x K matrices
     }
@@ -438,6 +497,34 @@ PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
   }
   finish_report(plan.report);
   return std::move(plan.report);
+}
+
+// On `data`, lopper's executor running the model's graph.
+PruneReport run(ir::Model& model, PrunePlan& plan, DataLoader& data,
+                const CalibrationOptions& calib, const PruneOptions* opts) {
+  check_calibration(data, calib);
+  // Gradient criteria (a recipe's) score on the unpruned model first.
+  std::optional<Saliency> saliency;
+  if (needs_gradients(plan)) saliency = compute_saliency(model, data, calib);
+
+  // The plan counted every weight's zeros: its pages and temporaries need not stay.
+  exec::empty_cpu_cache();
+  if (calib.release_memory) calib.release_memory();
+  c10::NoGradGuard no_grad;
+  Calibration cal(model, plan, data, calib);
+  return run(plan, cal, calib, opts, saliency ? &*saliency : nullptr);
+}
+
+// On the caller's model, which `runner` runs.
+PruneReport run(ir::Model& layers, PrunePlan& plan, CalibrationRunner& runner,
+                const CalibrationOptions& calib, const PruneOptions* opts) {
+  if (needs_gradients(plan))
+    throw UsageError(
+        "[prune] grad and taylor rank by gradients of the whole model: they do not go with a "
+        "calibration of its blocks one by one");
+  c10::NoGradGuard no_grad;
+  Runner cal(layers, plan, runner);
+  return run(plan, cal, calib, opts, nullptr);
 }
 
 }  // namespace
@@ -452,6 +539,62 @@ PruneReport prune_calibrated(ir::Model& model, const PruneRecipe& recipe, DataLo
                              const CalibrationOptions& calib) {
   PrunePlan plan = plan_prune(model, recipe);
   return run(model, plan, data, calib, nullptr);
+}
+
+PruneReport prune_calibrated(ir::Model& layers, const PruneOptions& opts, CalibrationRunner& runner,
+                             const CalibrationOptions& calib) {
+  PrunePlan plan = plan_prune(layers, opts);
+  return run(layers, plan, runner, calib, &opts);
+}
+
+PruneReport prune_calibrated(ir::Model& layers, const PruneRecipe& recipe,
+                             CalibrationRunner& runner, const CalibrationOptions& calib) {
+  PrunePlan plan = plan_prune(layers, recipe);
+  return run(layers, plan, runner, calib, nullptr);
+}
+
+ir::Model layer_model(const std::vector<ModuleLayer>& layers) {
+  ir::Model m;
+  m.opset_import = {{"", 17}};
+  ir::Graph& g = m.graph;
+  g.name = "layers";
+  std::unordered_set<std::string> weights, embedded;
+  for (const auto& l : layers) {
+    LOPPER_CHECK(l.weight.defined(), "[prune] layer '", l.name, "' has no weight");
+    const int64_t rank = l.weight.dim();
+    const bool conv = l.op == "Conv";
+    LOPPER_CHECK(l.op == "Gemm" || l.op == "MatMul" || conv, "[prune] layer '", l.name, "': op ",
+                 l.op, " is not Gemm, MatMul or Conv");
+    LOPPER_CHECK(conv ? rank >= 3 : rank == 2, "[prune] layer '", l.name, "' (", l.op,
+                 ") has a weight of rank ", rank);
+    ir::Node n;
+    n.name = l.name;
+    n.op_type = l.op;
+    n.inputs = {l.name + ":input", l.param};
+    n.outputs = {l.name + ":output"};
+    if (l.op == "Gemm") n.attrs.push_back(ir::int_attr("transB", 1));
+    if (conv) {
+      n.attrs.push_back(ir::int_attr("group", l.group));
+      if (!l.strides.empty()) n.attrs.push_back(ir::ints_attr("strides", l.strides));
+      if (!l.pads.empty()) n.attrs.push_back(ir::ints_attr("pads", l.pads));
+      if (!l.dilations.empty()) n.attrs.push_back(ir::ints_attr("dilations", l.dilations));
+    }
+    g.inputs.push_back({n.inputs[0], {}, ""});
+    g.outputs.push_back({n.outputs[0], {}, ""});
+    if (weights.insert(l.param).second) g.initializers.push_back({l.param, l.weight, "", false});
+    g.nodes.push_back(std::move(n));
+    if (!l.embedding.empty() && embedded.insert(l.param).second) {
+      ir::Node e;
+      e.name = l.embedding;
+      e.op_type = "Gather";
+      e.inputs = {l.param, l.embedding + ":ids"};
+      e.outputs = {l.embedding + ":output"};
+      g.inputs.push_back({e.inputs[1], {}, ""});
+      g.outputs.push_back({e.outputs[0], {}, ""});
+      g.nodes.push_back(std::move(e));
+    }
+  }
+  return m;
 }
 
 }  // namespace lopper

@@ -56,6 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import llm_corpus  # noqa: E402
+from results import save_json  # noqa: E402  (bench/results.py)
 
 LLMC_PYTHON = os.path.join(ROOT, ".venv-llmc", "bin", "python")
 LLMC_REFERENCE = os.path.join(ROOT, "tests", "python", "llmc_reference.py")
@@ -76,7 +77,6 @@ def log(msg):
 # time and os.wait4 rusage. /usr/bin/time -v gives the same figures.
 _LAUNCHER = r"""
 import json, os, sys, time
-from results import save_json  # bench/results.py
 t0 = time.perf_counter()
 pid = os.fork()
 if pid == 0:

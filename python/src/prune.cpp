@@ -101,6 +101,13 @@ PruneRequest prune_request(const py::object& method, const py::object& amount,
   return r;
 }
 
+// lopper.prune's calib_batches: None or an int (a bool is a mistake, not a count).
+std::optional<int64_t> calib_batches_of(const py::object& calib_batches) {
+  if (PyBool_Check(calib_batches.ptr()))
+    throw py::type_error("[prune] calib_batches must be an int, got bool");
+  return optional_arg<int64_t>(calib_batches, "calib_batches", "an int");
+}
+
 }  // namespace
 
 // The calibration batches of wanda, sparsegpt and OWL, as the CLI reads them: `limit` batches
@@ -171,10 +178,7 @@ py::tuple prune_onnx(const py::bytes& model_bytes, const py::object& method,
                      const std::vector<std::string>& parameters, const py::object& progress,
                      const std::vector<std::vector<int64_t>>& example, const std::string& name,
                      const std::string& command) {
-  if (PyBool_Check(calib_batches_arg.ptr()))
-    throw py::type_error("[prune] calib_batches must be an int, got bool");
-  const std::optional<int64_t> calib_batches =
-      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int");
+  const std::optional<int64_t> calib_batches = calib_batches_of(calib_batches_arg);
   const PruneRequest request = prune_request(
       method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last, allow_tied,
       recipe, !data.is_none(), calib_batches, block_size, dampening, owl_lambda, owl_m, sequential);
@@ -370,10 +374,7 @@ py::object prune_layers(const py::list& layer_list, const py::object& runner,
                         const py::object& owl_lambda, const py::object& owl_m, bool sequential,
                         const py::object& progress, int64_t module_params, const std::string& name,
                         const std::string& command) {
-  if (PyBool_Check(calib_batches_arg.ptr()))
-    throw py::type_error("[prune] calib_batches must be an int, got bool");
-  const std::optional<int64_t> calib_batches =
-      optional_arg<int64_t>(calib_batches_arg, "calib_batches", "an int");
+  const std::optional<int64_t> calib_batches = calib_batches_of(calib_batches_arg);
   const PruneRequest request = prune_request(
       method, amount, threshold, scope, pattern, norm, seed, exclude, skip_first_last, allow_tied,
       recipe, !data.is_none(), calib_batches, block_size, dampening, owl_lambda, owl_m, sequential);

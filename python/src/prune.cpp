@@ -114,34 +114,42 @@ std::optional<int64_t> calib_batches_of(const py::object& calib_batches) {
 // (without one, enough for the papers' 128 samples, counted in batches of the first one's size),
 // and a last batch smaller than the first left out (the CLI's drop_last: a torch DataLoader's
 // remainder) when others are there. Also lopper.prune_to_target's (analysis.cpp).
-py::list calibration_items(py::handle data, std::optional<int64_t> limit) {
+// The items chosen, each also converted into `batches` (the conversion reads every item once).
+py::list calibration_items(py::handle data, std::optional<int64_t> limit,
+                           std::vector<Batch>& batches) {
   if (!py::hasattr(data, "__iter__"))
     throw py::type_error("[prune] data must be an iterable of batches, got " + type_name(data));
   auto samples = [](const Batch& b) { return b.x.dim() > 0 ? b.x.size(0) : int64_t(0); };
   py::list items;
-  std::vector<int64_t> sizes;
   int64_t want = limit.value_or(0);
   bool ended = true;  // the iterable ran out before `want` batches
   for (auto item : data) {
-    sizes.push_back(samples(to_batch(item, sizes.size())));
+    batches.push_back(to_batch(item, batches.size()));
     items.append(item);
-    if (!limit && sizes.size() == 1) {
-      const int64_t b = std::max<int64_t>(sizes.front(), 1);
+    if (!limit && batches.size() == 1) {
+      const int64_t b = std::max<int64_t>(samples(batches.front()), 1);
       want = (kCalibSamples + b - 1) / b;
     }
-    if (int64_t(sizes.size()) == want) {
+    if (int64_t(batches.size()) == want) {
       ended = false;
       break;
     }
   }
-  if (ended && sizes.size() > 1 && sizes.back() < sizes.front()) items.attr("pop")();
+  if (ended && batches.size() > 1 && samples(batches.back()) < samples(batches.front())) {
+    items.attr("pop")();
+    batches.pop_back();
+  }
   return items;
+}
+
+py::list calibration_items(py::handle data, std::optional<int64_t> limit) {
+  std::vector<Batch> batches;
+  return calibration_items(data, limit, batches);
 }
 
 std::unique_ptr<DataLoader> calibration_loader(py::handle data, std::optional<int64_t> limit) {
   std::vector<Batch> batches;
-  for (auto item : calibration_items(data, limit))
-    batches.push_back(to_batch(item, batches.size()));
+  (void)calibration_items(data, limit, batches);
   return as_usage([&] { return std::make_unique<DataLoader>(std::move(batches), "data"); });
 }
 
@@ -533,11 +541,6 @@ the pruned segment again. Criteria of the weights alone prune without the runner
 None when a criterion ranks by gradients (grad, taylor: they need the export), else the
 PruneReport. Internal:
 lopper.prune's path for a module it runs block by block.)");
-
-  m.def("_calibration_batches", &calibration_items, py::arg("data"),
-        py::arg("calib_batches") = py::none(),
-        "The calibration batches of `data` lopper.prune reads for wanda, sparsegpt and OWL (a "
-        "list). Internal.");
 
   m.def("_prune_onnx", &prune_onnx, py::arg("model"), py::kw_only(), py::arg("method") = py::none(),
         py::arg("amount") = py::none(), py::arg("threshold") = py::none(),

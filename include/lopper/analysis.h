@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lopper/executor.h"
 #include "lopper/graph.h"
 
 namespace lopper {
@@ -65,9 +66,25 @@ using NodeShapes = std::unordered_map<const ir::Node*, NodeIO>;
 NodeShapes node_shapes(const ir::Model& model,
                        const std::map<std::string, std::vector<int64_t>>& input_shapes);
 
+/// node_shapes() from one run on `feeds` (their shapes, on their device), the run's outputs in
+/// `outputs`.
+NodeShapes node_shapes(const ir::Model& model, const NamedTensors& feeds,
+                       std::vector<at::Tensor>* outputs);
+/// What node_shapes runs: every node as it is (no fusion, no folding), no prepacked weights.
+ExecOptions shape_options();
+/// Records every node's input and output shapes into `seen` as `exec` runs (its on_node), for an
+/// executor made with shape_options(): a caller that runs the model anyway gets node_shapes'
+/// result from that run.
+void record_node_shapes(Executor& exec, NodeShapes& seen);
+
 /// Costs of `model` at the given input shapes (see resolve_input_shapes).
 ModelCost analyze(const ir::Model& model,
                   const std::map<std::string, std::vector<int64_t>>& input_shapes);
+/// The same from the node shapes of a run at those input shapes (node_shapes or
+/// record_node_shapes).
+ModelCost analyze(const ir::Model& model,
+                  const std::map<std::string, std::vector<int64_t>>& input_shapes,
+                  const NodeShapes& seen);
 
 /// What deserves a warning the moment `model` is loaded, one sentence each (no prefix): today,
 /// BatchNormalization in training mode, which normalises with each batch's own statistics as

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "lopper/analysis.h"
+#include "lopper/executor.h"
 #include "lopper/graph.h"
 #include "lopper/prune.h"
 
@@ -31,6 +33,15 @@ struct FixedAxis {
   std::string weight;
   int64_t axis = -1;
   std::string why;
+};
+
+/// The model's runs that structured pruning makes anyway (the analysis of the model, the check that
+/// the shrunk one runs), on a caller's inputs: a caller that compares a module with the graph
+/// gets both graphs' outputs and costs from them instead of running them again.
+struct StructuredRuns {
+  NamedTensors feeds;                     // in: one tensor per graph input, of the analysis' shapes
+  std::vector<at::Tensor> before, after;  // out: the model's outputs before and after pruning
+  ModelCost cost_before, cost_after;      // out: analyze() of each at the feeds' shapes
 };
 
 struct StructuredOptions {
@@ -61,6 +72,9 @@ struct StructuredOptions {
   /// Groups kept whole by ChannelGroupReport::id (ids are the same for the same model and unit),
   /// and why: lopper.prune_structured keeps the groups whose size a module's forward() hard-codes.
   std::map<int64_t, std::string> kept_groups;
+  /// When set, the analysis run and the check of the shrunk model run on runs->feeds (their
+  /// shapes are input_shapes) and leave their outputs and costs there.
+  StructuredRuns* runs = nullptr;
 };
 
 struct ChannelGroupReport {

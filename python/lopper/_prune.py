@@ -17,7 +17,7 @@ import warnings
 import torch
 from torch.nn.utils import prune as _torch_prune
 
-from lopper import _blocks, _hf, _lopper
+from lopper import _blocks, _fx, _hf, _lopper
 from lopper._lopper import PruneLayerReport, PruneReport  # noqa: F401 (re-exported)
 
 __all__ = ["PruneLayerReport", "PruneReport", "make_permanent", "prune"]
@@ -391,9 +391,13 @@ def _holders(module):
     return {name: by_param[id(p)] for name, p in by_name.items()}
 
 
-def _export(module, args, kwargs, dynamic, op="prune"):
-    """The module's ONNX bytes, exported by torch.export with every parameter an initializer under
-    its own name, and _holders(module)."""
+def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None):
+    """The module's ONNX bytes, with every parameter an initializer under its own name, and
+    _holders(module). Written from its torch.fx trace where _fx can (``fx``) and lopper's executor
+    then computes the module's outputs from it, else exported by torch.onnx.export. With
+    ``fx_outputs`` (a list), a torch.fx graph is returned unchecked and the module's outputs are
+    put in the list for the caller to check against the graph's (nothing is put there for
+    torch.onnx's export)."""
     holders = _holders(module)
     target = module
     pruned = _pruned(module)
@@ -449,6 +453,12 @@ def _export(module, args, kwargs, dynamic, op="prune"):
         return program.model_proto.SerializeToString()
 
     try:
+        fast = _fx.onnx_of(target, args, kwargs) if fx else None
+        if fast is not None and fx_outputs is not None:
+            fx_outputs.extend(fast[1])
+            return fast[0], holders
+        if fast is not None and _runs_as(fast[0], args, fast[1]):
+            return fast[0], holders
         if dynamic:
             # Calibration batches may differ from the example in batch size and sequence length:
             # those dims are dynamic where the module lets them be (else the example's shapes).
@@ -466,6 +476,37 @@ def _export(module, args, kwargs, dynamic, op="prune"):
     finally:
         for m, mode in modes:
             m.training = mode
+
+
+def _runs_as(exported, args, expected):
+    """Whether lopper's executor computes the module's outputs `expected` from the export."""
+    try:
+        got = _lopper._run_export(exported, [a.detach().contiguous() for a in args],
+                                  str(args[0].device))
+    except RuntimeError:
+        return False
+    return _same_outputs(got, expected)
+
+
+def _same_outputs(got, expected):
+    """Whether the graph's outputs `got` are the module's `expected`, to float rounding (1e-4 of
+    each output's largest magnitude): a torch.fx graph is used only then."""
+    if len(got) != len(expected):
+        return False
+    for a, b in zip(got, expected):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        a = a.to(b.device)
+        if not b.is_floating_point():
+            if not torch.equal(a, b):
+                return False
+            continue
+        if not bool(torch.isfinite(b).all()):
+            return False
+        scale = float(b.abs().max()) if b.numel() else 0.0
+        if b.numel() and float((a - b).abs().max()) > 1e-4 * max(scale, 1e-6):
+            return False
+    return True
 
 
 def _first_line(e):

@@ -16,7 +16,8 @@ from torch.nn.utils import prune as _torch_prune
 
 from lopper import _hf, _lopper
 from lopper._lopper import ChannelGroup, StructuredReport  # noqa: F401 (re-exported)
-from lopper._prune import _export, _first_line, _Progress, _pruned, _split_inputs
+from lopper._prune import (_export, _first_line, _Progress, _pruned, _same_outputs,
+                           _split_inputs)
 
 __all__ = ["ChannelGroup", "StructuredReport", "load_pruned", "prune_structured"]
 
@@ -160,7 +161,8 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     leaves = [t.detach().contiguous() for t in _tensors((args, kwargs))]
     holders = _holders(module)
     before = _check_runs(module, args, kwargs)
-    exported, _ = _export(module, args, kwargs, dynamic=data is not None)
+    fx_outputs = []  # the module's outputs, when the export is an unchecked torch.fx graph
+    exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx_outputs=fx_outputs)
     given = {k: v for k, v in options.items()
              if k in ("unit", "method", "amount", "scope", "round_to", "exclude", "recipe")
              and v is not None and not (k == "round_to" and v == 1)}
@@ -168,24 +170,29 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         [type(module).__name__] + [f"{k}={v!r}" for k, v in given.items()]))
     fixed = _fixed(module, unit)
     kept_ids = set()
-    graph_before = []  # the unpruned export's outputs, from the first prune (the same each time)
+
+    def prune(kept):
+        bar = _Progress("calibrate") if progress and data is not None and not kept else None
+        try:
+            return _lopper._prune_structured_onnx(
+                exported, parameters=list(holders), fixed=fixed, kept=kept, inputs=leaves,
+                progress=bar, name=type(module).__name__, command=command, **options)
+        finally:
+            if bar is not None:
+                bar.close()
 
     def attempt(kept, keep=True):
         """Prunes the export with the groups `kept` ({id: why}) kept whole and shrinks the
         module (_shrink_in_place); the report."""
-        bar = _Progress("calibrate") if progress and data is not None and not kept else None
-        try:
-            *shrunk, report = _lopper._prune_structured_onnx(
-                exported, parameters=list(holders), fixed=fixed, kept=kept, inputs=leaves,
-                progress=bar, run_before=not graph_before, name=type(module).__name__,
-                command=command, **options)
-        finally:
-            if bar is not None:
-                bar.close()
-        if graph_before:
-            shrunk[1] = graph_before
-        else:
-            graph_before.extend(shrunk[1])
+        nonlocal exported
+        *shrunk, report = prune(kept)
+        if fx_outputs:
+            # The torch.fx graph is checked by its first prune's run of the unpruned graph: one
+            # that does not compute what the module computes is replaced by torch.onnx's export.
+            if not _same_outputs(shrunk[1], fx_outputs):
+                exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
+                *shrunk, report = prune(kept)
+            fx_outputs.clear()
         try:
             _shrink_in_place(module, holders, args, kwargs, before, shrunk, rtol, keep,
                              reloadable)

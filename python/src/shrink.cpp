@@ -22,9 +22,8 @@ NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>
   return feeds;
 }
 
-Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
-                     const std::vector<std::string>& names, const NamedTensors& feeds,
-                     const std::string& device, bool run_before) {
+Shrunk shrunk_names(const ir::Model& before, const ir::Model& after,
+                    const std::vector<std::string>& names) {
   Shrunk s;
   for (const auto& name : names) {
     const ir::Initializer* was = before.graph.find_initializer(name);
@@ -41,11 +40,25 @@ Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
     else if (now->value.sizes() != was->value.sizes())
       s.values.emplace_back(name, now->value);
   }
-  ExecOptions eo;
-  eo.device = device;
-  if (run_before) s.before = Executor(before, eo).run(feeds);
-  s.after = Executor(after, eo).run(feeds);
   return s;
+}
+
+Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
+                     const std::vector<std::string>& names, const NamedTensors& feeds,
+                     const std::string& device, bool run_before) {
+  Shrunk s = shrunk_names(before, after, names);
+  if (run_before) s.before = check_run(before, feeds, device);
+  s.after = check_run(after, feeds, device);
+  return s;
+}
+
+std::vector<at::Tensor> check_run(const ir::Model& model, const NamedTensors& feeds,
+                                  const std::string& device) {
+  // One run, a check: every node as it is, on ATen, no copies, no kernel timing (which would
+  // cost more than the run on a module's fresh weights).
+  ExecOptions eo = shape_options();
+  eo.device = device;
+  return Executor(model, eo).run(feeds);
 }
 
 py::tuple to_python(Shrunk&& s) {

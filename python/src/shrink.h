@@ -29,6 +29,11 @@ struct Shrunk {
 /// Throws lopper::Error when their count differs from the graph's.
 NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>& inputs);
 
+/// Shrunk's values, diverged and gone names: `after` compared with `before` for the parameters and
+/// buffers `names` (no run).
+Shrunk shrunk_names(const ir::Model& before, const ir::Model& after,
+                    const std::vector<std::string>& names);
+
 /// Compares `after` with `before` for the parameters and buffers `names` and runs `after` on
 /// `feeds` on `device`, and `before` too unless `run_before` is false (Shrunk::before is empty
 /// then: a caller that prunes the same model again has its outputs already). Call with the GIL
@@ -36,6 +41,12 @@ NamedTensors example_feeds(const ir::Model& model, const std::vector<at::Tensor>
 Shrunk shrunk_values(const ir::Model& before, const ir::Model& after,
                      const std::vector<std::string>& names, const NamedTensors& feeds,
                      const std::string& device, bool run_before = true);
+
+/// The outputs of one run of `model` on `feeds` on `device`, every node as it is on ATen (no
+/// fusion, no prepacked copies, no kernel timing): what a check of a module against its graph
+/// runs. Call with the GIL released.
+std::vector<at::Tensor> check_run(const ir::Model& model, const NamedTensors& feeds,
+                                  const std::string& device);
 
 /// (values {name: tensor}, before, after, diverged, gone), as _structured._shrink_in_place takes
 /// them.

@@ -80,7 +80,7 @@ py::tuple prune_structured_onnx(
     int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
     const py::object& fixed, const std::map<int64_t, std::string>& kept,
     const std::vector<at::Tensor>& inputs, const py::object& progress, bool check_only,
-    bool run_before, const std::string& name, const std::string& command) {
+    const std::string& name, const std::string& command) {
   StructuredRequest req;
   req.unit = unit;
   req.criterion = optional_arg<std::string>(method, "method", "a str");
@@ -117,8 +117,7 @@ py::tuple prune_structured_onnx(
     // zero bias the exporter gives each bias-free Conv: 4,800 values in resnet18) are not its
     // parameters (`parameters` names its buffers too: they shrink with it).
     const std::set<std::string> params(parameters.begin(), parameters.end());
-    auto module_cost = [&](const ir::Model& m) {
-      ModelCost c = analyze(m, so.input_shapes);
+    auto module_cost = [&](const ir::Model& m, ModelCost c) {
       if (params.empty()) return c;
       std::set<std::string> stats;  // BatchNorm's running statistics: buffers (as analyze())
       for (const auto& n : m.graph.nodes)
@@ -132,14 +131,21 @@ py::tuple prune_structured_onnx(
         }
       return c;
     };
-    rep.before = module_cost(model);
     std::optional<Saliency> saliency;
     if (loader) saliency = compute_saliency(model, *loader, calib);
     // Shares the tensors: pruning replaces the ones it cuts.
     auto original = std::make_shared<const ir::Model>(model);
+    // The analysis and the check that the shrunk graph runs are made on the example: their
+    // outputs are what the module is checked against, their costs the report's.
+    StructuredRuns runs;
+    runs.feeds = feeds;
+    so.runs = &runs;
     rep.r = prune_structured(model, so, saliency ? &*saliency : nullptr);
-    rep.after = module_cost(model);
-    shrunk = shrunk_values(*original, model, parameters, feeds, calib.device, run_before);
+    shrunk = shrunk_names(*original, model, parameters);
+    shrunk.before = std::move(runs.before);
+    shrunk.after = std::move(runs.after);
+    rep.before = module_cost(*original, std::move(runs.cost_before));
+    rep.after = module_cost(model, std::move(runs.cost_after));
     rep.model_before = std::move(original);
     rep.model_after = std::make_shared<const ir::Model>(std::move(model));
     rep.shapes = so.input_shapes;
@@ -150,6 +156,16 @@ py::tuple prune_structured_onnx(
   rep.command = command;
   py::tuple t = to_python(std::move(shrunk));
   return py::make_tuple(t[0], t[1], t[2], t[3], t[4], rep);
+}
+
+std::vector<at::Tensor> run_export(const py::bytes& model_bytes,
+                                   const std::vector<at::Tensor>& inputs,
+                                   const std::string& device) {
+  const char* bytes = PyBytes_AS_STRING(model_bytes.ptr());
+  const size_t size = size_t(PyBytes_GET_SIZE(model_bytes.ptr()));
+  py::gil_scoped_release nogil;
+  const ir::Model model = onnx::parse_model(bytes, size);
+  return check_run(model, example_feeds(model, inputs), device);
 }
 
 }  // namespace
@@ -223,6 +239,10 @@ path cannot be written. The report keeps both exports for this (deleting it free
                            s.after.macs);
       });
 
+  m.def("_run_export", &run_export, py::arg("model"), py::arg("inputs"), py::arg("device") = "cpu",
+        R"(The outputs of a serialized ONNX model on `inputs` (in the graph's input order), every
+layer on ATen (no prepacking, no kernel timing). Internal: checks a module's export against the
+module.)");
   m.def("_prune_structured_onnx", &prune_structured_onnx, py::arg("model"), py::kw_only(),
         py::arg("unit") = "channel", py::arg("method") = py::none(), py::arg("amount") = py::none(),
         py::arg("scope") = "local", py::arg("max_layer_amount") = 0.9, py::arg("round_to") = 1,
@@ -233,18 +253,17 @@ path cannot be written. The report keeps both exports for this (deleting it free
         py::arg("parameters") = std::vector<std::string>{}, py::arg("fixed") = py::list(),
         py::arg("kept") = std::map<int64_t, std::string>{},
         py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
-        py::arg("check_only") = false, py::arg("run_before") = true, py::arg("name") = "module",
+        py::arg("check_only") = false, py::arg("name") = "module",
         py::arg("command") = "lopper.prune_structured",
         R"(Prunes a serialized ONNX model's channels or heads as lopper.prune_structured says (its
 arguments, the same names) and returns (values, before, after, diverged, gone,
 StructuredReport): values {name: tensor} for each name of `parameters` whose initializer changed
-shape, the graph's outputs on `inputs` (in the graph's input order) before (empty without
-`run_before`) and after pruning, the
-names read by several layers that
-shrank differently, and the names the pruned graph no longer has. `fixed` lists (initializer,
-axis or -1, why) that must keep their size; `kept` {group id: why} the groups kept whole. With `check_only`, only the arguments are checked
-(and () returned), before any export. Internal: lopper.prune_structured exports the module
-and applies the values.)");
+shape, the graph's outputs on `inputs` (in the graph's input order) before and after pruning (the
+runs the pruning makes anyway), the names read by several layers that shrank differently, and the
+names the pruned graph no longer has. `fixed` lists (initializer, axis or -1, why) that must keep
+their size; `kept` {group id: why} the groups kept whole. With `check_only`, only the arguments
+are checked (and () returned), before any export. Internal: lopper.prune_structured exports the
+module and applies the values.)");
 }
 
 }  // namespace lopper::python

@@ -511,7 +511,7 @@ def test_another_thread_runs_while_lopper_prunes():
 
     from lopper import _lopper
     m, _ = torchvision_model("resnet18")
-    x = torch.randn(1, 3, 224, 224)  # about a second of C++ work
+    x = torch.randn(1, 3, 512, 512)  # a few tenths of a second of C++ work
     data, holders = lopper_prune_module._export(m, (x,), {}, dynamic=False)
     count, stop = [0], threading.Event()
 

@@ -174,15 +174,9 @@ std::string param_name(const ir::Node& layer, const std::string& weight) {
   return "";
 }
 
-NodeShapes node_shapes(const ir::Model& model,
-                       const std::map<std::string, std::vector<int64_t>>& input_shapes) {
-  NodeShapes seen;
-  ExecOptions opts;
-  opts.fold_constants = false;
-  opts.fuse = false;  // shapes (and MACs) per node of the model as it is
-  Executor exec(model, opts);
-  exec.on_node = [&](const ir::Node& n, const std::vector<at::Tensor>& in,
-                     const std::vector<at::Tensor>& out) {
+void record_node_shapes(Executor& exec, NodeShapes& seen) {
+  exec.on_node = [&seen](const ir::Node& n, const std::vector<at::Tensor>& in,
+                         const std::vector<at::Tensor>& out) {
     auto& rec = seen[&n];
     for (const auto& t : in)
       rec.in.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
@@ -193,6 +187,21 @@ NodeShapes node_shapes(const ir::Model& model,
       rec.small_ints.push_back(small ? t.detach().to(at::kCPU, at::kLong).clone() : at::Tensor());
     }
   };
+}
+
+ExecOptions shape_options() {
+  ExecOptions opts;
+  opts.fold_constants = false;
+  opts.fuse = false;     // shapes (and MACs) per node of the model as it is
+  opts.prepack = false;  // one run: no weight copies, no kernel timing
+  return opts;
+}
+
+NodeShapes node_shapes(const ir::Model& model,
+                       const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  NodeShapes seen;
+  Executor exec(model, shape_options());
+  record_node_shapes(exec, seen);
   NamedTensors feeds;
   for (const auto* v : exec.inputs()) {
     auto it = input_shapes.find(v->name);
@@ -211,8 +220,26 @@ NodeShapes node_shapes(const ir::Model& model,
   return seen;
 }
 
+NodeShapes node_shapes(const ir::Model& model, const NamedTensors& feeds,
+                       std::vector<at::Tensor>* outputs) {
+  NodeShapes seen;
+  ExecOptions eo = shape_options();
+  if (!feeds.empty()) eo.device = feeds.front().second.device().str();  // where the inputs are
+  Executor exec(model, eo);
+  record_node_shapes(exec, seen);
+  std::vector<at::Tensor> out = exec.run(feeds);
+  if (outputs) *outputs = std::move(out);
+  return seen;
+}
+
 ModelCost analyze(const ir::Model& model,
                   const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  return analyze(model, input_shapes, node_shapes(model, input_shapes));
+}
+
+ModelCost analyze(const ir::Model& model,
+                  const std::map<std::string, std::vector<int64_t>>& input_shapes,
+                  const NodeShapes& seen) {
   const ir::Graph& g = model.graph;
   ModelCost cost;
   cost.input_shapes = input_shapes;
@@ -227,8 +254,6 @@ ModelCost analyze(const ir::Model& model,
     cost.params += t.value.numel();
     cost.nonzero += t.value.count_nonzero().item<int64_t>();
   }
-
-  const NodeShapes seen = node_shapes(model, input_shapes);
 
   const auto& table = ops::OpTable::global();
   const ir::GraphIndex index(g);

@@ -43,7 +43,9 @@ struct Analysis {
 Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
   Analysis a;
   auto shapes = resolve_input_shapes(model, opts.input_shapes, 1);
-  NodeShapes io = node_shapes(model, shapes);
+  NodeShapes io = opts.runs ? node_shapes(model, opts.runs->feeds, &opts.runs->before)
+                            : node_shapes(model, shapes);
+  if (opts.runs) opts.runs->cost_before = analyze(model, shapes, io);
   a.dg = depgraph::build(model, io, opts.unit == StructuredUnit::kHead);
   auto& dg = a.dg;
   for (const auto& f : opts.fixed)
@@ -178,7 +180,12 @@ void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency)
     if (c.slices == SliceRank::kWeightScores && (out || in)) {
       at::Tensor w = importance::weight_scores({c, sl.value, sl.ref.name, sl.ref.perm, saliency});
       if (!w.defined()) continue;  // a weight without scores (not reached by the loss)
-      add(sl, w.to(at::kDouble).movedim(sl.axis, 0).reshape({w.size(sl.axis), -1}).sum(1));
+      // The sum over every axis but the slice's, in the weight's type (ATen sums pairwise:
+      // about 1e-7 relative in float, as PyTorch's own norms), with no transposed copy.
+      std::vector<int64_t> others;
+      for (int64_t d = 0; d < w.dim(); ++d)
+        if (d != sl.axis) others.push_back(d);
+      add(sl, others.empty() ? w : at::sum(w, others));
     } else if (c.slices == SliceRank::kCustom) {
       at::Tensor t = c.slice_scores({sl.value, sl.axis, out, in, sl.role == ParamRole::kNormScale});
       if (!t.defined()) continue;
@@ -511,11 +518,17 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
       for (size_t c : removed[gi]) gone[a.groups[gi].classes[c]] = 1;
     return gone;
   };
-  auto shrunk = [&](const std::vector<char>& gone, std::string& why) {
+  // `last`: the shrunk model that is kept, when it runs: its run and cost go to opts.runs.
+  auto shrunk = [&](const std::vector<char>& gone, std::string& why, bool last = false) {
     ir::Model m = model;
     depgraph::apply(m, a.dg, gone);
     try {
-      (void)node_shapes(m, resolve_input_shapes(m, opts.input_shapes, 1));
+      const auto shapes = resolve_input_shapes(m, opts.input_shapes, 1);
+      if (last && opts.runs)
+        opts.runs->cost_after =
+            analyze(m, shapes, node_shapes(m, opts.runs->feeds, &opts.runs->after));
+      else
+        (void)node_shapes(m, shapes);
       why.clear();
     } catch (const std::exception& e) {
       why = first_line(e.what());
@@ -526,10 +539,14 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
   if (std::none_of(gone.begin(), gone.end(), [](char g) { return g != 0; })) {
     StructuredReport r = report_of(model, a, removed, rules);
     r.warnings = warnings;
+    if (opts.runs) {
+      opts.runs->after = opts.runs->before;
+      opts.runs->cost_after = opts.runs->cost_before;
+    }
     return r;  // amount 0: the model as it was
   }
   std::string why;
-  ir::Model out = shrunk(gone, why);
+  ir::Model out = shrunk(gone, why, true);
   if (!why.empty()) {
     const std::string first_why = why;
     for (size_t gi = 0; gi < a.groups.size(); ++gi) {
@@ -551,7 +568,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
                   first_why +
                   "); a model exported with static input shapes lets lopper follow "
                   "every width");
-    out = shrunk(gone, why);
+    out = shrunk(gone, why, true);
     if (!why.empty())
       throw InternalError("internal error (a lopper bug): the shrunk model does not run: " + why);
   }

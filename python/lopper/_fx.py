@@ -88,9 +88,12 @@ class _Writer:
             if n.op == "placeholder":
                 x = self.args[arg_i]
                 arg_i += 1
-                inputs.append(self._value_info(n.name, x.dtype, ["batch"] + list(x.shape[1:])
+                # The forward's own argument name (fx renames one that shadows a builtin, such
+                # as `input`): data is routed to the graph's inputs by it.
+                name = str(n.target).lstrip("*")
+                inputs.append(self._value_info(name, x.dtype, ["batch"] + list(x.shape[1:])
                                                if x.dim() else []))
-                self.names[n] = n.name
+                self.names[n] = name
             elif n.op == "get_attr":
                 self.names[n] = self._parameter(n.target)
             elif n.op == "call_module":

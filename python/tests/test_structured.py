@@ -566,3 +566,50 @@ def test_a_shrunk_module_reloads_into_a_fresh_instance(name, tmp_path):
         lopper.load_pruned("resnet18", broken)
     with pytest.raises(TypeError, match="mapping"):
         lopper.load_pruned(other, [1, 2])
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "densenet121",
+                                  "efficientnet_b0"])
+def test_torch_fx_graph_prunes_as_the_onnx_export(name, monkeypatch):
+    """A module torch.fx traces is written to ONNX from its trace: pruned, it loses exactly the
+    channels the torch.onnx export loses, and computes the same."""
+    from lopper import _fx
+    m, _ = torchvision_model(name)
+    x = torch.randn(1, 3, 224, 224)
+    assert _fx.onnx_of(m, (x,), {}) is not None  # the fast path is taken
+    fast, slow = copy.deepcopy(m), copy.deepcopy(m)
+    r_fast = lopper.prune_structured(fast, x, amount=0.5, progress=False)
+    monkeypatch.setattr(_fx, "onnx_of", lambda *a: None)
+    r_slow = lopper.prune_structured(slow, x, amount=0.5, progress=False)
+    assert (r_fast.params, r_fast.macs) == (r_slow.params, r_slow.macs)
+    assert sorted(tuple(g.removed) for g in r_fast.groups) == \
+        sorted(tuple(g.removed) for g in r_slow.groups)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), slow(x), rtol=1e-4, atol=1e-4)
+
+
+def test_torch_fx_graph_not_used_when_it_computes_otherwise(monkeypatch):
+    """A torch.fx graph whose outputs differ from the module's (here: ReLU written as Sigmoid) is
+    not used: the module is exported by torch.onnx and pruned right; an op outside _fx's table
+    (softplus) takes the export too."""
+    from lopper import _fx
+
+    class Net(nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.c1, self.act, self.c2 = nn.Conv2d(3, 16, 3), act, nn.Conv2d(16, 4, 3)
+
+        def forward(self, x):
+            return self.c2(self.act(self.c1(x)))
+
+    x = torch.randn(2, 3, 12, 12)
+    monkeypatch.setitem(_fx._ACTIVATIONS, nn.ReLU, "Sigmoid")
+    for act in (nn.ReLU(), nn.Softplus()):
+        torch.manual_seed(0)
+        m = Net(act).eval()
+        exported, _ = lopper_prune_module._export(m, (x,), {}, dynamic=False)
+        import onnx
+        ops = {n.op_type for n in onnx.load_from_string(exported).graph.node}
+        assert "Sigmoid" not in ops and (act.__class__ is nn.ReLU) == ("Relu" in ops)
+        report = lopper.prune_structured(m, x, amount=0.5, progress=False)
+        assert m.c1.out_channels == 8 and report.params < report.params_before

@@ -45,7 +45,9 @@ struct SensitivityOptions {
   std::map<std::string, std::vector<int64_t>> input_shapes;
   /// Structured: parameter axes that keep their size (StructuredOptions::fixed).
   std::vector<FixedAxis> fixed;
-  /// After each evaluated point: done of total, and what was evaluated ("layer @ 0.5").
+  /// The sweep's progress in batches (each evaluated batch, each calibration batch): first step 0
+  /// with the plan ("21 layers x 10 amounts = 210 points, 16 batches each: 3376 batch runs"),
+  /// then after every batch done of total and what ("layer @ 0.5: batch 3/16").
   std::function<void(int64_t done, int64_t total, const std::string& what)> progress;
 };
 

@@ -13,6 +13,7 @@ import inspect
 import reprlib
 import sys
 import warnings
+import weakref
 
 import torch
 from torch.nn.utils import prune as _torch_prune
@@ -398,6 +399,55 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
     ``fx_outputs`` (a list), a torch.fx graph is returned unchecked and the module's outputs are
     put in the list for the caller to check against the graph's (nothing is put there for
     torch.onnx's export)."""
+    key, tensors = _export_key(module, args, kwargs, dynamic, fx)
+    last = _LAST_EXPORT.get(module) if fx_outputs is None else None
+    if (last is not None and last[0] == key and len(last[1]) == len(tensors)
+            and all(a is b for a, b in zip(last[1], tensors))):
+        return last[2], _holders(module)
+    model, holders = _export_model(module, args, kwargs, dynamic, op, fx, fx_outputs)
+    if not isinstance(model, bytes):
+        import onnx_ir
+
+        model = onnx_ir.to_proto(model).SerializeToString()
+    _LAST_EXPORT.clear()
+    if fx_outputs is None and len(model) <= _CACHED_BYTES:
+        _LAST_EXPORT[module] = (key, tensors, model)
+    return model, holders
+
+
+# The last export, reused by the next call on the same module in the same state (lopper.sensitivity,
+# then lopper.prune_to_target with its report): one entry, released with its module, and none over
+# _CACHED_BYTES (it holds a copy of the weights).
+_LAST_EXPORT = weakref.WeakKeyDictionary()
+_CACHED_BYTES = 512 << 20
+
+
+def _export_key(module, args, kwargs, dynamic, fx):
+    """What an export depends on, and the module's tensors: the same tensors (compared by
+    identity: the entry holds them, so a freed one's id cannot come back as another's) at the same
+    versions (an in-place change, a new mask shows), the layers and their settings (extra_repr:
+    strides, slopes, ...), a transformers model's config, the example's shapes and other values,
+    and how it is exported."""
+    named = (list(module.named_parameters(remove_duplicate=False)) +
+             list(module.named_buffers(remove_duplicate=False)))
+    versions = tuple((name, t._version, tuple(t.shape), t.dtype, str(t.device))
+                     for name, t in named)
+    layers = tuple((name, type(m), m.extra_repr()) for name, m in module.named_modules())
+    config = getattr(module, "config", None)
+    config = config.to_json_string() if hasattr(config, "to_json_string") else None
+    example = tuple(
+        (tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else repr(x)
+        for x in torch.utils._pytree.tree_leaves((args, kwargs)))
+    # NOTE: a forward set on the instance is not compared (it may hold the module): never reused.
+    forward = type(module).forward if "forward" not in vars(module) else object()
+    key = (versions, layers, config, example, tuple(kwargs), dynamic, fx, forward)
+    return key, [t for _, t in named]
+
+
+def _export_model(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None):
+    """_export's graph as it comes: the torch.fx graph's ONNX bytes, or torch.onnx.export's
+    onnx_ir model (which a file with external data holds at any size; its protobuf stops at
+    2 GB)."""
     holders = _holders(module)
     target = module
     pruned = _pruned(module)
@@ -450,7 +500,7 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
 
         onnxscript.optimizer.fold_constants(program.model, should_fold=should_fold)
         onnxscript.optimizer.remove_unused_nodes(program.model)
-        return program.model_proto.SerializeToString()
+        return program.model
 
     try:
         fast = _fx.onnx_of(target, args, kwargs) if fx else None
@@ -521,7 +571,8 @@ class _Progress:
     """Progress of long work: a tqdm bar when tqdm is installed, else a few plain lines on stderr.
 
     Called as progress(done, total, info) after each step: ``info`` is the loss (a float, shown as
-    "loss 0.1234") or what the step did (a str); ``total`` 0 or None when it is not known.
+    "loss 0.1234") or what the step did (a str); ``total`` 0 or None when it is not known. Step
+    0 with a str is the plan of the work, printed as a line of its own.
     """
 
     def __init__(self, label):
@@ -544,6 +595,13 @@ class _Progress:
             self.close()
             self.bar, self.printed = None, 0
         self.kind = kind
+        if done == 0 and kind:
+            # Step 0: the plan of the work, said before it starts (a sweep's points and batches).
+            if self.tqdm is not None:
+                self.tqdm.write(f"{self.label}: {text}", file=sys.stderr)
+            else:
+                print(f"{self.label}: {text}", file=sys.stderr, flush=True)
+            return
         if self.tqdm is not None:
             if self.bar is None:
                 unit = "step" if isinstance(info, str) else "batch"

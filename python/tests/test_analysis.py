@@ -281,6 +281,42 @@ def test_macs_target_with_sensitivity(sweep):
     assert "est. loss +" in str(report)
 
 
+def test_one_export_serves_a_sweep_and_its_target(monkeypatch):
+    """lopper.sensitivity, then lopper.prune_to_target with its report on the same module: one
+    export. A module whose tensors change (masks, an in-place update) or whose layers do is
+    exported anew, and measured as it is now."""
+    calls = []
+    real = lopper_prune_module._export_model
+    monkeypatch.setattr(lopper_prune_module, "_export_model",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, x = mlp()
+    data = batches()
+    sens = lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    lopper.prune_to_target(m, x, params=0.5, sensitivity=sens, progress=False)
+    assert len(calls) == 1
+    lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    assert len(calls) == 2  # masked now
+
+    m, x = mlp()
+    first = lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    with torch.no_grad():
+        m[1].bias.add_(1.0)
+    changed = lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    assert len(calls) == 4
+    assert changed.loss == pytest.approx(own_loss_and_top1(m, data)[0], rel=1e-4)
+    assert changed.loss != pytest.approx(first.loss, rel=1e-4)
+    m[2] = nn.Tanh()
+    tanh = lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    assert len(calls) == 5
+    assert tanh.loss == pytest.approx(own_loss_and_top1(m, data)[0], rel=1e-4)
+    m[2] = nn.LeakyReLU(0.5)
+    lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    m[2] = nn.LeakyReLU(0.1)  # the same layer but for its slope
+    leaky = lopper.sensitivity(m, x, data, amounts=AMOUNTS, eval_batches=3, progress=False)
+    assert len(calls) == 7
+    assert leaky.loss == pytest.approx(own_loss_and_top1(m, data)[0], rel=1e-4)
+
+
 def test_target_with_data_measures_the_pruned_module():
     m, x = mlp()
     data = batches(n=2)
@@ -610,7 +646,7 @@ def test_sweep_releases_the_gil(monkeypatch):
         counter.join()
         sys.setswitchinterval(interval)
     gaps = [b - a for a, b in zip(seen, seen[1:])]
-    assert len(gaps) == 11
+    assert len(gaps) == 52  # the plan, then 4 batches for the unpruned module and each point
     assert sum(g > 0 for g in gaps) >= 6 and sum(gaps) > 1000, gaps
 
 
@@ -636,11 +672,11 @@ def test_ctrl_c_stops_the_sweep(monkeypatch):
     snap = snapshot(m)
     with pytest.raises(KeyboardInterrupt):
         lopper.sensitivity(m, x, batches(n=1, size=4), amounts=[0.3, 0.6])
-    assert calls == [1, 2]
+    assert calls == [0, 1, 2]
     calls.clear()
     with pytest.raises(KeyboardInterrupt):
         lopper.prune_to_target(m, x, params=0.5, data=batches(n=1, size=4))
-    assert calls == [1, 2]
+    assert calls == [0, 1, 2]
     assert_same(m, snap)
 
 
@@ -649,8 +685,11 @@ def test_progress_lines_without_tqdm(monkeypatch, capsys):
     m, x = mlp()
     lopper.sensitivity(m, x, batches(n=1, size=4), amounts=[0.3, 0.6])
     err = capsys.readouterr().err
-    assert "sensitivity 6/6  " in err and "@ 0.6" in err, err
-    assert len(err.strip().splitlines()) <= 4
+    # The plan first, then about four lines over the sweep (a batch for the unpruned module, one
+    # per point).
+    assert "sensitivity: 3 layers x 2 amounts = 6 points, 1 batch each: 7 batch runs" in err, err
+    assert "sensitivity 7/7  " in err and "@ 0.6" in err, err
+    assert len(err.strip().splitlines()) <= 5
 
 
 def test_progress_with_tqdm(capsys):
@@ -658,7 +697,7 @@ def test_progress_with_tqdm(capsys):
     m, x = mlp()
     lopper.sensitivity(m, x, batches(n=1, size=4), amounts=[0.5])
     err = capsys.readouterr().err
-    assert "sensitivity" in err and "3/3" in err
+    assert "sensitivity: 3 layers x 1 amount = 3 points" in err and "4/4" in err, err
 
 
 def test_public_names():

@@ -54,9 +54,41 @@ ExecOptions eval_options(const std::string& device) {
   return eo;
 }
 
-// Mean loss (lopper/loss.h) and top-1 of `ex` over `s`: per target (samples, or tokens).
+// The sweep's progress, counted in batches (evaluated, and calibration batches): no more than one
+// batch between two calls, and the plan said before the first (step 0), so that a long sweep says
+// its cost up front and never looks stuck.
+struct Sweep {
+  const SensitivityOptions& o;
+  int64_t done = 0, total = 0;
+  void plan(const std::string& what) const {
+    if (o.progress) o.progress(0, total, what);
+  }
+  void step(const std::string& what) {
+    ++done;
+    if (o.progress) o.progress(done, total, what);
+  }
+};
+
+// "21 layers x 10 amounts = 210 points, 16 batches each: 3376 batch runs" (the unpruned model
+// is evaluated too).
+std::string plan_text(size_t units, const std::string& unit, size_t amounts, size_t batches,
+                      int64_t calibration) {
+  auto count = [](size_t n, const std::string& one) {
+    return fmt::format("{} {}{}", n, one, n == 1 ? "" : one.back() == 'h' ? "es" : "s");
+  };
+  const size_t points = units * amounts;
+  std::string t = fmt::format("{} x {} = {}, {} each: {}", count(units, unit),
+                              count(amounts, "amount"), count(points, "point"),
+                              count(batches, "batch"), count((points + 1) * batches, "batch run"));
+  if (calibration > 0) t += " after " + count(size_t(calibration), "calibration batch");
+  return t;
+}
+
+// Mean loss (lopper/loss.h) and top-1 of `ex` over `s`: per target (samples, or tokens). `what`
+// names the point for the progress, batch by batch.
 std::pair<double, double> evaluate_on(Executor& ex, const ir::Model& model, const EvalSet& s,
-                                      const LossOptions& loss) {
+                                      const LossOptions& loss, Sweep& sweep,
+                                      const std::string& what) {
   c10::NoGradGuard no_grad;
   const ModelIO io = model_io(model);
   Objective objective(loss, io);
@@ -72,6 +104,7 @@ std::pair<double, double> evaluate_on(Executor& ex, const ir::Model& model, cons
     sum += objective.loss(t).item<double>() * double(n);
     hit += double(Objective::correct(t));
     counted += n;
+    sweep.step(fmt::format("{}: batch {}/{}", what, i + 1, s.batches.size()));
   }
   return {sum / double(counted), hit / double(counted)};
 }
@@ -120,11 +153,6 @@ Calibration plan_calibration(const ir::Model& model, const DataLoader& data,
   return c;
 }
 
-void report(const SensitivityOptions& o, int64_t& done, int64_t total, const std::string& what) {
-  ++done;
-  if (o.progress) o.progress(done, total, what);
-}
-
 SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSet& s,
                           const SensitivityOptions& o) {
   SensitivityResult r;
@@ -138,11 +166,6 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
   r.params = base.params, r.macs = base.macs;
   std::unordered_map<std::string, int64_t> macs_of;  // per weight (a shared one: all its layers)
   for (const auto& l : cost.layers) macs_of[l.weight] += l.macs;
-
-  Executor ex(model, eval_options(o.device));
-  std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss);
-  std::unordered_map<std::string, at::Tensor> params;
-  for (const auto& [name, t] : ex.parameters()) params[name] = t;
 
   LayerFilter exclude(o.exclude);
   std::vector<PrunableWeight> todo;
@@ -164,16 +187,21 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
     LOPPER_CHECK(!todo.empty(), "[sensitivity] ", o.criterion, " has no layer to analyse (",
                  r.skipped.front(), ")");
   }
-  int64_t total = int64_t(calib.passes.size()) * calib.options.batches +
-                  int64_t(todo.size() * o.amounts.size());
-  int64_t done = 0;
+  const int64_t nb = int64_t(s.batches.size());
+  const int64_t calibration = int64_t(calib.passes.size()) * calib.options.batches;
+  Sweep sweep{o};
+  sweep.total = calibration + nb * (1 + int64_t(todo.size() * o.amounts.size()));
+  sweep.plan(plan_text(todo.size(), "layer", o.amounts.size(), s.batches.size(), calibration));
+  Executor ex(model, eval_options(o.device));
+  std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss, sweep, "unpruned");
+  std::unordered_map<std::string, at::Tensor> params;
+  for (const auto& [name, t] : ex.parameters()) params[name] = t;
   for (size_t i = 0; i < calib.passes.size(); ++i) {
     calib.options.weights = calib.passes[i];
     calib.options.progress = [&](int64_t b, int64_t of) {
-      report(o, done, total,
-             calib.passes.size() > 1
-                 ? fmt::format("calibration {}/{}: batch {}/{}", i + 1, calib.passes.size(), b, of)
-                 : fmt::format("calibration: batch {}/{}", b, of));
+      sweep.step(calib.passes.size() > 1 ? fmt::format("calibration {}/{}: batch {}/{}", i + 1,
+                                                       calib.passes.size(), b, of)
+                                         : fmt::format("calibration: batch {}/{}", b, of));
     };
     for (auto& [name, in] : collect_layer_inputs(model, data, calib.options))
       inputs[name] = std::move(in);
@@ -186,7 +214,7 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
       else
         r.skipped.push_back(pw.label() + ": the calibration data never reached it");
     }
-    total -= int64_t((todo.size() - reached.size()) * o.amounts.size());
+    sweep.total -= nb * int64_t((todo.size() - reached.size()) * o.amounts.size());
     todo = std::move(reached);
     LOPPER_CHECK(!todo.empty(), "[sensitivity] ", o.criterion, " has no layer to analyse (",
                  r.skipped.front(), ")");
@@ -236,12 +264,12 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
       pt.amount = a;
       const int64_t nz = w.count_nonzero().item<int64_t>();
       pt.removed = ls.params ? 1.0 - double(nz) / double(ls.params) : 0.0;
-      std::tie(pt.loss, pt.top1) = evaluate_on(ex, model, s, o.loss);
+      std::tie(pt.loss, pt.top1) =
+          evaluate_on(ex, model, s, o.loss, sweep, fmt::format("{} @ {:g}", ls.name, a));
       pt.params = base.params - (nz0 - nz);
       pt.macs = base.macs - int64_t(std::llround(double(ls.macs) * double(nz0 - nz) /
                                                  double(std::max<int64_t>(ls.params, 1))));
       ls.points.push_back(pt);
-      report(o, done, total, fmt::format("{} @ {:g}", ls.name, a));
     }
     p.detach().copy_(orig.to(p.device(), p.scalar_type()));
     r.layers.push_back(std::move(ls));
@@ -260,10 +288,6 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   const ModelCost cost = analyze(model, shapes);
   const EffectiveCost base = effective_cost(cost);
   r.params = base.params, r.macs = base.macs;
-  {
-    Executor ex(model, eval_options(o.device));
-    std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss);
-  }
   std::unordered_map<std::string, const LayerCost*> layer_cost;
   for (const auto& l : cost.layers) layer_cost[l.name] = &l;
 
@@ -273,8 +297,13 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
     if (g.blocked.empty()) todo.push_back(&g);
   LOPPER_CHECK(!todo.empty(), "[sensitivity] no channel group can be pruned",
                groups.barriers.empty() ? std::string() : ": " + groups.barriers.front());
-  const int64_t total = int64_t(todo.size() * o.amounts.size());
-  int64_t done = 0;
+  Sweep sweep{o};
+  sweep.total = int64_t(s.batches.size()) * (1 + int64_t(todo.size() * o.amounts.size()));
+  sweep.plan(plan_text(todo.size(), "channel group", o.amounts.size(), s.batches.size(), 0));
+  {
+    Executor ex(model, eval_options(o.device));
+    std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss, sweep, "unpruned");
+  }
   for (const ChannelGroupReport* g : todo) {
     LayerSensitivity ls;
     ls.group = g->id;
@@ -294,11 +323,11 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
       pt.removed =
           after.size_before ? 1.0 - double(after.size_after) / double(after.size_before) : 0.0;
       Executor ex(pruned, eval_options(o.device));
-      std::tie(pt.loss, pt.top1) = evaluate_on(ex, pruned, s, o.loss);
+      std::tie(pt.loss, pt.top1) =
+          evaluate_on(ex, pruned, s, o.loss, sweep, fmt::format("{} @ {:g}", ls.name, a));
       const EffectiveCost c = effective_cost(pruned, shapes);
       pt.params = c.params, pt.macs = c.macs;
       ls.points.push_back(pt);
-      report(o, done, total, fmt::format("{} @ {:g}", ls.name, a));
     }
     r.layers.push_back(std::move(ls));
   }

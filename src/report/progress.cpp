@@ -58,9 +58,11 @@ void Progress::update(int64_t done, const std::string& info) {
     if (total_ > 0 && done >= total_) finish();
     return;
   }
-  // Plain lines: at evenly spaced steps and at the last one.
+  // Plain lines: at evenly spaced steps and at the last one, and step 0 when it says something
+  // (the plan of the work).
   bool last = total_ > 0 && done >= total_;
   bool due = total_ > 0 ? done * lines_ >= int64_t(printed_ + 1) * total_ : true;
+  if (done == 0 && !info.empty()) due = true;
   if (!last && !due) return;
   while (total_ > 0 && done * lines_ >= int64_t(printed_ + 1) * total_) ++printed_;
   std::fprintf(out_, "%s %s%s\n", label_.c_str(), count.c_str(), tail.c_str());

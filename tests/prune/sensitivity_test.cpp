@@ -45,10 +45,18 @@ TEST(Sensitivity, EachPointIsThatLayerPrunedAlone) {
   SensitivityOptions o;
   o.amounts = {0.0, 0.5, 0.9};
   o.eval_batches = 8;  // all 32 samples
-  int64_t calls = 0, last_total = 0;
+  // The progress: the plan first (step 0, the whole count), then every evaluated batch.
+  int64_t calls = 0, last_total = 0, planned = -1, points = 0;
+  std::string plan;
   o.progress = [&](int64_t done, int64_t total, const std::string& what) {
+    if (done == 0) {
+      EXPECT_EQ(calls, 0);
+      plan = what, planned = total;
+      return;
+    }
     EXPECT_EQ(done, ++calls);
-    EXPECT_NE(what.find(" @ "), std::string::npos);
+    EXPECT_NE(what.find(": batch "), std::string::npos) << what;
+    points += what.find(" @ ") != std::string::npos;
     last_total = total;
   };
   auto dl = loader(data);
@@ -56,8 +64,12 @@ TEST(Sensitivity, EachPointIsThatLayerPrunedAlone) {
   EXPECT_EQ(r.unit, "weight");
   EXPECT_EQ(r.samples, 32);
   ASSERT_EQ(r.layers.size(), prunable_weights(model.graph).size());
-  EXPECT_EQ(calls, int64_t(r.layers.size() * 3));
+  EXPECT_EQ(calls, int64_t((1 + r.layers.size() * 3) * 8));  // the unpruned model, each point
+  EXPECT_EQ(points, int64_t(r.layers.size() * 3 * 8));
   EXPECT_EQ(last_total, calls);
+  EXPECT_EQ(planned, calls);
+  EXPECT_NE(plan.find(std::to_string(r.layers.size()) + " layers x 3 amounts"), std::string::npos)
+      << plan;
 
   const EvalResult base = evaluate(model, *loader(data));
   EXPECT_NEAR(r.loss, base.loss, 1e-5);
@@ -122,6 +134,10 @@ TEST(Sensitivity, CalibratedPointsArePruneCalibratedOnThatLayerAlone) {
     o.calib_batches = 6;
     int64_t calls = 0, calibration = 0, last_total = 0;
     o.progress = [&](int64_t done, int64_t total, const std::string& what) {
+      if (done == 0) {  // the plan
+        EXPECT_NE(what.find("after 6 calibration batches"), std::string::npos) << what;
+        return;
+      }
       EXPECT_EQ(done, ++calls);
       calibration += what.rfind("calibration", 0) == 0;
       last_total = total;
@@ -132,7 +148,7 @@ TEST(Sensitivity, CalibratedPointsArePruneCalibratedOnThatLayerAlone) {
     EXPECT_TRUE(r.skipped.empty());
     EXPECT_EQ(calibration, 6);
     EXPECT_EQ(last_total, calls);
-    EXPECT_EQ(calls, 6 + int64_t(r.layers.size() * 2));
+    EXPECT_EQ(calls, 6 + int64_t((1 + r.layers.size() * 2) * 8));
     for (const auto& l : r.layers) {
       for (const auto& p : l.points) {
         ir::Model pruned = model;

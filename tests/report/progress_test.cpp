@@ -43,6 +43,25 @@ TEST(Progress, PlainLinesOffATerminal) {
   EXPECT_NE(out.find("calibrate 8/8  loss 1.0"), std::string::npos) << out;
 }
 
+// Step 0 with a text is the plan of the work: always a line of its own, before any step.
+TEST(Progress, StepZeroSaysThePlan) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  std::FILE* w = ::fdopen(p[1], "w");
+  {
+    Progress bar("sensitivity", 100, 2, w);
+    bar.update(0, "3 layers x 2 amounts");
+    for (int i = 1; i <= 100; ++i) bar.update(i, "batch");
+  }
+  std::fclose(w);
+  const std::string out = drain(p[0]);
+  ::close(p[0]);
+  EXPECT_EQ(out.rfind("sensitivity 0/100  3 layers x 2 amounts", 0), 0u) << out;
+  int lines = 0;
+  for (char c : out) lines += c == '\n';
+  EXPECT_EQ(lines, 3) << out;  // the plan, 50 and 100 of 100
+}
+
 TEST(Progress, ABarRedrawnOnATerminal) {
   int master = -1, slave = -1;
   ASSERT_EQ(::openpty(&master, &slave, nullptr, nullptr, nullptr), 0);

@@ -218,6 +218,9 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     return report
 
 
+_CONFIG_WHY = "the model's config cannot describe its size"
+
+
 class _Mismatch(RuntimeError):
     """The shrunk module does not compute what lopper's pruned graph computes (it is back as it
     was). `what`: what is in the way; `suspects`: qualified names of the modules and parameters
@@ -270,6 +273,18 @@ def _keep_what_the_module_hard_codes(attempt, first):
             raise
 
     while True:
+        near = [g.id for g in _pruned_groups(fail.report) if _near(g, fail.suspects)]
+        if fail.why == _CONFIG_WHY and near and "" not in fail.suspects:
+            # NOTE: a parameter whose size the config cannot give is its groups' doing; no search:
+            # keeping some of the groups the config gives one width (MLPs) would fail the check
+            # for another reason (uneven widths), which a binary search would blame on the rest.
+            for i in near:
+                kept[i] = f"{fail.why}: {fail.what}"
+            try:
+                return attempt(kept, keep=True)
+            except _Mismatch as e:
+                fail = e
+                continue
         pool = [g.id for g in sorted(_pruned_groups(fail.report),
                                      key=lambda g: not _near(g, fail.suspects))]
         if not pool:
@@ -470,7 +485,7 @@ def _apply(module, holders, values, args, kwargs, reference, rtol, noise, reload
                 raise _Mismatch(
                     f"[prune] {what}: save_pretrained + from_pretrained would not give the pruned "
                     "model back (reloadable=False prunes it all the same)", what, [suspect],
-                    "the model's config cannot describe its size")
+                    _CONFIG_WHY)
     except BaseException:
         changes.undo()
         raise

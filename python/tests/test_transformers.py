@@ -94,15 +94,19 @@ def test_heads_of_grouped_query_attention_and_generate_keeps_its_cache():
     assert torch.equal(cached, plain)
 
 
-def test_what_the_config_cannot_describe_is_kept_and_said(tmp_path):
-    m = _model("bert")
+@pytest.mark.parametrize("layers", [2, 4])
+def test_what_the_config_cannot_describe_is_kept_and_said(layers, tmp_path):
+    torch.manual_seed(0)
+    m = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**dict(MODELS["bert"][2], num_hidden_layers=layers))).eval()
     ex = _inputs()
     with pytest.warns(UserWarning, match="config cannot describe its size"):
         report = lopper.prune_structured(m, ex, unit="channel", amount=0.5, progress=False)
     kept = [g for g in report.groups if "config cannot describe" in g.blocked]
     assert kept and any("pooler" in p for g in kept for p in g.layer_params)
     assert m.bert.pooler.dense.weight.shape == (64, 64)
-    assert m.config.intermediate_size == 64
+    assert m.config.intermediate_size == 64  # every MLP at half its width
+    assert all(layer.intermediate.dense.out_features == 64 for layer in m.bert.encoder.layer)
     with torch.no_grad():
         torch.testing.assert_close(_reloaded(m, tmp_path)(**ex).logits, m(**ex).logits, rtol=0,
                                    atol=1e-5)

@@ -342,8 +342,8 @@ at::Tensor as_rows(const at::Tensor& w, int64_t out_axis) {
 
 }  // namespace
 
-at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor gram,
-                       int64_t nonzero, const std::string& where) {
+at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, const SparseGptFactor& factor,
+                       int64_t nonzero) {
   const at::Tensor& v = t.init->value;
   SparseGptOptions so;
   so.block_size = o.block_size;
@@ -355,7 +355,7 @@ at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor g
     so.amount =
         o.amount.is_count ? o.amount.value / double(std::max<int64_t>(nonzero, 1)) : o.amount.value;
   }
-  SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), std::move(gram), so, where);
+  SparseGptResult r = sparsegpt(as_rows(v, t.out_axis), factor, so);
   return r.weight.reshape(v.movedim(t.out_axis, 0).sizes())
       .movedim(0, t.out_axis)
       .to(v.scalar_type());
@@ -363,10 +363,36 @@ at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor g
 
 namespace {
 
+// SparseGPT's factors of a segment's Hessians: computed once for the layers that read the same
+// inputs (their LayerInputs share one Gram matrix: q, k and v; gate and up) and the same
+// dampening, each dropped after the last of them.
+class SharedFactors {
+ public:
+  void expect(const at::Tensor& gram, double dampening) { ++slots_[{key(gram), dampening}].uses; }
+  /// The factor of `gram` (moved in: the solver works on it in place where nothing else holds it).
+  const SparseGptFactor& of(at::Tensor gram, double dampening, const std::string& where) {
+    Slot& s = slots_[{key(gram), dampening}];
+    if (!s.factor.hinv.defined()) s.factor = sparsegpt_factor(std::move(gram), dampening, where);
+    return s.factor;
+  }
+  void done(const void* gram, double dampening) {
+    auto it = slots_.find({gram, dampening});
+    if (it != slots_.end() && --it->second.uses <= 0) slots_.erase(it);
+  }
+  static const void* key(const at::Tensor& gram) { return gram.unsafeGetTensorImpl(); }
+
+ private:
+  struct Slot {
+    int uses = 0;
+    SparseGptFactor factor;
+  };
+  std::map<std::pair<const void*, double>, Slot> slots_;
+};
+
 // Prunes target i of the plan under `o` with its layer's inputs (`in`, null for the criteria that
 // do not read them).
 void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerInput* in,
-                  const Saliency* saliency) {
+                  const Saliency* saliency, SharedFactors& factors) {
   const Target& t = plan.targets[i];
   PruneLayerReport& l = plan.report.layers[t.report];
   const Criterion& c = criterion_of(o);
@@ -380,10 +406,10 @@ void prune_target(PrunePlan& plan, size_t i, const PruneLayerOptions& o, LayerIn
   }
   if (c.weights == WeightRank::kReconstruct) {
     at::Tensor& v = t.init->value;
-    at::Tensor gram = std::move(in->gram);
-    // Shared with another layer of the same input (q, k and v): the solver works on it in place.
-    if (gram.use_count() > 1) gram = gram.clone();
-    at::Tensor w = layer_solve(t, o, std::move(gram), l.nonzero_before, l.label());
+    const void* key = SharedFactors::key(in->gram);
+    at::Tensor w = layer_solve(t, o, factors.of(std::move(in->gram), o.dampening, l.label()),
+                               l.nonzero_before);
+    factors.done(key, o.dampening);
     if (v.is_contiguous() && v.use_count() == 1 && v.storage().use_count() == 1)
       v.copy_(w);
     else
@@ -483,9 +509,17 @@ PruneReport run(PrunePlan& plan, Source& cal, const CalibrationOptions& calib,
         watch[plan.targets[i].init->name] |= criterion_of(*plan.how[i]).needs_gram;
     std::map<std::string, LayerInput> inputs;
     if (!watch.empty()) inputs = cal.collect(s, watch);
+    SharedFactors factors;
     for (size_t i : s.targets) {
       auto it = inputs.find(plan.targets[i].init->name);
-      prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second, saliency);
+      if (it != inputs.end() && it->second.gram.defined() &&
+          criterion_of(*plan.how[i]).weights == WeightRank::kReconstruct)
+        factors.expect(it->second.gram, plan.how[i]->dampening);
+    }
+    for (size_t i : s.targets) {
+      auto it = inputs.find(plan.targets[i].init->name);
+      prune_target(plan, i, *plan.how[i], it == inputs.end() ? nullptr : &it->second, saliency,
+                   factors);
       if (it != inputs.end()) inputs.erase(it);
       exec::empty_cpu_cache();  // the solver's K x K matrices
     }

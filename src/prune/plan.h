@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lopper/prune.h"
+#include "prune/sparsegpt.h"
 
 namespace lopper {
 
@@ -69,10 +70,11 @@ at::Tensor layer_keep(const Target& t, const PruneLayerOptions& o, at::Generator
                       const std::string& where, const at::Tensor& score);
 
 /// Target `t`'s weight pruned under `o` by the criterion that reconstructs the layer (sparsegpt),
-/// from the Gram matrix of its inputs (consumed): the new value, in the weight's layout and type
-/// (the weight itself is not written). `nonzero`: its weights left, for a count amount.
-at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, at::Tensor gram,
-                       int64_t nonzero, const std::string& where);
+/// from the factor of its inputs' Hessian (sparsegpt_factor() of their Gram matrix under
+/// o.dampening; layers of the same inputs share one): the new value, in the weight's layout and
+/// type (the weight itself is not written). `nonzero`: its weights left, for a count amount.
+at::Tensor layer_solve(const Target& t, const PruneLayerOptions& o, const SparseGptFactor& factor,
+                       int64_t nonzero);
 
 /// Zeroes the weights each `drop` mask flags (in place when nothing else holds the tensor) and
 /// sets the targets' nonzero_after; the masks are released as they are used.

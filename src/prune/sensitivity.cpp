@@ -241,6 +241,9 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
     ls.params = orig.numel();
     ls.macs = macs_of[pw.weight];
     const int64_t nz0 = orig.count_nonzero().item<int64_t>();
+    SparseGptFactor factor;  // sparsegpt: the layer's Hessian factored once, for every amount
+    if (crit.weights == importance::WeightRank::kReconstruct)
+      factor = sparsegpt_factor(in->gram, o.dampening, ls.label());
     for (double a : o.amounts) {
       const PruneAmount amount{a, false};
       at::Tensor w;
@@ -250,7 +253,7 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
         lo.amount = amount;
         lo.block_size = o.block_size;
         lo.dampening = o.dampening;
-        w = layer_solve(t, lo, in->gram.clone(), nz0, ls.label());
+        w = layer_solve(t, lo, factor, nz0);
       } else if (score.defined()) {
         PruneLayerOptions lo;
         lo.criterion = o.criterion;

@@ -28,6 +28,23 @@ struct SparseGptResult {
 /// half to even): what the solver removes per block, and what a target counts ahead of it.
 int64_t sparsegpt_block_count(double amount, int64_t alive);
 
+/// What SparseGPT reads of a layer's Hessian: the same for every layer of the same inputs (a
+/// transformer's q, k and v; gate and up), so computed once for them.
+struct SparseGptFactor {
+  at::Tensor hinv;       // [cols, cols] float32, upper triangular: hinv^T hinv = (H + damp)^-1
+  at::Tensor dead;       // [cols] bool: the inputs no calibration token set (H_ii = 0)
+  double dampening = 0;  // the dampening the factorisation needed
+};
+
+/// The factor of `gram` ([cols, cols], X^T X; worked on in place when the caller moves it in and
+/// holds no other reference) under `dampening` (a fraction of the diagonal's mean), raised
+/// tenfold, twice, while H + dampening is not positive definite; then it throws lopper::Error
+/// naming `where`, as it does for a Hessian with NaN or Inf.
+SparseGptFactor sparsegpt_factor(at::Tensor gram, double dampening, const std::string& where);
+
+/// Prunes `w` ([rows, cols]) with a factor of its inputs' Hessian (o.dampening is the factor's).
+SparseGptResult sparsegpt(const at::Tensor& w, const SparseGptFactor& f, const SparseGptOptions& o);
+
 /// Prunes `w` ([rows, cols]: outputs by inputs) given `gram` ([cols, cols], X^T X over the
 /// calibration inputs; worked on in place when the caller moves it in and holds no other
 /// reference). Weights that are zero already stay zero and the amount counts from the

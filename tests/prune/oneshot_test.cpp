@@ -98,6 +98,28 @@ TEST(SparseGpt, ReconstructsTheOutputBetterThanWandaAndKeepsItsPattern) {
   EXPECT_EQ(c.weight.eq(0).sum().item<int64_t>(), rows * k / 4 + rows * k * 3 / 8);
 }
 
+// Ties at the block's threshold (equal weights, a diagonal Hessian): exactly the amount goes all
+// the same; and the factor the layers of one input share prunes as the Gram matrix itself does.
+TEST(SparseGpt, TiesStillRemoveExactlyTheAmountAndASharedFactorPrunesAlike) {
+  const at::Tensor w = at::ones({6, 16}).mul_(at::arange(16).remainder(2).add(1).unsqueeze(0));
+  SparseGptOptions o;
+  o.block_size = 8;
+  o.amount = 0.75;  // 36 of each block's 48 weights: 24 ones, then 12 of the 24 twos (ties)
+  const at::Tensor gram = at::eye(16, at::kDouble) * 2;
+  const SparseGptResult r = sparsegpt(w, gram, o, "ties");
+  for (int64_t b = 0; b < 2; ++b)
+    EXPECT_EQ(r.weight.slice(1, 8 * b, 8 * b + 8).eq(0).sum().item<int64_t>(), 36) << b;
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({256, 16});
+  const at::Tensor g = x.t().mm(x).to(at::kDouble);
+  const SparseGptFactor f = sparsegpt_factor(g, o.dampening, "shared");
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor wi = at::randn({5, 16});
+    EXPECT_TRUE(sparsegpt(wi, f, o).weight.equal(sparsegpt(wi, g.clone(), o, "own").weight)) << i;
+  }
+  EXPECT_TRUE(g.equal(x.t().mm(x).to(at::kDouble)));  // not moved in: left as it was
+}
+
 TEST(SparseGpt, BadHessiansAreOneLineErrorsNamingTheLayer) {
   const at::Tensor w = at::randn({4, 8});
   SparseGptOptions o;

@@ -134,6 +134,29 @@ def test_global_scope_is_refused_before_the_export():
         lopper.prune_structured(m, _inputs(), amount=0.3, reloadable=1)
 
 
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_gradient_criteria_take_batches_of_another_size(name):
+    """taylor and grad score on the module's export: the example (batch 1, length 12) and the
+    batches (batch 3, length 10) differ in both dims."""
+    example = _inputs(batch=1)
+    data = [_inputs(batch=3, length=10, seed=s) for s in range(2)]
+    if name == "bert":
+        for i, d in enumerate(data):
+            d["labels"] = torch.tensor([0, 1, 2]).roll(i)
+    for method in ("taylor", "grad"):
+        m = _model(name)
+        report = lopper.prune(m, example, method=method, amount=0.5, data=data, masks=False,
+                              progress=False)
+        assert 0.3 < report.sparsity < 0.6, (method, report.sparsity)
+    m = _model(name)
+    before = _params(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lopper.prune_structured(m, example, method="taylor", amount=0.3, data=data,
+                                progress=False)
+    assert _params(m) < before
+
+
 def test_one_shot_calibrates_on_batches_of_another_size():
     m = _model("llama")
     data = [_inputs(batch=3, length=8, seed=s) for s in range(2)]

@@ -8,7 +8,6 @@ file is checked before it is put in place: lopper's executor runs it on the exam
 must give the module's own outputs. Everything is written into a temporary folder beside the
 destination and renamed into place, the data file first.
 """
-import inspect
 import os
 import shutil
 import tempfile
@@ -114,17 +113,6 @@ def _write(model, path, data):
     onnx_ir.save(model, path, external_data=data, size_threshold_bytes=_INLINE_BYTES)
 
 
-def _feeds(module, args, kwargs):
-    """The example's tensors in the export's input order (the forward's parameters in order,
-    each flattened: _prune._example_shapes)."""
-    try:
-        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments.values()
-    except (TypeError, ValueError):
-        bound = list(args) + list(kwargs.values())
-    leaves = torch.utils._pytree.tree_leaves(list(bound))
-    return [t.detach().cpu().contiguous() for t in leaves if isinstance(t, torch.Tensor)]
-
-
 def _outputs(module, args, kwargs):
     """The module's outputs on the example (in eval mode, modes put back), flattened."""
     modes = [(m, m.training) for m in module.modules()]
@@ -144,7 +132,8 @@ def _check(path, module, args, kwargs, expected):
     try:
         session = _lopper.InferenceSession(path)
         names = [i.name for i in session.get_inputs()]
-        feeds = _feeds(module, args, kwargs)
+        feeds = [t.detach().cpu().contiguous()
+                 for t in _prune._example_tensors(module, args, kwargs)]
         if len(names) != len(feeds):
             return (f"the file has {len(names)} inputs, the example {len(feeds)} tensors")
         got = session.run(None, dict(zip(names, feeds)))

@@ -267,15 +267,20 @@ def make_permanent(module):
 _ONE_SHOT = dict(block_size=128, dampening=0.01, owl_lambda=None, owl_m=5, sequential=True)
 
 
-def _example_shapes(module, args, kwargs):
-    """The shapes of the example's tensors in the export's input order: the forward's parameters
-    in order (torch.export orders keyword arguments so), each flattened."""
+def _example_tensors(module, args, kwargs):
+    """The example's tensors in the export's input order: the forward's parameters in order
+    (torch.export orders keyword arguments so), each flattened."""
     try:
         bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments.values()
     except (TypeError, ValueError):
         bound = list(args) + list(kwargs.values())
     leaves = torch.utils._pytree.tree_leaves(list(bound))
-    return [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _example_shapes(module, args, kwargs):
+    """The shapes of _example_tensors."""
+    return [list(t.shape) for t in _example_tensors(module, args, kwargs)]
 
 
 def _command(module, **given):

@@ -404,18 +404,21 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
     ``fx_outputs`` (a list), a torch.fx graph is returned unchecked and the module's outputs are
     put in the list for the caller to check against the graph's (nothing is put there for
     torch.onnx's export)."""
-    key, tensors = _export_key(module, args, kwargs, dynamic, fx)
-    last = _LAST_EXPORT.get(module) if fx_outputs is None else None
-    if (last is not None and last[0] == key and len(last[1]) == len(tensors)
-            and all(a is b for a, b in zip(last[1], tensors))):
-        return last[2], _holders(module)
+    # NOTE: an unchecked torch.fx graph (fx_outputs) is neither reused nor kept.
+    cached = fx_outputs is None
+    if cached:
+        key, tensors = _export_key(module, args, kwargs, dynamic, fx)
+        last = _LAST_EXPORT.get(module)
+        if (last is not None and last[0] == key and len(last[1]) == len(tensors)
+                and all(a is b for a, b in zip(last[1], tensors))):
+            return last[2], _holders(module)
     model, holders = _export_model(module, args, kwargs, dynamic, op, fx, fx_outputs)
     if not isinstance(model, bytes):
         import onnx_ir
 
         model = onnx_ir.to_proto(model).SerializeToString()
     _LAST_EXPORT.clear()
-    if fx_outputs is None and len(model) <= _CACHED_BYTES:
+    if cached and len(model) <= _CACHED_BYTES:
         _LAST_EXPORT[module] = (key, tensors, model)
     return model, holders
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <set>
 
 #include "lopper/analysis.h"
@@ -43,6 +44,24 @@ at::Tensor conv_patches(const ir::Node& n, at::Tensor x, const at::Tensor& w) {
   x = at::constant_pad_nd(x, pad_nd, 0);
   at::Tensor cols = at::im2col(x, k, dil, {0, 0}, stride);  // [N, C*kh*kw, L]
   return cols.transpose(1, 2).reshape({-1, cols.size(1)});
+}
+
+// X^T X of `rows` ([tokens, K] float32), from the tiles on and above the diagonal, each below
+// it their mirror: nearly half the multiply-adds of one mm for a wide input (56% at K = 5632).
+at::Tensor gram_of(const at::Tensor& rows) {
+  const int64_t k = rows.size(1);
+  const int64_t tile = std::max<int64_t>(512, (k + 7) / 8);
+  if (k <= tile) return rows.t().mm(rows);
+  at::Tensor g = at::empty({k, k}, rows.options());
+  for (int64_t a = 0; a < k; a += tile) {
+    const int64_t a2 = std::min(a + tile, k);
+    const at::Tensor xa = rows.slice(1, a, a2).t();
+    // One product for the row of tiles right of the diagonal, then each mirrored below it.
+    const at::Tensor right = xa.mm(rows.slice(1, a));
+    g.slice(0, a, a2).slice(1, a).copy_(right);
+    if (a2 < k) g.slice(0, a2).slice(1, a, a2).copy_(right.slice(1, a2 - a).t());
+  }
+  return g;
 }
 
 }  // namespace
@@ -101,7 +120,7 @@ void LayerInputCollector::observe(const ir::Node& n, const std::vector<at::Tenso
     last_.sq_norm = rows.square().sum(0).to(at::kDouble);
     // NOTE: the batch's Gram matrix stays in float32, added into the float64 sum as it is read
     // (no float64 copy of it: 254 MB for a 5632-wide input).
-    last_.gram = l.gram ? rows.t().mm(rows) : at::Tensor();
+    last_.gram = l.gram ? gram_of(rows) : at::Tensor();
     last_.first = l.weight;
   }
   const int64_t k = last_.sq_norm.size(0);

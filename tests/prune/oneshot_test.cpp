@@ -120,6 +120,61 @@ TEST(SparseGpt, TiesStillRemoveExactlyTheAmountAndASharedFactorPrunesAlike) {
   EXPECT_TRUE(g.equal(x.t().mm(x).to(at::kDouble)));  // not moved in: left as it was
 }
 
+// The solver against SparseGPT written out column by column in ATen (the reference's loop, with
+// the factor the solver uses): the same pruned weights, to float rounding, for unstructured and
+// N:M, with weights zero already, a block size that does not divide the columns, and groups that
+// straddle no block.
+TEST(SparseGpt, EqualsTheColumnByColumnReference) {
+  at::manual_seed(4);
+  const int64_t k = 72, rows = 37;
+  const at::Tensor x = at::randn({300, k}).mm(at::randn({k, k}) * 0.2 + at::eye(k));
+  const at::Tensor gram = x.t().mm(x).to(at::kDouble);
+  const at::Tensor w = at::randn({rows, k}).masked_fill(at::rand({rows, k}).lt(0.1), 0);
+  for (const int64_t n : {int64_t(0), int64_t(2)}) {
+    SparseGptOptions o;
+    o.block_size = 32;
+    o.n = n, o.m = n ? 4 : 0;
+    const SparseGptFactor f = sparsegpt_factor(gram.clone(), o.dampening, "ref");
+    const at::Tensor got = sparsegpt(w, f, o).weight;
+    // The reference: per column, prune (the block's mask chosen up front, or the group's at its
+    // first column), spread the error over the columns after it.
+    at::Tensor W = w.clone();
+    const at::Tensor dead = w.eq(0);
+    for (int64_t i1 = 0; i1 < k; i1 += o.block_size) {
+      const int64_t i2 = std::min(i1 + o.block_size, k);
+      const at::Tensor H1 = f.hinv.slice(0, i1, i2).slice(1, i1, i2);
+      const at::Tensor d = H1.diagonal();
+      at::Tensor mask = dead.slice(1, i1, i2).clone();
+      if (!n) {
+        const at::Tensor s =
+            (W.slice(1, i1, i2).square() / d.square()).masked_fill(mask, -1).flatten();
+        const int64_t alive = mask.numel() - mask.sum().item<int64_t>();
+        const int64_t take = mask.numel() - alive + int64_t(std::nearbyint(0.5 * double(alive)));
+        mask.view({-1}).index_fill_(
+            0, std::get<1>(s.sort(std::optional<bool>(true), 0)).slice(0, 0, take), true);
+      }
+      at::Tensor err = at::zeros({rows, i2 - i1});
+      for (int64_t i = 0; i < i2 - i1; ++i) {
+        if (n && i % 4 == 0) {
+          const at::Tensor s =
+              (W.slice(1, i1 + i, i1 + i + 4).square() / d.slice(0, i, i + 4).square())
+                  .masked_fill(dead.slice(1, i1 + i, i1 + i + 4), -1);
+          mask.slice(1, i, i + 4)
+              .scatter_(1, std::get<1>(s.sort(std::optional<bool>(true), 1)).slice(1, 0, 2), true);
+        }
+        at::Tensor col = W.select(1, i1 + i);
+        const at::Tensor e = col.masked_fill(mask.select(1, i).logical_not(), 0) / d[i];
+        col.masked_fill_(mask.select(1, i), 0);
+        err.select(1, i).copy_(e);
+        W.slice(1, i1 + i + 1, i2).sub_(e.unsqueeze(1) * H1[i].slice(0, i + 1).unsqueeze(0));
+      }
+      if (i2 < k) W.slice(1, i2).sub_(err.mm(f.hinv.slice(0, i1, i2).slice(1, i2)));
+    }
+    EXPECT_TRUE(got.eq(0).equal(W.eq(0))) << "n " << n;
+    EXPECT_LT((got - W).abs().max().item<double>(), 1e-4 * W.abs().max().item<double>()) << n;
+  }
+}
+
 TEST(SparseGpt, BadHessiansAreOneLineErrorsNamingTheLayer) {
   const at::Tensor w = at::randn({4, 8});
   SparseGptOptions o;

@@ -401,9 +401,9 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
     """The module's ONNX bytes, with every parameter an initializer under its own name, and
     _holders(module). Written from its torch.fx trace where _fx can (``fx``) and lopper's executor
     then computes the module's outputs from it, else exported by torch.onnx.export. With
-    ``fx_outputs`` (a list), a torch.fx graph is returned unchecked and the module's outputs are
-    put in the list for the caller to check against the graph's (nothing is put there for
-    torch.onnx's export)."""
+    ``fx_outputs`` (a list), only a torch.fx graph is made: it is returned unchecked and the
+    module's outputs are put in the list for the caller to check against the graph's; where _fx
+    cannot write the module, the bytes are None."""
     # NOTE: an unchecked torch.fx graph (fx_outputs) is neither reused nor kept.
     cached = fx_outputs is None
     if cached:
@@ -413,6 +413,8 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
                 and all(a is b for a, b in zip(last[1], tensors))):
             return last[2], _holders(module)
     model, holders = _export_model(module, args, kwargs, dynamic, op, fx, fx_outputs)
+    if model is None:
+        return None, holders
     if not isinstance(model, bytes):
         import onnx_ir
 
@@ -512,7 +514,9 @@ def _export_model(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs
 
     try:
         fast = _fx.onnx_of(target, args, kwargs) if fx else None
-        if fast is not None and fx_outputs is not None:
+        if fx_outputs is not None:
+            if fast is None:
+                return None, holders
             fx_outputs.extend(fast[1])
             return fast[0], holders
         if fast is not None and _runs_as(fast[0], args, fast[1]):

@@ -160,9 +160,17 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     _lopper._prune_structured_onnx(b"", check_only=True, **options)  # before the slow export
     leaves = [t.detach().contiguous() for t in _tensors((args, kwargs))]
     holders = _holders(module)
-    before = _check_runs(module, args, kwargs)
+    # NOTE: the module's outputs before come from the torch.fx graph's own run (the module's
+    # layers called in its traced order) where _fx writes the module: one forward fewer. The
+    # pruned module is checked against the pruned graph all the same, and a graph that does not
+    # compute these outputs is replaced by torch.onnx's export (attempt below).
     fx_outputs = []  # the module's outputs, when the export is an unchecked torch.fx graph
     exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx_outputs=fx_outputs)
+    if exported is None:
+        before = _check_runs(module, args, kwargs)
+        exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
+    else:
+        before = list(fx_outputs)
     given = {k: v for k, v in options.items()
              if k in ("unit", "method", "amount", "scope", "round_to", "exclude", "recipe")
              and v is not None and not (k == "round_to" and v == 1)}
@@ -184,12 +192,13 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     def attempt(kept, keep=True):
         """Prunes the export with the groups `kept` ({id: why}) kept whole and shrinks the
         module (_shrink_in_place); the report."""
-        nonlocal exported
+        nonlocal exported, before
         *shrunk, report = prune(kept)
         if fx_outputs:
             # The torch.fx graph is checked by its first prune's run of the unpruned graph: one
             # that does not compute what the module computes is replaced by torch.onnx's export.
             if not _same_outputs(shrunk[1], fx_outputs):
+                before = _check_runs(module, args, kwargs)
                 exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
                 *shrunk, report = prune(kept)
             fx_outputs.clear()

@@ -184,13 +184,13 @@ def prune(module, example_inputs, *, method=None, amount=None, threshold=None, s
     if report is None:
         report = _prune_export(module, args, kwargs, given, loss, mask_token, masks, progress,
                                command)
+    if _hf.is_transformers_model(module) and _pruned(module):
+        report._add_warning(
+            "the pruned weights are torch.nn.utils.prune masks (weight_orig, weight_mask): "
+            "save_pretrained stores those and from_pretrained starts every such weight anew; "
+            "call lopper.make_permanent(model) before saving, or prune with masks=False")
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=2)
-    if _hf.is_transformers_model(module) and _pruned(module):
-        warnings.warn("[prune] the pruned weights are torch.nn.utils.prune masks (weight_orig, "
-                      "weight_mask): save_pretrained stores those and from_pretrained starts "
-                      "every such weight anew; call lopper.make_permanent(model) before saving, "
-                      "or prune with masks=False", stacklevel=2)
     return report
 
 

@@ -510,6 +510,10 @@ model (without the file entries); report.save_html(path) its --report page.)")
 (parameters, nonzeros, MACs, file size, latency measured now with lopper's executor and its sparse
 kernels) and per-layer charts. Written to a temporary file and renamed; an OSError when the path
 cannot be written. The report keeps both exports for this (deleting it frees them).)")
+      .def(
+          "_add_warning",
+          [](ModulePruneReport& r, const std::string& w) { r.warnings.push_back(w); },
+          py::arg("warning"), "Adds a line to warnings (lopper's own use).")
       .def("__str__", [](const ModulePruneReport& r) { return to_table(r); })
       .def("__repr__", [](const ModulePruneReport& r) {
         const double s = r.params ? 1.0 - double(r.nonzero_after) / double(r.params) : 0.0;

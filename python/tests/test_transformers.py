@@ -176,8 +176,11 @@ def test_masks_made_permanent_save_and_reload_with_their_zeros(tmp_path):
     m = _model("llama")
     data = [_inputs(batch=2, length=8, seed=s) for s in range(2)]
     with pytest.warns(UserWarning, match="lopper.make_permanent"):
-        lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=data, progress=False,
-                     exclude="lm_head")
+        report = lopper.prune(m, _inputs(), method="wanda", amount=0.5, data=data,
+                              progress=False, exclude="lm_head")
+    # The report says it too (its JSON and HTML page carry its warnings).
+    assert any("from_pretrained starts every such weight anew" in w
+               for w in report.to_dict()["warnings"])
     with torch.no_grad():
         out = m(**_inputs()).logits
     made = lopper.make_permanent(m)

@@ -19,6 +19,7 @@
 
 #include "lopper/analysis.h"
 #include "lopper/data.h"
+#include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
 #include "lopper/latency.h"
@@ -30,6 +31,22 @@
 #include "lopper/train.h"
 
 namespace lopper {
+
+/// Runs `f`; a lopper::Error it throws is thrown again with each marked option given as
+/// `name(option)` (a front end's spelling: a flag, a Python argument), keeping its kind, or as a
+/// UsageError whatever its kind when `all_usage` (the front end's parsing of the caller's values).
+template <typename F>
+auto with_option_names(F&& f, std::string (*name)(const std::string&), bool all_usage)
+    -> decltype(f()) {
+  try {
+    return f();
+  } catch (const UsageError& e) {
+    throw UsageError(e.render(name));
+  } catch (const Error& e) {
+    if (all_usage) throw UsageError(e.render(name));
+    throw Error(e.render(name));
+  }
+}
 
 /// What a request says of the models it reads before its work, one line each ("PATH: what"):
 /// what makes a model's figures another model's than the one a user deploys (load_warnings), a

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lopper/analysis.h"
+#include "lopper/command.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
 #include "lopper/graph.h"
@@ -37,24 +38,14 @@ std::string python_option(const std::string& option);
 // (ValueError in Python, module.cpp). Options are named as the Python arguments (python_option).
 template <typename F>
 auto as_usage(F&& f) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    throw UsageError(e.render(python_option));
-  }
+  return with_option_names(std::forward<F>(f), python_option, /*all_usage=*/true);
 }
 
 // Runs `f`; lopper's errors keep their kind (UsageError: ValueError, Error: RuntimeError) and name
 // options as the Python arguments do (python_option).
 template <typename F>
 auto pythonic(F&& f) {
-  try {
-    return f();
-  } catch (const UsageError& e) {
-    throw UsageError(e.render(python_option));
-  } catch (const Error& e) {
-    throw Error(e.render(python_option));
-  }
+  return with_option_names(std::forward<F>(f), python_option, /*all_usage=*/false);
 }
 
 /// torch.nn.utils.prune's `amount`: an int is a count, a float a fraction.

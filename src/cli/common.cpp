@@ -83,20 +83,37 @@ ir::Model load_input_model(OutputFiles& files, const std::string& path) {
   return lopper::load_input_model(files, path, warn);
 }
 
+namespace {
+
+template <typename Parse>
+auto whole(const std::string& s, Parse parse) -> std::optional<decltype(parse(s, nullptr))> {
+  size_t used = 0;
+  try {
+    auto v = parse(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> whole_int(const std::string& s) {
+  return whole(s, [](const std::string& t, size_t* used) { return std::stoi(t, used); });
+}
+
+std::optional<double> whole_double(const std::string& s) {
+  return whole(s, [](const std::string& t, size_t* used) { return std::stod(t, used); });
+}
+
 void add_threads_option(CLI::App* cmd, int& threads) {
   const int most = max_threads();  // executor.h: why there is a bound
   cmd->add_option("--threads", threads,
                   fmt::format("intra-op threads, 0..{} (0, the default: the idle CPUs)", most))
       ->check(CLI::Validator(
           [most](std::string& v) -> std::string {
-            int n = 0;
-            size_t used = 0;
-            try {
-              n = std::stoi(v, &used);
-            } catch (const std::exception&) {
-              used = 0;
-            }
-            if (used == 0 || used != v.size() || n < 0 || n > most)
+            const std::optional<int> n = whole_int(v);
+            if (!n || *n < 0 || *n > most)
               return fmt::format(
                   "must be 0..{} (0: the default; at most 4x the {} hardware threads), got '{}'",
                   most, std::thread::hardware_concurrency(), v);

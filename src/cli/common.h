@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,17 +30,16 @@ std::string flag_of(const std::string& option);
 /// The library option a flag sets, the inverse of flag_of ("--calib-batches" -> "batches").
 std::string library_name(const CLI::Option& flag);
 
+/// `s` read whole as an int (std::stoi) or a double (std::stod); nothing when it is no number or
+/// has more after one.
+std::optional<int> whole_int(const std::string& s);
+std::optional<double> whole_double(const std::string& s);
+
 /// Runs `parse`, which reads flag values with the library's parsers: a lopper::Error it throws is
 /// about the user's flag, so it becomes a UsageError (exit code 2).
 template <typename F>
 auto parse_flag(F&& parse) -> decltype(parse()) {
-  try {
-    return parse();
-  } catch (const UsageError& e) {
-    throw UsageError(e.render(flag_of));
-  } catch (const Error& e) {
-    throw UsageError(e.render(flag_of));
-  }
+  return with_option_names(std::forward<F>(parse), flag_of, /*all_usage=*/true);
 }
 
 /// A subcommand of `app` that reads one ONNX model: its first positional argument, into `model`.

@@ -29,16 +29,10 @@ std::vector<double> parse_amounts(const std::string& s) {
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    LOPPER_CHECK(used == item.size() && !item.empty(), "[sensitivity] --amounts: '", item,
+    const std::optional<double> v = whole_double(item);
+    LOPPER_CHECK(v, "[sensitivity] --amounts: '", item,
                  "' is not a number (expected e.g. 0.1,0.5,0.9)");
-    out.push_back(v);
+    out.push_back(*v);
   }
   return out;
 }

@@ -417,18 +417,18 @@ void layer_norm_channels(ChannelContext& c) {
 }  // namespace
 
 void register_norm(OpTable& t) {
-  t.add({"", "BatchNormalization", batch_norm});
+  t.add_onnx({
+      {"BatchNormalization", batch_norm, batch_norm_channels},
+      {"InstanceNormalization", instance_norm, batch_norm_channels},
+      {"LayerNormalization", layer_norm, layer_norm_channels},
+      {"GroupNormalization", group_norm},
+      {"LpNormalization", lp_norm},
+      {"MeanVarianceNormalization", mvn},
+      {"RMSNormalization", rms_norm},
+      {"LRN", lrn},
+  });
   t.add({"ai.lopper", "FusedBatchNormalization", batch_norm});
   t.add({"ai.lopper", "FusedConcatNorm", fused_concat_norm});
-  t.add({"", "InstanceNormalization", instance_norm});
-  t.add({"", "LayerNormalization", layer_norm});
-  t.add({"", "GroupNormalization", group_norm});
-  t.add({"", "LpNormalization", lp_norm});
-  t.add({"", "MeanVarianceNormalization", mvn});
-  t.add({"", "RMSNormalization", rms_norm});
-  t.add({"", "LRN", lrn});
-  t.set_channels({"BatchNormalization", "InstanceNormalization"}, batch_norm_channels);
-  t.set_channels({"LayerNormalization"}, layer_norm_channels);
 }
 
 }  // namespace lopper::ops

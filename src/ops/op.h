@@ -164,10 +164,22 @@ struct OpDef {
   std::vector<size_t> shape_operands = {};
 };
 
+/// An op of the default domain (ai.onnx) with its rules, registered by OpTable::add_onnx: OpDef's
+/// fields of the same names.
+struct OnnxOp {
+  const char* op_type;
+  Forward forward;
+  ChannelRule channels = {};
+  ShapeRule shape = {};
+  std::vector<size_t> shape_operands = {};
+};
+
 class OpTable {
  public:
   static const OpTable& global();
   void add(OpDef def);
+  /// Registers each op of the default domain, its rules beside it.
+  void add_onnx(std::initializer_list<OnnxOp> ops);
   /// Gives the registered op(s) `op_types` (default domain) a channel rule.
   void set_channels(std::initializer_list<const char*> op_types, ChannelRule rule);
   /// Gives the registered op(s) `op_types` (default domain) a shape-arithmetic rule.

@@ -385,16 +385,15 @@ void pool_channels(ChannelContext& c) {
 }  // namespace
 
 void register_pool(OpTable& t) {
-  t.add({"", "MaxPool", max_pool});
-  t.add({"", "AveragePool", average_pool});
-  t.add({"", "LpPool", lp_pool});
-  t.add({"", "GlobalAveragePool", global_average_pool});
-  t.add({"", "GlobalMaxPool", global_max_pool});
-  t.add({"", "GlobalLpPool", global_lp_pool});
-  t.add({"", "MaxUnpool", max_unpool});
-  t.set_channels(
-      {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"},
-      pool_channels);
+  t.add_onnx({
+      {"MaxPool", max_pool, pool_channels},
+      {"AveragePool", average_pool, pool_channels},
+      {"LpPool", lp_pool, pool_channels},
+      {"GlobalAveragePool", global_average_pool, pool_channels},
+      {"GlobalMaxPool", global_max_pool, pool_channels},
+      {"GlobalLpPool", global_lp_pool, pool_channels},
+      {"MaxUnpool", max_unpool},
+  });
 }
 
 }  // namespace lopper::ops

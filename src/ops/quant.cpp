@@ -13,34 +13,25 @@ namespace {
 
 // Integer range of a quantized type; false when `t` is not an integer quantized type.
 bool int_range(at::ScalarType t, double& lo, double& hi) {
-  switch (t) {
-    case at::kByte:
-      lo = 0;
-      hi = 255;
+  struct Range {
+    at::ScalarType type;
+    double lo, hi;
+  };
+  static constexpr Range kRanges[] = {
+      {at::kByte, 0, 255},
+      {at::kChar, -128, 127},
+      {at::kUInt16, 0, 65535},
+      {at::kShort, -32768, 32767},
+      {at::kInt, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()},
+      {at::kUInt32, 0, std::numeric_limits<uint32_t>::max()},
+  };
+  for (const Range& r : kRanges)
+    if (r.type == t) {
+      lo = r.lo;
+      hi = r.hi;
       return true;
-    case at::kChar:
-      lo = -128;
-      hi = 127;
-      return true;
-    case at::kUInt16:
-      lo = 0;
-      hi = 65535;
-      return true;
-    case at::kShort:
-      lo = -32768;
-      hi = 32767;
-      return true;
-    case at::kInt:
-      lo = std::numeric_limits<int32_t>::min();
-      hi = std::numeric_limits<int32_t>::max();
-      return true;
-    case at::kUInt32:
-      lo = 0;
-      hi = std::numeric_limits<uint32_t>::max();
-      return true;
-    default:
-      return false;
-  }
+    }
+  return false;
 }
 
 bool is_float8(at::ScalarType t) {
@@ -169,32 +160,30 @@ at::Tensor row_param(const at::Tensor& v, const at::Tensor& a) {
 
 // NOTE: integer products are accumulated in float64: exact for 8-bit operands (|sum| < 2^53) and
 // available on every device, unlike integer matmul/convolution on CUDA.
-void matmul_integer(OpContext& c) {
-  const at::Tensor& a = c.input(0);
-  const at::Tensor& b = c.input(1);
-  check_int8(c, a, "A");
-  check_int8(c, b, "B");
+// (a - a's zero point) @ (b - b's zero point) in float64, the zero points the op's inputs
+// `a_zero` and `b_zero` when present; messages name the operands `a_name` and `b_name`.
+at::Tensor int_matmul(const OpContext& c, const at::Tensor& a, const at::Tensor& b,
+                      const char* a_name, const char* b_name, size_t a_zero, size_t b_zero) {
+  check_int8(c, a, a_name);
+  check_int8(c, b, b_name);
   c.check(a.dim() >= 1 && b.dim() >= 1, "inputs must be at least 1-D");
   int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
   at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
-  if (c.has_input(2)) ad = ad - row_param(c.input(2), a).to(at::kDouble);
-  if (c.has_input(3)) bd = bd - c.input(3).to(at::kDouble);
-  c.set_output(0, at::matmul(ad, bd).to(at::kInt));
+  if (c.has_input(a_zero)) ad = ad - row_param(c.input(a_zero), a).to(at::kDouble);
+  if (c.has_input(b_zero)) bd = bd - c.input(b_zero).to(at::kDouble);
+  return at::matmul(ad, bd);
+}
+
+void matmul_integer(OpContext& c) {
+  const at::Tensor& a = c.input(0);
+  const at::Tensor& b = c.input(1);
+  c.set_output(0, int_matmul(c, a, b, "A", "B", 2, 3).to(at::kInt));
 }
 
 void qlinear_matmul(OpContext& c) {
   const at::Tensor& a = c.input(0);
-  const at::Tensor& b = c.input(3);
-  check_int8(c, a, "a");
-  check_int8(c, b, "b");
-  c.check(a.dim() >= 1 && b.dim() >= 1, "inputs must be at least 1-D");
-  int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
-  c.check(ka == kb, "inner dimensions differ: ", ka, " vs ", kb);
-  at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
-  if (c.has_input(2)) ad = ad - row_param(c.input(2), a).to(at::kDouble);
-  if (c.has_input(5)) bd = bd - c.input(5).to(at::kDouble);
-  at::Tensor acc = at::matmul(ad, bd);
+  at::Tensor acc = int_matmul(c, a, c.input(3), "a", "b", 2, 5);
   at::ScalarType st = c.input(1).scalar_type();
   c.check(at::isFloatingType(st), "a_scale must be a floating-point tensor");
   at::Tensor mult = row_param(c.input(1), a).to(st) * c.input(4).to(st) / c.input(6).to(st);

@@ -91,6 +91,16 @@ void OpTable::add(OpDef def) {
   ops_.emplace(k, std::move(def));
 }
 
+void OpTable::add_onnx(std::initializer_list<OnnxOp> ops) {
+  for (const OnnxOp& op : ops) {
+    OpDef def{"", op.op_type, op.forward};
+    def.channels = op.channels;
+    def.shape = op.shape;
+    def.shape_operands = op.shape_operands;
+    add(std::move(def));
+  }
+}
+
 void OpTable::set_channels(std::initializer_list<const char*> op_types, ChannelRule rule) {
   for (const char* op : op_types) {
     auto it = ops_.find(key_of("", op));

@@ -448,12 +448,12 @@ void resize_channels(ChannelContext& c) {
 }  // namespace
 
 void register_resize(OpTable& t) {
-  t.add({"", "Resize", resize});
-  t.add({"", "Upsample", upsample});
-  t.add({"", "GridSample", grid_sample});
-  t.add({"", "AffineGrid", affine_grid});
-  t.set_channels({"Resize"}, resize_channels);
-  t.set_shape_operands({"Resize"}, {3});
+  t.add_onnx({
+      {"Resize", resize, resize_channels, {}, {3}},
+      {"Upsample", upsample},
+      {"GridSample", grid_sample},
+      {"AffineGrid", affine_grid},
+  });
 }
 
 }  // namespace lopper::ops

@@ -366,40 +366,42 @@ void trilu(OpContext& c) {
   c.set_output(0, at::where(keep, x, at::zeros({}, x.options())));
 }
 
+// DepthToSpace's and SpaceToDepth's 4-D input: its dims, the block size and the mode.
+struct BlockDims {
+  int64_t b, n, ch, h, w;
+  std::string mode;
+};
+
+BlockDims block_dims(OpContext& c, const at::Tensor& x) {
+  c.check(x.dim() == 4, "input must be 4-D, got rank ", x.dim());
+  BlockDims d{c.attr_int("blocksize"), x.size(0), x.size(1), x.size(2), x.size(3), ""};
+  d.mode = c.attr_string("mode", "DCR");
+  return d;
+}
+
+// Whether `mode` is DCR (else CRD; the op fails on any other).
+bool is_dcr(OpContext& c, const std::string& mode) {
+  if (mode != "DCR" && mode != "CRD") c.fail("unknown mode '", mode, "'");
+  return mode == "DCR";
+}
+
 void depth_to_space(OpContext& c) {
   const at::Tensor& x = c.input(0);
-  c.check(x.dim() == 4, "input must be 4-D, got rank ", x.dim());
-  int64_t b = c.attr_int("blocksize");
-  std::string mode = c.attr_string("mode", "DCR");
-  int64_t n = x.size(0), ch = x.size(1), h = x.size(2), w = x.size(3);
+  const auto [b, n, ch, h, w, mode] = block_dims(c, x);
   c.check(b > 0 && ch % (b * b) == 0, "channels ", ch, " not divisible by blocksize^2");
-  at::Tensor y;
-  if (mode == "DCR") {
-    y = x.reshape({n, b, b, ch / (b * b), h, w}).permute({0, 3, 4, 1, 5, 2});
-  } else if (mode == "CRD") {
-    y = x.reshape({n, ch / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3});
-  } else {
-    c.fail("unknown mode '", mode, "'");
-  }
+  const at::Tensor y = is_dcr(c, mode)
+                           ? x.reshape({n, b, b, ch / (b * b), h, w}).permute({0, 3, 4, 1, 5, 2})
+                           : x.reshape({n, ch / (b * b), b, b, h, w}).permute({0, 1, 4, 2, 5, 3});
   c.set_output(0, y.reshape({n, ch / (b * b), h * b, w * b}));
 }
 
 void space_to_depth(OpContext& c) {
   const at::Tensor& x = c.input(0);
-  c.check(x.dim() == 4, "input must be 4-D, got rank ", x.dim());
-  int64_t b = c.attr_int("blocksize");
-  std::string mode = c.attr_string("mode", "DCR");
-  int64_t n = x.size(0), ch = x.size(1), h = x.size(2), w = x.size(3);
+  const auto [b, n, ch, h, w, mode] = block_dims(c, x);
   c.check(b > 0 && h % b == 0 && w % b == 0, "spatial dims not divisible by blocksize ", b);
-  at::Tensor y = x.reshape({n, ch, h / b, b, w / b, b});
-  if (mode == "DCR") {
-    y = y.permute({0, 3, 5, 1, 2, 4});
-  } else if (mode == "CRD") {
-    y = y.permute({0, 1, 3, 5, 2, 4});
-  } else {
-    c.fail("unknown mode '", mode, "'");
-  }
-  c.set_output(0, y.reshape({n, ch * b * b, h / b, w / b}));
+  const at::Tensor y = x.reshape({n, ch, h / b, b, w / b, b});
+  c.set_output(0, (is_dcr(c, mode) ? y.permute({0, 3, 5, 1, 2, 4}) : y.permute({0, 1, 3, 5, 2, 4}))
+                      .reshape({n, ch * b * b, h / b, w / b}));
 }
 
 // Channel rules for shape ops. Reshape's target shape is its input 1 (rewritten when channels
@@ -740,40 +742,27 @@ std::optional<Entries> concat_arith(const ShapeArithContext& c) {
 }  // namespace
 
 void register_shape(OpTable& t) {
-  t.add({"", "Shape", shape_op});
-  t.add({"", "Size", size_op});
-  t.add({"", "Reshape", reshape});
-  t.add({"", "Flatten", flatten});
-  t.add({"", "Squeeze", squeeze});
-  t.add({"", "Unsqueeze", unsqueeze});
-  t.add({"", "Transpose", transpose});
-  t.add({"", "Expand", expand});
-  t.add({"", "Tile", tile});
-  t.add({"", "Concat", concat});
+  t.add_onnx({
+      {"Shape", shape_op, shape_channels, shape_arith},
+      {"Size", size_op},
+      {"Reshape", reshape, reshape_channels, shape_rules::same, {1}},
+      {"Flatten", flatten, flatten_channels, shape_rules::same},
+      {"Squeeze", squeeze, flatten_channels, shape_rules::same, {1}},
+      {"Unsqueeze", unsqueeze, flatten_channels, shape_rules::same, {1}},
+      {"Transpose", transpose, transpose_channels},
+      {"Expand", expand, expand_channels, {}, {1}},
+      {"Tile", tile, {}, {}, {1}},
+      {"Concat", concat, concat_channels, concat_arith},
+      {"Split", split, split_channels, {}, {1}},
+      {"Slice", slice, slice_channels, slice_arith, {1, 2, 3, 4}},
+      {"ConstantOfShape", constant_of_shape, {}, {}, {0}},
+      {"Range", range},
+      {"EyeLike", eye_like},
+      {"Trilu", trilu},
+      {"DepthToSpace", depth_to_space},
+      {"SpaceToDepth", space_to_depth},
+  });
   t.add({"ai.lopper", "ChannelShuffle", channel_shuffle});
-  t.add({"", "Split", split});
-  t.add({"", "Slice", slice});
-  t.add({"", "ConstantOfShape", constant_of_shape});
-  t.add({"", "Range", range});
-  t.add({"", "EyeLike", eye_like});
-  t.add({"", "Trilu", trilu});
-  t.add({"", "DepthToSpace", depth_to_space});
-  t.add({"", "SpaceToDepth", space_to_depth});
-  t.set_channels({"Reshape"}, reshape_channels);
-  t.set_channels({"Flatten", "Squeeze", "Unsqueeze"}, flatten_channels);
-  t.set_channels({"Transpose"}, transpose_channels);
-  t.set_channels({"Expand"}, expand_channels);
-  t.set_channels({"Concat"}, concat_channels);
-  t.set_channels({"Split"}, split_channels);
-  t.set_channels({"Slice"}, slice_channels);
-  t.set_channels({"Shape"}, shape_channels);
-  t.set_shape_rule({"Shape"}, shape_arith);
-  t.set_shape_rule({"Reshape", "Flatten", "Squeeze", "Unsqueeze"}, shape_rules::same);
-  t.set_shape_rule({"Slice"}, slice_arith);
-  t.set_shape_rule({"Concat"}, concat_arith);
-  t.set_shape_operands({"Reshape", "Expand", "Tile", "Split", "Squeeze", "Unsqueeze"}, {1});
-  t.set_shape_operands({"Slice"}, {1, 2, 3, 4});
-  t.set_shape_operands({"ConstantOfShape"}, {0});
 }
 
 }  // namespace lopper::ops

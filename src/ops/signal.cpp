@@ -97,9 +97,10 @@ void window_op(OpContext& c, Window kind) {
   c.set_output(0, y.to(out));
 }
 
-void hann_window(OpContext& c) { window_op(c, Window::kHann); }
-void hamming_window(OpContext& c) { window_op(c, Window::kHamming); }
-void blackman_window(OpContext& c) { window_op(c, Window::kBlackman); }
+// Registers the window op `name` (HannWindow, HammingWindow, BlackmanWindow).
+void add_window(OpTable& t, const char* name, Window kind) {
+  t.add({"", name, [kind](OpContext& c) { window_op(c, kind); }});
+}
 
 void mel_weight_matrix(OpContext& c) {
   int64_t bins = scalar_int(c, 0, "num_mel_bins");
@@ -142,9 +143,9 @@ void mel_weight_matrix(OpContext& c) {
 void register_signal(OpTable& t) {
   t.add({"", "DFT", dft});
   t.add({"", "STFT", stft});
-  t.add({"", "HannWindow", hann_window});
-  t.add({"", "HammingWindow", hamming_window});
-  t.add({"", "BlackmanWindow", blackman_window});
+  add_window(t, "HannWindow", Window::kHann);
+  add_window(t, "HammingWindow", Window::kHamming);
+  add_window(t, "BlackmanWindow", Window::kBlackman);
   t.add({"", "MelWeightMatrix", mel_weight_matrix});
 }
 

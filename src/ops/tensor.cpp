@@ -498,27 +498,23 @@ std::optional<std::vector<ShapeEntry>> gather_arith(const ShapeArithContext& c) 
 }  // namespace
 
 void register_tensor(OpTable& t) {
-  t.add({"", "Constant", constant});
-  t.add({"", "Gather", gather});
-  t.add({"", "GatherElements", gather_elements});
-  t.add({"", "GatherND", gather_nd});
-  t.add({"", "ScatterElements", scatter_elements_op});
-  t.add({"", "Scatter", scatter});
-  t.add({"", "ScatterND", scatter_nd});
-  t.add({"", "Pad", pad});
-  t.add({"", "CenterCropPad", center_crop_pad});
-  t.add({"", "OneHot", one_hot});
-  t.add({"", "NonZero", non_zero});
-  t.add({"", "Compress", compress});
-  t.add({"", "Unique", unique});
-  t.add({"", "ReverseSequence", reverse_sequence});
-  t.add({"", "Dropout", dropout});
-  t.set_channels({"Pad"}, pad_channels);
-  t.set_channels({"Gather"}, gather_channels);
-  t.set_channels({"Dropout"}, channel_rules::same);
-  t.set_shape_rule({"Gather"}, gather_arith);
-  t.set_shape_operands({"Pad"}, {1, 3});
-  t.set_shape_operands({"CenterCropPad"}, {1});
+  t.add_onnx({
+      {"Constant", constant},
+      {"Gather", gather, gather_channels, gather_arith},
+      {"GatherElements", gather_elements},
+      {"GatherND", gather_nd},
+      {"ScatterElements", scatter_elements_op},
+      {"Scatter", scatter},
+      {"ScatterND", scatter_nd},
+      {"Pad", pad, pad_channels, {}, {1, 3}},
+      {"CenterCropPad", center_crop_pad, {}, {}, {1}},
+      {"OneHot", one_hot},
+      {"NonZero", non_zero},
+      {"Compress", compress},
+      {"Unique", unique},
+      {"ReverseSequence", reverse_sequence},
+      {"Dropout", dropout, channel_rules::same},
+  });
 }
 
 }  // namespace lopper::ops

@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "lopper/error.h"
 
@@ -19,56 +20,34 @@ void assert_fail(const char* cond, const char* file, int line, const std::string
 namespace ir {
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat:
-      return "float32";
-    case DType::kUInt8:
-      return "uint8";
-    case DType::kInt8:
-      return "int8";
-    case DType::kUInt16:
-      return "uint16";
-    case DType::kInt16:
-      return "int16";
-    case DType::kInt32:
-      return "int32";
-    case DType::kInt64:
-      return "int64";
-    case DType::kString:
-      return "string";
-    case DType::kBool:
-      return "bool";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kDouble:
-      return "float64";
-    case DType::kUInt32:
-      return "uint32";
-    case DType::kUInt64:
-      return "uint64";
-    case DType::kComplex64:
-      return "complex64";
-    case DType::kComplex128:
-      return "complex128";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat8E4M3FN:
-      return "float8e4m3fn";
-    case DType::kFloat8E4M3FNUZ:
-      return "float8e4m3fnuz";
-    case DType::kFloat8E5M2:
-      return "float8e5m2";
-    case DType::kFloat8E5M2FNUZ:
-      return "float8e5m2fnuz";
-    case DType::kUInt4:
-      return "uint4";
-    case DType::kInt4:
-      return "int4";
-    case DType::kFloat4E2M1:
-      return "float4e2m1";
-    default:
-      return "undefined";
-  }
+  static constexpr std::pair<DType, const char*> kNames[] = {
+      {DType::kFloat, "float32"},
+      {DType::kUInt8, "uint8"},
+      {DType::kInt8, "int8"},
+      {DType::kUInt16, "uint16"},
+      {DType::kInt16, "int16"},
+      {DType::kInt32, "int32"},
+      {DType::kInt64, "int64"},
+      {DType::kString, "string"},
+      {DType::kBool, "bool"},
+      {DType::kFloat16, "float16"},
+      {DType::kDouble, "float64"},
+      {DType::kUInt32, "uint32"},
+      {DType::kUInt64, "uint64"},
+      {DType::kComplex64, "complex64"},
+      {DType::kComplex128, "complex128"},
+      {DType::kBFloat16, "bfloat16"},
+      {DType::kFloat8E4M3FN, "float8e4m3fn"},
+      {DType::kFloat8E4M3FNUZ, "float8e4m3fnuz"},
+      {DType::kFloat8E5M2, "float8e5m2"},
+      {DType::kFloat8E5M2FNUZ, "float8e5m2fnuz"},
+      {DType::kUInt4, "uint4"},
+      {DType::kInt4, "int4"},
+      {DType::kFloat4E2M1, "float4e2m1"},
+  };
+  for (const auto& [d, name] : kNames)
+    if (d == t) return name;
+  return "undefined";
 }
 
 const Attribute* Node::attr(const std::string& key) const {

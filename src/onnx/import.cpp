@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "lopper/error.h"
 #include "lopper/files.h"
@@ -70,26 +71,21 @@ ir::Attribute convert_attribute(AttributeProto& a, const ExternalDataContext& ct
   out.doc_string = a.doc_string();
   auto type = static_cast<ir::AttrType>(a.type());
   if (type == ir::AttrType::kUndefined) {  // IR version 1 models: infer from the field that is set
-    if (a.has_f())
-      type = ir::AttrType::kFloat;
-    else if (a.has_i())
-      type = ir::AttrType::kInt;
-    else if (a.has_s())
-      type = ir::AttrType::kString;
-    else if (a.has_t())
-      type = ir::AttrType::kTensor;
-    else if (a.has_g())
-      type = ir::AttrType::kGraph;
-    else if (a.floats_size())
-      type = ir::AttrType::kFloats;
-    else if (a.ints_size())
-      type = ir::AttrType::kInts;
-    else if (a.strings_size())
-      type = ir::AttrType::kStrings;
-    else if (a.tensors_size())
-      type = ir::AttrType::kTensors;
-    else if (a.graphs_size())
-      type = ir::AttrType::kGraphs;
+    const std::pair<bool, ir::AttrType> set[] = {{a.has_f(), ir::AttrType::kFloat},
+                                                 {a.has_i(), ir::AttrType::kInt},
+                                                 {a.has_s(), ir::AttrType::kString},
+                                                 {a.has_t(), ir::AttrType::kTensor},
+                                                 {a.has_g(), ir::AttrType::kGraph},
+                                                 {a.floats_size() > 0, ir::AttrType::kFloats},
+                                                 {a.ints_size() > 0, ir::AttrType::kInts},
+                                                 {a.strings_size() > 0, ir::AttrType::kStrings},
+                                                 {a.tensors_size() > 0, ir::AttrType::kTensors},
+                                                 {a.graphs_size() > 0, ir::AttrType::kGraphs}};
+    for (const auto& [is_set, t] : set)
+      if (is_set) {
+        type = t;
+        break;
+      }
   }
   out.type = type;
   std::string what = where + " attribute '" + a.name() + "'";
@@ -180,7 +176,8 @@ namespace {
 // The model's own fields; its graph's initializers take over the parsed bytes (`m` is consumed).
 ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir,
                         const LoadOptions& opts = {},
-                        std::shared_ptr<MappedData>* mapped = nullptr) {
+                        std::shared_ptr<MappedData>* mapped = nullptr,
+                        std::vector<ir::Initializer> extra = {}) {
   LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");
   ExternalDataContext ctx{base_dir};
@@ -200,6 +197,7 @@ ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir,
   for (const auto& f : m.functions()) out.functions.push_back(f.SerializeAsString());
   for (const auto& t : m.training_info()) out.training_info.push_back(t.SerializeAsString());
   out.graph = convert_graph(*m.mutable_graph(), ctx, 0);
+  for (auto& t : extra) out.graph.initializers.push_back(std::move(t));
   out.external_files.assign(external.begin(), external.end());
   if (out.opset_import.empty()) out.opset_import.push_back({"", 1});  // as ONNX specifies
   ir::validate(out);
@@ -235,6 +233,22 @@ ir::Model parse_model(const void* data, size_t size, const std::string& base_dir
   ModelProto m;
   LOPPER_CHECK(m.ParseFromArray(data, static_cast<int>(size)), kCorrupt);
   return convert_model(m, size, base_dir);
+}
+
+ir::Model parse_model(const void* data, size_t size,
+                      const std::vector<std::pair<std::string, at::Tensor>>& initializers) {
+  LOPPER_CHECK(size <= static_cast<size_t>(INT_MAX), kTooBig);
+  std::vector<ir::Initializer> extra;
+  extra.reserve(initializers.size());
+  for (const auto& [name, t] : initializers) {
+    LOPPER_CHECK(t.defined() && !t.requires_grad() && t.layout() == at::kStrided,
+                 "[import] initializer '", name, "' is not a dense tensor without gradient");
+    // NOTE: a copy: the caller's tensors (a module's parameters) are never written through.
+    extra.push_back({name, t.to(at::kCPU).contiguous().clone(), "", false});
+  }
+  ModelProto m;
+  LOPPER_CHECK(m.ParseFromArray(data, static_cast<int>(size)), kCorrupt);
+  return convert_model(m, size, "", {}, nullptr, std::move(extra));
 }
 
 ir::Model load_model(const std::string& path) { return load_model(path, {}, nullptr); }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "lopper/error.h"
@@ -21,95 +22,44 @@ namespace lopper::onnx {
 namespace fs = std::filesystem;
 using ir::DType;
 
+namespace {
+
+// ONNX's element types and ATen's, one to one.
+constexpr std::pair<DType, c10::ScalarType> kScalarTypes[] = {
+    {DType::kFloat, at::kFloat},
+    {DType::kUInt8, at::kByte},
+    {DType::kInt8, at::kChar},
+    {DType::kUInt16, at::kUInt16},
+    {DType::kInt16, at::kShort},
+    {DType::kInt32, at::kInt},
+    {DType::kInt64, at::kLong},
+    {DType::kBool, at::kBool},
+    {DType::kFloat16, at::kHalf},
+    {DType::kDouble, at::kDouble},
+    {DType::kUInt32, at::kUInt32},
+    {DType::kUInt64, at::kUInt64},
+    {DType::kComplex64, at::kComplexFloat},
+    {DType::kComplex128, at::kComplexDouble},
+    {DType::kBFloat16, at::kBFloat16},
+    {DType::kFloat8E4M3FN, at::kFloat8_e4m3fn},
+    {DType::kFloat8E4M3FNUZ, at::kFloat8_e4m3fnuz},
+    {DType::kFloat8E5M2, at::kFloat8_e5m2},
+    {DType::kFloat8E5M2FNUZ, at::kFloat8_e5m2fnuz},
+};
+
+}  // namespace
+
 c10::ScalarType to_scalar_type(DType t) {
-  switch (t) {
-    case DType::kFloat:
-      return at::kFloat;
-    case DType::kUInt8:
-      return at::kByte;
-    case DType::kInt8:
-      return at::kChar;
-    case DType::kUInt16:
-      return at::kUInt16;
-    case DType::kInt16:
-      return at::kShort;
-    case DType::kInt32:
-      return at::kInt;
-    case DType::kInt64:
-      return at::kLong;
-    case DType::kBool:
-      return at::kBool;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kDouble:
-      return at::kDouble;
-    case DType::kUInt32:
-      return at::kUInt32;
-    case DType::kUInt64:
-      return at::kUInt64;
-    case DType::kComplex64:
-      return at::kComplexFloat;
-    case DType::kComplex128:
-      return at::kComplexDouble;
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kFloat8E4M3FN:
-      return at::kFloat8_e4m3fn;
-    case DType::kFloat8E4M3FNUZ:
-      return at::kFloat8_e4m3fnuz;
-    case DType::kFloat8E5M2:
-      return at::kFloat8_e5m2;
-    case DType::kFloat8E5M2FNUZ:
-      return at::kFloat8_e5m2fnuz;
-    default:
-      throw Error(detail::concat("[onnx] tensors of type ", ir::dtype_name(t), " (",
-                                 static_cast<int>(t), ") are not supported"));
-  }
+  for (const auto& [d, s] : kScalarTypes)
+    if (d == t) return s;
+  throw Error(detail::concat("[onnx] tensors of type ", ir::dtype_name(t), " (",
+                             static_cast<int>(t), ") are not supported"));
 }
 
 DType to_dtype(c10::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat;
-    case at::kByte:
-      return DType::kUInt8;
-    case at::kChar:
-      return DType::kInt8;
-    case at::kUInt16:
-      return DType::kUInt16;
-    case at::kShort:
-      return DType::kInt16;
-    case at::kInt:
-      return DType::kInt32;
-    case at::kLong:
-      return DType::kInt64;
-    case at::kBool:
-      return DType::kBool;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kDouble:
-      return DType::kDouble;
-    case at::kUInt32:
-      return DType::kUInt32;
-    case at::kUInt64:
-      return DType::kUInt64;
-    case at::kComplexFloat:
-      return DType::kComplex64;
-    case at::kComplexDouble:
-      return DType::kComplex128;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kFloat8_e4m3fn:
-      return DType::kFloat8E4M3FN;
-    case at::kFloat8_e4m3fnuz:
-      return DType::kFloat8E4M3FNUZ;
-    case at::kFloat8_e5m2:
-      return DType::kFloat8E5M2;
-    case at::kFloat8_e5m2fnuz:
-      return DType::kFloat8E5M2FNUZ;
-    default:
-      throw Error(detail::concat("[onnx] ATen type ", c10::toString(t), " has no ONNX type"));
-  }
+  for (const auto& [d, s] : kScalarTypes)
+    if (s == t) return d;
+  throw Error(detail::concat("[onnx] ATen type ", c10::toString(t), " has no ONNX type"));
 }
 
 namespace {
@@ -333,67 +283,59 @@ at::Tensor tensor_from_proto(const lopper_onnx::TensorProto& p, const ExternalDa
     return t;
   }
   at::Tensor t;
-  auto expect = [&](int64_t have, int64_t want) {
-    LOPPER_CHECK(have == want, "[import] ", what, ": has ", have, " values, but its shape needs ",
-                 want);
+  // The typed field's values (a complex element: two, its real and imaginary parts), checked
+  // against the shape, then copied in as `Dst`s.
+  const int64_t per = dt == DType::kComplex64 || dt == DType::kComplex128 ? 2 : 1;
+  auto fill = [&]<typename Dst, typename Src>(const google::protobuf::RepeatedField<Src>& field,
+                                              Dst) {
+    LOPPER_CHECK(field.size() == per * numel, "[import] ", what, ": has ", field.size(),
+                 " values, but its shape needs ", per * numel);
     t = allocate();
+    copy_typed<Src, Dst>(field, t);
+  };
+  // An integer field's values as the element's bits: the low 8, 16, 32 or 64 of each (float16
+  // and bfloat16 travel as their bit patterns in int32_data).
+  auto fill_bits = [&](const auto& field) {
+    switch (elem) {
+      case 1:
+        return fill(field, uint8_t{});
+      case 2:
+        return fill(field, uint16_t{});
+      case 4:
+        return fill(field, uint32_t{});
+      default:
+        return fill(field, uint64_t{});
+    }
   };
   switch (dt) {
     case DType::kFloat:
-      expect(p.float_data_size(), numel);
-      copy_typed<float, float>(p.float_data(), t);
-      break;
     case DType::kComplex64:
-      expect(p.float_data_size(), 2 * numel);
-      copy_typed<float, float>(p.float_data(), t);
+      fill(p.float_data(), float{});
       break;
     case DType::kDouble:
-      expect(p.double_data_size(), numel);
-      copy_typed<double, double>(p.double_data(), t);
-      break;
     case DType::kComplex128:
-      expect(p.double_data_size(), 2 * numel);
-      copy_typed<double, double>(p.double_data(), t);
+      fill(p.double_data(), double{});
       break;
     case DType::kInt64:
-      expect(p.int64_data_size(), numel);
-      copy_typed<int64_t, int64_t>(p.int64_data(), t);
+      fill(p.int64_data(), int64_t{});
       break;
     case DType::kUInt32:
-      expect(p.uint64_data_size(), numel);
-      copy_typed<uint64_t, uint32_t>(p.uint64_data(), t);
-      break;
     case DType::kUInt64:
-      expect(p.uint64_data_size(), numel);
-      copy_typed<uint64_t, uint64_t>(p.uint64_data(), t);
+      fill_bits(p.uint64_data());
       break;
     case DType::kInt32:
-      expect(p.int32_data_size(), numel);
-      copy_typed<int32_t, int32_t>(p.int32_data(), t);
-      break;
     case DType::kInt16:
-      expect(p.int32_data_size(), numel);
-      copy_typed<int32_t, int16_t>(p.int32_data(), t);
-      break;
     case DType::kUInt16:
     case DType::kFloat16:
     case DType::kBFloat16:
-      // float16/bfloat16 travel as their bit patterns in int32_data.
-      expect(p.int32_data_size(), numel);
-      copy_typed<int32_t, uint16_t>(p.int32_data(), t);
-      break;
     case DType::kInt8:
-      expect(p.int32_data_size(), numel);
-      copy_typed<int32_t, int8_t>(p.int32_data(), t);
-      break;
     case DType::kUInt8:
     case DType::kBool:
     case DType::kFloat8E4M3FN:
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E5M2:
     case DType::kFloat8E5M2FNUZ:
-      expect(p.int32_data_size(), numel);
-      copy_typed<int32_t, uint8_t>(p.int32_data(), t);
+      fill_bits(p.int32_data());
       break;
     default:
       throw Error(detail::concat("[import] ", what, ": unsupported tensor type"));

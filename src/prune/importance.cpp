@@ -190,6 +190,22 @@ const Criterion& find(const std::string& name, Use use) {
               "method '" + name + "' (methods: " + names(use) + ")");
 }
 
+CriterionInfo info(const Criterion& c) {
+  CriterionInfo i;
+  i.name = c.name;
+  i.needs_data = c.needs_data();
+  if (i.needs_data) i.data_needed = data_needed(c);
+  i.summary = c.summary;
+  return i;
+}
+
+std::vector<CriterionInfo> infos(Use use, CriterionInfo (*info_of)(const std::string& name)) {
+  std::vector<CriterionInfo> out;
+  for (const auto& c : criteria())
+    if (used_for(c, use)) out.push_back(info_of(c.name));
+  return out;
+}
+
 std::string data_needed(const Criterion& c) {
   return c.needs == Needs::kActivations ? "by the layers' inputs" : "by their gradients";
 }

@@ -12,8 +12,9 @@
 
 namespace lopper {
 
-struct Saliency;    // lopper/prune.h
-struct LayerInput;  // prune/layer_inputs.h
+struct Saliency;       // lopper/prune.h
+struct CriterionInfo;  // lopper/prune.h
+struct LayerInput;     // prune/layer_inputs.h
 
 namespace importance {
 
@@ -112,6 +113,10 @@ const Criterion& find(const std::string& name, Use use);
 std::string names(Use use, bool (*keep)(const Criterion&) = nullptr, const char* last = ", ");
 /// "by their gradients" / "by the layers' inputs": what a data-driven criterion ranks by.
 std::string data_needed(const Criterion& c);
+/// What callers are told of `c` whatever it ranks: its name, its summary and the data it needs.
+CriterionInfo info(const Criterion& c);
+/// `info_of` each criterion of `use` (by its name), in the table's order.
+std::vector<CriterionInfo> infos(Use use, CriterionInfo (*info_of)(const std::string& name));
 
 /// The scores of one weight under `c` (kScores, kMagnitude as |w|). Throws lopper::Error when a
 /// gradient criterion has no saliency for it, or one of the wrong shape.

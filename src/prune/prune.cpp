@@ -86,21 +86,14 @@ const Criterion& criterion_of(const PruneLayerOptions& o) {
 
 CriterionInfo weight_criterion_info(const std::string& name) {
   const Criterion& c = importance::find(name, importance::Use::kWeights);
-  CriterionInfo i;
-  i.name = c.name;
+  CriterionInfo i = importance::info(c);
   i.takes_threshold = c.weights == WeightRank::kThreshold;
-  i.needs_data = c.needs_data();
   i.reads_inputs = c.needs == importance::Needs::kActivations;
-  if (i.needs_data) i.data_needed = importance::data_needed(c);
-  i.summary = c.summary;
   return i;
 }
 
 std::vector<CriterionInfo> weight_criteria() {
-  std::vector<CriterionInfo> out;
-  for (const auto& c : importance::criteria())
-    if (c.ranks_weights()) out.push_back(weight_criterion_info(c.name));
-  return out;
+  return importance::infos(importance::Use::kWeights, weight_criterion_info);
 }
 
 std::string criterion_names(const std::vector<CriterionInfo>& criteria, const char* last,

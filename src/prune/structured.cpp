@@ -344,20 +344,11 @@ GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions
 }
 
 CriterionInfo channel_criterion_info(const std::string& name) {
-  const importance::Criterion& c = importance::find(name, importance::Use::kChannels);
-  CriterionInfo i;
-  i.name = c.name;
-  i.needs_data = c.needs_data();
-  if (i.needs_data) i.data_needed = importance::data_needed(c);
-  i.summary = c.summary;
-  return i;
+  return importance::info(importance::find(name, importance::Use::kChannels));
 }
 
 std::vector<CriterionInfo> channel_criteria() {
-  std::vector<CriterionInfo> out;
-  for (const auto& c : importance::criteria())
-    if (c.ranks_channels()) out.push_back(channel_criterion_info(c.name));
-  return out;
+  return importance::infos(importance::Use::kChannels, channel_criterion_info);
 }
 
 void check_structured_options(const StructuredOptions& opts) {

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <regex>
 #include <thread>
@@ -199,6 +200,13 @@ struct Distributed::Impl {
   // Defined tensors grouped by (device, dtype), in first-seen order (the same on every rank).
   std::vector<std::vector<size_t>> buckets(const std::vector<at::Tensor>& ts) const;
   void allreduce(std::vector<at::Tensor>& ts, bool mean, const char* what);
+  // The collective `what` over ts's buckets: each bucket flattened (flat_of; its values copied
+  // when `fill`) and started by `start`, all before any is waited for, so the backend can overlap
+  // them; then each waited for and handed to `finish` with its flat buffer.
+  void bucketed(
+      std::vector<at::Tensor>& ts, bool fill, const char* what,
+      const std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>& start,
+      const std::function<void(const std::vector<size_t>&, at::Tensor&)>& finish);
 };
 
 void Distributed::Impl::rendezvous() {
@@ -377,6 +385,28 @@ void unflatten(std::vector<at::Tensor>& ts, const std::vector<size_t>& bucket,
 
 }  // namespace
 
+void Distributed::Impl::bucketed(
+    std::vector<at::Tensor>& ts, bool fill, const char* what,
+    const std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>& start,
+    const std::function<void(const std::vector<size_t>&, at::Tensor&)>& finish) {
+  std::vector<std::vector<size_t>> bs = buckets(ts);
+  std::vector<at::Tensor> flats;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const auto& b : bs) {
+    flats.push_back(flat_of(ts, b, fill));
+    std::vector<at::Tensor> one{flats.back()};
+    try {
+      works.push_back(start(one));
+    } catch (const std::exception& e) {
+      fail(what, e);
+    }
+  }
+  for (size_t k = 0; k < bs.size(); ++k) {
+    wait(what, works[k]);
+    finish(bs[k], flats[k]);
+  }
+}
+
 void Distributed::Impl::allreduce(std::vector<at::Tensor>& ts, bool mean, const char* what) {
   check_usable(what);
   check_tensors(ts, what);
@@ -388,26 +418,17 @@ void Distributed::Impl::allreduce(std::vector<at::Tensor>& ts, bool mean, const 
   }
   if (o.world == 1) return;
   c10::NoGradGuard no_grad;
-  std::vector<std::vector<size_t>> bs = buckets(ts);
-  std::vector<at::Tensor> flats;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  // All buckets are sent before any is waited for, so the backend can overlap them.
-  for (const auto& b : bs) {
-    flats.push_back(flat_of(ts, b, true));
-    std::vector<at::Tensor> one{flats.back()};
-    c10d::AllreduceOptions ao;
-    ao.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: sum, then divide
-    try {
-      works.push_back(backend->allreduce(one, ao));
-    } catch (const std::exception& e) {
-      fail(what, e);
-    }
-  }
-  for (size_t k = 0; k < bs.size(); ++k) {
-    wait(what, works[k]);
-    if (mean) flats[k].div_(o.world);
-    unflatten(ts, bs[k], flats[k]);
-  }
+  bucketed(
+      ts, true, what,
+      [&](std::vector<at::Tensor>& one) {
+        c10d::AllreduceOptions ao;
+        ao.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: sum, then divide
+        return backend->allreduce(one, ao);
+      },
+      [&](const std::vector<size_t>& bucket, at::Tensor& flat) {
+        if (mean) flat.div_(o.world);
+        unflatten(ts, bucket, flat);
+      });
 }
 
 Distributed::Distributed(const DistOptions& o) : impl_(std::make_unique<Impl>()) {
@@ -464,24 +485,16 @@ void Distributed::broadcast(std::vector<at::Tensor>& tensors, int root) {
   if (d.o.world == 1) return;
   c10::NoGradGuard no_grad;
   const bool sender = d.o.rank == root;
-  std::vector<std::vector<size_t>> bs = d.buckets(tensors);
-  std::vector<at::Tensor> flats;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (const auto& b : bs) {
-    flats.push_back(flat_of(tensors, b, sender));
-    std::vector<at::Tensor> one{flats.back()};
-    c10d::BroadcastOptions bo;
-    bo.rootRank = root;
-    try {
-      works.push_back(d.backend->broadcast(one, bo));
-    } catch (const std::exception& e) {
-      d.fail("broadcast", e);
-    }
-  }
-  for (size_t k = 0; k < bs.size(); ++k) {
-    d.wait("broadcast", works[k]);
-    if (!sender) unflatten(tensors, bs[k], flats[k]);
-  }
+  d.bucketed(
+      tensors, sender, "broadcast",
+      [&](std::vector<at::Tensor>& one) {
+        c10d::BroadcastOptions bo;
+        bo.rootRank = root;
+        return d.backend->broadcast(one, bo);
+      },
+      [&](const std::vector<size_t>& bucket, at::Tensor& flat) {
+        if (!sender) unflatten(tensors, bucket, flat);
+      });
 }
 
 void Distributed::barrier() {

@@ -61,9 +61,7 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
 at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   const int64_t c = expand_ ? expand_->c : dw_.c, m = dw_.c;
-  LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c && x_in.scalar_type() == at::kFloat,
-               "[kernels] the convolution chain wants float32 [n, ", c, ", h, w], got ",
-               x_in.scalar_type(), " ", x_in.sizes());
+  check_conv_input(x_in, c, "the convolution chain");
   const at::Tensor x = channels_last_layout(x_in);
   const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
   // The depthwise convolution's shape (its input: the expanded map, m channels a pixel).

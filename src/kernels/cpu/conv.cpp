@@ -76,6 +76,11 @@ int64_t pixel_stride(const at::Tensor& x) {
   return s;
 }
 
+void check_conv_input(const at::Tensor& x, int64_t c, const char* what) {
+  LOPPER_CHECK(x.dim() == 4 && x.size(1) == c && x.scalar_type() == at::kFloat, "[kernels] ", what,
+               " wants float32 [n, ", c, ", h, w], got ", x.scalar_type(), " ", x.sizes());
+}
+
 bool pixel_rows_of_one_map(const std::vector<at::Tensor>& xs) {
   for (const auto& x : xs)
     if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
@@ -196,9 +201,7 @@ bool DirectConv::gathers() const {
 at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, Activation act,
                            bool in_place) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.scalar_type() == at::kFloat,
-               "[kernels] the direct convolution wants float32 [n, ", c_, ", h, w], got ",
-               x_in.scalar_type(), " ", x_in.sizes());
+  check_conv_input(x_in, c_, "the direct convolution");
   // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels
   // ldx floats apart; so is an NCHW input of a few channels (a network's first layer, read from
   // its planes); anything else is made channels-last.

@@ -36,6 +36,9 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* sc
 /// The distance between the adjacent pixels of x [n, c, h, w] when its pixels are evenly spaced in
 /// (n, h, w) order and its channels adjacent (channels-last, or a channel slice of it); 0 when not.
 int64_t pixel_stride(const at::Tensor& x);
+/// Throws lopper::Error "[kernels] WHAT wants float32 [n, C, h, w], got ..." unless x is that:
+/// the input of the convolution kernel `what` ("the direct convolution") of `c` channels.
+void check_conv_input(const at::Tensor& x, int64_t c, const char* what);
 /// Whether xs are float32 CPU [n, c_i, h, w] tensors of one n, h, w whose channels are adjacent
 /// and whose pixels are evenly spaced: channels-last, or a channel slice of such a tensor (what
 /// Slice and Split of a channels-last activation give), read in place by concat_shuffle_nhwc.

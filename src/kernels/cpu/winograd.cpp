@@ -80,9 +80,7 @@ WinogradConv::WinogradConv(const at::Tensor& w_in, const at::Tensor& bias, int64
 at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                              Activation act) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.scalar_type() == at::kFloat,
-               "[kernels] the Winograd convolution wants float32 [n, ", c_, ", h, w], got ",
-               x_in.scalar_type(), " ", x_in.sizes());
+  check_conv_input(x_in, c_, "the Winograd convolution");
   int64_t ldx = pixel_stride(x_in);
   const at::Tensor x = ldx > 0 ? x_in : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;

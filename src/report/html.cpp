@@ -165,15 +165,9 @@ void HtmlReport::add_target(const nlohmann::json& target,
 
 void HtmlReport::add_training(const TrainResult& r, const std::vector<ReportStep>& steps,
                               const std::string& eval_split, double eval_top1) {
-  nlohmann::json jt = {{"epochs", nlohmann::json::array()}, {"steps", nlohmann::json::array()}};
-  for (const auto& e : r.epochs)
-    jt["epochs"].push_back({{"epoch", e.epoch},
-                            {"loss", e.loss},
-                            {"accuracy", e.accuracy},
-                            {"lr", e.lr},
-                            {"sparsity", e.sparsity},
-                            {"samples_per_s", e.samples_per_s},
-                            {"seconds", e.seconds}});
+  // The epochs as the JSON report has them, without the fp16 steps skipped.
+  nlohmann::json jt = {{"epochs", to_json(r)["epochs"]}, {"steps", nlohmann::json::array()}};
+  for (auto& e : jt["epochs"]) e.erase("skipped_steps");
   for (const auto& s : steps)
     jt["steps"].push_back(
         {{"epoch", s.epoch}, {"loss", s.loss}, {"accuracy", s.accuracy}, {"lr", s.lr}});

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "cli_refusals.h"
 #include "lopper/onnx_io.h"
 #include "test_util.h"
 
@@ -19,23 +20,10 @@ using namespace lopper::test;
 
 namespace {
 
-struct BadCase {
-  std::string args;
-  int code;
-  std::string needle;
-};
-
 // Each case: one line naming the problem, its exit code, and neither the model nor its report.
-template <size_t N>
-void expect_refused(const std::string& in, const std::string& out, const BadCase (&cases)[N]) {
-  for (const auto& c : cases) {
-    auto r = lopper_cli("prune " + in + " -o " + out + " " + c.args);
-    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << c.args << ": " << r.err;
-    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
-    EXPECT_FALSE(fs::exists(out)) << c.args;
-    EXPECT_FALSE(fs::exists(out + ".report.json")) << c.args;
-  }
+void expect_refused(const std::string& in, const std::string& out,
+                    const std::vector<BadCase>& cases) {
+  test::expect_refused("prune " + in + " -o " + out, cases, {out, out + ".report.json"});
 }
 
 }  // namespace
@@ -109,7 +97,7 @@ TEST(PruneCli, TiedEmbeddingIsLeftAloneUnlessAllowed) {
   EXPECT_EQ(r.err.find("tied"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("\n/m/lm_head/MatMul "), std::string::npos) << r.out;
 
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"--structured channel --amount 0.3 --allow-tied", 2, "--allow-tied"},
       {"--recipe " + example("recipe.yaml") + " --allow-tied", 2, "drop --allow-tied"},
   };
@@ -140,7 +128,7 @@ TEST(PruneCli, ExcludeMatchesTheParameterName) {
 TEST(PruneCli, BadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"--method l1 --amount 1.5", 2, "amount must be in [0, 1]"},
       {"--method l1 --amount -0.2", 2, "amount"},
       {"--method l1 --amount 1000000", 1, "more than"},
@@ -246,7 +234,7 @@ TEST(PruneCli, BadRecipesAreOneLineAndNoOutput) {
     std::ofstream(tmp / name) << text;
     return tmp / name;
   };
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"--recipe " + write("a.yaml", "rules: [\n  {match: a\n"), 1, "a.yaml:"},
       {"--recipe " + write("b.yaml", "defaults: {method: l1, amount: 0.5, speed: 2}\n"), 1,
        "defaults.speed: unknown key"},
@@ -301,7 +289,7 @@ TEST(PruneCli, GradAndTaylorCalibrateOnFashionMnist) {
 TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("small_cnn.ts.onnx"), out = tmp / "p.onnx";
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"--structured filter --amount 0.5", 2, "channel or head, right after it (got 'filter')"},
       {"--structured channel", 2, "needs --amount"},
       {"--structured channel --amount 1.5", 2, "amount must be in [0, 1]"},
@@ -396,7 +384,7 @@ TEST(PruneCli, StructuredTaylorUsesData) {
 TEST(PruneCli, BlockBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("mlp.ts.onnx"), out = tmp / "p.onnx";
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"--method l1 --amount 0.5 --pattern block:0x4", 2, "bad pattern 'block:0x4'"},
       {"--method l1 --amount 0.5 --pattern block:4", 2, "bad pattern 'block:4'"},
       {"--method l1 --amount 0.5 --pattern block:4x", 2, "bad pattern 'block:4x'"},

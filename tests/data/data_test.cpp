@@ -39,6 +39,16 @@ bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// is_data_error(msg), and msg has each of `parts`.
+::testing::AssertionResult is_data_error_with(const std::string& msg,
+                                              std::initializer_list<std::string> parts) {
+  if (auto r = is_data_error(msg); !r) return r;
+  for (const std::string& part : parts)
+    if (!has(msg, part))
+      return ::testing::AssertionFailure() << "no '" << part << "' in '" << msg << "'";
+  return ::testing::AssertionSuccess();
+}
+
 void write_bytes(const std::string& path, const std::string& bytes) {
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
@@ -221,10 +231,8 @@ TEST(DataIdx, PlainAndGzipReadTheSame) {
   EXPECT_EQ(test->size(), 2);
   EXPECT_EQ(test->num_classes(), 8);
   // The plain folder has no test split.
-  std::string e = error_of([&] { open_dataset("idx:" + (dir / "plain"), "test"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "t10k-images-idx3-ubyte")) << e;
-  EXPECT_TRUE(has(e, "no such file or directory")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("idx:" + (dir / "plain"), "test"); }),
+                                 {"t10k-images-idx3-ubyte", "no such file or directory"}));
 }
 
 TEST(DataIdx, CorruptFilesAreOneLineErrorsNamingTheFile) {
@@ -246,24 +254,17 @@ TEST(DataIdx, CorruptFilesAreOneLineErrorsNamingTheFile) {
   ASSERT_EQ(error_with(images, labels, false), "");  // the intact pair opens
   ASSERT_EQ(error_with(images, labels, true), "");
 
-  std::string e = error_with(images.substr(0, images.size() - 3), labels, false);
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "train-images-idx3-ubyte' is truncated")) << e;
-  EXPECT_TRUE(has(e, "4x2x2")) << e;
-  e = error_with(images, labels + "x", true);
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "train-labels-idx1-ubyte.gz' has trailing bytes")) << e;
-  e = error_with(images.substr(0, 10), labels, false);
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "too short")) << e;
-  e = error_with(labels, labels, false);  // a label file where the images should be
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "train-images-idx3-ubyte' is not an IDX image file")) << e;
-  EXPECT_TRUE(has(e, "0x00000801")) << e;
-  e = error_with(images, idx_labels({0, 1, 2}), false);
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "has 4 images, but")) << e;
-  EXPECT_TRUE(has(e, "has 3 labels")) << e;
+  EXPECT_TRUE(is_data_error_with(error_with(images.substr(0, images.size() - 3), labels, false),
+                                 {"train-images-idx3-ubyte' is truncated", "4x2x2"}));
+  EXPECT_TRUE(is_data_error_with(error_with(images, labels + "x", true),
+                                 {"train-labels-idx1-ubyte.gz' has trailing bytes"}));
+  EXPECT_TRUE(is_data_error_with(error_with(images.substr(0, 10), labels, false), {"too short"}));
+  // A label file where the images should be:
+  EXPECT_TRUE(
+      is_data_error_with(error_with(labels, labels, false),
+                         {"train-images-idx3-ubyte' is not an IDX image file", "0x00000801"}));
+  EXPECT_TRUE(is_data_error_with(error_with(images, idx_labels({0, 1, 2}), false),
+                                 {"has 4 images, but", "has 3 labels"}));
 
   // A gzip file cut short: zlib's stream ends early.
   write_gz(dir / "whole.gz", images);
@@ -271,9 +272,8 @@ TEST(DataIdx, CorruptFilesAreOneLineErrorsNamingTheFile) {
   remove_tree(dir / "d", ec);
   write_bytes(dir / "d/train-images-idx3-ubyte.gz", gz.substr(0, gz.size() / 2));
   write_bytes(dir / "d/train-labels-idx1-ubyte", labels);
-  e = error_of([&] { open_dataset("idx:" + (dir / "d")); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "train-images-idx3-ubyte.gz")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("idx:" + (dir / "d")); }),
+                                 {"train-images-idx3-ubyte.gz"}));
 }
 
 // --- CIFAR-10 ------------------------------------------------------------------------------------
@@ -314,17 +314,16 @@ TEST(DataCifar, ReadsBinaryBatches) {
   EXPECT_EQ(test->num_classes(), 10);
 
   write_bytes(bin + "/test_batch.bin", cifar_batch({7, 8}) + "x");
-  std::string e = error_of([&] { open_dataset("cifar10:" + bin, "test"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "test_batch.bin' has 6147 bytes, not a whole number of 3073-byte")) << e;
+  EXPECT_TRUE(
+      is_data_error_with(error_of([&] { open_dataset("cifar10:" + bin, "test"); }),
+                         {"test_batch.bin' has 6147 bytes, not a whole number of 3073-byte"}));
   write_bytes(bin + "/test_batch.bin", cifar_batch({7, 10}));
-  e = error_of([&] { open_dataset("cifar10:" + bin, "test"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "record 1 has label 10")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("cifar10:" + bin, "test"); }),
+                                 {"record 1 has label 10"}));
   fs::remove(bin + "/data_batch_3.bin");
-  e = error_of([&] { open_dataset("cifar10:" + dir.path.string(), "train"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "data_batch_3.bin': no such file or directory")) << e;
+  EXPECT_TRUE(
+      is_data_error_with(error_of([&] { open_dataset("cifar10:" + dir.path.string(), "train"); }),
+                         {"data_batch_3.bin': no such file or directory"}));
 }
 
 // --- Image folders -------------------------------------------------------------------------------
@@ -442,9 +441,7 @@ TEST(DataFolder, DecodesJpegWithinTolerance) {
   // warn and pad the image with gray).
   std::string bytes = test::slurp(dir / "j/a/red.jpg");
   write_bytes(dir / "j/a/red.jpg", bytes.substr(0, bytes.size() / 3));
-  std::string e = error_of([&] { d->get({0}, x, y); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "red.jpg': bad JPEG")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { d->get({0}, x, y); }), {"red.jpg': bad JPEG"}));
   at::Tensor noise = at::randint(0, 256, {64 * 64 * 3}, at::kByte);
   write_jpeg(
       dir / "n/a/noise.jpg", 64, 64, 3,
@@ -452,9 +449,8 @@ TEST(DataFolder, DecodesJpegWithinTolerance) {
   auto n = open_dataset("folder:" + (dir / "n"));
   bytes = test::slurp(dir / "n/a/noise.jpg");
   write_bytes(dir / "n/a/noise.jpg", bytes.substr(0, bytes.size() * 2 / 3));
-  e = error_of([&] { n->get({0}, x, y); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "noise.jpg': bad JPEG: the file is truncated")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { n->get({0}, x, y); }),
+                                 {"noise.jpg': bad JPEG: the file is truncated"}));
 }
 
 TEST(DataFolder, SizesMustAgreeUnlessResized) {
@@ -464,10 +460,8 @@ TEST(DataFolder, SizesMustAgreeUnlessResized) {
   auto d = open_dataset("folder:" + (dir / "f"));
   EXPECT_EQ(d->sample_shape(), (std::vector<int64_t>{3, 4, 5}));
   at::Tensor x, y;
-  std::string e = error_of([&] { d->get({0, 1}, x, y); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "large.png' is 6x7, but")) << e;
-  EXPECT_TRUE(has(e, "small.png' is 4x5")) << e;
+  const std::string e = error_of([&] { d->get({0, 1}, x, y); });
+  EXPECT_TRUE(is_data_error_with(e, {"large.png' is 6x7, but", "small.png' is 4x5"}));
 
   LoaderOptions o;
   o.shuffle = false;
@@ -485,28 +479,25 @@ TEST(DataFolder, SizesMustAgreeUnlessResized) {
 TEST(DataFolder, BadFoldersAreOneLineErrors) {
   TempDir dir;
   fs::create_directories(dir.path / "empty");
-  std::string e = error_of([&] { open_dataset("folder:" + (dir / "empty")); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "has no class subfolders")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("folder:" + (dir / "empty")); }),
+                                 {"has no class subfolders"}));
 
   write_bytes(dir / "noimg/a/readme.txt", "x");
-  e = error_of([&] { open_dataset("folder:" + (dir / "noimg")); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "holds no .png/.jpg/.jpeg images")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("folder:" + (dir / "noimg")); }),
+                                 {"holds no .png/.jpg/.jpeg images"}));
 
   // A split folder without the split asked for.
   write_png(dir / "split/train/a/x.png", 1, 1, PNG_FORMAT_GRAY, std::vector<uint8_t>{1}.data());
-  e = error_of([&] { open_dataset("folder:" + (dir / "split"), "test"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "split/test': no such file or directory")) << e;
+  EXPECT_TRUE(
+      is_data_error_with(error_of([&] { open_dataset("folder:" + (dir / "split"), "test"); }),
+                         {"split/test': no such file or directory"}));
 
   // The first image decides the sample shape, so it must decode when the folder opens.
   write_bytes(dir / "bad/a/x.png", "\x89PNG\r\n\x1a\n garbage");
-  e = error_of([&] { open_dataset("folder:" + (dir / "bad")); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "x.png': bad PNG")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("folder:" + (dir / "bad")); }),
+                                 {"x.png': bad PNG"}));
   write_bytes(dir / "bad/a/x.png", "GIF89a");
-  e = error_of([&] { open_dataset("folder:" + (dir / "bad")); });
+  std::string e = error_of([&] { open_dataset("folder:" + (dir / "bad")); });
   EXPECT_TRUE(has(e, "x.png': not a PNG or JPEG image")) << e;
 }
 
@@ -556,9 +547,8 @@ TEST(DataNpy, SamplesAndLabels) {
   EXPECT_TRUE(has(error_for(dir / "nope.npy", dir / "y.npy"), "nope.npy': no such file"));
   write_bytes(dir / "junk.npy", "junk");
   EXPECT_TRUE(has(error_for(dir / "u8.npy", dir / "junk.npy"), "junk.npy' is not a .npy file"));
-  std::string e = error_of([&] { open_dataset("npy:" + (dir / "u8.npy")); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "expected npy:X.npy,Y.npy")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { open_dataset("npy:" + (dir / "u8.npy")); }),
+                                 {"expected npy:X.npy,Y.npy"}));
 }
 
 // --- Specs ---------------------------------------------------------------------------------------
@@ -573,18 +563,16 @@ TEST(DataSpec, BadSpecsAreOneLineErrors) {
       << e;
   e = error_of([] { open_dataset("tfrecord:/data"); });
   EXPECT_TRUE(has(e, "unknown dataset 'tfrecord:/data'")) << e;
-  e = error_of([] { open_dataset("cifar10:"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "expected cifar10:DIR")) << e;
+  EXPECT_TRUE(
+      is_data_error_with(error_of([] { open_dataset("cifar10:"); }), {"expected cifar10:DIR"}));
   for (const char* kind : {"idx", "cifar10", "folder"}) {
     e = error_of([&] { open_dataset(std::string(kind) + ":/no/such/dir"); });
     EXPECT_TRUE(is_data_error(e));
     EXPECT_EQ(e, std::string("[data] ") + kind +
                      ":/no/such/dir: '/no/such/dir': no such file or directory");
   }
-  e = error_of([] { open_dataset("fashion-mnist", "val"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "split must be 'train' or 'test', got 'val'")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([] { open_dataset("fashion-mnist", "val"); }),
+                                 {"split must be 'train' or 'test', got 'val'"}));
 }
 
 // --- Loader --------------------------------------------------------------------------------------
@@ -672,9 +660,7 @@ TEST(DataLoader, GivenBatchesThatCannotBeBatchesAreOneLineErrors) {
   Batch floats;
   floats.x = at::zeros({2, 3});
   floats.y = at::zeros({2});
-  const std::string e = err({floats});
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "labels must be integers [2]")) << e;
+  EXPECT_TRUE(is_data_error_with(err({floats}), {"labels must be integers [2]"}));
   Batch short_labels;
   short_labels.x = at::zeros({2, 3});
   short_labels.y = at::zeros({3}, at::kLong);
@@ -708,11 +694,10 @@ TEST(DataLoader, RanksPartitionTheEpoch) {
     EXPECT_EQ(int64_t(seen.size()), 101 / world * world);
   }
   o.rank = 2, o.world = 2;
-  std::string e = error_of([&] { DataLoader bad(d, o); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "rank must be in [0, world), got rank 2 of world 2")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { DataLoader bad(d, o); }),
+                                 {"rank must be in [0, world), got rank 2 of world 2"}));
   o.rank = 0, o.world = 200;
-  e = error_of([&] { DataLoader bad(d, o); });
+  std::string e = error_of([&] { DataLoader bad(d, o); });
   EXPECT_TRUE(has(e, "101 samples cannot be shared by 200 ranks")) << e;
 }
 
@@ -761,9 +746,8 @@ TEST(DataLoader, NormalizesPerChannel) {
 
   o.mean = {0.1, 0.2};
   o.std = {1};
-  std::string e = error_of([&] { DataLoader bad(d, o); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "normalize has 2 means, but the samples have 3 channels")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { DataLoader bad(d, o); }),
+                                 {"normalize has 2 means, but the samples have 3 channels"}));
 }
 
 TEST(DataLoader, ResizesLikeTorchvision) {
@@ -833,9 +817,7 @@ TEST(DataLoader, BackgroundErrorsReachNextNamingTheFile) {
   DataLoader loader(open_dataset("folder:" + (dir / "f")), o);
   Batch b;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next(b)) << i;  // the batches before it
-  std::string e = error_of([&] { loader.next(b); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "f/b/bad.png': bad PNG")) << e;
+  EXPECT_TRUE(is_data_error_with(error_of([&] { loader.next(b); }), {"f/b/bad.png': bad PNG"}));
   EXPECT_FALSE(loader.next(b));
 }
 
@@ -892,11 +874,10 @@ TEST(DataFit, FashionMnistFitsAnMlpAndACnn) {
             "[data] input 'pixel_values' takes [?, 3, 32, 32] (3072 values per sample), but the "
             "samples are [1, 28, 28] (784 values)");
   e = error_of([&] { fit_to_input(x, {-1, 3, -1, -1}, "img"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "input 'img' takes [?, 3, ?, ?], but the samples are [1, 28, 28]")) << e;
+  EXPECT_TRUE(
+      is_data_error_with(e, {"input 'img' takes [?, 3, ?, ?], but the samples are [1, 28, 28]"}));
   e = error_of([&] { fit_to_input(x, {1, 784}, "input"); });
-  EXPECT_TRUE(is_data_error(e));
-  EXPECT_TRUE(has(e, "has a fixed batch size of 1, but the batch has 4 samples")) << e;
+  EXPECT_TRUE(is_data_error_with(e, {"has a fixed batch size of 1, but the batch has 4 samples"}));
 }
 
 }  // namespace

@@ -30,6 +30,13 @@ ir::Model mlp() {
   return m;
 }
 
+// mlp() and one more node: a Relu `name` from `in` to `out`.
+ir::Model mlp_and_relu(const std::string& in, const std::string& out, const std::string& name) {
+  ir::Model m = mlp();
+  m.graph.nodes.push_back(node("Relu", {in}, {out}, name));
+  return m;
+}
+
 // What importing `m` says ("" when it loads).
 std::string import_error(const ir::Model& m) {
   std::string bytes = onnx::serialize_model(m);
@@ -116,8 +123,7 @@ TEST(Validate, InitializerThatIsAlsoASparseInitializerIsRefused) {
 }
 
 TEST(Validate, TwoNodesWritingOneValueAreRefused) {
-  ir::Model m = mlp();
-  m.graph.nodes.push_back(node("Relu", {"x"}, {"h"}, "again"));
+  ir::Model m = mlp_and_relu("x", "h", "again");
   EXPECT_REFUSED(m, "value 'h' is written by node 'mm' (MatMul) and by node 'again' (Relu)");
   expect_cli_refuses(m, {"'h'", "'again'"});
   // One node naming the same output twice.
@@ -128,14 +134,12 @@ TEST(Validate, TwoNodesWritingOneValueAreRefused) {
 }
 
 TEST(Validate, NodeOutputShadowingAGraphInputIsRefused) {
-  ir::Model m = mlp();
-  m.graph.nodes.push_back(node("Relu", {"y"}, {"x"}, "shadow"));
+  ir::Model m = mlp_and_relu("y", "x", "shadow");
   EXPECT_REFUSED(m, "node 'shadow' (Relu) writes 'x', which is an input of graph 'g'");
 }
 
 TEST(Validate, NodeOutputShadowingAnInitializerIsRefused) {
-  ir::Model m = mlp();
-  m.graph.nodes.push_back(node("Relu", {"y"}, {"W"}, "shadow"));
+  ir::Model m = mlp_and_relu("y", "W", "shadow");
   EXPECT_REFUSED(m, "node 'shadow' (Relu) writes 'W', which is an initializer of graph 'g'");
   expect_cli_refuses(m, {"'shadow'", "initializer"});
 }

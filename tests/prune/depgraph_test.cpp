@@ -350,6 +350,17 @@ static void attention_heads(Net& n) {
   n.op("Transpose", {"ctx"}, {"ct"}, {attr("perm", Ints{0, 2, 1, 3})});
 }
 
+// The features of heads 1 and 3 of the attention nets' 4 heads of 8.
+const Ints kHeads1And3 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+
+// n's channel groups under --structured head: two, the first one of `heads` whole heads.
+static void head_groups(const Net& n, int64_t heads, StructuredReport& g) {
+  g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_EQ(g.groups[0].kind, "head");
+  EXPECT_EQ(g.groups[0].size_before, heads);
+}
+
 // n's attention with half its 4 heads pruned: heads 1 and 3 (`cols`, their features) go from
 // the projections' columns and the output's rows.
 static ir::Model without_heads_1_and_3(const Net& n, const Ints& cols) {
@@ -380,12 +391,10 @@ static Net attention(const Ints& low_cols) {
 // --structured head: Q, K and V's heads are one group of 4 whole heads; two go, every reshape
 // target follows, and the output projection loses those heads' rows.
 TEST(DepGraph, AttentionHeadsGoWhole) {
-  const Ints cols = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};  // heads 1, 3
+  const Ints& cols = kHeads1And3;
   Net n = attention(cols);
-  StructuredReport g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
-  ASSERT_EQ(g.groups.size(), 2u);
-  EXPECT_EQ(g.groups[0].kind, "head");
-  EXPECT_EQ(g.groups[0].size_before, 4);
+  StructuredReport g;
+  ASSERT_NO_FATAL_FAILURE(head_groups(n, 4, g));
   EXPECT_EQ(g.groups[0].layers, (Names{"q", "k", "v", "y"}));
   EXPECT_EQ(g.groups[1].kind, "channel");
   EXPECT_EQ(g.groups[1].blocked, "graph output 'y'");
@@ -615,12 +624,10 @@ static void expect_runs_as_at(const ir::Model& pruned, const ir::Model& zeroed,
 // and the merge's Shape(ct)[2] * Shape(ct)[3] follows by itself. The model runs at other batch
 // and sequence sizes.
 TEST(DepGraph, DynamicShapeTargetsFollowHeads) {
-  const Ints cols = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};  // heads 1, 3
+  const Ints& cols = kHeads1And3;
   Net n = dynamic_attention(cols);
-  StructuredReport g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
-  ASSERT_EQ(g.groups.size(), 2u);
-  EXPECT_EQ(g.groups[0].kind, "head");
-  EXPECT_EQ(g.groups[0].size_before, 4);
+  StructuredReport g;
+  ASSERT_NO_FATAL_FAILURE(head_groups(n, 4, g));
   EXPECT_EQ(g.groups[0].blocked, "");
 
   const ir::Model pruned = without_heads_1_and_3(n, cols);
@@ -773,10 +780,8 @@ TEST(DepGraph, GroupedQueryHeadsGoWithTheirKeyValueHead) {
   n.op("Reshape", {"ct", "os"}, {"o"});
   n.op("MatMul", {"o", "wo"}, {"y"});
 
-  StructuredReport g = channel_groups(n.m, amount(0, StructuredUnit::kHead));
-  ASSERT_EQ(g.groups.size(), 2u);
-  EXPECT_EQ(g.groups[0].kind, "head");
-  EXPECT_EQ(g.groups[0].size_before, 2);  // two kv groups
+  StructuredReport g;
+  ASSERT_NO_FATAL_FAILURE(head_groups(n, 2, g));  // two kv groups
   EXPECT_EQ(g.groups[0].layers, (Names{"q", "k", "v", "y"}));
   EXPECT_EQ(g.groups[0].blocked, "");
 

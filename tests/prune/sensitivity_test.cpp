@@ -8,6 +8,7 @@
 
 #include <regex>
 
+#include "cli_refusals.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
@@ -225,11 +226,7 @@ TEST(SensitivityCli, PrintsWritesAndRefusesBadInput) {
   ASSERT_EQ(js.code, 0) << js.err;
   EXPECT_EQ(parse_sensitivity(js.out, "stdout").unit, "channel");
 
-  struct Case {
-    std::string args;
-    int code;
-    std::string needle;
-  } cases[] = {
+  const std::vector<test::BadCase> cases = {
       {"--amounts 0.5,abc", 2, "'abc' is not a number"},
       {"--amounts 1.5", 2, "every amount must be in [0, 1)"},
       {"--amounts ''", 2, "lists no amount"},
@@ -248,13 +245,7 @@ TEST(SensitivityCli, PrintsWritesAndRefusesBadInput) {
       {"--device cuda:7", 1, "CUDA"},
   };
   const std::string target = tmp / "bad.json";
-  for (const auto& c : cases) {
-    auto res = lopper_cli("sensitivity " + in + " --data " + data + " -o " + target + " " + c.args);
-    EXPECT_EQ(res.code, c.code) << c.args << ": " << res.err;
-    EXPECT_NE(res.err.find(c.needle), std::string::npos) << c.args << ": " << res.err;
-    EXPECT_EQ(test::lines(res.err), 1) << c.args << ": " << res.err;
-    EXPECT_FALSE(fs::exists(target)) << c.args;
-  }
+  test::expect_refused("sensitivity " + in + " --data " + data + " -o " + target, cases, {target});
   auto missing = lopper_cli("sensitivity " + in + " --data npy:" + (tmp / "none.npy") + "," +
                             (tmp / "none.npy"));
   EXPECT_EQ(missing.code, 1);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cli_refusals.h"
 #include "lopper/analysis.h"
 #include "lopper/data.h"
 #include "lopper/error.h"
@@ -335,11 +336,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
   EXPECT_GT(jl["target"]["before"].get<double>(), 0);
 
   std::ofstream(tmp / "bad.json") << "{ nope";
-  struct Case {
-    std::string args;
-    int code;
-    std::string needle;
-  } cases[] = {
+  const std::vector<test::BadCase> cases = {
       // Out of range: usage errors, as lopper.prune_to_target's ValueError.
       {"--target-macs 1.5", 2, "in (0, 1)"},
       {"--target-params 0", 2, "in (0, 1)"},
@@ -368,13 +365,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--eval-batches 3 --method l1 --amount 0.5", 2, "is for --target"},
   };
   const std::string target = tmp / "never.onnx";
-  for (const auto& c : cases) {
-    auto r = lopper_cli("prune " + in + " -o " + target + " " + c.args);
-    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
-    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
-    EXPECT_EQ(test::lines(r.err), 1) << c.args << ": " << r.err;
-    EXPECT_FALSE(fs::exists(target)) << c.args;
-  }
+  test::expect_refused("prune " + in + " -o " + target, cases, {target});
   // The sweep from a file with --data: the data measures the model before and after (the
   // report's top-1 and loss), it is no longer refused.
   auto r = lopper_cli("prune " + in + " -o " + target + " --target-macs 0.5 --sensitivity " +

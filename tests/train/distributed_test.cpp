@@ -21,6 +21,7 @@
 #include <optional>
 #include <regex>
 #include <thread>
+#include <utility>
 
 #include "lopper/error.h"
 #include "test_util.h"
@@ -50,6 +51,28 @@ int free_port() {
             ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   if (fd >= 0) ::close(fd);
   return ok ? ntohs(a.sin_port) : 0;
+}
+
+// The message of the lopper::Error that joining the group `o` describes throws ("" when it joins).
+std::string join_error(const DistOptions& o) {
+  return test::error_of([&] { Distributed d(o); });
+}
+
+// Rank `rank` of a group of two whose master's port nothing listens on.
+DistOptions two_ranks(int rank, double timeout_s) {
+  DistOptions o;
+  o.rank = rank;
+  o.world = 2;
+  o.master_port = free_port();
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+// join_error(o), and the seconds it took.
+std::pair<std::string, double> timed_join_error(const DistOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string e = join_error(o);
+  return {e, seconds_since(t0)};
 }
 
 // Sets (or, with nullptr, unsets) an environment variable for a scope.
@@ -329,102 +352,62 @@ TEST(DistributedLocal, WorldOneIsANoOpWithoutNetwork) {
   EXPECT_TRUE(at::equal(a, a0));
   EXPECT_EQ(n.item<int64_t>(), 7);
   // Mistakes are caught the same with one rank as with many.
-  auto message = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
-  EXPECT_EQ(message([&] { d.allreduce_mean(ns); }),
+  EXPECT_EQ(test::error_of([&] { d.allreduce_mean(ns); }),
             "[dist] rank 0: allreduce_mean: tensor 0 is Long; a mean needs a floating-point dtype "
             "(use allreduce_sum)");
-  EXPECT_EQ(message([&] { d.broadcast(ts, 1); }),
+  EXPECT_EQ(test::error_of([&] { d.broadcast(ts, 1); }),
             "[dist] rank 0: broadcast: root must be in [0, 1), got 1");
 }
 
 TEST(DistributedLocal, RejectsBadOptions) {
-  auto message = [](DistOptions o) -> std::string {
-    try {
-      Distributed d(o);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
   DistOptions o;
   o.world = 2;
   o.rank = 2;
-  EXPECT_EQ(message(o), "[dist] rank must be in [0, 2), got 2");
+  EXPECT_EQ(join_error(o), "[dist] rank must be in [0, 2), got 2");
   o.rank = 0;
   o.timeout_s = 0;
-  EXPECT_EQ(message(o), "[dist] timeout must be > 0 s, got 0");
+  EXPECT_EQ(join_error(o), "[dist] timeout must be > 0 s, got 0");
   o.timeout_s = 1;
   o.master_port = 70000;
-  EXPECT_EQ(message(o), "[dist] master port must be in [1, 65535], got 70000");
+  EXPECT_EQ(join_error(o), "[dist] master port must be in [1, 65535], got 70000");
   o.device = "tpu";
-  EXPECT_EQ(message(o), "[dist] device must be cpu, cuda or cuda:N, got 'tpu'");
+  EXPECT_EQ(join_error(o), "[dist] device must be cpu, cuda or cuda:N, got 'tpu'");
 }
 
 TEST(DistributedLocal, UnreachableMasterFailsWithinTimeout) {
-  DistOptions o;
-  o.rank = 1;
-  o.world = 2;
-  o.master_port = free_port();
-  o.timeout_s = 2;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    Distributed d(o);
-    FAIL() << "joined a master that does not exist";
-  } catch (const Error& e) {
-    std::cout << "[ message  ] " << e.what() << "\n";
-    EXPECT_EQ(std::string(e.what()).rfind(
-                  detail::concat("[dist] rank 1: could not reach the master at 127.0.0.1:",
-                                 o.master_port, " within 2 s"),
-                  0),
-              0)
-        << e.what();
-  }
-  EXPECT_LT(seconds_since(t0), o.timeout_s + 1);  // our own deadline, not c10d's backoff
+  const DistOptions o = two_ranks(1, 2);
+  const auto [e, seconds] = timed_join_error(o);
+  ASSERT_NE(e, "") << "joined a master that does not exist";
+  std::cout << "[ message  ] " << e << "\n";
+  EXPECT_EQ(e.rfind(detail::concat("[dist] rank 1: could not reach the master at 127.0.0.1:",
+                                   o.master_port, " within 2 s"),
+                    0),
+            0)
+      << e;
+  EXPECT_LT(seconds, o.timeout_s + 1);  // our own deadline, not c10d's backoff
 }
 
 TEST(DistributedLocal, MissingRankFailsTheMastersRendezvous) {
-  DistOptions o;
-  o.world = 2;
-  o.master_port = free_port();
-  o.timeout_s = 1;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    Distributed d(o);
-    FAIL() << "rendezvous completed with one of two ranks";
-  } catch (const Error& e) {
-    std::cout << "[ message  ] " << e.what() << "\n";
-    EXPECT_EQ(std::string(e.what()),
-              detail::concat("[dist] rank 0: only 1 of 2 ranks reached the master at 127.0.0.1:",
-                             o.master_port, " within 1 s"));
-  }
-  EXPECT_LT(seconds_since(t0), o.timeout_s + 2);  // TCPStore polls for workers each second
+  const DistOptions o = two_ranks(0, 1);
+  const auto [e, seconds] = timed_join_error(o);
+  ASSERT_NE(e, "") << "rendezvous completed with one of two ranks";
+  std::cout << "[ message  ] " << e << "\n";
+  EXPECT_EQ(e, detail::concat("[dist] rank 0: only 1 of 2 ranks reached the master at 127.0.0.1:",
+                              o.master_port, " within 1 s"));
+  EXPECT_LT(seconds, o.timeout_s + 2);  // TCPStore polls for workers each second
 }
 
 TEST(DistributedLocal, CudaWithoutGpuFailsBeforeAnyNetwork) {
   if (at::hasCUDA()) GTEST_SKIP() << "a GPU is present";
-  DistOptions o;
-  o.world = 2;
+  DistOptions o = two_ranks(0, 30);  // nobody listens: an attempt to connect would time out
   o.device = "cuda:0";
-  o.master_port = free_port();  // nobody listens: an attempt to connect would time out
-  o.timeout_s = 30;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    Distributed d(o);
-    FAIL() << "NCCL without a GPU";
-  } catch (const Error& e) {
-    // Not the nccl.h mismatch message: the build saw the wheel's own NCCL headers.
-    EXPECT_EQ(std::string(e.what()),
-              "[dist] rank 0: device 'cuda:0' needs NCCL on a GPU, but CUDA is unavailable (no "
-              "GPU or driver)");
-  }
-  EXPECT_LT(seconds_since(t0), 5);
+  const auto [e, seconds] = timed_join_error(o);
+  ASSERT_NE(e, "") << "NCCL without a GPU";
+  // Not the nccl.h mismatch message: the build saw the wheel's own NCCL headers.
+  EXPECT_EQ(e,
+            "[dist] rank 0: device 'cuda:0' needs NCCL on a GPU, but CUDA is unavailable (no "
+            "GPU or driver)");
+  EXPECT_LT(seconds, 5);
 }
 
 // The gloo headers lopper compiles with (Debian's) are older than the gloo inside libtorch_cpu:
@@ -463,12 +446,13 @@ class DistributedEnv : public ::testing::Test {
       addr_{"MASTER_ADDR", nullptr}, port_{"MASTER_PORT", nullptr};
 
   static std::string error_of(const std::string& device = "cpu") {
-    try {
-      dist_options_from_env(device);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return test::error_of([&] { dist_options_from_env(device); });
+  }
+  // The error with the variable `name` set to `value` for the call.
+  static std::string error_with(const char* name, const char* value,
+                                const std::string& device = "cpu") {
+    ScopedEnv e(name, value);
+    return error_of(device);
   }
 };
 
@@ -502,41 +486,24 @@ TEST_F(DistributedEnv, DefaultsForAddressAndPort) {
 }
 
 TEST_F(DistributedEnv, RejectsMalformedValues) {
-  {
-    ScopedEnv w("WORLD_SIZE", "two");
-    EXPECT_EQ(error_of(), "[dist] WORLD_SIZE must be an integer in [1, 2^31), got 'two'");
-  }
-  {
-    ScopedEnv w("WORLD_SIZE", "0");
-    EXPECT_EQ(error_of(), "[dist] WORLD_SIZE must be an integer in [1, 2^31), got '0'");
-  }
+  EXPECT_EQ(error_with("WORLD_SIZE", "two"),
+            "[dist] WORLD_SIZE must be an integer in [1, 2^31), got 'two'");
+  EXPECT_EQ(error_with("WORLD_SIZE", "0"),
+            "[dist] WORLD_SIZE must be an integer in [1, 2^31), got '0'");
   ScopedEnv w("WORLD_SIZE", "2");
   EXPECT_EQ(error_of(), "[dist] WORLD_SIZE is 2 but RANK is not set");
-  {
-    ScopedEnv r("RANK", "2");
-    EXPECT_EQ(error_of(), "[dist] RANK must be an integer in [0, WORLD_SIZE=2), got '2'");
-  }
-  {
-    ScopedEnv r("RANK", "-1");
-    EXPECT_EQ(error_of(), "[dist] RANK must be an integer in [0, WORLD_SIZE=2), got '-1'");
-  }
+  EXPECT_EQ(error_with("RANK", "2"),
+            "[dist] RANK must be an integer in [0, WORLD_SIZE=2), got '2'");
+  EXPECT_EQ(error_with("RANK", "-1"),
+            "[dist] RANK must be an integer in [0, WORLD_SIZE=2), got '-1'");
   ScopedEnv r("RANK", "1");
-  {
-    ScopedEnv p("MASTER_PORT", "12x");
-    EXPECT_EQ(error_of(), "[dist] MASTER_PORT must be an integer in [1, 65535], got '12x'");
-  }
-  {
-    ScopedEnv p("MASTER_PORT", "65536");
-    EXPECT_EQ(error_of(), "[dist] MASTER_PORT must be an integer in [1, 65535], got '65536'");
-  }
-  {
-    ScopedEnv a("MASTER_ADDR", "");
-    EXPECT_EQ(error_of(), "[dist] MASTER_ADDR is empty");
-  }
-  {
-    ScopedEnv l("LOCAL_RANK", " 1");
-    EXPECT_EQ(error_of("cuda"), "[dist] LOCAL_RANK must be an integer in [0, 2^31), got ' 1'");
-  }
+  EXPECT_EQ(error_with("MASTER_PORT", "12x"),
+            "[dist] MASTER_PORT must be an integer in [1, 65535], got '12x'");
+  EXPECT_EQ(error_with("MASTER_PORT", "65536"),
+            "[dist] MASTER_PORT must be an integer in [1, 65535], got '65536'");
+  EXPECT_EQ(error_with("MASTER_ADDR", ""), "[dist] MASTER_ADDR is empty");
+  EXPECT_EQ(error_with("LOCAL_RANK", " 1", "cuda"),
+            "[dist] LOCAL_RANK must be an integer in [0, 2^31), got ' 1'");
   EXPECT_EQ(error_of("cuda:x"), "[dist] device must be cpu, cuda or cuda:N, got 'cuda:x'");
   EXPECT_EQ(error_of(), "");
 }

@@ -33,6 +33,16 @@ bool is_usage_error(const std::function<void()>& f) {
   return false;
 }
 
+// The external-data save options, and the MLP fixture saved with them as `name` in `d`.
+onnx::SaveOptions external_data() {
+  onnx::SaveOptions so;
+  so.external_data = true;
+  return so;
+}
+void save_mlp_with_external_data(const TempDir& d, const std::string& name) {
+  onnx::save_model(onnx::load_model(test::fixture("mlp.ts.onnx")), d / name, external_data());
+}
+
 size_t entries(const fs::path& dir) {
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) n += e.exists() || e.is_symlink();
@@ -145,10 +155,7 @@ TEST(Files, ReadsRefuseFifosWithoutBlocking) {
 
 TEST(Files, ExternalDataThatIsAFifoIsRefusedWithoutBlocking) {
   TempDir d;
-  ir::Model m = onnx::load_model(test::fixture("mlp.ts.onnx"));
-  onnx::SaveOptions so;
-  so.external_data = true;
-  onnx::save_model(m, d / "m.onnx", so);
+  save_mlp_with_external_data(d, "m.onnx");
   ir::Model back = onnx::load_model(d / "m.onnx");
   ASSERT_EQ(back.external_files.size(), 1u);  // what the model reads is known to its commands
   EXPECT_EQ(fs::path(back.external_files[0]).filename(), "m.onnx.data");
@@ -160,17 +167,14 @@ TEST(Files, ExternalDataThatIsAFifoIsRefusedWithoutBlocking) {
 
 TEST(Files, SavingAModelOverTheDataAnInputReadsIsRefused) {
   TempDir d;
-  ir::Model m = onnx::load_model(test::fixture("mlp.ts.onnx"));
-  onnx::SaveOptions so;
-  so.external_data = true;
-  onnx::save_model(m, d / "a.onnx", so);
+  save_mlp_with_external_data(d, "a.onnx");
   fs::copy_file(d.path / "a.onnx", d.path / "b.onnx");  // b reads a.onnx.data
   const std::string before = test::slurp(d / "a.onnx.data");
   ir::Model b = onnx::load_model(d / "b.onnx");
   OutputFiles f("convert");
   f.input(d / "b.onnx");
   for (const auto& x : b.external_files) f.input(x);
-  EXPECT_THROW(onnx::save_model(b, d / "a.onnx", so, f), UsageError);
+  EXPECT_THROW(onnx::save_model(b, d / "a.onnx", external_data(), f), UsageError);
   EXPECT_EQ(test::slurp(d / "a.onnx.data"), before);
 }
 

@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lopper/graph.h"
 
@@ -67,6 +69,12 @@ ir::Model load_model(const std::string& path, const LoadOptions& opts,
 /// Parses an ONNX model from memory. `base_dir` is where external data lives; when empty, a model
 /// that references external data is refused.
 ir::Model parse_model(const void* data, size_t size, const std::string& base_dir = "");
+
+/// parse_model() of a graph whose initializers `initializers` (name -> value, in order, after
+/// those the bytes hold) come as tensors: a caller that holds the weights (a module's parameters)
+/// hands them over without serializing them. They are copied, never written through.
+ir::Model parse_model(const void* data, size_t size,
+                      const std::vector<std::pair<std::string, at::Tensor>>& initializers);
 
 struct SaveOptions {
   enum class Sparse { kKeep, kAll, kNone };

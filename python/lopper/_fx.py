@@ -40,9 +40,11 @@ class _Unsupported(Exception):
     pass
 
 
-def onnx_of(module, args, kwargs):
+def onnx_of(module, args, kwargs, external=None):
     """(ONNX bytes, the module's outputs on ``args``) for a module in eval mode that torch.fx
-    traces into layers of the table above; None otherwise."""
+    traces into layers of the table above; None otherwise. With ``external`` (a list), the
+    initializers are left out of the bytes and appended to it as (name, tensor) instead, for a
+    caller that hands them to lopper as tensors (the parameters themselves, not copied here)."""
     if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
         return None
     try:
@@ -59,7 +61,7 @@ def onnx_of(module, args, kwargs):
     except Exception:
         return None
     try:
-        exported = _Writer(traced, args).model()
+        exported = _Writer(traced, args).model(external)
     except _Unsupported:
         return None
     flat = [x for x in torch.utils._pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
@@ -80,7 +82,7 @@ class _Writer:
         self.names = {}  # fx node -> the ONNX value it computes
         self.count = 0
 
-    def model(self):
+    def model(self, external=None):
         h = self.helper
         inputs, outputs = [], []
         arg_i = 0
@@ -126,6 +128,9 @@ class _Writer:
         # repeated field may come anywhere in a message), each tensor's bytes copied once: through
         # TensorProto objects, a module's weights would be copied four times (a third of a
         # resnet18 prune's time).
+        if external is not None:
+            external.extend(self.initializers)
+            return model.SerializeToString()
         head = model.graph.SerializeToString()
         model.ClearField("graph")
         parts = [head]

@@ -397,13 +397,14 @@ def _holders(module):
     return {name: by_param[id(p)] for name, p in by_name.items()}
 
 
-def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None):
+def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None, external=None):
     """The module's ONNX bytes, with every parameter an initializer under its own name, and
     _holders(module). Written from its torch.fx trace where _fx can (``fx``) and lopper's executor
     then computes the module's outputs from it, else exported by torch.onnx.export. With
     ``fx_outputs`` (a list), only a torch.fx graph is made: it is returned unchecked and the
     module's outputs are put in the list for the caller to check against the graph's; where _fx
-    cannot write the module, the bytes are None."""
+    cannot write the module, the bytes are None; with ``external`` (a list) too, the torch.fx
+    graph's initializers are put there as (name, tensor), not in the bytes."""
     # NOTE: an unchecked torch.fx graph (fx_outputs) is neither reused nor kept.
     cached = fx_outputs is None
     if cached:
@@ -412,7 +413,7 @@ def _export(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None)
         if (last is not None and last[0] == key and len(last[1]) == len(tensors)
                 and all(a is b for a, b in zip(last[1], tensors))):
             return last[2], _holders(module)
-    model, holders = _export_model(module, args, kwargs, dynamic, op, fx, fx_outputs)
+    model, holders = _export_model(module, args, kwargs, dynamic, op, fx, fx_outputs, external)
     if model is None:
         return None, holders
     if not isinstance(model, bytes):
@@ -454,7 +455,8 @@ def _export_key(module, args, kwargs, dynamic, fx):
     return key, [t for _, t in named]
 
 
-def _export_model(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None):
+def _export_model(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs=None,
+                  external=None):
     """_export's graph as it comes: the torch.fx graph's ONNX bytes, or torch.onnx.export's
     onnx_ir model (which a file with external data holds at any size; its protobuf stops at
     2 GB)."""
@@ -513,7 +515,7 @@ def _export_model(module, args, kwargs, dynamic, op="prune", fx=True, fx_outputs
         return program.model
 
     try:
-        fast = _fx.onnx_of(target, args, kwargs) if fx else None
+        fast = _fx.onnx_of(target, args, kwargs, external) if fx else None
         if fx_outputs is not None:
             if fast is None:
                 return None, holders

@@ -165,9 +165,12 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     # pruned module is checked against the pruned graph all the same, and a graph that does not
     # compute these outputs is replaced by torch.onnx's export (attempt below).
     fx_outputs = []  # the module's outputs, when the export is an unchecked torch.fx graph
-    exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx_outputs=fx_outputs)
+    external = []  # its initializers, handed to lopper as tensors (not serialized)
+    exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx_outputs=fx_outputs,
+                          external=external)
     if exported is None:
         before = _check_runs(module, args, kwargs)
+        external.clear()
         exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
     else:
         before = list(fx_outputs)
@@ -184,7 +187,8 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         try:
             return _lopper._prune_structured_onnx(
                 exported, parameters=list(holders), fixed=fixed, kept=kept, inputs=leaves,
-                progress=bar, name=type(module).__name__, command=command, **options)
+                progress=bar, name=type(module).__name__, command=command,
+                initializers=external, **options)
         finally:
             if bar is not None:
                 bar.close()
@@ -199,6 +203,7 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
             # that does not compute what the module computes is replaced by torch.onnx's export.
             if not _same_outputs(shrunk[1], fx_outputs):
                 before = _check_runs(module, args, kwargs)
+                external.clear()
                 exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
                 *shrunk, report = prune(kept)
             fx_outputs.clear()

@@ -80,7 +80,8 @@ py::tuple prune_structured_onnx(
     int64_t calib_batches, const py::object& device, const std::vector<std::string>& parameters,
     const py::object& fixed, const std::map<int64_t, std::string>& kept,
     const std::vector<at::Tensor>& inputs, const py::object& progress, bool check_only,
-    const std::string& name, const std::string& command) {
+    const std::string& name, const std::string& command,
+    const std::vector<std::pair<std::string, at::Tensor>>& initializers) {
   StructuredRequest req;
   req.unit = unit;
   req.criterion = optional_arg<std::string>(method, "method", "a str");
@@ -110,7 +111,7 @@ py::tuple prune_structured_onnx(
   Shrunk shrunk;
   {
     py::gil_scoped_release nogil;
-    ir::Model model = onnx::parse_model(bytes, size);
+    ir::Model model = onnx::parse_model(bytes, size, initializers);
     const NamedTensors feeds = example_feeds(model, inputs);
     for (const auto& [name, t] : feeds) so.input_shapes[name] = t.sizes().vec();
     // NOTE: a report on a module counts what PyTorch counts for it: the export's own constants (a
@@ -255,6 +256,7 @@ module.)");
         py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("progress") = py::none(),
         py::arg("check_only") = false, py::arg("name") = "module",
         py::arg("command") = "lopper.prune_structured",
+        py::arg("initializers") = std::vector<std::pair<std::string, at::Tensor>>{},
         R"(Prunes a serialized ONNX model's channels or heads as lopper.prune_structured says (its
 arguments, the same names) and returns (values, before, after, diverged, gone,
 StructuredReport): values {name: tensor} for each name of `parameters` whose initializer changed
@@ -262,8 +264,9 @@ shape, the graph's outputs on `inputs` (in the graph's input order) before and a
 runs the pruning makes anyway), the names read by several layers that shrank differently, and the
 names the pruned graph no longer has. `fixed` lists (initializer, axis or -1, why) that must keep
 their size; `kept` {group id: why} the groups kept whole. With `check_only`, only the arguments
-are checked (and () returned), before any export. Internal: lopper.prune_structured exports the
-module and applies the values.)");
+are checked (and () returned), before any export. `initializers` [(name, tensor)]: initializers
+the bytes leave out, handed over as tensors (copied). Internal: lopper.prune_structured exports
+the module and applies the values.)");
 }
 
 }  // namespace lopper::python

@@ -175,8 +175,7 @@ namespace {
 
 // The model's own fields; its graph's initializers take over the parsed bytes (`m` is consumed).
 ir::Model convert_model(ModelProto& m, size_t size, const std::string& base_dir,
-                        const LoadOptions& opts = {},
-                        std::shared_ptr<MappedData>* mapped = nullptr,
+                        const LoadOptions& opts = {}, std::shared_ptr<MappedData>* mapped = nullptr,
                         std::vector<ir::Initializer> extra = {}) {
   LOPPER_CHECK(m.has_graph(), "[import] not an ONNX model (no graph)");
   LOPPER_CHECK(m.ir_version() > 0, "[import] not an ONNX model (no IR version)");

@@ -168,9 +168,8 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     external = []  # its initializers, handed to lopper as tensors (not serialized)
     exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx_outputs=fx_outputs,
                           external=external)
-    if exported is None:
+    if exported is None:  # (nothing was put in `external` either)
         before = _check_runs(module, args, kwargs)
-        external.clear()
         exported, _ = _export(module, args, kwargs, dynamic=data is not None, fx=False)
     else:
         before = list(fx_outputs)

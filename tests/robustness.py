@@ -119,6 +119,7 @@ EXPECT = {
     "usage-bench-device-tpu": (2, ["tpu", "device"]),
     "usage-prune-structured-without-unit": (2, ["unit"]),
     "usage-prune-structured-recipe-and-amount": (2, ["--recipe", "drop --amount"]),
+    "usage-prune-structured-activation-without-data": (2, ["activation", "--data"]),
     # --- consistency: what succeeds says and writes the right thing
     "prune-amount-1-warns": (0, ["every weight", "all weights", "all its weights",
                                  "all of its weights"]),
@@ -921,6 +922,9 @@ case("usage-prune-structured-recipe-and-amount",
       "out.onnx"],
      setup=lambda d: open(os.path.join(d, "r.yaml"), "w").write("defaults:\n  amount: 0.5\n"))
 case("data-unknown-kind", TRAIN[:2] + ["--data", "foo:bar", "--epochs", "1", "-o", "out.onnx"])
+case("usage-prune-structured-activation-without-data",
+     ["prune", "m.onnx", "--structured", "channel", "--method", "activation", "--amount", "0.5",
+      "-o", "out.onnx"])
 
 BY_NAME = {c.name: c for c in CASES}
 assert len(BY_NAME) == len(CASES), "two cases share a name"

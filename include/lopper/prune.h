@@ -224,7 +224,10 @@ class DataLoader;  // lopper/data.h
 
 /// The scores of the criteria that rank by gradients, per criterion (by name: "grad" is the mean
 /// over the batches of |dL/dw|, "taylor" the sum of |w * dL/dw|) and per prunable weight (by
-/// initializer name): scores >= 0 of the weight's shape, on the CPU.
+/// initializer name): scores >= 0 of the weight's shape, on the CPU. Channels ranked by
+/// "activation" (structured_saliency(), lopper/structured.h) are per tensor a layer reads (by
+/// value name): one float64 term per index along its channel axis, a channel's terms summing to
+/// its score.
 struct Saliency {
   std::map<std::string, std::map<std::string, at::Tensor>> scores;
   int64_t batches = 0, samples = 0;

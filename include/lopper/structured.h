@@ -49,7 +49,8 @@ struct StructuredOptions {
   /// What ranks the channels: a criterion of the table (src/prune/importance.cpp) that ranks
   /// channels: l1 or l2 (the norm of every weight slice of the group: filters, neurons and the
   /// next layers' inputs), bn (|gamma| of the group's normalisation), fpgm (each filter's distance
-  /// to the others, He et al. 2019), random (seeded), taylor (sum |w * dL/dw|; a Saliency).
+  /// to the others, He et al. 2019), random (seeded), taylor (sum |w * dL/dw|) and activation
+  /// (mean |activation|, Minitron), each from a Saliency (structured_saliency()).
   std::string criterion = "l1";
   PruneAmount amount;  // of each group's channels (local) or of all (global)
   PruneScope scope = PruneScope::kLocal;
@@ -102,7 +103,8 @@ struct StructuredReport {
   int64_t channels_before = 0, channels_after = 0;  // over the groups that could be pruned
 };
 
-/// The criterion called `name` among those that rank channels (l1, l2, bn, fpgm, random, taylor).
+/// The criterion called `name` among those that rank channels (l1, l2, bn, fpgm, random, taylor,
+/// activation).
 /// Throws lopper::Error "[prune] unknown method 'x' (methods: ...)".
 CriterionInfo channel_criterion_info(const std::string& name);
 /// Every criterion that ranks channels, in the table's order.
@@ -143,6 +145,17 @@ struct GroupSlices {
   std::vector<GroupSlice> slices;    // their weights (filters, next layers' inputs) and norm scales
 };
 GroupSlices channel_group_slices(const ir::Model& model, const StructuredOptions& opts = {});
+
+/// What the data-driven criterion opts.criterion ranks channels by, from at most calib.batches
+/// batches of `data`: taylor's gradient saliencies (compute_saliency()), or activation's mean
+/// activation magnitudes (Minitron): per tensor that a layer with a weight reads along a group's
+/// channels (its data input: a CNN's feature map after normalisation and activation, an MLP's
+/// intermediate activations, the attention output before its projection; each tensor once), a
+/// channel's mean |x| over batch and positions (spatial positions or tokens), a head's (unit
+/// kHead) mean L2 norm over its features; a channel's score is the sum over those tensors. Throws
+/// lopper::Error on bad options, a criterion that needs no data, or data that gives no batch.
+Saliency structured_saliency(const ir::Model& model, const StructuredOptions& opts,
+                             DataLoader& data, const CalibrationOptions& calib);
 
 /// Removes channels (or heads) from `model` as `opts` says: parameters are sliced, shape constants
 /// and group attributes rewritten. Amount 0 leaves the model unchanged. Throws lopper::Error

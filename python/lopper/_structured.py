@@ -76,8 +76,10 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
             heads; grouped-query attention loses a key/value head with its query heads).
         method (str): what ranks the channels: ``"l1"`` (default) or ``"l2"`` (the norm of every
             weight slice of the group), ``"bn"`` (|gamma| of its BatchNorm), ``"fpgm"``
-            (distance to the other filters), ``"random"`` (seeded) or ``"taylor"`` (sum of |w *
-            dL/dw|; needs ``data``).
+            (distance to the other filters), ``"random"`` (seeded), ``"taylor"`` (sum of |w *
+            dL/dw|; needs ``data``) or ``"activation"`` (Minitron: a channel's mean |activation|
+            where the next layers read it, a head's mean L2 norm at the output projection's
+            input; needs ``data``).
         amount (float or int): a float is the share in [0, 1] of each group's channels to
             remove (``scope="local"``) or of all channels (``"global"``); an int, that many.
         scope (str): ``"local"`` or ``"global"`` (one ranking across groups, scores divided by
@@ -90,8 +92,9 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         recipe (dict or str or os.PathLike): per-group amounts instead of ``amount``: a dict or
             a YAML file as ``lopper prune --recipe`` reads (a rule matching any layer of a group
             sets its amount, or ``skip``).
-        data (iterable): ``taylor``'s calibration batches (at most ``calib_batches``): tensors,
-            ``(samples, labels)`` tuples, or dicts of named inputs with ``"labels"``.
+        data (iterable): ``taylor``'s and ``activation``'s calibration batches (at most
+            ``calib_batches``): tensors, ``(samples, labels)`` tuples, or dicts of named inputs
+            with ``"labels"``.
         loss (str): the calibration loss: ``"auto"`` (default), ``"cross-entropy"``, ``"mse"``,
             ``"causal-lm"``, ``"masked-lm"`` (needs ``mask_token``) or
             ``"token-classification"``.

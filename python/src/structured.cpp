@@ -133,7 +133,7 @@ py::tuple prune_structured_onnx(
       return c;
     };
     std::optional<Saliency> saliency;
-    if (loader) saliency = compute_saliency(model, *loader, calib);
+    if (loader) saliency = structured_saliency(model, so, *loader, calib);
     // Shares the tensors: pruning replaces the ones it cuts.
     auto original = std::make_shared<const ir::Model>(model);
     // The analysis and the check that the shrunk graph runs are made on the example: their

@@ -457,12 +457,71 @@ def test_taylor_with_data():
     assert report.to_dict()["method"] == "taylor"
 
 
+def test_activation_ranks_by_the_mean_magnitude_of_what_the_next_layer_reads():
+    """Minitron's criterion: a neuron's score is the mean |activation| over the calibration samples
+    of the tensor the next layer reads (after the ReLU), computed here in numpy from the same
+    batches; the lowest go, and the group's score is the mean of its neurons'."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3))
+    x = torch.randn(4, 8)
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(3)]
+    with torch.no_grad():
+        h1 = [torch.relu(m[0](b)) for b, _ in data]
+        h2 = [torch.relu(m[2](h)) for h in h1]
+    want = {32: np.abs(torch.cat(h1).numpy()).astype(np.float64).mean(0),
+            16: np.abs(torch.cat(h2).numpy()).astype(np.float64).mean(0)}
+    report = quiet(m, x, method="activation", amount=0.25, data=data, progress=False)
+    assert report.to_dict()["method"] == "activation"
+    groups = [g for g in report.groups if not g.blocked]
+    assert sorted(g.size_before for g in groups) == [16, 32]
+    for g in groups:
+        w = want[g.size_before]
+        assert g.score == pytest.approx(w.mean(), rel=1e-5)
+        assert sorted(g.removed) == sorted(np.argsort(w, kind="stable")[:g.size_before // 4].tolist())
+    assert (m[0].out_features, m[2].out_features) == (24, 12)
+
+
+def test_activation_ranks_grouped_query_heads_by_the_l2_norm_of_their_output():
+    """Heads by activation: per token, the L2 norm of a key/value group's attention output (its
+    query heads' features at o_proj's input), averaged over the calibration tokens in numpy; the
+    lower key/value group of each layer goes."""
+    m, example = llama()
+    # NOTE: batches of one row, as the example: this export of the tiny LLaMA fails on a batch of
+    # several rows in lopper's run (a GatherND of the causal mask), for taylor as much.
+    data = [{"input_ids": torch.randint(0, 200, (1, 10), generator=torch.Generator().manual_seed(s))}
+            for s in range(4)]
+    seen = {}
+    hooks = [layer.self_attn.o_proj.register_forward_hook(
+        lambda mod, args, out, i=i: seen.setdefault(i, []).append(args[0].detach()))
+        for i, layer in enumerate(m.model.layers)]
+    with torch.no_grad():
+        for d in data:
+            m(**d)
+    for h in hooks:
+        h.remove()
+    per_group = {}  # layer -> [2] mean L2 norm of each key/value group's 2 query heads (2 x 16)
+    for i, xs in seen.items():
+        a = torch.cat([x.reshape(-1, 64) for x in xs]).numpy().astype(np.float64)
+        per_group[i] = np.linalg.norm(a.reshape(-1, 2, 32), axis=2).mean(0)
+    report = quiet(m, example, unit="head", method="activation", amount=0.5, data=data,
+                   progress=False)
+    heads = [g for g in report.groups if g.kind == "head" and not g.blocked]
+    assert len(heads) == 2
+    for g in heads:
+        layer = next(int(p.split(".")[2]) for p in g.layer_params if ".o_proj." in p)
+        w = per_group[layer]
+        assert g.score == pytest.approx(w.mean(), rel=1e-4)
+        assert g.removed == [int(np.argmin(w))]
+    assert all(layer.self_attn.o_proj.in_features == 32 for layer in m.model.layers)
+
+
 BAD = [
     (dict(amount=1.5), ValueError, "amount"),
     (dict(amount=0.5, method="nope"), ValueError, "unknown structured method 'nope'"),
     (dict(amount=0.5, unit="neuron"), ValueError, "unknown unit 'neuron'"),
     (dict(), ValueError, "amount"),
     (dict(amount=0.5, method="taylor"), ValueError, "data"),
+    (dict(amount=0.5, method="activation"), ValueError, "data"),
     (dict(amount=0.5, round_to=0), ValueError, "round_to"),
     (dict(amount="half"), TypeError, "amount"),
 ]

@@ -61,7 +61,7 @@ StructuredReport StructuredJob::run(ir::Model& model, DataLoader* data,
                                     const CalibrationOptions& calib) const {
   LOPPER_ASSERT(data || !needs_data, "a structured job that ranks by data was given none");
   std::optional<Saliency> saliency;
-  if (needs_data) saliency = compute_saliency(model, *data, calib);
+  if (needs_data) saliency = structured_saliency(model, options, *data, calib);
   return prune_structured(model, options, saliency ? &*saliency : nullptr);
 }
 

@@ -151,6 +151,18 @@ std::vector<Criterion> make_table() {
     add(c);
   }
   {
+    // Minitron (Muralidharan et al. 2024): a channel by the mean over batches and positions of
+    // |x| in the tensors that layers read it from (prune/activations.h), a head by the mean L2
+    // norm of its features there.
+    Criterion c{"activation",
+                "channels by their mean |activation| on calibration data, heads by the mean L2 "
+                "norm of their outputs (Minitron)"};
+    c.needs = Needs::kActivations;
+    c.slices = SliceRank::kActivations;
+    c.unscored = "no layer with a weight reads its channels (--method activation)";
+    add(c);
+  }
+  {
     Criterion c{"sparsegpt",
                 "SparseGPT: removes by the inverse Hessian of the layer's inputs and updates the "
                 "kept weights to reconstruct its output"};
@@ -270,6 +282,15 @@ void GradientStats::fill(Saliency& out) const {
 void GradientStats::clear() {
   sums_.clear();
   batches_ = 0;
+}
+
+at::Tensor activation_terms(const Criterion& c, const Saliency* saliency,
+                            const std::string& value) {
+  if (!saliency) return {};
+  auto by_value = saliency->scores.find(c.name);
+  if (by_value == saliency->scores.end()) return {};
+  auto it = by_value->second.find(value);
+  return it == by_value->second.end() ? at::Tensor() : it->second;
 }
 
 std::string non_finite_warning(const std::string& name, const at::Tensor& w) {

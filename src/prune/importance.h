@@ -22,7 +22,8 @@ namespace importance {
 enum class Needs {
   kWeights,      // the weights alone
   kGradients,    // gradients of the loss on calibration data, accumulated into a Saliency
-  kActivations,  // the layers' inputs on calibration data (LayerInput, prune/layer_inputs.h)
+  kActivations,  // the layers' inputs on calibration data: single weights by LayerInput
+                 // (prune/layer_inputs.h), channels by their magnitude (prune/activations.h)
 };
 
 /// How a criterion ranks single weights.
@@ -43,6 +44,9 @@ enum class SliceRank {
                   // every weight slice of the group (filters and the next layers' inputs)
   kCustom,        // by slice_scores() over the group's slices, then finish()
   kDrawn,         // at random (seeded)
+  kActivations,   // by the mean magnitude of their activations where layers read them: the terms
+                  // of a Saliency (activation_terms) per tensor that layers read them from
+                  // (prune/activations.h), each tensor once
 };
 
 struct Criterion;
@@ -92,7 +96,8 @@ struct Criterion {
   /// not count; a channel's score is the sum of its terms, then finish() (nullptr: the sum).
   at::Tensor (*slice_scores)(const SliceInput&) = nullptr;
   double (*finish)(double sum) = nullptr;
-  /// kCustom: a group none of whose channels any slice scored cannot be ranked; this says why.
+  /// kCustom, kActivations: a group none of whose channels any slice scored cannot be ranked; this
+  /// says why.
   const char* unscored = nullptr;
 
   bool ranks_weights() const { return weights != WeightRank::kNone; }
@@ -121,6 +126,10 @@ std::vector<CriterionInfo> infos(Use use, CriterionInfo (*info_of)(const std::st
 /// The scores of one weight under `c` (kScores, kMagnitude as |w|). Throws lopper::Error when a
 /// gradient criterion has no saliency for it, or one of the wrong shape.
 at::Tensor weight_scores(const WeightInput& in);
+
+/// kActivations: the terms of the tensor `value` (one per index along its channel axis; a channel's
+/// are summed) in `saliency`'s entry for `c`, undefined when it has none.
+at::Tensor activation_terms(const Criterion& c, const Saliency* saliency, const std::string& value);
 
 /// The warning for weight `name` when `w` holds NaN or Inf (how every criterion ranks them), ""
 /// when it is finite or not floating point.

@@ -359,7 +359,7 @@ void check_sensitivity_options(const SensitivityOptions& o) {
         importance::names(
             importance::Use::kChannels, [](const Criterion& x) { return !x.needs_data(); }, " or "),
         " (", importance::names(importance::Use::kChannels, data, " and "),
-        " needs gradients per point)");
+        " would calibrate again at every point)");
   } else {
     auto sweeps = [](const Criterion& x) {
       return x.needs == importance::Needs::kActivations ||

@@ -13,6 +13,7 @@
 #include "lopper/analysis.h"
 #include "lopper/error.h"
 #include "lopper/memory.h"
+#include "prune/activations.h"
 #include "prune/depgraph.h"
 #include "prune/importance.h"
 #include "prune/layer_filter.h"
@@ -163,7 +164,8 @@ Analysis analyse(const ir::Model& model, const StructuredOptions& opts) {
 
 // Every group's per-class importance (Group::score), from the dependency graph's slices, as the
 // criterion's entry of the table says.
-void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency) {
+void score(Analysis& a, const ir::Graph& graph, const StructuredOptions& opts,
+           const Saliency* saliency) {
   using importance::SliceRank;
   auto& dg = a.dg;
   const importance::Criterion& c = importance::find(opts.criterion, importance::Use::kChannels);
@@ -174,7 +176,22 @@ void score(Analysis& a, const StructuredOptions& opts, const Saliency* saliency)
     for (size_t i = 0; i < sl.atoms.size(); ++i) s[dg.find(sl.atoms[i])] += p[i];
   };
   static const std::vector<int64_t> no_perm;
-  std::set<int64_t> scored;  // kCustom: classes some slice scored
+  std::set<int64_t> scored;  // kCustom, kActivations: classes some slice scored
+  // kActivations: by the tensors that layers read the channels from, each tensor once.
+  if (c.slices == SliceRank::kActivations)
+    for (const ActivationSite& site : activation_sites(graph, dg)) {
+      at::Tensor t = importance::activation_terms(c, saliency, site.value);
+      if (!t.defined()) continue;  // a tensor the calibration never reached
+      LOPPER_CHECK(t.numel() == int64_t(site.atoms.size()), "[prune] ", c.name, ": the scores of '",
+                   site.value, "' hold ", t.numel(), " channels, the model's has ",
+                   site.atoms.size());
+      auto v = t.to(at::kDouble).contiguous();
+      for (size_t i = 0; i < site.atoms.size(); ++i) {
+        const int64_t cls = dg.find(site.atoms[i]);
+        s[cls] += v.data_ptr<double>()[i];
+        scored.insert(cls);
+      }
+    }
   for (const auto& sl : dg.slices) {
     const bool out = sl.role == ParamRole::kWeightOut, in = sl.role == ParamRole::kWeightIn;
     if (c.slices == SliceRank::kWeightScores && (out || in)) {
@@ -366,6 +383,20 @@ void check_structured_options(const StructuredOptions& opts) {
   (void)LayerFilter(opts.exclude);
 }
 
+Saliency structured_saliency(const ir::Model& model, const StructuredOptions& opts,
+                             DataLoader& data, const CalibrationOptions& calib) {
+  check_structured_options(opts);
+  const importance::Criterion& c = importance::find(opts.criterion, importance::Use::kChannels);
+  LOPPER_CHECK(c.needs_data(), "[prune] " LOPPER_OPTION("criterion") " ", c.name,
+               " ranks channels without data");
+  if (c.needs == importance::Needs::kGradients) return compute_saliency(model, data, calib);
+  StructuredOptions o = opts;
+  o.runs = nullptr;  // the caller's runs are prune_structured()'s
+  Analysis a = analyse(model, o);
+  return collect_activations(model, activation_sites(model.graph, a.dg),
+                             opts.unit == StructuredUnit::kHead, data, calib, c.name);
+}
+
 StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opts,
                                   const Saliency* saliency) {
   check_structured_options(opts);
@@ -378,7 +409,7 @@ StructuredReport prune_structured(ir::Model& model, const StructuredOptions& opt
     for (const auto& rule : opts.recipe->rules)
       rule_res.push_back(compile_regex(rule.match, "match"));
   Analysis a = analyse(model, opts);
-  score(a, opts, saliency);
+  score(a, model.graph, opts, saliency);
   const ir::Graph& graph = model.graph;
   std::vector<std::string> warnings;
 

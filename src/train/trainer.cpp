@@ -907,6 +907,15 @@ void check_train_options(const TrainOptions& o) {
                       "(" LOPPER_OPTION("structured_schedule") "): resume from the checkpoint's "
                       "model.onnx with the rest of the schedule instead");
   if (o.schedule == PruneSchedule::kNone) return;
+  if (o.structured_schedule) {  // it has the training batches' gradients, no calibration pass
+    auto schedules = [](const importance::Criterion& c) {
+      return c.needs != importance::Needs::kActivations;
+    };
+    LOPPER_CHECK(schedules(importance::find(o.structured.criterion, importance::Use::kChannels)),
+                 "[train] a pruning schedule ranks channels by ",
+                 importance::names(importance::Use::kChannels, schedules, " or "), ", not ",
+                 o.structured.criterion, " (lopper prune --structured ranks by it)");
+  }
   check_layer_options(o.prune);
   auto ramps = [](const importance::Criterion& c) {
     return c.weights != importance::WeightRank::kThreshold;

@@ -295,6 +295,7 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
       {"--structured channel --amount 1.5", 2, "amount must be in [0, 1]"},
       {"--structured channel --amount 0.5 --method frob", 2, "unknown structured method"},
       {"--structured channel --amount 0.5 --method taylor", 2, "give --data"},
+      {"--structured channel --amount 0.5 --method activation", 2, "give --data"},
       {"--structured channel --amount 0.5 --data fashion-mnist", 2, "--data is for"},
       {"--structured channel --amount 0.5 --round-to 0", 2, "--round-to must be >= 1"},
       {"--structured channel --amount 0.5 --scope global --max-layer-amount 1.5", 2,
@@ -303,7 +304,8 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
       {"--structured channel --amount 0.5 --exclude '('", 2, "not a valid regex"},
       {"--structured channel --amount 0.5 --block-size 8", 2,
        "--block-size is for unstructured pruning, not --structured"},
-      {"--structured channel --amount 0.5 --batch-size 8", 2, "--batch-size is for taylor only"},
+      {"--structured channel --amount 0.5 --batch-size 8", 2,
+       "--batch-size is for taylor and activation only"},
       {"--structured channel --amount 0.5 --pattern 2:4", 2, "is for unstructured pruning"},
       {"--structured head --amount 0.5", 1, "no channel group can be pruned"},
       {"--structured channel --amount 0.5 --exclude .", 1, "no channel group can be pruned"},
@@ -378,6 +380,31 @@ TEST(PruneCli, StructuredTaylorUsesData) {
     EXPECT_GT(g["score"].get<double>(), 0);
   }
   EXPECT_EQ(pruned, 2);  // the two hidden layers; the logits are a graph output
+}
+
+// activation ranks channels by their mean |activation| on calibration batches (Minitron): the
+// groups shrink as asked, their scores are means of magnitudes, and the ranking is not taylor's.
+TEST(PruneCli, StructuredActivationUsesData) {
+  test::TempDir tmp;
+  auto removed = [&](const std::string& method) {
+    std::string out = tmp / (method + ".onnx");
+    auto r = lopper_cli(
+        "prune " + fixture("mlp.ts.onnx") + " -o " + out + " --structured channel --method " +
+        method + " --amount 0.25 --data fashion-mnist --calib-batches 2 --batch-size 16 --json");
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["method"], method);
+    std::vector<nlohmann::json> out_groups;
+    for (const auto& g : j["groups"]) {
+      if (g.contains("blocked")) continue;
+      EXPECT_EQ(g["size_after"].get<int64_t>(), g["size_before"].get<int64_t>() * 3 / 4);
+      EXPECT_GT(g["score"].get<double>(), 0);
+      out_groups.push_back(g["removed"]);
+    }
+    EXPECT_EQ(out_groups.size(), 2u);  // the two hidden layers; the logits are a graph output
+    return out_groups;
+  };
+  EXPECT_NE(removed("activation"), removed("taylor"));
 }
 
 // --pattern block:RxC: every bad pattern, and abs with a block, is one line and writes nothing.

@@ -183,10 +183,15 @@ TEST(StructuredRequest, OneRuleForBothFrontEnds) {
   r.unstructured_options.clear();
   r.criterion = "taylor";
   EXPECT_EQ(refusal_of(r).rfind("[prune] criterion taylor ranks channels", 0), 0u);
+  r.criterion = "activation";
+  EXPECT_EQ(refusal_of(r).rfind("[prune] criterion activation ranks channels by the layers' inputs "
+                                "on data: give data",
+                                0),
+            0u);
   r.criterion = "l1";
   r.data = true;
   r.data_options = {"data"};
-  EXPECT_EQ(refusal_of(r), "[prune] data is for taylor only");
+  EXPECT_EQ(refusal_of(r), "[prune] data is for taylor and activation only");
   r.data = false;
   r.data_options.clear();
   r.round_to = 0;

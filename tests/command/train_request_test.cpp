@@ -85,6 +85,9 @@ TEST(TrainRequest, RefusesEachBrokenRule) {
       {[](TrainRequest& r) { r.prune_amount = "1.5"; },
        "[prune] amount must be in [0, 1], got 1.5"},
       {[](TrainRequest& r) { r.prune_criterion = "nope"; }, "[prune] unknown method 'nope'"},
+      {[](TrainRequest& r) { r.prune_structured = "channel", r.prune_criterion = "activation"; },
+       "[train] a pruning schedule ranks channels by l1, l2, bn, fpgm, random or taylor, not "
+       "activation"},
       {[](TrainRequest& r) { r.optimizer = "rmsprop"; }, "[train] unknown optimizer 'rmsprop'"},
       {[](TrainRequest& r) { r.lr_schedule = "linear"; }, "[train] unknown lr_schedule 'linear'"},
       {[](TrainRequest& r) { r.options.epochs = 0; }, "[train] epochs must be > 0, got 0"},

@@ -27,7 +27,7 @@ ir::Model mlp(at::Tensor w1, at::Tensor w2) {
 TEST(Importance, LookupsAndMessages) {
   EXPECT_EQ(importance::names(Use::kWeights),
             "abs, l1, lamp, random, grad, taylor, wanda, sparsegpt");
-  EXPECT_EQ(importance::names(Use::kChannels), "l1, l2, bn, fpgm, random, taylor");
+  EXPECT_EQ(importance::names(Use::kChannels), "l1, l2, bn, fpgm, random, taylor, activation");
   EXPECT_EQ(
       importance::names(
           Use::kWeights, [](const importance::Criterion& c) { return c.needs_data(); }, " and "),
@@ -39,7 +39,7 @@ TEST(Importance, LookupsAndMessages) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
                  "[prune] unknown structured method 'grad' (methods: l1, l2, bn, fpgm, random, "
-                 "taylor)");
+                 "taylor, activation)");
   }
   EXPECT_THROW(importance::find("l2", Use::kWeights), Error);
   EXPECT_THROW(importance::find("", Use::kWeights), Error);
@@ -131,7 +131,7 @@ TEST(Importance, EveryCriterionPrunes) {
   lo.shuffle = false;
   for (const auto& c : importance::criteria()) {
     SCOPED_TRACE(c.name);
-    if (c.needs == importance::Needs::kActivations) {
+    if (c.needs == importance::Needs::kActivations && c.ranks_weights()) {
       ir::Model m = mlp(w1.clone(), w2.clone());
       PruneOptions o;
       o.criterion = c.name;
@@ -179,7 +179,22 @@ TEST(Importance, EveryCriterionPrunes) {
       StructuredOptions so;
       so.criterion = c.name;
       so.amount = PruneAmount{0.5, false};
-      if (c.unscored) {  // e.g. bn: this model has no normalisation to rank by
+      Saliency calibrated;  // the criteria that read activations: from the data
+      if (c.needs == importance::Needs::kActivations) {
+        DataLoader data(open_dataset("npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy")), lo);
+        CalibrationOptions co;
+        co.batches = 4;
+        calibrated = structured_saliency(m, so, data, co);
+        EXPECT_EQ(calibrated.batches, 4);
+        s = &calibrated;
+      }
+      if (c.needs_data()) {  // without its data: one error, the model untouched
+        ir::Model u = mlp(w1.clone(), w2.clone());
+        EXPECT_THROW(prune_structured(u, so), Error);
+        EXPECT_TRUE(at::equal(init(u, "w1"), w1));
+      }
+      if (c.unscored && c.needs != importance::Needs::kActivations) {
+        // e.g. bn: this model has no normalisation to rank by
         EXPECT_THROW(prune_structured(m, so, s), Error);
         continue;
       }

@@ -239,7 +239,7 @@ TEST(SensitivityCli, PrintsWritesAndRefusesBadInput) {
       {"--method sparsegpt --dampening 0", 2, "--dampening must be > 0"},
       {"--calib-batches 2", 2, "--calib-batches is for --method wanda and sparsegpt"},
       {"--method wanda --block-size 64", 2, "--block-size is for --method sparsegpt, not wanda"},
-      {"--structured channel --method taylor", 2, "taylor needs gradients"},
+      {"--structured channel --method taylor", 2, "taylor and activation would calibrate again"},
       {"--method nope", 2, "nope"},
       {"--exclude 'Conv|Gemm'", 1, "no prunable layer"},
       {"--device cuda:7", 1, "CUDA"},

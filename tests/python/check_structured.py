@@ -108,10 +108,10 @@ def check_outputs(lopper, ref, got, out, x, tmp, where, versus):
         assert rel <= 1e-4, f"{versus}: max rel diff {rel:.2e}"
 
 
-def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel", tag=""):
+def check_shrunk(lopper, fixtures, tmp, stem, amount, unit="channel", tag="", extra=()):
     src = os.path.join(fixtures, stem + ".onnx")
     out = os.path.join(tmp, f"{stem}.{unit}.{amount}{tag}.onnx")
-    j = prune(lopper, src, out, "--structured", unit, "--amount", str(amount))
+    j = prune(lopper, src, out, "--structured", unit, "--amount", str(amount), *extra)
     onnx.checker.check_model(out, full_check=True)
     # A tie is one tensor before and after: sliced once, alike for the embedding and the layer.
     tied, still = tied_weights(src), tied_weights(out)
@@ -219,14 +219,14 @@ def check_dynamic(lopper, fixtures, tmp, stem, amount, unit):
     return j
 
 
-def check_gqa_heads(lopper, fixtures, tmp, stem):
+def check_gqa_heads(lopper, fixtures, tmp, stem, tag="", extra=()):
     """LLaMA's grouped-query attention (4 query heads, 2 key/value heads): heads 50% removes one
     key/value head with the two query heads that read it, in each layer's one head group."""
-    j = check_shrunk(lopper, fixtures, tmp, stem, 0.5, unit="head")
+    j = check_shrunk(lopper, fixtures, tmp, stem, 0.5, unit="head", tag=tag, extra=extra)
     heads = [g for g in j["groups"] if g["kind"] == "head" and "blocked" not in g]
     assert len(heads) == 2 and all((g["size_before"], g["size_after"]) == (2, 1) for g in heads), heads
     src = os.path.join(fixtures, stem + ".onnx")
-    out = os.path.join(tmp, f"{stem}.head.0.5.onnx")
+    out = os.path.join(tmp, f"{stem}.head.0.5{tag}.onnx")
     before, _ = check_head_counts(src, out, feeds(session(src), fixtures, "llama"), "head")
     assert sorted(h for h, _ in before.values()) == [2, 2, 2, 2, 4, 4], before  # q, k, v per layer
 
@@ -285,6 +285,41 @@ def check_shared_norm_tensors(lopper, tmp):
     assert [g["size_after"] for g in j["groups"] if "blocked" not in g] == [4, 4]
 
 
+def activation_data(fixtures, tmp, stem):
+    """Calibration data for --method activation on fixture `stem`: four samples around the
+    fixture's input (a CNN's image with noise and random labels, npy:X,Y) or four rows of random
+    token IDs of its length (tokens:IDS): the --data spec and the batch size (the fixture's: its
+    batch is static)."""
+    name = stem.split(".")[0]
+    x = np.load(os.path.join(fixtures, f"{name}.input_0.npy"))
+    rng = np.random.default_rng(0)
+    d = tempfile.mkdtemp(dir=tmp)
+    if x.dtype == np.int64:
+        ids = os.path.join(d, "ids.npy")
+        np.save(ids, rng.integers(0, 1000, (4, x.shape[1])).astype(np.int64))
+        return f"tokens:{ids}", x.shape[0]
+    xs, ys = os.path.join(d, "x.npy"), os.path.join(d, "y.npy")
+    np.save(xs, (x + rng.standard_normal((4,) + x.shape[1:])).astype(np.float32))
+    np.save(ys, rng.integers(0, 1000, 4).astype(np.int64))
+    return f"npy:{xs},{ys}", x.shape[0]
+
+
+def check_activation(lopper, fixtures, tmp, stem, unit, amount):
+    """--method activation (Minitron) on calibration data: the model shrinks as any other
+    criterion shrinks it (check_shrunk: ONNX Runtime runs it, lopper agrees), every pruned group
+    has a positive score, and heads go whole (check_gqa_heads)."""
+    data, batch = activation_data(fixtures, tmp, stem)
+    extra = ("--method", "activation", "--data", data, "--calib-batches", "2", "--batch-size",
+             str(batch))
+    if unit == "head":
+        check_gqa_heads(lopper, fixtures, tmp, stem, tag=".activation", extra=extra)
+        return
+    j = check_shrunk(lopper, fixtures, tmp, stem, amount, unit, tag=".activation", extra=extra)
+    assert j["method"] == "activation", j["method"]
+    pruned = [g for g in j["groups"] if "blocked" not in g]
+    assert pruned and all(g["score"] > 0 for g in pruned), [g["score"] for g in pruned]
+
+
 def check_scale_from_shape_pins(lopper, fixtures, tmp):
     """TorchScript's attention computes 1/sqrt(head_dim) from Shape at run time: pruning head_dim
     would change that scale, so those channels stay, and the report says why."""
@@ -330,6 +365,13 @@ def main():
             for unit, amount in (("head", 0.5), ("channel", 0.3), ("channel", 0.5)):
                 cases.append((f"{stem} {unit}s {amount:.0%}, dynamic axes",
                               lambda s=stem, u=unit, a=amount: check_dynamic(lopper, fixtures, tmp, s, a, u)))
+        # Activation importance (Minitron) on calibration data: CNN channels, grouped-query heads.
+        for stem, unit, amount in (("resnet18.ts", "channel", 0.3),
+                                   ("mobilenet_v2.dynamo", "channel", 0.3),
+                                   ("llama.ts", "head", 0.5)):
+            cases.append((f"{stem} {unit}s {amount:.0%} by activation",
+                          lambda s=stem, u=unit, a=amount: check_activation(lopper, fixtures, tmp,
+                                                                             s, u, a)))
         # Issue 18's GPT-2 (n_embd 128, ids [1, 16]): the full checker passes (no stale value_info).
         for stem in ("gpt2_wide.dynamo", "gpt2_wide.ts"):
             for amount in (0.25, 0.5):

@@ -120,6 +120,9 @@ EXPECT = {
     "usage-prune-structured-without-unit": (2, ["unit"]),
     "usage-prune-structured-recipe-and-amount": (2, ["--recipe", "drop --amount"]),
     "usage-prune-structured-activation-without-data": (2, ["activation", "--data"]),
+    "usage-prune-structured-block-without-data": (2, ["influence", "--data"]),
+    "usage-prune-structured-block-with-scope": (2, ["--scope", "block"]),
+    "prune-structured-block-none-in-model": (1, ["no residual block"]),
     # --- consistency: what succeeds says and writes the right thing
     "prune-amount-1-warns": (0, ["every weight", "all weights", "all its weights",
                                  "all of its weights"]),
@@ -925,6 +928,14 @@ case("data-unknown-kind", TRAIN[:2] + ["--data", "foo:bar", "--epochs", "1", "-o
 case("usage-prune-structured-activation-without-data",
      ["prune", "m.onnx", "--structured", "channel", "--method", "activation", "--amount", "0.5",
       "-o", "out.onnx"])
+case("usage-prune-structured-block-without-data",
+     ["prune", "m.onnx", "--structured", "block", "--amount", "1", "-o", "out.onnx"])
+case("usage-prune-structured-block-with-scope",
+     ["prune", "m.onnx", "--structured", "block", "--method", "random", "--amount", "1",
+      "--scope", "global", "-o", "out.onnx"])
+case("prune-structured-block-none-in-model",
+     ["prune", "m.onnx", "--structured", "block", "--method", "random", "--amount", "1", "-o",
+      "out.onnx"])
 
 BY_NAME = {c.name: c for c in CASES}
 assert len(BY_NAME) == len(CASES), "two cases share a name"

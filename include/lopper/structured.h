@@ -25,7 +25,8 @@
 
 namespace lopper {
 
-enum class StructuredUnit { kChannel, kHead };
+/// kBlock: whole residual blocks (depth pruning, lopper/depth.h: prune_depth()).
+enum class StructuredUnit { kChannel, kHead, kBlock };
 
 /// An initializer's axis that structured pruning leaves whole (axis -1: every axis); `why` is the
 /// barrier the report lists (once for every FixedAxis with the same `why`).
@@ -101,6 +102,7 @@ struct StructuredReport {
   std::vector<std::string> barriers;  // "node 'X' (Op): why", once each
   std::vector<std::string> warnings;
   int64_t channels_before = 0, channels_after = 0;  // over the groups that could be pruned
+  std::string counted = "channels";  // what channels_* count: "channels", or "blocks" (depth)
 };
 
 /// The criterion called `name` among those that rank channels (l1, l2, bn, fpgm, random, taylor,

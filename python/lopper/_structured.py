@@ -14,7 +14,7 @@ import warnings
 import torch
 from torch.nn.utils import prune as _torch_prune
 
-from lopper import _hf, _lopper
+from lopper import _depth, _hf, _lopper
 from lopper._lopper import ChannelGroup, StructuredReport  # noqa: F401 (re-exported)
 from lopper._prune import (_export, _first_line, _Progress, _pruned, _same_outputs,
                            _split_inputs)
@@ -32,7 +32,7 @@ _FUSED_QKV = ("c_attn", "qkv", "Wqkv", "query_key_value", "in_proj")
 _ATTENTION_NAMES = (_HEADS, _KV_HEADS, _HEAD_DIM, _QUERY, _KEY, _FUSED_QKV)
 
 
-def prune_structured(module, example_inputs, *, unit="channel", method="l1", amount=None,
+def prune_structured(module, example_inputs, *, unit="channel", method=None, amount=None,
                      scope="local", max_layer_amount=0.9, round_to=1, exclude=None, seed=None,
                      recipe=None, data=None, loss="auto", mask_token=None, calib_batches=32,
                      device=None, rtol=1e-4, progress=True, reloadable=True):
@@ -72,9 +72,16 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
         example_inputs: what ``module`` is called with: a tensor, a tuple of positional
             arguments, or a dict of keyword arguments. They also fix the shapes MACs are counted
             at.
-        unit (str): ``"channel"`` (default: every channel group) or ``"head"`` (only attention
-            heads; grouped-query attention loses a key/value head with its query heads).
-        method (str): what ranks the channels: ``"l1"`` (default) or ``"l2"`` (the norm of every
+        unit (str): ``"channel"`` (default: every channel group), ``"head"`` (only attention
+            heads; grouped-query attention loses a key/value head with its query heads) or
+            ``"layer"`` (whole decoder layers of a transformers model, in place, without an
+            export: each kept layer's ``layer_idx``, ``num_hidden_layers`` and the config's
+            per-layer lists such as ``layer_types`` follow; methods ``"influence"`` (default:
+            block influence, 1 - the mean cosine similarity of a layer's input and output hidden
+            states on ``data``, ShortGPT), ``"loss"`` (the model's own loss on ``data`` with the
+            layer skipped) and ``"random"``; ``amount`` is a share or a count of the layers; the
+            shrunk model is checked against the model run with those layers skipped).
+        method (str): what ranks the channels: ``"l1"`` (default for channels and heads) or ``"l2"`` (the norm of every
             weight slice of the group), ``"bn"`` (|gamma| of its BatchNorm), ``"fpgm"``
             (distance to the other filters), ``"random"`` (seeded), ``"taylor"`` (sum of |w *
             dL/dw|; needs ``data``) or ``"activation"`` (Minitron: a channel's mean |activation|
@@ -135,6 +142,17 @@ def prune_structured(module, example_inputs, *, unit="channel", method="l1", amo
     for name, value in (("unit", unit), ("scope", scope)):
         if not isinstance(value, str):
             raise TypeError(f"[prune] {name} must be a str, got {type(value).__name__}")
+    if unit == "layer":
+        for name, value, default in (("scope", scope, "local"), ("recipe", recipe, None),
+                                     ("round_to", round_to, 1),
+                                     ("max_layer_amount", max_layer_amount, 0.9)):
+            if value != default:
+                raise ValueError(f"[prune] {name} is for channel and head groups, not "
+                                 f"unit='layer' (give amount)")
+        return _depth.prune_layers(
+            module, example_inputs, method=method, amount=amount, exclude=exclude, seed=seed,
+            data=data, calib_batches=calib_batches, device=device, rtol=rtol,
+            progress=progress, reloadable=reloadable, loss=loss)
     if isinstance(rtol, bool) or not isinstance(rtol, numbers.Real):
         raise TypeError(f"[prune] rtol must be a float >= 0, got {type(rtol).__name__}")
     if not (math.isfinite(rtol) and rtol >= 0):

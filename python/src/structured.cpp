@@ -26,6 +26,7 @@
 #include "lopper/analysis.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/graph.h"
@@ -87,8 +88,8 @@ py::tuple prune_structured_onnx(
   req.criterion = optional_arg<std::string>(method, "method", "a str");
   if (!amount.is_none()) req.amount = to_amount(amount);
   if (scope != "local") req.scope = scope;
-  req.max_layer_amount = max_layer_amount;
-  req.round_to = round_to;
+  if (max_layer_amount != 0.9) req.max_layer_amount = max_layer_amount;  // the defaults: not given
+  if (round_to != 1) req.round_to = round_to;
   req.exclude = optional_arg<std::string>(exclude, "exclude", "a str");
   req.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0");
   if (!recipe.is_none()) req.recipe = [recipe] { return recipe_arg(recipe); };
@@ -169,6 +170,57 @@ std::vector<at::Tensor> run_export(const py::bytes& model_bytes,
   return check_run(model, example_feeds(model, inputs), device);
 }
 
+// lopper.prune_structured(unit="layer") on a transformers model, in place: which layers go (the
+// scores python/lopper/_depth.py measured, or random ones), by the CLI's rules.
+std::tuple<std::vector<size_t>, std::vector<std::string>, std::vector<double>> choose_layers(
+    const py::object& scores, const std::vector<std::string>& names, const py::object& amount,
+    const py::object& exclude, const py::object& seed) {
+  const PruneAmount a = to_amount(amount);
+  std::vector<double> s =
+      scores.is_none()
+          ? depth_random_scores(names.size(),
+                                optional_arg<uint64_t>(seed, "seed", "an int >= 0").value_or(0))
+          : scores.cast<std::vector<double>>();
+  std::vector<std::vector<std::string>> each;
+  for (const auto& n : names) each.push_back({n});
+  const std::vector<std::string> blocked = as_usage([&] {
+    return depth_excluded(each,
+                          optional_arg<std::string>(exclude, "exclude", "a str").value_or(""));
+  });
+  if (std::none_of(blocked.begin(), blocked.end(), [](auto& b) { return b.empty(); }))
+    throw py::value_error("[prune] exclude leaves none of the model's " +
+                          std::to_string(names.size()) + " layers to remove");
+  return {as_usage([&] {
+            return choose_depth_units(s, blocked, a,
+                                      "the model's " + std::to_string(names.size()) + " layers");
+          }),
+          blocked, s};
+}
+
+// The report of a structured pruning done in place without an export (layers, experts): one
+// group per unit, the module's parameters before and after.
+StructuredPruneReport report_in_place(const std::string& unit, const std::string& method,
+                                      const std::vector<ChannelGroupReport>& groups,
+                                      int64_t params_before, int64_t params_after,
+                                      const std::vector<std::string>& warnings,
+                                      const std::string& counted, const std::string& name,
+                                      const std::string& command) {
+  StructuredPruneReport rep;
+  rep.unit = unit, rep.method = method, rep.scope = "local";
+  rep.r.groups = groups;
+  rep.r.warnings = warnings;
+  rep.r.counted = counted;
+  for (const auto& g : groups) {
+    if (!g.blocked.empty()) continue;
+    rep.r.channels_before += g.size_before;
+    rep.r.channels_after += g.size_after;
+  }
+  rep.before.params = rep.before.nonzero = params_before;
+  rep.after.params = rep.after.nonzero = params_after;
+  rep.name = name, rep.command = command;
+  return rep;
+}
+
 }  // namespace
 
 void bind_structured(py::module_& m) {
@@ -240,6 +292,35 @@ path cannot be written. The report keeps both exports for this (deleting it free
                            s.after.macs);
       });
 
+  py::class_<BlockInfluence>(m, "_BlockInfluence", "Block influence (lopper/depth.h). Internal.")
+      .def(py::init<>())
+      .def(
+          "add",
+          [](BlockInfluence& b, const at::Tensor& x, const at::Tensor& y, int64_t axis) {
+            py::gil_scoped_release nogil;
+            b.add(x.detach(), y.detach(), axis);
+          },
+          py::arg("x"), py::arg("y"), py::arg("axis") = -1)
+      .def_property_readonly("value", &BlockInfluence::value)
+      .def_property_readonly("vectors", &BlockInfluence::vectors);
+  m.def("_choose_layers", &choose_layers, py::arg("scores"), py::arg("names"), py::arg("amount"),
+        py::arg("exclude") = py::none(), py::arg("seed") = py::none(),
+        R"((indices, blocked, scores): the indices of the layers to remove (ascending), `amount` of
+those `exclude` leaves, lowest score first (`scores` None: the random criterion's, seeded), and
+per layer "excluded" or "", and the scores. Internal.)");
+  m.def("_group", [](int64_t id, const std::string& kind, const std::vector<std::string>& layers,
+                     int64_t before, int64_t after, const std::vector<int64_t>& removed,
+                     double score, const std::string& blocked) {
+    ChannelGroupReport g;
+    g.id = id, g.kind = kind, g.layers = layers, g.layer_params = layers;
+    g.size_before = before, g.size_after = after, g.removed = removed;
+    g.score = score, g.blocked = blocked;
+    return g;
+  });
+  m.def("_report_in_place", &report_in_place, py::arg("unit"), py::arg("method"), py::arg("groups"),
+        py::arg("params_before"), py::arg("params_after"), py::arg("warnings"), py::arg("counted"),
+        py::arg("name"), py::arg("command"),
+        "A StructuredReport of pruning done in place, without an export. Internal.");
   m.def("_run_export", &run_export, py::arg("model"), py::arg("inputs"), py::arg("device") = "cpu",
         R"(The outputs of a serialized ONNX model on `inputs` (in the graph's input order), every
 layer on ATen (no prepacking, no kernel timing). Internal: checks a module's export against the

@@ -8,6 +8,8 @@
 // lopper prune MODEL -o OUT --structured channel|head [--method l1|l2|bn|taylor|fpgm|random]
 //   --amount A [--scope local|global] [--max-layer-amount F] [--round-to N] [--exclude REGEX]
 //   [--recipe FILE.yaml] [--shape NAME=DIMS] [--seed S] [--json]   (taylor: --data SPEC ...)
+// lopper prune MODEL -o OUT --structured block [--method influence|loss|random] --amount A
+//   [--exclude REGEX] [--seed S] [--json]   (influence, loss: --data SPEC ...)
 // lopper prune MODEL -o OUT --target-macs F | --target-params F | --target-latency-ms X
 //   [--structured channel] [--sensitivity FILE | --data SPEC [--eval-batches N]] [--device D]
 //   [--method wanda|sparsegpt --data SPEC [--calib-batches N] [--block-size B] [--dampening D]]
@@ -26,6 +28,7 @@
 #include "lopper/analysis.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/files.h"
@@ -207,17 +210,20 @@ Action add_prune(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print the report as JSON instead of a table");
   auto* structured =
       cmd->add_option("--structured", o->structured,
-                      "channel | head: remove whole channels (filters, neurons) or attention "
-                      "heads; the model shrinks. Methods: " +
-                          criterion_names(channel_criteria()) + " (default l1)")
+                      "channel | head | block: remove whole channels (filters, neurons), "
+                      "attention heads or residual blocks (decoder layers); the model shrinks. "
+                      "Methods: " +
+                          criterion_names(channel_criteria()) + " (default l1); blocks: " +
+                          criterion_names(depth_criteria()) + " (default influence)")
           ->check(CLI::Validator(
               [](std::string& v) -> std::string {
                 // NOTE: CLI11 hands the next word over whatever it is: `--structured --amount
-                // 0.5` would read the unit "--amount" and leave "0.5" unexpected.
-                if (v == "channel" || v == "head") return "";
-                return "needs its unit, channel or head, right after it (got '" + v + "')";
+                // 0.5` would read the unit "--amount" and leave "0.5" unexpected. Any other
+                // word is the request's to judge (it names the units).
+                if (!v.empty() && v[0] != '-') return "";
+                return "needs its unit, channel, head or block, right after it (got '" + v + "')";
               },
-              "channel|head", "unit"));
+              "channel|head|block", "unit"));
   auto* mla = cmd->add_option("--max-layer-amount", o->max_layer_amount,
                               "structured, global: no group loses more than this share (0.9)");
   auto* round_to =

@@ -6,6 +6,7 @@
 #include "command/rules.h"
 #include "lopper/command.h"
 #include "lopper/data.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 
 namespace lopper {
@@ -22,11 +23,24 @@ StructuredJob StructuredRequest::validate() const {
     so.unit = StructuredUnit::kChannel;
   else if (unit == "head")
     so.unit = StructuredUnit::kHead;
+  else if (unit == "block")
+    so.unit = StructuredUnit::kBlock;
   else
-    throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head)");
-  const CriterionInfo crit =
-      command::as_usage([&] { return channel_criterion_info(criterion.value_or("l1")); });
+    throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head, block)");
+  const bool depth = so.unit == StructuredUnit::kBlock;
+  const CriterionInfo crit = command::as_usage([&] {
+    return depth ? depth_criterion_info(criterion.value_or("influence"))
+                 : channel_criterion_info(criterion.value_or("l1"));
+  });
   so.criterion = crit.name;
+  if (depth)
+    for (const auto& [given, name] : {std::pair{recipe != nullptr, "recipe"},
+                                      {scope.has_value(), "scope"},
+                                      {max_layer_amount.has_value(), "max_layer_amount"},
+                                      {round_to.has_value(), "round_to"}})
+      if (given)
+        throw UsageError("[prune] " + opt(name) + " is for channel and head groups, not " +
+                         opt("structured") + " block (give " + opt("amount") + ")");
   if (recipe) {
     if (amount)
       throw UsageError("[prune] " + opt("recipe") + " sets each group's amount: drop " +
@@ -53,13 +67,15 @@ StructuredJob StructuredRequest::validate() const {
     throw UsageError("[prune] " + opt("criterion") + " " + crit.name + " ranks channels " +
                      crit.data_needed + " on data: give " + opt("data") + data_hint);
   if (!crit.needs_data)
-    command::refuse_data_options(data_options, report, offers_report, channel_criteria());
+    command::refuse_data_options(data_options, report, offers_report,
+                                 depth ? depth_criteria() : channel_criteria());
   return job;
 }
 
 StructuredReport StructuredJob::run(ir::Model& model, DataLoader* data,
                                     const CalibrationOptions& calib) const {
   LOPPER_ASSERT(data || !needs_data, "a structured job that ranks by data was given none");
+  if (options.unit == StructuredUnit::kBlock) return prune_depth(model, options, data, calib);
   std::optional<Saliency> saliency;
   if (needs_data) saliency = structured_saliency(model, options, *data, calib);
   return prune_structured(model, options, saliency ? &*saliency : nullptr);

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "lopper/analysis.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 #include "lopper/memory.h"
 #include "prune/activations.h"
@@ -379,7 +380,10 @@ void check_structured_options(const StructuredOptions& opts) {
                opts.max_layer_amount);
   LOPPER_CHECK(opts.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
                opts.round_to);
-  (void)importance::find(opts.criterion, importance::Use::kChannels);
+  if (opts.unit == StructuredUnit::kBlock)
+    (void)depth_criterion_info(opts.criterion);
+  else
+    (void)importance::find(opts.criterion, importance::Use::kChannels);
   (void)LayerFilter(opts.exclude);
 }
 

@@ -51,8 +51,8 @@ nlohmann::json to_json(const PruneReport& r) {
 
 nlohmann::json to_json(const StructuredReport& r) {
   nlohmann::json j;
-  j["channels_before"] = r.channels_before;
-  j["channels"] = r.channels_after;
+  j[r.counted + "_before"] = r.channels_before;  // channels_before / blocks_before
+  j[r.counted] = r.channels_after;
   j["barriers"] = r.barriers;
   j["warnings"] = r.warnings;
   j["groups"] = nlohmann::json::array();

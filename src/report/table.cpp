@@ -64,7 +64,7 @@ std::string to_table(const StructuredReport& r) {
                      g.size_after, g.score, layers);
   }
   const int64_t a = r.channels_after, b = r.channels_before;
-  s += fmt::format("\nchannels {:>14}  (was {}, -{:.1f}%)\n", a, b,
+  s += fmt::format("\n{:<8} {:>14}  (was {}, -{:.1f}%)\n", r.counted, a, b,
                    b ? 100.0 * (1.0 - double(a) / double(b)) : 0.0);
   return s;
 }

@@ -120,6 +120,7 @@ EXPECT = {
     "usage-prune-structured-without-unit": (2, ["unit"]),
     "usage-prune-structured-recipe-and-amount": (2, ["--recipe", "drop --amount"]),
     "usage-prune-structured-activation-without-data": (2, ["activation", "--data"]),
+    "usage-prune-structured-expert-onnx": (2, ["unit=\"expert\""]),
     "usage-prune-structured-block-without-data": (2, ["influence", "--data"]),
     "usage-prune-structured-block-with-scope": (2, ["--scope", "block"]),
     "prune-structured-block-none-in-model": (1, ["no residual block"]),
@@ -928,6 +929,9 @@ case("data-unknown-kind", TRAIN[:2] + ["--data", "foo:bar", "--epochs", "1", "-o
 case("usage-prune-structured-activation-without-data",
      ["prune", "m.onnx", "--structured", "channel", "--method", "activation", "--amount", "0.5",
       "-o", "out.onnx"])
+case("usage-prune-structured-expert-onnx",
+     ["prune", "m.onnx", "--structured", "expert", "--method", "reap", "--amount", "0.25", "-o",
+      "out.onnx"])
 case("usage-prune-structured-block-without-data",
      ["prune", "m.onnx", "--structured", "block", "--amount", "1", "-o", "out.onnx"])
 case("usage-prune-structured-block-with-scope",

@@ -28,8 +28,10 @@ from lopper._lopper import InferenceSession, NodeArg, __version__  # noqa: E402
 from lopper._prune import PruneLayerReport, PruneReport, make_permanent, prune  # noqa: E402
 from lopper import _analysis, _structured  # noqa: E402
 from lopper._onnx import export_onnx  # noqa: E402
+from lopper._experts import ExpertReport  # noqa: E402
 from lopper._analysis import *  # noqa: E402,F401,F403 (its __all__)
 from lopper._structured import *  # noqa: E402,F401,F403 (its __all__)
 
 __all__ = ["InferenceSession", "NodeArg", "PruneLayerReport", "PruneReport", "__version__",
            "export_onnx", "make_permanent", "prune"] + _analysis.__all__ + _structured.__all__
+__all__ += ["ExpertReport"]

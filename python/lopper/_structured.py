@@ -142,6 +142,14 @@ def prune_structured(module, example_inputs, *, unit="channel", method=None, amo
     for name, value in (("unit", unit), ("scope", scope)):
         if not isinstance(value, str):
             raise TypeError(f"[prune] {name} must be a str, got {type(value).__name__}")
+    if unit == "expert":  # whole experts of mixture-of-experts layers (_experts.py)
+        from lopper import _experts
+        return _experts.prune_experts(
+            module, example_inputs, method=method, amount=amount, seed=seed, data=data,
+            calib_batches=calib_batches, device=device, progress=progress, others=dict(
+                scope=scope, max_layer_amount=max_layer_amount, round_to=round_to,
+                exclude=exclude, recipe=recipe, loss=loss, mask_token=mask_token, rtol=rtol,
+                reloadable=reloadable))
     if unit == "layer":
         for name, value, default in (("scope", scope, "local"), ("recipe", recipe, None),
                                      ("round_to", round_to, 1),

@@ -16,5 +16,8 @@ void bind_structured(pybind11::module_& m);
 /// lopper.SensitivityReport, lopper.TargetReport and their C++ halves, behind lopper.sensitivity
 /// and lopper.prune_to_target (analysis.cpp).
 void bind_analysis(pybind11::module_& m);
+/// lopper.ExpertReport and the C++ half of lopper.prune_structured(..., unit="expert")
+/// (experts.cpp).
+void bind_experts(pybind11::module_& m);
 
 }  // namespace lopper::python

@@ -33,5 +33,6 @@ PYBIND11_MODULE(_lopper, m) {
   lopper::python::bind_session(m);
   lopper::python::bind_prune(m);
   lopper::python::bind_structured(m);
+  lopper::python::bind_experts(m);  // after bind_structured: its groups are ChannelGroups
   lopper::python::bind_analysis(m);
 }

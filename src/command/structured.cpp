@@ -25,6 +25,14 @@ StructuredJob StructuredRequest::validate() const {
     so.unit = StructuredUnit::kHead;
   else if (unit == "block")
     so.unit = StructuredUnit::kBlock;
+  else if (unit == "expert")
+    throw UsageError(
+        "[prune] " + opt("structured") +
+        " expert runs from Python on the transformers model (lopper.prune_structured(model, "
+        "inputs, unit=\"expert\", method=\"reap\", amount=..., data=...)): an MoE model's ONNX "
+        "export keeps each layer's experts in one tensor that the router's TopK indices gather "
+        "from at run time (transformers' eager and grouped_mm experts do not export at all), so "
+        "the graph has no expert to remove");
   else
     throw UsageError("[prune] unknown unit '" + unit + "' (units: channel, head, block)");
   const bool depth = so.unit == StructuredUnit::kBlock;

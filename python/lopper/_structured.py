@@ -80,7 +80,11 @@ def prune_structured(module, example_inputs, *, unit="channel", method=None, amo
             block influence, 1 - the mean cosine similarity of a layer's input and output hidden
             states on ``data``, ShortGPT), ``"loss"`` (the model's own loss on ``data`` with the
             layer skipped) and ``"random"``; ``amount`` is a share or a count of the layers; the
-            shrunk model is checked against the model run with those layers skipped).
+            shrunk model is checked against the model run with those layers skipped), or
+            ``"expert"`` (whole experts of each mixture-of-experts layer of a model with fused
+            experts, Mixtral, Qwen2-MoE, Qwen3-MoE, in place: methods ``"reap"`` (default),
+            ``"frequency"``, ``"activation"``, ``"random"``; ``amount`` a share (int(E * amount)
+            go, as llm-compressor's REAP) or a count per layer; returns a lopper.ExpertReport).
         method (str): what ranks the channels: ``"l1"`` (default for channels and heads) or ``"l2"`` (the norm of every
             weight slice of the group), ``"bn"`` (|gamma| of its BatchNorm), ``"fpgm"``
             (distance to the other filters), ``"random"`` (seeded), ``"taylor"`` (sum of |w *

@@ -15,6 +15,7 @@ fused tensors, the router's rows, the modules' expert counts and the config's.
 import collections.abc
 import copy
 import inspect
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -103,8 +104,6 @@ def prune_experts(module, example_inputs, *, method, amount, seed, data, calib_b
         [type(module).__name__, "unit='expert'", f"method={method!r}", f"amount={amount!r}"] +
         ([f"seed={seed!r}"] if seed is not None else [])))
     report = pruning.report(params_before, _params(module), type(module).__name__, command)
-    import warnings
-
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=3)
     return report
@@ -262,7 +261,8 @@ def _config_check(module, layers, new_counts):
             own = getattr(sub, "config", None)
             if own is not None and own is not cfg and own is not top:
                 updates += [(own, k, new) for k in _COUNTS
-                            if isinstance(getattr(own, k, None), int) and getattr(own, k) == l.count]
+                            if isinstance(getattr(own, k, None), int)
+                            and getattr(own, k) == l.count]
     return updates
 
 

@@ -180,6 +180,25 @@ def test_random_is_seeded_and_reads_no_data():
     assert picks[0] != picks[2]
 
 
+def test_data_as_tensors_dicts_or_pairs_and_at_most_calib_batches():
+    data = batches(4)
+    forms = {
+        "dicts": data,
+        "tensors": [b["input_ids"] for b in data],
+        "pairs": [(b["input_ids"], b["input_ids"]) for b in data],
+        "dict pairs": [(b, b["input_ids"]) for b in data],
+        "dicts with labels": [dict(b, labels=b["input_ids"]) for b in data],
+    }
+    scores = {}
+    for name, items in forms.items():
+        model = mixtral()
+        scores[name] = prune(model, method="frequency", amount=0.25, data=iter(items),
+                             calib_batches=3).scores
+    first = scores["dicts"]
+    assert all(s == first for s in scores.values())
+    assert sum(first["model.layers.0.mlp"]) == 2 * 3 * 24  # 3 batches of 2 x 12 tokens, top-2
+
+
 # ------------------------------------------------------------------------------------------------
 # The scores against their definitions, in float64.
 

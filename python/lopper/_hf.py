@@ -12,6 +12,8 @@ import torch
 # The config keys of an MLP's inner width, by architecture (LLaMA/Qwen2/BERT, GPT-2, DistilBERT,
 # OPT/BART).
 _INNER = ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim")
+# The config keys of the hidden size (the residual stream's width), by architecture.
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 # An MLP's first projections (their outputs are the inner width): LLaMA's gate/up, GPT-2's c_fc,
 # DistilBERT's lin1, OPT's fc1; BERT's BertIntermediate.dense.
 _UP = ("gate_proj", "up_proj", "c_fc", "lin1", "fc1", "w1", "w3")
@@ -86,8 +88,9 @@ def _shapes(module):
 
 def follow_config(module, names, set_attr):
     """Makes a transformers model's config describe what pruning left: head and key/value head
-    counts, the head size, the MLP's inner width, each under the architecture's own key, set
-    through `set_attr(config, key, value)` (so that it can be undone). The new config is checked
+    counts, the head size, the MLP's inner width, the hidden size (the input embedding's width),
+    each under the architecture's own key, set through `set_attr(config, key, value)` (so that it
+    can be undone). The new config is checked
     first by building the model's class from it (on the meta device: no memory) and comparing
     every tensor's shape. Returns None when the config describes the model, else (what, suspect):
     why save_pretrained + from_pretrained would not give this model back, and the parameter
@@ -100,9 +103,17 @@ def follow_config(module, names, set_attr):
     given = cfg.to_dict()
     updates = {}
     uneven = []
+    hidden = set()
+    try:
+        emb = module.get_input_embeddings()
+    except Exception:  # noqa: BLE001 (a model without one)
+        emb = None
+    if isinstance(getattr(emb, "weight", None), torch.Tensor) and emb.weight.dim() == 2:
+        hidden.add(int(emb.weight.shape[1]))
     for what, values, keys in (("attention heads", heads, ("num_attention_heads",)),
                                ("key/value heads", kv, ("num_key_value_heads",)),
-                               ("MLP widths", inner, _INNER)):
+                               ("MLP widths", inner, _INNER),
+                               ("hidden sizes", hidden, _HIDDEN)):
         key = next((k for k in keys if k in given or hasattr(cfg, k)), None)
         if key is None or not values:
             continue
@@ -112,7 +123,10 @@ def follow_config(module, names, set_attr):
         (v,) = values
         if getattr(cfg, key, None) != v:
             updates[key] = v
-    if len(head_dims) == 1 and ("num_attention_heads" in updates or "head_dim" in given):
+    # The head size, where a new head count or hidden size would change the one the class
+    # derives (hidden_size // num_attention_heads) or the config has its own.
+    changed = "num_attention_heads" in updates or any(k in updates for k in _HIDDEN)
+    if len(head_dims) == 1 and (changed or "head_dim" in given):
         (hd,) = head_dims
         if getattr(cfg, "head_dim", None) != hd:
             updates["head_dim"] = hd

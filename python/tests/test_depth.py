@@ -1,7 +1,8 @@
-"""Depth pruning of transformers models in place (prune_structured(unit="layer")): whole decoder
-layers go, their bookkeeping follows (layer_idx, num_hidden_layers, layer_types), generate() and
-save_pretrained + from_pretrained work; the block influence is the definition's. Random init from
-configs, no downloads."""
+"""Depth and width of transformers language models in place: whole decoder layers go
+(prune_structured(unit="layer")), their bookkeeping follows (layer_idx, num_hidden_layers,
+layer_types), generate() and save_pretrained + from_pretrained work, and the block influence is the
+definition's; the hidden size shrinks through RMSNorm with the config's hidden_size. Random init
+from configs, no downloads."""
 
 import warnings
 
@@ -137,3 +138,29 @@ def test_a_module_that_is_not_transformers_is_refused():
     m = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="lopper prune --structured block"):
         lopper.prune_structured(m, torch.randn(1, 4), unit="layer", method="random", amount=1)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hidden_size_shrinks_with_the_config(name, tmp_path):
+    """unit="channel" shrinks the residual stream through RMSNorm (a ReduceMean over the channels
+    in the export): the embedding, every norm, every projection in and out (and Qwen2's tied
+    lm_head) go with it, and the config's hidden_size (with head_dim, which Qwen2 derives from
+    it) follows."""
+    m = _model(name)
+    ids = _example()["input_ids"]
+    r = lopper.prune_structured(m, _example(), amount=0.5, progress=False)
+    hidden = r.groups[0]
+    assert (hidden.size_before, hidden.size_after, hidden.blocked) == (64, 32, "")
+    assert m.config.hidden_size == 32 and m.config.head_dim == 16
+    assert m.model.embed_tokens.weight.shape == (V, 32)
+    assert m.model.norm.weight.shape == (32,)
+    assert m.model.layers[0].self_attn.q_proj.weight.shape[1] == 32
+    m.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.allclose(back(ids).logits, m(ids).logits, atol=1e-5)
+        a = m.generate(ids, max_new_tokens=3, do_sample=False, use_cache=True)
+        b = m.generate(ids, max_new_tokens=3, do_sample=False, use_cache=False)
+    assert torch.equal(a, b)

@@ -207,8 +207,9 @@ void add_arg(OpTable& t, const char* name, bool is_max) {
          }});
 }
 
-// Channel rules: a reduction over other axes carries the channels (shifted when keepdims=0);
-// one over the channels is a barrier.
+// Channel rules: a reduction over other axes carries the channels (shifted when keepdims=0); a
+// ReduceMean over the channel axis alone, keeping it, gives an untracked statistic; any other
+// reduction over the channels is a barrier.
 void reduce_channels(ChannelContext& c) {
   const Tracked* x = c.in(0);
   if (!x) return;
@@ -227,8 +228,16 @@ void reduce_channels(ChannelContext& c) {
   int64_t out = x->axis;
   for (int64_t a : axes) {
     if (a < 0) a += rank;
-    if (a == x->axis) return c.barrier(c.node().op_type + " over the channels");
-    if (a < x->axis && !keep) --out;
+    if (a != x->axis) {
+      if (a < x->axis && !keep) --out;
+      continue;
+    }
+    // The mean over the channels alone, kept as an axis of 1 (RMSNorm's mean square, a
+    // LayerNorm's mean and variance as exporters spell them out): a statistic per position that
+    // broadcasts back over the channels; after pruning it covers the channels that stay, as
+    // LayerNormalization's statistics do. Any other reduction over the channels is a barrier.
+    if (c.node().op_type == "ReduceMean" && keep && axes.size() == 1) return;
+    return c.barrier(c.node().op_type + " over the channels");
   }
   c.set_out(0, Tracked{out, x->atoms});
 }

@@ -290,7 +290,8 @@ TEST(PruneCli, StructuredBadInputIsOneLineAndNoOutput) {
   test::TempDir tmp;
   std::string in = fixture("small_cnn.ts.onnx"), out = tmp / "p.onnx";
   const std::vector<BadCase> cases = {
-      {"--structured filter --amount 0.5", 2, "channel or head, right after it (got 'filter')"},
+      {"--structured filter --amount 0.5", 2,
+       "unknown unit 'filter' (units: channel, head, block)"},
       {"--structured channel", 2, "needs --amount"},
       {"--structured channel --amount 1.5", 2, "amount must be in [0, 1]"},
       {"--structured channel --amount 0.5 --method frob", 2, "unknown structured method"},

@@ -176,7 +176,7 @@ TEST(StructuredRequest, OneRuleForBothFrontEnds) {
   EXPECT_NE(std::string(refusal_of(r)).find("structured pruning needs amount"), std::string::npos);
   r.amount = PruneAmount{0.5, false};
   r.unit = "neuron";
-  EXPECT_EQ(refusal_of(r), "[prune] unknown unit 'neuron' (units: channel, head)");
+  EXPECT_EQ(refusal_of(r), "[prune] unknown unit 'neuron' (units: channel, head, block)");
   r.unit = "head";
   r.unstructured_options = {"block_size"};
   EXPECT_EQ(refusal_of(r), "[prune] block_size is for unstructured pruning, not structured");

@@ -800,3 +800,57 @@ TEST(DepGraph, GroupedQueryHeadsGoWithTheirKeyValueHead) {
   EXPECT_TRUE(at::equal(input_of(pruned, "o", 1), longs({1, 3, 16})));
   expect_runs_as(pruned, zeroed(n.m, {"wo"}, 0, q_low), {1, 3, 32}, {1, 3, 32});
 }
+
+// The hidden size through RMSNorm as exporters spell it out (Pow, ReduceMean over the channels
+// kept as an axis of 1, Add eps, Sqrt, Reciprocal, Mul) and a residual Add: the input projection's
+// columns, the residual branch's output columns, the norm's scale and the output projection's rows
+// shrink together; the norm then normalises over the channels that stay. The pruned model equals
+// the same computation written on the kept channels by hand. A ReduceSum over the channels stays
+// a barrier.
+TEST(DepGraph, HiddenSizeFollowsRmsNormAndTheResidual) {
+  at::manual_seed(11);
+  Net n({2, 3, 5});
+  n.init("w_in", at::randn({5, 8})), n.init("w_res", at::randn({8, 8}));
+  n.init("gamma", at::rand({8}) + 0.5), n.init("w_out", at::randn({8, 6}));
+  n.init("two", at::tensor(2.0f)), n.init("eps", at::tensor(1e-6f));
+  n.init("axes", longs({-1}));
+  n.op("MatMul", {"x", "w_in"}, {"h"});
+  n.op("MatMul", {"h", "w_res"}, {"r"});
+  n.op("Add", {"h", "r"}, {"s"});
+  n.op("Pow", {"s", "two"}, {"sq"});
+  n.op("ReduceMean", {"sq", "axes"}, {"ms"}, {attr("keepdims", int64_t(1))});
+  n.op("Add", {"ms", "eps"}, {"mse"});
+  n.op("Sqrt", {"mse"}, {"rms"});
+  n.op("Reciprocal", {"rms"}, {"inv"});
+  n.op("Mul", {"s", "inv"}, {"normed"});
+  n.op("Mul", {"normed", "gamma"}, {"scaled"});
+  n.op("MatMul", {"scaled", "w_out"}, {"y"});
+  n.m.opset_import = {{"", 18}};  // ReduceMean's axes as an input
+  StructuredReport g = channel_groups(n.m);
+  ASSERT_EQ(g.groups.size(), 2u);
+  EXPECT_TRUE(g.groups[0].blocked.empty()) << g.groups[0].blocked;
+  EXPECT_EQ(g.groups[0].size_before, 8);
+  ir::Model m = n.m;
+  prune_structured(m, amount(0.5));
+  StructuredReport r = channel_groups(m);
+  ASSERT_FALSE(r.groups.empty());
+  EXPECT_EQ(r.groups[0].size_before, 4);
+  // The same computation on the kept channels, by hand.
+  ir::Model probe = n.m;
+  const Ints removed = prune_structured(probe, amount(0.5)).groups[0].removed;
+  const at::Tensor k = longs(kept(8, removed));
+  at::Tensor x = at::randn({2, 3, 5});
+  at::Tensor h = at::matmul(x, init(n.m, "w_in").index_select(1, k));
+  at::Tensor s = h + at::matmul(h, init(n.m, "w_res").index_select(0, k).index_select(1, k));
+  at::Tensor normed = s / at::sqrt(s.pow(2).mean(-1, true) + 1e-6);
+  at::Tensor want = at::matmul(normed * init(n.m, "gamma").index_select(0, k),
+                               init(n.m, "w_out").index_select(0, k));
+  Executor ex(m);
+  EXPECT_LE(test::relative_max_diff(ex.run({{"x", x}})[0], want), 1e-5);
+
+  Net sum = n;
+  for (auto& node : sum.m.graph.nodes)
+    if (node.op_type == "ReduceMean") node.op_type = "ReduceSum";
+  EXPECT_EQ(channel_groups(sum.m).groups[0].blocked,
+            "node 'ms' (ReduceSum): ReduceSum over the channels");
+}

@@ -4,7 +4,10 @@ and its MLP block: one layer), from both exporters, ranked by block influence on
 and at random. Every written model passes onnx's full checker, runs in ONNX Runtime with the
 original output shape, agrees with lopper's own run of it (<= 1e-4 relative), lost the units the
 report says (their weights are gone from the file), and is smaller; BERT's post-norm sub-layers are
-blocks of their own. Usage: check_depth.py LOPPER FIXTURES_DIR
+blocks of their own. The hidden size too (`--structured channel`): GPT-2's (LayerNormalization, torch.export) and
+LLaMA's (RMSNorm spelled out: ReduceMean over the channels) residual streams shrink with their
+embedding table, every norm's scale and every projection in and out, checked the same way.
+Usage: check_depth.py LOPPER FIXTURES_DIR
 """
 
 import os
@@ -15,7 +18,8 @@ import onnx
 
 sys.path.insert(0, os.path.dirname(__file__))
 from cases import run  # noqa: E402
-from check_structured import activation_data, check_outputs, feeds, prune, session  # noqa: E402
+from check_structured import (activation_data, check_outputs, check_shrunk, feeds,  # noqa: E402
+                              prune, session)
 
 # stem -> (units expected, kind of each)
 MODELS = {
@@ -63,6 +67,25 @@ def check_depth(lopper, fixtures, tmp, stem, method):
     assert j["params"] < j["params_before"] and j["macs"] < j["macs_before"], "params/MACs"
 
 
+def embedding_width(path):
+    """The width of the token embedding table (the initializer a Gather reads)."""
+    g = onnx.load(path, load_external_data=False).graph
+    inits = {i.name: list(i.dims) for i in g.initializer}
+    tables = [inits[n.input[0]] for n in g.node if n.op_type == "Gather" and n.input[0] in inits
+              and len(inits[n.input[0]]) == 2]
+    return max(t[1] for t in tables)
+
+
+def check_hidden(lopper, fixtures, tmp, stem):
+    j = check_shrunk(lopper, fixtures, tmp, stem, 0.5, tag=".hidden")
+    src = os.path.join(fixtures, stem + ".onnx")
+    out = os.path.join(tmp, f"{stem}.channel.0.5.hidden.onnx")
+    before, after = embedding_width(src), embedding_width(out)
+    assert after == before // 2, f"the embedding is {after} wide, was {before}"
+    hidden = [g for g in j["groups"] if g["size_before"] == before and "blocked" not in g]
+    assert hidden and hidden[0]["size_after"] == before // 2, "no hidden-size group pruned"
+
+
 def main():
     lopper, fixtures = sys.argv[1], sys.argv[2]
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -72,6 +95,12 @@ def main():
             for method in ("influence", "random"):
                 cases.append((f"{stem} blocks by {method}",
                               lambda s=stem, m=method: check_depth(lopper, fixtures, tmp, s, m)))
+        # (gpt2.ts: TorchScript folds the position ids to a constant, and a Gather by constant
+        # indices starts no channels: the Add of the two embeddings keeps the hidden size, and the
+        # report says so.)
+        for stem in ("gpt2.dynamo", "llama.ts", "llama.dynamo"):
+            cases.append((f"{stem} hidden size 50%",
+                          lambda s=stem: check_hidden(lopper, fixtures, tmp, s)))
         return run(cases, jobs=2)
 
 

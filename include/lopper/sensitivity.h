@@ -22,6 +22,9 @@ struct SensitivityOptions {
   /// Each in [0, 1): the share of a layer's weights (structured: of a group's channels) removed.
   std::vector<double> amounts = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
   bool structured = false;  // channel groups (structured.h) instead of single weights
+  /// Residual blocks (lopper/depth.h) too, or alone: each removed on its own, one point (amount
+  /// 1: the whole block) per block.
+  bool blocks = false;
   /// What ranks the weights (l1, random, or by the layer's inputs: wanda, sparsegpt) or the
   /// channels (a criterion of the weights alone: l1, l2, bn, fpgm, random); gradient criteria
   /// would need gradients at every point.
@@ -65,6 +68,7 @@ struct LayerSensitivity {
   std::string weight;  // unstructured: its weight initializer
   std::string param;   // unstructured: the PyTorch parameter's name, "" when the model lacks it
   int64_t group = -1;  // structured: the channel group's id
+  int64_t block = -1;  // a residual block: its index among depth_units() (one point, amount 1)
   std::vector<std::string> layers;  // the layers that shrink (unstructured: the one layer)
   int64_t params = 0, macs = 0;     // dense, of the layer itself (structured: its group's layers)
   std::vector<SensitivityPoint> points;  // one per amount, in order
@@ -73,7 +77,7 @@ struct LayerSensitivity {
 };
 
 struct SensitivityResult {
-  std::string unit;           // "weight" or "channel"
+  std::string unit;           // "weight", "channel", "block" or "channel+block"
   std::string method;         // the criterion ranking weights or channels
   double loss = 0, top1 = 0;  // the unpruned model on the same batches
   int64_t samples = 0;

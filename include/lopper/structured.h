@@ -65,6 +65,8 @@ struct StructuredOptions {
   /// Per-group fractions by ChannelGroupReport::id (sensitivity, pruning to a target): the listed
   /// groups lose that share of their channels, the others none. Overrides amount, scope and recipe.
   std::map<int64_t, double> group_amounts;
+  /// kBlock: remove exactly these units (indices of depth_units()) instead of ranking them.
+  std::vector<int64_t> blocks;
   /// Input shapes for the analysis run (by name); dynamic dims default to 1.
   std::map<std::string, std::vector<int64_t>> input_shapes;
   /// Parameter axes that must keep their size, and why: the groups whose channels they hold are

@@ -35,6 +35,10 @@ struct TargetOptions {
   /// kLatency: milliseconds per run at the input shapes on `device`.
   double value = 0.5;
   bool structured = false;  // channel groups (the model shrinks) instead of single weights
+  /// Residual blocks (lopper/depth.h) too, or alone: each kept or removed whole, chosen with the
+  /// channel groups on the sensitivity curves (blocks need sensitivity data: `sensitivity`, or
+  /// measured on data).
+  bool blocks = false;
   /// Structured, without sensitivity data: what ranks the channels. Unstructured: l1, or with
   /// sensitivity data measured by it, a criterion that reads the layers' inputs (wanda,
   /// sparsegpt): the amounts are chosen on the curves, then applied by prune_calibrated() on
@@ -68,6 +72,7 @@ struct TargetUnit {
   std::string weight;            // unstructured
   std::string param;             // unstructured: the PyTorch parameter's name, "" when unknown
   int64_t group = -1;            // structured
+  int64_t block = -1;            // a residual block (depth_units() index): amount 1 = removed
   double amount = 0;             // chosen share of its weights (channels) removed
   double est_loss_increase = 0;  // from the sensitivity data (0 without)
   /// What tables show: the parameter's name, else `name`.

@@ -56,7 +56,9 @@ Action add_sensitivity(CLI::App& app) {
                     o->model);
   o->data.add(cmd, "test");
   cmd->add_option("--structured", o->req.structured,
-                  "channel: prune each channel group (the model shrinks) instead of each weight");
+                  "channel: prune each channel group (the model shrinks) instead of each "
+                  "weight; block: remove each residual block (decoder layer); channel,block: "
+                  "both");
   cmd->add_option("--method", o->req.criterion,
                   "weights: l1 (default) | random | wanda | sparsegpt (by the layers' inputs on "
                   "the data); channels: l1 (default) | l2 | bn | fpgm | random");

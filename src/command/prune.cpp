@@ -11,6 +11,14 @@
 namespace lopper {
 namespace command {
 
+std::pair<bool, bool> structured_units(const char* op, const std::string& structured) {
+  if (structured == "channel") return {true, false};
+  if (structured == "block") return {false, true};
+  if (structured == "channel,block" || structured == "block,channel") return {true, true};
+  throw UsageError(std::string("[") + op + "] " + opt("structured") +
+                   " takes channel, block or channel,block, got '" + structured + "'");
+}
+
 PruneScope scope_of(const std::optional<std::string>& scope) {
   const std::string s = scope.value_or("local");
   if (s == "local") return PruneScope::kLocal;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lopper/command.h"
@@ -36,6 +37,10 @@ inline void check_exclude(const char* op, const std::string& exclude) {
 
 /// Says what load_warnings finds in `m` (read from `path`) to `warn`, one line each.
 void say_warnings(const ir::Model& m, const std::string& path, const Warn& warn);
+
+/// A sweep's or a target's `structured`: "channel", "block" or "channel,block" (either order) ->
+/// (channel groups, residual blocks); anything else is refused, the message starting "[op]".
+std::pair<bool, bool> structured_units(const char* op, const std::string& structured);
 
 /// local (the default) | global; anything else is refused.
 PruneScope scope_of(const std::optional<std::string>& scope);

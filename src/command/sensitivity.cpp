@@ -1,5 +1,6 @@
 // SensitivityRequest: the rules of lopper sensitivity and lopper.sensitivity, once.
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "command/rules.h"
@@ -12,17 +13,16 @@ SensitivityJob SensitivityRequest::validate() const {
   using command::opt;
   SensitivityJob job;
   SensitivityOptions& so = job.options;
-  if (structured) {
-    if (*structured != "channel")
-      throw UsageError("[sensitivity] " + opt("structured") + " takes channel, got '" +
-                       *structured + "'");
-    so.structured = true;
-  }
+  if (structured)
+    std::tie(so.structured, so.blocks) = command::structured_units("sensitivity", *structured);
   const std::string name = criterion.value_or("l1");
+  if (so.blocks && !so.structured && criterion)
+    throw UsageError("[sensitivity] " + opt("structured") +
+                     " block removes each block whole: drop " + opt("criterion"));
   const CriterionInfo c = command::as_usage(
       [&] { return so.structured ? channel_criterion_info(name) : weight_criterion_info(name); });
   so.criterion = c.name;
-  job.reads_inputs = !so.structured && c.reads_inputs;
+  job.reads_inputs = !so.structured && !so.blocks && c.reads_inputs;
   command::check_one_shot("sensitivity", "", so.criterion, job.reads_inputs, batches,
                           block_size.has_value(), dampening.has_value());
   if (block_size) so.block_size = *block_size;
@@ -33,7 +33,7 @@ SensitivityJob SensitivityRequest::validate() const {
   if (round_to) so.round_to = *round_to;
   if (exclude) so.exclude = *exclude;
   if (seed) so.seed = *seed;
-  if (allow_tied && so.structured)
+  if (allow_tied && (so.structured || so.blocks))
     throw UsageError("[sensitivity] " + opt("allow_tied") + " is for single weights, not " +
                      opt("structured"));
   so.allow_tied = allow_tied;

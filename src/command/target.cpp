@@ -1,5 +1,6 @@
 // TargetRequest: the rules of lopper prune --target-* and lopper.prune_to_target, once.
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "command/rules.h"
@@ -26,10 +27,10 @@ TargetJob TargetRequest::validate() const {
   for (const std::string& name : per_layer_options)
     throw UsageError("[prune] a target chooses each layer's amount: drop " + opt(name));
   if (structured) {
-    if (*structured != "channel")
-      throw UsageError("[prune] a target prunes weights or " + opt("structured") +
-                       " channel, not '" + *structured + "'");
-    t.structured = true;
+    std::tie(t.structured, t.blocks) = command::structured_units("prune", *structured);
+    if (t.blocks && !t.structured && criterion)
+      throw UsageError("[prune] " + opt("structured") + " block removes each block whole: drop " +
+                       opt("criterion"));
     t.criterion =
         command::as_usage([&] { return channel_criterion_info(criterion.value_or("l1")).name; });
     if (allow_tied)

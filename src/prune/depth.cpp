@@ -520,7 +520,8 @@ std::vector<size_t> choose_depth_units(const std::vector<double>& scores,
 
 StructuredReport prune_depth(ir::Model& model, const StructuredOptions& opts, DataLoader* data,
                              const CalibrationOptions& calib) {
-  const CriterionInfo crit = depth_criterion_info(opts.criterion);
+  const bool chosen = !opts.blocks.empty();  // the caller says which (sensitivity, targets)
+  const CriterionInfo crit = depth_criterion_info(chosen ? "random" : opts.criterion);
   LOPPER_CHECK(!crit.needs_data || data, "[prune] " LOPPER_OPTION("criterion"), " ", crit.name,
                " ranks blocks ", crit.data_needed, " on data: give " LOPPER_OPTION("data"));
   std::vector<DepthUnit> units = depth_units(model, opts.input_shapes);
@@ -546,15 +547,27 @@ StructuredReport prune_depth(ir::Model& model, const StructuredOptions& opts, Da
   LOPPER_CHECK(any, "[prune] none of the model's ", units.size(), " residual blocks can be removed",
                filter.leaves_none(), " (first: ", units[0].label, ": ", units[0].blocked, ")");
   std::vector<double> scores(units.size(), 0.0);
-  if (crit.name == "random") {
+  if (chosen) {
+    for (int64_t b : opts.blocks) {
+      LOPPER_CHECK(b >= 0 && size_t(b) < units.size(), "[prune] no residual block ", b,
+                   " (the model has ", units.size(), ")");
+      LOPPER_CHECK(blocked[size_t(b)].empty(), "[prune] residual block ", b, " (",
+                   units[size_t(b)].label, ") cannot be removed: ", blocked[size_t(b)]);
+    }
+  } else if (crit.name == "random") {
     scores = depth_random_scores(units.size(), opts.seed);
   } else {
     const std::vector<Batch> batches = read_batches(*data, calib);
     scores = crit.name == "influence" ? influence(model, units, batches, calib)
                                       : loss_increase(model, units, batches, calib);
   }
-  const std::vector<size_t> gone =
-      choose_depth_units(scores, blocked, opts.amount, "the model's residual blocks");
+  std::vector<size_t> gone;
+  if (chosen) {
+    const std::set<int64_t> each(opts.blocks.begin(), opts.blocks.end());
+    gone.assign(each.begin(), each.end());
+  } else {
+    gone = choose_depth_units(scores, blocked, opts.amount, "the model's residual blocks");
+  }
   std::vector<const DepthUnit*> removed;
   for (size_t i : gone) removed.push_back(&units[i]);
   if (!removed.empty()) {

@@ -16,6 +16,7 @@
 
 #include "lopper/analysis.h"
 #include "lopper/data.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "prune/importance.h"
@@ -282,7 +283,7 @@ SensitivityResult weights(const ir::Model& model, DataLoader& data, const EvalSe
 
 SensitivityResult channels(const ir::Model& model, const EvalSet& s, const SensitivityOptions& o) {
   SensitivityResult r;
-  r.unit = "channel";
+  r.unit = o.structured && o.blocks ? "channel+block" : o.blocks ? "block" : "channel";
   r.method = o.criterion;
   StructuredOptions so = structured_options_of(o);
   so.seed = o.seed;
@@ -294,15 +295,40 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   std::unordered_map<std::string, const LayerCost*> layer_cost;
   for (const auto& l : cost.layers) layer_cost[l.name] = &l;
 
-  const StructuredReport groups = channel_groups(model, so);
+  StructuredReport groups;
   std::vector<const ChannelGroupReport*> todo;
-  for (const auto& g : groups.groups)
-    if (g.blocked.empty()) todo.push_back(&g);
-  LOPPER_CHECK(!todo.empty(), "[sensitivity] no channel group can be pruned",
-               groups.barriers.empty() ? std::string() : ": " + groups.barriers.front());
+  if (o.structured) {
+    groups = channel_groups(model, so);
+    for (const auto& g : groups.groups)
+      if (g.blocked.empty()) todo.push_back(&g);
+    LOPPER_CHECK(!todo.empty(), "[sensitivity] no channel group can be pruned",
+                 groups.barriers.empty() ? std::string() : ": " + groups.barriers.front());
+  }
+  // Residual blocks, each removed alone: one point.
+  std::vector<DepthUnit> units;
+  std::vector<size_t> blocks;
+  if (o.blocks) {
+    units = depth_units(model, o.input_shapes);
+    std::vector<std::vector<std::string>> names;
+    for (const auto& u : units) {
+      names.push_back(u.layers);
+      names.back().insert(names.back().end(), u.params.begin(), u.params.end());
+      names.back().push_back(u.label);
+    }
+    const std::vector<std::string> excluded = depth_excluded(names, o.exclude);
+    for (size_t i = 0; i < units.size(); ++i)
+      if (units[i].blocked.empty() && excluded[i].empty()) blocks.push_back(i);
+    LOPPER_CHECK(!blocks.empty(), "[sensitivity] no residual block can be removed",
+                 units.empty() ? std::string(" (the model has none)")
+                               : ": " + units[0].label + ": " + units[0].blocked);
+  }
   Sweep sweep{o};
-  sweep.total = int64_t(s.batches.size()) * (1 + int64_t(todo.size() * o.amounts.size()));
-  sweep.plan(plan_text(todo.size(), "channel group", o.amounts.size(), s.batches.size(), 0));
+  sweep.total = int64_t(s.batches.size()) *
+                (1 + int64_t(todo.size() * o.amounts.size()) + int64_t(blocks.size()));
+  sweep.plan(o.structured
+                 ? plan_text(todo.size(), "channel group", o.amounts.size(), s.batches.size(), 0) +
+                       (blocks.empty() ? "" : fmt::format(", and {} blocks", blocks.size()))
+                 : plan_text(blocks.size(), "residual block", 1, s.batches.size(), 0));
   {
     Executor ex(model, eval_options(o.device));
     std::tie(r.loss, r.top1) = evaluate_on(ex, model, s, o.loss, sweep, "unpruned");
@@ -332,6 +358,31 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
       pt.params = c.params, pt.macs = c.macs;
       ls.points.push_back(pt);
     }
+    r.layers.push_back(std::move(ls));
+  }
+  for (size_t i : blocks) {
+    const DepthUnit& u = units[i];
+    LayerSensitivity ls;
+    ls.block = int64_t(i);
+    ls.layers = u.layers;
+    ls.name = fmt::format("block {}: {}", i, u.label);
+    for (const auto& name : u.layers)
+      if (auto it = layer_cost.find(name); it != layer_cost.end())
+        ls.params += it->second->params, ls.macs += it->second->macs;
+    StructuredOptions one;
+    one.unit = StructuredUnit::kBlock;
+    one.blocks = {int64_t(i)};
+    one.input_shapes = o.input_shapes;
+    ir::Model pruned = model;
+    prune_depth(pruned, one, nullptr, {});
+    SensitivityPoint pt;
+    pt.amount = pt.removed = 1;
+    Executor ex(pruned, eval_options(o.device));
+    std::tie(pt.loss, pt.top1) =
+        evaluate_on(ex, pruned, s, o.loss, sweep, fmt::format("{} removed", ls.name));
+    const EffectiveCost c = effective_cost(pruned, shapes);
+    pt.params = c.params, pt.macs = c.macs;
+    ls.points.push_back(pt);
     r.layers.push_back(std::move(ls));
   }
   return r;
@@ -412,7 +463,8 @@ SensitivityResult sensitivity(const ir::Model& model, DataLoader& data,
                               const SensitivityOptions& opts) {
   check_sensitivity_options(opts);
   const EvalSet s = read_batches(data, opts.eval_batches);
-  SensitivityResult r = opts.structured ? channels(model, s, opts) : weights(model, data, s, opts);
+  SensitivityResult r =
+      opts.structured || opts.blocks ? channels(model, s, opts) : weights(model, data, s, opts);
   r.samples = s.samples;
   return r;
 }
@@ -436,6 +488,7 @@ std::string sensitivity_json(const SensitivityResult& r) {
     if (!l.weight.empty()) jl["weight"] = l.weight;
     if (!l.param.empty()) jl["param"] = l.param;
     if (l.group >= 0) jl["group"] = l.group;
+    if (l.block >= 0) jl["block"] = l.block;
     layers.push_back(jl);
   }
   nlohmann::json j = {
@@ -456,8 +509,10 @@ SensitivityResult parse_sensitivity(const std::string& text, const std::string& 
     LOPPER_CHECK(j.value("format", "") == "lopper.sensitivity/1", "[sensitivity] ", source,
                  " is not a lopper sensitivity file (no \"format\": \"lopper.sensitivity/1\")");
     r.unit = j.at("unit").get<std::string>();
-    LOPPER_CHECK(r.unit == "weight" || r.unit == "channel", "[sensitivity] ", source,
-                 ": unit must be weight or channel, got '", r.unit, "'");
+    LOPPER_CHECK(
+        r.unit == "weight" || r.unit == "channel" || r.unit == "block" || r.unit == "channel+block",
+        "[sensitivity] ", source, ": unit must be weight, channel, block or channel+block, got '",
+        r.unit, "'");
     r.method = j.value("method", "");
     const auto& b = j.at("base");
     r.loss = b.at("loss").get<double>();
@@ -473,6 +528,7 @@ SensitivityResult parse_sensitivity(const std::string& text, const std::string& 
       l.weight = jl.value("weight", "");
       l.param = jl.value("param", "");
       l.group = jl.value("group", int64_t(-1));
+      l.block = jl.value("block", int64_t(-1));
       l.params = jl.at("params").get<int64_t>();
       l.macs = jl.at("macs").get<int64_t>();
       for (const auto& jp : jl.at("points")) {

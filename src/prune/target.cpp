@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "lopper/analysis.h"
+#include "lopper/depth.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/onnx_io.h"
@@ -43,6 +44,7 @@ bool reads_inputs(const importance::Criterion& c) {
 SensitivityOptions sensitivity_options(const TargetOptions& o) {
   SensitivityOptions so;
   so.structured = o.structured;
+  so.blocks = o.blocks;
   so.criterion = o.criterion;
   so.round_to = o.round_to;
   so.exclude = o.exclude;
@@ -62,16 +64,26 @@ namespace {
 // when `counts`) or per channel group (structured).
 ir::Model apply(const ir::Model& model, const TargetOptions& o,
                 const std::map<std::string, double>& weights,
-                const std::map<int64_t, double>& groups, bool counts = false) {
+                const std::map<int64_t, double>& groups, bool counts = false,
+                const std::map<int64_t, double>& blocks = {}) {
   ir::Model m = model;
-  if (o.structured) {
+  if (o.structured || o.blocks) {
+    // NOTE: the channel groups first, while their ids are the model's (removing a block removes
+    // its groups); the blocks are found again on the result, where they are the same units.
     bool any = false;
     for (const auto& [g, a] : groups) any |= a > 0;
-    if (!any) return m;
-    StructuredOptions so = structured_options_of(o);
-    for (const auto& [g, a] : groups)
-      if (a > 0) so.group_amounts[g] = a;
-    prune_structured(m, so);
+    if (any) {
+      StructuredOptions so = structured_options_of(o);
+      for (const auto& [g, a] : groups)
+        if (a > 0) so.group_amounts[g] = a;
+      prune_structured(m, so);
+    }
+    StructuredOptions depth;
+    depth.unit = StructuredUnit::kBlock;
+    depth.input_shapes = o.input_shapes;
+    for (const auto& [b, a] : blocks)
+      if (a >= 0.5) depth.blocks.push_back(b);
+    if (!depth.blocks.empty()) prune_depth(m, depth, nullptr, {});
     return m;
   }
   const importance::Criterion& c = importance::find(o.criterion, importance::Use::kWeights);
@@ -212,22 +224,29 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
                             const std::map<std::string, std::vector<int64_t>>& shapes,
                             double before, double target) {
   const SensitivityResult& s = *o.sensitivity;
-  LOPPER_CHECK(s.unit == (o.structured ? "channel" : "weight"),
-                      "[prune] the sensitivity data is per ",
-                      s.unit == "channel" ? "channel group" : "weight", ": ",
-                      o.structured ? "run lopper sensitivity " LOPPER_OPTION("structured") " channel"
-                                   : "drop " LOPPER_OPTION("structured") " or run lopper "
-                                     "sensitivity without it");
+  const std::string unit = o.structured && o.blocks ? "channel+block"
+                           : o.blocks               ? "block"
+                           : o.structured           ? "channel"
+                                                    : "weight";
+  LOPPER_CHECK(s.unit == unit, "[prune] the sensitivity data is per ",
+               s.unit == "channel" ? "channel group" : s.unit, ", the target prunes per ",
+               unit == "channel" ? "channel group" : unit,
+               ": run lopper sensitivity with the target's " LOPPER_OPTION("structured"));
   LOPPER_CHECK(!s.layers.empty(), "[prune] the sensitivity data has no layer");
   // The data must describe this model.
   StructuredReport groups;
   std::unordered_map<std::string, PrunableWeight> weights;
-  if (o.structured) {
-    groups = channel_groups(model, structured_options_of(o));
+  std::vector<DepthUnit> depth;
+  if (o.blocks) depth = depth_units(model, o.input_shapes);
+  if (o.structured || o.blocks) {
+    if (o.structured) groups = channel_groups(model, structured_options_of(o));
     for (const auto& l : s.layers) {
-      const bool ok = l.group >= 0 && size_t(l.group) < groups.groups.size() &&
-                      groups.groups[size_t(l.group)].layers == l.layers &&
-                      groups.groups[size_t(l.group)].blocked.empty();
+      const bool ok = l.block >= 0 ? size_t(l.block) < depth.size() &&
+                                         depth[size_t(l.block)].layers == l.layers &&
+                                         depth[size_t(l.block)].blocked.empty()
+                                   : l.group >= 0 && size_t(l.group) < groups.groups.size() &&
+                                         groups.groups[size_t(l.group)].layers == l.layers &&
+                                         groups.groups[size_t(l.group)].blocked.empty();
       LOPPER_CHECK(ok, "[prune] the sensitivity data does not match this model (", l.name,
                    "): rerun lopper sensitivity on it");
     }
@@ -244,7 +263,11 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
   int64_t tied = 0;
   for (const auto& l : s.layers) {
     std::vector<std::string> names = l.layers;
-    if (o.structured) {
+    if (l.block >= 0) {
+      const DepthUnit& u = depth[size_t(l.block)];
+      names.insert(names.end(), u.params.begin(), u.params.end());
+      names.push_back(u.label);
+    } else if (o.structured) {
       const auto& params = groups.groups[size_t(l.group)].layer_params;
       names.insert(names.end(), params.begin(), params.end());
     } else {
@@ -274,9 +297,12 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
       if (o.kind == TargetKind::kMacs) saved = double(s.macs - p.macs);
       if (o.kind == TargetKind::kLatency) {
         std::map<std::string, double> w;
-        std::map<int64_t, double> g;
-        (o.structured ? (void)(g[l->group] = p.amount) : (void)(w[l->weight] = p.amount));
-        saved = std::max(0.0, base_latency - cost_of(apply(model, o, w, g), o, shapes));
+        std::map<int64_t, double> g, b;
+        if (l->block >= 0)
+          b[l->block] = p.amount;
+        else
+          (o.structured ? (void)(g[l->group] = p.amount) : (void)(w[l->weight] = p.amount));
+        saved = std::max(0.0, base_latency - cost_of(apply(model, o, w, g, false, b), o, shapes));
         progress(o, fmt::format("latency {} @ {:g}", l->name, p.amount), ++measured_points,
                  to_measure);
       }
@@ -285,7 +311,8 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
       c.saved.push_back(saved);
       c.dloss.push_back(worst);
     }
-    curves.push_back(refine(c));
+    // A block goes whole or stays: no amounts between.
+    curves.push_back(l->block >= 0 ? c : refine(c));
   }
 
   TargetReport r;
@@ -304,7 +331,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
     TargetReport t = r;  // estimator, base loss
     t.units.clear();
     std::map<std::string, double> w;
-    std::map<int64_t, double> g;
+    std::map<int64_t, double> g, b;
     for (size_t u = 0; u < units.size(); ++u) {
       TargetUnit tu;
       tu.name = units[u]->name;
@@ -312,12 +339,16 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
       tu.weight = units[u]->weight;
       tu.param = units[u]->param;
       tu.group = units[u]->group;
+      tu.block = units[u]->block;
       tu.amount = curves[u].amount[pick[u]];
       tu.est_loss_increase = curves[u].dloss[pick[u]];
-      (o.structured ? g[tu.group] : w[tu.weight]) = tu.amount;
+      if (tu.block >= 0)
+        b[tu.block] = tu.amount;
+      else
+        (o.structured ? g[tu.group] : w[tu.weight]) = tu.amount;
       t.units.push_back(tu);
     }
-    pruned = apply(model, o, w, g);
+    pruned = apply(model, o, w, g, false, b);
     t.predicted = before - total(curves, pick, &Curve::saved);
     t.predicted_loss = s.loss + total(curves, pick, &Curve::dloss);
     t.measured = cost_of(pruned, o, shapes);
@@ -421,6 +452,10 @@ TargetReport by_ranking(ir::Model& model, const TargetOptions& o,
                         double target) {
   TargetReport r;
   LayerFilter exclude(o.exclude);
+  LOPPER_CHECK(!o.blocks,
+               "[prune] a target with residual blocks weighs each block's loss against the "
+               "channels': give sensitivity data (" LOPPER_OPTION(
+                   "data") " or lopper sensitivity " LOPPER_OPTION("structured") " block)");
   if (o.structured) {
     r.estimator = "global channel ranking";
     StructuredOptions so = structured_options_of(o);
@@ -579,6 +614,7 @@ void check_target_options(const TargetOptions& o) {
                  target_option(o.kind), " is the share kept, in (0, 1), got ", o.value);
   LOPPER_CHECK(o.round_to >= 1, "[prune] " LOPPER_OPTION("round_to") " must be >= 1, got ",
                o.round_to);
+  if (o.blocks && !o.structured) return;  // blocks alone: removed whole, no criterion
   if (o.structured) {
     LOPPER_CHECK(!importance::find(o.criterion, importance::Use::kChannels).needs_data(),
                  "[prune] pruning to a target ranks channels by ",
@@ -619,7 +655,7 @@ PruneRecipe target_recipe(const TargetReport& r, const PruneLayerOptions& how) {
   PruneRecipe recipe;
   recipe.source = "the target's amounts";
   for (const auto& u : r.units) {
-    LOPPER_CHECK(u.group < 0, "[prune] target_recipe: ", u.name,
+    LOPPER_CHECK(u.group < 0 && u.block < 0, "[prune] target_recipe: ", u.name,
                  " is a channel group (structured targets prune channels, not by a recipe)");
     if (u.amount <= 0) continue;
     PruneRule rule;

@@ -95,6 +95,7 @@ nlohmann::json to_json(const TargetReport& r, bool with_sensitivity) {
     if (!u.weight.empty()) ju["weight"] = u.weight;
     if (!u.param.empty()) ju["param"] = u.param;
     if (u.group >= 0) ju["group"] = u.group;
+    if (u.block >= 0) ju["block"] = u.block;
     if (with_sensitivity) ju["est_loss_increase"] = u.est_loss_increase;
     j["layers"].push_back(ju);
   }

@@ -128,16 +128,32 @@ std::string to_table(const SensitivityResult& r) {
   std::string s = fmt::format(
       "top-1 with one {} pruned alone{} (unpruned: {:.2f}%, loss {:.4f}, {} "
       "samples)\n",
-      r.unit == "channel" ? "channel group" : "layer",
-      r.method.empty() ? std::string() : " by " + r.method, 100 * r.top1, r.loss, r.samples);
+      r.unit == "channel"         ? "channel group"
+      : r.unit == "block"         ? "residual block"
+      : r.unit == "channel+block" ? "channel group or residual block"
+                                  : "layer",
+      r.method.empty() || r.unit == "block" ? std::string() : " by " + r.method, 100 * r.top1,
+      r.loss, r.samples);
+  // The amounts' columns (a channel group's or a weight's); a block's one point, the block
+  // removed, in a column of its own.
+  size_t columns = 0;
+  bool blocks = false;
   std::string head =
       fmt::format("{:<{}} {:>10}", r.unit == "channel" ? "group" : "layer", w, "params");
-  if (!r.layers.empty())
-    for (const auto& p : r.layers.front().points)
-      head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
+  for (const auto& l : r.layers) {
+    if (l.block >= 0) {
+      blocks = true;
+      continue;
+    }
+    if (columns) continue;
+    for (const auto& p : l.points) head += fmt::format(" {:>7}", fmt::format("{:g}", p.amount));
+    columns = l.points.size();
+  }
+  if (blocks) head += fmt::format(" {:>7}", "removed");
   s += head + "\n";
   for (const auto& l : r.layers) {
     std::string line = fmt::format("{:<{}} {:>10}", fit_name(l.label(), w), w, l.params);
+    if (l.block >= 0) line += std::string(8 * columns, ' ');
     for (const auto& p : l.points) line += fmt::format(" {:>6.2f}%", 100 * p.top1);
     s += line + "\n";
   }

@@ -6,6 +6,8 @@
 
 #include "lopper/error.h"
 #include "lopper/executor.h"
+#include "lopper/sensitivity.h"
+#include "lopper/target.h"
 #include "test_models.h"
 
 namespace lopper {
@@ -212,6 +214,72 @@ TEST(Depth, ChoosesTheLowestFreeUnitsTiesToTheFirst) {
   EXPECT_EQ(choose_depth_units({0.5, 0.1, 0.1, 0.0}, {"", "", "", ""}, {0.5, false}, "units"),
             (std::vector<size_t>{1, 3}));
   EXPECT_THROW(choose_depth_units({0.5}, {""}, {1.5, false}, "units"), Error);
+}
+
+}  // namespace
+}  // namespace lopper
+
+namespace lopper {
+namespace {
+
+// Sensitivity and targets mix blocks with channel groups: each block removed alone is one point of
+// the sweep (amount 1), and a parameter target picks the quiet block whole (it costs next to no
+// loss and saves its every weight), which the report lists as a unit; the file round-trips.
+TEST(Depth, SensitivityAndTargetsMixBlocksWithChannelGroups) {
+  test::TempDir tmp;
+  ir::Model m = residual_mlp(1);
+  // Labels the dense model gets right: any change that matters raises the loss.
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({16, 8});
+  save_npy(x, tmp / "x.npy");
+  save_npy(run(m, x).argmax(1), tmp / "y.npy");
+  LoaderOptions lo;
+  lo.batch_size = 4;
+  lo.shuffle = false;
+  DataLoader data(open_dataset("npy:" + (tmp / "x.npy") + "," + (tmp / "y.npy")), lo);
+  SensitivityOptions so;
+  so.structured = so.blocks = true;
+  so.amounts = {0.5, 0.9};
+  so.eval_batches = 4;
+  const SensitivityResult s = sensitivity(m, data, so);
+  EXPECT_EQ(s.unit, "channel+block");
+  std::vector<const LayerSensitivity*> blocks;
+  for (const auto& l : s.layers)
+    if (l.block >= 0) blocks.push_back(&l);
+  ASSERT_EQ(blocks.size(), 3u);
+  for (const auto* b : blocks) {
+    ASSERT_EQ(b->points.size(), 1u);
+    EXPECT_EQ(b->points[0].amount, 1.0);
+    EXPECT_EQ(s.params - b->points[0].params, 16 * 8 + 16 + 16 * 8);
+  }
+  EXPECT_LT(std::abs(blocks[1]->points[0].loss - s.loss),
+            std::abs(blocks[0]->points[0].loss - s.loss));
+  const SensitivityResult back = parse_sensitivity(sensitivity_json(s), "s.json");
+  EXPECT_EQ(back.unit, s.unit);
+  EXPECT_EQ(back.layers.back().block, s.layers.back().block);
+
+  TargetOptions t;
+  t.kind = TargetKind::kParams;
+  t.value = 0.7;
+  t.structured = t.blocks = true;
+  t.sensitivity = &s;
+  ir::Model pruned = m;
+  const TargetReport r = prune_to_target(pruned, t);
+  EXPECT_LE(r.measured, r.target);
+  bool quiet_removed = false;
+  for (const auto& u : r.units)
+    if (u.block == 1) quiet_removed = u.amount == 1.0;
+  EXPECT_TRUE(quiet_removed);
+  EXPECT_EQ(pruned.graph.find_initializer("blocks.1.fc1.weight"), nullptr);
+  Executor ex(pruned);
+  EXPECT_EQ(ex.run({{"x", at::randn({2, 8})}})[0].sizes().vec(), (std::vector<int64_t>{2, 8}));
+
+  // Without sensitivity data a target cannot weigh a block against channels.
+  TargetOptions blind = t;
+  blind.sensitivity = nullptr;
+  ir::Model copy = m;
+  EXPECT_NE(test::error_of([&] { prune_to_target(copy, blind); }).find("give sensitivity data"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -356,7 +356,7 @@ TEST(PruneTargetCli, TargetsFromTheCommandLine) {
       {"--target-macs 0.5 --owl-lambda 0.1", 2, "drop --owl-lambda"},
       {"--target-macs 0.5 --method wanda --block-size 64 --data " + data, 2,
        "--block-size is for a target with --method sparsegpt"},
-      {"--target-macs 0.5 --structured head", 2, "not 'head'"},
+      {"--target-macs 0.5 --structured head", 2, "takes channel, block or channel,block, got 'head'"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "bad.json"), 1, "bad.json"},
       {"--target-macs 0.5 --sensitivity " + (tmp / "none.json"), 1, "none.json"},
       {"--target-macs 0.5 --structured channel --sensitivity " + (tmp / "s.json"), 1,

@@ -52,7 +52,10 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
             given, the same ones at every point): tensors of samples, ``(samples, labels)``
             tuples, or dicts of named inputs (the forward's argument names) with ``"labels"``,
             as torch DataLoaders and transformers collators give them.
-        structured (bool): channel groups instead of single weights (default False).
+        structured (bool or str): channel groups instead of single weights (``True`` or
+            ``"channel"``), each residual block (decoder layer) of the export removed alone
+            (``"block"``: one point per block, amount 1), or both (``"channel,block"``); default
+            False.
         method (str): what ranks the weights: ``"l1"`` (default, |w|), ``"random"`` (seeded),
             ``"wanda"`` or ``"sparsegpt"`` (by the layers' inputs on ``data``, see
             ``lopper.prune``); with ``structured``, the channels: ``"l1"``, ``"l2"``, ``"bn"``,

@@ -184,7 +184,11 @@ std::shared_ptr<Sensitivity> sensitivity_call(
     const py::object& fixed, const py::object& calib_batches, const py::object& block_size,
     const py::object& dampening) {
   SensitivityRequest req;
-  if (flag(structured_arg, "sensitivity", "structured")) req.structured = "channel";
+  // True: channel groups; a str: "channel", "block" or "channel,block" (the request checks it).
+  if (py::isinstance<py::str>(structured_arg))
+    req.structured = structured_arg.cast<std::string>();
+  else if (flag(structured_arg, "sensitivity", "structured"))
+    req.structured = "channel";
   if (!method.is_none()) req.criterion = arg<std::string>(method, "sensitivity", "method", "a str");
   if (!amounts.is_none()) req.amounts = amounts_arg(amounts);
   req.eval_batches = arg<int64_t>(eval_batches, "sensitivity", "eval_batches", "an int");
@@ -527,6 +531,8 @@ SensitivityPoint per amount, in the order asked.)")
                     "Single weights: the weight's initializer in the export (str).")
       .def_readonly("group", &LayerSensitivity::group,
                     "Channel groups: the group's id (int; -1 for single weights).")
+      .def_readonly("block", &LayerSensitivity::block,
+                    "A residual block: its index (int; -1 otherwise); one point, amount 1.")
       .def_readonly("layers", &LayerSensitivity::layers,
                     "The export's layers that are pruned together (list of str).")
       .def_readonly("params", &LayerSensitivity::params,
@@ -547,7 +553,8 @@ str(report) is the table `lopper sensitivity` prints; report.to_dict() the JSON 
 (what lopper.prune_to_target(sensitivity=...) reads); report.save_html(path) its --report page.)")
       .def_property_readonly(
           "unit", [](const Sensitivity& s) { return s.r.unit; },
-          "\"weight\" (each layer's weights) or \"channel\" (channel groups, structured=True).")
+          "\"weight\" (each layer's weights), \"channel\" (channel groups, structured=True), "
+          "\"block\" or \"channel+block\" (residual blocks).")
       .def_property_readonly(
           "method", [](const Sensitivity& s) { return s.r.method; },
           "The criterion that ranked the weights or channels (str).")

@@ -704,3 +704,34 @@ def test_public_names():
     for name in ("sensitivity", "prune_to_target", "SensitivityReport", "SensitivityLayer",
                  "SensitivityPoint", "TargetReport", "TargetLayer"):
         assert name in lopper.__all__ and getattr(lopper, name).__doc__
+
+
+def test_block_sensitivity_removes_each_residual_block_alone():
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+            with torch.no_grad():
+                self.fc2.weight.mul_(scale)
+                self.fc2.bias.mul_(scale)
+
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(x)))
+
+    m = torch.nn.Sequential(Block(1.0), Block(1e-3), Block(1.0), torch.nn.Linear(8, 4)).eval()
+    snap = snapshot(m)
+    data = [(torch.randn(8, 8), torch.randint(0, 4, (8,))) for _ in range(2)]
+    report = lopper.sensitivity(m, torch.randn(2, 8), data, structured="channel,block",
+                                amounts=[0.5], eval_batches=2, progress=False)
+    assert report.unit == "channel+block"
+    blocks = [l for l in report.layers if l.block >= 0]
+    assert [l.block for l in blocks] == [0, 1, 2]
+    assert all(len(l.points) == 1 and l.points[0].amount == 1.0 for l in blocks)
+    rise = [abs(l.points[0].loss - report.loss) for l in blocks]
+    assert rise[1] < rise[0] and rise[1] < rise[2]  # the quiet block
+    assert "removed" in str(report)
+    assert_same(m, snap)
+    with pytest.raises(ValueError, match="channel, block or channel,block"):
+        lopper.sensitivity(m, torch.randn(2, 8), data, structured="rows", progress=False)

@@ -4,9 +4,10 @@ and its MLP block: one layer), from both exporters, ranked by block influence on
 and at random. Every written model passes onnx's full checker, runs in ONNX Runtime with the
 original output shape, agrees with lopper's own run of it (<= 1e-4 relative), lost the units the
 report says (their weights are gone from the file), and is smaller; BERT's post-norm sub-layers are
-blocks of their own. The hidden size too (`--structured channel`): GPT-2's (LayerNormalization, torch.export) and
-LLaMA's (RMSNorm spelled out: ReduceMean over the channels) residual streams shrink with their
-embedding table, every norm's scale and every projection in and out, checked the same way.
+blocks of their own. The hidden size too (`--structured channel`): the residual streams of GPT-2
+(LayerNormalization, torch.export), LLaMA (RMSNorm spelled out: ReduceMean over the channels) and
+a BERT classifier (both exporters) shrink with their embedding tables, every norm's scale and
+every projection in and out, checked the same way.
 Usage: check_depth.py LOPPER FIXTURES_DIR
 """
 
@@ -98,7 +99,7 @@ def main():
         # (gpt2.ts: TorchScript folds the position ids to a constant, and a Gather by constant
         # indices starts no channels: the Add of the two embeddings keeps the hidden size, and the
         # report says so.)
-        for stem in ("gpt2.dynamo", "llama.ts", "llama.dynamo"):
+        for stem in ("gpt2.dynamo", "llama.ts", "llama.dynamo", "bert_cls.ts", "bert_cls.dynamo"):
             cases.append((f"{stem} hidden size 50%",
                           lambda s=stem: check_hidden(lopper, fixtures, tmp, s)))
         return run(cases, jobs=2)

@@ -93,6 +93,7 @@ struct ChannelGroupReport {
   std::string blocked;           // why it cannot be pruned (a barrier, a graph output ...)
   std::string rule;              // recipes: the rule that set its amount
   std::vector<int64_t> removed;  // indices of the removed channels (0 .. size_before - 1)
+  int64_t params = 0;            // depth units: the weights' elements that go with the unit
   /// What tables show for layer i: its parameter's name, else the node's.
   const std::string& layer_label(size_t i) const {
     return i < layer_params.size() && !layer_params[i].empty() ? layer_params[i] : layers.at(i);

@@ -87,8 +87,9 @@ def prune_layers(module, example_inputs, *, method, amount, exclude, seed, data,
     gone_set = set(gone)
     groups = []
     for i, name in enumerate(names):
+        params = sum(p.numel() for p in layers[i].parameters())
         groups.append(_lopper._group(i, "layer", [name], 1, 0 if i in gone_set else 1,
-                                     [0] if i in gone_set else [], scores[i], blocked[i]))
+                                     [0] if i in gone_set else [], scores[i], blocked[i], params))
     given = {"unit": "layer", "method": method, "amount": amount}
     if exclude is not None:
         given["exclude"] = exclude

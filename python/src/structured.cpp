@@ -238,6 +238,9 @@ void bind_structured(py::module_& m) {
       .def_readonly("removed", &ChannelGroupReport::removed,
                     "Indices of the removed channels (list of int).")
       .def_readonly("score", &ChannelGroupReport::score, "Mean importance of its channels (float).")
+      .def_readonly("params", &ChannelGroupReport::params,
+                    "Depth units (layers, blocks): the parameters that go with the unit (int; 0 "
+                    "for channel groups).")
       .def_readonly("blocked", &ChannelGroupReport::blocked,
                     "Why it was kept whole (str; \"\" when it could be pruned).")
       .def("__repr__", [](const ChannelGroupReport& g) {
@@ -308,15 +311,19 @@ path cannot be written. The report keeps both exports for this (deleting it free
         R"((indices, blocked, scores): the indices of the layers to remove (ascending), `amount` of
 those `exclude` leaves, lowest score first (`scores` None: the random criterion's, seeded), and
 per layer "excluded" or "", and the scores. Internal.)");
-  m.def("_group", [](int64_t id, const std::string& kind, const std::vector<std::string>& layers,
-                     int64_t before, int64_t after, const std::vector<int64_t>& removed,
-                     double score, const std::string& blocked) {
-    ChannelGroupReport g;
-    g.id = id, g.kind = kind, g.layers = layers, g.layer_params = layers;
-    g.size_before = before, g.size_after = after, g.removed = removed;
-    g.score = score, g.blocked = blocked;
-    return g;
-  });
+  m.def(
+      "_group",
+      [](int64_t id, const std::string& kind, const std::vector<std::string>& layers,
+         int64_t before, int64_t after, const std::vector<int64_t>& removed, double score,
+         const std::string& blocked, int64_t params) {
+        ChannelGroupReport g;
+        g.id = id, g.kind = kind, g.layers = layers, g.layer_params = layers;
+        g.size_before = before, g.size_after = after, g.removed = removed;
+        g.score = score, g.blocked = blocked, g.params = params;
+        return g;
+      },
+      py::arg("id"), py::arg("kind"), py::arg("layers"), py::arg("before"), py::arg("after"),
+      py::arg("removed"), py::arg("score"), py::arg("blocked"), py::arg("params") = 0);
   m.def("_report_in_place", &report_in_place, py::arg("unit"), py::arg("method"), py::arg("groups"),
         py::arg("params_before"), py::arg("params_after"), py::arg("warnings"), py::arg("counted"),
         py::arg("name"), py::arg("command"),

@@ -59,6 +59,7 @@ def test_layers_go_and_the_model_reloads_and_generates(name, method, tmp_path):
         assert m.config.layer_types == [before_types[i] for i in kept]
     assert r.params < r.params_before == n_params
     assert r.params == sum(p.numel() for p in m.parameters())
+    assert r.params_before - r.params == sum(r.groups[i].params for i in gone)
     assert "layers" in str(r) and r.to_dict()["layers"] == 4
     # generate() with its key/value cache gives what generate() without it gives.
     ids = _example()["input_ids"]

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -79,10 +80,14 @@ std::unique_ptr<Calibration> calibration(const Opts& o, const ir::Model& model, 
   c->co.batches = o.calib_batches;
   c->co.device = o.device;
   c->co.loss = o.data.loss_options(o.seed);
-  c->bar = std::make_unique<Progress>(
-      "calibrate", std::min<int64_t>(c->co.batches, c->loader->batches_per_epoch()));
+  c->bar_total = std::min<int64_t>(c->co.batches, c->loader->batches_per_epoch());
+  c->bar = std::make_unique<Progress>("calibrate", c->bar_total);
   c->co.progress = [self](int64_t b, int64_t of, double loss) {
-    self->bar->update(b, fmt::format("loss {:.4f}", loss));
+    if (of != self->bar_total) {  // depth's loss criterion: a pass over the batches per block
+      self->bar = std::make_unique<Progress>("calibrate", of);
+      self->bar_total = of;
+    }
+    self->bar->update(b, std::isnan(loss) ? std::string() : fmt::format("loss {:.4f}", loss));
   };
   c->finish_bar = true;
   return c;

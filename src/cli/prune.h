@@ -55,6 +55,7 @@ struct Calibration {
   std::unique_ptr<DataLoader> loader;
   CalibrationOptions co;
   std::unique_ptr<Progress> bar;
+  int64_t bar_total = 0;  // the bar's steps: a calibration that counts other steps makes a new one
   bool finish_bar = false;
   void done();  // after the run: the bar's last line
 };

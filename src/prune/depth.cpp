@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <unordered_map>
@@ -365,6 +366,7 @@ std::vector<double> influence(const ir::Model& model, const std::vector<DepthUni
   eo.device = calib.device;
   Executor ex(model, eo);
   const ModelIO io = model_io(model);
+  Objective objective(calib.loss, io);  // the calibration loss, for the progress line
   std::vector<BlockInfluence> bi(units.size());
   std::unordered_map<std::string, std::vector<size_t>> starts, ends;
   for (size_t i = 0; i < units.size(); ++i) {
@@ -387,22 +389,32 @@ std::vector<double> influence(const ir::Model& model, const std::vector<DepthUni
   };
   c10::InferenceMode guard;
   int64_t done = 0;
-  for (const Batch& b : batches) {
+  double loss = 0;
+  bool has_loss = true;  // a model whose output the data's labels do not fit has none to show
+  for (Batch b : batches) {
     held.clear();
+    objective.prepare(b, done);
     NamedInputs in = feeds(io, b, ex.device());
     for (const auto& [name, t] : in)
       if (starts.count(name)) held[name] = t;
-    ex.run(in);
+    const std::vector<at::Tensor> out = ex.run(in);
+    if (has_loss) try {
+        loss += objective.loss(objective.targets(out.at(0), b)).item<double>();
+      } catch (const Error&) {
+        has_loss = false;
+      }
     ++done;
-    if (calib.progress) calib.progress(done, int64_t(batches.size()), 0.0);
+    if (calib.progress)
+      calib.progress(done, int64_t(batches.size()), has_loss ? loss / double(done) : std::nan(""));
   }
   std::vector<double> s;
   for (const auto& b : bi) s.push_back(b.value());
   return s;
 }
 
+// The calibration loss of `model` over `batches`; progress counts on from *done of `total` steps.
 double mean_loss(const ir::Model& model, const std::vector<Batch>& batches,
-                 const CalibrationOptions& calib) {
+                 const CalibrationOptions& calib, int64_t* done, int64_t total) {
   ExecOptions eo;
   eo.device = calib.device;
   eo.prepack = false;
@@ -416,6 +428,7 @@ double mean_loss(const ir::Model& model, const std::vector<Batch>& batches,
     objective.prepare(b, step++);
     std::vector<at::Tensor> out = ex.run(feeds(io, b, ex.device()));
     sum += objective.loss(objective.targets(out.at(0), b)).item<double>();
+    if (calib.progress) calib.progress(++*done, total, sum / double(step));
   }
   return sum / double(batches.size());
 }
@@ -424,16 +437,16 @@ double mean_loss(const ir::Model& model, const std::vector<Batch>& batches,
 std::vector<double> loss_increase(const ir::Model& model, const std::vector<DepthUnit>& units,
                                   const std::vector<Batch>& batches,
                                   const CalibrationOptions& calib) {
-  const double base = mean_loss(model, batches, calib);
+  int64_t free = 0, done = 0;
+  for (const auto& u : units) free += u.blocked.empty();
+  const int64_t total = (1 + free) * int64_t(batches.size());
+  const double base = mean_loss(model, batches, calib, &done, total);
   std::vector<double> s(units.size(), 0.0);
-  int64_t of = 0, done = 0;
-  for (const auto& u : units) of += u.blocked.empty();
   for (size_t i = 0; i < units.size(); ++i) {
     if (!units[i].blocked.empty()) continue;
     ir::Model without = model;
     remove_units(without, {&units[i]});
-    s[i] = mean_loss(without, batches, calib) - base;
-    if (calib.progress) calib.progress(++done, of, base);
+    s[i] = mean_loss(without, batches, calib, &done, total) - base;
   }
   return s;
 }
@@ -590,6 +603,7 @@ StructuredReport prune_depth(ir::Model& model, const StructuredOptions& opts, Da
     }
     g.size_before = 1;
     g.size_after = gone_set.count(i) ? 0 : 1;
+    g.params = u.params_count;
     if (gone_set.count(i)) g.removed = {0};
     g.score = scores[i];
     g.blocked = u.blocked;

@@ -68,6 +68,7 @@ nlohmann::json to_json(const StructuredReport& r) {
     if (!g.blocked.empty()) jg["blocked"] = g.blocked;
     if (g.blocks > 1) jg["blocks"] = g.blocks;
     if (!g.rule.empty()) jg["rule"] = g.rule;
+    if (g.params > 0) jg["params"] = g.params;
     j["groups"].push_back(jg);
   }
   return j;

@@ -59,6 +59,7 @@ std::string to_table(const StructuredReport& r) {
     for (size_t i = 0; i < g.layers.size() && i < 3; ++i)
       layers += (i ? ", " : "") + g.layer_label(i);
     if (g.layers.size() > 3) layers += fmt::format(" (+{})", g.layers.size() - 3);
+    if (g.params > 0) layers = fmt::format("{} params: ", g.params) + layers;
     if (!g.blocked.empty()) layers += "  [kept: " + g.blocked + "]";
     s += fmt::format("{:>5}  {:<7} {:>8} {:>8} {:>12.4g}  {}\n", g.id, g.kind, g.size_before,
                      g.size_after, g.score, layers);

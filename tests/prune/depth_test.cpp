@@ -97,6 +97,7 @@ TEST(Depth, InfluenceRemovesTheQuietBlockAndHandsItsInputOn) {
     EXPECT_LT(r.groups[size_t(quiet)].score, r.groups[size_t((quiet + 1) % 3)].score);
     EXPECT_EQ(r.channels_before, 3);
     EXPECT_EQ(r.channels_after, 2);
+    EXPECT_EQ(r.groups[size_t(quiet)].params, 16 * 8 + 16 + 16 * 8);
     // The block's nodes and weights are gone; what is left computes the model without it.
     // (8 nodes left, and an Identity that keeps the name "y" when the last block went.)
     EXPECT_EQ(m.graph.nodes.size(), quiet == 2 ? 9u : 8u);

@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "lopper/data.h"
 #include "lopper/prune.h"
+#include "lopper/sensitivity.h"
 #include "lopper/structured.h"
 
 namespace lopper {
@@ -145,6 +147,8 @@ class ExpertPruning {
   /// Chooses layer `i`'s experts from what it observed (random: from the seed and the layer's
   /// index). Once: a second call returns the same choice.
   const ExpertChoice& choose(size_t i);
+  /// Layer `i`'s score per expert (by its index), those choose() ranks by; chooses first.
+  const std::vector<double>& scores(size_t i);
   /// The report of the layers chosen so far (in layer order).
   ExpertReport report() const;
 
@@ -156,6 +160,98 @@ class ExpertPruning {
   std::vector<ExpertStats> stats_;
   std::vector<std::optional<ExpertChoice>> chosen_;
   std::vector<std::vector<double>> scores_;
+};
+
+// --- Sensitivity of the MoE layers ------------------------------------------------------------
+// lopper.sensitivity(model, ..., structured="expert"): each MoE layer alone loses each share of
+// its experts, those expert pruning removes (ranked once, on the unpruned model: only one layer is
+// pruned at a time, so no layer's routing changes), and the model's next-token loss and top-1 are
+// measured on the same batches; the front end puts the layer back after each point. The front end
+// runs the model, removes and restores the experts; the choice, the measures and the curves
+// (lopper/sensitivity.h's SensitivityResult, unit "expert") are here.
+
+/// A sweep's options, as ExpertSweepRequest::validate() gives them.
+struct ExpertSweepOptions {
+  ExpertOptions expert;  // the criterion and seed (its amount is unused)
+  std::vector<double> amounts;
+  /// The amounts were not given: SensitivityOptions' defaults, less those that would leave some
+  /// layer fewer experts than its top-k (ExpertSweep).
+  bool default_amounts = false;
+  int64_t eval_batches = 16;
+};
+
+/// What a front end was given for a sweep over the experts (lopper.sensitivity's arguments).
+struct ExpertSweepRequest {
+  std::optional<std::string> criterion;        // reap (default) | frequency | activation | random
+  std::optional<std::vector<double>> amounts;  // each in [0, 1)
+  std::optional<int64_t> eval_batches;
+  std::optional<uint64_t> seed;          // random
+  std::optional<std::string> loss;       // auto or causal-lm (the same: next-token prediction)
+  std::optional<int64_t> calib_batches;  // the batches the experts are ranked on, at most
+  bool data = false;                     // the evaluation (and calibration) batches given
+  /// Options of the export's sweep given with it (their library names): each is refused.
+  std::vector<std::string> other_options;
+  std::string data_hint;  // how the front end takes data
+
+  /// Throws UsageError naming the first thing wrong: no data, another option, an unknown
+  /// criterion, a seed with another criterion than random, calib_batches with random or < 1, a
+  /// loss other than causal-lm, no amount or one outside [0, 1), eval_batches < 1.
+  ExpertSweepOptions validate() const;
+};
+
+/// One sweep over the MoE layers: the experts ranked once on the calibration batches, then the
+/// unpruned model measured, then each layer at each amount, in that order.
+class ExpertSweep {
+ public:
+  /// Throws UsageError, before any work, when `layers` is empty or an amount given would leave a
+  /// layer fewer experts than its top_k (experts_to_drop); default amounts that would are left
+  /// out.
+  ExpertSweep(ExpertSweepOptions options, std::vector<ExpertLayer> layers);
+
+  const ExpertCriterionInfo& criterion() const { return pruning_.criterion(); }
+  const std::vector<ExpertLayer>& layers() const { return pruning_.layers(); }
+  const std::vector<double>& amounts() const { return options_.amounts; }
+  size_t index(const std::string& name) const { return pruning_.index(name); }
+
+  /// One calibration batch's routing in layer `i`, on the unpruned model (ExpertPruning::observe).
+  void observe(size_t i, const at::Tensor& indices, const at::Tensor& weights,
+               const at::Tensor& norms);
+  /// The experts layer `i` loses at amounts()[j]: int(E * amount) of them (experts_to_drop), the
+  /// lowest scores first (choose_experts), as expert pruning chooses them.
+  ExpertChoice choice(size_t i, size_t j);
+  /// Whether point (i, j) must be run: false when it removes no expert (it is the unpruned model)
+  /// or the same experts as an earlier amount of the layer (its measures are copied).
+  bool needs_run(size_t i, size_t j);
+
+  /// One evaluation batch `b` and the model's logits [B, T, V] on it, for the point being
+  /// measured: the causal-LM loss (position t predicts token t + 1 of the labels when the batch
+  /// has them [B, T], else of its input IDs; -100 and masked-out positions not counted) and
+  /// top-1, per token (lopper/loss.h). Throws lopper::Error when they do not fit.
+  void evaluate(const at::Tensor& logits, const Batch& b);
+  /// Ends the unpruned model's point (first); `params`: the model's parameters.
+  void end_base(int64_t params);
+  /// Ends point (i, j), in order after the base: `params`, the model's parameters with the layer
+  /// pruned, when it was run (needs_run), none when it was not.
+  void end_point(size_t i, size_t j, std::optional<int64_t> params);
+  /// The curves: unit "expert", one LayerSensitivity per MoE layer ("experts N: <layer>"), each
+  /// point's amount, share of the layer's experts removed, loss, top-1 and parameters (MACs 0:
+  /// a token runs top-k experts however many there are).
+  SensitivityResult result() const;
+
+ private:
+  struct Measure {
+    double loss = 0, top1 = 0;
+    int64_t params = 0;
+  };
+  Measure take(std::optional<int64_t> params);
+
+  ExpertSweepOptions options_;
+  ExpertPruning pruning_;
+  std::vector<std::vector<int64_t>> drop_;  // per layer, per amount
+  double sum_ = 0, hits_ = 0;
+  int64_t counted_ = 0, samples_ = 0, base_samples_ = 0;
+  std::optional<Measure> base_;
+  std::vector<std::vector<std::optional<Measure>>> points_;
 };
 
 /// The report as text: one row per layer (experts before and after, the mean score, the experts

@@ -55,7 +55,9 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
         structured (bool or str): channel groups instead of single weights (``True`` or
             ``"channel"``), each residual block (decoder layer) of the export removed alone
             (``"block"``: one point per block, amount 1), or both (``"channel,block"``); default
-            False.
+            False. ``"expert"``: each MoE layer of a transformers model loses each share of its
+            experts alone, in place and without an export (see docs/python.md; ``method``
+            ``"reap"``, the default here, ``"frequency"``, ``"activation"`` or ``"random"``).
         method (str): what ranks the weights: ``"l1"`` (default, |w|), ``"random"`` (seeded),
             ``"wanda"`` or ``"sparsegpt"`` (by the layers' inputs on ``data``, see
             ``lopper.prune``); with ``structured``, the channels: ``"l1"``, ``"l2"``, ``"bn"``,
@@ -108,6 +110,14 @@ def sensitivity(module, example_inputs, data, *, structured=False, method="l1", 
         RuntimeError: the module cannot be exported, or lopper cannot run its export on the
             data (an unsupported op, batches the module cannot take, no layer to analyse).
     """
+    if isinstance(structured, str) and structured == "expert":  # MoE experts, in place
+        from lopper import _experts
+        return _experts.sweep_experts(
+            module, example_inputs, data, method=None if method == "l1" else method,
+            amounts=amounts, eval_batches=eval_batches, seed=seed, loss=loss,
+            calib_batches=calib_batches, device=device, progress=progress, others=dict(
+                round_to=round_to, exclude=exclude, allow_tied=allow_tied,
+                mask_token=mask_token, block_size=block_size, dampening=dampening))
     _prune._check_module(module, "sensitivity")
     args, kwargs = _prune._split_inputs(example_inputs, "sensitivity", module)
     if device is None:

@@ -11,6 +11,11 @@ the layers before it, already pruned, as llm-compressor's sequential pipeline), 
 routing over through a forward hook on its experts module (the top-k indices and weights the
 module receives, and each routed token's expert output norm), and removes the chosen experts: the
 fused tensors, the router's rows, the modules' expert counts and the config's.
+
+lopper.sensitivity(model, ..., structured="expert") (sweep_experts) ranks every layer the same way
+on the unpruned model, then removes each layer's chosen experts alone at each amount, runs the
+model on the evaluation batches (the library measures the loss on its logits) and puts the layer
+back (lopper._lopper._ExpertSweep, lopper/experts.h's ExpertSweep).
 """
 import collections.abc
 import copy
@@ -87,7 +92,8 @@ def prune_experts(module, example_inputs, *, method, amount, seed, data, calib_b
     module.eval()
     try:
         with torch.no_grad():
-            _run(module, layers, pruning, items, here, undo, bar)
+            _run(module, layers, pruning, items, here, bar,
+                 lambda l: _remove(l, pruning.choose(l.name)[0], undo))
             for cfg, key, value in config_keys:
                 undo.set(cfg, key, value)
             _check_runs(module, args, kwargs)
@@ -107,6 +113,107 @@ def prune_experts(module, example_inputs, *, method, amount, seed, data, calib_b
     for w in report.warnings:
         warnings.warn(f"[prune] {w}", stacklevel=3)
     return report
+
+
+def sweep_experts(module, example_inputs, data, *, method, amounts, eval_batches, seed, loss,
+                  calib_batches, device, progress, others):
+    """lopper.sensitivity(module, example_inputs, data, structured="expert", ...): see its
+    docstring. `others`: sensitivity's other arguments by name, refused unless at their
+    defaults."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"[sensitivity] module must be a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    from lopper._analysis import sensitivity
+
+    defaults = inspect.signature(sensitivity).parameters
+    given = [k for k, v in others.items() if not _same(v, defaults[k].default)]
+    options = dict(method=method, amounts=amounts, eval_batches=eval_batches, seed=seed, loss=loss,
+                   calib_batches=calib_batches, data=data is not None, other_options=given)
+    _lopper._check_expert_sweep(**options)
+    if _pruned(module):
+        raise ValueError("[sensitivity] the module carries torch.nn.utils.prune masks: make them "
+                         "permanent first (torch.nn.utils.prune.remove)")
+    _split_inputs(example_inputs, "sensitivity", module)  # checked; the sweep runs on `data`
+    here = _device_of(module)
+    if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"[sensitivity] device must be a str, got {type(device).__name__}")
+        if torch.device(device) != torch.device(here):
+            raise ValueError(f"[sensitivity] device {device}: the model's experts are swept where "
+                             f"the model is ({here}); move it there first")
+    layers = _moe_layers(module)
+    sweep = _lopper._ExpertSweep([l.as_dict() for l in layers], **options)
+    # One read of `data` (an iterator is read once): the calibration batches and the evaluated
+    # ones are its first.
+    want = (None if sweep.needs_data and calib_batches is None else
+            max(calib_batches or 0, eval_batches))
+    items = _lopper._expert_batches(data, want)
+    calib = [_samples(it) for it in items[:calib_batches]] if sweep.needs_data else []
+    evaluated = list(items[:eval_batches])
+    sweep.set_eval(evaluated)
+    inputs = _blocks.batches(module, [_samples(it) for it in evaluated], here)
+
+    points = len(layers) * len(sweep.amounts)
+    bar = _Progress("sensitivity") if progress else None
+    modes = [(m, m.training) for m in module.modules()]
+    undo = _Undo()
+    module.eval()
+    try:
+        with torch.no_grad():
+            if bar is not None:
+                bar(0, points, f"{len(layers)} MoE layers x {len(sweep.amounts)} amounts = "
+                               f"{points} points, {len(inputs)} batches each")
+            # Every layer ranked on the unpruned model (nothing removed): one layer is pruned at a
+            # time, so no layer's routing changes.
+            _run(module, layers, sweep, calib, here, None, lambda l: None)
+            base = _params(module)
+            _measure(module, sweep, inputs)
+            sweep.end_base(base)
+            done = 0
+            for l in layers:
+                for j, amount in enumerate(sweep.amounts):
+                    params = None
+                    if sweep.needs_run(l.name, j):
+                        _remove(l, sweep.choice(l.name, j)[0], undo)
+                        try:
+                            params = _params(module)
+                            _measure(module, sweep, inputs)
+                        finally:
+                            undo.back()
+                    sweep.end_point(l.name, j, params)
+                    done += 1
+                    if bar is not None:
+                        bar(done, points, f"{l.name} @ {amount:g}")
+    except BaseException:
+        undo.back()
+        raise
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        if bar is not None:
+            bar.close()
+    command = "lopper.sensitivity({})".format(", ".join(
+        [type(module).__name__, "structured='expert'", f"method={sweep.method!r}"] +
+        ([f"amounts={list(amounts)!r}"] if amounts is not None else []) +
+        [f"eval_batches={eval_batches!r}"] + ([f"seed={seed!r}"] if seed is not None else [])))
+    return sweep.report(type(module).__name__, command)
+
+
+def _measure(module, sweep, inputs):
+    """The model's logits on each evaluation batch, handed to `sweep` (which measures the loss)."""
+    for k, (args, kwargs) in enumerate(inputs):
+        try:
+            out = module(*args, **kwargs)
+        except Exception as e:
+            raise RuntimeError(f"[sensitivity] the model failed on evaluation batch {k}: "
+                               f"{type(e).__name__}: {_first_line(e)}") from e
+        logits = getattr(out, "logits", None)
+        if logits is None:
+            logits = out[0] if isinstance(out, (tuple, list)) and out else out
+        if not isinstance(logits, torch.Tensor):
+            raise RuntimeError(f"[sensitivity] the model returns {type(out).__name__}, not a "
+                               f"language model's logits [B, T, V] (nor an output with .logits)")
+        sweep.evaluate(k, logits)
 
 
 def _same(a, b):
@@ -298,10 +405,13 @@ def _walk(module, layers):
     return order if set(segments) <= set(order) else None
 
 
-def _run(module, layers, pruning, items, device, undo, bar):
+def _run(module, layers, pruning, items, device, bar, done_with):
+    """Hands `pruning` each layer's routing on the calibration batches, layer by layer, and calls
+    done_with(layer) once a layer has seen them all (expert pruning: removes its experts, before
+    the layers after it see any data)."""
     if not pruning.needs_data:
         for l in layers:
-            _remove(l, pruning.choose(l.name)[0], undo)
+            done_with(l)
         return
     runner = _blocks.Runner(module, device, apply=None)
     runner.start(items)
@@ -314,7 +424,7 @@ def _run(module, layers, pruning, items, device, undo, bar):
         with _hooks(layers, pruning):
             runner.collect("", False, [], [], None)
         for l in layers:
-            _remove(l, pruning.choose(l.name)[0], undo)
+            done_with(l)
             done += 1
             if bar is not None:
                 bar(done, len(layers), l.name)
@@ -325,7 +435,7 @@ def _run(module, layers, pruning, items, device, undo, bar):
             with _hooks(mine, pruning):
                 runner.collect(segment, True, [], [], None)
             for l in mine:
-                _remove(l, pruning.choose(l.name)[0], undo)
+                done_with(l)
                 done += 1
                 if bar is not None:
                     bar(done, len(layers), l.name)

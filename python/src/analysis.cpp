@@ -229,6 +229,10 @@ std::shared_ptr<Sensitivity> sensitivity_call(
 }
 
 void sensitivity_html(const Sensitivity& s, const std::string& path) {
+  if (!s.model)
+    throw UsageError(
+        "[sensitivity] a sweep over the experts (structured='expert') has no export "
+        "to draw a page of: print it, or write report.to_dict()");
   HtmlReport rep("sensitivity", "Sensitivity of " + s.name, s.command);
   std::string warning;
   {
@@ -327,7 +331,8 @@ py::tuple target_call(const py::object& export_fn, const py::object& macs, const
     const std::string unit = structured ? "channel" : "weight";
     if (sens->r.unit != unit)
       throw UsageError("[prune] the sensitivity is per " +
-                       std::string(sens->r.unit == "channel" ? "channel group" : "weight") + ": " +
+                       std::string(sens->r.unit == "channel" ? "channel group" : sens->r.unit) +
+                       ": " +
                        (structured ? "measure it with lopper.sensitivity(..., structured=True)"
                                    : "measure it with lopper.sensitivity(..., structured=False)"));
     // NOTE: prune_to_target() checks this too, but after the export (a RuntimeError there).
@@ -497,6 +502,15 @@ py::object optional_float(bool has, double v) {
 }
 
 }  // namespace
+
+py::object sensitivity_report(SensitivityResult r, const std::string& name,
+                              const std::string& command) {
+  auto out = std::make_shared<Sensitivity>();
+  out->r = std::move(r);
+  out->name = name;
+  out->command = command;
+  return py::cast(out);
+}
 
 void bind_analysis(py::module_& m) {
   py::class_<SensitivityPoint>(m, "SensitivityPoint",

@@ -4,6 +4,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
+namespace lopper {
+struct SensitivityResult;  // lopper/sensitivity.h
+}
+
 namespace lopper::python {
 
 /// lopper.InferenceSession and lopper.NodeArg (session.cpp).
@@ -16,6 +22,10 @@ void bind_structured(pybind11::module_& m);
 /// lopper.SensitivityReport, lopper.TargetReport and their C++ halves, behind lopper.sensitivity
 /// and lopper.prune_to_target (analysis.cpp).
 void bind_analysis(pybind11::module_& m);
+/// A lopper.SensitivityReport of curves measured without an export (experts.cpp's sweep over the
+/// experts; analysis.cpp): `name` and `command` as the report's; save_html refuses it.
+pybind11::object sensitivity_report(SensitivityResult r, const std::string& name,
+                                    const std::string& command);
 /// lopper.ExpertReport and the C++ half of lopper.prune_structured(..., unit="expert")
 /// (experts.cpp).
 void bind_experts(pybind11::module_& m);

@@ -21,6 +21,7 @@
 #include "lopper/error.h"
 #include "lopper/experts.h"
 #include "lopper/report.h"
+#include "lopper/sensitivity.h"
 
 namespace py = pybind11;
 
@@ -86,6 +87,51 @@ at::Tensor tensor_arg(const py::handle& h, const char* what) {
     throw py::type_error(std::string("[prune] experts: ") + what + " must be a tensor, got " +
                          type_name(h));
   return THPVariable_Unpack(h.ptr()).detach();
+}
+
+// lopper.sensitivity(model, ..., structured="expert")'s C++ half: the library's sweep, and its
+// evaluation batches as lopper reads batches (the labels and attention mask the loss reads).
+struct ExpertSweepCall {
+  std::unique_ptr<ExpertSweep> sweep;
+  std::vector<Batch> eval;
+};
+
+ExpertSweepRequest sweep_request(const py::object& method, const py::object& amounts,
+                                 const py::object& eval_batches, const py::object& seed,
+                                 const py::object& loss, const py::object& calib_batches, bool data,
+                                 const std::vector<std::string>& other_options) {
+  ExpertSweepRequest req;
+  if (!method.is_none()) req.criterion = string_arg(method, "method");
+  if (!amounts.is_none()) {
+    if (py::isinstance<py::str>(amounts) || !py::hasattr(amounts, "__iter__"))
+      throw py::type_error("[sensitivity] amounts must be a list of floats in [0, 1), got " +
+                           type_name(amounts));
+    std::vector<double> out;
+    for (auto a : amounts) {
+      if (PyBool_Check(a.ptr()) || py::isinstance<py::str>(a))
+        throw py::type_error("[sensitivity] every amount must be a float, got " + type_name(a));
+      try {
+        out.push_back(a.cast<double>());
+      } catch (const py::cast_error&) {
+        throw py::type_error("[sensitivity] every amount must be a float, got " + type_name(a));
+      }
+    }
+    req.amounts = std::move(out);
+  }
+  if (PyBool_Check(eval_batches.ptr()))
+    throw py::type_error("[sensitivity] eval_batches must be an int, got bool");
+  req.eval_batches = optional_arg<int64_t>(eval_batches, "eval_batches", "an int");
+  if (PyBool_Check(seed.ptr()))
+    throw py::type_error("[sensitivity] seed must be an int >= 0, got bool");
+  req.seed = optional_arg<uint64_t>(seed, "seed", "an int >= 0");
+  if (!loss.is_none()) req.loss = string_arg(loss, "loss");
+  if (PyBool_Check(calib_batches.ptr()))
+    throw py::type_error("[sensitivity] calib_batches must be an int, got bool");
+  req.calib_batches = optional_arg<int64_t>(calib_batches, "calib_batches", "an int");
+  req.data = data;
+  req.other_options = other_options;
+  req.data_hint = " (an iterable of token batches)";
+  return req;
 }
 
 void write_expert_page(const ExpertPruneReport& s, const std::string& path) {
@@ -255,6 +301,129 @@ before any work: a ValueError for what cannot be pruned so.)")
           },
           py::arg("params_before"), py::arg("params_after"), py::arg("name"), py::arg("command"));
 
+  py::class_<ExpertSweepCall>(m, "_ExpertSweep",
+                              R"(Internal: one sweep over the experts (lopper/experts.h's
+ExpertSweep), driven by python/lopper/_experts.py.)")
+      .def(py::init([](const py::list& layers, const py::object& method, const py::object& amounts,
+                       const py::object& eval_batches, const py::object& seed,
+                       const py::object& loss, const py::object& calib_batches, bool data,
+                       const std::vector<std::string>& other_options) {
+             const ExpertSweepOptions o = as_usage([&] {
+               return sweep_request(method, amounts, eval_batches, seed, loss, calib_batches, data,
+                                    other_options)
+                   .validate();
+             });
+             std::vector<ExpertLayer> ls;
+             for (auto item : layers) ls.push_back(layer_of(item));
+             auto call = std::make_unique<ExpertSweepCall>();
+             call->sweep =
+                 as_usage([&] { return std::make_unique<ExpertSweep>(o, std::move(ls)); });
+             return call;
+           }),
+           py::arg("layers"), py::kw_only(), py::arg("method"), py::arg("amounts"),
+           py::arg("eval_batches"), py::arg("seed") = py::none(), py::arg("loss") = py::none(),
+           py::arg("calib_batches") = py::none(), py::arg("data") = false,
+           py::arg("other_options") = std::vector<std::string>{},
+           R"(Checks the arguments and the layers ([{name, experts, top_k, params_per_expert}])
+before any work: a ValueError for what cannot be swept so.)")
+      .def_property_readonly(
+          "needs_data", [](const ExpertSweepCall& c) { return c.sweep->criterion().needs_data; })
+      .def_property_readonly(
+          "needs_norms", [](const ExpertSweepCall& c) { return c.sweep->criterion().needs_norms; })
+      .def_property_readonly("method",
+                             [](const ExpertSweepCall& c) { return c.sweep->criterion().name; })
+      .def_property_readonly(
+          "amounts", [](const ExpertSweepCall& c) { return c.sweep->amounts(); },
+          "The amounts swept, in order (the defaults the layers can take).")
+      .def_property_readonly(
+          "eval_batches", [](const ExpertSweepCall& c) { return c.eval.size(); },
+          "The evaluation batches held (set_eval).")
+      .def(
+          "observe",
+          [](ExpertSweepCall& c, const std::string& name, const py::object& indices,
+             const py::object& weights, const py::object& norms) {
+            const at::Tensor i = tensor_arg(indices, "indices"), w = tensor_arg(weights, "weights"),
+                             n = tensor_arg(norms, "norms");
+            const size_t layer = c.sweep->index(name);
+            py::gil_scoped_release nogil;
+            c.sweep->observe(layer, i, w, n);
+          },
+          py::arg("layer"), py::arg("indices"), py::arg("weights"), py::arg("norms") = py::none(),
+          "One calibration batch's routing in the layer, on the unpruned model (as "
+          "_ExpertPruning.observe).")
+      .def(
+          "choice",
+          [](ExpertSweepCall& c, const std::string& name, size_t j) {
+            const ExpertChoice e = c.sweep->choice(c.sweep->index(name), j);
+            return py::make_tuple(e.kept, e.removed);
+          },
+          py::arg("layer"), py::arg("amount"),
+          "(kept, removed) at amounts[amount]: the layer's experts, by index, ascending.")
+      .def(
+          "needs_run",
+          [](ExpertSweepCall& c, const std::string& name, size_t j) {
+            return c.sweep->needs_run(c.sweep->index(name), j);
+          },
+          py::arg("layer"), py::arg("amount"),
+          "False when the point removes no expert or the same as an earlier amount.")
+      .def(
+          "set_eval",
+          [](ExpertSweepCall& c, const py::list& items) {
+            c.eval.clear();
+            for (auto item : items) c.eval.push_back(to_batch(item, c.eval.size()));
+          },
+          py::arg("items"), "The evaluation batches, as given (their labels read by the loss).")
+      .def(
+          "evaluate",
+          [](ExpertSweepCall& c, size_t k, const py::object& logits) {
+            const at::Tensor t = tensor_arg(logits, "logits");
+            if (k >= c.eval.size()) throw py::index_error("[sensitivity] no evaluation batch");
+            py::gil_scoped_release nogil;
+            pythonic([&] { c.sweep->evaluate(t, c.eval[k]); });
+          },
+          py::arg("batch"), py::arg("logits"),
+          "The model's logits [B, T, V] on evaluation batch `batch`, for the point measured.")
+      .def(
+          "end_base", [](ExpertSweepCall& c, int64_t params) { c.sweep->end_base(params); },
+          py::arg("params"))
+      .def(
+          "end_point",
+          [](ExpertSweepCall& c, const std::string& name, size_t j, std::optional<int64_t> params) {
+            c.sweep->end_point(c.sweep->index(name), j, params);
+          },
+          py::arg("layer"), py::arg("amount"), py::arg("params"))
+      .def(
+          "report",
+          [](const ExpertSweepCall& c, const std::string& name, const std::string& command) {
+            return sensitivity_report(c.sweep->result(), name, command);
+          },
+          py::arg("name"), py::arg("command"), "The curves, as a lopper.SensitivityReport.");
+
+  m.def(
+      "_parse_sensitivity",
+      [](const std::string& text, const std::string& source) {
+        return sensitivity_report(pythonic([&] { return parse_sensitivity(text, source); }), "",
+                                  "");
+      },
+      py::arg("text"), py::arg("source") = "sensitivity",
+      "Internal: a SensitivityReport of sensitivity_json's text (what `lopper prune "
+      "--sensitivity FILE` reads), as parse_sensitivity reads it.");
+  m.def(
+      "_check_expert_sweep",
+      [](const py::object& method, const py::object& amounts, const py::object& eval_batches,
+         const py::object& seed, const py::object& loss, const py::object& calib_batches, bool data,
+         const std::vector<std::string>& other_options) {
+        (void)as_usage([&] {
+          return sweep_request(method, amounts, eval_batches, seed, loss, calib_batches, data,
+                               other_options)
+              .validate();
+        });
+      },
+      py::kw_only(), py::arg("method"), py::arg("amounts"), py::arg("eval_batches"),
+      py::arg("seed") = py::none(), py::arg("loss") = py::none(),
+      py::arg("calib_batches") = py::none(), py::arg("data") = false,
+      py::arg("other_options") = std::vector<std::string>{},
+      "Internal: a ValueError or TypeError for arguments structured=\"expert\" does not take.");
   m.def(
       "_check_experts",
       [](const py::object& method, const py::object& amount, const py::object& seed, bool data,

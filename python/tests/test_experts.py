@@ -454,3 +454,184 @@ def test_an_interrupt_puts_the_model_back():
     h.remove()
     assert_untouched(model, snap)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# lopper.sensitivity(model, ..., structured="expert"): each MoE layer alone loses each share of its
+# experts, the model's next-token loss measured, the layer put back.
+
+def sweep(model, data, **kw):
+    kw.setdefault("progress", False)
+    return lopper.sensitivity(model, EXAMPLE, data, structured="expert", **kw)
+
+
+def lm_measures(model, items):
+    """The model's own causal-LM loss (transformers' labels= loss; labels = input_ids unless the
+    batch has them), as the mean over equal-sized batches, and its next-token top-1."""
+    losses, hits, count = [], 0, 0
+    with torch.no_grad():
+        for b in items:
+            labels = b.get("labels", b["input_ids"])
+            out = model(input_ids=b["input_ids"], labels=labels)
+            losses.append(out.loss.item())
+            target = labels[:, 1:]
+            keep = target != -100
+            hits += int((out.logits[:, :-1].argmax(-1) == target)[keep].sum())
+            count += int(keep.sum())
+    return sum(losses) / len(losses), hits / count
+
+
+def loud(model):
+    """Experts whose outputs weigh in the residual stream (transformers' random init keeps them
+    faint): which experts go then moves the loss well beyond float32's rounding."""
+    with torch.no_grad():
+        for m in moe_blocks(model).values():
+            m.experts.down_proj.mul_(30)
+    return model
+
+
+def with_layer_of(model, pruned, name):
+    """A copy of `model` with MoE block `name` taken from `pruned` (the rest unpruned)."""
+    out = copy.deepcopy(model)
+    parent, _, attr = name.rpartition(".")
+    setattr(out.get_submodule(parent), attr, copy.deepcopy(pruned.get_submodule(name)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_expert_sensitivity_points_are_the_model_with_that_layer_pruned(name):
+    model = loud(MODELS[name]())
+    data = batches(n=3)
+    if name == "qwen2_moe":  # labels of their own: the loss reads them, not the input IDs
+        for b in data:
+            b["labels"] = b["input_ids"].clone()
+            b["labels"][:, :4] = -100
+    snap = snapshot(model)
+    report = sweep(model, data, method="reap", amounts=[0.25, 0.5, 0.6], eval_batches=2)
+    assert_untouched(model, snap)
+    assert isinstance(report, lopper.SensitivityReport)
+    assert report.unit == "expert" and report.method == "reap" and report.samples == 4
+    blocks = list(moe_blocks(model))
+    assert [l.name for l in report.layers] == [f"experts {i}: {n}" for i, n in enumerate(blocks)]
+    assert [l.layers for l in report.layers] == [[n] for n in blocks]
+    params = sum(p.numel() for p in model.parameters())
+    assert report.params == params
+    loss, top1 = lm_measures(model, data[:2])
+    # NOTE: 2e-6 is float32's rounding here; another choice of experts moves the loss 1e-3 or more.
+    assert report.loss == pytest.approx(loss, rel=0, abs=2e-6)
+    assert report.top1 == pytest.approx(top1, abs=1e-9)
+    # The first MoE layer sees the unpruned model's routing in prune_structured too: its point is
+    # the model with that layer pruned by prune_structured(unit="expert") on the same data.
+    first = blocks[0]
+    for j, amount in enumerate((0.25, 0.5)):
+        pruned = copy.deepcopy(model)
+        prune(pruned, method="reap", amount=amount, data=data)
+        alone = with_layer_of(model, pruned, first)
+        point = report.layers[0].points[j]
+        want_loss, want_top1 = lm_measures(alone, data[:2])
+        assert point.amount == amount and point.removed == int(8 * amount) / 8
+        assert point.loss == pytest.approx(want_loss, rel=0, abs=2e-6)
+        assert point.top1 == pytest.approx(want_top1, abs=1e-9)
+        assert point.params == sum(p.numel() for p in alone.parameters())
+        assert abs(point.loss - report.loss) > 1e-3  # the layer did lose experts
+    # 0.6 of 8 experts is int(4.8) = 4, as 0.5: the same experts, the same point.
+    for l in report.layers:
+        a, b = l.points[1], l.points[2]
+        assert (b.removed, b.loss, b.top1, b.params) == (a.removed, a.loss, a.top1, a.params)
+
+
+def test_expert_sensitivity_random_points_of_every_layer():
+    """random ranks each layer from the seed and the layer's index alone: every layer's point is
+    the model with that layer pruned by prune_structured(method="random") alone."""
+    model = loud(mixtral())
+    data = batches(n=2)
+    snap = snapshot(model)
+    report = sweep(model, iter(data), method="random", seed=3, amounts=[0.25], eval_batches=2)
+    assert_untouched(model, snap)
+    pruned = copy.deepcopy(model)
+    prune(pruned, method="random", seed=3, amount=0.25)
+    for l, name in zip(report.layers, moe_blocks(model)):
+        want_loss, want_top1 = lm_measures(with_layer_of(model, pruned, name), data)
+        assert l.points[0].loss == pytest.approx(want_loss, rel=0, abs=2e-6)
+        assert l.points[0].top1 == pytest.approx(want_top1, abs=1e-9)
+    assert len({l.points[0].loss for l in report.layers}) == 2
+
+
+def test_expert_sensitivity_prints_and_round_trips_as_json(tmp_path):
+    import json
+    model = mixtral()
+    report = sweep(model, batches(n=2), method="frequency", amounts=[0.25, 0.5], eval_batches=2)
+    text = str(report)
+    assert "experts 0: model.layers.0.mlp" in text and "0.25" in text
+    d = report.to_dict()
+    assert d["format"] == "lopper.sensitivity/1" and d["unit"] == "expert"
+    assert d["method"] == "frequency" and len(d["layers"]) == 2
+    back = lopper._lopper._parse_sensitivity(json.dumps(d), "s.json")
+    assert back.to_dict() == d and str(back) == text
+    # Defaults: SensitivityOptions' amounts that leave every layer its top-k experts (2 of 8).
+    default = sweep(model, batches(n=2), eval_batches=1)
+    assert default.method == "reap"
+    assert [p.amount for p in default.layers[0].points] == pytest.approx(
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+    # No page: there is no export to draw; no target reads expert curves.
+    with pytest.raises(ValueError, match=r"^\[sensitivity\] a sweep over the experts"):
+        report.save_html(tmp_path / "s.html")
+    assert not (tmp_path / "s.html").exists()
+    snap = snapshot(model)
+    with pytest.raises(ValueError, match="per expert"):
+        lopper.prune_to_target(model, EXAMPLE, params=0.5, sensitivity=report, progress=False)
+    assert_untouched(model, snap)
+
+
+SWEEP_BAD = [
+    (dict(amounts=[0.9]), ValueError, "leaves MoE layer 'model.layers.0.mlp' 1 of its 8 experts"),
+    (dict(data=None), ValueError, "data is needed"),
+    (dict(method="l2"), ValueError, "method 'l2' does not rank experts"),
+    (dict(method="random", seed=1, calib_batches=1), ValueError, "reads no calibration batches"),
+    (dict(seed=1), ValueError, "seed is for method random"),
+    (dict(calib_batches=0), ValueError, "calib_batches must be >= 1"),
+    (dict(loss="mse"), ValueError, "next-token loss"),
+    (dict(round_to=2), ValueError, "round_to is for the export's sweep"),
+    (dict(amounts=[1.0]), ValueError, "every amount must be in [0, 1)"),
+    (dict(amounts=[]), ValueError, "lists no amount"),
+    (dict(eval_batches=0), ValueError, "eval_batches must be > 0"),
+    (dict(amounts="0.5"), TypeError, "amounts must be a list"),
+    (dict(device="meta"), ValueError, "move it there first"),
+]
+
+
+@pytest.mark.parametrize("kw,error,words", SWEEP_BAD, ids=[w[:40] for _, _, w in SWEEP_BAD])
+def test_expert_sensitivity_refusals_leave_the_model_alone(kw, error, words):
+    model = mixtral()
+    snap = snapshot(model)
+    data = kw.pop("data", batches(n=2))
+    with pytest.raises(error) as e:
+        sweep(model, data, **kw)
+    message = str(e.value)
+    assert words in message and "\n" not in message and message.startswith("[sensitivity]")
+    assert_untouched(model, snap)
+
+
+def test_expert_sensitivity_of_a_model_without_moe_layers_is_refused():
+    model = llama()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"has no mixture-of-experts layer"):
+        sweep(model, batches(n=2))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+def test_expert_sensitivity_failure_part_way_puts_the_model_back():
+    model = mixtral()
+    snap = snapshot(model)
+    calls = []
+
+    def fail(m, args):
+        calls.append(1)
+        if len(calls) == 6:  # 2 calibration batches, 2 unpruned, then a point's second batch
+            raise RuntimeError("boom")
+
+    h = model.model.layers[1].register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="failed on evaluation batch 1"):
+        sweep(model, batches(n=2), amounts=[0.5], eval_batches=2)
+    h.remove()
+    assert_untouched(model, snap)

@@ -2,6 +2,7 @@
 #include "lopper/experts.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "lopper/error.h"
 #include "lopper/report.h"
+#include "train/loss.h"
 
 namespace lopper {
 
@@ -44,6 +46,13 @@ std::string index_list(const std::vector<int64_t>& v) {
   std::string s;
   for (int64_t i : v) s += (s.empty() ? "" : ", ") + std::to_string(i);
   return "[" + s + "]";
+}
+
+// Expert pruning's message `e` as the sweep's ("[sensitivity] ..."), its options still marked.
+UsageError sweep_error(const UsageError& e) {
+  std::string m = e.render([](const std::string& n) { return "\x1e" + n + "\x1f"; });
+  if (m.rfind("[prune] ", 0) == 0) m = m.substr(8);
+  return UsageError("[sensitivity] " + m);
 }
 
 }  // namespace
@@ -254,6 +263,11 @@ const ExpertChoice& ExpertPruning::choose(size_t i) {
   return *chosen_[i];
 }
 
+const std::vector<double>& ExpertPruning::scores(size_t i) {
+  (void)choose(i);
+  return scores_[i];
+}
+
 ExpertReport ExpertPruning::report() const {
   ExpertReport r;
   r.criterion = criterion_->name;
@@ -290,6 +304,183 @@ ExpertReport ExpertPruning::report() const {
     r.scores.push_back(sc);
     r.params_per_expert.push_back(l.params_per_expert);
     s.groups.push_back(std::move(g));
+  }
+  return r;
+}
+
+ExpertSweepOptions ExpertSweepRequest::validate() const {
+  if (!data)
+    throw UsageError("[sensitivity] " LOPPER_OPTION(
+                         "data") " is needed: the sweep measures the model's loss on it" +
+                     data_hint);
+  for (const std::string& name : other_options)
+    throw UsageError(
+        "[sensitivity] \x1e" + name +
+        "\x1f is for the export's sweep, not " LOPPER_OPTION("structured") " 'expert'");
+  // The criterion and seed by expert pruning's rules, its messages the sweep's.
+  ExpertSweepOptions o;
+  const ExpertCriterionInfo* info = nullptr;
+  try {
+    info = &expert_criterion_info(criterion.value_or("reap"));
+    ExpertRequest one;
+    one.criterion = criterion;
+    one.amount = PruneAmount{};  // each amount is checked below
+    one.seed = seed;
+    one.data = info->needs_data;
+    o.expert = one.validate();
+  } catch (const UsageError& e) {
+    throw sweep_error(e);
+  }
+  const ExpertCriterionInfo& c = *info;
+  if (calib_batches && !c.needs_data)
+    throw UsageError("[sensitivity] " LOPPER_OPTION("criterion") " " + c.name +
+                     " reads no calibration batches: drop " LOPPER_OPTION("batches"));
+  if (calib_batches && *calib_batches < 1)
+    throw UsageError("[sensitivity] " LOPPER_OPTION("batches") " must be >= 1, got " +
+                     std::to_string(*calib_batches));
+  if (loss && *loss != "auto" && *loss != "causal-lm")
+    throw UsageError("[sensitivity] " LOPPER_OPTION("structured") " 'expert' measures the "
+                     "model's next-token loss (causal-lm), not " +
+                     *loss);
+  // NOTE: the amounts and eval_batches follow the export's sweep's rules, checked by its check.
+  SensitivityOptions so;
+  if (amounts) so.amounts = *amounts;
+  if (eval_batches) so.eval_batches = *eval_batches;
+  try {
+    check_sensitivity_options(so);
+  } catch (const Error& e) {
+    throw UsageError(e.render([](const std::string& n) { return "\x1e" + n + "\x1f"; }));
+  }
+  o.amounts = so.amounts;
+  o.default_amounts = !amounts;
+  o.eval_batches = so.eval_batches;
+  return o;
+}
+
+ExpertSweep::ExpertSweep(ExpertSweepOptions options, std::vector<ExpertLayer> layers)
+    : options_(std::move(options)), pruning_(options_.expert, std::move(layers)) {
+  std::vector<double> amounts;
+  for (double a : options_.amounts) {
+    std::vector<int64_t> drops;
+    try {
+      for (const ExpertLayer& l : pruning_.layers())
+        drops.push_back(experts_to_drop(PruneAmount{a, false}, l));
+    } catch (const UsageError& e) {
+      if (options_.default_amounts) continue;  // a default the layers cannot take
+      throw sweep_error(e);
+    }
+    amounts.push_back(a);
+    for (size_t i = 0; i < drops.size(); ++i) {
+      drop_.resize(drops.size());
+      drop_[i].push_back(drops[i]);
+    }
+  }
+  LOPPER_CHECK(!amounts.empty(),
+               "[sensitivity] every default amount would leave a MoE layer "
+               "fewer experts than its top-k: give " LOPPER_OPTION("amounts"));
+  options_.amounts = std::move(amounts);
+  drop_.resize(pruning_.layers().size());
+  points_.assign(pruning_.layers().size(),
+                 std::vector<std::optional<Measure>>(options_.amounts.size()));
+}
+
+void ExpertSweep::observe(size_t i, const at::Tensor& indices, const at::Tensor& weights,
+                          const at::Tensor& norms) {
+  pruning_.observe(i, indices, weights, norms);
+}
+
+ExpertChoice ExpertSweep::choice(size_t i, size_t j) {
+  LOPPER_CHECK(i < drop_.size() && j < options_.amounts.size(), "[sensitivity] no point (", i, ", ",
+               j, ")");
+  return choose_experts(pruning_.scores(i), drop_[i][j]);
+}
+
+bool ExpertSweep::needs_run(size_t i, size_t j) {
+  LOPPER_CHECK(i < drop_.size() && j < options_.amounts.size(), "[sensitivity] no point (", i, ", ",
+               j, ")");
+  // NOTE: the same count removes the same experts (choose_experts ranks the same scores).
+  if (drop_[i][j] == 0) return false;
+  for (size_t k = 0; k < j; ++k)
+    if (drop_[i][k] == drop_[i][j]) return false;
+  return true;
+}
+
+void ExpertSweep::evaluate(const at::Tensor& logits, const Batch& b) {
+  c10::NoGradGuard no_grad;
+  LossOptions lo;
+  lo.loss = Loss::kCausalLm;
+  Objective objective(lo, ModelIO{});
+  const Objective::Targets t = objective.targets(logits, b);
+  const int64_t n = t.labels.size(0);
+  sum_ += objective.loss(t).item<double>() * double(n);
+  hits_ += double(Objective::correct(t));
+  counted_ += n;
+  samples_ += b.size();
+}
+
+ExpertSweep::Measure ExpertSweep::take(std::optional<int64_t> params) {
+  Measure m;
+  LOPPER_ASSERT(params && counted_ > 0, "an expert sweep's point measured on no token");
+  m.loss = sum_ / double(counted_);
+  m.top1 = hits_ / double(counted_);
+  m.params = *params;
+  sum_ = hits_ = 0;
+  counted_ = 0;
+  return m;
+}
+
+void ExpertSweep::end_base(int64_t params) {
+  LOPPER_ASSERT(!base_, "an expert sweep's unpruned model measured twice");
+  base_samples_ = samples_;
+  base_ = take(params);
+  samples_ = 0;
+}
+
+void ExpertSweep::end_point(size_t i, size_t j, std::optional<int64_t> params) {
+  LOPPER_ASSERT(base_ && i < points_.size() && j < points_[i].size() && !points_[i][j],
+                "an expert sweep's point (", i, ", ", j, ") out of order");
+  const bool run = needs_run(i, j);
+  LOPPER_ASSERT(run == params.has_value(), "an expert sweep's point (", i, ", ", j, ") ",
+                run ? "was not run" : "was run needlessly");
+  if (run) {
+    points_[i][j] = take(params);
+    samples_ = 0;
+    return;
+  }
+  LOPPER_ASSERT(counted_ == 0, "an expert sweep's point (", i, ", ", j, ") measured needlessly");
+  std::optional<Measure> same = base_;
+  for (size_t k = 0; k < j; ++k)
+    if (drop_[i][k] == drop_[i][j]) same = points_[i][k];
+  points_[i][j] = same;
+}
+
+SensitivityResult ExpertSweep::result() const {
+  LOPPER_ASSERT(base_, "an expert sweep's result before its unpruned model was measured");
+  SensitivityResult r;
+  r.unit = "expert";
+  r.method = criterion().name;
+  r.loss = base_->loss;
+  r.top1 = base_->top1;
+  r.samples = base_samples_;
+  r.params = base_->params;
+  const std::vector<ExpertLayer>& layers = pruning_.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const ExpertLayer& l = layers[i];
+    LayerSensitivity ls;
+    ls.name = fmt::format("experts {}: {}", i, l.name);
+    ls.layers = {l.name};
+    ls.params = l.experts * l.params_per_expert;
+    for (size_t j = 0; j < options_.amounts.size(); ++j) {
+      LOPPER_ASSERT(points_[i][j], "an expert sweep's point (", i, ", ", j, ") never measured");
+      SensitivityPoint p;
+      p.amount = options_.amounts[j];
+      p.removed = double(drop_[i][j]) / double(l.experts);
+      p.loss = points_[i][j]->loss;
+      p.top1 = points_[i][j]->top1;
+      p.params = points_[i][j]->params;
+      ls.points.push_back(p);
+    }
+    r.layers.push_back(std::move(ls));
   }
   return r;
 }

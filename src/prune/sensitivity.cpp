@@ -509,10 +509,11 @@ SensitivityResult parse_sensitivity(const std::string& text, const std::string& 
     LOPPER_CHECK(j.value("format", "") == "lopper.sensitivity/1", "[sensitivity] ", source,
                  " is not a lopper sensitivity file (no \"format\": \"lopper.sensitivity/1\")");
     r.unit = j.at("unit").get<std::string>();
-    LOPPER_CHECK(
-        r.unit == "weight" || r.unit == "channel" || r.unit == "block" || r.unit == "channel+block",
-        "[sensitivity] ", source, ": unit must be weight, channel, block or channel+block, got '",
-        r.unit, "'");
+    LOPPER_CHECK(r.unit == "weight" || r.unit == "channel" || r.unit == "block" ||
+                     r.unit == "channel+block" || r.unit == "expert",
+                 "[sensitivity] ", source,
+                 ": unit must be weight, channel, block, channel+block or expert, got '", r.unit,
+                 "'");
     r.method = j.value("method", "");
     const auto& b = j.at("base");
     r.loss = b.at("loss").get<double>();

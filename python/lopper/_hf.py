@@ -139,12 +139,15 @@ def follow_config(module, names, set_attr):
     for k, v in updates.items():
         setattr(new, k, v)
     try:
+        if hasattr(new, "validate"):  # the class validators save_pretrained runs (strict configs)
+            new.validate()
         with torch.device("meta"):
             fresh = type(module)._from_config(new)
     except Exception as e:  # noqa: BLE001 (a config the class refuses: say so)
-        first = str(e).splitlines()[0] if str(e) else ""
+        why = e.__cause__ or e  # a failed validator's own error, not its wrapper's
+        first = str(why).splitlines()[0] if str(why) else ""
         return (f"{type(module).__name__} does not build from a config with {_listed(updates)} "
-                f"({type(e).__name__}: {first})", "")
+                f"({type(why).__name__}: {first})", "")
     want, got = _shapes(module), _shapes(fresh)
     wrong = [n for n in want if n in got and got[n] != want[n]]
     if wrong:

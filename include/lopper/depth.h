@@ -35,6 +35,13 @@ struct DepthUnit {
   int64_t params_count = 0;         // elements of the weights only it reads
   int64_t feature_axis = -1;        // the axis its block influence compares along
   std::string blocked;              // why it cannot be removed ("" : it can)
+  /// What an `exclude` regex is searched in: its layers, their weights' names and its label.
+  std::vector<std::string> names() const {
+    std::vector<std::string> n = layers;
+    n.insert(n.end(), params.begin(), params.end());
+    n.push_back(label);
+    return n;
+  }
 };
 
 /// The units of `model` in graph order, with their shapes at `input_shapes` (dynamic dims 1).

@@ -71,13 +71,7 @@ def prune_experts(module, example_inputs, *, method, amount, seed, data, calib_b
                          "permanent first (torch.nn.utils.prune.remove) or prune its experts "
                          "before unstructured")
     args, kwargs = _split_inputs(example_inputs, module=module)
-    here = _device_of(module)
-    if device is not None:
-        if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"[prune] device must be a str, got {type(device).__name__}")
-        if torch.device(device) != torch.device(here):
-            raise ValueError(f"[prune] device {device}: the model's experts are pruned where the "
-                             f"model is ({here}); move it there first")
+    here = _device_where(module, device, "prune", "pruned")
     layers = _moe_layers(module)
     pruning = _lopper._ExpertPruning([l.as_dict() for l in layers], **options)
     new_counts = {l.name: l.count - pruning.drop(l.name) for l in layers}
@@ -115,6 +109,19 @@ def prune_experts(module, example_inputs, *, method, amount, seed, data, calib_b
     return report
 
 
+def _device_where(module, device, op, done):
+    """The module's device, after checking that `device` (None: not given) names it: the experts
+    are `done` (pruned, swept) where the model is."""
+    here = _device_of(module)
+    if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"[{op}] device must be a str, got {type(device).__name__}")
+        if torch.device(device) != torch.device(here):
+            raise ValueError(f"[{op}] device {device}: the model's experts are {done} where the "
+                             f"model is ({here}); move it there first")
+    return here
+
+
 def sweep_experts(module, example_inputs, data, *, method, amounts, eval_batches, seed, loss,
                   calib_batches, device, progress, others):
     """lopper.sensitivity(module, example_inputs, data, structured="expert", ...): see its
@@ -134,13 +141,7 @@ def sweep_experts(module, example_inputs, data, *, method, amounts, eval_batches
         raise ValueError("[sensitivity] the module carries torch.nn.utils.prune masks: make them "
                          "permanent first (torch.nn.utils.prune.remove)")
     _split_inputs(example_inputs, "sensitivity", module)  # checked; the sweep runs on `data`
-    here = _device_of(module)
-    if device is not None:
-        if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"[sensitivity] device must be a str, got {type(device).__name__}")
-        if torch.device(device) != torch.device(here):
-            raise ValueError(f"[sensitivity] device {device}: the model's experts are swept where "
-                             f"the model is ({here}); move it there first")
+    here = _device_where(module, device, "sensitivity", "swept")
     layers = _moe_layers(module)
     sweep = _lopper._ExpertSweep([l.as_dict() for l in layers], **options)
     # One read of `data` (an iterator is read once): the calibration batches and the evaluated

@@ -41,6 +41,20 @@ def _example():
     return _batches(1, 1, 8, seed=5)[0]
 
 
+def _reloads_and_generates(m, ids, tmp_path):
+    """save_pretrained + from_pretrained gives the same logits, and generate() with its key/value
+    cache gives what generate() without it gives."""
+    m.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.allclose(back(ids).logits, m(ids).logits, atol=1e-5)
+        a = m.generate(ids, max_new_tokens=4, do_sample=False, use_cache=True)
+        b = m.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False)
+    assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("method", ["influence", "loss", "random"])
 def test_layers_go_and_the_model_reloads_and_generates(name, method, tmp_path):
@@ -61,18 +75,7 @@ def test_layers_go_and_the_model_reloads_and_generates(name, method, tmp_path):
     assert r.params == sum(p.numel() for p in m.parameters())
     assert r.params_before - r.params == sum(r.groups[i].params for i in gone)
     assert "layers" in str(r) and r.to_dict()["layers"] == 4
-    # generate() with its key/value cache gives what generate() without it gives.
-    ids = _example()["input_ids"]
-    with torch.no_grad():
-        a = m.generate(ids, max_new_tokens=4, do_sample=False, use_cache=True)
-        b = m.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False)
-    assert torch.equal(a, b)
-    m.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
-        assert torch.allclose(back(ids).logits, m(ids).logits, atol=1e-5)
+    _reloads_and_generates(m, _example()["input_ids"], tmp_path)
 
 
 def test_influence_is_one_minus_the_mean_cosine_and_ranks():
@@ -156,12 +159,4 @@ def test_hidden_size_shrinks_with_the_config(name, tmp_path):
     assert m.model.embed_tokens.weight.shape == (V, 32)
     assert m.model.norm.weight.shape == (32,)
     assert m.model.layers[0].self_attn.q_proj.weight.shape[1] == 32
-    m.save_pretrained(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
-        assert torch.allclose(back(ids).logits, m(ids).logits, atol=1e-5)
-        a = m.generate(ids, max_new_tokens=3, do_sample=False, use_cache=True)
-        b = m.generate(ids, max_new_tokens=3, do_sample=False, use_cache=False)
-    assert torch.equal(a, b)
+    _reloads_and_generates(m, ids, tmp_path)

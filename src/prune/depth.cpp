@@ -540,11 +540,7 @@ StructuredReport prune_depth(ir::Model& model, const StructuredOptions& opts, Da
   std::vector<DepthUnit> units = depth_units(model, opts.input_shapes);
   LayerFilter filter(opts.exclude);
   std::vector<std::vector<std::string>> names;
-  for (auto& u : units) {
-    names.push_back(u.layers);
-    names.back().insert(names.back().end(), u.params.begin(), u.params.end());
-    names.back().push_back(u.label);
-  }
+  for (const auto& u : units) names.push_back(u.names());
   const std::vector<std::string> excluded = depth_excluded(names, opts.exclude);
   for (size_t i = 0; i < units.size(); ++i)
     if (units[i].blocked.empty()) units[i].blocked = excluded[i];

@@ -310,11 +310,7 @@ SensitivityResult channels(const ir::Model& model, const EvalSet& s, const Sensi
   if (o.blocks) {
     units = depth_units(model, o.input_shapes);
     std::vector<std::vector<std::string>> names;
-    for (const auto& u : units) {
-      names.push_back(u.layers);
-      names.back().insert(names.back().end(), u.params.begin(), u.params.end());
-      names.back().push_back(u.label);
-    }
+    for (const auto& u : units) names.push_back(u.names());
     const std::vector<std::string> excluded = depth_excluded(names, o.exclude);
     for (size_t i = 0; i < units.size(); ++i)
       if (units[i].blocked.empty() && excluded[i].empty()) blocks.push_back(i);

@@ -264,9 +264,7 @@ TargetReport by_sensitivity(ir::Model& model, const TargetOptions& o,
   for (const auto& l : s.layers) {
     std::vector<std::string> names = l.layers;
     if (l.block >= 0) {
-      const DepthUnit& u = depth[size_t(l.block)];
-      names.insert(names.end(), u.params.begin(), u.params.end());
-      names.push_back(u.label);
+      names = depth[size_t(l.block)].names();
     } else if (o.structured) {
       const auto& params = groups.groups[size_t(l.group)].layer_params;
       names.insert(names.end(), params.begin(), params.end());

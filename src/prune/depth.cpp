@@ -538,12 +538,10 @@ StructuredReport prune_depth(ir::Model& model, const StructuredOptions& opts, Da
   LOPPER_CHECK(!crit.needs_data || data, "[prune] " LOPPER_OPTION("criterion"), " ", crit.name,
                " ranks blocks ", crit.data_needed, " on data: give " LOPPER_OPTION("data"));
   std::vector<DepthUnit> units = depth_units(model, opts.input_shapes);
+  // NOTE: one filter matches and warns: it says when the regex matched no unit.
   LayerFilter filter(opts.exclude);
-  std::vector<std::vector<std::string>> names;
-  for (const auto& u : units) names.push_back(u.names());
-  const std::vector<std::string> excluded = depth_excluded(names, opts.exclude);
-  for (size_t i = 0; i < units.size(); ++i)
-    if (units[i].blocked.empty()) units[i].blocked = excluded[i];
+  for (auto& u : units)
+    if (!filter.empty() && filter.excludes(u.names()) && u.blocked.empty()) u.blocked = "excluded";
   StructuredReport r;
   r.counted = "blocks";
   std::vector<std::string> blocked;

@@ -156,6 +156,7 @@ TEST(Depth, AValueReadAfterTheBlockKeepsItAndTheGraphOutputStays) {
   o.exclude = "blocks\\.0";
   StructuredReport r = prune_depth(m, o, nullptr, {});
   EXPECT_EQ(r.groups[0].blocked, "excluded");
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();  // the regex matched: no warning
   EXPECT_EQ(r.groups[2].size_after, 0);
   ASSERT_FALSE(m.graph.nodes.empty());
   EXPECT_EQ(m.graph.nodes.back().op_type, "Identity");

@@ -362,6 +362,11 @@ struct TrainRequest {
   std::optional<std::string> optimizer;         // sgd (default) | adam | adamw
   std::optional<std::string> lr_schedule;       // constant (default) | step | cosine
   std::optional<std::string> precision;         // fp32 (default) | bf16 | fp16
+  /// Distillation: the teacher's path (the caller loads it into options.distill.teacher), alpha
+  /// and temperature (defaults 0.5 and 1), STUDENT=TEACHER tensor pairs and their weight.
+  std::optional<std::string> teacher;
+  std::optional<double> distill_alpha, distill_temperature, distill_state_weight;
+  std::vector<std::string> distill_states;
 
   /// Every rule between the options; throws UsageError naming the first one broken (an unknown
   /// device: lopper::Error). The trainer's options, ready to run.

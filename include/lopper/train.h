@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,31 @@ const char* optimizer_name(Optimizer o);  // "sgd", "adam", "adamw" (as checkpoi
 LrSchedule parse_lr_schedule(const std::string& s);
 const char* lr_schedule_name(LrSchedule s);
 
+/// Knowledge distillation (Hinton et al. 2015): a teacher, usually the dense model the student was
+/// pruned from, runs in inference mode on every batch, and the student learns from its logits
+///   (1 - alpha) * task + alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T))
+///   + state_weight * sum over `states` of MSE(student tensor, teacher tensor)
+/// over the rows the task counts (samples; tokens for language models, padding and unlabelled
+/// positions left out). alpha = 1 needs no labels.
+struct DistillOptions {
+  /// The teacher: the same inputs as the student (names and types) and a first output of the same
+  /// shape. Null: no distillation.
+  std::shared_ptr<const ir::Model> teacher;
+  double alpha = 0.5;        // in [0, 1]
+  double temperature = 1.0;  // > 0
+  /// Intermediate tensors compared by mean squared error, where their shapes match: a value that
+  /// a node of the student writes, and one of the teacher's.
+  struct State {
+    std::string student, teacher;
+  };
+  std::vector<State> states;
+  double state_weight = 1.0;  // >= 0
+};
+
+/// Throws lopper::Error naming the first option out of range (alpha outside [0, 1], a temperature
+/// <= 0, a negative state weight, states without a teacher).
+void check_distill_options(const DistillOptions& o);
+
 struct TrainOptions {
   int64_t epochs = 10;
   Optimizer optimizer = Optimizer::kSgd;  // PyTorch's semantics and defaults
@@ -58,6 +84,8 @@ struct TrainOptions {
   /// Float initializers whose name matches are not trained (regex (prune.h: regex_error); empty:
   /// none).
   std::string freeze;
+  /// Learn from a teacher's outputs as well as (or, alpha = 1, instead of) the labels.
+  DistillOptions distill;
 
   // Joint training: penalties added to the loss.
   double l1 = 0;           // λ Σ|w| over the prunable weights
@@ -91,7 +119,9 @@ struct TrainOptions {
 
 struct EpochStats {
   int64_t epoch = 0;  // 1-based
-  double loss = 0;    // mean training loss (without the regularisers)
+  double loss = 0;  // mean training loss (without the regularisers): the task and distillation mix
+  /// Top-1 among the counted rows: against the labels, or, for data without labels, the share of
+  /// rows where the student's top-1 is the teacher's (teacher_agreement true).
   double accuracy = 0;
   double samples_per_s = 0;
   double lr = 0;
@@ -99,6 +129,11 @@ struct EpochStats {
   double seconds = 0;
   int64_t skipped_steps = 0;  // fp16: steps skipped because the gradients overflowed
   double loss_scale = 0;      // fp16: the loss scale after the epoch (0 otherwise)
+  /// Distillation (distilled true): its terms apart, means over the counted rows. task_loss is NaN
+  /// when the data has no labels (alpha = 1).
+  bool distilled = false;
+  double task_loss = 0, distill_kl = 0, distill_state = 0;
+  bool teacher_agreement = false;
 };
 
 struct TrainResult {
@@ -106,13 +141,18 @@ struct TrainResult {
   std::vector<std::string> notes;  // pruning events ("epoch 3: pruned to 61.2% (agp)")
 };
 
+/// The running means of an epoch, after one of its steps.
+struct StepStats {
+  int64_t epoch = 0, step = 0, steps = 0;  // 1-based epoch and step; steps per epoch
+  double loss = 0, accuracy = 0, lr = 0;   // as EpochStats' so far
+  double task_loss = 0, distill_kl = 0, distill_state = 0;  // distillation: the terms apart
+};
+
 struct TrainCallbacks {
   /// Once, when every check has passed and the checkpoint folder is held, before the first step.
   std::function<void()> start;
-  /// After every step (1-based within the epoch) with the running mean loss and accuracy.
-  std::function<void(int64_t epoch, int64_t step, int64_t steps, double loss, double acc,
-                     double lr)>
-      step;
+  /// After every step with the epoch's running means.
+  std::function<void(const StepStats&)> step;
   /// After every epoch.
   std::function<void(const EpochStats&)> epoch;
   /// A pruning event or a checkpoint: one line for the user.

@@ -44,7 +44,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
     std::string model, out, schedule = "none", prune_method, prune_amount, prune_scope = "global",
                             prune_pattern = "unstructured", every = "1", eval_split = "test",
                             prune_structured, report, optimizer = "sgd", lr_schedule = "constant",
-                            precision = "fp32";
+                            precision = "fp32", teacher;
+    std::optional<double> distill_alpha, distill_temperature, distill_state_weight;
+    std::vector<std::string> distill_states;
     DataFlags data;
     TrainOptions t;
     bool no_eval = false, sparse = false;
@@ -82,6 +84,19 @@ Action add_train_command(CLI::App& app, bool finetune) {
                   "fp32 (default) | bf16 | fp16 (CUDA; dynamic loss scaling): autocast, fp32 "
                   "weights");
   cmd->add_option("--freeze", t.freeze, "do not train initializers whose name matches REGEX");
+  cmd->add_option("--teacher", o->teacher,
+                  "distil from this model (the dense one): its outputs on each batch are the "
+                  "student's targets too");
+  cmd->add_option("--distill-alpha", o->distill_alpha,
+                  "the loss is (1-A) * task + A * T^2 * KL(teacher || student); 1: no labels "
+                  "needed (default 0.5)");
+  cmd->add_option("--distill-temperature", o->distill_temperature,
+                  "T: both softmaxes over logits / T (default 1)");
+  cmd->add_option("--distill-state", o->distill_states,
+                  "STUDENT_TENSOR=TEACHER_TENSOR: add the MSE between these intermediate tensors "
+                  "(same shape; repeat for more)");
+  cmd->add_option("--distill-state-weight", o->distill_state_weight,
+                  "the weight of the states' MSE (default 1)");
   cmd->add_option("--l1", t.l1, "joint training: lambda * sum |w| over prunable weights");
   cmd->add_option("--bn-l1", t.bn_l1, "joint training: lambda * sum |gamma| of BatchNorm scales");
   cmd->add_option("--group-lasso", t.group_lasso,
@@ -123,6 +138,7 @@ Action add_train_command(CLI::App& app, bool finetune) {
     // What it reads, then what it writes: checked before any work.
     OutputFiles files("train");
     files.input(o->model);
+    if (!o->teacher.empty()) files.input(o->teacher);
     add_data_inputs(files, o->data.data);
     files.declare(o->out, "-o");
     files.declare(o->out + ".train.json", "the JSON report");
@@ -149,6 +165,11 @@ Action add_train_command(CLI::App& app, bool finetune) {
     req.optimizer = o->optimizer;
     req.lr_schedule = o->lr_schedule;
     req.precision = o->precision;
+    req.teacher = given(o->teacher);
+    req.distill_alpha = o->distill_alpha;
+    req.distill_temperature = o->distill_temperature;
+    req.distill_state_weight = o->distill_state_weight;
+    req.distill_states = o->distill_states;
     t = req.validate();  // a bad device: exit 1, as where it is checked elsewhere
     configure_threads(o->threads);
     DistOptions dopt = dist_options_from_env(t.device);
@@ -158,6 +179,9 @@ Action add_train_command(CLI::App& app, bool finetune) {
     bool main_rank = !dist || dist->is_main();
 
     ir::Model model = load_input_model(files, o->model);
+    if (!o->teacher.empty())
+      t.distill.teacher = std::make_shared<const ir::Model>(load_input_model(files, o->teacher));
+    const bool distilling = t.distill.teacher != nullptr;
     bool fixed = false;
     LoaderOptions lo = o->data.loader(model, fixed);
     lo.seed = t.seed;
@@ -175,7 +199,21 @@ Action add_train_command(CLI::App& app, bool finetune) {
     // epochs by an exponential moving average; about 1500 points in all.
     std::vector<ReportStep> curve;
     double last_mean = 0, smoothed = -1;
-    cb.step = [&](int64_t epoch, int64_t step, int64_t steps, double loss, double acc, double lr) {
+    // Distillation: the loss's terms apart ("loss 0.41 (task 0.52, kl 0.30)").
+    auto terms = [&](double loss, double task, double kl, double state) {
+      if (!distilling) return fmt::format("loss {:.4f}", loss);
+      std::string s = fmt::format("loss {:.4f} (", loss);
+      if (!std::isnan(task)) s += fmt::format("task {:.4f}, ", task);
+      s += fmt::format("kl {:.4f}", kl);
+      if (!t.distill.states.empty()) s += fmt::format(", state {:.4g}", state);
+      return s + ")";
+    };
+    auto accuracy = [&](double acc, bool agreement) {
+      return fmt::format("{} {:.2f}%", agreement ? "agrees" : "acc", 100 * acc);
+    };
+    cb.step = [&](const StepStats& st) {
+      const int64_t epoch = st.epoch, step = st.step, steps = st.steps;
+      const double loss = st.loss, acc = st.accuracy, lr = st.lr;
       if (!o->report.empty()) {
         const double step_loss =
             double(step) * loss - double(step - 1) * (step > 1 ? last_mean : 0);
@@ -190,16 +228,17 @@ Action add_train_command(CLI::App& app, bool finetune) {
         bar = std::make_unique<Progress>(fmt::format("epoch {}/{}", epoch, t.epochs), steps, 1);
       double sps = double(step * lo.batch_size * (dist ? dist->world() : 1)) /
                    std::max(1e-9, bar->elapsed_s());
-      bar->update(step, fmt::format("loss {:.4f}  acc {:.2f}%  {:.0f} samples/s  lr {:.3g}", loss,
-                                    100 * acc, sps, lr));
+      bar->update(step, fmt::format("{}  {}  {:.0f} samples/s  lr {:.3g}",
+                                    terms(loss, st.task_loss, st.distill_kl, st.distill_state),
+                                    accuracy(acc, std::isnan(st.task_loss)), sps, lr));
     };
     cb.epoch = [&](const EpochStats& s) {
       if (bar) bar->finish();
       bar.reset();
       std::cerr << fmt::format(
-          "epoch {}/{}  loss {:.4f}  acc {:.2f}%  {:.0f} samples/s  lr {:.3g}  sparsity {:.1f}%  "
-          "{:.1f}s{}\n",
-          s.epoch, t.epochs, s.loss, 100 * s.accuracy, s.samples_per_s, s.lr, 100 * s.sparsity,
+          "epoch {}/{}  {}  {}  {:.0f} samples/s  lr {:.3g}  sparsity {:.1f}%  {:.1f}s{}\n",
+          s.epoch, t.epochs, terms(s.loss, s.task_loss, s.distill_kl, s.distill_state),
+          accuracy(s.accuracy, s.teacher_agreement), s.samples_per_s, s.lr, 100 * s.sparsity,
           s.seconds,
           s.loss_scale > 0
               ? fmt::format("  loss scale {:g}, {} steps skipped", s.loss_scale, s.skipped_steps)
@@ -211,10 +250,13 @@ Action add_train_command(CLI::App& app, bool finetune) {
     };
     cb.start = [&] {
       if (main_rank)
-        std::cerr << fmt::format("train {} on {} ({} samples/epoch{}, batch {}, {} epochs)\n",
-                                 o->model, loader.dataset().name(), loader.samples_per_epoch(),
-                                 dist ? fmt::format(" on rank 0 of {}", dist->world()) : "",
-                                 lo.batch_size, t.epochs);
+        std::cerr << fmt::format(
+            "train {} on {} ({} samples/epoch{}, batch {}, {} epochs){}\n", o->model,
+            loader.dataset().name(), loader.samples_per_epoch(),
+            dist ? fmt::format(" on rank 0 of {}", dist->world()) : "", lo.batch_size, t.epochs,
+            distilling ? fmt::format(", distilled from {} (alpha {:g}, temperature {:g})",
+                                     o->teacher, t.distill.alpha, t.distill.temperature)
+                       : "");
     };
     TrainResult r = train(model, loader, t, cb, dist.get());
     if (dist) dist->barrier();
@@ -227,6 +269,10 @@ Action add_train_command(CLI::App& app, bool finetune) {
     j["model"] = o->model;
     j["out"] = o->out;
     j["data"] = o->data.data;
+    if (distilling)
+      j["distill"] = {{"teacher", o->teacher},
+                      {"alpha", t.distill.alpha},
+                      {"temperature", t.distill.temperature}};
     j["sparsity"] = prunable_sparsity(model);
     std::unique_ptr<DataLoader> test;
     std::optional<EvalResult> ev;

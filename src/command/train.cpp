@@ -1,4 +1,5 @@
 // TrainRequest: the rules of lopper train and lopper finetune, once.
+#include <memory>
 #include <string>
 
 #include "command/rules.h"
@@ -85,11 +86,34 @@ TrainOptions TrainRequest::validate() const {
                      opt("structured_schedule") + "/" + opt("prune.allow_tied") + " need " +
                      opt("schedule") + " iterative|agp");
   }
+  if (teacher) {
+    if (distill_alpha) t.distill.alpha = *distill_alpha;
+    if (distill_temperature) t.distill.temperature = *distill_temperature;
+    if (distill_state_weight) t.distill.state_weight = *distill_state_weight;
+    for (const std::string& pair : distill_states) {
+      const size_t eq = pair.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == pair.size() ||
+          pair.find('=', eq + 1) != std::string::npos)
+        throw UsageError("[train] " + opt("distill_state") +
+                         " takes STUDENT_TENSOR=TEACHER_TENSOR, got '" + pair + "'");
+      t.distill.states.push_back({pair.substr(0, eq), pair.substr(eq + 1)});
+    }
+  } else if (distill_alpha || distill_temperature || distill_state_weight ||
+             !distill_states.empty()) {
+    throw UsageError("[train] " + opt("distill_alpha") + "/" + opt("distill_temperature") + "/" +
+                     opt("distill_state") + "/" + opt("distill_state_weight") + " need " +
+                     opt("teacher") + " DENSE.onnx");
+  }
   (void)check_device(t.device);
   t.optimizer = as_usage([&] { return parse_optimizer(optimizer.value_or("sgd")); });
   t.precision = as_usage([&] { return parse_precision(precision.value_or("fp32")); });
   t.lr_schedule = as_usage([&] { return parse_lr_schedule(lr_schedule.value_or("constant")); });
-  as_usage([&] { check_train_options(t); });
+  as_usage([&] {
+    // The teacher itself is checked against the student when the trainer starts.
+    TrainOptions c = t;
+    if (teacher && !c.distill.teacher) c.distill.teacher = std::make_shared<ir::Model>();
+    check_train_options(c);
+  });
   return t;
 }
 

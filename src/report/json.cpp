@@ -106,15 +106,24 @@ nlohmann::json to_json(const TargetReport& r, bool with_sensitivity) {
 nlohmann::json to_json(const TrainResult& r) {
   nlohmann::json j;
   j["epochs"] = nlohmann::json::array();
-  for (const auto& e : r.epochs)
-    j["epochs"].push_back({{"epoch", e.epoch},
-                           {"loss", e.loss},
-                           {"accuracy", e.accuracy},
-                           {"samples_per_s", e.samples_per_s},
-                           {"lr", e.lr},
-                           {"sparsity", e.sparsity},
-                           {"seconds", e.seconds},
-                           {"skipped_steps", e.skipped_steps}});
+  for (const auto& e : r.epochs) {
+    nlohmann::json je = {{"epoch", e.epoch},
+                         {"loss", e.loss},
+                         {"accuracy", e.accuracy},
+                         {"samples_per_s", e.samples_per_s},
+                         {"lr", e.lr},
+                         {"sparsity", e.sparsity},
+                         {"seconds", e.seconds},
+                         {"skipped_steps", e.skipped_steps}};
+    // Distillation's terms apart (task_loss null: no labels).
+    if (e.distilled) {
+      je["task_loss"] = e.task_loss;
+      je["distill_kl"] = e.distill_kl;
+      je["distill_state"] = e.distill_state;
+      je["teacher_agreement"] = e.teacher_agreement;
+    }
+    j["epochs"].push_back(je);
+  }
   j["notes"] = r.notes;
   return j;
 }

@@ -14,6 +14,17 @@ void check_distill_options(const DistillOptions& o) {
                "[train] " LOPPER_OPTION("distill_alpha") " must be in [0, 1], got ", o.alpha);
   LOPPER_CHECK(std::isfinite(o.temperature) && o.temperature > 0,
                "[train] " LOPPER_OPTION("distill_temperature") " must be > 0, got ", o.temperature);
+  LOPPER_CHECK(std::isfinite(o.state_weight) && o.state_weight >= 0,
+               "[train] " LOPPER_OPTION("distill_state_weight") " must be >= 0, got ",
+               o.state_weight);
+  LOPPER_CHECK(
+      o.states.empty() || o.teacher,
+      "[train] " LOPPER_OPTION("distill_state") " needs a teacher (" LOPPER_OPTION("teacher") ")");
+  for (const auto& st : o.states)
+    LOPPER_CHECK(!st.student.empty() && !st.teacher.empty(),
+                 "[train] " LOPPER_OPTION("distill_state") " names a student tensor and a teacher "
+                 "tensor (STUDENT=TEACHER), got '",
+                 st.student, "=", st.teacher, "'");
 }
 
 at::Tensor distillation_kl(const at::Tensor& student, const at::Tensor& teacher,

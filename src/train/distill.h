@@ -1,20 +1,13 @@
 // Knowledge distillation's loss term (Hinton et al. 2015): the student's logits pulled towards the
-// dense teacher's, softened by a temperature. Internal header; the trainer's --teacher uses it.
+// dense teacher's, softened by a temperature. Internal header: the trainer's
+// TrainOptions::distill and the Python package's lopper.distillation_loss use it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include "lopper/train.h"
+
 namespace lopper {
-
-/// How the distillation term mixes with the task loss: (1 - alpha) * task + alpha * kl.
-struct DistillOptions {
-  double alpha = 0.5;        // in [0, 1]; 1: the teacher alone (no labels needed)
-  double temperature = 1.0;  // > 0: both softmaxes over logits / temperature
-};
-
-/// Throws lopper::Error naming the first option out of range ("[train] distill_alpha must be in
-/// [0, 1], got 1.5"; a temperature <= 0 or not finite).
-void check_distill_options(const DistillOptions& o);
 
 /// T^2 * KL(softmax(teacher / T) || softmax(student / T)), the mean over the rows: student and
 /// teacher logits [M, C] of the same shape, one row per counted sample or token (a language

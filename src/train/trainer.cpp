@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -30,6 +31,7 @@
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
 #include "prune/importance.h"
+#include "train/distill.h"
 #include "train/loss.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"
@@ -198,6 +200,7 @@ class Trainer {
     }
     untie_identity_initializers(model_.graph);
     build();
+    if (o_.distill.teacher) setup_teacher();
   }
 
   TrainResult run() {
@@ -234,6 +237,19 @@ class Trainer {
     ex_.reset();
     ex_ = std::make_unique<Executor>(model_, eo);
     io_ = model_io(model_);
+    if (!o_.distill.states.empty()) {
+      // The student's compared tensors, taken as its nodes write them (still in autograd's graph).
+      for (const auto& st : o_.distill.states)
+        if (!writes(model_.graph, st.student))
+          throw UsageError("[train] " LOPPER_OPTION("distill_state") " '" + st.student + "=" +
+                           st.teacher + "': no node of the student writes '" + st.student + "'");
+      ex_->on_node = [this](const ir::Node& n, const std::vector<at::Tensor>&,
+                            const std::vector<at::Tensor>& out) {
+        for (size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
+          if (auto it = student_states_.find(n.outputs[k]); it != student_states_.end())
+            it->second = out[k];
+      };
+    }
     if (!objective_) objective_.emplace(o_.loss, io_);
     params_.clear();
     collect_params();
@@ -385,8 +401,8 @@ class Trainer {
   // would make a GPU drain its queue before the host may queue the next step (run_epoch reads
   // them in batches).
   struct StepResult {
-    at::Tensor loss;     // 0-d: the mean over the batch's targets
-    at::Tensor correct;  // 0-d int64: top-1 hits among them
+    at::Tensor terms;    // [4] double: the loss (task and distillation mixed), task, KL, states
+    at::Tensor correct;  // 0-d int64: top-1 hits among the targets
     int64_t count = 0;   // targets: samples, or tokens for language models
     bool finite = true;  // false: fp16 gradients overflowed, the step must be skipped
   };
@@ -396,15 +412,48 @@ class Trainer {
   StepResult forward_backward(Batch b, int64_t step) {
     objective_->prepare(b, step);
     NamedInputs in = feeds(io_, b, ex_->device());
+    for (auto& [name, t] : student_states_) t = at::Tensor();
     std::vector<at::Tensor> out;
     {
       AutocastScope amp(ex_->device().type(), precision_);
       out = ex_->run(in);
     }
-    const Objective::Targets t = objective_->targets(out.at(0), b);
-    at::Tensor loss = objective_->loss(t);
+    const std::vector<at::Tensor> tout = teacher_ ? run_teacher(b, out.at(0)) : out;
+    // Data without labels, distilled alone: every sample's output is a row, and the accuracy is
+    // the agreement with the teacher's top-1.
+    const bool unlabelled =
+        teacher_ && o_.distill.alpha >= 1 && !b.y.defined() && out.at(0).dim() != 3;
+    Objective::Targets t;
+    at::Tensor teacher_rows, task, total;
+    if (unlabelled) {
+      t.logits = out.at(0).to(at::kFloat).reshape({b.x.size(0), -1});
+      teacher_rows = tout.at(0).to(at::kFloat).reshape({b.x.size(0), -1});
+      t.labels = teacher_rows.argmax(1);
+    } else {
+      LOPPER_CHECK(!teacher_ || b.y.defined() || out.at(0).dim() == 3,
+                   "[train] the data has no labels: distil from the teacher alone (" LOPPER_OPTION(
+                       "distill_alpha") " 1), or give labels");
+      t = objective_->targets(out.at(0), b);
+      if (teacher_) teacher_rows = objective_->targets(tout.at(0), b).logits;
+      if (teacher_ && o_.distill.alpha >= 1) {
+        c10::NoGradGuard no_grad;  // shown, not trained on
+        task = objective_->loss(t);
+      } else {
+        task = objective_->loss(t);
+      }
+    }
+    at::Tensor kl, state;
+    if (teacher_) {
+      kl = distillation_kl(as_logits(t.logits, io_.out_op),
+                           as_logits(teacher_rows, teacher_->io.out_op), o_.distill.temperature);
+      total = unlabelled ? kl : distillation_mix(task, kl, o_.distill);
+      state = state_loss(tout);
+      if (state.defined()) total = total + state * o_.distill.state_weight;
+    } else {
+      total = task;
+    }
     const int64_t count = t.labels.size(0);
-    at::Tensor total = loss;
+    const at::Tensor objective = total;
     if (at::Tensor r = regularisers(); r.defined()) total = total + r;
     for (auto& p : params_) p.value.mutable_grad().reset();
     const bool scaled = precision_ == at::kHalf;
@@ -416,15 +465,127 @@ class Trainer {
       grads.push_back(p.value.mutable_grad());
     }
     if (dist_ && dist_->world() > 1) dist_->allreduce_mean(grads);
+    const at::TensorOptions d = at::TensorOptions().dtype(at::kDouble).device(objective.device());
+    auto term = [&](const at::Tensor& v, double none) {
+      return v.defined() ? v.detach().to(at::kDouble).reshape({}) : at::full({}, none, d);
+    };
+    const at::Tensor terms =
+        at::stack({term(objective, 0), term(task, std::nan("")), term(kl, 0), term(state, 0)});
     // NOTE: after the all-reduce every rank holds the same gradients, so all skip alike.
-    const at::Tensor lv = loss.detach();
-    if (scaled && !scaler_.unscale(grads)) return {lv, correct_of(t), count, false};
+    if (scaled && !scaler_.unscale(grads)) return {terms, correct_of(t), count, false};
     for (auto& p : params_) {
       if (p.keep.defined()) p.value.mutable_grad().mul_(p.keep);
       if (needs_saliency() && p.prunable) saliency_->add(p.name, p.value.detach(), p.value.grad());
     }
     if (needs_saliency()) saliency_->end_batch();
-    return {lv, correct_of(t), count, true};
+    if (unlabelled) agreement_ = true;
+    return {terms, correct_of(t), count, true};
+  }
+
+  // Distillation's teacher: the same inputs as the student's, inference in the run's precision,
+  // its first output of the student's shape, and the compared states of one shape each.
+  void setup_teacher() {
+    const DistillOptions& d = o_.distill;
+    Teacher tc;
+    tc.io = model_io(*d.teacher);
+    auto names = [](const ModelIO& io) {
+      std::string s;
+      for (const auto& in : io.inputs) s += (s.empty() ? "" : ", ") + in.name;
+      return s;
+    };
+    auto dims = [](const std::vector<int64_t>& v) {
+      std::string s;
+      for (int64_t x : v)
+        s += (s.empty() ? "" : ", ") + (x < 0 ? std::string("?") : std::to_string(x));
+      return "[" + s + "]";
+    };
+    auto fits = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+      if (a.empty() || b.empty()) return true;  // unknown
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i] >= 0 && b[i] >= 0 && a[i] != b[i]) return false;
+      return true;
+    };
+    bool same = tc.io.inputs.size() == io_.inputs.size();
+    for (const auto& in : io_.inputs) {
+      const auto it = std::find_if(tc.io.inputs.begin(), tc.io.inputs.end(),
+                                   [&](const ModelIO::Input& x) { return x.name == in.name; });
+      same = same && it != tc.io.inputs.end() && it->dtype == in.dtype && fits(it->dims, in.dims);
+    }
+    if (!same)
+      throw UsageError("[train] the " LOPPER_OPTION("teacher") "'s inputs (" + names(tc.io) +
+                       ") are not the student's (" + names(io_) +
+                       "): distillation feeds both the same batch, so they must take the same "
+                       "inputs, by name, type and fixed size");
+    if (!fits(tc.io.out_dims, io_.out_dims))
+      throw UsageError("[train] the " LOPPER_OPTION("teacher") "'s output " + dims(tc.io.out_dims) +
+                       " is not the student's " + dims(io_.out_dims) +
+                       ": distillation compares outputs of one shape");
+    std::shared_ptr<const ir::Model> model = d.teacher;
+    if (!d.states.empty()) {
+      auto copy = std::make_shared<ir::Model>(*d.teacher);
+      for (const auto& st : d.states) {
+        if (!writes(copy->graph, st.teacher))
+          throw UsageError("[train] " LOPPER_OPTION("distill_state") " '" + st.student + "=" +
+                           st.teacher + "': no node of the " LOPPER_OPTION("teacher") " writes '" +
+                           st.teacher + "'");
+        copy->graph.outputs.push_back({st.teacher, {}, ""});
+      }
+      model = copy;
+    }
+    tc.model = model;
+    ExecOptions eo;
+    eo.device = o_.device;
+    eo.precision = precision_;
+    tc.ex = std::make_unique<Executor>(*tc.model, eo);
+    teacher_.emplace(std::move(tc));
+    for (const auto& st : d.states) student_states_[st.student] = at::Tensor();
+  }
+
+  // The teacher's outputs on batch `b` (its first, then the states), as tensors autograd may
+  // read (an inference tensor cannot be saved for backward).
+  std::vector<at::Tensor> run_teacher(const Batch& b, const at::Tensor& student_out) {
+    std::vector<at::Tensor> out = teacher_->ex->run(feeds(teacher_->io, b, teacher_->ex->device()));
+    for (auto& t : out) t = t.clone();
+    if (out.at(0).sizes() != student_out.sizes())
+      throw UsageError(
+          detail::concat("[train] the " LOPPER_OPTION("teacher") "'s output ", out[0].sizes(),
+                         " is not the student's ", student_out.sizes(),
+                         " on the same batch: distillation compares outputs of one shape"));
+    return out;
+  }
+
+  // The states' mean squared errors, summed (undefined: no state).
+  at::Tensor state_loss(const std::vector<at::Tensor>& tout) {
+    at::Tensor sum;
+    const auto& states = o_.distill.states;
+    for (size_t i = 0; i < states.size(); ++i) {
+      const at::Tensor& s = student_states_.at(states[i].student);
+      LOPPER_CHECK(s.defined(), "[train] " LOPPER_OPTION("distill_state") " '", states[i].student,
+                   "': the student did not compute it on this batch");
+      const at::Tensor& t = tout.at(1 + i);
+      if (s.sizes() != t.sizes())
+        throw UsageError(detail::concat(
+            "[train] " LOPPER_OPTION("distill_state") " '", states[i].student, "=",
+            states[i].teacher, "': the student's tensor is ", s.sizes(), ", the teacher's ",
+            t.sizes(), " (states are compared where their widths match)"));
+      at::Tensor m = at::mse_loss(s.to(at::kFloat), t.to(at::kFloat));
+      sum = sum.defined() ? sum + m : m;
+    }
+    return sum;
+  }
+
+  // Rows of an output as logits: a Softmax's probabilities through their log (a LogSoftmax's
+  // output already is one, up to a constant per row).
+  static at::Tensor as_logits(const at::Tensor& rows, const std::string& out_op) {
+    return out_op == "Softmax" ? at::log(rows.clamp_min(1e-12)) : rows;
+  }
+
+  static bool writes(const ir::Graph& g, const std::string& name) {
+    for (const auto& n : g.nodes)
+      for (const auto& o : n.outputs)
+        if (o == name) return true;
+    return false;
   }
 
   void clip_gradients() {
@@ -568,14 +729,15 @@ class Trainer {
     auto t0 = std::chrono::steady_clock::now();
     data_.start_epoch(e);
     Batch b;
-    double loss_sum = 0;
+    // Per counted row: the loss, the task loss, the KL, the states' MSE (distillation's terms).
+    double sums[4] = {0, 0, 0, 0};
     int64_t correct = 0, counted = 0, samples = 0, step = 0;
     double lr = o_.lr;
     // Steps whose loss and hits the host has not read yet. On a GPU they are read together (one
     // copy, one wait) every 64 steps or half a second, and at the end of the epoch; on the CPU
     // after each step. The loss is checked finite as it is read.
     struct Unread {
-      at::Tensor loss, correct;
+      at::Tensor terms, correct;
       int64_t count;
       double lr;
     };
@@ -585,21 +747,32 @@ class Trainer {
     auto read = [&] {
       if (unread.empty()) return;
       std::vector<at::Tensor> ls, cs;
-      for (const auto& u : unread) ls.push_back(u.loss.to(at::kDouble)), cs.push_back(u.correct);
-      const at::Tensor lh = at::stack(ls).to(at::kCPU), ch = at::stack(cs).to(at::kCPU, at::kLong);
+      for (const auto& u : unread) ls.push_back(u.terms), cs.push_back(u.correct);
+      const at::Tensor lh = at::stack(ls).to(at::kCPU).contiguous();
+      const at::Tensor ch = at::stack(cs).to(at::kCPU, at::kLong);
       const int64_t first = step - int64_t(unread.size());
       for (size_t i = 0; i < unread.size(); ++i) {
-        const double lv = lh[int64_t(i)].item<double>();
+        const double* v = lh.data_ptr<double>() + 4 * i;
         LOPPER_CHECK(
-            std::isfinite(lv), "[train] the loss is ", lv, " (epoch ", e + 1, ", step ",
+            std::isfinite(v[0]), "[train] the loss is ", v[0], " (epoch ", e + 1, ", step ",
             first + int64_t(i) + 1,
             "): lower " LOPPER_OPTION("lr") " or clip gradients (" LOPPER_OPTION("grad_clip") ")");
-        loss_sum += lv * double(unread[i].count);
+        for (int k = 0; k < 4; ++k) sums[k] += v[k] * double(unread[i].count);
         correct += ch[int64_t(i)].item<int64_t>();
         counted += unread[i].count;
-        if (cb_.step && (!dist_ || dist_->is_main()))
-          cb_.step(e + 1, first + int64_t(i) + 1, steps_per_epoch_, loss_sum / double(counted),
-                   double(correct) / double(counted), unread[i].lr);
+        if (cb_.step && (!dist_ || dist_->is_main())) {
+          StepStats st;
+          st.epoch = e + 1;
+          st.step = first + int64_t(i) + 1;
+          st.steps = steps_per_epoch_;
+          st.loss = sums[0] / double(counted);
+          st.task_loss = sums[1] / double(counted);
+          st.distill_kl = sums[2] / double(counted);
+          st.distill_state = sums[3] / double(counted);
+          st.accuracy = double(correct) / double(counted);
+          st.lr = unread[i].lr;
+          cb_.step(st);
+        }
       }
       unread.clear();
       last_read = std::chrono::steady_clock::now();
@@ -607,14 +780,14 @@ class Trainer {
     while (data_.next(b)) {
       maybe_prune_step(e, step);
       lr = lr_at(e, step);
-      auto [lv, c, n, finite] = forward_backward(b, e * steps_per_epoch_ + step);
+      auto [terms, c, n, finite] = forward_backward(b, e * steps_per_epoch_ + step);
       if (finite) {
         clip_gradients();
         opt_->step(lr);
         apply_masks();
       }
       samples += b.size();
-      unread.push_back({lv, c, n, lr});
+      unread.push_back({terms, c, n, lr});
       ++step;
       // NOTE: a non-finite loss is found when read, the steps after it (on a GPU) then thrown
       // away with the run: the error leaves nothing written.
@@ -628,16 +801,22 @@ class Trainer {
       prune_to(final_sparsity(), fmt::format("agp end (epoch {})", e + 1));
     EpochStats s;
     if (dist_ && dist_->world() > 1) {
-      std::vector<at::Tensor> m = {
-          at::tensor({loss_sum, double(correct), double(counted), double(samples)}, at::kDouble)};
+      std::vector<at::Tensor> m = {at::tensor(
+          {sums[0], sums[1], sums[2], sums[3], double(correct), double(counted), double(samples)},
+          at::kDouble)};
       dist_->allreduce_sum(m);
-      loss_sum = m[0][0].item<double>();
-      correct = int64_t(m[0][1].item<double>());
-      counted = int64_t(m[0][2].item<double>());
-      samples = int64_t(m[0][3].item<double>());
+      for (int k = 0; k < 4; ++k) sums[k] = m[0][k].item<double>();
+      correct = int64_t(m[0][4].item<double>());
+      counted = int64_t(m[0][5].item<double>());
+      samples = int64_t(m[0][6].item<double>());
     }
     s.epoch = e + 1;
-    s.loss = counted ? loss_sum / double(counted) : 0;
+    s.loss = counted ? sums[0] / double(counted) : 0;
+    s.task_loss = counted ? sums[1] / double(counted) : 0;
+    s.distill_kl = counted ? sums[2] / double(counted) : 0;
+    s.distill_state = counted ? sums[3] / double(counted) : 0;
+    s.teacher_agreement = agreement_;
+    s.distilled = teacher_.has_value();
     s.accuracy = counted ? double(correct) / double(counted) : 0;
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.samples_per_s = s.seconds > 0 ? double(samples) / s.seconds : 0;
@@ -771,6 +950,15 @@ class Trainer {
   ModelIO io_;
   std::optional<Objective> objective_;  // made with the first executor; kept across rebuilds
   std::optional<CheckpointLock> lock_;  // the checkpoint folder, held while the run lasts
+  // Distillation: the teacher (with the compared states as extra outputs) and its executor.
+  struct Teacher {
+    std::shared_ptr<const ir::Model> model;
+    std::unique_ptr<Executor> ex;
+    ModelIO io;
+  };
+  std::optional<Teacher> teacher_;
+  std::unordered_map<std::string, at::Tensor> student_states_;  // this step's, by name
+  bool agreement_ = false;  // the accuracy is the agreement with the teacher (no labels)
   std::vector<Param> params_;
   TrainResult result_;
   int64_t steps_per_epoch_ = 0, first_epoch_ = 0;
@@ -881,6 +1069,7 @@ const char* lr_schedule_name(LrSchedule s) { return kLrSchedules.name(s); }
 
 void check_train_options(const TrainOptions& o) {
   check_loss_options(o.loss);
+  check_distill_options(o.distill);
   LOPPER_CHECK(
       o.precision == at::kFloat || o.precision == at::kBFloat16 || o.precision == at::kHalf,
       "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(o.precision));

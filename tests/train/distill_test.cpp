@@ -70,21 +70,34 @@ TEST(Distill, GradientsEqualKlDivs) {
   }
 }
 
+DistillOptions opts(double alpha, double temperature) {
+  DistillOptions o;
+  o.alpha = alpha;
+  o.temperature = temperature;
+  return o;
+}
+
 TEST(Distill, MixAndBadOptions) {
   const at::Tensor task = at::tensor(2.0), kl = at::tensor(4.0);
-  EXPECT_DOUBLE_EQ(distillation_mix(task, kl, {0.25, 1.0}).item<double>(), 0.75 * 2 + 0.25 * 4);
-  EXPECT_DOUBLE_EQ(distillation_mix(task, kl, {1.0, 1.0}).item<double>(), 4.0);
-  EXPECT_NE(test::error_of([] {
-              check_distill_options({1.5, 1.0});
-            }).find("must be in [0, 1]"),
+  EXPECT_DOUBLE_EQ(distillation_mix(task, kl, opts(0.25, 1.0)).item<double>(), 0.75 * 2 + 0.25 * 4);
+  EXPECT_DOUBLE_EQ(distillation_mix(task, kl, opts(1.0, 1.0)).item<double>(), 4.0);
+  EXPECT_NE(test::error_of([] { check_distill_options(opts(1.5, 1.0)); }).find("must be in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] { check_distill_options(opts(0.5, 0.0)); }).find("must be > 0"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] { check_distill_options(opts(0.5, NAN)); }).find("must be > 0"),
             std::string::npos);
   EXPECT_NE(test::error_of([] {
-              check_distill_options({0.5, 0.0});
-            }).find("must be > 0"),
+              DistillOptions o;
+              o.state_weight = -1;
+              check_distill_options(o);
+            }).find("distill_state_weight must be >= 0"),
             std::string::npos);
   EXPECT_NE(test::error_of([] {
-              check_distill_options({0.5, NAN});
-            }).find("must be > 0"),
+              DistillOptions o;
+              o.states.push_back({"a", "b"});
+              check_distill_options(o);
+            }).find("needs a teacher"),
             std::string::npos);
   EXPECT_NE(test::error_of([] {
               distillation_kl(at::zeros({2, 3}), at::zeros({2, 4}), 1.0);

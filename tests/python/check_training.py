@@ -6,7 +6,11 @@ same weights on the same .npy data. One batch holds the whole dataset, so the sh
 not matter and every step sees the same samples. After E epochs the weights and BatchNorm running
 statistics must agree to float rounding, for SGD (momentum, Nesterov, weight decay), Adam and AdamW,
 with and without an L1 penalty, and with a pruned model whose zeros PyTorch holds with
-torch.nn.utils.prune (masks) — the zeros must stay exactly zero. Prints "N passed, N failed".
+torch.nn.utils.prune (masks) — the zeros must stay exactly zero. Distilled from a teacher
+(`--teacher`, another CNN of the same shape in eval mode): PyTorch's loss is
+(1 - a) * cross_entropy + a * T^2 * kl_div(log_softmax(s / T), log_softmax(t / T), log_target=True,
+reduction="batchmean"), plus the MSE between a hidden layer's outputs (`--distill-state`).
+Prints "N passed, N failed".
 Usage: check_training.py LOPPER
 """
 
@@ -28,8 +32,8 @@ torch.set_num_threads(2)
 N = 48
 
 
-def cnn():
-    torch.manual_seed(0)
+def cnn(seed=0):
+    torch.manual_seed(seed)
     # NOTE: no conv bias before BatchNorm: BN cancels it, so its gradient is rounding noise that
     # Adam's normalisation would blow up into +-lr steps in both frameworks alike.
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
@@ -48,8 +52,19 @@ def weights(path):
     return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
 
 
-def torch_train(model, x, y, epochs, opt_name, lr, l1=0.0, masks=None, **kw):
+def hidden(model):
+    """The output of the first Linear (the tensor --distill-state names), captured by a hook."""
+    seen = {}
+    model[5].register_forward_hook(lambda m, i, o: seen.__setitem__("h", o))
+    return seen
+
+
+def torch_train(model, x, y, epochs, opt_name, lr, l1=0.0, masks=None, teacher=None, alpha=0.5, T=1.0,
+                state=0.0, **kw):
     model.train()
+    if teacher is not None:
+        teacher.eval()
+        s_seen, t_seen = hidden(model), hidden(teacher)
     params = list(model.parameters())
     if opt_name == "sgd":
         opt = torch.optim.SGD(params, lr=lr, momentum=kw.get("momentum", 0.9), nesterov=kw.get("nesterov", False),
@@ -60,7 +75,16 @@ def torch_train(model, x, y, epochs, opt_name, lr, l1=0.0, masks=None, **kw):
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=kw.get("weight_decay", 0.0))
     for _ in range(epochs):
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        if teacher is not None:
+            with torch.no_grad():
+                t_out = teacher(x)
+            kl = nn.functional.kl_div(nn.functional.log_softmax(out / T, 1), nn.functional.log_softmax(t_out / T, 1),
+                                      log_target=True, reduction="batchmean") * T * T
+            loss = (1 - alpha) * loss + alpha * kl
+            if state:
+                loss = loss + state * nn.functional.mse_loss(s_seen["h"], t_seen["h"])
         if l1:
             loss = loss + l1 * sum(m.weight.abs().sum() for m in model if isinstance(m, (nn.Conv2d, nn.Linear)))
         loss.backward()
@@ -78,7 +102,7 @@ def state(model):
     return out
 
 
-def case(lopper, tmp, name, opt_name, lr, epochs=4, l1=0.0, pruned=False, **kw):
+def case(lopper, tmp, name, opt_name, lr, epochs=4, l1=0.0, pruned=False, distill=None, **kw):
     model = cnn()
     shape = (1, 12, 12)
     g = torch.Generator().manual_seed(1)
@@ -110,11 +134,25 @@ def case(lopper, tmp, name, opt_name, lr, epochs=4, l1=0.0, pruned=False, **kw):
         flags += ["--l1", str(l1)]
     if opt_name == "sgd" and "momentum" not in kw:
         flags += ["--momentum", "0.9"]
+    teacher = None
+    if distill is not None:
+        teacher = cnn(seed=7)  # the student's shape, other weights
+        tsrc = os.path.join(tmp, f"{name}.teacher.onnx")
+        export(teacher, tsrc, shape)
+        flags += ["--teacher", tsrc, "--distill-alpha", str(distill["alpha"]), "--distill-temperature",
+                  str(distill["T"])]
+        if distill.get("state"):
+            # The first Linear's output in the export (torch.onnx names it after the module).
+            names = [n.output[0] for n in onnx.load(src).graph.node if n.op_type == "Gemm"]
+            flags += ["--distill-state", f"{names[0]}={names[0]}", "--distill-state-weight", str(distill["state"])]
     r = subprocess.run([lopper, "train", src, "--data", f"npy:{xs},{ys}", "-o", out, *flags],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr.strip()
     got = weights(out)
-    want = state(torch_train(model, x, y, epochs, opt_name, lr, l1=l1, **kw))
+    dkw = {}
+    if distill is not None:
+        dkw = dict(teacher=teacher, alpha=distill["alpha"], T=distill["T"], state=distill.get("state", 0.0))
+    want = state(torch_train(model, x, y, epochs, opt_name, lr, l1=l1, **dkw, **kw))
     for k, w in want.items():
         assert k in got, f"{k} missing from lopper's output (has {sorted(got)})"
         err = float(np.abs(got[k] - w).max())
@@ -136,6 +174,11 @@ def main():
         ("sgd + l1 penalty", dict(opt_name="sgd", lr=0.05, l1=1e-3)),
         ("pruned, sgd momentum: zeros held", dict(opt_name="sgd", lr=0.05, pruned=True, weight_decay=1e-3)),
         ("pruned, adam: zeros held", dict(opt_name="adam", lr=0.01, pruned=True)),
+        ("distilled, alpha 0.5 T 2", dict(opt_name="sgd", lr=0.05, distill=dict(alpha=0.5, T=2.0))),
+        ("distilled alone (alpha 1), pruned, adam", dict(opt_name="adam", lr=0.01, pruned=True,
+                                                         distill=dict(alpha=1.0, T=1.0))),
+        ("distilled, alpha 0.3 T 4 + hidden-state MSE", dict(opt_name="sgd", lr=0.05,
+                                                             distill=dict(alpha=0.3, T=4.0, state=0.5))),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         return run_cases((what, lambda i=i, kw=kw: case(lopper, tmp, f"c{i}", **kw))

@@ -60,6 +60,18 @@ struct DistillOptions {
 /// <= 0, a negative state weight, states without a teacher).
 void check_distill_options(const DistillOptions& o);
 
+/// T^2 * KL(softmax(teacher / T) || softmax(student / T)), the mean over the rows: student and
+/// teacher logits [M, C] of the same shape, one row per counted sample or token (a language
+/// model's padding and unlabelled positions left out by the caller). The T^2 keeps the gradient's
+/// scale independent of T. A teacher probability of 0 (a logit of -inf) adds nothing.
+/// Differentiable in `student`; the teacher's gradient is not taken. Throws lopper::Error when the
+/// shapes differ.
+at::Tensor distillation_kl(const at::Tensor& student, const at::Tensor& teacher,
+                           double temperature);
+
+/// (1 - o.alpha) * task + o.alpha * kl: the two terms mixed.
+at::Tensor distillation_mix(const at::Tensor& task, const at::Tensor& kl, const DistillOptions& o);
+
 struct TrainOptions {
   int64_t epochs = 10;
   Optimizer optimizer = Optimizer::kSgd;  // PyTorch's semantics and defaults

@@ -24,7 +24,7 @@ if _torch.__version__ != _BUILT_AGAINST:
         f"{_torch.__version__}: rebuild lopper with this torch (pip install . in lopper's source "
         f"folder), or install torch=={_BUILT_AGAINST}")
 
-from lopper._lopper import InferenceSession, NodeArg, __version__  # noqa: E402
+from lopper._lopper import InferenceSession, NodeArg, __version__, distillation_loss  # noqa: E402
 from lopper._prune import PruneLayerReport, PruneReport, make_permanent, prune  # noqa: E402
 from lopper import _analysis, _structured  # noqa: E402
 from lopper._onnx import export_onnx  # noqa: E402
@@ -34,4 +34,4 @@ from lopper._structured import *  # noqa: E402,F401,F403 (its __all__)
 
 __all__ = ["InferenceSession", "NodeArg", "PruneLayerReport", "PruneReport", "__version__",
            "export_onnx", "make_permanent", "prune"] + _analysis.__all__ + _structured.__all__
-__all__ += ["ExpertReport"]
+__all__ += ["ExpertReport", "distillation_loss"]

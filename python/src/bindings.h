@@ -29,5 +29,7 @@ pybind11::object sensitivity_report(SensitivityResult r, const std::string& name
 /// lopper.ExpertReport and the C++ half of lopper.prune_structured(..., unit="expert")
 /// (experts.cpp).
 void bind_experts(pybind11::module_& m);
+/// lopper.distillation_loss (distill.cpp).
+void bind_distill(pybind11::module_& m);
 
 }  // namespace lopper::python

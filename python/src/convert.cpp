@@ -18,6 +18,7 @@ std::string python_option(const std::string& option) {
   if (option == "criterion") return "method";
   if (option == "batches") return "calib_batches";
   if (option == "one_pass") return "sequential=False";
+  if (option == "distill_temperature") return "temperature";  // lopper.distillation_loss
   if (option == "target_params") return "params";
   if (option == "target_macs") return "macs";
   if (option == "target_latency" || option == "target_latency-ms") return "latency_ms";

@@ -35,4 +35,5 @@ PYBIND11_MODULE(_lopper, m) {
   lopper::python::bind_structured(m);
   lopper::python::bind_experts(m);  // after bind_structured: its groups are ChannelGroups
   lopper::python::bind_analysis(m);
+  lopper::python::bind_distill(m);
 }

@@ -1,5 +1,5 @@
-// Knowledge distillation's loss term. See train/distill.h.
-#include "train/distill.h"
+// Knowledge distillation's loss term and its options (lopper/train.h: DistillOptions).
+#include "lopper/train.h"
 
 #include <ATen/ATen.h>
 

@@ -31,7 +31,6 @@
 #include "lopper/onnx_io.h"
 #include "lopper/structured.h"
 #include "prune/importance.h"
-#include "train/distill.h"
 #include "train/loss.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer.h"

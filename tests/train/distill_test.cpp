@@ -1,6 +1,7 @@
-// The distillation term (train/distill.h) against a computation written out in double and against
-// ATen's kl_div (what torch.nn.functional.kl_div calls), values and gradients.
-#include "train/distill.h"
+// The distillation term (lopper/train.h: distillation_kl, distillation_mix) against a computation
+// written out in double and against ATen's kl_div (what torch.nn.functional.kl_div calls), values
+// and gradients.
+#include "lopper/train.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

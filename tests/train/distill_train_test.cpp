@@ -16,7 +16,6 @@
 #include "lopper/prune.h"
 #include "lopper/train.h"
 #include "test_models.h"
-#include "train/distill.h"
 #include "train/loss.h"
 
 namespace fs = std::filesystem;

@@ -57,6 +57,13 @@ EXPECT = {
     "train-checkpoint-dir-is-input-model": (2, ["checkpoint", "input"]),
     "train-checkpoint-dir-dot": (2, ["checkpoint"]),
     "train-checkpoint-dir-own-replaced": (0, None),   # then --resume works (checked too)
+    # --- distillation's teacher
+    "train-teacher-truncated": (1, ["onnx", "protobuf", "truncated"]),
+    "train-teacher-is-fifo": (1, FIFO_WORDS),
+    "train-teacher-is-output": (2, ["input"]),
+    "train-teacher-other-inputs": (2, ["teacher", "inputs"]),
+    "usage-train-distill-alpha-2": (2, ["distill-alpha"]),
+    "usage-train-distill-without-teacher": (2, ["--teacher"]),
     # --- outputs onto special files
     "prune-o-fifo": (2, FIFO_WORDS),
     "prune-o-chardev": (2, CHR_WORDS),
@@ -615,6 +622,29 @@ def npy_fifo(d):
 
 case("data-npy-is-fifo", ["train", "m.onnx", "--data", "npy:pipe.npy,y.npy", "--epochs", "1",
                           "--no-eval", "-o", "out.onnx"], setup=npy_fifo, may_block=True)
+
+
+def teacher_truncated(d):
+    write_data(d)
+    truncated(d)
+
+
+def teacher_fifo(d):
+    write_data(d)
+    mkfifo(d, "pipe.onnx")
+
+
+case("train-teacher-truncated", TRAIN + ["-o", "out.onnx", "--teacher", "t.onnx"], setup=teacher_truncated)
+case("train-teacher-is-fifo", TRAIN + ["-o", "out.onnx", "--teacher", "pipe.onnx"], setup=teacher_fifo,
+     may_block=True)
+case("train-teacher-is-output", TRAIN + ["-o", "m2.onnx", "--teacher", "m2.onnx"], data=True,
+     setup=lambda d: copy_model(d, "lenet5", "m2.onnx"))
+case("train-teacher-other-inputs", TRAIN + ["-o", "out.onnx", "--teacher", "m2.onnx"], data=True,
+     setup=lambda d: copy_model(d, "mlp", "m2.onnx"))
+case("usage-train-distill-alpha-2", TRAIN + ["-o", "out.onnx", "--teacher", "m.onnx", "--distill-alpha", "2"],
+     data=True)
+case("usage-train-distill-without-teacher", TRAIN + ["-o", "out.onnx", "--distill-temperature", "2"],
+     data=True)
 
 
 def cos_setup(d):

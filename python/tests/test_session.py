@@ -424,6 +424,6 @@ def test_public_names_have_docstrings():
         if name.startswith("__"):
             continue
         assert obj.__doc__ and len(obj.__doc__) > 40, name
-        for attr, member in vars(obj).items():
+        for attr, member in getattr(obj, "__dict__", {}).items():  # a builtin function has none
             if not attr.startswith("_") or (attr == "__init__" and name == "InferenceSession"):
                 assert getattr(member, "__doc__", None), f"{name}.{attr} has no docstring"

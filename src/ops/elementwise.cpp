@@ -190,7 +190,13 @@ void power(OpContext& c) {
   const at::Tensor& b = c.input(1);
   at::ScalarType st = a.scalar_type();
   at::Tensor r;
-  if (at::isFloatingType(st)) {
+  if (at::isFloatingType(st) && b.numel() == 1 && b.device().is_cpu() && b.dim() <= a.dim() &&
+      b.item<double>() == 2.0) {
+    // NOTE: exporters write x^2 (RMSNorm, LayerNorm's variance) as Pow(x, 2.0): squared directly it
+    // is one multiply, forward and backward, where pow's general kernel calls powf per element.
+    // Exact either way. (A broadcast that would add dimensions takes the general path.)
+    r = at::square(a);
+  } else if (at::isFloatingType(st)) {
     r = at::pow(a, at::isFloatingType(b.scalar_type()) ? b : b.to(st));
   } else if (at::isFloatingType(b.scalar_type())) {
     r = at::pow(a.to(at::kDouble), b.to(at::kDouble));

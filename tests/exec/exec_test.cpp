@@ -667,6 +667,31 @@ TEST(Exec, FusionWritesRMSNormAsOneOp) {
   }
 }
 
+// Pow(x, 2.0), how exporters write RMSNorm's square, runs as one multiply: the values (inf and NaN
+// included) and the gradient are pow's, and an exponent of more dimensions still broadcasts.
+TEST(Exec, PowOfTwoIsASquare) {
+  for (const std::vector<int64_t>& two_shape : {std::vector<int64_t>{}, {1}, {1, 1}}) {
+    ir::Model m;
+    m.ir_version = 8;
+    m.opset_import = {{"", 18}};
+    ir::Graph& g = m.graph;
+    g.inputs.push_back({"x", {ir::DType::kFloat, false, {}, "", ""}, ""});
+    g.outputs.push_back({"y", {ir::DType::kFloat, false, {}, "", ""}, ""});
+    initializer_adder(g)("two", at::full(two_shape, 2.0f));
+    g.nodes = {node("Pow", {"x", "two"}, {"y"})};
+    at::Tensor x = at::tensor({-3.0f, 0.5f, INFINITY, -INFINITY, NAN});
+    const at::Tensor want = at::pow(x, at::full(two_shape, 2.0f));
+    const at::Tensor got = Executor(m).run({{"x", x}})[0];
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_TRUE(at::allclose(got, want, 0, 0, /*equal_nan=*/true)) << got;
+    ExecOptions o;
+    o.autograd = true;
+    at::Tensor xg = at::randn({4, 3}).requires_grad_(true);
+    Executor(m, o).run({{"x", xg}})[0].sum().backward();
+    EXPECT_TRUE(at::allclose(xg.grad(), 2 * xg.detach())) << two_shape;
+  }
+}
+
 TEST(Exec, GradientsMatchPyTorch) {
   for (const char* stem : {"mlp.ts", "mlp.dynamo", "small_cnn.preserve"}) {
     std::string name = std::string(stem).substr(0, std::string(stem).find('.'));

@@ -183,11 +183,13 @@ void check_checkpoint_dir(const std::string& dir);
 std::string checkpoint_to_resume(const std::string& dir);
 
 /// Trains `model`'s float initializers in place on `data` (BatchNorm running statistics updated
-/// and written back). Weights that are zero when training starts, or that the schedule prunes,
-/// stay exactly zero: their gradients and optimiser state are masked. With `dist` (world > 1),
-/// gradients are averaged over ranks after every backward pass and every rank ends with the same
-/// weights; `data` must then be sharded (LoaderOptions::rank/world). Throws lopper::Error on bad
-/// options, data that does not fit the model, or a non-finite loss.
+/// and written back; the module buffers that lopper.export_onnx lists in the model's metadata,
+/// "lopper.buffers", left as they are, as PyTorch's optimisers leave them). Weights that are zero
+/// when training starts, or that the schedule prunes, stay exactly zero: their gradients and
+/// optimiser state are masked. With `dist` (world > 1), gradients are averaged over ranks after
+/// every backward pass and every rank ends with the same weights; `data` must then be sharded
+/// (LoaderOptions::rank/world). Throws lopper::Error on bad options, data that does not fit the
+/// model, or a non-finite loss.
 TrainResult train(ir::Model& model, DataLoader& data, const TrainOptions& opts,
                   const TrainCallbacks& cb = {}, Distributed* dist = nullptr);
 

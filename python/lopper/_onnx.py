@@ -22,6 +22,10 @@ __all__ = ["export_onnx"]
 _FX_LIMIT = 1 << 30
 # Tensors up to this size stay in the graph (shape constants, axes: what shape inference reads).
 _INLINE_BYTES = 1024
+# The model's metadata key that lists (as a JSON array) the initializers that are the module's
+# buffers, not its parameters: `lopper train` leaves them as PyTorch's optimisers do (RoPE's
+# inv_freq, say). lopper's trainer reads it (src/train/trainer.cpp).
+BUFFERS_KEY = "lopper.buffers"
 
 
 def export_onnx(module, example_inputs, path, *, dynamic=True, check=True):
@@ -34,6 +38,10 @@ def export_onnx(module, example_inputs, path, *, dynamic=True, check=True):
     kept, in a copy: the module keeps its masks), so lopper's sparse kernels compute only its
     nonzero weights. A transformers model is exported without its key/value cache (its config is
     left as it is); its outputs (``logits``, ...) are the file's.
+
+    The file's metadata (``lopper.buffers``) names the initializers that are the module's buffers
+    (a rotary embedding's ``inv_freq``, say), so that ``lopper train`` and ``lopper finetune``
+    leave them as PyTorch's optimisers do: they train parameters only.
 
     Args:
         module (torch.nn.Module): the model (in eval mode for the export; its modes are put back).
@@ -73,8 +81,9 @@ def export_onnx(module, example_inputs, path, *, dynamic=True, check=True):
     data = base + ".data"
     temp = tempfile.mkdtemp(prefix=".lopper-export-", dir=folder)
     try:
+        buffers = {name for name, _ in module.named_buffers()}
         model, _ = _prune._export_model(module, args, kwargs, dynamic, op="export_onnx", fx=fx)
-        _write(model, os.path.join(temp, base), data)
+        _write(model, os.path.join(temp, base), data, buffers)
         del model
         if check:
             problem = _check(os.path.join(temp, base), module, args, kwargs, expected)
@@ -83,7 +92,7 @@ def export_onnx(module, example_inputs, path, *, dynamic=True, check=True):
                 # (_export checked the bytes); one that does not from the file is not either.
                 model, _ = _prune._export_model(module, args, kwargs, dynamic, op="export_onnx",
                                                 fx=False)
-                _write(model, os.path.join(temp, base), data)
+                _write(model, os.path.join(temp, base), data, buffers)
                 del model
                 problem = _check(os.path.join(temp, base), module, args, kwargs, expected)
             if problem is not None:
@@ -99,17 +108,33 @@ def export_onnx(module, example_inputs, path, *, dynamic=True, check=True):
     return path
 
 
-def _write(model, path, data):
-    """The graph at `path` with every initializer in the file `data` beside it."""
+def _buffer_initializers(names, buffers):
+    """The initializer names that are module buffers (by their qualified name, as the exporters
+    name initializers), as the JSON array BUFFERS_KEY holds."""
+    import json
+
+    return json.dumps(sorted(n for n in names if n in buffers))
+
+
+def _write(model, path, data, buffers=()):
+    """The graph at `path` with every initializer in the file `data` beside it; `buffers` (the
+    module's buffer names) marked in its metadata."""
     if isinstance(model, bytes):
         import onnx
 
         proto = onnx.load_from_string(model)
+        if buffers:
+            entry = proto.metadata_props.add()
+            entry.key = BUFFERS_KEY
+            entry.value = _buffer_initializers([t.name for t in proto.graph.initializer], buffers)
         onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data, size_threshold=_INLINE_BYTES)
         return
     import onnx_ir
 
+    if buffers:
+        model.metadata_props[BUFFERS_KEY] = _buffer_initializers(model.graph.initializers.keys(),
+                                                                 buffers)
     onnx_ir.save(model, path, external_data=data, size_threshold_bytes=_INLINE_BYTES)
 
 

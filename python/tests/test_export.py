@@ -92,6 +92,45 @@ def test_a_transformers_model_as_it_comes(tmp_path):
     _close(_ort(path, [ids3, torch.ones_like(ids3)])[0], want3)
 
 
+def test_buffers_are_named_and_lopper_train_leaves_them(tmp_path):
+    """The module's buffers (BatchNorm's statistics, RoPE's inv_freq) are listed in the file's
+    metadata, and `lopper finetune` trains the parameters only, as torch.optim does."""
+    import json
+    import subprocess
+
+    from conftest import BUILD
+
+    transformers = pytest.importorskip("transformers")
+    m, x = _cnn()
+    path = tmp_path / "cnn.onnx"
+    lopper.export_onnx(m, x, path)
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    assert {"1.running_mean", "1.running_var"} <= set(json.loads(meta["lopper.buffers"]))
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128)
+    llama = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 96, (8, 12))
+    path = tmp_path / "llama.onnx"
+    lopper.export_onnx(llama, {"input_ids": ids[:2]}, path)
+    before = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    buffers = json.loads({p.key: p.value for p in onnx.load(str(path)).metadata_props}["lopper.buffers"])
+    inv_freq = [b for b in buffers if b.endswith("inv_freq")]
+    assert inv_freq and all(b in before for b in inv_freq), buffers
+    np.save(tmp_path / "ids.npy", ids.numpy())
+    out = tmp_path / "f.onnx"
+    r = subprocess.run([str(BUILD / "lopper"), "finetune", str(path), "--data", f"tokens:{tmp_path / 'ids.npy'}",
+                        "-o", str(out), "--epochs", "1", "--batch-size", "4", "--lr", "0.01", "--no-eval"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    after = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for b in inv_freq:
+        assert np.array_equal(after[b], before[b]), b
+    moved = [n for n in before if "proj" in n and not np.array_equal(after[n], before[n])]
+    assert moved, "finetune trained nothing"
+
+
 def test_an_existing_file_is_replaced_only_when_the_new_one_is_checked(tmp_path, monkeypatch):
     m, x = _cnn()
     path = tmp_path / "m.onnx"

@@ -59,6 +59,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The metadata key under which lopper.export_onnx lists the module's buffers
+// (python/lopper/_onnx.py: BUFFERS_KEY).
+constexpr const char* kBuffersKey = "lopper.buffers";
+
 // The file that marks a checkpoint folder as lopper's (see check_checkpoint_dir).
 constexpr const char* kCheckpointMarker = ".lopper-checkpoint";
 
@@ -308,6 +312,18 @@ class Trainer {
       prunable[w.weight] = w.out_axis;
       if (w.tied() && !o_.prune.allow_tied) tied.insert(w.weight);
     }
+    // A module's buffers, as lopper.export_onnx names them in the file's metadata: PyTorch's
+    // optimisers never see them (RoPE's inv_freq), so neither does lopper's.
+    std::unordered_set<std::string> buffers;
+    for (const auto& [key, value] : model_.metadata_props)
+      if (key == kBuffersKey) {
+        try {
+          for (const auto& b : nlohmann::json::parse(value)) buffers.insert(b.get<std::string>());
+        } catch (const nlohmann::json::exception& e) {
+          throw Error(std::string("[train] the model's metadata '") + kBuffersKey +
+                      "' is not a JSON list of names: " + e.what());
+        }
+      }
     std::optional<Pattern> freeze;
     if (!o_.freeze.empty()) {
       if (const std::string why = Pattern::error_of(o_.freeze); !why.empty())
@@ -318,7 +334,8 @@ class Trainer {
     for (auto& [name, t] : ex_->parameters()) {
       // NOTE: scalars are constants the exporter kept as initializers (epsilons, attention
       // scales), not parameters; BatchNorm's running statistics are updated by the op itself.
-      if (!t.requires_grad() || t.numel() <= 1 || bn_stats.count(name)) continue;
+      if (!t.requires_grad() || t.numel() <= 1 || bn_stats.count(name) || buffers.count(name))
+        continue;
       if (freeze && freeze->search(name)) continue;
       Param p;
       p.name = name;

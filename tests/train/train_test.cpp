@@ -218,6 +218,31 @@ TEST(TrainEval, CountsTopOneTopFiveAndPerClass) {
   EXPECT_NEAR(hits / 40, r.top1, 1e-9);
 }
 
+// The module buffers lopper.export_onnx lists in the metadata (RoPE's inv_freq) are not trained, as
+// PyTorch's optimisers do not see them; a list that is not JSON is one line.
+TEST(TrainBuffers, TheMetadataListIsNotTrained) {
+  test::TempDir tmp;
+  const std::string data = npy_data(tmp);
+  ir::Model m = onnx::load_model(fixture("mlp.ts.onnx"));
+  const ir::Model before = m;
+  m.metadata_props.push_back({"lopper.buffers", R"(["3.weight", "3.bias"])"});
+  TrainOptions o;
+  o.epochs = 1;
+  auto dl = loader(data);
+  train(m, *dl, o);
+  EXPECT_TRUE(at::equal(init(m, "3.weight"), init(before, "3.weight")));
+  EXPECT_TRUE(at::equal(init(m, "3.bias"), init(before, "3.bias")));
+  EXPECT_FALSE(at::equal(init(m, "1.weight"), init(before, "1.weight")));
+  EXPECT_FALSE(at::equal(init(m, "5.weight"), init(before, "5.weight")));
+  ir::Model bad = before;
+  bad.metadata_props.push_back({"lopper.buffers", "3.weight"});
+  auto dl2 = loader(data);
+  EXPECT_NE(error_of([&] {
+              train(bad, *dl2, o);
+            }).find("the model's metadata 'lopper.buffers' is not a JSON list of names"),
+            std::string::npos);
+}
+
 TEST(TrainCli, TrainsFinetunesAndEvaluates) {
   test::TempDir tmp;
   std::string data = npy_data(tmp);

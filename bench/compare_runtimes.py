@@ -5,10 +5,14 @@ Each model is exported once (TorchScript exporter, dynamic batch); ONNX Runtime 
 inference_mode with T threads, lopper runs `lopper bench --json` on the same .onnx file. The table
 is median latency (ms) and lopper's ratio to ONNX Runtime (lower is better; the target is <= 1.0);
 the spread (p90 / median, the worst round of ONNX Runtime and lopper) is printed beside each ratio.
+lopper runs at fp32 and, with --bf16, at `--precision bf16` too. OpenVINO, where its venv exists
+(scripts/install-openvino.sh), runs the same file in its own process (bench/openvino_runner.py) at
+its default precision (bf16 on a CPU with bf16 arithmetic: AMX or AVX512_BF16) and at f32; the
+runtimes take turns in every round.
 
 Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32] [--rounds 3]
-       [--models resnet18,resnet50,mobilenet_v2,densenet121,vit_b_16,bert_encoder]
-       [--out docs/bench-runtimes.json]
+       [--models resnet18,resnet50,mobilenet_v2,densenet121,vit_b_16,bert_encoder] [--bf16]
+       [--openvino .venv-openvino/bin/python | none] [--out docs/bench-runtimes.json]
 """
 
 import argparse
@@ -49,8 +53,42 @@ MODELS = {
 }
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def openvino_ms(python, path, shape, precision, threads, warmup, iters):
+    """(median ms, spread, precision that ran) of OpenVINO on `path`, in its own venv."""
+    out = subprocess.run([python, os.path.join(ROOT, "bench", "openvino_runner.py"), path, "--shape",
+                          "x".join(str(d) for d in shape), "--precision", precision, "--threads",
+                          str(threads), "--warmup", str(warmup), "--iters", str(iters)],
+                         capture_output=True, text=True, check=True)
+    j = json.loads(out.stdout)
+    return j["median_ms"], j["spread"], j["precision"], j["version"]
+
+
+def lopper_ms(args, path, batch, warmup, iters, precision):
+    out = subprocess.run(
+        [args.lopper, "bench", path, "--batch", str(batch), "--threads", str(args.threads), "--warmup",
+         str(warmup), "--iters", str(iters), "--precision", precision, "--json"],
+        capture_output=True, text=True, check=True)
+    j = json.loads(out.stdout)
+    return j["median_ms"], j["spread"]
+
+
 def iters_for(batch):
     return (3, 20) if batch <= 4 else (1, 5)
+
+
+def cpu_model():
+    """lscpu's model name and the bf16/AMX flags, for the record."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor()
+    name = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")), "?")
+    flags = next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), [])
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{name} ({', '.join(isa)})"
 
 
 def main():
@@ -60,8 +98,15 @@ def main():
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="lopper at --precision bf16 too")
+    ap.add_argument("--openvino", default=os.path.join(ROOT, ".venv-openvino", "bin", "python"),
+                    help="the python of OpenVINO's venv (scripts/install-openvino.sh); none: skip it")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    openvino = args.openvino if args.openvino != "none" and os.path.exists(args.openvino) else None
+    if openvino is None:
+        print(f"OpenVINO not run: {args.openvino} does not exist (scripts/install-openvino.sh makes it)",
+              file=sys.stderr)
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
@@ -90,35 +135,67 @@ def main():
             # NOTE: the three runtimes take turns, round after round, and each reports the median
             # of its round medians: a slow spell of the machine then hits all three alike.
             # Each entry: (median ms, spread = p90 / median) of one round.
-            ort_r, torch_r, lopper_r = [], [], []
+            ort_r, torch_r, lopper_r, bf16_r, ov_r, ov32_r = [], [], [], [], [], []
+            ov_info = {}
             for _ in range(args.rounds):
                 ort_r.append(median_spread(times_ms(lambda: sess.run(None, {"x": xn}), warmup,
                                                     iters)))
                 with torch.inference_mode():
                     torch_r.append(median_spread(times_ms(lambda: model(x), warmup, iters)))
-                out = subprocess.run(
-                    [args.lopper, "bench", path, "--batch", str(batch), "--threads",
-                     str(args.threads), "--warmup", str(warmup), "--iters", str(iters), "--json"],
-                    capture_output=True, text=True, check=True)
-                j = json.loads(out.stdout)
-                lopper_r.append((j["median_ms"], j["spread"]))
+                lopper_r.append(lopper_ms(args, path, batch, warmup, iters, "fp32"))
+                if args.bf16:
+                    bf16_r.append(lopper_ms(args, path, batch, warmup, iters, "bf16"))
+                if openvino:
+                    for prec, r in (("default", ov_r), ("f32", ov32_r)):
+                        med, sp, ran, version = openvino_ms(openvino, path, (batch, *shape), prec,
+                                                            args.threads, warmup, iters)
+                        r.append((med, sp))
+                        ov_info[prec] = ran
+                        ov_info["version"] = version
             t_ort, t_torch, t_lopper = (statistics.median(m for m, _ in r)
                                         for r in (ort_r, torch_r, lopper_r))
             spread = max(sp for r in (ort_r, lopper_r) for _, sp in r)
             row = {"model": name, "batch": batch, "lopper_ms": round(t_lopper, 2),
                    "ort_ms": round(t_ort, 2), "torch_ms": round(t_torch, 2),
                    "lopper_over_ort": round(t_lopper / t_ort, 3), "spread": round(spread, 2)}
+            line = (f"{name:14s} batch {batch:3d}  lopper {t_lopper:9.2f} ms  onnxruntime {t_ort:9.2f} ms"
+                    f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f} (spread {spread:.2f})")
+            if bf16_r:
+                t = statistics.median(m for m, _ in bf16_r)
+                row.update(lopper_bf16_ms=round(t, 2), lopper_bf16_over_fp32=round(t / t_lopper, 3))
+                line += f"  lopper bf16 {t:.2f} ms"
+            if ov_r:
+                t_ov, t_ov32 = (statistics.median(m for m, _ in r) for r in (ov_r, ov32_r))
+                row.update(openvino_ms=round(t_ov, 2), openvino_precision=ov_info["default"],
+                           openvino_f32_ms=round(t_ov32, 2),
+                           lopper_over_openvino_f32=round(t_lopper / t_ov32, 3))
+                best = min(t_lopper, row.get("lopper_bf16_ms", t_lopper))
+                row["lopper_best_over_openvino"] = round(best / t_ov, 3)
+                line += (f"  openvino {t_ov:.2f} ms ({ov_info['default']})  openvino f32 {t_ov32:.2f} ms"
+                         f"  lopper best/openvino {best / t_ov:.2f}")
             rows.append(row)
-            print(f"{name:14s} batch {batch:3d}  lopper {t_lopper:9.2f} ms  onnxruntime {t_ort:9.2f} ms"
-                  f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f}"
-                  f" (spread {spread:.2f})", flush=True)
-    meta = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "threads": args.threads, "onnxruntime": ort.__version__, "torch": torch.__version__}
+            print(line, flush=True)
+    meta = {"machine": platform.processor() or platform.machine(), "cpu": cpu_model(),
+            "cores": os.cpu_count(), "threads": args.threads, "onnxruntime": ort.__version__,
+            "torch": torch.__version__}
+    if openvino:
+        meta["openvino"] = json.loads(subprocess.run(
+            [openvino, "-c", "import json, openvino; print(json.dumps(openvino.__version__))"],
+            capture_output=True, text=True, check=True).stdout)
     print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT (spread) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['batch']} | {r['lopper_ms']} | {r['ort_ms']} | {r['torch_ms']} |"
               f" {r['lopper_over_ort']} ({r['spread']}) |")
+    if any("openvino_ms" in r or "lopper_bf16_ms" in r for r in rows):
+        print("\n| model | batch | lopper fp32 ms | lopper bf16 ms | OpenVINO default ms (precision) |"
+              " OpenVINO f32 ms | lopper fp32 / OpenVINO f32 | lopper best / OpenVINO default |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['batch']} | {r['lopper_ms']} | {r.get('lopper_bf16_ms', '—')} |"
+                  f" {r.get('openvino_ms', '—')} ({r.get('openvino_precision', '—')}) |"
+                  f" {r.get('openvino_f32_ms', '—')} | {r.get('lopper_over_openvino_f32', '—')} |"
+                  f" {r.get('lopper_best_over_openvino', '—')} |")
     print(f"\n{meta}")
     if args.out:
         with open(args.out, "w") as f:

@@ -1,0 +1,52 @@
+"""One OpenVINO timing, run in OpenVINO's own venv (scripts/install-openvino.sh) by the benches
+that have it as a peer: compiles an ONNX file for the CPU at a precision and prints, as one JSON
+line, the median and spread of the wall times of `iters` synchronous inferences on random input
+after `warmup` (compilation not timed).
+
+  precision  default: OpenVINO's own choice (bf16 where the CPU has bf16 arithmetic: AMX or
+             AVX512_BF16), f32 or bf16: INFERENCE_PRECISION_HINT set.
+  threads    INFERENCE_NUM_THREADS, with PERFORMANCE_HINT LATENCY (one stream).
+  shape      the first input's shape (its dynamic batch set); other float inputs are not fed.
+
+Usage: .venv-openvino/bin/python bench/openvino_runner.py MODEL.onnx --shape 1x3x224x224
+       [--precision default|f32|bf16] [--threads 2] [--warmup 3] [--iters 20]
+Prints {"median_ms": M, "spread": p90/median, "precision": "bf16" (what ran), "version": "2026.4.1..."}.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import openvino as ov
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import median_spread, times_ms  # noqa: E402 (bench/timing.py: the same timing as the others)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--shape", required=True, help="the input's shape, e.g. 1x3x224x224")
+    ap.add_argument("--precision", default="default", choices=["default", "f32", "bf16"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    core = ov.Core()
+    model = core.read_model(a.model)
+    shape = [int(d) for d in a.shape.split("x")]
+    model.reshape({model.inputs[0].get_any_name(): shape})
+    cfg = {"INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY"}
+    if a.precision != "default":
+        cfg["INFERENCE_PRECISION_HINT"] = a.precision
+    compiled = core.compile_model(model, "CPU", cfg)
+    request = compiled.create_infer_request()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    med, spread = median_spread(times_ms(lambda: request.infer({0: x}), a.warmup, a.iters))
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "bf16", "f32"
+    print(json.dumps({"median_ms": med, "spread": spread, "precision": precision,
+                      "version": ov.__version__}))
+
+if __name__ == "__main__":
+    main()

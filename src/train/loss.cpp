@@ -25,12 +25,6 @@ constexpr LossName kLosses[] = {{Loss::kAuto, "auto"},
                                 {Loss::kMaskedLm, "masked-lm"},
                                 {Loss::kTokenClassification, "token-classification"}};
 
-std::string input_names(const ModelIO& io) {
-  std::string s;
-  for (const auto& in : io.inputs) s += (s.empty() ? "" : ", ") + in.name;
-  return s;
-}
-
 const ModelIO::Input* find_input(const ModelIO& io, const std::string& name) {
   for (const auto& in : io.inputs)
     if (in.name == name) return &in;
@@ -82,6 +76,12 @@ void check_loss_options(const LossOptions& o) {
                "[loss] masked-lm needs the mask token's ID (" LOPPER_OPTION("mask_token") ")");
   LOPPER_CHECK(o.mask_prob > 0 && o.mask_prob <= 1,
                "[loss] " LOPPER_OPTION("mask_prob") " must be in (0, 1], got ", o.mask_prob);
+}
+
+std::string input_names(const ModelIO& io) {
+  std::string s;
+  for (const auto& in : io.inputs) s += (s.empty() ? "" : ", ") + in.name;
+  return s;
 }
 
 ModelIO model_io(const ir::Model& model) {

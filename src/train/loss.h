@@ -32,6 +32,8 @@ struct ModelIO {
 };
 /// Throws lopper::Error ("[data] ...") when the model has no input to feed.
 ModelIO model_io(const ir::Model& model);
+/// The inputs' names, comma-separated ("input_ids, attention_mask"), for messages.
+std::string input_names(const ModelIO& io);
 
 /// The model's inputs for batch `b`, in their dtypes, on `device`. The samples go to
 /// b.x_input, else to input_ids when the model has it, else to the first input the batch does not

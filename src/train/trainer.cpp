@@ -451,12 +451,9 @@ class Trainer {
                        "distill_alpha") " 1), or give labels");
       t = objective_->targets(out.at(0), b);
       if (teacher_) teacher_rows = objective_->targets(tout.at(0), b).logits;
-      if (teacher_ && o_.distill.alpha >= 1) {
-        c10::NoGradGuard no_grad;  // shown, not trained on
-        task = objective_->loss(t);
-      } else {
-        task = objective_->loss(t);
-      }
+      std::optional<c10::NoGradGuard> shown;  // distilled alone: the task is shown, not trained on
+      if (teacher_ && o_.distill.alpha >= 1) shown.emplace();
+      task = objective_->loss(t);
     }
     at::Tensor kl, state;
     if (teacher_) {
@@ -504,11 +501,6 @@ class Trainer {
     const DistillOptions& d = o_.distill;
     Teacher tc;
     tc.io = model_io(*d.teacher);
-    auto names = [](const ModelIO& io) {
-      std::string s;
-      for (const auto& in : io.inputs) s += (s.empty() ? "" : ", ") + in.name;
-      return s;
-    };
     auto dims = [](const std::vector<int64_t>& v) {
       std::string s;
       for (int64_t x : v)
@@ -529,8 +521,8 @@ class Trainer {
       same = same && it != tc.io.inputs.end() && it->dtype == in.dtype && fits(it->dims, in.dims);
     }
     if (!same)
-      throw UsageError("[train] the " LOPPER_OPTION("teacher") "'s inputs (" + names(tc.io) +
-                       ") are not the student's (" + names(io_) +
+      throw UsageError("[train] the " LOPPER_OPTION("teacher") "'s inputs (" + input_names(tc.io) +
+                       ") are not the student's (" + input_names(io_) +
                        "): distillation feeds both the same batch, so they must take the same "
                        "inputs, by name, type and fixed size");
     if (!fits(tc.io.out_dims, io_.out_dims))

@@ -6,6 +6,7 @@
 
 #include "exec/kernel_choice.h"
 #include "exec/sparse_linear.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/winograd.h"
@@ -124,8 +125,19 @@ at::Tensor conv2d_cuda(OpContext& c, const at::Tensor& in, const at::Tensor& w, 
   return st.kernel == K::kNhwc ? nhwc() : as_given();
 }
 
+// A bfloat16 tensor widened to float32 (exact); anything else as it is.
+at::Tensor widened(const at::Tensor& t) { return kernels::cpu::widen_bf16(t); }
+
 at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   const at::Tensor &in = l.in, &w = l.w, &b = l.b, &other = l.other;
+  // NOTE: a bfloat16 layer (--precision bf16) has oneDNN's bf16 kernels and lopper's own float32
+  // ones, which read its input widened to float32 and whose output is rounded back to bf16 (the
+  // weights widened once, exactly): where a winograd or direct kernel beats oneDNN's bf16 one
+  // with the two conversions counted, it runs, as in float32.
+  const bool bf16 = in.scalar_type() == at::kBFloat16;
+  auto narrowed = [bf16](const at::Tensor& y) {
+    return bf16 ? kernels::cpu::narrow_to_bf16(y) : y;
+  };
   const std::vector<int64_t>& padding = l.padding;
   const ConvGeometry& g = l.g;
   const onednn::PostOp& post = l.post;
@@ -182,26 +194,27 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     const onednn::PostOp in_kernel = fused_add ? onednn::PostOp{} : post;  // act after the add
     at::Tensor y;
     if (pointwise_shape) {
-      y = run_sparse_linear(sc, in_rows(), in_kernel)
+      y = run_sparse_linear(sc, widened(in_rows()), in_kernel)
               .view({in.size(0), out_shape[2], out_shape[3], w.size(0)})
               .permute({0, 3, 1, 2});
     } else {
-      at::Tensor cols = at::im2col(channels_last(), g.kernel, g.dilations, padding, g.strides);
+      at::Tensor cols =
+          at::im2col(widened(channels_last()), g.kernel, g.dilations, padding, g.strides);
       y = run_sparse_cols(sc, cols, in_kernel).view(out_shape);
     }
-    return fused_add ? onednn::apply_unfused(y.add_(other_cl), post) : y;
+    return narrowed(fused_add ? onednn::apply_unfused(y.add_(widened(other_cl)), post) : y);
   };
   auto direct = [&](bool in_place) {  // in_place: a grouped layer's groups not copied first
     const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = st.direct->run(in, other_cl, act, in_place);
-    return finish_activation(y, post, act);
+    at::Tensor y = st.direct->run(widened(in), widened(other_cl), act, in_place);
+    return narrowed(finish_activation(y, post, act));
   };
   auto as_direct = [&] { return direct(false); };
   auto as_direct_in_place = [&] { return direct(true); };
   auto as_winograd = [&] {
     const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = st.winograd->run(in, other_cl, act);
-    return finish_activation(y, post, act);
+    at::Tensor y = st.winograd->run(widened(in), widened(other_cl), act);
+    return narrowed(finish_activation(y, post, act));
   };
   using K = ConvState::Kernel;
   if (st.kernel == K::kUndecided) {
@@ -210,11 +223,12 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     // NOTE: lopper's own direct and depthwise kernels: no blocked layout to convert to and from,
     // no primitive to look up per call; they win on small images and on the odd channel counts
     // structured pruning leaves.
-    if (kernels::cpu::DirectConv::takes(w, g.group, in.size(1))) {
+    const at::Tensor w32 = widened(w), b32 = widened(b);
+    if (kernels::cpu::DirectConv::takes(w32, g.group, in.size(1))) {
       kernels::cpu::DirectConv::Geometry dg;
       dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
       dg.dh = g.dilations[0], dg.dw = g.dilations[1];
-      st.direct = std::make_shared<const kernels::cpu::DirectConv>(w, b, g.group, dg);
+      st.direct = std::make_shared<const kernels::cpu::DirectConv>(w32, b32, g.group, dg);
       cands.push_back({st.direct->name(), as_direct});
       kinds.push_back(K::kDirect);
       if (st.direct->gathers()) {
@@ -224,10 +238,10 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       // NOTE: a quarter of the arithmetic on evenly tiled maps, more memory traffic (36
       // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
       using kernels::cpu::WinogradConv;
-      if (WinogradConv::takes(w, g.group, dg) &&
+      if (WinogradConv::takes(w32, g.group, dg) &&
           WinogradConv::pays(g.group,
                              WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]))) {
-        st.winograd = std::make_shared<const WinogradConv>(w, b, g.group, dg);
+        st.winograd = std::make_shared<const WinogradConv>(w32, b32, g.group, dg);
         cands.push_back({WinogradConv::kName, as_winograd});
         kinds.push_back(K::kWinograd);
       }
@@ -239,7 +253,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     }
     std::vector<SparseCandidate> sparse;
     if (g.group == 1)
-      sparse = sparse_candidates(w.reshape({w.size(0), -1}), b,
+      sparse = sparse_candidates(w32.reshape({w.size(0), -1}), b32,
                                  pointwise_shape ? std::vector<kernels::cpu::Algo>{}
                                                  : std::vector{kernels::cpu::Algo::kCols});
     for (const auto& sc : sparse) {
@@ -279,10 +293,10 @@ std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body) {
   std::optional<ConvChain::Pointwise> expand, project;
   const ir::Node* dw = nullptr;
   kernels::cpu::DirectConv::Geometry g;
-  auto tensor = [&](const ir::Node& n, size_t i) {
+  auto tensor = [&](const ir::Node& n, size_t i) {  // float32: a bf16 weight widened
     const ir::Initializer* t =
         i < n.inputs.size() && !n.inputs[i].empty() ? body.find_initializer(n.inputs[i]) : nullptr;
-    return t ? t->value : at::Tensor();
+    return t ? widened(t->value) : at::Tensor();
   };
   for (const ir::Node& n : body.nodes) {
     const AttrReader attrs(n);
@@ -323,7 +337,13 @@ std::optional<at::Tensor> conv2d_by_kernel(OpContext& c, const Conv2dLayer& l) {
   // NOTE: inference on the CPU runs oneDNN with the weight reordered once and the activations in
   // channels-last layout (kept from one convolution to the next), the layout its kernels read
   // without reorders; the activation and residual add are fused into the kernel.
-  if (onednn::usable(x) && onednn::usable(l.w)) return conv2d_cpu(c, l);
+  // NOTE: in bfloat16 too (--precision bf16): oneDNN's bf16 primitives with the weight packed once;
+  // lopper's own kernels are float32 and step aside. ATen's bf16 convolution reorders the weight
+  // at every call and ran resnet18 no faster than fp32 (AMD EPYC Zen 4).
+  const bool one_type = l.w.scalar_type() == x.scalar_type() &&
+                        (!b.defined() || b.scalar_type() == x.scalar_type()) &&
+                        (!l.other.defined() || l.other.scalar_type() == x.scalar_type());
+  if (one_type && onednn::usable(x) && onednn::usable(l.w)) return conv2d_cpu(c, l);
   if (x.is_cuda()) return conv2d_cuda(c, l.in, l.w, b, l.other, l.padding, l.g, l.post);
   return std::nullopt;
 }
@@ -331,10 +351,18 @@ std::optional<at::Tensor> conv2d_by_kernel(OpContext& c, const Conv2dLayer& l) {
 at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
                                 const std::function<at::Tensor()>& layers) {
   const at::Tensor& x = c.input(0);
-  if (!(x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == at::kFloat && c.prepack()))
+  // NOTE: a bfloat16 chain runs lopper's float32 one on its input widened, its output rounded back
+  // (as conv2d_cpu's own kernels do), if that beats its layers by oneDNN's bf16 kernels.
+  if (!(x.dim() == 4 && x.device().is_cpu() &&
+        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && c.prepack()))
     return layers();
   auto& st = c.state<ChainState>();
   const at::Tensor residual = c.has_input(1) ? c.input(1) : at::Tensor();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  auto run_chain = [&] {
+    at::Tensor y = st.chain->run(widened(x), widened(residual));
+    return bf16 ? kernels::cpu::narrow_to_bf16(y) : y;
+  };
   if (!st.decided) {
     st.decided = true;
     // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.
@@ -349,16 +377,15 @@ at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
       const ir::Node* dw = nullptr;
       for (const ir::Node& n : body.nodes)
         if (AttrReader(n).attr_int("group", 1) > 1) dw = &n;
-      const std::vector<KernelCandidate> cands{
-          {"layer-by-layer", [&] { layers(); }},
-          {"lopper-chain", [&] { st.chain->run(x, residual); }}};
+      const std::vector<KernelCandidate> cands{{"layer-by-layer", [&] { layers(); }},
+                                               {"lopper-chain", [&] { run_chain(); }}};
       if (choose_kernel(c, cands, body.find_initializer(dw->inputs[1])->value, x, {}, true) == 0)
         st.chain.reset();
       else
         c.release_subgraph_state(body);  // the layers' packed weights, timed above, go
     }
   }
-  return st.chain ? st.chain->run(x, residual) : layers();
+  return st.chain ? run_chain() : layers();
 }
 
 }  // namespace lopper::ops

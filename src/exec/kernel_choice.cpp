@@ -362,8 +362,9 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
   for (const auto& k : cands) names += k.name + ",";
   const std::string key = d.node + "|" + shape_key(w.sizes()) + "|" +
                           std::to_string(hash_bytes(w.data_ptr(), w.nbytes())) + "|" +
-                          shape_key(input.sizes()) + "|t" + std::to_string(at::get_num_threads()) +
-                          "|" + names + (d.cold ? "|cold" : "");
+                          shape_key(input.sizes()) + "|" + c10::toString(input.scalar_type()) +
+                          "|t" + std::to_string(at::get_num_threads()) + "|" + names +
+                          (d.cold ? "|cold" : "");
   if (const std::optional<nlohmann::json> hit = ChoiceCache::get().find(machine, key)) {
     const auto kernel = hit->find("kernel");
     const std::string chosen =

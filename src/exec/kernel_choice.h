@@ -20,7 +20,7 @@ namespace lopper::ops {
 
 /// The generation of lopper's kernels, part of every cached choice's key: bump it when a change
 /// makes a kernel materially faster or slower, so that choices timed before are timed again.
-inline constexpr int kKernelGeneration = 17;
+inline constexpr int kKernelGeneration = 18;
 
 struct KernelCandidate {
   std::string name;
@@ -34,7 +34,7 @@ struct KernelCandidate {
 /// run: a layer's weights then come from memory at every run of the model, and a kernel that wins
 /// on a weight in cache (a dense one, twice the bytes of a 50% sparse one) can lose from memory.
 /// The cache key is the machine (CPU model, ISA, threads), the node, the weight's shape and values
-/// (hashed), the input's shape, the candidates' names and whether the timing was cold. The
+/// (hashed), the input's shape and type, the candidates' names and whether the timing was cold. The
 /// decision is reported to the executor (Executor::kernel_decisions).
 /// `refused` names the kernels that were considered but could not run here, each with why (they
 /// are reported with the decision). `prefer_own`: keep a kernel of lopper's own within 10% of a

@@ -144,7 +144,8 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
                        st.weight.scalar_type() == at::kFloat &&
                        (!bias.defined() || bias.scalar_type() == at::kFloat);
-  // bfloat16 on the CPU: ATen, or the bitmask format for a few rows.
+  // bfloat16 on the CPU: ATen, oneDNN with the weight packed once (where bf16 is native), or the
+  // bitmask format for a few rows.
   const bool cpu_bf16 = x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
                         st.weight.scalar_type() == at::kBFloat16 &&
                         (!bias.defined() || bias.scalar_type() == at::kBFloat16);
@@ -156,7 +157,7 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
     std::vector<KernelCandidate> cands{
         {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
     std::vector<K> kinds{K::kAten};
-    if (cpu_f32 && onednn::usable(x) && onednn::usable(st.weight)) {
+    if (onednn::usable(x) && onednn::usable(st.weight)) {  // fp32, or bf16 where native
       ch.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
       cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
       kinds.push_back(K::kOnednn);

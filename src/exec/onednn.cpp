@@ -98,9 +98,14 @@ at::Tensor apply_unfused(const at::Tensor& y, const PostOp& p) {
   return y;
 }
 
+bool bf16_native() {
+  static const bool native = __builtin_cpu_supports("avx512bf16");
+  return native;
+}
+
 bool usable(const at::Tensor& x) {
-  return at::hasMKLDNN() && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
-         !x.requires_grad();
+  return at::hasMKLDNN() && x.device().is_cpu() && !x.requires_grad() &&
+         (x.scalar_type() == at::kFloat || (x.scalar_type() == at::kBFloat16 && bf16_native()));
 }
 
 at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::IntArrayRef stride,

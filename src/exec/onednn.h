@@ -1,6 +1,7 @@
 // oneDNN (through libtorch's mkldnn ops) for inference: weights reordered once into the layout the
 // kernel reads, and the following activation (or a residual add) fused into the convolution.
-// Internal header; every call is CPU + float32 only, callers check `usable()`.
+// Internal header; every call is CPU, float32 or bfloat16 (activations, weight and bias of one
+// type), callers check `usable()`.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,7 +30,12 @@ PostOp post_op_of(const AttrReader& node);
 /// The same activation with plain ATen ops (any device, autograd).
 at::Tensor apply_unfused(const at::Tensor& y, const PostOp& post);
 
-/// True when libtorch has oneDNN and `x` is a float32 CPU tensor that does not require grad.
+/// True when the CPU computes in bfloat16 natively (AVX512_BF16; every CPU with AMX has it too):
+/// oneDNN's bf16 primitives then run at twice fp32's rate (AMX tiles where present). Without it
+/// oneDNN would emulate bf16 with fp32 arithmetic plus conversions, slower than fp32 itself.
+bool bf16_native();
+/// True when libtorch has oneDNN and `x` is a CPU tensor that does not require grad, float32, or
+/// bfloat16 on a CPU where that is native (bf16_native).
 bool usable(const at::Tensor& x);
 
 at::Tensor pack_conv2d_weight(const at::Tensor& w, at::IntArrayRef padding, at::IntArrayRef stride,

@@ -5,13 +5,20 @@
 #include "kernels/cuda/library.h"
 
 namespace lopper::ops {
+namespace {
+
+bool cpu_float_or_bf16(const at::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+}
+
+}  // namespace
 
 std::optional<at::Tensor> max_pool2d_by_kernel(OpContext& c, const at::Tensor& x,
                                                const MaxPool2dWindow& w) {
   // NOTE: lopper's NHWC kernel checks each tap against the input, so it takes any padding,
   // symmetric or not, and ceil mode's overhang (ResNet's 3x3/2 pool of a 112-pixel image drops its
   // end padding: ATen would pad a copy first and compute the argmax too, 10x the time).
-  if (x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
+  if (x.dim() == 4 && cpu_float_or_bf16(x) && c.prepack() &&
       x.is_contiguous(at::MemoryFormat::ChannelsLast))
     return kernels::cpu::max_pool2d_nhwc(x, w.kernel, w.strides, w.pad_begin, w.dilations, w.out);
   // The same on a GPU, NCHW or NHWC, fp32/fp16/bf16 (ATen's writes int64 indices too); it has no
@@ -25,8 +32,8 @@ std::optional<at::Tensor> max_pool2d_by_kernel(OpContext& c, const at::Tensor& x
 }
 
 std::optional<at::Tensor> mean_over_pixels_by_kernel(OpContext& c, const at::Tensor& x) {
-  if (x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() && c.prepack() &&
-      x.numel() > 0 && x.is_contiguous(at::MemoryFormat::ChannelsLast))
+  if (x.dim() == 4 && cpu_float_or_bf16(x) && c.prepack() && x.numel() > 0 &&
+      x.is_contiguous(at::MemoryFormat::ChannelsLast))
     return kernels::cpu::mean_over_pixels_nhwc(x);
   return std::nullopt;
 }

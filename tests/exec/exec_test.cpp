@@ -8,6 +8,7 @@
 
 #include "exec/allocator.h"
 #include "exec/fuse.h"
+#include "exec/onednn.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/memory.h"
@@ -927,6 +928,45 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
     const KernelDecision& d = exec.kernel_decisions()[0];
     EXPECT_GE(d.timings.size(), 2u);
     EXPECT_EQ(d.cold, bytes > llc) << bytes << " bytes of weights, " << llc << " of cache";
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
+// In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
+// run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
+// with the weights packed once; lopper's float32 kernels on the input widened and the output
+// rounded back (direct, winograd, depthwise, grouped, the inverted-residual chain); the bf16
+// pools, layer norm and attention. Where the CPU computes in bf16 natively, oneDNN's kernels run
+// the convolutions.
+TEST(Exec, Bf16KernelsMatchAtenBf16) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  const char* own = "lopper-winograd,lopper-direct,lopper-depthwise,lopper-grouped,lopper-chain";
+  for (const char* stem : {"resnet18", "mobilenet_v2", "densenet121", "transformer_encoder"}) {
+    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+    const NamedTensors feeds = fixture_feeds(m, stem);
+    ExecOptions plain;
+    plain.autograd = true;
+    plain.precision = at::kBFloat16;
+    const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+    for (const char* forced : {"", "onednn-conv,onednn-linear,onednn", own}) {
+      SCOPED_TRACE(std::string(stem) + " forced: " + forced);
+      if (*forced) setenv("LOPPER_FORCE_KERNEL", forced, 1);
+      ExecOptions eo;
+      eo.precision = at::kBFloat16;
+      Executor exec(m, eo);
+      const at::Tensor got = exec.run(feeds)[0];
+      unsetenv("LOPPER_FORCE_KERNEL");
+      EXPECT_EQ(got.scalar_type(), at::kFloat);
+      EXPECT_LE(test::relative_max_diff(got, want), 2e-2);
+      int onednn = 0, lopper = 0;
+      for (const auto& d : exec.kernel_decisions()) {
+        onednn += d.chosen.rfind("onednn", 0) == 0;
+        lopper += d.chosen.rfind("lopper", 0) == 0;
+      }
+      const bool convs = std::string(stem) != "transformer_encoder";
+      if (forced == own && convs) EXPECT_GT(lopper, 0);
+      if (*forced && forced != own && convs && ops::onednn::bf16_native()) EXPECT_GT(onednn, 0);
+    }
   }
   unsetenv("LOPPER_KERNEL_CACHE");
 }

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
@@ -923,6 +924,70 @@ TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {
   // Ceil mode: the last window hangs over the end.
   const at::Tensor yc = kc::max_pool2d_nhwc(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, {8, 8});
   EXPECT_TRUE(at::equal(yc, at::max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true)));
+}
+
+// The whole-tensor bf16 <-> float32 conversions give ATen's bit for bit (ties to even, NaN, Inf,
+// subnormals), keep the layout (channels-last stays channels-last) and take views that are not
+// dense (through ATen).
+TEST(Bf16Convert, MatchesAtenAndKeepsTheLayout) {
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  at::Tensor f = at::randn({2, 70, 9, 11}, gen) * 1e3;
+  f.view(-1).index_put_({at::randint(f.numel(), {5}, gen)}, NAN);
+  f.view(-1).index_put_({at::randint(f.numel(), {5}, gen)}, INFINITY);
+  f.view(-1).index_put_({at::randint(f.numel(), {5}, gen)}, 1e-40f);  // subnormal
+  // Exact ties between two bf16 values: 1 + 2^-8 (to even: 1) and 1 + 3 * 2^-8 (to even: up).
+  f.view(-1)[0] = 1.f + 1.f / 256, f.view(-1)[1] = 1.f + 3.f / 256;
+  for (auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+    const at::Tensor x = f.contiguous(format);
+    const at::Tensor b = kc::narrow_to_bf16(x);
+    const at::Tensor want = x.to(at::kBFloat16);
+    ASSERT_EQ(b.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(b.is_contiguous(format));
+    EXPECT_TRUE(at::equal(at::isnan(b), at::isnan(want)));
+    EXPECT_TRUE(at::equal(b.nan_to_num(0), want.nan_to_num(0)));
+    const at::Tensor w = kc::widen_bf16(b);
+    ASSERT_EQ(w.scalar_type(), at::kFloat);
+    EXPECT_TRUE(w.is_contiguous(format));
+    EXPECT_TRUE(at::equal(w.nan_to_num(0), b.to(at::kFloat).nan_to_num(0)));
+  }
+  const at::Tensor slice = f.slice(1, 3, 40);  // not dense
+  EXPECT_TRUE(
+      at::equal(kc::narrow_to_bf16(slice).nan_to_num(0), slice.to(at::kBFloat16).nan_to_num(0)));
+  EXPECT_TRUE(kc::widen_bf16(f).is_same(f));  // float32 passes through
+}
+
+// The bfloat16 pools (--precision bf16): max pooling gives ATen's bf16 max_pool2d bit for bit,
+// NaN and -Inf included, at channel counts around the kernel's 64-channel chunks; the mean over
+// the pixels is within one bf16 rounding of ATen's float mean.
+TEST(DenseConvKernels, Bf16PoolsMatchAten) {
+  std::mt19937 rng(12);
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  for (int it = 0; it < 80; ++it) {
+    const int64_t n = 1 + rng() % 2, h = 1 + rng() % 13, w = 1 + rng() % 13;
+    const int64_t c = std::vector<int64_t>{1, 7, 63, 64, 65, 130}[rng() % 6];
+    const int64_t kh = 1 + rng() % 3, kw = 1 + rng() % 3, sh = 1 + rng() % 2, sw = 1 + rng() % 2;
+    const int64_t ph = rng() % (kh / 2 + 1), pw = rng() % (kw / 2 + 1), dh = 1 + rng() % 2;
+    const int64_t spare_h = h + 2 * ph - dh * (kh - 1) - 1, spare_w = w + 2 * pw - (kw - 1) - 1;
+    if (spare_h < 0 || spare_w < 0) continue;
+    at::Tensor x = at::randn({n, c, h, w}, gen).to(at::kBFloat16);
+    if (it % 4 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, NAN);
+    if (it % 5 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, -INFINITY);
+    const at::Tensor xl = x.contiguous(at::MemoryFormat::ChannelsLast);
+    const at::Tensor y = kc::max_pool2d_nhwc(xl, {kh, kw}, {sh, sw}, {ph, pw}, {dh, 1},
+                                             {spare_h / sh + 1, spare_w / sw + 1});
+    const at::Tensor ref = at::max_pool2d(x, {kh, kw}, {sh, sw}, {ph, pw}, {dh, 1}, false);
+    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+    ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+    ASSERT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << "case " << it;
+    ASSERT_TRUE(at::equal(y.nan_to_num(0), ref.nan_to_num(0))) << "case " << it;
+    const at::Tensor m = kc::mean_over_pixels_nhwc(xl);
+    const at::Tensor mref = x.to(at::kFloat).mean({2, 3}, true);
+    ASSERT_EQ(m.scalar_type(), at::kBFloat16);
+    ASSERT_TRUE(at::equal(at::isnan(m), at::isnan(mref))) << "case " << it;
+    ASSERT_TRUE(at::allclose(m.to(at::kFloat).nan_to_num(0, 0, 0), mref.nan_to_num(0, 0, 0),
+                             1.0 / 128, 1e-6))
+        << "case " << it;
+  }
 }
 
 // NaN and +-Inf in the input come out of every own kernel where ATen's unfused ops put them (a

@@ -4,9 +4,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/parallel.h"
 #include "lopper/error.h"
@@ -16,19 +18,69 @@ const ConvIsaOps& conv_isa_ops(Isa isa) {
   return for_isa(isa, kConvAvx512Ops, kConvAvx2Ops, kConvScalarOps);
 }
 
-bool channels_last_of_one_map(const std::vector<at::Tensor>& xs) {
+bool channels_last_of_one_map(const std::vector<at::Tensor>& xs, at::ScalarType type) {
   for (const auto& x : xs)
-    if (x.dim() != 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() ||
+    if (x.dim() != 4 || x.scalar_type() != type || !x.device().is_cpu() ||
         !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(0) != xs[0].size(0) ||
         x.size(2) != xs[0].size(2) || x.size(3) != xs[0].size(3))
       return false;
   return !xs.empty();
 }
 
+namespace {
+
+// y[p, k] = act(x[p, k] * scale[k] + shift[k]) for pixels [p0, p1) of c bfloat16 channels, x's
+// pixels ldx apart, y's ldy; act none or ReLU (NaN kept), rounded to nearest even once.
+// NOTE: plain loops the compiler vectorises, one build per ISA (memory-bound).
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void affine_bf16(
+    const uint16_t* x, int64_t ldx, uint16_t* y, int64_t ldy, const float* scale,
+    const float* shift, int64_t c, int64_t p0, int64_t p1, bool relu) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint16_t* xp = x + p * ldx;
+    uint16_t* yp = y + p * ldy;
+    for (int64_t k = 0; k < c; ++k) {
+      float v = from_bf16(xp[k]) * scale[k] + shift[k];
+      if (relu) v = v < 0.f ? 0.f : v;
+      yp[k] = to_bf16(v);
+    }
+  }
+}
+
+}  // namespace
+
 at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float* scale,
                               const float* shift, Activation act) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(!xs_in.empty(), "[kernels] concat_affine_nhwc of no tensor");
+  if (xs_in[0].scalar_type() == at::kBFloat16) {
+    LOPPER_CHECK(channels_last_of_one_map(xs_in, at::kBFloat16) &&
+                     (act.kind == Activation::kNone || act.kind == Activation::kRelu),
+                 "[kernels] concat_affine_nhwc in bfloat16 wants channels-last CPU [n, c, h, w] "
+                 "of one n, h, w and no activation or ReLU");
+    int64_t channels = 0;
+    for (const auto& x : xs_in) channels += x.size(1);
+    const at::Tensor& x0 = xs_in[0];
+    at::Tensor y =
+        at::empty({x0.size(0), channels, x0.size(2), x0.size(3)}, x0.options().memory_format(kCl));
+    const int64_t pixels = x0.size(0) * x0.size(2) * x0.size(3);
+    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+    constexpr int64_t kBlock = 32;
+    const int64_t blocks = (pixels + kBlock - 1) / kBlock;
+    const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(channels * kBlock, 1));
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      for (int64_t q = b0 * kBlock; q < std::min(pixels, b1 * kBlock); q += kBlock) {
+        int64_t off = 0;
+        for (const auto& x : xs_in) {
+          const int64_t c = x.size(1);
+          affine_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr()), c, yp + off, channels,
+                      scale + off, shift + off, c, q, std::min(pixels, q + kBlock),
+                      act.kind == Activation::kRelu);
+          off += c;
+        }
+      }
+    });
+    return y;
+  }
   std::vector<at::Tensor> xs;
   int64_t channels = 0;
   for (const auto& x : xs_in) {

@@ -25,12 +25,13 @@ const ConvIsaOps& conv_isa_ops(Isa isa);
 /// pass; y channels-last. scale and shift: c floats.
 at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const float* shift,
                                Activation act);
-/// Whether xs are float32 CPU [n, c_i, h, w] tensors, contiguous channels-last, of one n, h, w:
+/// Whether xs are CPU [n, c_i, h, w] tensors of `type`, contiguous channels-last, of one n, h, w:
 /// what the channel concatenation below reads without a copy.
-bool channels_last_of_one_map(const std::vector<at::Tensor>& xs);
+bool channels_last_of_one_map(const std::vector<at::Tensor>& xs, at::ScalarType type = at::kFloat);
 /// The same of the channel concatenation of xs (each [n, c_i, h, w] float32 channels-last on the
 /// CPU, one n, h, w), without the concatenation itself: each input goes through the scale and
 /// shift of its channels straight into its slice of y. scale and shift: sum c_i floats.
+/// bfloat16 xs (act none or ReLU only) give a bfloat16 y, computed in float32 and rounded once.
 at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* scale,
                               const float* shift, Activation act);
 /// The distance between the adjacent pixels of x [n, c, h, w] when its pixels are evenly spaced in

@@ -4,14 +4,58 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/sparse.h"
 
 namespace lopper::kernels::cpu {
+
+namespace {
+
+// Max pooling of bfloat16 output rows [row0, row1): each tap's channels widened to float (exact),
+// compared, and the winner's bits stored back (exact too; a NaN stays the same NaN).
+// NOTE: plain loops the compiler vectorises, one build per ISA; a tap is a few loads, a max and a
+// blend per 16 channels: the pool is memory-bound.
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void max_pool_bf16_rows(
+    const uint16_t* x, uint16_t* y, const ConvShape& s, int64_t row0, int64_t row1) {
+  constexpr int64_t kChunk = 64;
+  float m[kChunk];
+  for (int64_t row = row0; row < row1; ++row) {
+    const int64_t n = row / s.oh, oy = row % s.oh;
+    int64_t i0 = 0, i1 = s.kh;
+    while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
+    while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      int64_t j0 = 0, j1 = s.kw;
+      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
+      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      uint16_t* yp = y + ((n * s.oh + oy) * s.ow + ox) * s.c;
+      for (int64_t c0 = 0; c0 < s.c; c0 += kChunk) {
+        const int64_t kn = std::min(kChunk, s.c - c0);
+        for (int64_t k = 0; k < kn; ++k) m[k] = -__builtin_inff();
+        for (int64_t i = i0; i < i1; ++i) {
+          const uint16_t* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.c + c0;
+          for (int64_t j = j0; j < j1; ++j) {
+            const uint16_t* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.c;
+            for (int64_t k = 0; k < kn; ++k) {
+              const float v = from_bf16(xp[k]);
+              m[k] = (v > m[k] || v != v) ? v : m[k];
+            }
+          }
+        }
+        for (int64_t k = 0; k < kn; ++k) yp[c0 + k] = uint16_t(std::bit_cast<uint32_t>(m[k]) >> 16);
+      }
+    }
+  }
+}
+
+}  // namespace
 
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                            at::IntArrayRef pad_begin, at::IntArrayRef dilation,
@@ -27,6 +71,13 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   ConvShape s;
   s.n = n, s.c = s.k = c, s.h = h, s.w = w, s.oh = oh, s.ow = ow;
   s.kh = kh, s.kw = kw, s.sh = sh, s.sw = sw, s.ph = ph, s.pw = pw, s.dh = dh, s.dw = dw;
+  if (x.scalar_type() == at::kBFloat16) {
+    const auto* in = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+    auto* out = reinterpret_cast<uint16_t*>(y.data_ptr());
+    parallel_steal(n * oh, steal_grain(n * oh),
+                   [&](int64_t begin, int64_t end) { max_pool_bf16_rows(in, out, s, begin, end); });
+    return y;
+  }
   const ConvIsaOps& ops = conv_isa_ops(active_isa());
   const float* in = xc.data_ptr<float>();
   float* out = y.data_ptr<float>();
@@ -36,11 +87,18 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   return y;
 }
 
-at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
+namespace {
+
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) { return from_bf16(v); }
+inline void narrow(float v, float* out) { *out = v; }
+inline void narrow(float v, uint16_t* out) { *out = to_bf16(v); }
+
+template <class T>
+void mean_over_pixels(const at::Tensor& x, at::Tensor& y) {
   const int64_t n = x.size(0), ch = x.size(1), rows = x.size(2), cols = x.size(3);
-  at::Tensor y = at::empty({n, ch, 1, 1}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  const T* xp = reinterpret_cast<const T*>(x.data_ptr());
+  T* yp = reinterpret_cast<T*>(y.data_ptr());
   constexpr int64_t kChunk = 64;  // channels per piece of work
   const int64_t chunks = (ch + kChunk - 1) / kChunk;
   // A large map of few channels (a squeeze-and-excitation block's early in a network: 112x112x32)
@@ -60,9 +118,9 @@ at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
       double* total = sums.data() + t * kChunk;
       for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r) {
         std::fill(row.begin(), row.end(), 0.f);
-        const float* p = xp + ((img * rows + r) * cols) * ch + k0;
+        const T* p = xp + ((img * rows + r) * cols) * ch + k0;
         for (int64_t q = 0; q < cols; ++q, p += ch)
-          for (int64_t k = 0; k < kn; ++k) row[k] += p[k];
+          for (int64_t k = 0; k < kn; ++k) row[k] += widen(p[k]);
         for (int64_t k = 0; k < kn; ++k) total[k] += row[k];
       }
     }
@@ -73,9 +131,19 @@ at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
       double total = 0;
       for (int64_t part = 0; part < parts; ++part)
         total += sums[(piece * parts + part) * kChunk + k];
-      yp[img * ch + k0 + k] = static_cast<float>(total / double(rows * cols));
+      narrow(static_cast<float>(total / double(rows * cols)), yp + img * ch + k0 + k);
     }
   }
+}
+
+}  // namespace
+
+at::Tensor mean_over_pixels_nhwc(const at::Tensor& x) {
+  at::Tensor y = at::empty({x.size(0), x.size(1), 1, 1}, x.options());
+  if (x.scalar_type() == at::kBFloat16)
+    mean_over_pixels<uint16_t>(x, y);
+  else
+    mean_over_pixels<float>(x, y);
   return y;
 }
 

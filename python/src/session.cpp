@@ -222,8 +222,12 @@ class Session {
  public:
   Session(const py::object& path_or_bytes, const py::object& sess_options,
           const py::object& providers, const py::object& provider_options,
-          const py::object& device_arg, const py::object& threads_arg) {
+          const py::object& device_arg, const py::object& threads_arg,
+          const py::object& precision_arg) {
     std::string device = device_arg.is_none() ? "cpu" : string_of(device_arg, "device");
+    // The executor's rule (a bad name, fp16 without a GPU: ValueError).
+    const at::ScalarType precision = parse_precision(
+        precision_arg.is_none() ? "fp32" : string_of(precision_arg, "precision"));
     int threads = threads_arg.is_none() ? 0 : int_of(threads_arg, "threads");
     // onnxruntime's arguments, where they map: SessionOptions.intra_op_num_threads, and the CPU
     // and CUDA execution providers (the first of the list is used; CUDA with its device_id).
@@ -275,6 +279,7 @@ class Session {
       warnings = load_warnings(*model_);
       ExecOptions opts;
       opts.device = device;
+      opts.precision = precision;
       exec_ = std::make_unique<Executor>(*model_, opts);
     }
     for (const auto& w : warnings) warn("[session] " + (bytes ? std::string() : path + ": ") + w);
@@ -420,10 +425,11 @@ lopper runs the graph on ATen (libtorch) with its own fusions, and picks per lay
 oneDNN and its own sparse kernels by timing them on the first run, so a pruned model runs at
 its sparse speed. The first run() is therefore slower than the ones after it.)doc")
       .def(py::init<const py::object&, const py::object&, const py::object&, const py::object&,
-                    const py::object&, const py::object&>(),
+                    const py::object&, const py::object&, const py::object&>(),
            py::arg("path_or_bytes"), py::arg("sess_options") = py::none(),
            py::arg("providers") = py::none(), py::arg("provider_options") = py::none(),
            py::kw_only(), py::arg("device") = py::none(), py::arg("threads") = py::none(),
+           py::arg("precision") = py::none(),
            R"doc(Loads a model and prepares it to run.
 
 Args:
@@ -442,11 +448,14 @@ Args:
         OMP_NUM_THREADS variable when set, else the cores idle when the session is made. The
         count applies while lopper works and is put back after (torch.get_num_threads() is the
         same process-wide pool).
+    precision (str): "fp32" (default), "bf16" or "fp16" (CUDA only): the type the model
+        computes in (its float weights converted once at load; inputs and outputs stay
+        float32). On a CPU with AVX512_BF16 or AMX, bf16 runs oneDNN's bf16 kernels.
 
 Raises:
     ValueError: a bad argument (threads outside 0..4x the hardware threads, a device that is
         not "cpu", "cuda" or "cuda:N", a provider lopper does not run, device and providers
-        both given).
+        both given, a precision other than fp32, bf16 and fp16, fp16 on the CPU).
     TypeError: path_or_bytes is neither a path nor bytes.
     RuntimeError: the file or model cannot be read or run (an unsupported op, a missing file,
         corrupt bytes, "cuda" without a GPU), with lopper's one-line message.)doc")

@@ -400,6 +400,33 @@ def test_bad_device_is_a_value_error(multi_output_bytes, device):
     one_line(e, "[device]", f"'{device}'")
 
 
+def test_bf16_precision_computes_in_bf16(resnet):
+    """precision="bf16" converts the weights once and computes in bfloat16: the output moves off
+    fp32's by bf16's rounding, no more, and comes back float32 in the kind it was fed."""
+    path, _, x = resnet
+    (want,) = ort_session(path).run(None, {"input": x})
+    sess = lopper.InferenceSession(path, threads=2, precision="bf16")
+    for feed in (x, torch.from_numpy(x)):
+        (got,) = sess.run(None, {"input": feed})
+        got = np.asarray(got)
+        assert got.dtype == np.float32
+        rel = np.abs(got - want).max() / np.abs(want).max()
+        assert 0 < rel < 5e-2, rel
+
+
+def test_bad_precision_is_a_value_or_type_error(multi_output_bytes):
+    with pytest.raises(ValueError) as e:
+        lopper.InferenceSession(multi_output_bytes, precision="fp8")
+    one_line(e, "bad precision 'fp8'")
+    with pytest.raises(TypeError) as e:
+        lopper.InferenceSession(multi_output_bytes, precision=16)
+    one_line(e, "precision")
+    if not CUDA:
+        with pytest.raises(ValueError) as e:
+            lopper.InferenceSession(multi_output_bytes, precision="fp16")
+        one_line(e, "fp16 needs a CUDA device")
+
+
 @pytest.mark.skipif(not CUDA, reason="no CUDA GPU")
 def test_cuda_matches_cpu(resnet):
     path, sess, x = resnet

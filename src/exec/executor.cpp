@@ -160,7 +160,8 @@ at::ScalarType parse_precision(const std::string& s) {
   if (s == "fp32") return at::kFloat;
   if (s == "bf16") return at::kBFloat16;
   if (s == "fp16") return at::kHalf;
-  throw Error(detail::concat("[precision] bad precision '", s, "' (expected fp32, bf16 or fp16)"));
+  throw UsageError(
+      detail::concat("[precision] bad precision '", s, "' (expected fp32, bf16 or fp16)"));
 }
 
 bool load_cuda() { return kernels::cuda::library() != nullptr; }
@@ -606,11 +607,14 @@ Executor::Executor(const ir::Model& model, ExecOptions opts)
     : impl_(std::make_unique<Impl>(model, std::move(opts))) {
   impl_->device = parse_device(impl_->opts.device);
   const auto prec = impl_->opts.precision;
-  LOPPER_CHECK(prec == at::kFloat || prec == at::kBFloat16 || prec == at::kHalf,
-               "[precision] the executor runs fp32, bf16 or fp16, not ", at::toString(prec));
-  LOPPER_CHECK(prec != at::kHalf || impl_->device.is_cuda(),
-               "[precision] fp16 needs a CUDA device (" LOPPER_OPTION("device") " cuda); on the CPU "
-               "use fp32 or bf16");
+  // NOTE: a precision the executor does not run is the caller's mistake (a usage error: the CLI's
+  // exit 2, Python's ValueError), as a bad device is.
+  if (!(prec == at::kFloat || prec == at::kBFloat16 || prec == at::kHalf))
+    throw UsageError(detail::concat("[precision] the executor runs fp32, bf16 or fp16, not ",
+                                    at::toString(prec)));
+  if (prec == at::kHalf && !impl_->device.is_cuda())
+    throw UsageError("[precision] fp16 needs a CUDA device (" LOPPER_OPTION(
+        "device") " cuda); on the CPU use fp32 or bf16");
   if (impl_->device.is_cpu()) kernels::cpu::active_isa();  // a bad LOPPER_ISA fails here, at load
   exec::install_caching_cpu_allocator();
   impl_->real_inputs = model.graph.real_inputs();

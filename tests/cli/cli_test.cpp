@@ -142,7 +142,7 @@ TEST(Cli, BenchReportsLatency) {
   expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp8"), 2,
                "bad precision 'fp8'");
   if (!cuda_available())
-    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp16"), 1,
+    expect_error(lopper_cli("bench " + fixture("mlp.ts.onnx") + " --precision fp16"), 2,
                  "fp16 needs a CUDA device");
   auto bf16 =
       lopper_cli("bench " + fixture("mlp.ts.onnx") + " --iters 2 --warmup 0 --precision bf16");

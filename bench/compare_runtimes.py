@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 import torchvision
 
+import openvino_peer  # bench/openvino_peer.py
+from results import cpu_model  # bench/results.py
 from timing import median_spread, times_ms  # bench/timing.py
 
 
@@ -56,16 +58,6 @@ MODELS = {
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def openvino_ms(python, path, shape, precision, threads, warmup, iters):
-    """(median ms, spread, precision that ran) of OpenVINO on `path`, in its own venv."""
-    out = subprocess.run([python, os.path.join(ROOT, "bench", "openvino_runner.py"), path, "--shape",
-                          "x".join(str(d) for d in shape), "--precision", precision, "--threads",
-                          str(threads), "--warmup", str(warmup), "--iters", str(iters)],
-                         capture_output=True, text=True, check=True)
-    j = json.loads(out.stdout)
-    return j["median_ms"], j["spread"], j["precision"], j["version"]
-
-
 def lopper_ms(args, path, batch, warmup, iters, precision):
     out = subprocess.run(
         [args.lopper, "bench", path, "--batch", str(batch), "--threads", str(args.threads), "--warmup",
@@ -79,18 +71,6 @@ def iters_for(batch):
     return (3, 20) if batch <= 4 else (1, 5)
 
 
-def cpu_model():
-    """lscpu's model name and the bf16/AMX flags, for the record."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return platform.processor()
-    name = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), [])
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{name} ({', '.join(isa)})"
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lopper", default="build/lopper")
@@ -99,14 +79,13 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bf16", action="store_true", help="lopper at --precision bf16 too")
-    ap.add_argument("--openvino", default=os.path.join(ROOT, ".venv-openvino", "bin", "python"),
+    ap.add_argument("--openvino", default=openvino_peer.DEFAULT_PYTHON,
                     help="the python of OpenVINO's venv (scripts/install-openvino.sh); none: skip it")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    openvino = args.openvino if args.openvino != "none" and os.path.exists(args.openvino) else None
+    openvino, why = openvino_peer.resolve(args.openvino)
     if openvino is None:
-        print(f"OpenVINO not run: {args.openvino} does not exist (scripts/install-openvino.sh makes it)",
-              file=sys.stderr)
+        print(f"OpenVINO {why}", file=sys.stderr)
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
@@ -147,7 +126,7 @@ def main():
                     bf16_r.append(lopper_ms(args, path, batch, warmup, iters, "bf16"))
                 if openvino:
                     for prec, r in (("default", ov_r), ("f32", ov32_r)):
-                        med, sp, ran, version = openvino_ms(openvino, path, (batch, *shape), prec,
+                        med, sp, ran, version = openvino_peer.ms(openvino, path, (batch, *shape), prec,
                                                             args.threads, warmup, iters)
                         r.append((med, sp))
                         ov_info[prec] = ran
@@ -179,9 +158,7 @@ def main():
             "cores": os.cpu_count(), "threads": args.threads, "onnxruntime": ort.__version__,
             "torch": torch.__version__}
     if openvino:
-        meta["openvino"] = json.loads(subprocess.run(
-            [openvino, "-c", "import json, openvino; print(json.dumps(openvino.__version__))"],
-            capture_output=True, text=True, check=True).stdout)
+        meta["openvino"] = openvino_peer.version(openvino)
     print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT (spread) |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -29,3 +29,18 @@ def git_rev():
         return rev + ("+dirty" if dirty else "")
     except OSError:
         return ""
+
+
+def cpu_model():
+    """The CPU's model name and the ISA extensions its timings depend on (AVX-512, bf16, AMX), for
+    the record: a figure holds on the machine kind it was measured on."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        import platform
+
+        return platform.processor()
+    name = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")), "?")
+    flags = next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), [])
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{name} ({', '.join(isa)})"

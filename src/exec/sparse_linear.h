@@ -18,13 +18,17 @@ struct SparseCandidate {
   kernels::cpu::Algo algo = kernels::cpu::Algo::kCols;
   /// Or the bitmask format (float32 or bfloat16 values), for a few rows of x at a time.
   std::shared_ptr<const kernels::cpu::MaskedWeight> masked;
+  /// A float32 format of a bfloat16 layer's weight: x is widened to float32 before the kernel
+  /// and y rounded back to bfloat16 after (run_sparse_linear, run_sparse_cols).
+  bool widened = false;
 };
 
 /// Every (format, kernel) pair worth timing for w [N, K] (float32) and its bias: CSR always, a
 /// block format when its blocks are nearly full (the weight was pruned in that pattern), and the
 /// bitmask format for products of a few rows (`rows` <= 16, every algo allowed); a bfloat16 `w`
-/// gets the bitmask format only. Empty when the weight is too dense for a sparse kernel to win,
-/// or when LOPPER_SPARSE=off. `algos` restricts the kernels (e.g. only kCols for im2col columns).
+/// gets the bitmask format in bfloat16 and the others widened to float32 (`widened`). Empty when
+/// the weight is too dense for a sparse kernel to win, or when LOPPER_SPARSE=off. `algos` restricts
+/// the kernels (e.g. only kCols for im2col columns).
 std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Tensor& bias,
                                                std::vector<kernels::cpu::Algo> algos = {},
                                                int64_t rows = 0);

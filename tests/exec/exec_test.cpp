@@ -971,6 +971,37 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// A sparse layer in bf16 (--precision bf16) has the float32 sparse formats as candidates, on its
+// input widened and its output rounded back: forced, they give ATen's bf16 result within bf16's
+// rounding, for products of many rows (an encoder's sequence) and of a few (a classifier).
+TEST(Exec, Bf16SparseLayersRunTheFloatFormatsWidened) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  for (const char* stem : {"transformer_encoder", "mlp"}) {
+    SCOPED_TRACE(stem);
+    ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
+    PruneOptions po;
+    po.amount = PruneAmount::parse("0.9");
+    prune(m, po);
+    const NamedTensors feeds = fixture_feeds(m, stem);
+    ExecOptions plain;
+    plain.autograd = true;
+    plain.precision = at::kBFloat16;
+    const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+    setenv("LOPPER_FORCE_KERNEL", "csr-cols-fp32,csr-rows-fp32", 1);
+    ExecOptions eo;
+    eo.precision = at::kBFloat16;
+    Executor exec(m, eo);
+    const at::Tensor got = exec.run(feeds)[0];
+    unsetenv("LOPPER_FORCE_KERNEL");
+    EXPECT_LE(test::relative_max_diff(got, want), 2e-2);
+    int widened = 0;
+    for (const auto& d : exec.kernel_decisions())
+      widened += d.chosen.find("-fp32") != std::string::npos;
+    EXPECT_GT(widened, 0);
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // --precision: bf16 computes in bf16 (the result moves off fp32's, within bf16's rounding) and
 // hands back float32; fp16 needs a GPU; other types are refused.
 TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {

@@ -15,12 +15,14 @@ Timed, one process each, in interleaved rounds (--rounds), the median per-token 
   lopper    `lopper bench STEP.onnx` on the dense, 50% and 2:4 steps, float32 and --precision bf16
             (lopper's kernel choice per layer: dense, CSR or the bitmask format);
   ORT       onnxruntime's InferenceSession on the dense step, float32;
-  PyTorch   the dense model in bfloat16 under torch.inference_mode.
+  PyTorch   the dense model in bfloat16 under torch.inference_mode;
+  OpenVINO  where its venv exists (scripts/install-openvino.sh), the dense step at its default
+            precision (bf16 on a CPU with bf16 arithmetic) and at f32 (bench/openvino_peer.py).
 The memory bandwidth is measured too (a read of 1 GiB, the same threads), and each variant's bytes
 read per token (weights in the format lopper chose, plus the KV cache) over it gives the floor.
 
     .venv/bin/python bench/llm_decode.py [--layers 8] [--past 256] [--threads 2] [--rounds 3]
-        [--out FILE.json]
+        [--openvino .venv-openvino/bin/python | none] [--out FILE.json]
 
 The models are cached in ~/.cache/lopper/llm-decode (or $LOPPER_CACHE/llm-decode).
 """
@@ -34,8 +36,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llm_streaming import Logits  # noqa: E402  (the model without a cache: what calibration feeds)
+import openvino_peer  # noqa: E402
 from options import int_options  # noqa: E402
-from results import save_json  # noqa: E402
+from results import cpu_model, save_json  # noqa: E402
 from timing import times_ms  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,6 +282,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lopper", default=os.path.join(ROOT, "build", "lopper"))
     int_options(ap, layers=8, past=256, threads=2, rounds=3, warmup=3, iters=20)
+    ap.add_argument("--openvino", default=openvino_peer.DEFAULT_PYTHON,
+                    help="the python of OpenVINO's venv; none: skip it")
     ap.add_argument("--out", default="")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -293,6 +298,18 @@ def main():
     cfg, d, steps = prepare(a)
     jobs = [("lopper", v, p) for p in ("fp32", "bf16") for v in ("dense", "50", "2:4")]
     jobs += [("ort", "dense", "fp32"), ("torch", "dense", "bf16")]
+    ov, why = openvino_peer.resolve(a.openvino)
+    if ov:
+        # The step's inputs (token, position, KV cache), as the ORT worker feeds them.
+        import numpy as np
+
+        ids, pos, cache = step_inputs(dict(CONFIG, num_hidden_layers=a.layers), a.past)
+        feeds = os.path.join(os.path.dirname(steps["dense"]), f"step_inputs_{a.past}.npz")
+        np.savez(feeds, **dict(zip(input_names(a.layers), [t.numpy() for t in (ids, pos, *cache)])))
+        jobs += [("openvino", "dense", "default"), ("openvino", "dense", "f32")]
+        log(f"OpenVINO {openvino_peer.version(ov)}")
+    else:
+        log(f"OpenVINO {why}")
     res = {f"{t} {v} {p}": [] for t, v, p in jobs}
     bw = run_worker({"kind": "bandwidth", "threads": a.threads})["read_gb_s"]
     log(f"read bandwidth {bw:.1f} GB/s")
@@ -301,6 +318,9 @@ def main():
             name = f"{tool} {variant} {precision}"
             if tool == "lopper":
                 m = run_lopper(a, steps[variant], precision)
+            elif tool == "openvino":
+                m = openvino_peer.measure(ov, steps[variant], precision, a.threads, a.warmup,
+                                          a.iters, inputs=feeds)
             elif tool == "ort":
                 m = run_worker({"kind": "ort", "path": steps[variant], "layers": a.layers,
                                 "past": a.past, "threads": a.threads, "warmup": a.warmup,
@@ -330,18 +350,24 @@ def main():
         "PyTorch dense bf16 / lopper 2:4 bf16": med["torch dense bf16"] / med["lopper 2:4 bf16"],
         "lopper dense bf16 / lopper 50% bf16": med["lopper dense bf16"] / med["lopper 50 bf16"],
     }
+    if ov:  # the targets: the sparse step >= 1.5x OpenVINO's default on the dense one
+        for v, label in (("50", "50%"), ("2:4", "2:4")):
+            for p in ("fp32", "bf16"):
+                ratios[f"OpenVINO dense default / lopper {label} {p}"] = (
+                    med["openvino dense default"] / med[f"lopper {v} {p}"])
     print(f"\nLLaMA {a.layers} layers (hidden 2048), one token, past {a.past}, batch 1, "
           f"{a.threads} threads; read bandwidth {bw:.1f} GB/s")
     print(f"{'job':<22} {'median ms':>10} {'spread':>7} {'floor ms':>9} {'of floor':>9}")
     for k in res:
         tool, variant, precision = k.split()
-        f = floor[f"{variant} {precision}"]["floor_ms"] if tool == "lopper" else floor[
-            f"dense {precision}"]["floor_ms"]
+        prec = {"default": "bf16", "f32": "fp32"}.get(precision, precision)  # OpenVINO's names
+        f = floor[f"{variant} {prec}"]["floor_ms"] if tool == "lopper" else floor[
+            f"dense {prec}"]["floor_ms"]
         print(f"{k:<22} {med[k]:>10.2f} {spread[k]:>7.2f} {f:>9.2f} {f / med[k]:>8.0%}")
     for k, v in ratios.items():
         print(f"{k:<40} {v:.2f}x")
     if a.out:
-        save_json(a.out, {"layers": a.layers, "past": a.past, "threads": a.threads,
+        save_json(a.out, {"cpu": cpu_model(), "layers": a.layers, "past": a.past, "threads": a.threads,
                           "read_gb_s": bw, "median_ms": med, "spread": spread, "floor": floor,
                           "ratios": ratios, "runs": res}, indent=1)
 

@@ -19,17 +19,23 @@ def resolve(python):
     return python, None
 
 
-def ms(python, path, shape, precision, threads, warmup, iters):
-    """(median ms, p90/median, the precision that ran, OpenVINO's version) of OpenVINO's CPU plugin
-    on `path` with its first input of `shape`; precision: "default" (OpenVINO's choice: bf16 where
-    the CPU has bf16 arithmetic), "f32" or "bf16"."""
-    out = subprocess.run([python, os.path.join(ROOT, "bench", "openvino_runner.py"), path, "--shape",
-                          "x".join(str(d) for d in shape), "--precision", precision, "--threads",
-                          str(threads), "--warmup", str(warmup), "--iters", str(iters)],
-                         capture_output=True, text=True)
+def measure(python, path, precision, threads, warmup, iters, shape=None, inputs=None):
+    """openvino_runner.py's JSON (median_ms, spread, p10_ms, p90_ms, precision, version) for
+    OpenVINO's CPU plugin on `path`, fed random data of `shape` as its first input, or the .npz
+    `inputs` (every input by name); precision: "default" (OpenVINO's choice: bf16 where the CPU has
+    bf16 arithmetic), "f32" or "bf16"."""
+    feed = ["--inputs", inputs] if inputs else ["--shape", "x".join(str(d) for d in shape)]
+    out = subprocess.run([python, os.path.join(ROOT, "bench", "openvino_runner.py"), path, *feed,
+                          "--precision", precision, "--threads", str(threads), "--warmup",
+                          str(warmup), "--iters", str(iters)], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"openvino on {os.path.basename(path)}: {out.stderr.strip()[-500:]}")
-    j = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def ms(python, path, shape, precision, threads, warmup, iters):
+    """(median ms, p90/median, the precision that ran, OpenVINO's version): measure() of `shape`."""
+    j = measure(python, path, precision, threads, warmup, iters, shape=shape)
     return j["median_ms"], j["spread"], j["precision"], j["version"]
 
 

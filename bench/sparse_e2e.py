@@ -26,12 +26,17 @@ the median of --iters timed runs after --warmup; every (runtime, file) pair is m
 round, the order reversed every other round, and the reported figure is the median of the round
 medians, so a slow spell of the shared machine hits every peer alike. Before timing, each runtime
 runs every file once on the same input and its output is compared with ONNX Runtime's.
+OpenVINO, where its venv exists (scripts/install-openvino.sh), times every file too, at its default
+precision (bf16 on a CPU with bf16 arithmetic: the runtime a user of such a machine picks) and at
+f32, one process per measurement (bench/openvino_peer.py; its outputs are not compared). --bf16
+adds lopper at `--precision bf16`.
 
 Ratios are speedups: "A vs B" = time(B) / time(A); above 1 means A is faster.
 
 Usage: .venv/bin/python bench/sparse_e2e.py [--lopper build/lopper] [--threads N] [--quick]
        [--work DIR] [--rounds 3] [--iters 10] [--warmup 2] [--models bert,mobilenet_v2]
        [--deepsparse-python .venv-deepsparse/bin/python | --deepsparse-python ''] [--json PATH]
+       [--openvino .venv-openvino/bin/python | none] [--bf16]
 --quick: 2 encoder layers, 1 warm-up, 3 iters, 2 rounds; the JSON goes to --work or the temp dir, not
 docs/ (under a minute).
 """
@@ -50,7 +55,8 @@ import time
 
 import numpy as np
 
-from results import git_rev, save_json  # bench/results.py
+import openvino_peer  # bench/openvino_peer.py
+from results import cpu_model, git_rev, save_json  # bench/results.py
 from timing import median_ms  # bench/timing.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -235,9 +241,10 @@ def lopper_prune(lopper, src, out, args):
             "warnings": j.get("warnings", [])}
 
 
-def lopper_bench(lopper, path, threads, warmup, iters):
+def lopper_bench(lopper, path, threads, warmup, iters, precision="fp32"):
     r = subprocess.run([lopper, "bench", path, "--json", "--threads", str(threads), "--warmup",
-                        str(warmup), "--iters", str(iters)], capture_output=True, text=True)
+                        str(warmup), "--iters", str(iters), "--precision", precision],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"lopper bench {path}: {r.stderr.strip()}")
     return float(json.loads(r.stdout)["median_ms"])
@@ -295,6 +302,9 @@ def main():
     default_ds = os.path.join(ROOT, ".venv-deepsparse", "bin", "python")
     ap.add_argument("--deepsparse-python", default=default_ds,
                     help="python of the DeepSparse venv ('' to skip; default %(default)s)")
+    ap.add_argument("--openvino", default=openvino_peer.DEFAULT_PYTHON,
+                    help="python of OpenVINO's venv ('none' to skip; default %(default)s)")
+    ap.add_argument("--bf16", action="store_true", help="lopper at --precision bf16 too")
     ap.add_argument("--json", help="default docs/bench-sparse-e2e.json; --quick: bench-sparse-e2e.quick.json in "
                     "the work dir (--work) or the temp dir")
     a = ap.parse_args()
@@ -424,6 +434,16 @@ def run(a, q, work, ort, torch, torchvision):
                 ds_info[k] = {"error": str(e)}
                 print(f"deepsparse cannot compile {k}: {e}", flush=True)
 
+    ov, ov_why = openvino_peer.resolve(a.openvino)
+    ov_precision = {}
+    if ov:
+        runtimes += ["openvino", "openvino_f32"]
+        print(f"OpenVINO {openvino_peer.version(ov)} from {ov}", flush=True)
+    else:
+        print("OpenVINO", ov_why, flush=True)
+    if a.bf16:
+        runtimes.append("lopper_bf16")
+
     def can(rt, k):
         return rt != "deepsparse" or "error" not in ds_info.get(k, {"error": ""})
 
@@ -460,6 +480,12 @@ def run(a, q, work, ort, torch, torchvision):
                 ms = median_ms(lambda: s.run(None, {"x": x}), a.warmup, a.iters)
             elif rt == "lopper":
                 ms = lopper_bench(a.lopper, f["path"], a.threads, a.warmup, a.iters)
+            elif rt == "lopper_bf16":
+                ms = lopper_bench(a.lopper, f["path"], a.threads, a.warmup, a.iters, "bf16")
+            elif rt.startswith("openvino"):
+                prec = "f32" if rt == "openvino_f32" else "default"
+                ms, _, ov_precision[rt], _ = openvino_peer.ms(ov, f["path"], f["shape"], prec,
+                                                              a.threads, a.warmup, a.iters)
             else:
                 ms = ds.ask(cmd="time", path=f["path"], input=f["npy"], warmup=a.warmup, iters=a.iters)["median_ms"]
             per_round[(rt, k)].append(ms)
@@ -495,6 +521,11 @@ def run(a, q, work, ort, torch, torchvision):
             "ort_sparse_vs_ort_dense": speedup("ort_dense_ms", "ort_sparse_ms"),
             "deepsparse_sparse_vs_deepsparse_dense": speedup("deepsparse_dense_ms", "deepsparse_sparse_ms"),
             "deepsparse_sparse_vs_lopper_sparse": speedup("lopper_sparse_ms", "deepsparse_sparse_ms"),
+            # OpenVINO at its default precision on the dense model: what the pruned model must beat
+            "lopper_sparse_vs_openvino_dense": speedup("openvino_dense_ms", "lopper_sparse_ms"),
+            "lopper_bf16_sparse_vs_openvino_dense": speedup("openvino_dense_ms", "lopper_bf16_sparse_ms"),
+            "lopper_sparse_vs_openvino_f32_sparse": speedup("openvino_f32_sparse_ms", "lopper_sparse_ms"),
+            "lopper_bf16_sparse_vs_lopper_sparse": speedup("lopper_sparse_ms", "lopper_bf16_sparse_ms"),
         }
         rows.append(row)
 
@@ -502,7 +533,9 @@ def run(a, q, work, ort, torch, torchvision):
     ds_field = ds.reason or ds.version
     lopper_version = subprocess.run([a.lopper, "--version"], capture_output=True, text=True).stdout.strip()
     lopper_version += f" ({os.path.relpath(lopper_src, ROOT)}, built {time.strftime('%Y-%m-%d %H:%M', time.localtime(os.path.getmtime(a.lopper)))})"
-    meta = {"machine": cpu, "isa": flags, "cores": os.cpu_count(), "threads": a.threads,
+    meta = {"machine": cpu, "isa": flags, "cpu": cpu_model(),
+            "openvino": openvino_peer.version(ov) if ov else ov_why,
+            "openvino_precision": ov_precision.get("openvino"), "cores": os.cpu_count(), "threads": a.threads,
             "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "torchvision": torchvision.__version__,
             "onnxruntime": ort.__version__, "deepsparse": ds_field, "deepsparse_python": a.deepsparse_python, "lopper": lopper_version,
@@ -537,6 +570,18 @@ def run(a, q, work, ort, torch, torchvision):
     print(f"\nspeedups: A vs B = time(B) / time(A), > 1: A is faster. sparsity: of the pruned layers' weights.")
     print(f"{cpu} ({', '.join(flags)}), {os.cpu_count()} cores, {a.threads} threads; ORT {ort.__version__}, "
           f"torch {torch.__version__}, DeepSparse {ds_field}; {a.rounds} rounds x {a.iters} iters")
+    if ov or a.bf16:
+        print(f"\n| model | pattern | lopper sparse ms | lopper bf16 sparse ms | OpenVINO dense ms "
+              f"({ov_precision.get('openvino', '-')}) | OpenVINO f32 sparse ms | lopper sparse vs "
+              f"OpenVINO dense | lopper bf16 sparse vs OpenVINO dense | lopper bf16 vs fp32 (sparse) |")
+        print("|" + "---|" * 9)
+        for r in rows:
+            s = r["speedup"]
+            print(f"| {r['model']} | {r['pattern']} | {fmt(r['lopper_sparse_ms'])} | "
+                  f"{fmt(r.get('lopper_bf16_sparse_ms'))} | {fmt(r.get('openvino_dense_ms'))} | "
+                  f"{fmt(r.get('openvino_f32_sparse_ms'))} | {fmt(s['lopper_sparse_vs_openvino_dense'])} | "
+                  f"{fmt(s['lopper_bf16_sparse_vs_openvino_dense'])} | "
+                  f"{fmt(s['lopper_bf16_sparse_vs_lopper_sparse'])} |")
     for n in notes:
         print("note:", n)
     print(f"wrote {json_path}")

@@ -5,12 +5,16 @@ warm-up, batch 1 (the fixtures' static shape), --threads intra-op threads on bot
 runs of a model take turns for --rounds rounds and each figure is the median of its rounds' medians,
 so that a slow spell of the machine hits all four alike; the spread (p90 / median, the worst round)
 is printed beside each ratio. Inputs are random (speed only; accuracy after pruning needs
-fine-tuning, see bench/accuracy.py).
+fine-tuning, see bench/accuracy.py). OpenVINO, where its venv exists (scripts/install-openvino.sh),
+runs both files too, at its default precision (bf16 on a CPU with bf16 arithmetic) and at f32, one
+process per measurement (bench/openvino_peer.py); --bf16 adds lopper at `--precision bf16`. All
+runtimes take turns in every round; the CPU's model and ISA are recorded.
 
 Models: the exported fixtures of tests/fixtures/make_models.py (torchvision, random weights).
 Usage: bench/structured.py --lopper build/lopper --fixtures build/fixtures
        [--models resnet18.ts,resnet50.ts,...] [--amount 0.5] [--iters 20] [--rounds 3]
-       [--threads 2] [--json docs/bench-structured.json]
+       [--threads 2] [--bf16] [--openvino .venv-openvino/bin/python | none]
+       [--json docs/bench-structured.json]
 """
 
 import argparse
@@ -27,6 +31,8 @@ import statistics
 import numpy as np
 import onnxruntime as ort
 
+import openvino_peer  # bench/openvino_peer.py
+from results import cpu_model  # bench/results.py
 from timing import median_spread  # bench/timing.py
 
 DEFAULT = "resnet18.ts,resnet50.ts,mobilenet_v2.ts,vgg11_bn.ts,densenet121.ts,resnext50_32x4d.ts,vit_b_16.dynamo"
@@ -51,10 +57,10 @@ def ort_ms(s, x, iters):
     return median_spread(times)
 
 
-def lopper_ms(lopper, path, threads, iters):
+def lopper_ms(lopper, path, threads, iters, precision="fp32"):
     """(median ms, spread) from `lopper bench --json` (its own latency helper)."""
     r = subprocess.run([lopper, "bench", path, "--iters", str(iters), "--warmup", "2", "--threads",
-                        str(threads), "--json"],
+                        str(threads), "--precision", precision, "--json"],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"lopper bench {path} failed: {r.stderr}")
@@ -71,8 +77,14 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="lopper at --precision bf16 too")
+    ap.add_argument("--openvino", default=openvino_peer.DEFAULT_PYTHON,
+                    help="the python of OpenVINO's venv; none: skip it")
     ap.add_argument("--json")
     a = ap.parse_args()
+    openvino, why = openvino_peer.resolve(a.openvino)
+    if openvino is None:
+        print(f"OpenVINO {why}", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # lopper's kernel choices are timed in this run (its first bench of each model), not taken
@@ -95,15 +107,38 @@ def main():
                        bytes=j["file_bytes_after"], bytes_before=j["file_bytes_before"],
                        barriers=j["barriers"])
             sessions = {"dense": ort_session(src, a.threads), "pruned": ort_session(out, a.threads)}
-            runs = {k: [] for k in ("ort_dense", "ort_pruned", "lopper_dense", "lopper_pruned")}
+            peers = ["ort", "lopper"] + (["lopper_bf16"] if a.bf16 else [])
+            peers += ["openvino", "openvino_f32"] if openvino else []
+            runs = {f"{p}_{k}": [] for p in peers for k in ("dense", "pruned")}
             for _ in range(a.rounds):
                 for kind, path in (("dense", src), ("pruned", out)):
                     runs["ort_" + kind].append(ort_ms(sessions[kind], x, a.iters))
                     runs["lopper_" + kind].append(lopper_ms(a.lopper, path, a.threads, a.iters))
+                    if a.bf16:
+                        runs["lopper_bf16_" + kind].append(
+                            lopper_ms(a.lopper, path, a.threads, a.iters, "bf16"))
+                    for peer, prec in (("openvino", "default"), ("openvino_f32", "f32")):
+                        if openvino:
+                            med, sp, ran, _ = openvino_peer.ms(openvino, path, x.shape, prec,
+                                                               a.threads, 2, a.iters)
+                            runs[f"{peer}_{kind}"].append((med, sp))
+                            row[peer + "_precision"] = ran
             for k, v in runs.items():
                 row[k + "_ms"] = statistics.median(m for m, _ in v)
                 row[k + "_spread"] = max(sp for _, sp in v)
             rows.append(row)
+            if openvino:
+                best = lambda k: min(row[f"{p}_{k}_ms"] for p in ("lopper", "lopper_bf16")
+                                     if f"{p}_{k}_ms" in row)
+                print(f"{'':24s} OpenVINO ({row['openvino_precision']}) {row['openvino_dense_ms']:.2f} -> "
+                      f"{row['openvino_pruned_ms']:.2f} ms, f32 {row['openvino_f32_dense_ms']:.2f} -> "
+                      f"{row['openvino_f32_pruned_ms']:.2f} ms  lopper fp32 / OpenVINO f32 dense "
+                      f"{row['lopper_dense_ms'] / row['openvino_f32_dense_ms']:.2f} pruned "
+                      f"{row['lopper_pruned_ms'] / row['openvino_f32_pruned_ms']:.2f}  lopper best / "
+                      f"OpenVINO default dense {best('dense') / row['openvino_dense_ms']:.2f} pruned "
+                      f"{best('pruned') / row['openvino_pruned_ms']:.2f}"
+                      + (f"  lopper bf16 {row['lopper_bf16_dense_ms']:.2f} -> "
+                         f"{row['lopper_bf16_pruned_ms']:.2f} ms" if a.bf16 else ""), flush=True)
             sp = lambda k: max(row["ort_" + k + "_spread"], row["lopper_" + k + "_spread"])
             print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
                   f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.2f} -> "
@@ -113,9 +148,11 @@ def main():
                   f"pruned {row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
                   f"(spread {sp('pruned'):.2f})  prune {prune_s:.1f}s", flush=True)
     if a.json:
-        meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", batch=1,
-                    threads=a.threads, iters=a.iters, rounds=a.rounds, amount=a.amount,
+        meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", cpu=cpu_model(),
+                    batch=1, threads=a.threads, iters=a.iters, rounds=a.rounds, amount=a.amount,
                     onnxruntime=ort.__version__)
+        if openvino:
+            meta["openvino"] = openvino_peer.version(openvino)
         with open(a.json + ".tmp", "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         os.replace(a.json + ".tmp", a.json)

@@ -226,8 +226,8 @@ class Session {
           const py::object& precision_arg) {
     std::string device = device_arg.is_none() ? "cpu" : string_of(device_arg, "device");
     // The executor's rule (a bad name, fp16 without a GPU: ValueError).
-    const at::ScalarType precision = parse_precision(
-        precision_arg.is_none() ? "fp32" : string_of(precision_arg, "precision"));
+    const at::ScalarType precision =
+        parse_precision(precision_arg.is_none() ? "fp32" : string_of(precision_arg, "precision"));
     int threads = threads_arg.is_none() ? 0 : int_of(threads_arg, "threads");
     // onnxruntime's arguments, where they map: SessionOptions.intra_op_num_threads, and the CPU
     // and CUDA execution providers (the first of the list is used; CUDA with its device_id).

@@ -351,18 +351,15 @@ std::optional<at::Tensor> conv2d_by_kernel(OpContext& c, const Conv2dLayer& l) {
 at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
                                 const std::function<at::Tensor()>& layers) {
   const at::Tensor& x = c.input(0);
-  // NOTE: a bfloat16 chain runs lopper's float32 one on its input widened, its output rounded back
-  // (as conv2d_cpu's own kernels do), if that beats its layers by oneDNN's bf16 kernels.
+  // NOTE: a bfloat16 chain runs lopper's (float32 weights, bf16 rows in and out: ConvChain::run)
+  // where that beats its layers by oneDNN's bf16 kernels.
   if (!(x.dim() == 4 && x.device().is_cpu() &&
         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && c.prepack()))
     return layers();
   auto& st = c.state<ChainState>();
   const at::Tensor residual = c.has_input(1) ? c.input(1) : at::Tensor();
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  auto run_chain = [&] {
-    at::Tensor y = st.chain->run(widened(x), widened(residual));
-    return bf16 ? kernels::cpu::narrow_to_bf16(y) : y;
-  };
+  // (a bf16 chain reads and writes bf16 rows itself)
+  auto run_chain = [&] { return st.chain->run(x, residual); };
   if (!st.decided) {
     st.decided = true;
     // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.

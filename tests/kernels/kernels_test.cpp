@@ -701,7 +701,17 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa);
       at::set_num_threads(1 + it % 2);
       const at::Tensor y = chain.run(x, res);
+      // bfloat16 rows in and out: the float32 chain on the same values, rounded once (bit for
+      // bit: the rows are widened exactly and the arithmetic is the same).
+      const at::Tensor xb = x.to(at::kBFloat16);
+      const at::Tensor rb = res.defined() ? res.to(at::kBFloat16) : at::Tensor();
+      const at::Tensor yb = chain.run(xb, rb);
+      const at::Tensor yb_want =
+          chain.run(xb.to(at::kFloat), rb.defined() ? rb.to(at::kFloat) : rb).to(at::kBFloat16);
       at::set_num_threads(threads);
+      ASSERT_EQ(yb.scalar_type(), at::kBFloat16);
+      ASSERT_TRUE(yb.is_contiguous(at::MemoryFormat::ChannelsLast));
+      ASSERT_TRUE(at::equal(yb, yb_want)) << kc::isa_name(isa) << " bf16 case " << it;
       auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
       at::Tensor ref = x.to(at::kDouble);
       if (expand)

@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 
 namespace lopper::kernels::cpu {
-namespace {
 
 // NOTE: plain loops the compiler vectorises, one build per ISA.
 __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void widen_span(
@@ -16,6 +15,8 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void na
     const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
 }
+
+namespace {
 
 // Whether t's elements fill its storage span without gaps or overlap, in some order of its dims
 // (contiguous, channels-last, ...): then an elementwise pass over the span converts it in place of

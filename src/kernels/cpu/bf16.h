@@ -19,6 +19,11 @@ inline uint16_t to_bf16(float v) {
   return v != v ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/// y[i] = from_bf16(x[i]) / y[i] = to_bf16(x[i]) for i < n: the row conversions of kernels that
+/// read and write bfloat16 tensors and compute in float32 (vectorised per ISA).
+void widen_span(const uint16_t* x, float* y, int64_t n);
+void narrow_span(const float* x, uint16_t* y, int64_t n);
+
 /// x (bfloat16, CPU) as float32 in the same layout (channels-last stays channels-last); any other
 /// tensor as it is. One pass at memory speed over a dense tensor (ATen's conversion took 10-20 us
 /// on a 14x14x576 map, as long as the depthwise convolution it fed).

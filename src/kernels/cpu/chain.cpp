@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/conv_isa.h"
 #include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
@@ -61,7 +62,15 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
 at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   const int64_t c = expand_ ? expand_->c : dw_.c, m = dw_.c;
-  check_conv_input(x_in, c, "the convolution chain");
+  // NOTE: a bfloat16 input (--precision bf16) gives a bfloat16 output, computed in float32: the
+  // rows read (input, residual) are widened and the rows written rounded, one row at a time in
+  // the thread's scratch (in L1), so the chain moves half the bytes to and from memory.
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  if (bf16)
+    LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c, "[kernels] the convolution chain wants [n, ",
+                 c, ", h, w], got ", x_in.sizes());
+  else
+    check_conv_input(x_in, c, "the convolution chain");
   const at::Tensor x = channels_last_layout(x_in);
   const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
   // The depthwise convolution's shape (its input: the expanded map, m channels a pixel).
@@ -76,7 +85,11 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   ds.x_stride = ds.y_stride = ds.r_stride = m;
   const int64_t oh = ds.oh, ow = ds.ow, k = project_ ? project_->k : m;
   at::Tensor y = at::empty({n, k, oh, ow}, x.options().memory_format(kCl));
-  const at::Tensor r = residual_for(residual, y);
+  const at::Tensor r = !bf16                ? residual_for(residual, y)
+                       : residual.defined() ? channels_last_layout(residual.to(at::kBFloat16))
+                                            : at::Tensor();
+  LOPPER_CHECK(!r.defined() || r.sizes() == y.sizes(), "[kernels] the residual is ", r.sizes(),
+               ", the output ", y.sizes());
   if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   ConvShape es;                  // one input row through the expansion
   es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;
@@ -103,13 +116,27 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   // the band above).
   const int64_t threads = at::get_num_threads();
   const int64_t bands = n >= threads ? 1 : std::min(oh, (threads + n - 1) / n);
-  const float* xp = x.data_ptr<float>();
-  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+  // bf16: the input rows a stage reads, widened (the expansion's one row; without an expansion,
+  // the depthwise kernel's ring of kernel-height rows), and one output row (with its residual).
+  const int64_t in_row = w * c;
+  const int64_t in_floats = !bf16 ? 0 : expand_ ? in_row : span * in_row;
+  const int64_t out_floats = bf16 ? 2 * ow * k : 0;
+  const float* xp = bf16 ? nullptr : x.data_ptr<float>();
+  const auto* xp16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr()) : nullptr;
+  const float* rp = r.defined() && !bf16 ? r.data_ptr<float>() : nullptr;
+  const auto* rp16 =
+      r.defined() && bf16 ? reinterpret_cast<const uint16_t*>(r.data_ptr()) : nullptr;
+  float* yp = bf16 ? nullptr : y.data_ptr<float>();
+  auto* yp16 = bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr()) : nullptr;
   at::parallel_for(0, n * bands, 1, [&](int64_t u0, int64_t u1) {
-    at::Tensor scratch = at::empty({std::max<int64_t>(1, ring_floats + mid_floats)}, x.options());
+    at::Tensor scratch =
+        at::empty({std::max<int64_t>(1, ring_floats + mid_floats + in_floats + out_floats)},
+                  x.options().dtype(at::kFloat));
     float* ring = scratch.data_ptr<float>();
     float* mid = ring + ring_floats;
+    float* xin = mid + mid_floats;  // bf16: widened input rows
+    float* yrow = xin + in_floats;  // bf16: one output row, then its residual
+    float* rrow = yrow + (bf16 ? ow * k : 0);
     for (int64_t q = 0; q < (expand_ ? span : 0); ++q) {
       float* row = ring + q * row_floats;
       std::fill(row, row + pw * m, 0.f);
@@ -119,8 +146,17 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t img = u / bands, band = u % bands;
       const int64_t r0 = oh * band / bands, r1 = oh * (band + 1) / bands;
-      const float* ximg = xp + img * h * w * c;
-      int64_t made = -1;  // the last expanded row made (rows are made in increasing order)
+      const float* ximg = bf16 ? nullptr : xp + img * h * w * c;
+      const uint16_t* ximg16 = bf16 ? xp16 + img * h * w * c : nullptr;
+      // Input row `row` as float32: in place, or widened into slot `slot` of xin.
+      auto input_row = [&](int64_t row, int64_t slot) -> const float* {
+        if (!bf16) return ximg + row * in_row;
+        float* dst = xin + slot * in_row;
+        widen_span(ximg16 + row * in_row, dst, in_row);
+        return dst;
+      };
+      int64_t made = -1;     // the last expanded row made (rows are made in increasing order)
+      int64_t widened = -1;  // bf16 without an expansion: the last input row widened
       for (int64_t oy = r0; oy < r1; ++oy) {
         const int64_t first = oy * ds.sh - ds.ph;
         int64_t i0 = 0, i1 = kh_;  // kernel rows whose input row exists
@@ -129,7 +165,13 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t iy = first + i * ds.dh;
           if (!expand_) {
-            rows[i] = ximg + iy * w * c;
+            if (!bf16) {
+              rows[i] = ximg + iy * w * c;
+              continue;
+            }
+            for (int64_t row = std::max({widened + 1, first, int64_t{0}}); row <= iy; ++row)
+              input_row(row, row % span), widened = row;
+            rows[i] = xin + iy % span * in_row;
             continue;
           }
           // NOTE: the window's rows not made yet are made in order (a dilated kernel reads every
@@ -137,21 +179,27 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           // row inside the image, never moves back), each into slot row % span, over row - span:
           // before the window, no longer read.
           for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
-            ops_->run(ximg + row * w * c, expand_->packed.data(),
+            ops_->run(input_row(row, 0), expand_->packed.data(),
                       ring + row % span * row_floats + pw * m, nullptr, es, false, ee, 0, e_tiles);
             made = row;
           }
           rows[i] = ring + iy % span * row_floats;
         }
         const int64_t out_row = (img * oh + oy) * ow;
-        if (!project_) {
-          ops_->dw_row(rows, dw_.packed.data(), yp + out_row * m, rp ? rp + out_row * m : nullptr,
-                       ds, de, i0, i1, 0, cp);
-          continue;
+        // The output row and its residual row (k channels a pixel: m without a projection).
+        float* out = bf16 ? yrow : yp + out_row * k;
+        const float* res = rp ? rp + out_row * k : nullptr;
+        if (rp16) {
+          widen_span(rp16 + out_row * k, rrow, ow * k);
+          res = rrow;
         }
-        ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
-        ops_->run(mid, project_->packed.data(), yp + out_row * k, rp ? rp + out_row * k : nullptr,
-                  ps, false, pe, 0, p_tiles);
+        if (!project_) {
+          ops_->dw_row(rows, dw_.packed.data(), out, res, ds, de, i0, i1, 0, cp);
+        } else {
+          ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
+          ops_->run(mid, project_->packed.data(), out, res, ps, false, pe, 0, p_tiles);
+        }
+        if (bf16) narrow_span(yrow, yp16 + out_row * k, ow * k);
       }
     }
   });

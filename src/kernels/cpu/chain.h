@@ -31,8 +31,9 @@ class ConvChain {
             DirectConv::Geometry g, Activation dw_act, const std::optional<Pointwise>& project,
             Isa isa = active_isa());
 
-  /// y [n, k, oh, ow] channels-last for x [n, c, h, w] float32; `residual` undefined or of y's
-  /// shape, added by the last convolution before its activation.
+  /// y [n, k, oh, ow] channels-last for x [n, c, h, w] float32, or bfloat16 (y bfloat16 too,
+  /// computed in float32: rows widened on the way in, rounded on the way out); `residual`
+  /// undefined or of y's shape, added by the last convolution before its activation.
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual) const;
 
  private:

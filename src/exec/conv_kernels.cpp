@@ -21,6 +21,7 @@ struct ConvState {
   SparseCandidate sparse;    // a sparse weight as [C_out, C_in * kernel]
   std::shared_ptr<const kernels::cpu::DirectConv> direct;      // lopper's own dense kernel
   std::shared_ptr<const kernels::cpu::WinogradConv> winograd;  // and its 3x3 F(4x4, 3x3)
+  std::shared_ptr<const kernels::cpu::ConvChain> dw_rows;      // bf16 depthwise, row by row
   enum class Kernel {
     kUndecided,
     kConv,
@@ -28,7 +29,9 @@ struct ConvState {
     kSparse,
     kDirect,
     kDirectInPlace,  // lopper's grouped kernel, the groups read in place (not copied)
-    kWinograd
+    kWinograd,
+    kDwRows  // a bf16 depthwise layer as a chain of one: bf16 rows in and out
+
   } kernel = Kernel::kUndecided;
 };
 
@@ -216,6 +219,10 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     at::Tensor y = st.winograd->run(widened(in), widened(other_cl), act);
     return narrowed(finish_activation(y, post, act));
   };
+  auto as_dw_rows = [&] {
+    const kernels::cpu::Activation act = fused_activation(post);
+    return finish_activation(st.dw_rows->run(in, other_cl), post, act);
+  };
   using K = ConvState::Kernel;
   if (st.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
@@ -234,6 +241,16 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       if (st.direct->gathers()) {
         cands.push_back({"lopper-grouped-in-place", as_direct_in_place});
         kinds.push_back(K::kDirectInPlace);
+      }
+      // NOTE: a bf16 depthwise layer also runs as the chain kernel's depthwise stage alone, which
+      // widens and rounds a row at a time (the widened whole-tensor candidate above moves 3x the
+      // bytes of the layer's bf16 input and output).
+      using kernels::cpu::ConvChain;
+      if (bf16 && st.direct->depthwise() && ConvChain::takes(nullptr, w32, nullptr, true)) {
+        st.dw_rows = std::make_shared<const ConvChain>(std::nullopt, w32, b32, dg,
+                                                       fused_activation(post), std::nullopt);
+        cands.push_back({"lopper-depthwise-rows", as_dw_rows});
+        kinds.push_back(K::kDwRows);
       }
       // NOTE: a quarter of the arithmetic on evenly tiled maps, more memory traffic (36
       // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
@@ -268,11 +285,13 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     if (st.kernel != K::kLinear) st.packed_linear.reset();
     if (st.kernel != K::kDirect && st.kernel != K::kDirectInPlace) st.direct.reset();
     if (st.kernel != K::kWinograd) st.winograd.reset();
+    if (st.kernel != K::kDwRows) st.dw_rows.reset();
   }
   if (st.kernel == K::kSparse) return as_sparse(st.sparse);
   if (st.kernel == K::kDirect) return as_direct();
   if (st.kernel == K::kDirectInPlace) return as_direct_in_place();
   if (st.kernel == K::kWinograd) return as_winograd();
+  if (st.kernel == K::kDwRows) return as_dw_rows();
   return st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv();
 }
 

@@ -940,8 +940,11 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
 // the convolutions.
 TEST(Exec, Bf16KernelsMatchAtenBf16) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
-  const char* own = "lopper-winograd,lopper-direct,lopper-depthwise,lopper-grouped,lopper-chain";
-  for (const char* stem : {"resnet18", "mobilenet_v2", "densenet121", "transformer_encoder"}) {
+  const char* own =
+      "lopper-winograd,lopper-direct,lopper-depthwise-rows,lopper-depthwise,lopper-grouped,"
+      "lopper-chain";
+  for (const char* stem :
+       {"resnet18", "mobilenet_v2", "mobilenet_v3_small", "densenet121", "transformer_encoder"}) {
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
     const NamedTensors feeds = fixture_feeds(m, stem);
     ExecOptions plain;
@@ -965,6 +968,12 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
       }
       const bool convs = std::string(stem) != "transformer_encoder";
       if (forced == own && convs) EXPECT_GT(lopper, 0);
+      if (forced == own && std::string(stem) == "mobilenet_v3_small") {
+        int rows = 0;  // its depthwise layers beside squeeze-and-excitation blocks, not chained
+        for (const auto& d : exec.kernel_decisions())
+          rows += d.chosen.rfind("lopper-depthwise-rows", 0) == 0;
+        EXPECT_GT(rows, 0);
+      }
       if (*forced && forced != own && convs && ops::onednn::bf16_native()) EXPECT_GT(onednn, 0);
     }
   }

@@ -20,8 +20,9 @@ bool pointwise_weight(const at::Tensor& w) {
 
 }  // namespace
 
-bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project) {
-  if ((expand != nullptr) + (project != nullptr) < 1) return false;
+bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
+                      bool alone) {
+  if (!alone && (expand != nullptr) + (project != nullptr) < 1) return false;
   if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() || dw.size(1) != 1 ||
       dw.size(0) < 1 || dw.size(2) > kDwMaxTaps)
     return false;
@@ -52,7 +53,7 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
                      const at::Tensor& dw_b, DirectConv::Geometry g, Activation dw_act,
                      const std::optional<Pointwise>& project, Isa isa)
     : ops_(&conv_isa_ops(isa)), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
-  LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr),
+  LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr, true),
                "[kernels] the convolution chain does not take these weights");
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false);
   dw_ = pack(dw_w, dw_b, dw_act, true);

@@ -22,10 +22,12 @@ class ConvChain {
     at::Tensor w, b;
     Activation act;
   };
-  /// Whether the kernels take the chain: at least two of the three convolutions, float32 CPU
-  /// weights, the depthwise one w [m, 1, kh, kw] (kh at most kDwMaxTaps) between an expansion to
-  /// m channels and a projection from them.
-  static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project);
+  /// Whether the kernels take the chain: at least two of the three convolutions (`alone`: the
+  /// depthwise one may be alone, a bf16 layer run row by row), float32 CPU weights, the depthwise
+  /// one w [m, 1, kh, kw] (kh at most kDwMaxTaps) between an expansion to m channels and a
+  /// projection from them.
+  static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
+                    bool alone = false);
 
   ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w, const at::Tensor& dw_b,
             DirectConv::Geometry g, Activation dw_act, const std::optional<Pointwise>& project,

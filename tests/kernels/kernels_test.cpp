@@ -968,6 +968,34 @@ TEST(Bf16Convert, MatchesAtenAndKeepsTheLayout) {
   EXPECT_TRUE(kc::widen_bf16(f).is_same(f));  // float32 passes through
 }
 
+// The in-place bf16 ReLU and clip (after a oneDNN primitive) give ATen's relu_ and clamp_: NaN
+// stays NaN, -Inf and +Inf go where ATen puts them; a float32 or strided tensor is left to ATen.
+TEST(Bf16Convert, ReluAndClampMatchAten) {
+  at::Generator gen = at::detail::createCPUGenerator(14);
+  at::Tensor x = (at::randn({2, 37, 5, 7}, gen) * 10).to(at::kBFloat16);
+  x.view(-1).index_put_({at::randint(x.numel(), {6}, gen)}, NAN);
+  x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, -INFINITY);
+  x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, INFINITY);
+  x.view(-1)[0] = -0.f;
+  const at::Tensor cl = x.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor r = cl.clone();
+  ASSERT_TRUE(kc::relu_bf16_(r));
+  const at::Tensor rw = at::relu(cl);
+  EXPECT_TRUE(at::equal(at::isnan(r), at::isnan(rw)));
+  EXPECT_TRUE(at::equal(r.nan_to_num(0), rw.nan_to_num(0)));
+  EXPECT_TRUE(r.is_contiguous(at::MemoryFormat::ChannelsLast));
+  for (auto [lo, hi] : {std::pair<float, float>{0.f, 6.f}, {-1.5f, 2.3f}, {-INFINITY, 1.f}}) {
+    at::Tensor c = cl.clone();
+    ASSERT_TRUE(kc::clamp_bf16_(c, lo, hi));
+    const at::Tensor cw = at::clamp(cl, lo, hi);
+    EXPECT_TRUE(at::equal(at::isnan(c), at::isnan(cw))) << lo << " " << hi;
+    EXPECT_TRUE(at::equal(c.nan_to_num(0), cw.nan_to_num(0))) << lo << " " << hi;
+  }
+  EXPECT_FALSE(kc::relu_bf16_(at::randn({4})));    // float32
+  EXPECT_FALSE(kc::relu_bf16_(x.slice(1, 0, 5)));  // not dense
+  EXPECT_FALSE(kc::clamp_bf16_(x.slice(1, 0, 5), 0.f, 1.f));
+}
+
 // The bfloat16 pools (--precision bf16): max pooling gives ATen's bf16 max_pool2d bit for bit,
 // NaN and -Inf included, at channel counts around the kernel's 64-channel chunks; the mean over
 // the pixels is within one bf16 rounding of ATen's float mean.

@@ -18,6 +18,23 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void na
 
 namespace {
 
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void relu_span(uint16_t* y,
+                                                                                        int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = y[i];
+    // negative (sign bit) and not NaN (exponent all ones, mantissa nonzero) -> +0
+    y[i] = (v & 0x8000u) && (v & 0x7FFFu) <= 0x7F80u ? uint16_t(0) : v;
+  }
+}
+
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void clamp_span(
+    uint16_t* y, int64_t n, float lo, float hi) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = from_bf16(y[i]);
+    y[i] = to_bf16(v < lo ? lo : v > hi ? hi : v);  // NaN: both false, kept
+  }
+}
+
 // Whether t's elements fill its storage span without gaps or overlap, in some order of its dims
 // (contiguous, channels-last, ...): then an elementwise pass over the span converts it in place of
 // the layout.
@@ -36,6 +53,23 @@ at::Tensor widen_bf16(const at::Tensor& x) {
   at::parallel_for(0, x.numel(), kGrain,
                    [&](int64_t b, int64_t e) { widen_span(xp + b, yp + b, e - b); });
   return y;
+}
+
+bool relu_bf16_(const at::Tensor& y) {
+  if (!y.defined() || y.scalar_type() != at::kBFloat16 || !y.device().is_cpu() || !dense(y))
+    return false;
+  auto* p = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, y.numel(), kGrain, [&](int64_t b, int64_t e) { relu_span(p + b, e - b); });
+  return true;
+}
+
+bool clamp_bf16_(const at::Tensor& y, float lo, float hi) {
+  if (!y.defined() || y.scalar_type() != at::kBFloat16 || !y.device().is_cpu() || !dense(y))
+    return false;
+  auto* p = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, y.numel(), kGrain,
+                   [&](int64_t b, int64_t e) { clamp_span(p + b, e - b, lo, hi); });
+  return true;
 }
 
 at::Tensor narrow_to_bf16(const at::Tensor& y) {

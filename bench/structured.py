@@ -127,6 +127,14 @@ def main():
                 row[k + "_ms"] = statistics.median(m for m, _ in v)
                 row[k + "_spread"] = max(sp for _, sp in v)
             rows.append(row)
+            sp = lambda k: max(row["ort_" + k + "_spread"], row["lopper_" + k + "_spread"])
+            print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
+                  f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.2f} -> "
+                  f"{row['ort_pruned_ms']:.2f} ms  lopper {row['lopper_dense_ms']:.2f} -> "
+                  f"{row['lopper_pruned_ms']:.2f} ms  lopper/ORT dense "
+                  f"{row['lopper_dense_ms'] / row['ort_dense_ms']:.2f} (spread {sp('dense'):.2f}) "
+                  f"pruned {row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
+                  f"(spread {sp('pruned'):.2f})  prune {prune_s:.1f}s", flush=True)
             if openvino:
                 best = lambda k: min(row[f"{p}_{k}_ms"] for p in ("lopper", "lopper_bf16")
                                      if f"{p}_{k}_ms" in row)
@@ -139,14 +147,6 @@ def main():
                       f"{best('pruned') / row['openvino_pruned_ms']:.2f}"
                       + (f"  lopper bf16 {row['lopper_bf16_dense_ms']:.2f} -> "
                          f"{row['lopper_bf16_pruned_ms']:.2f} ms" if a.bf16 else ""), flush=True)
-            sp = lambda k: max(row["ort_" + k + "_spread"], row["lopper_" + k + "_spread"])
-            print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
-                  f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.2f} -> "
-                  f"{row['ort_pruned_ms']:.2f} ms  lopper {row['lopper_dense_ms']:.2f} -> "
-                  f"{row['lopper_pruned_ms']:.2f} ms  lopper/ORT dense "
-                  f"{row['lopper_dense_ms'] / row['ort_dense_ms']:.2f} (spread {sp('dense'):.2f}) "
-                  f"pruned {row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
-                  f"(spread {sp('pruned'):.2f})  prune {prune_s:.1f}s", flush=True)
     if a.json:
         meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", cpu=cpu_model(),
                     batch=1, threads=a.threads, iters=a.iters, rounds=a.rounds, amount=a.amount,

@@ -258,21 +258,21 @@ void scaled_attention(OpContext& c) {
   c.check(q.size(-1) == kt.size(-2) && kt.size(-1) == v.size(-2), "Q ", q.sizes(), ", Kt ",
           kt.sizes(), " and V ", v.sizes(), " do not chain");
   const float scale = c.attr_float("scale", 1.f);
-  bool fused = c.prepack() && q.dim() >= 3 && kt.dim() == q.dim() && v.dim() == q.dim() &&
-               q.numel() > 0 && kt.numel() > 0 && v.numel() > 0;
-  for (const at::Tensor* t : {&q, &kt, &v})
-    fused = fused && t->scalar_type() == at::kFloat && t->device().is_cpu();
-  for (int64_t d = 0; fused && d + 2 < q.dim(); ++d)
-    fused = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
+  // Q, Kt and V non-empty CPU tensors of `type`, of one rank (3 or more) and the same leading
+  // sizes.
+  auto heads_of = [&](at::ScalarType type) {
+    bool ok = c.prepack() && q.dim() >= 3 && kt.dim() == q.dim() && v.dim() == q.dim() &&
+              q.numel() > 0 && kt.numel() > 0 && v.numel() > 0;
+    for (const at::Tensor* t : {&q, &kt, &v})
+      ok = ok && t->scalar_type() == type && t->device().is_cpu();
+    for (int64_t d = 0; ok && d + 2 < q.dim(); ++d)
+      ok = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
+    return ok;
+  };
+  const bool fused = heads_of(at::kFloat);
   // NOTE: in bfloat16 on the CPU, ATen's flash attention (softmax in float32, blocks of keys in
   // cache), over [1, heads, L, E] views: the three steps in bf16 took 36 of vit_b_16's 146 ms.
-  bool flash = c.prepack() && q.dim() >= 3 && kt.dim() == q.dim() && v.dim() == q.dim() &&
-               q.numel() > 0 && kt.numel() > 0 && v.numel() > 0;
-  for (const at::Tensor* t : {&q, &kt, &v})
-    flash = flash && t->scalar_type() == at::kBFloat16 && t->device().is_cpu();
-  for (int64_t d = 0; flash && d + 2 < q.dim(); ++d)
-    flash = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
-  if (flash) {
+  if (heads_of(at::kBFloat16)) {
     auto as4 = [](const at::Tensor& x) { return x.reshape({1, -1, x.size(-2), x.size(-1)}); };
     at::Tensor y = at::scaled_dot_product_attention(as4(q), as4(kt).transpose(-2, -1), as4(v), {},
                                                     0.0, false, double(scale));

@@ -649,9 +649,7 @@ void dw_row(const float* const* rows, const float* packed, float* yrow, const fl
     const int64_t nv = std::min<int64_t>(4, (c1 - c) / W);
     for (int64_t ox = 0; ox < s.ow; ++ox) {
       if (ox >= lo && ox < blocked_end) continue;
-      int64_t j0 = 0, j1 = s.kw;
-      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
-      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      const auto [j0, j1] = taps_inside(ox * s.sw - s.pw, s.kw, s.dw, s.w);
       float* yp = yrow + ox * s.y_stride;
       const float* rp = rrow ? rrow + ox * s.r_stride : nullptr;
       if (nv == 4)
@@ -678,9 +676,8 @@ void dw_rows(const float* x, const float* packed, float* y, const float* res, co
     const int64_t row = t / chunks, c0 = t % chunks * chunk;
     const int64_t c1 = std::min(cp, c0 + chunk);
     const int64_t n = row / s.oh, oy = row % s.oh;
-    int64_t i0 = 0, i1 = s.kh;  // taps whose input row exists
-    while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
-    while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    const auto [i0, i1] =
+        taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);  // taps whose input row exists
     for (int64_t i = i0; i < i1; ++i)
       rows[i] = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
     dw_row<T>(rows, packed, y + row * s.ow * s.y_stride,
@@ -805,13 +802,9 @@ void max_pool_rows(const float* x, float* y, const ConvShape& s0, int64_t row_be
   const ConvShape s = with_strides(s0);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / s.oh, oy = row % s.oh;
-    int64_t i0 = 0, i1 = s.kh;
-    while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
-    while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    const auto [i0, i1] = taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);
     for (int64_t ox = 0; ox < s.ow; ++ox) {
-      int64_t j0 = 0, j1 = s.kw;
-      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
-      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      const auto [j0, j1] = taps_inside(ox * s.sw - s.pw, s.kw, s.dw, s.w);
       float* yp = y + ((n * s.oh + oy) * s.ow + ox) * s.y_stride;
       for (int64_t c = 0; c < s.c; c += W) {
         const int valid = int(std::min<int64_t>(W, s.c - c));

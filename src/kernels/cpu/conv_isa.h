@@ -32,6 +32,18 @@ struct ConvShape {
 /// row are located in an array of this size).
 constexpr int64_t kDwMaxTaps = 64;
 
+/// The taps [begin, end) of a window that fall inside an axis of `size` inputs: tap t reads input
+/// start + t * dil (start: the output's index times the stride, less the padding).
+struct Taps {
+  int64_t begin, end;
+};
+inline Taps taps_inside(int64_t start, int64_t taps, int64_t dil, int64_t size) {
+  int64_t b = 0, e = taps;
+  while (b < taps && start + b * dil < 0) ++b;
+  while (e > b && start + (e - 1) * dil >= size) --e;
+  return {b, e};
+}
+
 /// The order of a dense convolution's tiles: pixel-major (each group of pixels through every
 /// block of output channels while its input is in L1) when the weight is small enough to stay in
 /// L2 beside the activations, else block-major (each block's weights reused by every pixel).

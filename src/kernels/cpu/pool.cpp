@@ -28,13 +28,9 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void ma
   float m[kChunk];
   for (int64_t row = row0; row < row1; ++row) {
     const int64_t n = row / s.oh, oy = row % s.oh;
-    int64_t i0 = 0, i1 = s.kh;
-    while (i0 < s.kh && oy * s.sh - s.ph + i0 * s.dh < 0) ++i0;
-    while (i1 > i0 && oy * s.sh - s.ph + (i1 - 1) * s.dh >= s.h) --i1;
+    const auto [i0, i1] = taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);
     for (int64_t ox = 0; ox < s.ow; ++ox) {
-      int64_t j0 = 0, j1 = s.kw;
-      while (j0 < s.kw && ox * s.sw - s.pw + j0 * s.dw < 0) ++j0;
-      while (j1 > j0 && ox * s.sw - s.pw + (j1 - 1) * s.dw >= s.w) --j1;
+      const auto [j0, j1] = taps_inside(ox * s.sw - s.pw, s.kw, s.dw, s.w);
       uint16_t* yp = y + ((n * s.oh + oy) * s.ow + ox) * s.c;
       for (int64_t c0 = 0; c0 < s.c; c0 += kChunk) {
         const int64_t kn = std::min(kChunk, s.c - c0);

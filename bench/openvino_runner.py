@@ -13,7 +13,9 @@ after `warmup` (compilation not timed).
 Usage: .venv-openvino/bin/python bench/openvino_runner.py MODEL.onnx (--shape 1x3x224x224 | --inputs X.npz)
        [--precision default|f32|bf16] [--threads 2] [--warmup 3] [--iters 20]
 Prints {"median_ms": M, "spread": p90/median, "p10_ms", "p90_ms", "precision": "bf16" (what ran),
-"version": "2026.4.1..."}.
+"version": "2026.4.1..."}. --profile adds "profile": per executed node of the last run, its name,
+OpenVINO's kernel (exec_type, e.g. brgconv_avx512_1x1_bf16) and ms, to set beside
+`lopper bench --profile` (the timed runs are then made with OpenVINO's counters on).
 """
 import argparse
 import json
@@ -36,6 +38,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--profile", action="store_true", help="per-node times of the last run")
     a = ap.parse_args()
     core = ov.Core()
     model = core.read_model(a.model)
@@ -49,12 +52,19 @@ def main():
     cfg = {"INFERENCE_NUM_THREADS": a.threads, "PERFORMANCE_HINT": "LATENCY"}
     if a.precision != "default":
         cfg["INFERENCE_PRECISION_HINT"] = a.precision
+    if a.profile:
+        cfg["PERF_COUNT"] = True
     compiled = core.compile_model(model, "CPU", cfg)
     request = compiled.create_infer_request()
     times = times_ms(lambda: request.infer(feeds), a.warmup, a.iters)
     med, spread = median_spread(times)
     precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "bf16", "f32"
-    print(json.dumps({"median_ms": med, "spread": spread, "p10_ms": float(np.percentile(times, 10)),
+    out = {}
+    if a.profile:
+        out["profile"] = [{"node": i.node_name, "type": i.node_type, "exec_type": i.exec_type,
+                           "ms": i.real_time.total_seconds() * 1e3}
+                          for i in request.get_profiling_info() if i.status.name == "EXECUTED"]
+    print(json.dumps({**out, "median_ms": med, "spread": spread, "p10_ms": float(np.percentile(times, 10)),
                       "p90_ms": float(np.percentile(times, 90)), "precision": precision,
                       "version": ov.__version__}))
 

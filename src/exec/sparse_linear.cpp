@@ -116,13 +116,22 @@ at::Tensor finish_activation(at::Tensor y, const onednn::PostOp& post,
   return fused.kind == kc::Activation::kNone ? onednn::apply_unfused(y, post) : y;
 }
 
+namespace {
+
+// A widened candidate (a bf16 layer on a float32 format): `run` on x widened, rounded back.
+at::Tensor widened_run(const SparseCandidate& s, const at::Tensor& x, const onednn::PostOp& post,
+                       at::Tensor (*run)(const SparseCandidate&, const at::Tensor&,
+                                         const onednn::PostOp&)) {
+  SparseCandidate plain = s;
+  plain.widened = false;
+  return kc::narrow_to_bf16(run(plain, kc::widen_bf16(x), post));
+}
+
+}  // namespace
+
 at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
                              const onednn::PostOp& post) {
-  if (s.widened) {
-    SparseCandidate plain = s;
-    plain.widened = false;
-    return kc::narrow_to_bf16(run_sparse_linear(plain, kc::widen_bf16(x), post));
-  }
+  if (s.widened) return widened_run(s, x, post, run_sparse_linear);
   kc::Activation act = fused_activation(post);
   if (s.masked) return finish_activation(s.masked->linear(x, act, kc::active_isa()), post, act);
   return finish_activation(s.weight->linear(x, s.algo, act, kc::active_isa()), post, act);
@@ -130,11 +139,7 @@ at::Tensor run_sparse_linear(const SparseCandidate& s, const at::Tensor& x,
 
 at::Tensor run_sparse_cols(const SparseCandidate& s, const at::Tensor& x,
                            const onednn::PostOp& post) {
-  if (s.widened) {
-    SparseCandidate plain = s;
-    plain.widened = false;
-    return kc::narrow_to_bf16(run_sparse_cols(plain, kc::widen_bf16(x), post));
-  }
+  if (s.widened) return widened_run(s, x, post, run_sparse_cols);
   kc::Activation act = fused_activation(post);
   return finish_activation(s.weight->cols_batched(x, act, kc::active_isa()), post, act);
 }

@@ -86,13 +86,9 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   ds.x_stride = ds.y_stride = ds.r_stride = m;
   const int64_t oh = ds.oh, ow = ds.ow, k = project_ ? project_->k : m;
   at::Tensor y = at::empty({n, k, oh, ow}, x.options().memory_format(kCl));
-  const at::Tensor r = !bf16                ? residual_for(residual, y)
-                       : residual.defined() ? channels_last_layout(residual.to(at::kBFloat16))
-                                            : at::Tensor();
-  LOPPER_CHECK(!r.defined() || r.sizes() == y.sizes(), "[kernels] the residual is ", r.sizes(),
-               ", the output ", y.sizes());
-  if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
-  ConvShape es;                  // one input row through the expansion
+  const at::Tensor r = residual_for(residual, y);  // y's type: bf16 rows widened below
+  if (y.numel() == 0) return y;                    // an empty batch (or map): nothing to compute
+  ConvShape es;                                    // one input row through the expansion
   es.h = es.oh = 1, es.w = es.ow = w, es.c = c, es.k = m;
   ConvShape ps;  // one depthwise row through the projection
   ps.h = ps.oh = 1, ps.w = ps.ow = ow, ps.c = m, ps.k = k;

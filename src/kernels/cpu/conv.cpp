@@ -52,42 +52,19 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
                               const float* shift, Activation act) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(!xs_in.empty(), "[kernels] concat_affine_nhwc of no tensor");
-  if (xs_in[0].scalar_type() == at::kBFloat16) {
-    LOPPER_CHECK(channels_last_of_one_map(xs_in, at::kBFloat16) &&
-                     (act.kind == Activation::kNone || act.kind == Activation::kRelu),
-                 "[kernels] concat_affine_nhwc in bfloat16 wants channels-last CPU [n, c, h, w] "
-                 "of one n, h, w and no activation or ReLU");
-    int64_t channels = 0;
-    for (const auto& x : xs_in) channels += x.size(1);
-    const at::Tensor& x0 = xs_in[0];
-    at::Tensor y =
-        at::empty({x0.size(0), channels, x0.size(2), x0.size(3)}, x0.options().memory_format(kCl));
-    const int64_t pixels = x0.size(0) * x0.size(2) * x0.size(3);
-    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-    constexpr int64_t kBlock = 32;
-    const int64_t blocks = (pixels + kBlock - 1) / kBlock;
-    const int64_t grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(channels * kBlock, 1));
-    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      for (int64_t q = b0 * kBlock; q < std::min(pixels, b1 * kBlock); q += kBlock) {
-        int64_t off = 0;
-        for (const auto& x : xs_in) {
-          const int64_t c = x.size(1);
-          affine_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr()), c, yp + off, channels,
-                      scale + off, shift + off, c, q, std::min(pixels, q + kBlock),
-                      act.kind == Activation::kRelu);
-          off += c;
-        }
-      }
-    });
-    return y;
-  }
+  const bool bf16 = xs_in[0].scalar_type() == at::kBFloat16;
+  LOPPER_CHECK(!bf16 || act.kind == Activation::kNone || act.kind == Activation::kRelu,
+               "[kernels] concat_affine_nhwc in bfloat16 takes no activation or ReLU");
   std::vector<at::Tensor> xs;
   int64_t channels = 0;
   for (const auto& x : xs_in) {
-    LOPPER_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
-                     x.size(0) == xs_in[0].size(0) && x.size(2) == xs_in[0].size(2) &&
-                     x.size(3) == xs_in[0].size(3),
-                 "[kernels] concat_affine_nhwc wants float32 CPU [n, c, h, w] of one n, h, w, got ",
+    // float32 in any layout (made channels-last); bfloat16 channels-last already
+    LOPPER_CHECK(x.dim() == 4 && x.scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat) &&
+                     x.device().is_cpu() && x.size(0) == xs_in[0].size(0) &&
+                     x.size(2) == xs_in[0].size(2) && x.size(3) == xs_in[0].size(3) &&
+                     (!bf16 || x.is_contiguous(kCl)),
+                 "[kernels] concat_affine_nhwc wants float32 (or channels-last bfloat16) CPU [n, "
+                 "c, h, w] of one type, n, h, w, got ",
                  x.scalar_type(), " ", x.sizes());
     xs.push_back(channels_last_layout(x));
     channels += x.size(1);
@@ -97,7 +74,7 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
       at::empty({x0.size(0), channels, x0.size(2), x0.size(3)}, x0.options().memory_format(kCl));
   const int64_t pixels = x0.size(0) * x0.size(2) * x0.size(3);
   const ConvIsaOps& ops = conv_isa_ops(active_isa());
-  float* yp = y.data_ptr<float>();
+  void* yp = y.data_ptr();
   // Blocks of pixels, every input's slice of a block in turn: a block's output lines are
   // completed while in cache.
   constexpr int64_t kBlock = 32;
@@ -108,10 +85,15 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs_in, const float*
     for (int64_t q = p0; q < p1; q += kBlock) {
       int64_t off = 0;
       for (const auto& x : xs) {
-        const int64_t c = x.size(1);
-        const Epilogue e = to_epilogue(act, shift + off);
-        ops.channel_affine(x.data_ptr<float>(), c, yp + off, channels, scale + off, c, q,
-                           std::min(p1, q + kBlock), e);
+        const int64_t c = x.size(1), end = std::min(p1, q + kBlock);
+        if (bf16) {
+          affine_bf16(static_cast<const uint16_t*>(x.data_ptr()), c,
+                      static_cast<uint16_t*>(yp) + off, channels, scale + off, shift + off, c, q,
+                      end, act.kind == Activation::kRelu);
+        } else {
+          ops.channel_affine(x.data_ptr<float>(), c, static_cast<float*>(yp) + off, channels,
+                             scale + off, c, q, end, to_epilogue(act, shift + off));
+        }
         off += c;
       }
     }

@@ -557,7 +557,7 @@ at::Tensor residual_for(const at::Tensor& residual, const at::Tensor& y) {
   if (!residual.defined()) return {};
   LOPPER_CHECK(residual.sizes() == y.sizes(), "[kernels] the residual is ", residual.sizes(),
                ", the output ", y.sizes());
-  return channels_last_layout(residual.to(at::kFloat));
+  return channels_last_layout(residual.to(y.scalar_type()));
 }
 
 at::Tensor channels_last_layout(const at::Tensor& x, Isa isa) {

@@ -164,8 +164,9 @@ at::Tensor standard_layout(const at::Tensor& x, Isa isa = active_isa());
 /// layout by the same transposes (an image's c rows of 64 pixels at a time, out as 64 pixels of
 /// c channels); any other tensor: x.contiguous(ChannelsLast).
 at::Tensor channels_last_layout(const at::Tensor& x, Isa isa = active_isa());
-/// A convolution's residual for its output `y`: float32, channels-last; undefined when
-/// `residual` is. Throws lopper::Error when its shape is not y's.
+/// A convolution's residual for its output `y`: of y's type (float32, or bfloat16 for a kernel
+/// that writes bf16 rows), channels-last; undefined when `residual` is. Throws lopper::Error when
+/// its shape is not y's.
 at::Tensor residual_for(const at::Tensor& residual, const at::Tensor& y);
 
 }  // namespace lopper::kernels::cpu

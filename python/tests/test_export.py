@@ -35,6 +35,16 @@ def _lopper(path, feeds):
     return [np.asarray(o) for o in s.run(None, dict(zip(names, feeds)))]
 
 
+def _tiny_llama():
+    """A 2-layer LlamaForCausalLM with grouped-query heads (vocabulary 96, hidden 64), seeded."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=128)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def _close(got, want):
     want = want.detach().numpy()
     scale = max(float(np.abs(want).max()), 1e-6)
@@ -69,12 +79,7 @@ def test_a_pruned_module_is_written_with_its_zeros_and_keeps_its_masks(tmp_path)
 
 @pytest.mark.filterwarnings("ignore:.*torch.nn.utils.prune masks")
 def test_a_transformers_model_as_it_comes(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=128)
-    m = transformers.LlamaForCausalLM(cfg).eval()
+    m = _tiny_llama()
     ids = torch.randint(1, 96, (2, 12))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     lopper.prune(m, inputs, method="wanda", amount=0.5, data=[inputs], progress=False)
@@ -100,17 +105,13 @@ def test_buffers_are_named_and_lopper_train_leaves_them(tmp_path):
 
     from conftest import BUILD
 
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")  # before the CNN half, so the test skips whole
     m, x = _cnn()
     path = tmp_path / "cnn.onnx"
     lopper.export_onnx(m, x, path)
     meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert {"1.running_mean", "1.running_var"} <= set(json.loads(meta["lopper.buffers"]))
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=128)
-    llama = transformers.LlamaForCausalLM(cfg).eval()
+    llama = _tiny_llama()
     ids = torch.randint(1, 96, (8, 12))
     path = tmp_path / "llama.onnx"
     lopper.export_onnx(llama, {"input_ids": ids[:2]}, path)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "exec/allocator.h"
 #include "exec/fuse.h"
@@ -153,6 +154,35 @@ ir::Model grouped_attention_model(std::vector<int64_t> expand, std::vector<int64
   };
   return m;
 }
+
+// The model's first output run op by op in ATen at `precision` (autograd: no fusion, no
+// prepacking, no kernel choice): what lopper's kernels are checked against.
+at::Tensor aten_output(const ir::Model& m, const NamedTensors& feeds,
+                       at::ScalarType precision = at::kFloat) {
+  ExecOptions plain;
+  plain.autograd = true;
+  plain.precision = precision;
+  return Executor(m, plain).run(feeds)[0].detach();
+}
+
+// `exec`'s first output on `feeds`, each layer's kernel the first of the LOPPER_FORCE_KERNEL list
+// `forced` that it has ("": chosen by timing).
+at::Tensor run_forced(Executor& exec, const NamedTensors& feeds, const char* forced) {
+  if (*forced) setenv("LOPPER_FORCE_KERNEL", forced, 1);
+  at::Tensor y = exec.run(feeds)[0];
+  unsetenv("LOPPER_FORCE_KERNEL");
+  return y;
+}
+
+// How many of `exec`'s kernel decisions chose a kernel `pick` takes (by its name).
+int chosen(const Executor& exec, const std::function<bool(const std::string&)>& pick) {
+  int n = 0;
+  for (const auto& d : exec.kernel_decisions()) n += pick(d.chosen);
+  return n;
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -381,9 +411,7 @@ TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
       EXPECT_LE(test::relative_max_diff(b.run({{"x", x}})[0], want), 1e-5) << forced;
     // The 3x3 convolution (17x15 maps of two images: 40 tiles of 4x4) runs Winograd's F(4x4, 3x3)
     // when it is forced.
-    int winograd = 0;
-    for (const auto& d : b.kernel_decisions())
-      winograd += d.chosen.find("lopper-winograd") != std::string::npos;
+    const int winograd = chosen(b, [](const std::string& k) { return has(k, "lopper-winograd"); });
     if (std::string(forced) == "lopper-winograd") EXPECT_EQ(winograd, 1);
   }
   ::unsetenv("LOPPER_FORCE_KERNEL");
@@ -796,20 +824,12 @@ TEST(Exec, SparseKernelsRunPrunedModelsLikeDense) {
       parse_prune_pattern(pattern, po);
       prune(m, po);
       NamedTensors feeds = fixture_feeds(m, stem);
-      ExecOptions plain;  // ATen only: no prepacking, no kernel choice
-      plain.autograd = true;
-      at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+      const at::Tensor want = aten_output(m, feeds);
       for (const char* force : kernels) {
         SCOPED_TRACE(std::string(stem) + " " + pattern + " forced " + force);
-        setenv("LOPPER_FORCE_KERNEL", force, 1);
         Executor exec(m);
-        at::Tensor got = exec.run(feeds)[0];
-        EXPECT_LE(test::relative_max_diff(got, want), 1e-4);
-        int sparse = 0;
-        for (const auto& d : exec.kernel_decisions())
-          sparse += d.chosen.find("(forced)") != std::string::npos;
-        EXPECT_GT(sparse, 0);
-        unsetenv("LOPPER_FORCE_KERNEL");
+        EXPECT_LE(test::relative_max_diff(run_forced(exec, feeds, force), want), 1e-4);
+        EXPECT_GT(chosen(exec, [](const std::string& k) { return has(k, "(forced)"); }), 0);
       }
     }
   }
@@ -832,22 +852,16 @@ TEST(Exec, BitmaskKernelRunsFewRowsInFloatAndBfloat16) {
       NamedTensors feeds = fixture_feeds(m, stem.substr(0, stem.find('.')));
       for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
         SCOPED_TRACE(stem + " " + pattern + " " + c10::toString(precision));
-        ExecOptions plain;  // ATen only
-        plain.autograd = true;
-        plain.precision = precision;
-        const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
-        setenv("LOPPER_FORCE_KERNEL", "bitmask,bitmask-8of16", 1);
+        const at::Tensor want = aten_output(m, feeds, precision);
         ExecOptions eo;
         eo.precision = precision;
         Executor exec(m, eo);
-        const at::Tensor got = exec.run(feeds)[0];
-        unsetenv("LOPPER_FORCE_KERNEL");
+        const at::Tensor got = run_forced(exec, feeds, "bitmask,bitmask-8of16");
         EXPECT_LE(test::relative_max_diff(got, want), precision == at::kFloat ? 1e-5 : 2e-2);
-        int bitmask = 0;
-        for (const auto& d : exec.kernel_decisions())
-          bitmask += d.chosen.find("bitmask") != std::string::npos &&
-                     d.chosen.find("(forced)") != std::string::npos;
-        EXPECT_EQ(bitmask, layers);
+        EXPECT_EQ(
+            chosen(exec,
+                   [](const std::string& k) { return has(k, "bitmask") && has(k, "(forced)"); }),
+            layers);
       }
     }
   unsetenv("LOPPER_KERNEL_CACHE");
@@ -947,35 +961,25 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
        {"resnet18", "mobilenet_v2", "mobilenet_v3_small", "densenet121", "transformer_encoder"}) {
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
     const NamedTensors feeds = fixture_feeds(m, stem);
-    ExecOptions plain;
-    plain.autograd = true;
-    plain.precision = at::kBFloat16;
-    const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
+    const at::Tensor want = aten_output(m, feeds, at::kBFloat16);
     for (const char* forced : {"", "onednn-conv,onednn-linear,onednn", own}) {
       SCOPED_TRACE(std::string(stem) + " forced: " + forced);
-      if (*forced) setenv("LOPPER_FORCE_KERNEL", forced, 1);
       ExecOptions eo;
       eo.precision = at::kBFloat16;
       Executor exec(m, eo);
-      const at::Tensor got = exec.run(feeds)[0];
-      unsetenv("LOPPER_FORCE_KERNEL");
+      const at::Tensor got = run_forced(exec, feeds, forced);
       EXPECT_EQ(got.scalar_type(), at::kFloat);
       EXPECT_LE(test::relative_max_diff(got, want), 2e-2);
-      int onednn = 0, lopper = 0;
-      for (const auto& d : exec.kernel_decisions()) {
-        onednn += d.chosen.rfind("onednn", 0) == 0;
-        lopper += d.chosen.rfind("lopper", 0) == 0;
-      }
+      auto kernels = [&](const char* prefix) {
+        return chosen(exec, [prefix](const std::string& k) { return starts_with(k, prefix); });
+      };
       // Where the CPU has no bf16 arithmetic, convolutions run ATen's bf16 ops (no candidates).
       const bool convs = std::string(stem) != "transformer_encoder" && ops::onednn::bf16_native();
-      if (forced == own && convs) EXPECT_GT(lopper, 0);
-      if (forced == own && convs && std::string(stem) == "mobilenet_v3_small") {
-        int rows = 0;  // its depthwise layers beside squeeze-and-excitation blocks, not chained
-        for (const auto& d : exec.kernel_decisions())
-          rows += d.chosen.rfind("lopper-depthwise-rows", 0) == 0;
-        EXPECT_GT(rows, 0);
-      }
-      if (*forced && forced != own && convs) EXPECT_GT(onednn, 0);
+      if (forced == own && convs) EXPECT_GT(kernels("lopper"), 0);
+      // mobilenet_v3_small's depthwise layers beside squeeze-and-excitation blocks, not chained
+      if (forced == own && convs && std::string(stem) == "mobilenet_v3_small")
+        EXPECT_GT(kernels("lopper-depthwise-rows"), 0);
+      if (*forced && forced != own && convs) EXPECT_GT(kernels("onednn"), 0);
     }
   }
   unsetenv("LOPPER_KERNEL_CACHE");
@@ -993,21 +997,13 @@ TEST(Exec, Bf16SparseLayersRunTheFloatFormatsWidened) {
     po.amount = PruneAmount::parse("0.9");
     prune(m, po);
     const NamedTensors feeds = fixture_feeds(m, stem);
-    ExecOptions plain;
-    plain.autograd = true;
-    plain.precision = at::kBFloat16;
-    const at::Tensor want = Executor(m, plain).run(feeds)[0].detach();
-    setenv("LOPPER_FORCE_KERNEL", "csr-cols-fp32,csr-rows-fp32", 1);
+    const at::Tensor want = aten_output(m, feeds, at::kBFloat16);
     ExecOptions eo;
     eo.precision = at::kBFloat16;
     Executor exec(m, eo);
-    const at::Tensor got = exec.run(feeds)[0];
-    unsetenv("LOPPER_FORCE_KERNEL");
+    const at::Tensor got = run_forced(exec, feeds, "csr-cols-fp32,csr-rows-fp32");
     EXPECT_LE(test::relative_max_diff(got, want), 2e-2);
-    int widened = 0;
-    for (const auto& d : exec.kernel_decisions())
-      widened += d.chosen.find("-fp32") != std::string::npos;
-    EXPECT_GT(widened, 0);
+    EXPECT_GT(chosen(exec, [](const std::string& k) { return has(k, "-fp32"); }), 0);
   }
   unsetenv("LOPPER_KERNEL_CACHE");
 }

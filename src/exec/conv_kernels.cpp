@@ -31,7 +31,6 @@ struct ConvState {
     kDirectInPlace,  // lopper's grouped kernel, the groups read in place (not copied)
     kWinograd,
     kDwRows  // a bf16 depthwise layer as a chain of one: bf16 rows in and out
-
   } kernel = Kernel::kUndecided;
 };
 
@@ -128,8 +127,7 @@ at::Tensor conv2d_cuda(OpContext& c, const at::Tensor& in, const at::Tensor& w, 
   return st.kernel == K::kNhwc ? nhwc() : as_given();
 }
 
-// A bfloat16 tensor widened to float32 (exact); anything else as it is.
-at::Tensor widened(const at::Tensor& t) { return kernels::cpu::widen_bf16(t); }
+using kernels::cpu::widen_bf16;  // a bf16 tensor widened to float32; anything else as it is
 
 at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   const at::Tensor &in = l.in, &w = l.w, &b = l.b, &other = l.other;
@@ -197,26 +195,26 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     const onednn::PostOp in_kernel = fused_add ? onednn::PostOp{} : post;  // act after the add
     at::Tensor y;
     if (pointwise_shape) {
-      y = run_sparse_linear(sc, widened(in_rows()), in_kernel)
+      y = run_sparse_linear(sc, widen_bf16(in_rows()), in_kernel)
               .view({in.size(0), out_shape[2], out_shape[3], w.size(0)})
               .permute({0, 3, 1, 2});
     } else {
       at::Tensor cols =
-          at::im2col(widened(channels_last()), g.kernel, g.dilations, padding, g.strides);
+          at::im2col(widen_bf16(channels_last()), g.kernel, g.dilations, padding, g.strides);
       y = run_sparse_cols(sc, cols, in_kernel).view(out_shape);
     }
-    return narrowed(fused_add ? onednn::apply_unfused(y.add_(widened(other_cl)), post) : y);
+    return narrowed(fused_add ? onednn::apply_unfused(y.add_(widen_bf16(other_cl)), post) : y);
   };
   auto direct = [&](bool in_place) {  // in_place: a grouped layer's groups not copied first
     const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = st.direct->run(widened(in), widened(other_cl), act, in_place);
+    at::Tensor y = st.direct->run(widen_bf16(in), widen_bf16(other_cl), act, in_place);
     return narrowed(finish_activation(y, post, act));
   };
   auto as_direct = [&] { return direct(false); };
   auto as_direct_in_place = [&] { return direct(true); };
   auto as_winograd = [&] {
     const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = st.winograd->run(widened(in), widened(other_cl), act);
+    at::Tensor y = st.winograd->run(widen_bf16(in), widen_bf16(other_cl), act);
     return narrowed(finish_activation(y, post, act));
   };
   auto as_dw_rows = [&] {
@@ -230,7 +228,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     // NOTE: lopper's own direct and depthwise kernels: no blocked layout to convert to and from,
     // no primitive to look up per call; they win on small images and on the odd channel counts
     // structured pruning leaves.
-    const at::Tensor w32 = widened(w), b32 = widened(b);
+    const at::Tensor w32 = widen_bf16(w), b32 = widen_bf16(b);
     if (kernels::cpu::DirectConv::takes(w32, g.group, in.size(1))) {
       kernels::cpu::DirectConv::Geometry dg;
       dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
@@ -315,7 +313,7 @@ std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body) {
   auto tensor = [&](const ir::Node& n, size_t i) {  // float32: a bf16 weight widened
     const ir::Initializer* t =
         i < n.inputs.size() && !n.inputs[i].empty() ? body.find_initializer(n.inputs[i]) : nullptr;
-    return t ? widened(t->value) : at::Tensor();
+    return t ? widen_bf16(t->value) : at::Tensor();
   };
   for (const ir::Node& n : body.nodes) {
     const AttrReader attrs(n);
@@ -356,9 +354,9 @@ std::optional<at::Tensor> conv2d_by_kernel(OpContext& c, const Conv2dLayer& l) {
   // NOTE: inference on the CPU runs oneDNN with the weight reordered once and the activations in
   // channels-last layout (kept from one convolution to the next), the layout its kernels read
   // without reorders; the activation and residual add are fused into the kernel.
-  // NOTE: in bfloat16 too (--precision bf16): oneDNN's bf16 primitives with the weight packed once;
-  // lopper's own kernels are float32 and step aside. ATen's bf16 convolution reorders the weight
-  // at every call and ran resnet18 no faster than fp32 (AMD EPYC Zen 4).
+  // NOTE: in bfloat16 too (--precision bf16): oneDNN's bf16 primitives with the weight packed once,
+  // beside lopper's float32 kernels on widened rows (conv2d_cpu). ATen's bf16 convolution reorders
+  // the weight at every call and ran resnet18 no faster than fp32 (AMD EPYC Zen 4).
   const bool one_type = l.w.scalar_type() == x.scalar_type() &&
                         (!b.defined() || b.scalar_type() == x.scalar_type()) &&
                         (!l.other.defined() || l.other.scalar_type() == x.scalar_type());
@@ -377,8 +375,6 @@ at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
     return layers();
   auto& st = c.state<ChainState>();
   const at::Tensor residual = c.has_input(1) ? c.input(1) : at::Tensor();
-  // (a bf16 chain reads and writes bf16 rows itself)
-  auto run_chain = [&] { return st.chain->run(x, residual); };
   if (!st.decided) {
     st.decided = true;
     // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.
@@ -393,15 +389,16 @@ at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
       const ir::Node* dw = nullptr;
       for (const ir::Node& n : body.nodes)
         if (AttrReader(n).attr_int("group", 1) > 1) dw = &n;
-      const std::vector<KernelCandidate> cands{{"layer-by-layer", [&] { layers(); }},
-                                               {"lopper-chain", [&] { run_chain(); }}};
+      const std::vector<KernelCandidate> cands{
+          {"layer-by-layer", [&] { layers(); }},
+          {"lopper-chain", [&] { st.chain->run(x, residual); }}};
       if (choose_kernel(c, cands, body.find_initializer(dw->inputs[1])->value, x, {}, true) == 0)
         st.chain.reset();
       else
         c.release_subgraph_state(body);  // the layers' packed weights, timed above, go
     }
   }
-  return st.chain ? run_chain() : layers();
+  return st.chain ? st.chain->run(x, residual) : layers();
 }
 
 }  // namespace lopper::ops

@@ -23,6 +23,7 @@
 #include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "exec/kernel_choice.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/library.h"
 #include "lopper/error.h"
@@ -165,6 +166,16 @@ at::ScalarType parse_precision(const std::string& s) {
 }
 
 bool load_cuda() { return kernels::cuda::library() != nullptr; }
+
+namespace {
+// A float32 input in the executor's lowered precision: a CPU bf16 one by lopper's conversion
+// (ATen's took 0.1 ms on a 3x224x224 image, AMD EPYC Zen 4, 2 threads), in the input's layout.
+at::Tensor lowered_input(const at::Tensor& t, at::ScalarType precision) {
+  if (precision == at::kBFloat16 && t.device().is_cpu() && t.is_contiguous())
+    return kernels::cpu::narrow_to_bf16(t);
+  return t.to(precision);
+}
+}  // namespace
 
 bool cuda_available() { return load_cuda() && at::hasCUDA() && at::globalContext().hasCUDA(); }
 
@@ -684,7 +695,8 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
       continue;
     }
     at::Tensor t = it->second.to(impl_->device);
-    if (impl_->lowered() && t.scalar_type() == at::kFloat) t = t.to(impl_->opts.precision);
+    if (impl_->lowered() && t.scalar_type() == at::kFloat)
+      t = lowered_input(t, impl_->opts.precision);
     ordered.push_back(t);
   }
   impl_->on_node_ = on_node;
@@ -697,10 +709,13 @@ std::vector<at::Tensor> Executor::run(const NamedTensors& inputs) {
   auto outs = impl_->run_graph(impl_->top(), ordered, nullptr);
   ops::flush_kernel_choices();  // the choices this run timed, in one write
   // Kernels may hand back channels-last tensors; callers get the standard layout.
+  // NOTE: a bf16 output is widened first (in its layout, by lopper's conversion), so that the
+  // layout change is the float32 transposes: ATen's strided bf16 copy and its conversion took
+  // 0.2 ms on a 16x112x112 map (AMD EPYC Zen 4, 2 threads).
   for (auto& t : outs) {
-    if (t.defined() && !t.is_contiguous()) t = kernels::cpu::standard_layout(t);
     if (impl_->lowered() && t.defined() && t.scalar_type() == impl_->opts.precision)
-      t = t.to(at::kFloat);
+      t = t.scalar_type() == at::kBFloat16 ? kernels::cpu::widen_bf16(t) : t.to(at::kFloat);
+    if (t.defined() && !t.is_contiguous()) t = kernels::cpu::standard_layout(t);
   }
   return outs;
 }

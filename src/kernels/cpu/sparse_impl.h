@@ -757,19 +757,29 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
 }
 #endif
 
+// NOTE: 8 rows of the side with the longer rows at a time, each row read or written whole before
+// the next 8. Those rows are often 4 KB apart (x [128, 3072], y [128, 3072]) and fall in one set
+// of L1: taken a half line per 8x8 tile across all of them, every line left L1 between its halves
+// (the output of 768 -> 3072 at 90%, 128 rows: 850 -> 600 us, AMD EPYC Zen 4, 2 threads).
 void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
-  int64_t i0 = 0;
 #if LOPPER_SPARSE_ISA > 0
-  for (; i0 + 8 <= rows; i0 += 8) {
-    int64_t j0 = 0;
-    for (; j0 + 8 <= cols; j0 += 8)
-      transpose8x8(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
-    for (int64_t j = j0; j < cols; ++j)
-      for (int64_t i = i0; i < i0 + 8; ++i) dst[j * ldd + i] = src[i * lds + j];
+  const int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+  auto tile = [&](int64_t i, int64_t j) {
+    transpose8x8(src + i * lds + j, lds, dst + j * ldd + i, ldd);
+  };
+  if (ldd > lds) {  // dst's rows: 8 at a time
+    for (int64_t j0 = 0; j0 < cols8; j0 += 8)
+      for (int64_t i0 = 0; i0 < rows8; i0 += 8) tile(i0, j0);
+  } else {  // src's rows
+    for (int64_t i0 = 0; i0 < rows8; i0 += 8)
+      for (int64_t j0 = 0; j0 < cols8; j0 += 8) tile(i0, j0);
   }
+  for (int64_t i = 0; i < rows; ++i)  // the edges
+    for (int64_t j = i < rows8 ? cols8 : 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+#else
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
 #endif
-  for (; i0 < rows; ++i0)
-    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i0] = src[i0 * lds + j];
 }
 
 // --- dense_panels: a dense W times a few rows of x (a product of one token or one image) -------

@@ -107,6 +107,8 @@ kc::Activation fused_activation(const onednn::PostOp& post) {
     a.kind = kc::Activation::kSigmoid;
   } else if (post.attr == "swish") {
     a.kind = kc::Activation::kSilu;
+  } else if (post.attr == "gelu" && post.algorithm == "none") {
+    a.kind = kc::Activation::kGelu;
   }
   return a;
 }

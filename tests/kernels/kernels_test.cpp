@@ -87,6 +87,8 @@ at::Tensor activation_reference(const at::Tensor& y, const kc::Activation& act) 
       return at::sigmoid(y);
     case kc::Activation::kSilu:
       return at::silu(y);
+    case kc::Activation::kGelu:
+      return at::gelu(y);
     case kc::Activation::kNone:
       return y;
   }
@@ -96,7 +98,7 @@ at::Tensor activation_reference(const at::Tensor& y, const kc::Activation& act) 
 // Any of the activations, with parameters that make each one's every piece matter.
 kc::Activation random_activation(std::mt19937& rng) {
   kc::Activation act;
-  act.kind = static_cast<kc::Activation::Kind>(rng() % 8);
+  act.kind = static_cast<kc::Activation::Kind>(rng() % (kc::Activation::kGelu + 1));
   act.lo = -0.5f, act.hi = 0.75f, act.alpha = 0.1f, act.beta = 0.4f;
   if (act.kind == kc::Activation::kHardSigmoid) act.alpha = 0.3f;
   return act;
@@ -159,7 +161,7 @@ TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
   const kc::SparseWeight eye(at::eye(k), kc::BlockShape{1, 1});
   int checked = 0;
   for (kc::Isa isa : isas())
-    for (int kind = 0; kind < 8; ++kind) {
+    for (int kind = 0; kind <= kc::Activation::kGelu; ++kind) {
       kc::Activation act;
       act.kind = static_cast<kc::Activation::Kind>(kind);
       act.lo = -0.5f, act.hi = 0.75f,
@@ -183,7 +185,7 @@ TEST(SparseKernels, EveryActivationMatchesAtenOverItsRange) {
           << y[worst].item<float>() << ", want " << ref[worst].item<double>();
       ++checked;
     }
-  EXPECT_GE(checked, 8);
+  EXPECT_GE(checked, kc::Activation::kGelu + 1);
 }
 
 // lopper's dense GEMV: every ISA, products of 1 to 9 rows (whole and partial groups of 4), output
@@ -1063,7 +1065,7 @@ TEST(EveryKernel, KeepsNanAndInfAsAtenAndTakesEmptyBatches) {
     ++checked;
   };
   for (kc::Isa isa : isas())
-    for (int kind = 0; kind < 8; ++kind) {
+    for (int kind = 0; kind <= kc::Activation::kGelu; ++kind) {
       kc::Activation act;
       act.kind = static_cast<kc::Activation::Kind>(kind);
       act.lo = -0.5f, act.hi = 0.75f, act.beta = 0.4f;

@@ -6,7 +6,8 @@ namespace lopper::kernels::cpu {
 
 /// Fused output stage: y = act(acc + bias[n]).
 /// kHardSwish: x * clamp(x / 6 + 1/2, 0, 1) (ONNX HardSwish); kHardSigmoid: clamp(alpha * x +
-/// beta, 0, 1); kSigmoid: 1 / (1 + e^-x); kSilu: x * sigmoid(x) (Mul(x, Sigmoid(x)), SiLU/swish).
+/// beta, 0, 1); kSigmoid: 1 / (1 + e^-x); kSilu: x * sigmoid(x) (Mul(x, Sigmoid(x)), SiLU/swish);
+/// kGelu: x / 2 * (1 + erf(x / sqrt(2))) (ONNX Gelu, approximate "none"; BERT's FFN).
 struct Epilogue {
   enum Act : int {
     kNone = 0,
@@ -16,7 +17,8 @@ struct Epilogue {
     kHardSwish = 4,
     kHardSigmoid = 5,
     kSigmoid = 6,
-    kSilu = 7
+    kSilu = 7,
+    kGelu = 8
   };
   const float* bias = nullptr;  // [n] or null
   int act = kNone;

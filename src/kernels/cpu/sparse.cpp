@@ -98,8 +98,8 @@ Epilogue to_epilogue(const Activation& a, const float* bias) {
   // Activation::Kind in order.
   constexpr int kAct[] = {Epilogue::kNone,    Epilogue::kRelu,      Epilogue::kClip,
                           Epilogue::kLeaky,   Epilogue::kHardSwish, Epilogue::kHardSigmoid,
-                          Epilogue::kSigmoid, Epilogue::kSilu};
-  static_assert(std::size(kAct) == Activation::kSilu + 1);
+                          Epilogue::kSigmoid, Epilogue::kSilu,      Epilogue::kGelu};
+  static_assert(std::size(kAct) == Activation::kGelu + 1);
   e.act = kAct[a.kind];
   e.lo = a.lo, e.hi = a.hi, e.alpha = a.alpha, e.beta = a.beta;
   return e;

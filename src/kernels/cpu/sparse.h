@@ -45,7 +45,17 @@ enum class Algo { kCols, kRows, kGather, kDot };
 const char* algo_name(Algo a);
 
 struct Activation {
-  enum Kind { kNone, kRelu, kClip, kLeaky, kHardSwish, kHardSigmoid, kSigmoid, kSilu } kind = kNone;
+  enum Kind {
+    kNone,
+    kRelu,
+    kClip,
+    kLeaky,
+    kHardSwish,
+    kHardSigmoid,
+    kSigmoid,
+    kSilu,
+    kGelu
+  } kind = kNone;
   float lo = 0, hi = 0, alpha = 0, beta = 0;  // as in Epilogue
 };
 /// The kernels' output stage for `a` and a bias of the outputs (or null).

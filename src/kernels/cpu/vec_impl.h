@@ -270,6 +270,25 @@ inline V8::V V8::exp(V x) { return exp_of<V8>(x); }
 inline V16::V V16::exp(V x) { return exp_of<V16>(x); }
 #endif
 
+// GELU, x / 2 * erfc(-x / sqrt(2)), with erfc(a) for a = |x| / sqrt(2) >= 0 by the Chebyshev fit
+// of Numerical Recipes (erfcc: t e^(-a^2 + P(t)), t = 1 / (1 + a / 2), relative error below
+// 1.2e-7 everywhere, so the negative tail keeps its digits). Written without a select, as
+// min(x, 0) / 2 * E + max(x, 0) * (1 - E / 2): x = +Inf gives +Inf, -Inf gives NaN (0 * -Inf, as
+// ATen's double kernel), NaN stays NaN. ATen's float32 kernel is off by 17% at x = -5.
+template <class T>
+inline typename T::V gelu(typename T::V x) {
+  using V = typename T::V;
+  const V lo = T::min(T::zero(), x), hi = T::max(T::zero(), x);
+  const V a = T::mul(T::sub(hi, lo), T::set1(0.70710678118654752f));
+  const V t = T::div(T::set1(1.f), T::fma(a, T::set1(0.5f), T::set1(1.f)));
+  constexpr float kP[] = {0.17087277f,  -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+                          -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+  V p = T::set1(kP[0]);
+  LOPPER_UNROLL for (int i = 1; i < 10; ++i) p = T::fma(p, t, T::set1(kP[i]));
+  const V e = T::mul(t, T::exp(T::fma(T::sub(T::zero(), a), a, p)));
+  return T::fma(T::mul(lo, T::set1(0.5f)), e, T::mul(hi, T::fma(e, T::set1(-0.5f), T::set1(1.f))));
+}
+
 // NOTE: NaN stays NaN, as in the unfused op (ATen's and ONNX Runtime's): each max/min takes the
 // value as its second operand, which every ISA's max and min return when either is NaN (x86's
 // maxps/minps; Scalar's `a > b ? a : b`).
@@ -293,6 +312,8 @@ inline typename T::V activate(typename T::V v, const Epilogue& e) {
       return T::div(T::set1(1.f), T::add(T::set1(1.f), T::exp(T::sub(T::zero(), v))));
     case Epilogue::kSilu:
       return T::div(v, T::add(T::set1(1.f), T::exp(T::sub(T::zero(), v))));
+    case Epilogue::kGelu:
+      return gelu<T>(v);
     default:
       return v;
   }

@@ -36,7 +36,7 @@ import torchvision
 
 import openvino_peer  # bench/openvino_peer.py
 from results import cpu_model  # bench/results.py
-from timing import median_spread, times_ms  # bench/timing.py
+from timing import median_spread, round_ratio, times_ms  # bench/timing.py
 
 
 def bert_encoder():
@@ -133,25 +133,31 @@ def main():
                         ov_info["version"] = version
             t_ort, t_torch, t_lopper = (statistics.median(m for m, _ in r)
                                         for r in (ort_r, torch_r, lopper_r))
+
+            def ratio(num, den):  # the median of the rounds' ratios (runs made side by side)
+                return round_ratio([m for m, _ in num], [m for m, _ in den])
+
             spread = max(sp for r in (ort_r, lopper_r) for _, sp in r)
             row = {"model": name, "batch": batch, "lopper_ms": round(t_lopper, 2),
                    "ort_ms": round(t_ort, 2), "torch_ms": round(t_torch, 2),
-                   "lopper_over_ort": round(t_lopper / t_ort, 3), "spread": round(spread, 2)}
+                   "lopper_over_ort": round(ratio(lopper_r, ort_r), 3), "spread": round(spread, 2)}
             line = (f"{name:14s} batch {batch:3d}  lopper {t_lopper:9.2f} ms  onnxruntime {t_ort:9.2f} ms"
-                    f"  torch {t_torch:9.2f} ms  lopper/ort {t_lopper / t_ort:5.2f} (spread {spread:.2f})")
+                    f"  torch {t_torch:9.2f} ms  lopper/ort {row['lopper_over_ort']:5.2f} (spread {spread:.2f})")
             if bf16_r:
                 t = statistics.median(m for m, _ in bf16_r)
-                row.update(lopper_bf16_ms=round(t, 2), lopper_bf16_over_fp32=round(t / t_lopper, 3))
+                row.update(lopper_bf16_ms=round(t, 2),
+                           lopper_bf16_over_fp32=round(ratio(bf16_r, lopper_r), 3))
                 line += f"  lopper bf16 {t:.2f} ms"
             if ov_r:
                 t_ov, t_ov32 = (statistics.median(m for m, _ in r) for r in (ov_r, ov32_r))
                 row.update(openvino_ms=round(t_ov, 2), openvino_precision=ov_info["default"],
                            openvino_f32_ms=round(t_ov32, 2),
-                           lopper_over_openvino_f32=round(t_lopper / t_ov32, 3))
-                best = min(t_lopper, row.get("lopper_bf16_ms", t_lopper))
-                row["lopper_best_over_openvino"] = round(best / t_ov, 3)
+                           lopper_over_openvino_f32=round(ratio(lopper_r, ov32_r), 3))
+                # lopper's faster precision, round by round
+                best_r = [min(a, b) for a, b in zip(lopper_r, bf16_r)] if bf16_r else lopper_r
+                row["lopper_best_over_openvino"] = round(ratio(best_r, ov_r), 3)
                 line += (f"  openvino {t_ov:.2f} ms ({ov_info['default']})  openvino f32 {t_ov32:.2f} ms"
-                         f"  lopper best/openvino {best / t_ov:.2f}")
+                         f"  lopper best/openvino {row['lopper_best_over_openvino']:.2f}")
             rows.append(row)
             print(line, flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "cpu": cpu_model(),

@@ -57,7 +57,7 @@ import numpy as np
 
 import openvino_peer  # bench/openvino_peer.py
 from results import cpu_model, git_rev, save_json  # bench/results.py
-from timing import median_ms  # bench/timing.py
+from timing import median_ms, round_ratio  # bench/timing.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT_AMOUNT, MOBILENET_AMOUNT = 0.9, 0.8
@@ -513,7 +513,9 @@ def run(a, q, work, ort, torch, torchvision):
             row["deepsparse_compile"] = {"dense": ds_info.get(d), "sparse": ds_info.get(k)}
 
         def speedup(num, den):
-            return None if row.get(num) is None or row.get(den) is None else round(row[num] / row[den], 3)
+            # the median of the rounds' ratios (runs made side by side), not a ratio of medians
+            r = round_ratio(row.get(num[:-3] + "_rounds_ms"), row.get(den[:-3] + "_rounds_ms"))
+            return None if r is None else round(r, 3)
 
         row["speedup"] = {
             "lopper_sparse_vs_ort_sparse": speedup("ort_sparse_ms", "lopper_sparse_ms"),
@@ -544,7 +546,7 @@ def run(a, q, work, ort, torch, torchvision):
             "loadavg_end": [round(x, 2) for x in os.getloadavg()], "quick": q, "encoder_layers": a.layers, "batch": a.batch,
             "seq": a.seq, "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup,
             "bert_amount": BERT_AMOUNT, "mobilenet_1x1_amount": MOBILENET_AMOUNT,
-            "speedup": "A vs B = time(B) / time(A); > 1: A is faster"}
+            "speedup": "A vs B = time(B) / time(A), the median over rounds of each round's ratio; > 1: A is faster"}
     doc = {"meta": meta, "deepsparse": ds_field, "notes": notes, "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     save_json(json_path, doc, indent=1)

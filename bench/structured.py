@@ -33,7 +33,7 @@ import onnxruntime as ort
 
 import openvino_peer  # bench/openvino_peer.py
 from results import cpu_model  # bench/results.py
-from timing import median_spread  # bench/timing.py
+from timing import median_spread, round_ratio  # bench/timing.py
 
 DEFAULT = "resnet18.ts,resnet50.ts,mobilenet_v2.ts,vgg11_bn.ts,densenet121.ts,resnext50_32x4d.ts,vit_b_16.dynamo"
 
@@ -126,25 +126,43 @@ def main():
             for k, v in runs.items():
                 row[k + "_ms"] = statistics.median(m for m, _ in v)
                 row[k + "_spread"] = max(sp for _, sp in v)
+                row[k + "_rounds_ms"] = [round(m, 3) for m, _ in v]
+            # Ratios: the median of the rounds' ratios (runs made side by side); lopper's best is
+            # its faster precision round by round.
+            def ratio(num, den):
+                r = round_ratio(num, den)
+                return None if r is None else round(r, 3)
+
+            def times(k):
+                return [m for m, _ in runs[k]]
+
+            for k in ("dense", "pruned"):
+                best = times("lopper_" + k)
+                if a.bf16:
+                    row[f"lopper_bf16_over_fp32_{k}"] = ratio(times(f"lopper_bf16_{k}"), best)
+                    best = [min(x, y) for x, y in zip(best, times(f"lopper_bf16_{k}"))]
+                row[f"lopper_over_ort_{k}"] = ratio(times("lopper_" + k), times("ort_" + k))
+                if openvino:
+                    row[f"lopper_over_openvino_f32_{k}"] = ratio(times("lopper_" + k),
+                                                                 times(f"openvino_f32_{k}"))
+                    row[f"lopper_best_over_openvino_{k}"] = ratio(best, times(f"openvino_{k}"))
             rows.append(row)
             sp = lambda k: max(row["ort_" + k + "_spread"], row["lopper_" + k + "_spread"])
             print(f"{stem:24s} params {row['params'] / row['params_before']:.3f}  MACs "
                   f"{row['macs'] / row['macs_before']:.3f}  ORT {row['ort_dense_ms']:.2f} -> "
                   f"{row['ort_pruned_ms']:.2f} ms  lopper {row['lopper_dense_ms']:.2f} -> "
                   f"{row['lopper_pruned_ms']:.2f} ms  lopper/ORT dense "
-                  f"{row['lopper_dense_ms'] / row['ort_dense_ms']:.2f} (spread {sp('dense'):.2f}) "
-                  f"pruned {row['lopper_pruned_ms'] / row['ort_pruned_ms']:.2f} "
+                  f"{row['lopper_over_ort_dense']:.2f} (spread {sp('dense'):.2f}) "
+                  f"pruned {row['lopper_over_ort_pruned']:.2f} "
                   f"(spread {sp('pruned'):.2f})  prune {prune_s:.1f}s", flush=True)
             if openvino:
-                best = lambda k: min(row[f"{p}_{k}_ms"] for p in ("lopper", "lopper_bf16")
-                                     if f"{p}_{k}_ms" in row)
                 print(f"{'':24s} OpenVINO ({row['openvino_precision']}) {row['openvino_dense_ms']:.2f} -> "
                       f"{row['openvino_pruned_ms']:.2f} ms, f32 {row['openvino_f32_dense_ms']:.2f} -> "
                       f"{row['openvino_f32_pruned_ms']:.2f} ms  lopper fp32 / OpenVINO f32 dense "
-                      f"{row['lopper_dense_ms'] / row['openvino_f32_dense_ms']:.2f} pruned "
-                      f"{row['lopper_pruned_ms'] / row['openvino_f32_pruned_ms']:.2f}  lopper best / "
-                      f"OpenVINO default dense {best('dense') / row['openvino_dense_ms']:.2f} pruned "
-                      f"{best('pruned') / row['openvino_pruned_ms']:.2f}"
+                      f"{row['lopper_over_openvino_f32_dense']:.2f} pruned "
+                      f"{row['lopper_over_openvino_f32_pruned']:.2f}  lopper best / "
+                      f"OpenVINO default dense {row['lopper_best_over_openvino_dense']:.2f} pruned "
+                      f"{row['lopper_best_over_openvino_pruned']:.2f}"
                       + (f"  lopper bf16 {row['lopper_bf16_dense_ms']:.2f} -> "
                          f"{row['lopper_bf16_pruned_ms']:.2f} ms" if a.bf16 else ""), flush=True)
     if a.json:

@@ -26,3 +26,12 @@ def median_spread(times):
     med = statistics.median(t)
     p90 = t[min(len(t) - 1, int(round(0.9 * (len(t) - 1))))]
     return med, p90 / med
+
+
+def round_ratio(num, den):
+    """The median over rounds of num[i] / den[i]: two runtimes' times taken in the same rounds, so
+    that each ratio compares runs made side by side (a slow spell of a shared machine cancels
+    within its round). None when either list is empty or they differ in length."""
+    if not num or not den or len(num) != len(den):
+        return None
+    return statistics.median(a / b for a, b in zip(num, den))

@@ -10,11 +10,6 @@
 #include "kernels/cpu/sparse_isa.h"
 #include "kernels/cpu/vec_impl.h"
 
-// NOTE: GCC 12's own AVX-512 headers (gathers, reductions) start from deliberately undefined
-// vectors and trip this warning.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-
 namespace lopper::kernels::cpu {
 namespace {
 

@@ -12,6 +12,11 @@
 #include <immintrin.h>
 #endif
 
+// NOTE: GCC 12's own AVX-512 headers (max, min, gathers, reductions, masked stores) start from
+// deliberately undefined vectors and trip these warnings in every kernel built on these types.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 #define LOPPER_UNROLL _Pragma("GCC unroll 16")
 // For loops of up to 32 iterations that must vanish whole (an array of accumulators kept in
 // registers: LOPPER_UNROLL's 16 left 24 of them an array on the stack).

@@ -874,7 +874,7 @@ TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
 
 // Attention in one pass against ATen's three steps in float64: head views of a fused QKV
 // projection (strided rows and columns), a long key axis (blocks of a few query rows), one and
-// many heads, 1 and 2 threads, every ISA.
+// many heads, 1 and 2 threads, every ISA; float32 and bfloat16.
 TEST(RowKernels, ScaledAttentionEveryIsaMatchesAten) {
   at::Generator gen = at::detail::createCPUGenerator(29);
   const int threads = at::get_num_threads();
@@ -895,6 +895,19 @@ TEST(RowKernels, ScaledAttentionEveryIsaMatchesAten) {
       ASSERT_EQ(y.sizes(), ref.sizes());
       EXPECT_LT(nmse(y, ref), 1e-10)
           << kc::isa_name(isa) << " heads " << heads << " sq " << sq << " sk " << sk << " d " << d;
+      // bfloat16 views of the same layout: widened as they are packed, the output rounded once
+      // (the reference: the bf16 values in float64, rounded to bf16 at the end).
+      const at::Tensor qkv16 = qkv.to(at::kBFloat16), q16 = q.to(at::kBFloat16);
+      const at::Tensor kt16 = qkv16.select(1, 1).permute({1, 2, 0});
+      const at::Tensor v16 = qkv16.select(1, 2).permute({1, 0, 2});
+      const at::Tensor y16 = kc::scaled_attention(q16, kt16, v16, scale, isa);
+      ASSERT_EQ(y16.scalar_type(), at::kBFloat16);
+      const at::Tensor ref16 =
+          at::matmul(at::softmax(at::matmul(q16.to(at::kDouble), kt16.to(at::kDouble)) * scale, -1),
+                     v16.to(at::kDouble))
+              .to(at::kBFloat16);
+      EXPECT_LT(nmse(y16, ref16), 1e-5)
+          << kc::isa_name(isa) << " bf16 heads " << heads << " sq " << sq << " sk " << sk;
       ++checked;
     }
   at::set_num_threads(threads);

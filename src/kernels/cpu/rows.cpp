@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rows_isa.h"
 #include "lopper/error.h"
@@ -38,35 +40,42 @@ at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
 
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                             float scale, Isa isa) {
+  const at::ScalarType type = q.scalar_type();
   for (const at::Tensor* t : {&q, &kt, &v})
-    LOPPER_CHECK(
-        t->dim() == 3 && t->scalar_type() == at::kFloat && t->device().is_cpu() && t->numel() > 0,
-        "[kernels] attention wants non-empty float32 CPU [b, rows, cols] tensors, got ",
-        t->scalar_type(), " ", t->sizes(), " on ", t->device());
+    LOPPER_CHECK(t->dim() == 3 && (type == at::kFloat || type == at::kBFloat16) &&
+                     t->scalar_type() == type && t->device().is_cpu() && t->numel() > 0,
+                 "[kernels] attention wants non-empty float32 or bfloat16 CPU [b, rows, cols] "
+                 "tensors of one type, got ",
+                 t->scalar_type(), " ", t->sizes(), " on ", t->device());
   const int64_t b = q.size(0), sq = q.size(1), sk = kt.size(2), dv = v.size(2);
   LOPPER_CHECK(kt.size(0) == b && v.size(0) == b && kt.size(1) == q.size(2) && v.size(1) == sk,
                "[kernels] attention of q ", q.sizes(), ", kt ", kt.sizes(), " and v ", v.sizes());
-  at::Tensor y = at::empty({b, sq, dv}, q.options());
-  const int64_t rows = std::clamp<int64_t>((32 << 10) / sk, 1, sq);  // a block's scores: 128 KB
+  at::Tensor y = at::empty({b, sq, dv}, q.options().dtype(at::kFloat));
+  AttnView a;
+  a.q = q.data_ptr(), a.kt = kt.data_ptr(), a.v = v.data_ptr(), a.y = y.data_ptr<float>();
+  a.bf16 = type == at::kBFloat16;
+  a.sq = sq, a.sk = sk, a.d = q.size(2), a.dv = dv, a.scale = scale;
+  a.q_hs = q.stride(0), a.q_rs = q.stride(1), a.q_cs = q.stride(2);
+  a.kt_hs = kt.stride(0), a.kt_rs = kt.stride(1), a.kt_cs = kt.stride(2);
+  a.v_hs = v.stride(0), a.v_rs = v.stride(1), a.v_cs = v.stride(2);
+  a.y_hs = sq * dv, a.y_rs = dv;
+  // A block's scores: 128 KB at most; the threads take (head, block) items.
+  const int64_t rows = std::clamp<int64_t>((32 << 10) / attn_round(sk), 1, sq);
   const int64_t blocks = (sq + rows - 1) / rows;
   const RowsIsaOps& ops = rows_ops(isa);
-  // NOTE: inside the threads' parallel region ATen's products run on the calling thread; the
-  // workers take the caller's inference mode (thread-local), or writing into y, made in it, fails.
-  const bool inference = c10::InferenceMode::is_enabled();
+  const size_t need = size_t(attention_scratch(a, rows)) + 16;
   parallel_steal(b * blocks, 1, [&](int64_t t0, int64_t t1) {
-    c10::InferenceMode mode(inference);
-    at::Tensor scores = at::empty({rows, sk}, q.options());
+    // NOTE: a scratch per thread that only grows (aligned to 64 bytes), as the sparse kernels'.
+    thread_local std::vector<float> buf;
+    if (buf.size() < need) buf.resize(need);
+    const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+    float* scratch = buf.data() + ((64 - addr % 64) % 64) / sizeof(float);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i = t / blocks, r0 = t % blocks * rows, r = std::min(rows, sq - r0);
-      at::Tensor s = scores.narrow(0, 0, r);
-      at::mm_out(s, q[i].narrow(0, r0, r), kt[i]);
-      float* sp = s.data_ptr<float>();
-      ops.softmax(sp, sp, 0, r, sk, scale);  // in place: each row read before it is written
-      at::Tensor yi = y[i].narrow(0, r0, r);
-      at::mm_out(yi, s, v[i]);
+      const int64_t i = t / blocks, r0 = t % blocks * rows;
+      ops.attention(a, i, r0, std::min(rows, sq - r0), scratch);
     }
   });
-  return y;
+  return a.bf16 ? narrow_to_bf16(y) : y;
 }
 
 }  // namespace lopper::kernels::cpu

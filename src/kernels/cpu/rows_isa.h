@@ -8,11 +8,39 @@
 
 namespace lopper::kernels::cpu {
 
+/// One attention, y[h] = softmax(scale * q[h] kt[h]) v[h] for heads h: q [sq, d], kt [d, sk],
+/// v [sk, dv] of each head at element strides (any; float32, or bfloat16's bits when bf16), y
+/// [sq, dv] float32 with rows y_rs apart.
+struct AttnView {
+  const void *q = nullptr, *kt = nullptr, *v = nullptr;
+  float* y = nullptr;
+  bool bf16 = false;
+  int64_t sq = 0, sk = 0, d = 0, dv = 0;
+  int64_t q_hs = 0, q_rs = 0, q_cs = 0;     // head, row (query), column (d)
+  int64_t kt_hs = 0, kt_rs = 0, kt_cs = 0;  // head, row (d), column (key)
+  int64_t v_hs = 0, v_rs = 0, v_cs = 0;     // head, row (key), column (dv)
+  int64_t y_hs = 0, y_rs = 0;
+  float scale = 1.f;
+};
+
 struct RowsIsaOps {
   const char* name;
   /// y[r] = softmax(scale * x[r]) for rows [r0, r1) of n floats (contiguous rows; y may be x).
   void (*softmax)(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, float scale);
+  /// Query rows [r0, r0 + r) of head h of `a`, in `scratch` (attention_scratch(a, r) floats,
+  /// aligned to 64 bytes): the head's keys packed, the block's scores computed, softmaxed and
+  /// multiplied by v in registers and L1/L2.
+  void (*attention)(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch);
 };
+
+/// Rows of the attention's packed keys, values and scores: whole lines (and whole vectors of
+/// every ISA).
+inline int64_t attn_round(int64_t n) { return (n + 15) / 16 * 16; }
+/// The floats `attention` needs for blocks of up to r query rows.
+inline int64_t attention_scratch(const AttnView& a, int64_t r) {
+  return a.d * attn_round(a.sk) + a.sk * attn_round(a.dv) + attn_round(r * a.d) +
+         r * attn_round(a.sk);
+}
 
 extern const RowsIsaOps kRowsScalarOps;
 extern const RowsIsaOps kRowsAvx2Ops;

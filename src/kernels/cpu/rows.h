@@ -15,11 +15,12 @@ at::Tensor softmax_last_axis(const at::Tensor& x, float scale, Isa isa = active_
 
 /// Attention, y[i] = softmax(scale * q[i] kt[i]) v[i] for each i of q [b, sq, d], kt [b, d, sk] and
 /// v [b, sk, dv] (CPU, none empty, all float32 or all bfloat16; rows and columns may be strided, as
-/// the head views of a fused QKV projection are): y [b, sq, dv] of their type. The threads split
-/// the heads and blocks of query rows; per block the head's keys and values are packed once as
-/// float32 (bfloat16 widened exactly), and the block's scores (128 KB at most) stay in the caches
-/// from the product through the softmax to the product with v, in float32. bfloat16's output is
-/// rounded once.
+/// the head views of a fused QKV projection are): y [b, sq, dv] of their type, laid out as [sq, b,
+/// dv] (a view whose heads of one query row are side by side, as attention layers read it next).
+/// The threads split the heads and blocks of query rows; per block the head's keys and values are
+/// packed once as float32 (bfloat16 widened exactly), and the block's scores (128 KB at most) stay
+/// in the caches from the product through the softmax to the product with v, in float32.
+/// bfloat16's output is rounded once.
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                             float scale, Isa isa = active_isa());
 

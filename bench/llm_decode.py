@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llm_streaming import Logits  # noqa: E402  (the model without a cache: what calibration feeds)
 import openvino_peer  # noqa: E402
 from options import int_options  # noqa: E402
+from timing import round_ratio  # noqa: E402
 from results import cpu_model, save_json  # noqa: E402
 from timing import times_ms  # noqa: E402
 
@@ -332,6 +333,10 @@ def main():
             log(f"round {r + 1}: {name}: {m['median_ms']:.2f} ms "
                 f"(p10 {m['p10_ms']:.2f}, p90 {m['p90_ms']:.2f})")
     med = {k: statistics.median(m["median_ms"] for m in v) for k, v in res.items()}
+
+    def ratio(num, den):  # the median of the rounds' ratios (runs made side by side)
+        return round_ratio([m["median_ms"] for m in res[num]], [m["median_ms"] for m in res[den]])
+
     spread = {k: max(m["p90_ms"] / m["p10_ms"] for m in v) for k, v in res.items()}
     # Bytes per token: the weights (dense, or the bitmask format) and the KV cache read.
     kv = 2 * a.layers * cfg["num_key_value_heads"] * a.past * 64
@@ -342,19 +347,19 @@ def main():
             b = (dense_b if variant == "dense" else sparse_b) + kv * 4
             floor[f"{variant} {precision}"] = {"bytes": b, "floor_ms": b / (bw * 1e9) * 1000}
     ratios = {
-        "ORT dense fp32 / lopper 50% fp32": med["ort dense fp32"] / med["lopper 50 fp32"],
-        "lopper dense fp32 / lopper 50% fp32": med["lopper dense fp32"] / med["lopper 50 fp32"],
-        "ORT dense fp32 / lopper 2:4 fp32": med["ort dense fp32"] / med["lopper 2:4 fp32"],
-        "lopper dense fp32 / lopper 2:4 fp32": med["lopper dense fp32"] / med["lopper 2:4 fp32"],
-        "PyTorch dense bf16 / lopper 50% bf16": med["torch dense bf16"] / med["lopper 50 bf16"],
-        "PyTorch dense bf16 / lopper 2:4 bf16": med["torch dense bf16"] / med["lopper 2:4 bf16"],
-        "lopper dense bf16 / lopper 50% bf16": med["lopper dense bf16"] / med["lopper 50 bf16"],
+        "ORT dense fp32 / lopper 50% fp32": ratio("ort dense fp32", "lopper 50 fp32"),
+        "lopper dense fp32 / lopper 50% fp32": ratio("lopper dense fp32", "lopper 50 fp32"),
+        "ORT dense fp32 / lopper 2:4 fp32": ratio("ort dense fp32", "lopper 2:4 fp32"),
+        "lopper dense fp32 / lopper 2:4 fp32": ratio("lopper dense fp32", "lopper 2:4 fp32"),
+        "PyTorch dense bf16 / lopper 50% bf16": ratio("torch dense bf16", "lopper 50 bf16"),
+        "PyTorch dense bf16 / lopper 2:4 bf16": ratio("torch dense bf16", "lopper 2:4 bf16"),
+        "lopper dense bf16 / lopper 50% bf16": ratio("lopper dense bf16", "lopper 50 bf16"),
     }
     if ov:  # the targets: the sparse step >= 1.5x OpenVINO's default on the dense one
         for v, label in (("50", "50%"), ("2:4", "2:4")):
             for p in ("fp32", "bf16"):
-                ratios[f"OpenVINO dense default / lopper {label} {p}"] = (
-                    med["openvino dense default"] / med[f"lopper {v} {p}"])
+                ratios[f"OpenVINO dense default / lopper {label} {p}"] = ratio(
+                    "openvino dense default", f"lopper {v} {p}")
     print(f"\nLLaMA {a.layers} layers (hidden 2048), one token, past {a.past}, batch 1, "
           f"{a.threads} threads; read bandwidth {bw:.1f} GB/s")
     print(f"{'job':<22} {'median ms':>10} {'spread':>7} {'floor ms':>9} {'of floor':>9}")

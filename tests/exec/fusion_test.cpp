@@ -377,3 +377,20 @@ TEST(Fusion, FusesAttention) {
   expect_rewrite(make(false, true), "fuse_attention", {"ai.lopper.ScaledAttention"});
   expect_untouched(make(true, false), "fuse_attention");
 }
+
+// Q and Kt scaled by Muls whose factors are computed in the graph (torch's MultiheadAttention
+// export): the Muls join the ScaledAttention as factor inputs, whichever side of the Mul the factor
+// is on; one element joins the scale, more are multiplied in; the outputs stay the same.
+TEST(Fusion, FusesAttentionWithComputedScales) {
+  for (auto [fq, fk] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{}, {1}}, {{1, 1, 1, 1}, {1, 2, 1, 1}}, {{1, 2, 1, 8}, {}}}) {
+    ir::Model m = model(
+        {{"q", {1, 2, 5, 8}}, {"kt", {1, 2, 8, 5}}, {"v", {1, 2, 5, 8}}, {"fq", fq}, {"fk", fk}},
+        1);
+    m.graph.nodes = {node("Mul", {"q", "fq"}, {"qs"}), node("Mul", {"fk", "kt"}, {"ks"}),
+                     node("MatMul", {"qs", "ks"}, {"s"}),
+                     node("Softmax", {"s"}, {"p"}, {int_attr("axis", -1)}),
+                     node("MatMul", {"p", "v"}, {"y1"})};
+    expect_rewrite(m, "fuse_attention", {"ai.lopper.ScaledAttention"});
+  }
+}

@@ -29,6 +29,21 @@ bool fuse_attention(ir::Graph& g, int64_t opset) {
     if (!scores || !r.single(soft.inputs[0]) || g.nodes[*scores].inputs.size() != 2) continue;
     std::vector<std::string> inputs{g.nodes[*scores].inputs[0], g.nodes[*scores].inputs[1],
                                     out.inputs[1]};
+    // A Mul that made Q or Kt, read by nothing else: its other input becomes a factor input (one
+    // element at run time: part of the scale, a pass over Q or Kt saved).
+    std::vector<size_t> muls;
+    std::string factors[2];
+    for (int k = 0; k < 2; ++k) {
+      auto p = r.producer(inputs[k]);
+      if (!p || !r.single(inputs[k])) continue;
+      const ir::Node& m = g.nodes[*p];
+      if (!is(m, "Mul") || m.inputs.size() != 2 || m.inputs[0].empty() || m.inputs[1].empty())
+        continue;
+      inputs[k] = m.inputs[0];
+      factors[k] = m.inputs[1];
+      muls.push_back(*p);
+    }
+    if (!muls.empty()) inputs.insert(inputs.end(), {factors[0], factors[1]});
     ir::Node& a = r.change(i);
     a.inputs = std::move(inputs);
     a.domain = "ai.lopper";
@@ -36,6 +51,7 @@ bool fuse_attention(ir::Graph& g, int64_t opset) {
     a.attrs = {float_attr("scale", scale)};
     r.remove(*scores);
     r.remove(*probs);
+    for (size_t m : muls) r.remove(m);
     r.commit();
   }
   return r.finish();

@@ -372,7 +372,8 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
         padding += __builtin_popcount(mask_of(r, c));
       }
   }
-  const size_t stored = size_t(nonzeros_ + padding) + 16;  // the kernels load whole vectors
+  // The kernels load whole vectors: 16 float32 or 32 bfloat16 values.
+  const size_t stored = size_t(nonzeros_ + padding) + 32;
   if (view_.bf16)
     val16_.assign(stored, 0);
   else

@@ -136,8 +136,8 @@ class MaskedWeight {
   int64_t nonzeros_ = 0;
   std::vector<uint16_t> mask_;
   std::vector<int64_t> off_;
-  std::vector<float> val_;       // float32 values (+16 readable past the end)
-  std::vector<uint16_t> val16_;  // bfloat16 values (+16)
+  std::vector<float> val_;       // float32 values (+32 readable past the end)
+  std::vector<uint16_t> val16_;  // bfloat16 values (+32)
   std::vector<float> bias_;
 
   /// Row boundaries (whole tiles) splitting the outputs into `parts` of near-equal work.

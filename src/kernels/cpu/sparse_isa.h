@@ -29,7 +29,7 @@ struct SpView {
 /// with empty rows): tile t's masks are mask[(t * chunks + c) * tile + i] for its row t * tile + i,
 /// and its values start off[t] values into val, chunk by chunk and, within a chunk, row by row, so
 /// that the rows of a tile are read as one stream. A tile of 1 is a row per tile (off[r]). val is
-/// readable 16 values past its end (the kernels load whole vectors). `fixed` > 0: every full chunk
+/// readable 32 values past its end (the kernels load whole vectors). `fixed` > 0: every full chunk
 /// of every row holds exactly that many values (2:4 holds 8), so with a row per tile, row r's chunk
 /// c starts at off[r] + c * fixed. `pairs`: every 4 inputs within k hold exactly 2 (2:4), so each
 /// row holds half of a chunk's inputs: row i of tile t has chunk c's values at off[t] + 8 * tile *

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torchvision
 
 import openvino_peer  # bench/openvino_peer.py
-from results import cpu_model  # bench/results.py
+from results import cpu_model, git_rev  # bench/results.py
 from timing import median_spread, round_ratio, times_ms  # bench/timing.py
 
 
@@ -83,6 +83,7 @@ def main():
                     help="the python of OpenVINO's venv (scripts/install-openvino.sh); none: skip it")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    source = {"git": git_rev(), "date": time.strftime("%Y-%m-%d")}  # what is measured
     openvino, why = openvino_peer.resolve(args.openvino)
     if openvino is None:
         print(f"OpenVINO {why}", file=sys.stderr)
@@ -162,7 +163,7 @@ def main():
             print(line, flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "threads": args.threads, "onnxruntime": ort.__version__,
-            "torch": torch.__version__}
+            "torch": torch.__version__, **source}
     if openvino:
         meta["openvino"] = openvino_peer.version(openvino)
     print("\n| model | batch | lopper ms | ONNX Runtime ms | PyTorch eager ms | lopper / ORT (spread) |")

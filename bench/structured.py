@@ -32,7 +32,7 @@ import numpy as np
 import onnxruntime as ort
 
 import openvino_peer  # bench/openvino_peer.py
-from results import cpu_model  # bench/results.py
+from results import cpu_model, git_rev  # bench/results.py
 from timing import median_spread, round_ratio  # bench/timing.py
 
 DEFAULT = "resnet18.ts,resnet50.ts,mobilenet_v2.ts,vgg11_bn.ts,densenet121.ts,resnext50_32x4d.ts,vit_b_16.dynamo"
@@ -82,6 +82,7 @@ def main():
                     help="the python of OpenVINO's venv; none: skip it")
     ap.add_argument("--json")
     a = ap.parse_args()
+    source = {"git": git_rev(), "date": time.strftime("%Y-%m-%d")}  # what is measured
     openvino, why = openvino_peer.resolve(a.openvino)
     if openvino is None:
         print(f"OpenVINO {why}", file=sys.stderr)
@@ -168,7 +169,7 @@ def main():
     if a.json:
         meta = dict(machine=f"{platform.machine()}, {os.cpu_count()} cores", cpu=cpu_model(),
                     batch=1, threads=a.threads, iters=a.iters, rounds=a.rounds, amount=a.amount,
-                    onnxruntime=ort.__version__)
+                    onnxruntime=ort.__version__, **source)
         if openvino:
             meta["openvino"] = openvino_peer.version(openvino)
         with open(a.json + ".tmp", "w") as f:

@@ -10,6 +10,7 @@
 #include "exec/onednn.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/rows.h"
 #include "ops/channels.h"
 #include "ops/op.h"
 
@@ -247,6 +248,14 @@ void layer_norm(OpContext& c) {
       (!bias.defined() || bias.sizes() == normalized)) {
     // One fused kernel when scale and bias have the normalized shape (what exporters write).
     if (!c.wants_output(1) && !c.wants_output(2)) {
+      // NOTE: the last axis of a contiguous float32 or bf16 CPU tensor: lopper's rows kernel (a
+      // 12-layer BERT encoder's 24 layer norms, seq 128: ATen 0.49 ms fp32, 0.88 ms bf16).
+      if (normalized.size() == 1 && !c.grad_mode() && x.device().is_cpu() && x.is_contiguous() &&
+          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+          scale.device().is_cpu() && (!bias.defined() || bias.device().is_cpu())) {
+        c.set_output(0, kernels::cpu::layer_norm_last_axis(x, scale, bias, float(eps)));
+        return;
+      }
       c.set_output(0, at::layer_norm(x, normalized, scale, bias, eps));
       return;
     }

@@ -872,6 +872,59 @@ TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
   EXPECT_THROW(kc::softmax_last_axis(at::randn({2, 3}, at::kDouble), 1.f), lopper::Error);
 }
 
+// Layer norm along the last axis against ATen's in float64 (float32 rows) and ATen's mixed bf16
+// kernel (bf16 rows: float32 arithmetic, one rounding): row lengths around the vector widths, with
+// and without a bias, a row holding a NaN or an infinity, 1 and 2 threads, every ISA.
+TEST(RowKernels, LayerNormEveryIsaMatchesAten) {
+  at::Generator gen = at::detail::createCPUGenerator(31);
+  const int threads = at::get_num_threads();
+  int checked = 0;
+  for (kc::Isa isa : isas())
+    for (int64_t n : {1, 5, 16, 33, 768})
+      for (bool with_bias : {true, false}) {
+        at::set_num_threads(1 + checked % 2);
+        at::Tensor x = at::randn({7, 3, n}, gen) * 3 + 1;
+        x[1][2][0] = NAN;
+        x[2][0][n - 1] = INFINITY;
+        const at::Tensor g = at::randn({n}, gen),
+                         b = with_bias ? at::randn({n}, gen) : at::Tensor();
+        const std::string what =
+            std::string(kc::isa_name(isa)) + " n " + std::to_string(n) + (with_bias ? " bias" : "");
+        const at::Tensor y = kc::layer_norm_last_axis(x, g, b, 1e-5f, isa);
+        const at::Tensor ref = at::layer_norm(x.to(at::kDouble), {n}, g.to(at::kDouble),
+                                              with_bias ? b.to(at::kDouble) : at::Tensor(), 1e-5);
+        EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << what;
+        const at::Tensor finite = at::isfinite(ref);
+        EXPECT_LE((y.to(at::kDouble) - ref).abs().masked_fill(~finite, 0).max().item<double>(),
+                  1e-5 * (1 + ref.abs().masked_fill(~finite, 0).max().item<double>()))
+            << what;
+        const at::Tensor x16 = x.to(at::kBFloat16), g16 = g.to(at::kBFloat16);
+        const at::Tensor b16 = with_bias ? b.to(at::kBFloat16) : at::Tensor();
+        const at::Tensor y16 = kc::layer_norm_last_axis(x16, g16, b16, 1e-5f, isa);
+        ASSERT_EQ(y16.scalar_type(), at::kBFloat16);
+        // The bf16 values in float64, and ATen's mixed kernel for the NaN pattern: the result is
+        // float32 arithmetic rounded once, so within half a bf16 step of the exact value plus the
+        // float32 error.
+        const at::Tensor ref16 =
+            at::layer_norm(x16.to(at::kDouble), {n}, g16.to(at::kDouble),
+                           with_bias ? b16.to(at::kDouble) : at::Tensor(), 1e-5);
+        EXPECT_TRUE(at::equal(at::isnan(y16), at::isnan(at::layer_norm(x16, {n}, g16, b16, 1e-5))))
+            << what << " bf16";
+        const at::Tensor ok16 = at::isfinite(ref16);
+        const at::Tensor mag16 = ref16.abs().masked_fill(~ok16, 0);
+        const at::Tensor d16 = (y16.to(at::kDouble) - ref16).abs().masked_fill(~ok16, 0);
+        EXPECT_LE((d16 - mag16 / 256).max().item<double>(), 1e-5 * (1 + mag16.max().item<double>()))
+            << what << " bf16";
+        ++checked;
+      }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 10);
+  EXPECT_THROW(kc::layer_norm_last_axis(at::randn({2, 4}), at::randn({5}), {}, 1e-5f),
+               lopper::Error);
+  EXPECT_THROW(kc::layer_norm_last_axis(at::randn({2, 4}, at::kDouble), at::randn({4}), {}, 1e-5f),
+               lopper::Error);
+}
+
 // Attention in one pass against ATen's three steps in float64: head views of a fused QKV
 // projection (strided rows and columns), a long key axis (blocks of a few query rows), one and
 // many heads, 1 and 2 threads, every ISA; float32 and bfloat16.

@@ -38,6 +38,51 @@ at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
   return y;
 }
 
+at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
+                                const at::Tensor& beta, float eps, Isa isa) {
+  const at::ScalarType type = x.scalar_type();
+  LOPPER_CHECK(x.dim() >= 1 && (type == at::kFloat || type == at::kBFloat16) &&
+                   x.device().is_cpu() && x.is_contiguous(),
+               "[kernels] layer norm wants a contiguous float32 or bfloat16 CPU tensor, got ", type,
+               " ", x.sizes());
+  const int64_t n = x.size(-1);
+  LOPPER_CHECK(gamma.dim() == 1 && gamma.size(0) == n &&
+                   (!beta.defined() || (beta.dim() == 1 && beta.size(0) == n)),
+               "[kernels] layer norm's scale and bias must be [", n, "]");
+  at::Tensor y = at::empty_like(x);
+  if (x.numel() == 0 || n == 0) return y;
+  // Scale and bias as float32 (a bf16 model's are bf16: widened exactly).
+  const at::Tensor g = gamma.to(at::kFloat).contiguous();
+  const at::Tensor b = beta.defined() ? beta.to(at::kFloat).contiguous() : at::Tensor();
+  const float* gp = g.data_ptr<float>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const RowsIsaOps& ops = rows_ops(isa);
+  const int64_t rows = x.numel() / n;
+  const int64_t grain = std::max<int64_t>(1, (16 << 10) / n);  // about 16K values a piece
+  if (type == at::kFloat) {
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      ops.layer_norm(xp, yp, r0, r1, n, gp, bp, eps);
+    });
+    return y;
+  }
+  // NOTE: a bf16 row widened into the thread's scratch (in L1), normalised there and rounded into
+  // y: the arithmetic as in float32, one rounding.
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < size_t(n)) buf.resize(size_t(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      widen_span(xp + r * n, buf.data(), n);
+      ops.layer_norm(buf.data(), buf.data(), 0, 1, n, gp, bp, eps);
+      narrow_span(buf.data(), yp + r * n, n);
+    }
+  });
+  return y;
+}
+
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                             float scale, Isa isa) {
   const at::ScalarType type = q.scalar_type();

@@ -13,6 +13,13 @@ namespace lopper::kernels::cpu {
 /// 2e-7); see rows_impl.h for NaN and -inf.
 at::Tensor softmax_last_axis(const at::Tensor& x, float scale, Isa isa = active_isa());
 
+/// Layer norm along x's last axis, y = (x - mean) / sqrt(var + eps) * gamma + beta, for a
+/// contiguous float32 or bfloat16 CPU tensor x (rank >= 1, last axis n) and gamma, beta [n] of x's
+/// type (beta may be undefined): y of x's type, computed in float32 (bf16 rows widened on the way
+/// in, the result rounded once, as ATen's mixed kernel), the rows split between ATen's threads.
+at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
+                                const at::Tensor& beta, float eps, Isa isa = active_isa());
+
 /// Attention, y[i] = softmax(scale * q[i] kt[i]) v[i] for each i of q [b, sq, d], kt [b, d, sk] and
 /// v [b, sk, dv] (CPU, none empty, all float32 or all bfloat16; rows and columns may be strided, as
 /// the head views of a fused QKV projection are): y [b, sq, dv] of their type, laid out as [sq, b,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -286,6 +287,55 @@ void attention_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, float*
   attn_product<T>(s, skp, va, ldv, a.sk, r, a.dv, a.y + h * a.y_hs + r0 * a.y_rs, a.y_rs);
 }
 
+// --- layer norm of rows ------------------------------------------------------------------------
+//
+// Three passes over a row while it is in L1: the mean, the variance as the mean of the squared
+// deviations (two passes: no cancellation), then the normalised, scaled and shifted values. NaN or
+// an infinity in a row makes the row NaN, as ATen's.
+template <class T>
+void layer_norm_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, const float* g,
+                     const float* b, float eps) {
+  using V = typename T::V;
+  constexpr int64_t W = T::W;
+  const int64_t nw = n / W * W;
+  const int tail = int(n - nw);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    V s0 = T::zero(), s1 = T::zero();
+    int64_t j = 0;
+    for (; j + 2 * W <= nw; j += 2 * W)
+      s0 = T::add(s0, T::load(xr + j)), s1 = T::add(s1, T::load(xr + j + W));
+    for (; j < nw; j += W) s0 = T::add(s0, T::load(xr + j));
+    float sum = T::hsum(T::add(s0, s1));
+    for (j = nw; j < n; ++j) sum += xr[j];
+    const float mean = sum / float(n);
+    const V vm = T::set1(mean);
+    s0 = T::zero(), s1 = T::zero();
+    for (j = 0; j + 2 * W <= nw; j += 2 * W) {
+      const V d0 = T::sub(T::load(xr + j), vm), d1 = T::sub(T::load(xr + j + W), vm);
+      s0 = T::fma(d0, d0, s0), s1 = T::fma(d1, d1, s1);
+    }
+    for (; j < nw; j += W) {
+      const V d = T::sub(T::load(xr + j), vm);
+      s0 = T::fma(d, d, s0);
+    }
+    float sq = T::hsum(T::add(s0, s1));
+    for (j = nw; j < n; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
+    const float rstd = 1.f / std::sqrt(sq / float(n) + eps);
+    const V vr = T::set1(rstd);
+    for (j = 0; j < nw; j += W) {
+      const V v = T::mul(T::sub(T::load(xr + j), vm), vr);
+      T::store(yr + j, b ? T::fma(v, T::load(g + j), T::load(b + j)) : T::mul(v, T::load(g + j)));
+    }
+    if (tail > 0) {
+      const V v = T::mul(T::sub(T::loadm(xr + nw, tail), vm), vr);
+      const V gv = T::loadm(g + nw, tail);
+      T::storem(yr + nw, b ? T::fma(v, gv, T::loadm(b + nw, tail)) : T::mul(v, gv), tail);
+    }
+  }
+}
+
 }  // namespace
 
 extern const RowsIsaOps LOPPER_ROWS_OPS_NAME;
@@ -299,6 +349,7 @@ const RowsIsaOps LOPPER_ROWS_OPS_NAME = {
         attention_block<Wide, true>(a, h, r0, r, scratch);
       else
         attention_block<Wide, false>(a, h, r0, r, scratch);
-    }};
+    },
+    layer_norm_rows<Wide>};
 
 }  // namespace lopper::kernels::cpu

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <vector>
 
 namespace lopper::kernels::cpu {
 namespace {
@@ -74,6 +75,14 @@ void parallel_steal(int64_t n, int64_t grain, const std::function<void(int64_t, 
       if (take(shares[victim], false, grain, &b, &e)) fn(b, e);
     }
   });
+}
+
+float* thread_scratch(int slot, size_t floats) {
+  thread_local std::vector<float> bufs[2];
+  auto& b = bufs[slot];
+  if (b.size() < floats + 16) b.resize(floats + 16);
+  const auto addr = reinterpret_cast<uintptr_t>(b.data());
+  return b.data() + ((64 - addr % 64) % 64) / sizeof(float);
 }
 
 }  // namespace lopper::kernels::cpu

@@ -1,6 +1,7 @@
 // Work split between the CPU threads, with stealing (internal).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -29,6 +30,12 @@ class SerialScope {
  private:
   bool before_;
 };
+
+/// A scratch buffer of the calling thread (slot 0 or 1), at least `floats` long and aligned to 64
+/// bytes, that only grows: large per-call allocations would be returned to the system and
+/// page-faulted back in on every run, and a vector load that straddles two lines costs two. Its
+/// contents are the caller's until the thread's next call for the same slot.
+float* thread_scratch(int slot, size_t floats);
 
 /// Chunks a thread's share is cut in: a late thread's work can be taken in quarters (each call sets
 /// up again what its items share: eighths cost small layers more than they gained).

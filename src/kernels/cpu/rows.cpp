@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/parallel.h"
@@ -72,12 +71,11 @@ at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> buf;
-    if (buf.size() < size_t(n)) buf.resize(size_t(n));
+    float* row = thread_scratch(0, size_t(n));
     for (int64_t r = r0; r < r1; ++r) {
-      widen_span(xp + r * n, buf.data(), n);
-      ops.layer_norm(buf.data(), buf.data(), 0, 1, n, gp, bp, eps);
-      narrow_span(buf.data(), yp + r * n, n);
+      widen_span(xp + r * n, row, n);
+      ops.layer_norm(row, row, 0, 1, n, gp, bp, eps);
+      narrow_span(row, yp + r * n, n);
     }
   });
   return y;
@@ -111,13 +109,9 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   const int64_t rows = std::clamp<int64_t>((32 << 10) / attn_round(sk), 1, sq);
   const int64_t blocks = (sq + rows - 1) / rows;
   const RowsIsaOps& ops = rows_ops(isa);
-  const size_t need = size_t(attention_scratch(a, rows)) + 16;
+  const size_t need = size_t(attention_scratch(a, rows));
   parallel_steal(b * blocks, 1, [&](int64_t t0, int64_t t1) {
-    // NOTE: a scratch per thread that only grows (aligned to 64 bytes), as the sparse kernels'.
-    thread_local std::vector<float> buf;
-    if (buf.size() < need) buf.resize(need);
-    const auto addr = reinterpret_cast<uintptr_t>(buf.data());
-    float* scratch = buf.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    float* scratch = thread_scratch(0, need);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i = t / blocks, r0 = t % blocks * rows;
       ops.attention(a, i, r0, std::min(rows, sq - r0), scratch);

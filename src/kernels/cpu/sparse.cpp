@@ -20,18 +20,6 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const SparseIsaOps& ops_of(Isa isa) { return for_isa(isa, kAvx512Ops, kAvx2Ops, kScalarOps); }
 
-// A scratch buffer per thread that only grows: large per-call allocations would be returned to
-// the system and page-faulted back in on every run.
-// NOTE: aligned to 64 bytes, with rows of whole cache lines (see padded()): a vector load that
-// straddles two lines costs two.
-float* scratch(int slot, size_t floats) {
-  thread_local std::vector<float> bufs[2];
-  auto& b = bufs[slot];
-  if (b.size() < floats + 16) b.resize(floats + 16);
-  auto addr = reinterpret_cast<uintptr_t>(b.data());
-  return b.data() + ((64 - addr % 64) % 64) / sizeof(float);
-}
-
 // Row boundaries [0, ..., rows] splitting rows into `parts` (at most one per row) of near-equal
 // cost, `cost(r)` being the cost of rows [0, r) (nondecreasing).
 template <class Cost>
@@ -283,8 +271,8 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
         // NOTE: outputs in groups of 64 rows, each transposed into y while its 16 KB of results
         // are still in L1; one transpose of all rows would go through L2 twice.
         const int64_t group = std::max<int64_t>(1, 64 / block_.r), ld = padded(mt);
-        float* xt = scratch(0, size_t(k_ * ld));
-        float* yt = scratch(1, size_t(group * block_.r * ld));
+        float* xt = thread_scratch(0, size_t(k_ * ld));
+        float* yt = thread_scratch(1, size_t(group * block_.r * ld));
         ops.transpose(xp + m0 * ldx, mt, k_, ldx, xt, ld);
         for (int64_t g0 = br0; g0 < br1; g0 += group) {
           const int64_t g1 = std::min(br1, g0 + group);

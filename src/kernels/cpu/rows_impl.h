@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -78,14 +77,10 @@ void softmax_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, f
 
 template <bool kBf16>
 inline float attn_at(const void* base, int64_t i) {
-  if constexpr (kBf16) {
-    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(base)[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-  } else {
+  if constexpr (kBf16)
+    return Scalar::load_bf16(static_cast<const uint16_t*>(base) + i);
+  else
     return static_cast<const float*>(base)[i];
-  }
 }
 
 // dst[i][j] = src[i * rs + j * cs] for i < rows, j < cols; dst rows ldd apart, zero from cols to
@@ -191,19 +186,10 @@ void attn_product(const float* a, int64_t lda, const float* b, int64_t ldb, int6
 // W consecutive values at p as floats: float32 as they are, bfloat16 widened (exactly).
 template <bool kBf16>
 inline Wide::V attn_load(const void* p) {
-  if constexpr (!kBf16) {
+  if constexpr (kBf16)
+    return Wide::load_bf16(static_cast<const uint16_t*>(p));
+  else
     return Wide::load(static_cast<const float*>(p));
-  } else {
-#if LOPPER_SPARSE_ISA > 1
-    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-#elif LOPPER_SPARSE_ISA > 0
-    const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-#else
-    return attn_at<true>(p, 0);
-#endif
-  }
 }
 
 // dst[i][0, cols) = src row i (rows rs elements apart, contiguous), zero from cols to ldd.

@@ -323,10 +323,7 @@ constexpr int kPrefetchBytes = 2048;
 template <bool kBf16>
 inline __m512 masked_values(const void* val, int64_t at, __mmask16 m) {
   if constexpr (kBf16) {
-    const __m256i h = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(val) + at));
-    return _mm512_maskz_expand_ps(
-        m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    return _mm512_maskz_expand_ps(m, V16::load_bf16(static_cast<const uint16_t*>(val) + at));
   } else {
     return _mm512_maskz_expand_ps(m, _mm512_loadu_ps(static_cast<const float*>(val) + at));
   }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/epilogue.h"
 
@@ -36,6 +37,13 @@ struct Scalar {
   static V zero() { return 0.f; }
   static V set1(float a) { return a; }
   static V load(const float* p) { return *p; }
+  // W bfloat16 values (their bits) widened to float, exactly.
+  static V load_bf16(const uint16_t* p) {
+    const uint32_t bits = uint32_t(*p) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
   static V loadm(const float* p, int n) { return n > 0 ? *p : 0.f; }
   static void store(float* p, V v) { *p = v; }
   static void storem(float* p, V v, int n) {
@@ -97,6 +105,10 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float a) { return _mm256_set1_ps(a); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
   static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
@@ -167,6 +179,10 @@ struct V16 {        // 16 floats (AVX-512F)
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float a) { return _mm512_set1_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
   static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }

@@ -1,23 +1,14 @@
-// bfloat16 <-> float32 on the CPU (internal): the element conversions lopper's kernels inline, and
+// bfloat16 <-> float32 on the CPU (internal): the element conversions (bf16_bits.h), and
 // whole-tensor ones for a bf16 layer that runs a float32 kernel of lopper's own.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <bit>
 #include <cstdint>
 
+#include "kernels/cpu/bf16_bits.h"
+
 namespace lopper::kernels::cpu {
-
-/// The float a bfloat16's bits stand for (exact).
-inline float from_bf16(uint16_t v) { return std::bit_cast<float>(uint32_t(v) << 16); }
-
-/// `v` rounded to the nearest bfloat16, ties to even (as c10::BFloat16 and vcvtneps2bf16); a NaN
-/// stays a (quiet) NaN. Branch-free, so that loops over it vectorise.
-inline uint16_t to_bf16(float v) {
-  const uint32_t u = std::bit_cast<uint32_t>(v);
-  return v != v ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /// y[i] = from_bf16(x[i]) / y[i] = to_bf16(x[i]) for i < n: the row conversions of kernels that
 /// read and write bfloat16 tensors and compute in float32 (vectorised per ISA).

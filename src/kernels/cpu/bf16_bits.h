@@ -1,0 +1,20 @@
+// bfloat16 <-> float32 for one value, as the kernels inline it (internal). Plain C++, no ATen: the
+// per-ISA kernel files include it too.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace lopper::kernels::cpu {
+
+/// The float a bfloat16's bits stand for (exact).
+inline float from_bf16(uint16_t v) { return std::bit_cast<float>(uint32_t(v) << 16); }
+
+/// `v` rounded to the nearest bfloat16, ties to even (as c10::BFloat16 and vcvtneps2bf16); a NaN
+/// stays a (quiet) NaN. Branch-free, so that loops over it vectorise.
+inline uint16_t to_bf16(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return v != v ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace lopper::kernels::cpu

@@ -732,10 +732,9 @@ void masked_bf16(const MaskView& w, int64_t r0, int64_t r1, const uint16_t* x, i
 #endif
 
 #if LOPPER_SPARSE_ISA > 0
-// dst[j][i] = src[i][j] for an 8 x 8 tile, in registers.
-inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+// r[j][i] = r[i][j] for 8 vectors of 8 floats.
+inline void transpose8x8_regs(__m256 r[8]) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -747,9 +746,18 @@ inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd)
     r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
   for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
   }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+// dst[j][i] = src[i][j] for an 8 x 8 tile, in registers.
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  transpose8x8_regs(r);
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, r[i]);
 }
 #endif
 

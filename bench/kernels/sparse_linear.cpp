@@ -83,6 +83,26 @@ void BM_Sparse(benchmark::State& state) {
   state.SetLabel(std::string(kc::isa_name(isa)));
 }
 
+// The cols kernel in bfloat16 (weights in pairs, AVX512_BF16): x and y bfloat16. Named bf16-*, so
+// that bench/sparse_kernels.py's float32 tables leave it out.
+template <int R, int C>
+void BM_SparseBf16(benchmark::State& state) {
+  Shape s(state);
+  kc::BlockShape blk{R, C};
+  at::Tensor w = pruned_weight(s.out, s.in, s.sparsity, blk).to(at::kBFloat16).to(at::kFloat);
+  at::Tensor b = at::randn({s.out}), x = at::randn({s.batch, s.in}).to(at::kBFloat16);
+  kc::SparseWeight sw(w, blk, b, true);
+  const kc::Isa isa = kc::active_isa();
+  if (!sw.runs_bf16(isa)) {
+    state.SkipWithError("no AVX512_BF16 on this CPU");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(sw.linear_bf16(x, {}, isa));
+  set_counters(state, s);
+  state.counters["stored"] = double(sw.stored());
+  state.SetLabel(std::string(kc::isa_name(isa)) + " bf16");
+}
+
 void shapes(benchmark::internal::Benchmark* b, bool dense) {
   for (auto [in, out] : {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}})
     for (int64_t batch : {1, 8, 32, 128})
@@ -107,6 +127,10 @@ BENCHMARK(BM_Sparse<4, 1, kc::Algo::kRows>)->Name("bcsr4x1-rows")->Apply(sparse_
 BENCHMARK(BM_Sparse<4, 1, kc::Algo::kCols>)->Name("bcsr4x1-cols")->Apply(sparse_shapes);
 BENCHMARK(BM_Sparse<8, 1, kc::Algo::kRows>)->Name("bcsr8x1-rows")->Apply(sparse_shapes);
 BENCHMARK(BM_Sparse<8, 1, kc::Algo::kCols>)->Name("bcsr8x1-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_SparseBf16<1, 1>)->Name("bf16-csr-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_SparseBf16<1, 4>)->Name("bf16-bcsr1x4-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_SparseBf16<4, 1>)->Name("bf16-bcsr4x1-cols")->Apply(sparse_shapes);
+BENCHMARK(BM_SparseBf16<8, 1>)->Name("bf16-bcsr8x1-cols")->Apply(sparse_shapes);
 
 namespace {
 

@@ -21,12 +21,16 @@ struct SparseCandidate {
   /// A float32 format of a bfloat16 layer's weight: x is widened to float32 before the kernel
   /// and y rounded back to bfloat16 after (run_sparse_linear, run_sparse_cols).
   bool widened = false;
+  /// The bfloat16 cols kernel (SparseWeight::linear_bf16) on `weight`'s pairs.
+  bool pairs = false;
 };
 
 /// Every (format, kernel) pair worth timing for w [N, K] (float32) and its bias: CSR always, a
 /// block format when its blocks are nearly full (the weight was pruned in that pattern), and the
 /// bitmask format for products of a few rows (`rows` <= 16, every algo allowed); a bfloat16 `w`
-/// gets the bitmask format in bfloat16 and the others widened to float32 (`widened`). Empty when
+/// gets the bitmask format in bfloat16 and the others widened to float32 (`widened`), and, for
+/// products of more rows (`rows` > 16) on a CPU with the bfloat16 dot product, every block format's
+/// cols kernel in bfloat16 (`pairs`). Empty when
 /// the weight is too dense for a sparse kernel to win, or when LOPPER_SPARSE=off. `algos` restricts
 /// the kernels (e.g. only kCols for im2col columns).
 std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w, const at::Tensor& bias,

@@ -10,6 +10,7 @@
 #include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "exec/onednn.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
 #include "lopper/memory.h"
@@ -994,7 +995,8 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
 }
 
 // A sparse layer in bf16 (--precision bf16) has the float32 sparse formats as candidates, on its
-// input widened and its output rounded back: forced, they give ATen's bf16 result within bf16's
+// input widened and its output rounded back, and for products of many rows, on a CPU with
+// AVX512_BF16, the cols kernel in bfloat16: forced, each gives ATen's bf16 result within bf16's
 // rounding, for products of many rows (an encoder's sequence) and of a few (a classifier).
 TEST(Exec, Bf16SparseLayersRunTheFloatFormatsWidened) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
@@ -1012,6 +1014,13 @@ TEST(Exec, Bf16SparseLayersRunTheFloatFormatsWidened) {
     const at::Tensor got = run_forced(exec, feeds, "csr-cols-fp32,csr-rows-fp32");
     EXPECT_LE(test::relative_max_diff(got, want), 2e-2);
     EXPECT_GT(chosen(exec, [](const std::string& k) { return has(k, "-fp32"); }), 0);
+    Executor pairs(m, eo);
+    const at::Tensor got_pairs = run_forced(pairs, feeds, "csr-cols-bf16,csr-cols-fp32");
+    EXPECT_LE(test::relative_max_diff(got_pairs, want), 2e-2);
+    const int bf16_cols = chosen(pairs, [](const std::string& k) { return has(k, "-cols-bf16"); });
+    if (kernels::cpu::bf16_dot_supported(kernels::cpu::active_isa()) &&
+        std::string(stem) == "transformer_encoder")
+      EXPECT_GT(bf16_cols, 0);
   }
   unsetenv("LOPPER_KERNEL_CACHE");
 }

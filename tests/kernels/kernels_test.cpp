@@ -375,6 +375,75 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
   EXPECT_GT(checked, 300);
 }
 
+// The bfloat16 cols kernel (SparseWeight::linear_bf16, weights in pairs of inputs, AVX512_BF16)
+// against ATen's dense result on the same bfloat16 values in float64: every block shape, odd
+// counts of inputs per block row (the last one's partner is the zero row), tiles of 1 to 64 rows
+// and more (column counts around the kernel's 32), x rows with a stride, bias and activations;
+// NaN and infinities as ATen's; an empty batch; refusals. Skipped on a CPU without it.
+TEST(SparseKernels, Bf16ColsMatchesDenseAten) {
+  const kc::Isa isa = kc::Isa::kAvx512;
+  if (!kc::isa_supported(isa) || !kc::bf16_dot_supported(isa)) {
+    std::cout << "[ SKIP ] this CPU has no AVX512_BF16\n";
+    GTEST_SKIP();
+  }
+  std::mt19937 rng(2468);
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  int checked = 0;
+  for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
+    std::vector<Case> cases;
+    for (int i = 0; i < 40; ++i) {
+      Case c = random_case(rng, b);
+      c.m = *(std::initializer_list<int64_t>{1, 5, 31, 32, 33, 63, 64, 65, 100, 130, 256}.begin() +
+              rng() % 11);
+      cases.push_back(c);
+    }
+    cases.push_back({130, 97, 65, 0.9, true, true, true, {kc::Activation::kNone}, 5});
+    cases.push_back({33, std::max<int64_t>(b.c, 19), 40, 1.0, false, false, true, {}, 0});
+    for (const Case& c : cases) {
+      const at::Tensor w = make_weight(c, b, gen).to(at::kBFloat16);
+      const at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
+      const kc::SparseWeight sw(w.to(at::kFloat), b, bias, true);
+      ASSERT_TRUE(sw.runs_bf16(isa));
+      const at::Tensor xs = at::randn({c.m, c.k + c.pad}, gen).to(at::kBFloat16);
+      const at::Tensor x = xs.narrow(1, 0, c.k);
+      const at::Tensor y = sw.linear_bf16(x, c.act, isa);
+      const at::Tensor ref = reference(x, w, bias, c.act);
+      SCOPED_TRACE(describe(c, isa, b, kc::Algo::kCols) + " bf16");
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      ASSERT_EQ(y.sizes(), ref.sizes());
+      // float32 sums of exact products, y rounded once to bfloat16
+      ASSERT_LT(nmse(y, ref), 1e-5);
+      ++checked;
+    }
+    // Non-finite inputs through a weight with no zero: NaN exactly where ATen's, and infinities.
+    for (int64_t k : {23, 24}) {  // an odd count per row, and an even one
+      const at::Tensor w = at::randn({20, k}, gen).to(at::kBFloat16);
+      const at::Tensor bias = at::randn({20}, gen);
+      const kc::SparseWeight sw(w.to(at::kFloat), b.c <= k ? b : kc::BlockShape{}, bias, true);
+      at::Tensor x = at::randn({40, k}, gen);
+      x[0][3] = NAN, x[1][5] = INFINITY, x[2][0] = -INFINITY, x[3][k - 1] = INFINITY;
+      x = x.to(at::kBFloat16);
+      const at::Tensor y = sw.linear_bf16(x, {}, isa).to(at::kDouble);
+      const at::Tensor ref = reference(x, w, bias, {});
+      EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << b.str() << " k=" << k;
+      EXPECT_TRUE(at::equal(at::isinf(y), at::isinf(ref))) << b.str() << " k=" << k;
+      EXPECT_TRUE(at::equal(y.masked_select(at::isinf(ref)), ref.masked_select(at::isinf(ref))));
+      const at::Tensor finite = at::isfinite(ref);
+      EXPECT_LT(nmse(y.masked_select(finite), ref.masked_select(finite)), 1e-5);
+      EXPECT_EQ(sw.linear_bf16(x.narrow(0, 0, 0), {}, isa).sizes(), (std::vector<int64_t>{0, 20}));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 150);
+  // Refusals: float32 x, the wrong k, a weight packed without pairs.
+  const kc::SparseWeight sw(at::randn({8, 16}), {1, 1}, {}, true);
+  EXPECT_THROW(sw.linear_bf16(at::randn({4, 16}), {}, isa), lopper::Error);
+  EXPECT_THROW(sw.linear_bf16(at::randn({4, 15}).to(at::kBFloat16), {}, isa), lopper::Error);
+  const kc::SparseWeight plain(at::randn({8, 16}), {1, 1});
+  EXPECT_FALSE(plain.runs_bf16(isa));
+  EXPECT_THROW(plain.linear_bf16(at::randn({4, 16}).to(at::kBFloat16), {}, isa), lopper::Error);
+}
+
 // The bitmask format (MaskedWeight) for the decode regime: every ISA x float32 and bfloat16
 // weights x float32 and bfloat16 activations against ATen's dense result, odd sizes (k not a
 // multiple of 16 or 8), 0% and 100%, empty rows and inputs, 2:4 weights (addressed without

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <limits>
 
+#include "kernels/cpu/bf16_bits.h"
 #include "kernels/cpu/parallel.h"
 #include "lopper/error.h"
 
@@ -166,7 +167,8 @@ int64_t stored_values(const at::Tensor& w2, BlockShape b) {
   return blocks * b.r * b.c;
 }
 
-SparseWeight::SparseWeight(const at::Tensor& w_in, BlockShape b, const at::Tensor& bias)
+SparseWeight::SparseWeight(const at::Tensor& w_in, BlockShape b, const at::Tensor& bias,
+                           bool bf16_pairs)
     : block_(b) {
   LOPPER_CHECK(w_in.dim() == 2 && w_in.device().is_cpu() && w_in.scalar_type() == at::kFloat,
                "[kernels] a sparse weight must be a 2-D float32 CPU tensor");
@@ -200,6 +202,41 @@ SparseWeight::SparseWeight(const at::Tensor& w_in, BlockShape b, const at::Tenso
     bias_.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + n_);
     bias_.resize(ceil_div(n_, 8) * 8, 0.f);
   }
+  if (bf16_pairs) pack_pairs();
+}
+
+void SparseWeight::pack_pairs() {
+  const int R = block_.r, C = block_.c;
+  const int64_t rows = static_cast<int64_t>(ptr_.size()) - 1;
+  pair_ptr_.assign(1, 0);
+  std::vector<uint16_t> first(size_t(R), 0);
+  for (int64_t br = 0; br < rows; ++br) {
+    int32_t pending = -1;  // an input waiting for its partner, its weights in `first`
+    auto slot = [&](int32_t input, const float* w) {  // w[i]: the weight of output i
+      uint16_t v[8];
+      bool any = false;
+      for (int i = 0; i < R; ++i) any |= (v[i] = to_bf16(w[i])) & 0x7fffu;
+      if (!any) return;  // a column of a block with nothing in it (or only values below bf16's)
+      if (pending < 0) {
+        pending = input;
+        std::copy(v, v + R, first.begin());
+        return;
+      }
+      pair_idx_.push_back(pending), pair_idx_.push_back(input);
+      for (int i = 0; i < R; ++i)
+        pair_val_.push_back(uint32_t(first[size_t(i)]) | uint32_t(v[i]) << 16);
+      pending = -1;
+    };
+    for (int32_t j = ptr_[br]; j < ptr_[br + 1]; ++j)
+      for (int c = 0; c < C; ++c) slot(col_[j] + c, val_.data() + int64_t(j) * R * C + c * R);
+    if (pending >= 0) {  // its partner: xt's row of zeros (not an input: 0 x Inf is NaN)
+      pair_idx_.push_back(pending), pair_idx_.push_back(static_cast<int32_t>(k_));
+      for (int i = 0; i < R; ++i) pair_val_.push_back(first[size_t(i)]);
+    }
+    LOPPER_CHECK(pair_idx_.size() / 2 < size_t(std::numeric_limits<int32_t>::max()),
+                 "[kernels] too many pairs for 32-bit offsets");
+    pair_ptr_.push_back(static_cast<int32_t>(pair_idx_.size() / 2));
+  }
 }
 
 bool SparseWeight::supports(Algo a) const {
@@ -220,6 +257,17 @@ SpView SparseWeight::view() const {
   s.r = block_.r, s.c = block_.c, s.n = n_, s.k = k_;
   s.ptr = ptr_.data(), s.col = col_.data(), s.val = val_.data();
   return s;
+}
+
+PairView SparseWeight::pair_view() const {
+  PairView s;
+  s.r = block_.r, s.n = n_, s.k = k_;
+  s.ptr = pair_ptr_.data(), s.idx = pair_idx_.data(), s.val = pair_val_.data();
+  return s;
+}
+
+bool SparseWeight::runs_bf16(Isa isa) const {
+  return !pair_ptr_.empty() && bf16_dot_supported(isa) && ops_of(isa).cols_bf16 != nullptr;
 }
 
 std::vector<int64_t> SparseWeight::split_rows(int64_t parts) const {
@@ -283,6 +331,54 @@ void SparseWeight::linear_into(const at::Tensor& x_in, at::Tensor& y, Algo algo,
       }
     }
   });
+}
+
+at::Tensor SparseWeight::linear_bf16(const at::Tensor& x_in, Activation act, Isa isa) const {
+  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == k_ && x_in.scalar_type() == at::kBFloat16,
+               "[kernels] sparse bf16 linear: x must be [m, ", k_, "] bfloat16, got ",
+               x_in.scalar_type(), " ", x_in.sizes());
+  LOPPER_CHECK(runs_bf16(isa), "[kernels] sparse bf16 linear: ",
+               pair_ptr_.empty() ? "the weight was packed without bf16 pairs"
+                                 : "the CPU has no bfloat16 dot product");
+  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  const int64_t m = x.size(0), ldx = x.stride(0);
+  at::Tensor y = at::empty({m, n_}, x.options());
+  if (m == 0 || n_ == 0) return y;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const SparseIsaOps& ops = ops_of(isa);
+  const PairView s = pair_view();
+  const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
+  // As linear_into's cols: tiles of 64 rows, split by outputs when there are fewer than threads.
+  constexpr int64_t kTile = 64;
+  const int64_t tiles = ceil_div(m, kTile);
+  const int64_t rows = static_cast<int64_t>(pair_ptr_.size()) - 1;
+  const auto bounds = split_by_cost(rows, ceil_div(at::get_num_threads(), tiles),
+                                    [&](int64_t br) { return int64_t(pair_ptr_[br]) + 2 * br; });
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  parallel_steal(tiles * chunks, steal_grain(tiles * chunks), [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t m0 = (item / chunks) * kTile, mt = std::min(kTile, m - m0);
+      const int64_t br0 = bounds[item % chunks], br1 = bounds[item % chunks + 1];
+      // xt: a row of ld 16-bit values per input, columns past mt zero (the kernel reads whole
+      // vectors of 32), and row k all zero (PairView); yt as in linear_into.
+      const int64_t ld = ceil_div(mt, 32) * 32, group = std::max<int64_t>(1, 64 / block_.r);
+      auto* xt = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t((k_ + 1) * ld / 2)));
+      float* yt = thread_scratch(1, size_t(group * block_.r * ld));
+      ops.transpose16(xp + m0 * ldx, mt, k_, ldx, xt, ld);
+      if (mt < ld)
+        for (int64_t i = 0; i < k_; ++i)
+          std::fill(xt + i * ld + mt, xt + (i + 1) * ld, uint16_t(0));
+      std::fill(xt + k_ * ld, xt + (k_ + 1) * ld, uint16_t(0));
+      for (int64_t g0 = br0; g0 < br1; g0 += group) {
+        const int64_t g1 = std::min(br1, g0 + group);
+        const int64_t n0 = g0 * block_.r, n1 = std::min(n_, g1 * block_.r);
+        ops.cols_bf16(s, g0, g1, xt, ld, ld, yt, ld, n0, e);
+        ops.transpose_narrow(yt, n1 - n0, mt, ld, yp + m0 * n_ + n0, n_);
+      }
+    }
+  });
+  return y;
 }
 
 at::Tensor SparseWeight::cols_batched(const at::Tensor& x_in, Activation act, Isa isa) const {

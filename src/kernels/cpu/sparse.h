@@ -71,8 +71,11 @@ int64_t stored_values(const at::Tensor& w, BlockShape b);
 
 class SparseWeight {
  public:
-  /// Packs a float32 CPU weight w [n, k] (rows are outputs) and its bias [n] (optional).
-  SparseWeight(const at::Tensor& w, BlockShape b, const at::Tensor& bias = {});
+  /// Packs a float32 CPU weight w [n, k] (rows are outputs) and its bias [n] (optional); with
+  /// `bf16_pairs`, also its blocks as pairs of inputs in bfloat16 for linear_bf16 (blocks of 1x1,
+  /// 1x4, 4x1 or 8x1; values rounded to bfloat16, exact for a weight that was bfloat16).
+  SparseWeight(const at::Tensor& w, BlockShape b, const at::Tensor& bias = {},
+               bool bf16_pairs = false);
 
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
@@ -87,9 +90,16 @@ class SparseWeight {
   void linear_into(const at::Tensor& x, at::Tensor& y, Algo algo, Activation act, Isa isa) const;
   /// y [b, n, l] = act(w . x[b] + bias) for x [b, k, l] (an NCHW activation or im2col columns).
   at::Tensor cols_batched(const at::Tensor& x, Activation act, Isa isa) const;
+  /// Whether linear_bf16 runs: packed with bf16_pairs and bf16_dot_supported(isa).
+  bool runs_bf16(Isa isa) const;
+  /// y [m, n] (bfloat16) = act(x [m, k] . w^T + bias) for bfloat16 x, by the cols kernel on the
+  /// CPU's bfloat16 dot product (products summed in float32, y rounded once). Needs runs_bf16.
+  at::Tensor linear_bf16(const at::Tensor& x, Activation act, Isa isa) const;
 
  private:
   SpView view() const;
+  PairView pair_view() const;
+  void pack_pairs();
   /// Block-row boundaries splitting the stored blocks into `parts` near-equal shares.
   std::vector<int64_t> split_rows(int64_t parts) const;
 
@@ -97,6 +107,8 @@ class SparseWeight {
   BlockShape block_;
   std::vector<int32_t> ptr_, col_;
   std::vector<float> val_, bias_;  // bias_ padded with zeros to whole blocks (empty: no bias)
+  std::vector<int32_t> pair_ptr_, pair_idx_;  // PairView (empty: not packed)
+  std::vector<uint32_t> pair_val_;
 };
 
 /// A weight packed by bitmask for a few rows of x at a time (the decode regime): per output row one

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/bf16_bits.h"
 #include "kernels/cpu/sparse_isa.h"
 #include "kernels/cpu/vec_impl.h"
 
@@ -786,6 +787,165 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float*
 #endif
 }
 
+#if LOPPER_SPARSE_ISA > 1
+// --- cols_bf16: bfloat16 xt and weights in pairs, by the CPU's bfloat16 dot product ------------
+//
+// Per pair of inputs, their rows of xt are interleaved 16 bits at a time (unpacklo/hi_epi16: in
+// each 128-bit lane, columns 0-3 and 4-7) and one vdpbf16ps per vector adds both products to 16
+// float32 sums: per 2 weights and 32 columns, two loads, two shuffles and two FMA-port
+// instructions, where the float32 kernel spends four loads and four FMAs. The sums come out
+// permuted by the lanes; the output stage puts them back in column order.
+#pragma GCC push_options
+#pragma GCC target("avx512bw,avx512vbmi2,avx512bf16")
+
+template <int R, int NV, int U>
+inline void cols_bf16_panel(const PairView& w, int64_t br, const uint16_t* xt, int64_t ldx,
+                            float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  __m512 acc[U][R][NV][2];
+  LOPPER_UNROLL for (int u = 0; u < U; ++u) LOPPER_UNROLL for (int r = 0; r < R; ++r)
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[u][r][v][0] = acc[u][r][v][1] =
+          _mm512_setzero_ps();
+  auto pair = [&](int u, int32_t j) __attribute__((always_inline)) {
+    const uint16_t* x0 = xt + int64_t(w.idx[2 * j]) * ldx;
+    const uint16_t* x1 = xt + int64_t(w.idx[2 * j + 1]) * ldx;
+    __m512i lo[NV], hi[NV];
+    LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+      const __m512i a = _mm512_loadu_si512(x0 + 32 * v), b = _mm512_loadu_si512(x1 + 32 * v);
+      lo[v] = _mm512_unpacklo_epi16(a, b);
+      hi[v] = _mm512_unpackhi_epi16(a, b);
+    }
+    const uint32_t* wp = w.val + int64_t(j) * R;
+    LOPPER_UNROLL for (int r = 0; r < R; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_set1_epi32(int(wp[r]));
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+        acc[u][r][v][0] = _mm512_dpbf16_ps(acc[u][r][v][0], (__m512bh)lo[v], wv);
+        acc[u][r][v][1] = _mm512_dpbf16_ps(acc[u][r][v][1], (__m512bh)hi[v], wv);
+      }
+    }
+  };
+  const int32_t j1 = w.ptr[br + 1];
+  int32_t j = w.ptr[br];
+  for (; j + U <= j1; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) pair(u, j + u);
+  for (; j < j1; ++j) pair(0, j);
+  LOPPER_UNROLL for (int u = 1; u < U; ++u) LOPPER_UNROLL for (int r = 0; r < R; ++r)
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) LOPPER_UNROLL for (int h = 0; h < 2; ++h)
+          acc[0][r][v][h] = _mm512_add_ps(acc[0][r][v][h], acc[u][r][v][h]);
+  // Sum i of the low half holds column 8 (i / 4) + i % 4, of the high half 8 (i / 4) + 4 + i % 4;
+  // index 16 + i of the permutes is the high half's sum i.
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const int64_t n0 = br * R;
+  const int nr = w.n - n0 < R ? int(w.n - n0) : R;
+  for (int r = 0; r < nr; ++r) {
+    const __m512 b = _mm512_set1_ps(e.bias ? e.bias[n0 + r] : 0.f);
+    float* dst = yt + (n0 + r - y_row0) * ldy;
+    LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+      const __m512 lo = acc[0][r][v][0], hi = acc[0][r][v][1];
+      _mm512_storeu_ps(dst + 32 * v,
+                       activate<Wide>(_mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), b), e));
+      _mm512_storeu_ps(dst + 32 * v + 16,
+                       activate<Wide>(_mm512_add_ps(_mm512_permutex2var_ps(lo, second, hi), b), e));
+    }
+  }
+}
+
+template <int R, int NV>
+void cols_bf16_rows(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
+                    float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  // Sums enough for the FMA latency (vdpbf16ps: 6 cycles on Zen 4) with two FMA-port instructions
+  // per pair and vector.
+  constexpr int U = 2 * R * NV >= 8 ? 1 : 8 / (2 * R * NV);
+  for (int64_t br = br0; br < br1; ++br)
+    cols_bf16_panel<R, NV, U>(w, br, xt, ldx, yt, ldy, y_row0, e);
+}
+
+template <int R>
+void cols_bf16_r(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
+                 int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  // Two vectors of 32 columns per panel, 4 x 2 x R sums; one with 8 outputs (16 sums).
+  constexpr int NV = R >= 8 ? 1 : 2;
+  int64_t p = 0;
+  for (; p + 32 * NV <= ncols; p += 32 * NV)
+    cols_bf16_rows<R, NV>(w, br0, br1, xt + p, ldx, yt + p, ldy, y_row0, e);
+  if (p < ncols) cols_bf16_rows<R, 1>(w, br0, br1, xt + p, ldx, yt + p, ldy, y_row0, e);
+}
+
+void cols_bf16(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
+               int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+  if (w.r == 1) return cols_bf16_r<1>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  if (w.r == 4) return cols_bf16_r<4>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  if (w.r == 8) return cols_bf16_r<8>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
+  __builtin_trap();  // sparse.cpp only packs the shapes above
+}
+
+// dst[j][i] = src[i][j] for an 8 x 8 tile of 16-bit values, in registers.
+inline void transpose16_8x8(const uint16_t* src, int64_t lds, uint16_t* dst, int64_t ldd) {
+  __m128i r[8], a[8];
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * lds));
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = _mm_unpacklo_epi16(r[i], r[i + 1]);
+    a[i + 1] = _mm_unpackhi_epi16(r[i], r[i + 1]);
+  }
+  // a[2q] holds columns 0-3 of rows 2q and 2q + 1 interleaved, a[2q + 1] columns 4-7.
+  for (int h = 0; h < 2; ++h) {
+    const __m128i b0 = _mm_unpacklo_epi32(a[h], a[h + 2]), b1 = _mm_unpackhi_epi32(a[h], a[h + 2]);
+    const __m128i b2 = _mm_unpacklo_epi32(a[h + 4], a[h + 6]);
+    const __m128i b3 = _mm_unpackhi_epi32(a[h + 4], a[h + 6]);
+    uint16_t* d = dst + 4 * h * ldd;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi64(b0, b2));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + ldd), _mm_unpackhi_epi64(b0, b2));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * ldd), _mm_unpacklo_epi64(b1, b3));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 3 * ldd), _mm_unpackhi_epi64(b1, b3));
+  }
+}
+
+// dst[j][i] = bf16(src[i][j]) for an 8 x 8 tile, rounded as to_bf16 (vcvtneps2bf16).
+inline void transpose_narrow8x8(const float* src, int64_t lds, uint16_t* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  transpose8x8_regs(r);
+  for (int i = 0; i < 8; ++i)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * ldd), (__m128i)_mm256_cvtneps_pbh(r[i]));
+}
+
+// Both in 8 x 8 tiles, 8 rows of the side with the longer rows at a time (as transpose).
+template <typename S, typename D, typename Tile, typename Edge>
+void transpose_tiles(const S* src, int64_t rows, int64_t cols, int64_t lds, D* dst, int64_t ldd,
+                     Tile tile, Edge edge) {
+  const int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+  if (ldd > lds) {
+    for (int64_t j0 = 0; j0 < cols8; j0 += 8)
+      for (int64_t i0 = 0; i0 < rows8; i0 += 8)
+        tile(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+  } else {
+    for (int64_t i0 = 0; i0 < rows8; i0 += 8)
+      for (int64_t j0 = 0; j0 < cols8; j0 += 8)
+        tile(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = i < rows8 ? cols8 : 0; j < cols; ++j)
+      dst[j * ldd + i] = edge(src[i * lds + j]);
+}
+
+void transpose16(const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
+                 int64_t ldd) {
+  transpose_tiles(src, rows, cols, lds, dst, ldd, transpose16_8x8, [](uint16_t v) { return v; });
+}
+
+void transpose_narrow(const float* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
+                      int64_t ldd) {
+  transpose_tiles(src, rows, cols, lds, dst, ldd, transpose_narrow8x8,
+                  [](float v) { return to_bf16(v); });
+}
+
+#pragma GCC pop_options
+#define LOPPER_COLS_BF16 cols_bf16, transpose16, transpose_narrow
+#else
+#define LOPPER_COLS_BF16 nullptr, nullptr, nullptr
+#endif
+
 // --- dense_panels: a dense W times a few rows of x (a product of one token or one image) -------
 
 // MX rows of x through the panels [q0, q1) of W (each [k][W]: k steps of a vector of W outputs),
@@ -857,7 +1017,7 @@ void dense_panels(const float* p, int64_t k, int64_t q0, int64_t q1, const float
 
 extern const SparseIsaOps LOPPER_OPS_NAME;
 const SparseIsaOps LOPPER_OPS_NAME = {
-    LOPPER_OPS_LABEL,   cols,      rows,    gather,      dot, masked,
-    LOPPER_MASKED_BF16, transpose, Wide::W, dense_panels};
+    LOPPER_OPS_LABEL, cols,    rows,        gather, dot, masked, LOPPER_MASKED_BF16, transpose,
+    LOPPER_COLS_BF16, Wide::W, dense_panels};
 
 }  // namespace lopper::kernels::cpu

@@ -23,6 +23,20 @@ struct SpView {
   const float* val = nullptr;
 };
 
+/// A packed sparse weight's block rows as pairs of inputs, for the bfloat16 dot product (which
+/// sums the products of two inputs per lane): each block row's inputs in order (a block of c
+/// columns gives c of them), taken two at a time. Pair j reads inputs idx[2j] and idx[2j + 1]
+/// and holds, for each output i of its block row, both bfloat16 weights in val[j * r + i] (the
+/// first in the low 16 bits). An odd count's last input is paired with input k, weight 0: xt has a
+/// row k of zeros (a real input times 0 would turn an infinite input's Inf into NaN).
+struct PairView {
+  int r = 1;
+  int64_t n = 0, k = 0;
+  const int32_t* ptr = nullptr;   // [n/r rounded up + 1] offsets into idx (in pairs)
+  const int32_t* idx = nullptr;   // [pairs][2]
+  const uint32_t* val = nullptr;  // [pairs][r]
+};
+
 /// A weight W [n, k] packed by bitmask: per output row, one 16-bit mask per 16 inputs (bit j of
 /// chunk c: input 16c + j is kept) and the kept values packed in order, float32 or bfloat16 (the
 /// high half of a float32). Rows are stored in tiles of `tile` rows (1 or 4; the last tile padded
@@ -77,6 +91,18 @@ struct SparseIsaOps {
   /// dst[j][i] = src[i][j] for i < rows, j < cols.
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);
+  /// As cols, for bfloat16 xt (uint16 bits; ncols a multiple of 32; k + 1 rows, the last zero)
+  /// and a weight in pairs, two products per lane summed in float32 by vdpbf16ps; yt float32. With
+  /// the two transposes below, null where the table's ISA has none. Call them only where
+  /// bf16_dot_supported().
+  void (*cols_bf16)(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
+                    int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
+  /// dst[j][i] = src[i][j] for i < rows, j < cols, of 16-bit values.
+  void (*transpose16)(const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
+                      int64_t ldd);
+  /// dst[j][i] = src[i][j] rounded to bfloat16 (to_bf16) for i < rows, j < cols.
+  void (*transpose_narrow)(const float* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
+                           int64_t ldd);
   /// The outputs of a dense_panels panel: the table's vector width.
   int64_t panel_width;
   /// y[m][r] = act(x[m, :k] . w[r, :k] + bias[r]) for m < rows and the outputs r < n of panels

@@ -125,25 +125,18 @@ inline void attn_tile(const float* a, int64_t lda, const float* b, int64_t ldb, 
   }
 }
 
-// c [rows][cols] = a [rows][kn] . b [kn][cols (whole vectors, b's rows padded)], cols stored up to
-// `cols` only.
-template <class T>
-void attn_product(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kn,
-                  int64_t rows, int64_t cols, float* c, int64_t ldc) {
-  constexpr int W = T::W, MR = W >= 16 ? 6 : 4, NC = W >= 16 ? 4 : (W >= 8 ? 2 : 4);
+// Calls tile(m0, j0, mr, nc, tail) for the tiles of up to MR rows x NC vectors of W columns that
+// cover rows x cols, mr and nc as std::integral_constant (the tile's rows and vectors), the last
+// vector `tail` lanes wide (W: whole).
+template <int MR, int NC, int W, class Tile>
+void for_each_tile(int64_t rows, int64_t cols, Tile&& tile) {
   for (int64_t m0 = 0; m0 < rows; m0 += MR) {
     const int mr = int(std::min<int64_t>(MR, rows - m0));
     for (int64_t j0 = 0; j0 < cols; j0 += NC * W) {
       const int64_t left = cols - j0;
       const int nc = int(std::min<int64_t>(NC, (left + W - 1) / W));
       const int tail = int(std::min<int64_t>(W, left - int64_t(nc - 1) * W));
-      const float* ap = a + m0 * lda;
-      const float* bp = b + j0;
-      float* cp = c + m0 * ldc + j0;
-      auto run = [&](auto mr_c, auto nc_c) {
-        attn_tile<T, decltype(mr_c)::value, decltype(nc_c)::value>(ap, lda, bp, ldb, kn, cp, ldc,
-                                                                   tail);
-      };
+      auto run = [&](auto mr_c, auto nc_c) { tile(m0, j0, mr_c, nc_c, tail); };
       auto by_nc = [&](auto mr_c) {
         switch (nc) {
           case 1:
@@ -181,6 +174,18 @@ void attn_product(const float* a, int64_t lda, const float* b, int64_t ldb, int6
       }
     }
   }
+}
+
+// c [rows][cols] = a [rows][kn] . b [kn][cols (whole vectors, b's rows padded)], cols stored up to
+// `cols` only.
+template <class T>
+void attn_product(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kn,
+                  int64_t rows, int64_t cols, float* c, int64_t ldc) {
+  constexpr int W = T::W, MR = W >= 16 ? 6 : 4, NC = W >= 16 ? 4 : (W >= 8 ? 2 : 4);
+  for_each_tile<MR, NC, W>(rows, cols, [&](int64_t m0, int64_t j0, auto mr, auto nc, int tail) {
+    attn_tile<T, decltype(mr)::value, decltype(nc)::value>(a + m0 * lda, lda, b + j0, ldb, kn,
+                                                           c + m0 * ldc + j0, ldc, tail);
+  });
 }
 
 // W consecutive values at p as floats: float32 as they are, bfloat16 widened (exactly).

@@ -1017,8 +1017,10 @@ TEST(RowKernels, ScaledAttentionEveryIsaMatchesAten) {
       ASSERT_EQ(y.sizes(), ref.sizes());
       EXPECT_LT(nmse(y, ref), 1e-10)
           << kc::isa_name(isa) << " heads " << heads << " sq " << sq << " sk " << sk << " d " << d;
-      // bfloat16 views of the same layout: widened as they are packed, the output rounded once
-      // (the reference: the bf16 values in float64, rounded to bf16 at the end).
+      // bfloat16 views of the same layout: on the CPU's bfloat16 dot product where it has one
+      // (AVX-512 table; the softmaxed scores rounded to bf16 for the product with v), else widened
+      // as they are packed; the output rounded once (the reference: the bf16 values in float64,
+      // rounded to bf16 at the end).
       const at::Tensor qkv16 = qkv.to(at::kBFloat16), q16 = q.to(at::kBFloat16);
       const at::Tensor kt16 = qkv16.select(1, 1).permute({1, 2, 0});
       const at::Tensor v16 = qkv16.select(1, 2).permute({1, 0, 2});

@@ -9,6 +9,7 @@
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rows_isa.h"
+#include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 
 namespace lopper::kernels::cpu {
@@ -109,12 +110,16 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   const int64_t rows = std::clamp<int64_t>((32 << 10) / attn_round(sk), 1, sq);
   const int64_t blocks = (sq + rows - 1) / rows;
   const RowsIsaOps& ops = rows_ops(isa);
+  // bf16 on the CPU's bfloat16 dot product where it has one (AVX512_BF16), else widened.
+  const auto block = a.bf16 && ops.attention_dot != nullptr && bf16_dot_supported(isa)
+                         ? ops.attention_dot
+                         : ops.attention;
   const size_t need = size_t(attention_scratch(a, rows));
   parallel_steal(b * blocks, 1, [&](int64_t t0, int64_t t1) {
     float* scratch = thread_scratch(0, need);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i = t / blocks, r0 = t % blocks * rows;
-      ops.attention(a, i, r0, std::min(rows, sq - r0), scratch);
+      block(a, i, r0, std::min(rows, sq - r0), scratch);
     }
   });
   return a.bf16 ? narrow_to_bf16(y) : y;

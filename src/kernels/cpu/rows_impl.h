@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -278,6 +279,152 @@ void attention_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, float*
   attn_product<T>(s, skp, va, ldv, a.sk, r, a.dv, a.y + h * a.y_hs + r0 * a.y_rs, a.y_rs);
 }
 
+#if LOPPER_SPARSE_ISA > 1
+// --- attention on the bfloat16 dot product -----------------------------------------------------
+//
+// bf16 queries, keys and values multiplied two products per lane by vdpbf16ps, sums in float32
+// (half the FMA-port instructions of widening them): the keys packed as kp [d/2][skp] of 32-bit
+// pairs (dimensions 2p and 2p + 1 of a key), the values as vp [sk/2][dvp] (keys 2i and 2i + 1 of
+// a column), the queries' pairs broadcast from their rows. The softmaxed scores are rounded to
+// bf16 in place (as ATen's flash attention rounds them for the product with v) and their pairs of
+// keys broadcast.
+#pragma GCC push_options
+#pragma GCC target("avx512bw,avx512bf16")
+
+inline uint32_t pair_at(const uint16_t* p) {  // two bfloat16 at p, any alignment
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// c[m][0, NC*16) = sum over p < pn of the pair a[m * lda + 2p, +1] . the pairs b[p * ldb + (0,
+// NC*16)], m < MR; the last vector's store masked to `tail` lanes.
+template <int MR, int NC>
+inline void dot_tile(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pn,
+                     float* c, int64_t ldc, int tail) {
+  __m512 acc[MR][NC];
+  LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int n = 0; n < NC; ++n) acc[m][n] =
+      _mm512_setzero_ps();
+  for (int64_t p = 0; p < pn; ++p) {
+    __m512i bv[NC];
+    LOPPER_UNROLL for (int n = 0; n < NC; ++n) bv[n] = _mm512_loadu_si512(b + p * ldb + n * 16);
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair_at(a + m * lda + 2 * p)));
+      LOPPER_UNROLL for (int n = 0; n < NC; ++n) acc[m][n] =
+          _mm512_dpbf16_ps(acc[m][n], av, (__m512bh)bv[n]);
+    }
+  }
+  LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int n = 0; n < NC; ++n) {
+    if (n == NC - 1 && tail != 16)
+      _mm512_mask_storeu_ps(c + m * ldc + n * 16, __mmask16((1u << tail) - 1), acc[m][n]);
+    else
+      _mm512_storeu_ps(c + m * ldc + n * 16, acc[m][n]);
+  }
+}
+
+// c [rows][cols] = a [rows][2 pn] . b [pn][cols (whole vectors of pairs)], cols stored up to cols.
+void dot_product(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pn,
+                 int64_t rows, int64_t cols, float* c, int64_t ldc) {
+  for_each_tile<6, 4, 16>(rows, cols, [&](int64_t m0, int64_t j0, auto mr, auto nc, int tail) {
+    dot_tile<decltype(mr)::value, decltype(nc)::value>(a + m0 * lda, lda, b + j0, ldb, pn,
+                                                       c + m0 * ldc + j0, ldc, tail);
+  });
+}
+
+void attention_dot_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch) {
+  const int64_t skp = attn_round(a.sk), dvp = attn_round(a.dv);
+  const int64_t d2 = (a.d + 1) / 2, sk2 = (a.sk + 1) / 2;
+  auto* kp = reinterpret_cast<uint32_t*>(scratch);               // [d2][skp]
+  uint32_t* vp = kp + d2 * skp;                                  // [sk2][dvp]
+  auto* qp = reinterpret_cast<uint16_t*>(vp + sk2 * dvp);        // [r][2 d2]
+  float* s = reinterpret_cast<float*>(qp) + attn_round(r * d2);  // [r][skp]
+  const auto* kt = static_cast<const uint16_t*>(a.kt) + h * a.kt_hs;
+  const auto* v = static_cast<const uint16_t*>(a.v) + h * a.v_hs;
+  const auto* q = static_cast<const uint16_t*>(a.q) + h * a.q_hs + r0 * a.q_rs;
+  auto at = [](const uint16_t* base, int64_t i) { return uint32_t(base[i]); };
+  // Queries: their rows in place when each holds its d values side by side, d even.
+  const uint16_t* qa = q;
+  int64_t ldq = a.q_rs;
+  if (a.q_cs != 1 || a.d % 2 != 0) {
+    for (int64_t m = 0; m < r; ++m)
+      for (int64_t c = 0; c < 2 * d2; ++c)
+        qp[m * 2 * d2 + c] = c < a.d ? q[m * a.q_rs + c * a.q_cs] : uint16_t(0);
+    qa = qp, ldq = 2 * d2;
+  }
+  // Keys: with each key's d values side by side (d even, pairs 4-byte aligned), kp is the
+  // transpose of the [sk][d2] matrix of pairs, by the float32 tiles (the bits move unchanged).
+  if (a.kt_rs == 1 && a.d % 2 == 0 && a.kt_cs % 2 == 0 &&
+      reinterpret_cast<uintptr_t>(kt) % 4 == 0) {
+    attn_pack_keys<false>(reinterpret_cast<const float*>(kt), a.kt_cs / 2, a.sk, d2,
+                          reinterpret_cast<float*>(kp), skp);
+  } else {
+    for (int64_t p = 0; p < d2; ++p) {
+      for (int64_t j = 0; j < a.sk; ++j) {
+        const uint32_t lo = at(kt, 2 * p * a.kt_rs + j * a.kt_cs);
+        const uint32_t hi = 2 * p + 1 < a.d ? at(kt, (2 * p + 1) * a.kt_rs + j * a.kt_cs) : 0u;
+        kp[p * skp + j] = lo | hi << 16;
+      }
+      std::fill(kp + p * skp + a.sk, kp + (p + 1) * skp, 0u);
+    }
+  }
+  // Values: rows 2i and 2i + 1 interleaved 16 bits at a time, 32 columns per two vectors.
+  if (a.v_cs == 1) {
+    const __m512i first = _mm512_setr_epi32(
+        0x200000, 0x210001, 0x220002, 0x230003, 0x240004, 0x250005, 0x260006, 0x270007, 0x280008,
+        0x290009, 0x2a000a, 0x2b000b, 0x2c000c, 0x2d000d, 0x2e000e, 0x2f000f);
+    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < sk2; ++i) {
+      const uint16_t* r_even = v + 2 * i * a.v_rs;
+      const bool odd = 2 * i + 1 < a.sk;
+      const uint16_t* r_odd = v + (2 * i + 1) * a.v_rs;
+      uint32_t* dst = vp + i * dvp;
+      for (int64_t c0 = 0; c0 < dvp; c0 += 32) {
+        const int64_t left = std::min<int64_t>(32, a.dv - c0);
+        const __mmask32 mk = left <= 0 ? 0 : (left >= 32 ? ~__mmask32(0) : (1u << left) - 1);
+        const __m512i e = _mm512_maskz_loadu_epi16(mk, r_even + c0);
+        const __m512i o = odd ? _mm512_maskz_loadu_epi16(mk, r_odd + c0) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + c0, _mm512_permutex2var_epi16(e, first, o));
+        if (c0 + 16 < dvp)
+          _mm512_storeu_si512(dst + c0 + 16, _mm512_permutex2var_epi16(e, second, o));
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < sk2; ++i)
+      for (int64_t c = 0; c < dvp; ++c) {
+        const uint32_t lo = c < a.dv ? at(v, 2 * i * a.v_rs + c * a.v_cs) : 0u;
+        const uint32_t hi =
+            c < a.dv && 2 * i + 1 < a.sk ? at(v, (2 * i + 1) * a.v_rs + c * a.v_cs) : 0u;
+        vp[i * dvp + c] = lo | hi << 16;
+      }
+  }
+  dot_product(qa, ldq, kp, skp, d2, r, skp, s, skp);
+  for (int64_t m = 0; m < r; ++m) {
+    float* row = s + m * skp;
+    softmax_rows<Wide>(row, row, 0, 1, a.sk, a.scale);
+    // Rounded to bf16 into the row's first half, forwards (a vector's 32 bytes land at or before
+    // the 64 it was read from); zero to the end of the last pair.
+    auto* out = reinterpret_cast<uint16_t*>(row);
+    int64_t j = 0;
+    for (; j + 16 <= a.sk; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + j)));
+    if (j < a.sk) {
+      const __mmask16 mk = __mmask16((1u << (a.sk - j)) - 1);
+      _mm256_mask_storeu_epi16(out + j, mk,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, row + j)));
+    }
+    if (a.sk % 2 != 0) out[a.sk] = 0;
+  }
+  dot_product(reinterpret_cast<const uint16_t*>(s), 2 * skp, vp, dvp, sk2, r, a.dv,
+              a.y + h * a.y_hs + r0 * a.y_rs, a.y_rs);
+}
+
+#pragma GCC pop_options
+#define LOPPER_ATTENTION_DOT attention_dot_block
+#else
+#define LOPPER_ATTENTION_DOT nullptr
+#endif
+
 // --- layer norm of rows ------------------------------------------------------------------------
 //
 // Three passes over a row while it is in L1: the mean, the variance as the mean of the squared
@@ -341,6 +488,6 @@ const RowsIsaOps LOPPER_ROWS_OPS_NAME = {
       else
         attention_block<Wide, false>(a, h, r0, r, scratch);
     },
-    layer_norm_rows<Wide>};
+    LOPPER_ATTENTION_DOT, layer_norm_rows<Wide>};
 
 }  // namespace lopper::kernels::cpu

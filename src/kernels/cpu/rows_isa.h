@@ -31,6 +31,10 @@ struct RowsIsaOps {
   /// aligned to 64 bytes): the head's keys packed, the block's scores computed, softmaxed and
   /// multiplied by v in registers and L1/L2.
   void (*attention)(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch);
+  /// As attention for bfloat16 q, k and v, by the CPU's bfloat16 dot product (AVX512_BF16), the
+  /// softmaxed scores rounded to bfloat16 for the product with v; null where the table's ISA has
+  /// none. Call it only where bf16_dot_supported().
+  void (*attention_dot)(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch);
   /// y[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta for rows [r0, r1) of n floats
   /// (contiguous rows; y may be x; beta may be null): mean and variance in two passes.
   void (*layer_norm)(const float* x, float* y, int64_t r0, int64_t r1, int64_t n,

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace lopper::kernels::cpu {
 
@@ -15,6 +16,14 @@ inline float from_bf16(uint16_t v) { return std::bit_cast<float>(uint32_t(v) << 
 inline uint16_t to_bf16(float v) {
   const uint32_t u = std::bit_cast<uint32_t>(v);
   return v != v ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// The two bfloat16 at p (any alignment) as one 32-bit word, p[0] in the low half: the pair a
+/// bfloat16 dot product (vdpbf16ps) multiplies per lane.
+inline uint32_t bf16_pair(const uint16_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
 }  // namespace lopper::kernels::cpu

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/bf16_bits.h"
 #include "kernels/cpu/rows_isa.h"
 #include "kernels/cpu/vec_impl.h"
 
@@ -291,12 +291,6 @@ void attention_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, float*
 #pragma GCC push_options
 #pragma GCC target("avx512bw,avx512bf16")
 
-inline uint32_t pair_at(const uint16_t* p) {  // two bfloat16 at p, any alignment
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // c[m][0, NC*16) = sum over p < pn of the pair a[m * lda + 2p, +1] . the pairs b[p * ldb + (0,
 // NC*16)], m < MR; the last vector's store masked to `tail` lanes.
 template <int MR, int NC>
@@ -309,7 +303,7 @@ inline void dot_tile(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t 
     __m512i bv[NC];
     LOPPER_UNROLL for (int n = 0; n < NC; ++n) bv[n] = _mm512_loadu_si512(b + p * ldb + n * 16);
     LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair_at(a + m * lda + 2 * p)));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(bf16_pair(a + m * lda + 2 * p)));
       LOPPER_UNROLL for (int n = 0; n < NC; ++n) acc[m][n] =
           _mm512_dpbf16_ps(acc[m][n], av, (__m512bh)bv[n]);
     }

@@ -46,13 +46,21 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
     st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
   }
   st.act = act;
+  if (!depthwise && st.c % 2 == 0 && ops_->run_pairs != nullptr && bf16_dot_supported(isa_)) {
+    st.pairs.resize(size_t(ops_->pairs_packed_size(s)));
+    ops_->pack_pairs(w.data_ptr<float>(), s, st.pairs.data());
+  }
   return st;
+}
+
+bool ConvChain::pairs() const {
+  return (expand_ && !expand_->pairs.empty()) || (project_ && !project_->pairs.empty());
 }
 
 ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w,
                      const at::Tensor& dw_b, DirectConv::Geometry g, Activation dw_act,
                      const std::optional<Pointwise>& project, Isa isa)
-    : ops_(&conv_isa_ops(isa)), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
+    : ops_(&conv_isa_ops(isa)), isa_(isa), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
   LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr, true),
                "[kernels] the convolution chain does not take these weights");
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false);
@@ -63,7 +71,8 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
 at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   const int64_t c = expand_ ? expand_->c : dw_.c, m = dw_.c;
-  // NOTE: a bfloat16 input (--precision bf16) gives a bfloat16 output, computed in float32: the
+  // NOTE: a bfloat16 input (--precision bf16) gives a bfloat16 output, sums in float32: the 1x1
+  // stages read bf16 rows by the dot product where the CPU has it (pairs()), and otherwise the
   // rows read (input, residual) are widened and the rows written rounded, one row at a time in
   // the thread's scratch (in L1), so the chain moves half the bytes to and from memory.
   const bool bf16 = x_in.scalar_type() == at::kBFloat16;
@@ -118,6 +127,10 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   const int64_t in_row = w * c;
   const int64_t in_floats = !bf16 ? 0 : expand_ ? in_row : span * in_row;
   const int64_t out_floats = bf16 ? 2 * ow * k : 0;
+  // bf16 through the dot product: the projection's input row rounded to bf16.
+  const bool expand_pairs = bf16 && expand_ && !expand_->pairs.empty();
+  const bool project_pairs = bf16 && project_ && !project_->pairs.empty();
+  const int64_t mid16_floats = project_pairs ? (ow * m + 1) / 2 : 0;
   const float* xp = bf16 ? nullptr : x.data_ptr<float>();
   const auto* xp16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr()) : nullptr;
   const float* rp = r.defined() && !bf16 ? r.data_ptr<float>() : nullptr;
@@ -126,14 +139,15 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   float* yp = bf16 ? nullptr : y.data_ptr<float>();
   auto* yp16 = bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr()) : nullptr;
   at::parallel_for(0, n * bands, 1, [&](int64_t u0, int64_t u1) {
-    at::Tensor scratch =
-        at::empty({std::max<int64_t>(1, ring_floats + mid_floats + in_floats + out_floats)},
-                  x.options().dtype(at::kFloat));
+    at::Tensor scratch = at::empty(
+        {std::max<int64_t>(1, ring_floats + mid_floats + in_floats + out_floats + mid16_floats)},
+        x.options().dtype(at::kFloat));
     float* ring = scratch.data_ptr<float>();
     float* mid = ring + ring_floats;
     float* xin = mid + mid_floats;  // bf16: widened input rows
     float* yrow = xin + in_floats;  // bf16: one output row, then its residual
     float* rrow = yrow + (bf16 ? ow * k : 0);
+    auto* mid16 = reinterpret_cast<uint16_t*>(yrow + out_floats);
     for (int64_t q = 0; q < (expand_ ? span : 0); ++q) {
       float* row = ring + q * row_floats;
       std::fill(row, row + pw * m, 0.f);
@@ -176,8 +190,13 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           // row inside the image, never moves back), each into slot row % span, over row - span:
           // before the window, no longer read.
           for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
-            ops_->run(input_row(row, 0), expand_->packed.data(),
-                      ring + row % span * row_floats + pw * m, nullptr, es, false, ee, 0, e_tiles);
+            float* dst = ring + row % span * row_floats + pw * m;
+            if (expand_pairs)
+              ops_->run_pairs(ximg16 + row * in_row, expand_->pairs.data(), dst, nullptr, es, ee, 0,
+                              e_tiles);
+            else
+              ops_->run(input_row(row, 0), expand_->packed.data(), dst, nullptr, es, false, ee, 0,
+                        e_tiles);
             made = row;
           }
           rows[i] = ring + iy % span * row_floats;
@@ -194,7 +213,12 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           ops_->dw_row(rows, dw_.packed.data(), out, res, ds, de, i0, i1, 0, cp);
         } else {
           ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
-          ops_->run(mid, project_->packed.data(), out, res, ps, false, pe, 0, p_tiles);
+          if (project_pairs) {
+            narrow_span(mid, mid16, ow * m);
+            ops_->run_pairs(mid16, project_->pairs.data(), out, res, ps, pe, 0, p_tiles);
+          } else {
+            ops_->run(mid, project_->packed.data(), out, res, ps, false, pe, 0, p_tiles);
+          }
         }
         if (bf16) narrow_span(yrow, yp16 + out_row * k, ow * k);
       }

@@ -34,19 +34,26 @@ class ConvChain {
             Isa isa = active_isa());
 
   /// y [n, k, oh, ow] channels-last for x [n, c, h, w] float32, or bfloat16 (y bfloat16 too,
-  /// computed in float32: rows widened on the way in, rounded on the way out); `residual`
-  /// undefined or of y's shape, added by the last convolution before its activation.
+  /// sums in float32: see pairs()); `residual` undefined or of y's shape, added by the last
+  /// convolution before its activation.
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual) const;
+  /// Whether a bfloat16 run multiplies by the CPU's bfloat16 dot product (AVX512_BF16): each 1x1
+  /// stage with an even count of input channels, on its bf16 input rows (the projection's, the
+  /// depthwise output, rounded to bf16 first), weights rounded to bf16. Otherwise, and in the
+  /// other stages, bf16 rows are widened on the way in and rounded on the way out.
+  bool pairs() const;
 
  private:
   struct Stage {
     std::vector<float> packed, bias;
+    std::vector<uint32_t> pairs;  // a 1x1 stage for bf16 rows, where the CPU runs run_pairs
     Activation act;
     int64_t c = 0, k = 0;
   };
   Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise) const;
 
   const ConvIsaOps* ops_;
+  Isa isa_;
   std::optional<Stage> expand_, project_;
   Stage dw_;
   int64_t kh_ = 1, kw_ = 1;

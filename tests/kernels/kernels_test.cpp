@@ -728,6 +728,67 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
 }
 
+// A bf16 pointwise layer on the bfloat16 dot product (DirectConv::takes_bf16) against ATen's
+// convolution in float64 on the same bf16 values (the weight exact in bf16, as a bf16 model's):
+// channel counts around the 48-channel blocks and vector tails, maps of a few pixels to many
+// (tiles of 7 and 8 pixels, a partial last one), batches, bias, residual and every activation;
+// NaN and infinities as ATen's; an empty batch. Layers it does not take keep float32 only.
+TEST(DenseConvKernels, PointwiseBf16MatchesAten) {
+  const kc::Isa isa = kc::Isa::kAvx512;
+  if (!kc::isa_supported(isa) || !kc::bf16_dot_supported(isa)) {
+    std::cout << "[ SKIP ] this CPU has no AVX512_BF16\n";
+    GTEST_SKIP();
+  }
+  std::mt19937 rng(71);
+  at::Generator gen = at::detail::createCPUGenerator(71);
+  int checked = 0;
+  for (int it = 0; it < 60; ++it) {
+    const int64_t c = std::vector<int64_t>{2, 8, 16, 24, 64, 130}[rng() % 6];
+    const int64_t k = std::vector<int64_t>{1, 7, 16, 24, 48, 50, 97}[rng() % 7];
+    const int64_t n = 1 + rng() % 2, h = 1 + rng() % 9, w = 1 + rng() % 17;
+    const at::Tensor wt = at::randn({k, c, 1, 1}, gen).to(at::kBFloat16).to(at::kFloat);
+    const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
+    const kc::DirectConv conv(wt, bias, 1, {}, isa);
+    ASSERT_TRUE(conv.takes_bf16());
+    at::Tensor x = at::randn({n, c, h, w}, gen);
+    if (it % 5 == 0) {  // non-finite inputs
+      x.view(-1)[0] = NAN;
+      x.view(-1)[x.numel() - 1] = INFINITY;
+    }
+    const at::Tensor xb = x.to(at::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
+    const at::Tensor res = rng() % 2 ? at::randn({n, k, h, w}, gen) : at::Tensor();
+    const kc::Activation act = random_activation(rng);
+    const at::Tensor y = conv.run(xb, res, act);
+    at::Tensor ref = at::convolution(xb.to(at::kDouble), wt.to(at::kDouble),
+                                     bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {1, 1},
+                                     {0, 0}, {1, 1}, false, {0, 0}, 1);
+    if (res.defined()) ref = ref + res.to(at::kDouble);
+    ref = activation_reference(ref, act);
+    const std::string what = "case " + std::to_string(it) + " " + std::to_string(c) + " -> " +
+                             std::to_string(k) + " " + std::to_string(h) + "x" + std::to_string(w);
+    ASSERT_EQ(y.scalar_type(), at::kFloat) << what;
+    ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+    ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+    EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << what;
+    const at::Tensor finite = at::isfinite(ref);
+    EXPECT_LT(nmse(y.masked_select(finite), ref.masked_select(finite)), 1e-10) << what;
+    EXPECT_EQ(conv.run(xb.narrow(0, 0, 0), {}, act).size(0), 0) << what;
+    ++checked;
+  }
+  EXPECT_GE(checked, 60);
+  // An odd channel count, a stride, padding, a 3x3 kernel, groups: float32 only.
+  kc::DirectConv::Geometry strided, padded;
+  strided.sh = strided.sw = 2;
+  padded.ph = padded.pw = 1;
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, strided, isa).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, padded, isa).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 3, 3}), {}, 1, padded, isa).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 4, 1, 1}), {}, 2, {}, isa).takes_bf16());
+  const kc::DirectConv odd(at::randn({8, 5, 1, 1}), {}, 1, {}, isa);
+  EXPECT_THROW(odd.run(at::randn({1, 5, 3, 3}).to(at::kBFloat16), {}, {}), lopper::Error);
+}
+
 // The chain's three convolutions by ATen in float64 (x and res float64).
 static at::Tensor chain_reference(const at::Tensor& x,
                                   const std::optional<kc::ConvChain::Pointwise>& expand,

@@ -218,6 +218,12 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
   }
+  const bool pointwise = !depthwise_ && groups_ == 1 && kh_ == 1 && kw_ == 1 && g.sh == 1 &&
+                         g.sw == 1 && g.ph == 0 && g.pw == 0;
+  if (pointwise && c_ % 2 == 0 && ops_->run_pairs != nullptr && bf16_dot_supported(isa)) {
+    pairs_.resize(static_cast<size_t>(ops_->pairs_packed_size(s)));
+    ops_->pack_pairs(w.data_ptr<float>(), s, pairs_.data());
+  }
   if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
       (planar_kg_ = ops_->planar_group(k_)) > 0) {
     ConvShape ps;
@@ -228,12 +234,37 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   }
 }
 
+at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residual,
+                                Activation act) const {
+  constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  LOPPER_CHECK(takes_bf16() && x_in.dim() == 4 && x_in.size(1) == c_ && x_in.device().is_cpu(),
+               "[kernels] the direct convolution takes bfloat16 [n, ", c_,
+               ", h, w] for a pointwise layer on a CPU with AVX512_BF16, got ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous(kCl);
+  ConvShape s;
+  s.n = x.size(0), s.c = c_, s.h = s.oh = x.size(2), s.w = s.ow = x.size(3), s.k = k_;
+  at::Tensor y = at::empty({s.n, k_, s.h, s.w}, x.options().dtype(at::kFloat).memory_format(kCl));
+  const at::Tensor r = residual_for(residual, y);
+  if (y.numel() == 0) return y;
+  const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const SerialScope serial(s.n * s.h * s.w * k_ * c_ < kSerialMacs);
+  const int64_t tiles = ops_->tiles(s, false);
+  parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
+    ops_->run_pairs(xp, pairs_.data(), yp, rp, s, e, t0, t1);
+  });
+  return y;
+}
+
 bool DirectConv::gathers() const {
   return groups_ > 1 && !narrow_ && c_ / groups_ <= kGatherMaxChannels && g_.dh == 1 && g_.dw == 1;
 }
 
 at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, Activation act,
                            bool in_place) const {
+  if (x_in.scalar_type() == at::kBFloat16) return run_bf16(x_in, residual, act);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   check_conv_input(x_in, c_, "the direct convolution");
   // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels

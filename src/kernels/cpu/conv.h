@@ -76,15 +76,20 @@ class DirectConv {
   /// wins everywhere (RegNet's 112x112 stride-2 grouped layers: in place 0.7x the time at batch 1,
   /// 1.3x at batch 32), so the executor times both per layer.
   bool gathers() const;
-  /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
-  /// (made channels-last when it is not); `residual` undefined or of y's shape. in_place: groups
-  /// read in place even where gathers().
+  /// y [n, k, oh, ow] (channels-last, float32) = act(conv(x) + bias + residual) for x [n, c, h,
+  /// w] float32 (made channels-last when it is not), or bfloat16 where takes_bf16(); `residual`
+  /// undefined or of y's shape. in_place: groups read in place even where gathers().
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act,
                  bool in_place = false) const;
+  /// Whether run also takes a bfloat16 x: a pointwise layer (1x1, stride 1, no padding, one
+  /// group) of an even channel count on a CPU with the bfloat16 dot product (AVX512_BF16), its
+  /// weight packed in bf16 pairs of input channels too (ConvIsaOps::run_pairs). y stays float32.
+  bool takes_bf16() const { return !pairs_.empty(); }
 
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
                   const Epilogue& e, bool in_place) const;
+  at::Tensor run_bf16(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
   // Groups of up to kGatherMaxChannels input channels: each band of a group's rows copied with its
   // padding into at most kGatherBytes, then run as an unpadded input (conv.cpp).
   static constexpr int64_t kGatherMaxChannels = 64;
@@ -109,6 +114,7 @@ class DirectConv {
   // none).
   std::vector<float> planar_packed_;
   int planar_kg_ = 0;
+  std::vector<uint32_t> pairs_;  // takes_bf16(): the weight in bf16 pairs of input channels
 };
 
 }  // namespace lopper::kernels::cpu

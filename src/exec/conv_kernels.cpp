@@ -207,9 +207,11 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   };
   auto direct = [&](bool in_place) {  // in_place: a grouped layer's groups not copied first
     const kernels::cpu::Activation act = fused_activation(post);
-    // A bf16 pointwise layer on the CPU's bfloat16 dot product where it has one: x read as it is.
-    const at::Tensor x = bf16 && st.direct->takes_bf16() ? in : widen_bf16(in);
-    at::Tensor y = st.direct->run(x, widen_bf16(other_cl), act, in_place);
+    // A bf16 pointwise layer on the CPU's bfloat16 dot product where it has one: x, the residual
+    // and y bf16 as they are.
+    if (bf16 && st.direct->takes_bf16())
+      return finish_activation(st.direct->run(in, other_cl, act, in_place), post, act);
+    at::Tensor y = st.direct->run(widen_bf16(in), widen_bf16(other_cl), act, in_place);
     return narrowed(finish_activation(y, post, act));
   };
   auto as_direct = [&] { return direct(false); };

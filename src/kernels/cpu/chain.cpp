@@ -192,8 +192,8 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
             float* dst = ring + row % span * row_floats + pw * m;
             if (expand_pairs)
-              ops_->run_pairs(ximg16 + row * in_row, expand_->pairs.data(), dst, nullptr, es, ee, 0,
-                              e_tiles);
+              ops_->run_pairs(ximg16 + row * in_row, expand_->pairs.data(), dst, nullptr, nullptr,
+                              nullptr, es, ee, 0, e_tiles);
             else
               ops_->run(input_row(row, 0), expand_->packed.data(), dst, nullptr, es, false, ee, 0,
                         e_tiles);
@@ -215,7 +215,8 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
           if (project_pairs) {
             narrow_span(mid, mid16, ow * m);
-            ops_->run_pairs(mid16, project_->pairs.data(), out, res, ps, pe, 0, p_tiles);
+            ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,
+                            p_tiles);
           } else {
             ops_->run(mid, project_->packed.data(), out, res, ps, false, pe, 0, p_tiles);
           }

@@ -243,17 +243,17 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   const at::Tensor x = x_in.contiguous(kCl);
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = s.oh = x.size(2), s.w = s.ow = x.size(3), s.k = k_;
-  at::Tensor y = at::empty({s.n, k_, s.h, s.w}, x.options().dtype(at::kFloat).memory_format(kCl));
-  const at::Tensor r = residual_for(residual, y);
+  at::Tensor y = at::empty({s.n, k_, s.h, s.w}, x.options().memory_format(kCl));
+  const at::Tensor r = residual_for(residual, y);  // bf16 too
   if (y.numel() == 0) return y;
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+  const auto* rp = r.defined() ? reinterpret_cast<const uint16_t*>(r.data_ptr()) : nullptr;
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const SerialScope serial(s.n * s.h * s.w * k_ * c_ < kSerialMacs);
   const int64_t tiles = ops_->tiles(s, false);
   parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
-    ops_->run_pairs(xp, pairs_.data(), yp, rp, s, e, t0, t1);
+    ops_->run_pairs(xp, pairs_.data(), nullptr, yp, nullptr, rp, s, e, t0, t1);
   });
   return y;
 }

@@ -76,14 +76,15 @@ class DirectConv {
   /// wins everywhere (RegNet's 112x112 stride-2 grouped layers: in place 0.7x the time at batch 1,
   /// 1.3x at batch 32), so the executor times both per layer.
   bool gathers() const;
-  /// y [n, k, oh, ow] (channels-last, float32) = act(conv(x) + bias + residual) for x [n, c, h,
+  /// y [n, k, oh, ow] (channels-last, x's type) = act(conv(x) + bias + residual) for x [n, c, h,
   /// w] float32 (made channels-last when it is not), or bfloat16 where takes_bf16(); `residual`
   /// undefined or of y's shape. in_place: groups read in place even where gathers().
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act,
                  bool in_place = false) const;
   /// Whether run also takes a bfloat16 x: a pointwise layer (1x1, stride 1, no padding, one
   /// group) of an even channel count on a CPU with the bfloat16 dot product (AVX512_BF16), its
-  /// weight packed in bf16 pairs of input channels too (ConvIsaOps::run_pairs). y stays float32.
+  /// weight packed in bf16 pairs of input channels too (ConvIsaOps::run_pairs). y is bfloat16
+  /// then (sums, residual and activation in float32, rounded once), the residual read as bf16.
   bool takes_bf16() const { return !pairs_.empty(); }
 
  private:

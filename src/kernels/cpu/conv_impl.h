@@ -1179,9 +1179,17 @@ inline void pack_pairs(const float* w, const ConvShape& s, uint32_t* packed) {
 #pragma GCC push_options
 #pragma GCC target("avx512bw,avx512bf16")
 
+// Where a tile's results go: float32 y or bf16 y16, a float32 or bf16 residual (or none).
+struct PairOut {
+  float* y;
+  uint16_t* y16;
+  const float* res;
+  const uint16_t* r16;
+};
+
 template <int MR, int NV>
 inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t pairs, int valid,
-                       int64_t pix0, int64_t kbase, float* y, const float* res, const ConvShape& s,
+                       int64_t pix0, int64_t kbase, const PairOut& out, const ConvShape& s,
                        const Epilogue& e) {
   using T = Wide;
   constexpr int NB = ConvTraits<T>::kNB;
@@ -1207,11 +1215,24 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t pa
   LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
     if (m >= valid) break;
     const int64_t pix = pix0 + m;
-    float* yp = y + pix * s.y_stride + kbase;
-    const float* rp = res ? res + pix * s.r_stride + kbase : nullptr;
+    const int64_t yo = pix * s.y_stride + kbase, ro = pix * s.r_stride + kbase;
     LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
-      if (n[v] > 0)
-        store_out<T>(T::add(acc[m][v], b[v]), n[v], yp + v * 16, rp ? rp + v * 16 : nullptr, e);
+      if (n[v] == 0) continue;
+      if (out.y != nullptr) {
+        store_out<T>(T::add(acc[m][v], b[v]), n[v], out.y + yo + v * 16,
+                     out.res ? out.res + ro + v * 16 : nullptr, e);
+        continue;
+      }
+      const __mmask16 mk = __mmask16((1u << n[v]) - 1u);
+      __m512 o = T::add(acc[m][v], b[v]);
+      if (out.res) o = T::add(o, _mm512_maskz_loadu_ps(mk, out.res + ro + v * 16));
+      if (out.r16) {
+        const __m512i r =
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, out.r16 + ro + v * 16));
+        o = T::add(o, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+      }
+      o = activate<T>(o, e);
+      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, (__m256i)_mm512_cvtneps_pbh(o));
     }
   }
 }
@@ -1219,8 +1240,8 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t pa
 // Tiles [t0, t1) of tiles(s, false) of a pointwise convolution (1x1, stride 1, unpadded, s.c
 // even), numbered as conv_tiles numbers them.
 template <int MR>
-void pair_tiles(const uint16_t* x, const uint32_t* packed, float* y, const float* res,
-                const ConvShape& s0, const Epilogue& e, int64_t t0, int64_t t1) {
+void pair_tiles(const uint16_t* x, const uint32_t* packed, const PairOut& out, const ConvShape& s0,
+                const Epilogue& e, int64_t t0, int64_t t1) {
   constexpr int NB = ConvTraits<Wide>::kNB;
   const ConvShape s = with_strides(s0);
   const int64_t pixels = s.n * s.oh * s.ow, groups = (pixels + MR - 1) / MR;
@@ -1237,20 +1258,22 @@ void pair_tiles(const uint16_t* x, const uint32_t* packed, float* y, const float
     const uint32_t* wb = packed + b * pairs * NB;
     const int64_t nv = (s.k - kbase + 15) / 16;
     if (nv >= 3)
-      pair_micro<MR, 3>(px, wb, pairs, valid, pix0, kbase, y, res, s, e);
+      pair_micro<MR, 3>(px, wb, pairs, valid, pix0, kbase, out, s, e);
     else if (nv == 2)
-      pair_micro<MR, 2>(px, wb, pairs, valid, pix0, kbase, y, res, s, e);
+      pair_micro<MR, 2>(px, wb, pairs, valid, pix0, kbase, out, s, e);
     else
-      pair_micro<MR, 1>(px, wb, pairs, valid, pix0, kbase, y, res, s, e);
+      pair_micro<MR, 1>(px, wb, pairs, valid, pix0, kbase, out, s, e);
   }
 }
 
-void run_pairs(const uint16_t* x, const uint32_t* packed, float* y, const float* residual,
-               const ConvShape& s, const Epilogue& e, int64_t t0, int64_t t1) {
+void run_pairs(const uint16_t* x, const uint32_t* packed, float* y, uint16_t* y16,
+               const float* residual, const uint16_t* r16, const ConvShape& s, const Epilogue& e,
+               int64_t t0, int64_t t1) {
+  const PairOut out{y, y16, residual, r16};
   if (conv_mr<Wide>(s) == ConvTraits<Wide>::kMR)
-    pair_tiles<ConvTraits<Wide>::kMR>(x, packed, y, residual, s, e, t0, t1);
+    pair_tiles<ConvTraits<Wide>::kMR>(x, packed, out, s, e, t0, t1);
   else
-    pair_tiles<ConvTraits<Wide>::kMR - 1>(x, packed, y, residual, s, e, t0, t1);
+    pair_tiles<ConvTraits<Wide>::kMR - 1>(x, packed, out, s, e, t0, t1);
 }
 
 #pragma GCC pop_options

@@ -132,12 +132,14 @@ struct ConvIsaOps {
   /// A pointwise layer (1x1, stride 1, no padding; s.c even) of bfloat16 pixels (uint16 bits,
   /// s.x_stride values apart) by the CPU's bfloat16 dot product: the weight w [k][c] packed by
   /// pack_pairs in pairs of input channels rounded to bfloat16 (pairs_packed_size words), tiles as
-  /// run's (tiles(s, false)), y and the residual float32. Null where the table's ISA has none;
-  /// call run_pairs only where bf16_dot_supported().
+  /// run's (tiles(s, false)). y float32, or, where y is null, bfloat16 into y16 (rounded once
+  /// after the residual and the activation); the residual (or none) float32 or, in r16, bfloat16.
+  /// Null where the table's ISA has none; call run_pairs only where bf16_dot_supported().
   int64_t (*pairs_packed_size)(const ConvShape& s);
   void (*pack_pairs)(const float* w, const ConvShape& s, uint32_t* packed);
-  void (*run_pairs)(const uint16_t* x, const uint32_t* packed, float* y, const float* residual,
-                    const ConvShape& s, const Epilogue& e, int64_t t0, int64_t t1);
+  void (*run_pairs)(const uint16_t* x, const uint32_t* packed, float* y, uint16_t* y16,
+                    const float* residual, const uint16_t* r16, const ConvShape& s,
+                    const Epilogue& e, int64_t t0, int64_t t1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

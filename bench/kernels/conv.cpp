@@ -191,7 +191,9 @@ void BM_BlockLayers(benchmark::State& state) {
         project.run(depthwise.run(expand.run(x, {}, relu6()), {}, relu6()), res, {}));
 }
 
-void BM_BlockChain(benchmark::State& state) {
+// The chain in one pass on float32 rows, or (bf16) on bf16 rows: the 1x1 stages on the CPU's
+// bfloat16 dot product where it has one (ConvChain::pairs), else widened.
+void block_chain(benchmark::State& state, bool bf16) {
   const BlockArgs a(state);
   at::manual_seed(7);
   kc::DirectConv::Geometry dw;
@@ -200,11 +202,15 @@ void BM_BlockChain(benchmark::State& state) {
       kc::ConvChain::Pointwise{at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), relu6()},
       at::randn({a.m, 1, 3, 3}), at::randn({a.m}), dw, relu6(),
       kc::ConvChain::Pointwise{at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), {}});
-  const at::Tensor x =
+  at::Tensor x =
       at::randn({a.batch, a.c, a.side, a.side}).contiguous(at::MemoryFormat::ChannelsLast);
+  if (bf16) x = x.to(at::kBFloat16);
   const at::Tensor res = a.residual() ? x : at::Tensor();
   for (auto _ : state) benchmark::DoNotOptimize(chain.run(x, res));
+  if (bf16) state.SetLabel(chain.pairs() ? "bf16 dot product" : "bf16 widened");
 }
+void BM_BlockChain(benchmark::State& state) { block_chain(state, false); }
+void BM_BlockChainBf16(benchmark::State& state) { block_chain(state, true); }
 
 void block_shapes(benchmark::internal::Benchmark* b) {
   const int64_t blocks[][5] = {
@@ -228,3 +234,4 @@ BENCHMARK(BM_ConvLopper)->Apply(conv_shapes);
 BENCHMARK(BM_ConvWinograd)->Apply(conv_shapes);
 BENCHMARK(BM_BlockLayers)->Apply(block_shapes);
 BENCHMARK(BM_BlockChain)->Apply(block_shapes);
+BENCHMARK(BM_BlockChainBf16)->Apply(block_shapes);

@@ -216,10 +216,9 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   };
   auto as_direct = [&] { return direct(false); };
   auto as_direct_in_place = [&] { return direct(true); };
-  auto as_winograd = [&] {
+  auto as_winograd = [&] {  // bf16: read and written as it is (widened and rounded in the kernel)
     const kernels::cpu::Activation act = fused_activation(post);
-    at::Tensor y = st.winograd->run(widen_bf16(in), widen_bf16(other_cl), act);
-    return narrowed(finish_activation(y, post, act));
+    return finish_activation(st.winograd->run(in, other_cl, act), post, act);
   };
   auto as_dw_rows = [&] {
     const kernels::cpu::Activation act = fused_activation(post);

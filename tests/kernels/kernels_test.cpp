@@ -969,6 +969,16 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
       ASSERT_EQ(y.sizes(), ref.sizes()) << what;
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), 1.5e-5 * scale) << what;
+      // bfloat16 in, residual and out: the float32 run on the same values, rounded once (bit for
+      // bit: widened exactly as read, the same arithmetic, rounded as written).
+      const at::Tensor xb = x.to(at::kBFloat16), rb = res.defined() ? res.to(at::kBFloat16) : res;
+      const at::Tensor yb = conv.run(xb, rb, act);
+      ASSERT_EQ(yb.scalar_type(), at::kBFloat16) << what;
+      ASSERT_TRUE(yb.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      EXPECT_TRUE(
+          at::equal(yb, conv.run(xb.to(at::kFloat), rb.defined() ? rb.to(at::kFloat) : rb, act)
+                            .to(at::kBFloat16)))
+          << what << " bf16";
       ++cases;
     }
   }

@@ -1324,12 +1324,22 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const float* const* rows, const float* packed, float* yrow, const float* rrow,
        const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t c0,
        int64_t c1) { dw_row<Wide>(rows, packed, yrow, rrow, with_strides(s), e, i0, i1, c0, c1); },
-    [](const float* x, const ConvShape& s, int64_t t0, int64_t nt, float* v, int64_t ldv) {
-      wino_input_tiles<Wide>(x, s, t0, nt, v, ldv);
+    [](const void* x, bool bf16, const ConvShape& s, int64_t t0, int64_t nt, float* v,
+       int64_t ldv) {
+      if (bf16)
+        wino_input_tiles<Wide>(static_cast<const uint16_t*>(x), s, t0, nt, v, ldv);
+      else
+        wino_input_tiles<Wide>(static_cast<const float*>(x), s, t0, nt, v, ldv);
     },
     [](const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt, int64_t k0,
-       int64_t k1, float* y, const float* residual,
-       const Epilogue& e) { wino_output_tiles<Wide>(m, ldm, s, t0, nt, k0, k1, y, residual, e); },
+       int64_t k1, void* y, const void* residual, bool bf16, const Epilogue& e) {
+      if (bf16)
+        wino_output_tiles<Wide>(m, ldm, s, t0, nt, k0, k1, static_cast<uint16_t*>(y),
+                                static_cast<const uint16_t*>(residual), e);
+      else
+        wino_output_tiles<Wide>(m, ldm, s, t0, nt, k0, k1, static_cast<float*>(y),
+                                static_cast<const float*>(residual), e);
+    },
     [](const float* v, int64_t ldv, const float* packed, int64_t per, int64_t groups, float* m,
        int64_t ldm, int64_t nt, int64_t gc, int64_t gk, int64_t q0, int64_t q1) {
       ConvShape s;

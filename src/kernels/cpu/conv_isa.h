@@ -78,13 +78,16 @@ struct ConvIsaOps {
   /// input transform writes the tiles' 6x6 transformed windows of input channels [0, s.c) (the
   /// input read unpadded, zeros outside): v[pos][t][c], pos in [0, 36), tiles ldv floats apart,
   /// positions nt * ldv (ldv >= s.c rounded up to the vector width; the channels past s.c zero).
-  void (*wino_input)(const float* x, const ConvShape& s, int64_t t0, int64_t nt, float* v,
+  /// x is float32, or bfloat16 (uint16 bits, widened as read) where `bf16`.
+  void (*wino_input)(const void* x, bool bf16, const ConvShape& s, int64_t t0, int64_t nt, float* v,
                      int64_t ldv);
   /// The output transform: y's 4x4 tiles [t0, t0 + nt), channels [k0, k1), from the products
   /// m[pos][t][k] (tiles ldm floats apart, positions nt * ldm), plus bias, residual (null or
-  /// r_stride floats per pixel) and activation; a tile's pixels past the map's edge not stored.
+  /// r_stride values per pixel) and activation; a tile's pixels past the map's edge not stored.
+  /// y and the residual float32, or bfloat16 where `bf16` (y rounded once, after the activation).
   void (*wino_output)(const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt,
-                      int64_t k0, int64_t k1, float* y, const float* residual, const Epilogue& e);
+                      int64_t k0, int64_t k1, void* y, const void* residual, bool bf16,
+                      const Epilogue& e);
   /// The products of a grouped Winograd convolution for a block of nt tiles, groups [q0, q1):
   /// m[pos][t][q * gk + k] = sum_c v[pos][t][q * gc + c] * U[pos][q][c][k] for the 36 positions,
   /// U[pos][q] packed by `pack` as a 1x1 weight of gc -> gk channels, `per` floats each, in

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/bf16_bits.h"
 #include "kernels/cpu/epilogue.h"
 
 #if LOPPER_SPARSE_ISA > 0
@@ -44,6 +45,8 @@ struct Scalar {
     std::memcpy(&f, &bits, sizeof f);
     return f;
   }
+  // W values rounded to bfloat16 at p (to_bf16: to nearest even, NaN a quiet NaN).
+  static void store_bf16(uint16_t* p, V v) { *p = to_bf16(v); }
   static V loadm(const float* p, int n) { return n > 0 ? *p : 0.f; }
   static void store(float* p, V v) { *p = v; }
   static void storem(float* p, V v, int n) {
@@ -108,6 +111,16 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
   static V load_bf16(const uint16_t* p) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static void store_bf16(uint16_t* p, V v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0),
+                           _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
   static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -182,6 +195,14 @@ struct V16 {        // 16 floats (AVX-512F)
   static V load_bf16(const uint16_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static void store_bf16(uint16_t* p, V v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
   static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }

@@ -80,9 +80,17 @@ WinogradConv::WinogradConv(const at::Tensor& w_in, const at::Tensor& bias, int64
 at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
                              Activation act) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
-  check_conv_input(x_in, c_, "the Winograd convolution");
-  int64_t ldx = pixel_stride(x_in);
-  const at::Tensor x = ldx > 0 ? x_in : channels_last_layout(x_in);
+  // NOTE: a bfloat16 x (--precision bf16) is widened as the input transform reads it, and y, with
+  // a bf16 residual, rounded as the output transform writes it: no whole-tensor conversions.
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  int64_t ldx = 0;
+  if (bf16)
+    LOPPER_CHECK(x_in.dim() == 4 && x_in.size(1) == c_ && x_in.device().is_cpu(),
+                 "[kernels] the Winograd convolution wants [n, ", c_, ", h, w], got ",
+                 x_in.sizes());
+  else
+    check_conv_input(x_in, c_, "the Winograd convolution"), ldx = pixel_stride(x_in);
+  const at::Tensor x = ldx > 0 ? x_in : bf16 ? x_in.contiguous(kCl) : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;
   ConvShape s;
   s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3), s.x_stride = ldx;
@@ -94,9 +102,10 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
   const at::Tensor r = residual_for(residual, y);
   if (y.numel() == 0) return y;  // an empty batch (or map): nothing to compute
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
-  const float* xp = x.data_ptr<float>();
-  const float* rp = r.defined() ? r.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+  const auto* xp = static_cast<const char*>(x.data_ptr());
+  const void* rp = r.defined() ? r.data_ptr() : nullptr;
+  void* yp = y.data_ptr();
+  const int64_t elem = bf16 ? 2 : 4;  // bytes a value of x
 
   // NOTE: a block's transformed windows and products (36 x tiles x channels each) stay in about
   // half an L2; blocks of at least 8 tiles (the dense kernel's pixels per call) and no more than
@@ -146,7 +155,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
       if (windows != key) {
         ConvShape part_s = s;
         part_s.c = c1 - c0;
-        ops_->wino_input(xp + c0, part_s, t0, nt, v + c0, ldv);
+        ops_->wino_input(xp + c0 * elem, bf16, part_s, t0, nt, v + c0, ldv);
       }
       windows = key;
       if (groups_ == 1) {
@@ -158,7 +167,7 @@ at::Tensor WinogradConv::run(const at::Tensor& x_in, const at::Tensor& residual,
       } else {
         ops_->wino_products(v, ldv, packed_.data(), per_pos_, groups_, m, ldm, nt, gc, gk, u0, u1);
       }
-      ops_->wino_output(m, ldm, s, t0, nt, k0, k1, yp, rp, e);
+      ops_->wino_output(m, ldm, s, t0, nt, k0, k1, yp, rp, bf16, e);
     }
   });
   return y;

@@ -52,9 +52,9 @@ class WinogradConv {
   }
   static constexpr int64_t kMinTiles = 16, kMinGroupedTiles = 128;
 
-  /// y [n, k, oh, ow] (channels-last) = act(conv(x) + bias + residual) for x [n, c, h, w] float32
-  /// (read in place when channels-last or a channel slice of it); `residual` undefined or of y's
-  /// shape.
+  /// y [n, k, oh, ow] (channels-last, x's type) = act(conv(x) + bias + residual) for x [n, c, h,
+  /// w] float32 (read in place when channels-last or a channel slice of it) or bfloat16 (widened as
+  /// read, y rounded once as written: float32 arithmetic); `residual` undefined or of y's shape.
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
 
  private:

@@ -45,14 +45,43 @@ struct Wino {
   }
 };
 
+// n <= W values at p as a vector (the lanes past n zero): float32, or bfloat16 widened (exactly).
+template <class T>
+inline typename T::V load_n(const float* p, int n) {
+  return n == T::W ? T::load(p) : T::loadm(p, n);
+}
+template <class T>
+inline typename T::V load_n(const uint16_t* p, int n) {
+  if (n == T::W) return T::load_bf16(p);
+  uint16_t part[T::W] = {};
+  std::copy(p, p + n, part);
+  return T::load_bf16(part);
+}
+
+// The first n lanes of v to p: float32, or rounded to bfloat16 (to_bf16).
+template <class T>
+inline void store_n(float* p, typename T::V v, int n) {
+  if (n == T::W)
+    T::store(p, v);
+  else
+    T::storem(p, v, n);
+}
+template <class T>
+inline void store_n(uint16_t* p, typename T::V v, int n) {
+  if (n == T::W) return T::store_bf16(p, v);
+  uint16_t part[T::W];
+  T::store_bf16(part, v);
+  std::copy(part, part + n, p);
+}
+
 // The output tiles of s: rows and columns of 4x4 tiles.
 struct WinoTiles {
   int64_t rows, cols;
   explicit WinoTiles(const ConvShape& s) : rows((s.oh + 3) / 4), cols((s.ow + 3) / 4) {}
 };
 
-template <class T>
-void wino_input_tiles(const float* x, const ConvShape& s, int64_t t0, int64_t nt, float* v,
+template <class T, class E>
+void wino_input_tiles(const E* x, const ConvShape& s, int64_t t0, int64_t nt, float* v,
                       int64_t ldv) {
   using V = typename T::V;
   using F = Wino<T>;
@@ -64,7 +93,7 @@ void wino_input_tiles(const float* x, const ConvShape& s, int64_t t0, int64_t nt
     const int64_t iy0 = tile / tl.cols % tl.rows * F::kTile - s.ph;
     const int64_t ix0 = tile % tl.cols * F::kTile - s.pw;
     const bool inside = iy0 >= 0 && ix0 >= 0 && iy0 + A <= s.h && ix0 + A <= s.w;
-    const float* base = x + img * s.h * s.w * xs;
+    const E* base = x + img * s.h * s.w * xs;
     float* vt = v + t * ldv;
     for (int64_t c = 0; c < s.c; c += W) {
       const int n = int(std::min<int64_t>(W, s.c - c));
@@ -76,8 +105,7 @@ void wino_input_tiles(const float* x, const ConvShape& s, int64_t t0, int64_t nt
         for (int j = 0; j < A; ++j) {
           const int64_t ix = ix0 + j;
           if (inside || (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w)) {
-            const float* p = base + (iy * s.w + ix) * xs + c;
-            d[i][j] = n == W ? T::load(p) : T::loadm(p, n);
+            d[i][j] = load_n<T>(base + (iy * s.w + ix) * xs + c, n);
           } else {
             d[i][j] = T::zero();
           }
@@ -104,9 +132,9 @@ void wino_input_tiles(const float* x, const ConvShape& s, int64_t t0, int64_t nt
   }
 }
 
-template <class T>
+template <class T, class E>
 void wino_output_tiles(const float* m, int64_t ldm, const ConvShape& s, int64_t t0, int64_t nt,
-                       int64_t k0, int64_t k1, float* y, const float* res, const Epilogue& e) {
+                       int64_t k0, int64_t k1, E* y, const E* res, const Epilogue& e) {
   using V = typename T::V;
   using F = Wino<T>;
   constexpr int W = T::W, A = F::kAlpha, R = F::kTile;
@@ -138,13 +166,8 @@ void wino_output_tiles(const float* m, int64_t ldm, const ConvShape& s, int64_t 
         const int64_t pix0 = (img * s.oh + oy0 + r) * s.ow + ox0;
         for (int q = 0; q < cols; ++q) {
           V val = T::add(o[q], b);
-          if (res) val = T::add(val, T::loadm(res + (pix0 + q) * rs + k, n));
-          val = activate<T>(val, e);
-          float* yp = y + (pix0 + q) * ys + k;
-          if (n == W)
-            T::store(yp, val);
-          else
-            T::storem(yp, val, n);
+          if (res) val = T::add(val, load_n<T>(res + (pix0 + q) * rs + k, n));
+          store_n<T>(y + (pix0 + q) * ys + k, activate<T>(val, e), n);
         }
       }
     }

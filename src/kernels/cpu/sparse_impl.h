@@ -901,7 +901,7 @@ inline void transpose16_8x8(const uint16_t* src, int64_t lds, uint16_t* dst, int
   }
 }
 
-// dst[j][i] = bf16(src[i][j]) for an 8 x 8 tile, rounded as to_bf16 (vcvtneps2bf16).
+// dst[j][i] = bf16(src[i][j]) for an 8 x 8 tile, to nearest even (vcvtneps2bf16).
 inline void transpose_narrow8x8(const float* src, int64_t lds, uint16_t* dst, int64_t ldd) {
   __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);

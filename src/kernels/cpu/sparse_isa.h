@@ -100,7 +100,8 @@ struct SparseIsaOps {
   /// dst[j][i] = src[i][j] for i < rows, j < cols, of 16-bit values.
   void (*transpose16)(const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
                       int64_t ldd);
-  /// dst[j][i] = src[i][j] rounded to bfloat16 (to_bf16) for i < rows, j < cols.
+  /// dst[j][i] = src[i][j] rounded to bfloat16 for i < rows, j < cols: to nearest even by
+  /// vcvtneps2bf16, which, unlike to_bf16, takes a subnormal as zero and keeps a NaN's payload.
   void (*transpose_narrow)(const float* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
                            int64_t ldd);
   /// The outputs of a dense_panels panel: the table's vector width.

@@ -361,10 +361,10 @@ at::Tensor SparseWeight::linear_bf16(const at::Tensor& x_in, Activation act, Isa
       const int64_t m0 = (item / chunks) * kTile, mt = std::min(kTile, m - m0);
       const int64_t br0 = bounds[item % chunks], br1 = bounds[item % chunks + 1];
       // xt: a row of ld 16-bit values per input, columns past mt zero (the kernel reads whole
-      // vectors of 32), and row k all zero (PairView); yt as in linear_into.
+      // vectors of 32), and row k all zero (PairView); yt as in linear_into, in bf16.
       const int64_t ld = ceil_div(mt, 32) * 32, group = std::max<int64_t>(1, 64 / block_.r);
       auto* xt = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t((k_ + 1) * ld / 2)));
-      float* yt = thread_scratch(1, size_t(group * block_.r * ld));
+      auto* yt = reinterpret_cast<uint16_t*>(thread_scratch(1, size_t(group * block_.r * ld / 2)));
       ops.transpose16(xp + m0 * ldx, mt, k_, ldx, xt, ld);
       if (mt < ld)
         for (int64_t i = 0; i < k_; ++i)
@@ -374,7 +374,7 @@ at::Tensor SparseWeight::linear_bf16(const at::Tensor& x_in, Activation act, Isa
         const int64_t g1 = std::min(br1, g0 + group);
         const int64_t n0 = g0 * block_.r, n1 = std::min(n_, g1 * block_.r);
         ops.cols_bf16(s, g0, g1, xt, ld, ld, yt, ld, n0, e);
-        ops.transpose_narrow(yt, n1 - n0, mt, ld, yp + m0 * n_ + n0, n_);
+        ops.transpose16(yt, n1 - n0, mt, ld, yp + m0 * n_ + n0, n_);
       }
     }
   });

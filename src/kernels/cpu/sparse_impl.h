@@ -800,7 +800,7 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float*
 
 template <int R, int NV, int U>
 inline void cols_bf16_panel(const PairView& w, int64_t br, const uint16_t* xt, int64_t ldx,
-                            float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+                            uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   __m512 acc[U][R][NV][2];
   LOPPER_UNROLL for (int u = 0; u < U; ++u) LOPPER_UNROLL for (int r = 0; r < R; ++r)
       LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[u][r][v][0] = acc[u][r][v][1] =
@@ -839,20 +839,21 @@ inline void cols_bf16_panel(const PairView& w, int64_t br, const uint16_t* xt, i
   const int nr = w.n - n0 < R ? int(w.n - n0) : R;
   for (int r = 0; r < nr; ++r) {
     const __m512 b = _mm512_set1_ps(e.bias ? e.bias[n0 + r] : 0.f);
-    float* dst = yt + (n0 + r - y_row0) * ldy;
+    uint16_t* dst = yt + (n0 + r - y_row0) * ldy;
     LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
       const __m512 lo = acc[0][r][v][0], hi = acc[0][r][v][1];
-      _mm512_storeu_ps(dst + 32 * v,
-                       activate<Wide>(_mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), b), e));
-      _mm512_storeu_ps(dst + 32 * v + 16,
-                       activate<Wide>(_mm512_add_ps(_mm512_permutex2var_ps(lo, second, hi), b), e));
+      for (int h = 0; h < 2; ++h) {
+        const __m512 sums = _mm512_permutex2var_ps(lo, h == 0 ? first : second, hi);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v + 16 * h),
+                            (__m256i)_mm512_cvtneps_pbh(activate<Wide>(_mm512_add_ps(sums, b), e)));
+      }
     }
   }
 }
 
 template <int R, int NV>
 void cols_bf16_rows(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
-                    float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+                    uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   // Sums enough for the FMA latency (vdpbf16ps: 6 cycles on Zen 4) with two FMA-port instructions
   // per pair and vector.
   constexpr int U = 2 * R * NV >= 8 ? 1 : 8 / (2 * R * NV);
@@ -862,7 +863,7 @@ void cols_bf16_rows(const PairView& w, int64_t br0, int64_t br1, const uint16_t*
 
 template <int R>
 void cols_bf16_r(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
-                 int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+                 int64_t ncols, uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   // Two vectors of 32 columns per panel, 4 x 2 x R sums; one with 8 outputs (16 sums).
   constexpr int NV = R >= 8 ? 1 : 2;
   int64_t p = 0;
@@ -872,7 +873,7 @@ void cols_bf16_r(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt
 }
 
 void cols_bf16(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
-               int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
+               int64_t ncols, uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e) {
   if (w.r == 1) return cols_bf16_r<1>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
   if (w.r == 4) return cols_bf16_r<4>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
   if (w.r == 8) return cols_bf16_r<8>(w, br0, br1, xt, ldx, ncols, yt, ldy, y_row0, e);
@@ -901,49 +902,28 @@ inline void transpose16_8x8(const uint16_t* src, int64_t lds, uint16_t* dst, int
   }
 }
 
-// dst[j][i] = bf16(src[i][j]) for an 8 x 8 tile, to nearest even (vcvtneps2bf16).
-inline void transpose_narrow8x8(const float* src, int64_t lds, uint16_t* dst, int64_t ldd) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  transpose8x8_regs(r);
-  for (int i = 0; i < 8; ++i)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * ldd), (__m128i)_mm256_cvtneps_pbh(r[i]));
-}
-
-// Both in 8 x 8 tiles, 8 rows of the side with the longer rows at a time (as transpose).
-template <typename S, typename D, typename Tile, typename Edge>
-void transpose_tiles(const S* src, int64_t rows, int64_t cols, int64_t lds, D* dst, int64_t ldd,
-                     Tile tile, Edge edge) {
-  const int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
-  if (ldd > lds) {
-    for (int64_t j0 = 0; j0 < cols8; j0 += 8)
-      for (int64_t i0 = 0; i0 < rows8; i0 += 8)
-        tile(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
-  } else {
-    for (int64_t i0 = 0; i0 < rows8; i0 += 8)
-      for (int64_t j0 = 0; j0 < cols8; j0 += 8)
-        tile(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
-  }
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = i < rows8 ? cols8 : 0; j < cols; ++j)
-      dst[j * ldd + i] = edge(src[i * lds + j]);
-}
-
+// In 8 x 8 tiles, 8 rows of the side with the longer rows at a time (as transpose).
 void transpose16(const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
                  int64_t ldd) {
-  transpose_tiles(src, rows, cols, lds, dst, ldd, transpose16_8x8, [](uint16_t v) { return v; });
-}
-
-void transpose_narrow(const float* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
-                      int64_t ldd) {
-  transpose_tiles(src, rows, cols, lds, dst, ldd, transpose_narrow8x8,
-                  [](float v) { return to_bf16(v); });
+  const int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+  auto tile = [&](int64_t i, int64_t j) {
+    transpose16_8x8(src + i * lds + j, lds, dst + j * ldd + i, ldd);
+  };
+  if (ldd > lds) {
+    for (int64_t j0 = 0; j0 < cols8; j0 += 8)
+      for (int64_t i0 = 0; i0 < rows8; i0 += 8) tile(i0, j0);
+  } else {
+    for (int64_t i0 = 0; i0 < rows8; i0 += 8)
+      for (int64_t j0 = 0; j0 < cols8; j0 += 8) tile(i0, j0);
+  }
+  for (int64_t i = 0; i < rows; ++i)  // the edges
+    for (int64_t j = i < rows8 ? cols8 : 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
 }
 
 #pragma GCC pop_options
-#define LOPPER_COLS_BF16 cols_bf16, transpose16, transpose_narrow
+#define LOPPER_COLS_BF16 cols_bf16, transpose16
 #else
-#define LOPPER_COLS_BF16 nullptr, nullptr, nullptr
+#define LOPPER_COLS_BF16 nullptr, nullptr
 #endif
 
 // --- dense_panels: a dense W times a few rows of x (a product of one token or one image) -------

@@ -92,18 +92,15 @@ struct SparseIsaOps {
   void (*transpose)(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst,
                     int64_t ldd);
   /// As cols, for bfloat16 xt (uint16 bits; ncols a multiple of 32; k + 1 rows, the last zero)
-  /// and a weight in pairs, two products per lane summed in float32 by vdpbf16ps; yt float32. With
-  /// the two transposes below, null where the table's ISA has none. Call them only where
-  /// bf16_dot_supported().
+  /// and a weight in pairs, two products per lane summed in float32 by vdpbf16ps; yt bfloat16,
+  /// rounded to nearest even by vcvtneps2bf16 (which, unlike to_bf16, takes a subnormal as zero and
+  /// keeps a NaN's payload). With transpose16, null where the table's ISA has none. Call them
+  /// only where bf16_dot_supported().
   void (*cols_bf16)(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
-                    int64_t ncols, float* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
+                    int64_t ncols, uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
   /// dst[j][i] = src[i][j] for i < rows, j < cols, of 16-bit values.
   void (*transpose16)(const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
                       int64_t ldd);
-  /// dst[j][i] = src[i][j] rounded to bfloat16 for i < rows, j < cols: to nearest even by
-  /// vcvtneps2bf16, which, unlike to_bf16, takes a subnormal as zero and keeps a NaN's payload.
-  void (*transpose_narrow)(const float* src, int64_t rows, int64_t cols, int64_t lds, uint16_t* dst,
-                           int64_t ldd);
   /// The outputs of a dense_panels panel: the table's vector width.
   int64_t panel_width;
   /// y[m][r] = act(x[m, :k] . w[r, :k] + bias[r]) for m < rows and the outputs r < n of panels

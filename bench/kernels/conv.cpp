@@ -201,7 +201,8 @@ void block_chain(benchmark::State& state, bool bf16) {
   const kc::ConvChain chain(
       kc::ConvChain::Pointwise{at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), relu6()},
       at::randn({a.m, 1, 3, 3}), at::randn({a.m}), dw, relu6(),
-      kc::ConvChain::Pointwise{at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), {}});
+      kc::ConvChain::Pointwise{at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), {}}, kc::active_isa(),
+      bf16);
   at::Tensor x =
       at::randn({a.batch, a.c, a.side, a.side}).contiguous(at::MemoryFormat::ChannelsLast);
   if (bf16) x = x.to(at::kBFloat16);

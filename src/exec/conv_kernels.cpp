@@ -236,7 +236,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       kernels::cpu::DirectConv::Geometry dg;
       dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
       dg.dh = g.dilations[0], dg.dw = g.dilations[1];
-      st.direct = std::make_shared<const kernels::cpu::DirectConv>(w32, b32, g.group, dg);
+      st.direct = std::make_shared<const kernels::cpu::DirectConv>(
+          w32, b32, g.group, dg, kernels::cpu::active_isa(), bf16);
       cands.push_back({st.direct->name(), as_direct});
       kinds.push_back(K::kDirect);
       if (st.direct->gathers()) {
@@ -308,7 +309,7 @@ struct ChainState {
 
 // The one-pass chain of `body`'s convolutions, or null where its kernels do not take them (an
 // activation they do not fuse, a weight that is not float32).
-std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body) {
+std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body, bool bf16) {
   using kernels::cpu::ConvChain;
   std::optional<ConvChain::Pointwise> expand, project;
   const ir::Node* dw = nullptr;
@@ -345,7 +346,8 @@ std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body) {
   if (!ConvChain::takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr))
     return nullptr;
   const kernels::cpu::Activation dw_act = fused_activation(onednn::post_op_of(AttrReader(*dw)));
-  return std::make_shared<const ConvChain>(expand, dw_w, dw_b, g, dw_act, project);
+  return std::make_shared<const ConvChain>(expand, dw_w, dw_b, g, dw_act, project,
+                                           kernels::cpu::active_isa(), bf16);
 }
 
 }  // namespace
@@ -382,7 +384,7 @@ at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
     st.decided = true;
     // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.
     const std::optional<bool> forced = kernel_forced("lopper-chain");
-    st.chain = forced.value_or(true) ? chain_of(body) : nullptr;
+    st.chain = forced.value_or(true) ? chain_of(body, x.scalar_type() == at::kBFloat16) : nullptr;
     if (st.chain && !forced) {
       // NOTE: the chain gets the margin a lone kernel of lopper's own gets (kernel_choice.h):
       // timed alone, the layers' expanded activation stays in the caches between them; in the

@@ -749,8 +749,9 @@ TEST(DenseConvKernels, PointwiseBf16MatchesAten) {
     const int64_t n = 1 + rng() % 2, h = 1 + rng() % 9, w = 1 + rng() % 17;
     const at::Tensor wt = at::randn({k, c, 1, 1}, gen).to(at::kBFloat16).to(at::kFloat);
     const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
-    const kc::DirectConv conv(wt, bias, 1, {}, isa);
+    const kc::DirectConv conv(wt, bias, 1, {}, isa, true);
     ASSERT_TRUE(conv.takes_bf16());
+    ASSERT_FALSE(kc::DirectConv(wt, bias, 1, {}, isa).takes_bf16());  // packed for float32 only
     at::Tensor x = at::randn({n, c, h, w}, gen);
     if (it % 5 == 0) {  // non-finite inputs
       x.view(-1)[0] = NAN;
@@ -785,12 +786,12 @@ TEST(DenseConvKernels, PointwiseBf16MatchesAten) {
   kc::DirectConv::Geometry strided, padded;
   strided.sh = strided.sw = 2;
   padded.ph = padded.pw = 1;
-  EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa).takes_bf16());
-  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, strided, isa).takes_bf16());
-  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, padded, isa).takes_bf16());
-  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 3, 3}), {}, 1, padded, isa).takes_bf16());
-  EXPECT_FALSE(kc::DirectConv(at::randn({8, 4, 1, 1}), {}, 2, {}, isa).takes_bf16());
-  const kc::DirectConv odd(at::randn({8, 5, 1, 1}), {}, 1, {}, isa);
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, strided, isa, true).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 1, 1}), {}, 1, padded, isa, true).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 8, 3, 3}), {}, 1, padded, isa, true).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 4, 1, 1}), {}, 2, {}, isa, true).takes_bf16());
+  const kc::DirectConv odd(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true);
   EXPECT_THROW(odd.run(at::randn({1, 5, 3, 3}).to(at::kBFloat16), {}, {}), lopper::Error);
 }
 
@@ -864,7 +865,7 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       const at::Tensor res = rng() % 2 ? at::randn({n, out_c, oh, ow}, gen) : at::Tensor();
       ASSERT_TRUE(kc::ConvChain::takes(expand ? &*expand : nullptr, dw,
                                        project ? &*project : nullptr, alone));
-      const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa);
+      const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa, true);
       at::set_num_threads(1 + it % 2);
       const at::Tensor y = chain.run(x, res);
       // bfloat16 rows in and out. Widened: the float32 chain on the same values, rounded once

@@ -32,7 +32,7 @@ bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Point
 }
 
 ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Activation act,
-                                 bool depthwise) const {
+                                 bool depthwise, bool bf16_pairs) const {
   const at::Tensor w = w_in.contiguous();
   Stage st;
   st.k = w.size(0);
@@ -46,7 +46,8 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
     st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
   }
   st.act = act;
-  if (!depthwise && st.c % 2 == 0 && ops_->run_pairs != nullptr && bf16_dot_supported(isa_)) {
+  if (bf16_pairs && !depthwise && st.c % 2 == 0 && ops_->run_pairs != nullptr &&
+      bf16_dot_supported(isa_)) {
     st.pairs.resize(size_t(ops_->pairs_packed_size(s)));
     ops_->pack_pairs(w.data_ptr<float>(), s, st.pairs.data());
   }
@@ -59,13 +60,13 @@ bool ConvChain::pairs() const {
 
 ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w,
                      const at::Tensor& dw_b, DirectConv::Geometry g, Activation dw_act,
-                     const std::optional<Pointwise>& project, Isa isa)
+                     const std::optional<Pointwise>& project, Isa isa, bool bf16_pairs)
     : ops_(&conv_isa_ops(isa)), isa_(isa), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
   LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr, true),
                "[kernels] the convolution chain does not take these weights");
-  if (expand) expand_ = pack(expand->w, expand->b, expand->act, false);
-  dw_ = pack(dw_w, dw_b, dw_act, true);
-  if (project) project_ = pack(project->w, project->b, project->act, false);
+  if (expand) expand_ = pack(expand->w, expand->b, expand->act, false, bf16_pairs);
+  dw_ = pack(dw_w, dw_b, dw_act, true, false);
+  if (project) project_ = pack(project->w, project->b, project->act, false, bf16_pairs);
 }
 
 at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) const {

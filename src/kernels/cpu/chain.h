@@ -29,9 +29,11 @@ class ConvChain {
   static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
                     bool alone = false);
 
+  /// `bf16_pairs`: the 1x1 stages' weights packed a second time for bf16 rows (pairs()), for a
+  /// model run in bf16.
   ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w, const at::Tensor& dw_b,
             DirectConv::Geometry g, Activation dw_act, const std::optional<Pointwise>& project,
-            Isa isa = active_isa());
+            Isa isa = active_isa(), bool bf16_pairs = false);
 
   /// y [n, k, oh, ow] channels-last for x [n, c, h, w] float32, or bfloat16 (y bfloat16 too,
   /// sums in float32: see pairs()); `residual` undefined or of y's shape, added by the last
@@ -50,7 +52,8 @@ class ConvChain {
     Activation act;
     int64_t c = 0, k = 0;
   };
-  Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise) const;
+  Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise,
+             bool bf16_pairs) const;
 
   const ConvIsaOps* ops_;
   Isa isa_;

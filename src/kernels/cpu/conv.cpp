@@ -191,7 +191,7 @@ const char* DirectConv::name() const {
 }
 
 DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t group, Geometry g,
-                       Isa isa)
+                       Isa isa, bool bf16_pairs)
     : ops_(&conv_isa_ops(isa)), g_(g) {
   const at::Tensor w = w_in.contiguous();
   k_ = w.size(0), kh_ = w.size(2), kw_ = w.size(3);
@@ -220,7 +220,8 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   }
   const bool pointwise = !depthwise_ && groups_ == 1 && kh_ == 1 && kw_ == 1 && g.sh == 1 &&
                          g.sw == 1 && g.ph == 0 && g.pw == 0;
-  if (pointwise && c_ % 2 == 0 && ops_->run_pairs != nullptr && bf16_dot_supported(isa)) {
+  if (bf16_pairs && pointwise && c_ % 2 == 0 && ops_->run_pairs != nullptr &&
+      bf16_dot_supported(isa)) {
     pairs_.resize(static_cast<size_t>(ops_->pairs_packed_size(s)));
     ops_->pack_pairs(w.data_ptr<float>(), s, pairs_.data());
   }

@@ -62,9 +62,10 @@ class DirectConv {
   /// groups of 8 to 64 channels: copied a band of rows at a time, with the padding).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
-  /// Packs w (see takes) and its bias [k] (optional, float32).
+  /// Packs w (see takes) and its bias [k] (optional, float32); with `bf16_pairs`, a pointwise
+  /// layer's weight a second time for bfloat16 inputs (takes_bf16), for a model run in bf16.
   DirectConv(const at::Tensor& w, const at::Tensor& bias, int64_t group, Geometry g,
-             Isa isa = active_isa());
+             Isa isa = active_isa(), bool bf16_pairs = false);
 
   bool depthwise() const { return depthwise_; }
   /// The groups the dense kernel runs one by one: 1 unless grouped and not depthwise.

@@ -129,6 +129,14 @@ std::vector<kc::Isa> isas() {
   return out;
 }
 
+// Whether the CPU has the bfloat16 dot product the AVX-512 kernels use (AVX512_BF16); a SKIP line
+// where it has not.
+bool has_bf16_dot() {
+  const bool has = kc::isa_supported(kc::Isa::kAvx512) && kc::bf16_dot_supported(kc::Isa::kAvx512);
+  if (!has) std::cout << "[ SKIP ] this CPU has no AVX512_BF16\n";
+  return has;
+}
+
 Case random_case(std::mt19937& rng, kc::BlockShape b) {
   auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
   Case c;
@@ -382,10 +390,7 @@ TEST(SparseKernels, EveryIsaFormatAndKernelMatchesDenseAten) {
 // NaN and infinities as ATen's; an empty batch; refusals. Skipped on a CPU without it.
 TEST(SparseKernels, Bf16ColsMatchesDenseAten) {
   const kc::Isa isa = kc::Isa::kAvx512;
-  if (!kc::isa_supported(isa) || !kc::bf16_dot_supported(isa)) {
-    std::cout << "[ SKIP ] this CPU has no AVX512_BF16\n";
-    GTEST_SKIP();
-  }
+  if (!has_bf16_dot()) GTEST_SKIP();
   std::mt19937 rng(2468);
   at::Generator gen = at::detail::createCPUGenerator(13);
   int checked = 0;
@@ -736,10 +741,7 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
 // NaN and infinities as ATen's; an empty batch. Layers it does not take keep float32 only.
 TEST(DenseConvKernels, PointwiseBf16MatchesAten) {
   const kc::Isa isa = kc::Isa::kAvx512;
-  if (!kc::isa_supported(isa) || !kc::bf16_dot_supported(isa)) {
-    std::cout << "[ SKIP ] this CPU has no AVX512_BF16\n";
-    GTEST_SKIP();
-  }
+  if (!has_bf16_dot()) GTEST_SKIP();
   std::mt19937 rng(71);
   at::Generator gen = at::detail::createCPUGenerator(71);
   int checked = 0;

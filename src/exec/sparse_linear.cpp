@@ -62,6 +62,10 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
   const at::Tensor w = bf16 ? w_in.to(at::kFloat).contiguous() : w_in.contiguous();
   const at::Tensor b32 = bf16 && bias.defined() ? bias.to(at::kFloat) : bias;
   if (algos.empty()) algos = {kc::Algo::kCols, kc::Algo::kRows, kc::Algo::kGather, kc::Algo::kDot};
+  // NOTE: the bfloat16 cols kernel multiplies twice the weights per instruction of the float32
+  // one and reads half the bytes of x: 90% BERT-base layers of 128 rows ran in 0.6x the time.
+  const bool pairs = bf16 && rows > kMaxMaskedRows && kc::bf16_dot_supported(kc::active_isa()) &&
+                     std::find(algos.begin(), algos.end(), kc::Algo::kCols) != algos.end();
   for (const kc::BlockShape& b : kc::kernel_block_shapes()) {
     const bool csr = b.r == 1 && b.c == 1;
     if (w.size(1) < b.c) continue;
@@ -76,10 +80,6 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
     if (masked_bytes > 0 && density >= kMinBytesRuleDensity &&
         stored * 4 + stored / (b.r * b.c) * 4 > masked_bytes)
       continue;
-    // NOTE: the bfloat16 cols kernel multiplies twice the weights per instruction of the float32
-    // one and reads half the bytes of x: 90% BERT-base layers of 128 rows ran in 0.6x the time.
-    const bool pairs = bf16 && rows > kMaxMaskedRows && kc::bf16_dot_supported(kc::active_isa()) &&
-                       std::find(algos.begin(), algos.end(), kc::Algo::kCols) != algos.end();
     auto packed = std::make_shared<const kc::SparseWeight>(w, b, b32, pairs);
     if (pairs)
       out.push_back({(csr ? std::string("csr") : "bcsr" + b.str()) + "-cols-bf16",

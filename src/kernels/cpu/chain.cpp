@@ -46,11 +46,7 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
     st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
   }
   st.act = act;
-  if (bf16_pairs && !depthwise && st.c % 2 == 0 && ops_->run_pairs != nullptr &&
-      bf16_dot_supported(isa_)) {
-    st.pairs.resize(size_t(ops_->pairs_packed_size(s)));
-    ops_->pack_pairs(w.data_ptr<float>(), s, st.pairs.data());
-  }
+  if (bf16_pairs && !depthwise) st.pairs = pointwise_pairs(*ops_, isa_, w.data_ptr<float>(), s);
   return st;
 }
 

@@ -178,6 +178,15 @@ at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const fl
   return concat_affine_nhwc({x}, scale, shift, act);
 }
 
+std::vector<uint32_t> pointwise_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
+                                      const ConvShape& s) {
+  std::vector<uint32_t> packed;
+  if (s.c % 2 != 0 || ops.run_pairs == nullptr || !bf16_dot_supported(isa)) return packed;
+  packed.resize(static_cast<size_t>(ops.pairs_packed_size(s)));
+  ops.pack_pairs(w, s, packed.data());
+  return packed;
+}
+
 bool DirectConv::takes(const at::Tensor& w, int64_t group, int64_t in_channels) {
   if (w.dim() != 4 || w.scalar_type() != at::kFloat || !w.device().is_cpu() || group < 1)
     return false;
@@ -220,11 +229,7 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   }
   const bool pointwise = !depthwise_ && groups_ == 1 && kh_ == 1 && kw_ == 1 && g.sh == 1 &&
                          g.sw == 1 && g.ph == 0 && g.pw == 0;
-  if (bf16_pairs && pointwise && c_ % 2 == 0 && ops_->run_pairs != nullptr &&
-      bf16_dot_supported(isa)) {
-    pairs_.resize(static_cast<size_t>(ops_->pairs_packed_size(s)));
-    ops_->pack_pairs(w.data_ptr<float>(), s, pairs_.data());
-  }
+  if (bf16_pairs && pointwise) pairs_ = pointwise_pairs(*ops_, isa, w.data_ptr<float>(), s);
   if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
       (planar_kg_ = ops_->planar_group(k_)) > 0) {
     ConvShape ps;

@@ -37,6 +37,10 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* sc
 /// The distance between the adjacent pixels of x [n, c, h, w] when its pixels are evenly spaced in
 /// (n, h, w) order and its channels adjacent (channels-last, or a channel slice of it); 0 when not.
 int64_t pixel_stride(const at::Tensor& x);
+/// A pointwise weight w [s.k][s.c] packed in bf16 pairs of input channels for ops.run_pairs, or
+/// nothing where that kernel does not run it (an odd s.c, no bfloat16 dot product for `isa`).
+std::vector<uint32_t> pointwise_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
+                                      const ConvShape& s);
 /// Throws lopper::Error "[kernels] WHAT wants float32 [n, C, h, w], got ..." unless x is that:
 /// the input of the convolution kernel `what` ("the direct convolution") of `c` channels.
 void check_conv_input(const at::Tensor& x, int64_t c, const char* what);

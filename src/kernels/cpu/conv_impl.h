@@ -191,6 +191,35 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
   }
 }
 
+// The input windows of the MR output pixels from pix0 (the dense kernels' tile; pixels past
+// `valid` repeat the last valid one), x's element type E: each window's first tap in at[m], and,
+// where no tap of any window falls in the padding, its address in px[m]. Returns whether one does
+// (a border group: px is not set). The first pixel is located by division, the others by stepping
+// along the row (divisions per pixel cost as much as the arithmetic of a 16-channel 1x1 layer).
+template <class E, int MR>
+inline bool locate_windows(const E* x, const ConvShape& s, int64_t pix0, int valid, const E** px,
+                           PixelAt* at) {
+  const bool padded = s.ph > 0 || s.pw > 0;
+  int64_t img = pix0 / (s.oh * s.ow), oy = pix0 / s.ow % s.oh, ox = pix0 % s.ow;
+  bool border = false;
+  for (int m = 0; m < MR; ++m) {
+    const int64_t iy = oy * s.sh - s.ph, ix = ox * s.sw - s.pw;
+    at[m] = {img, iy, ix};
+    if (padded)
+      border = border || iy < 0 || ix < 0 || iy + (s.kh - 1) * s.dh >= s.h ||
+               ix + (s.kw - 1) * s.dw >= s.w;
+    if (m + 1 >= valid) continue;  // the rest repeat the last valid pixel
+    if (++ox == s.ow) {
+      ox = 0;
+      if (++oy == s.oh) oy = 0, ++img;
+    }
+  }
+  if (!border)
+    for (int m = 0; m < MR; ++m)
+      px[m] = x + ((at[m].img * s.h + at[m].iy) * s.w + at[m].ix) * s.x_stride;
+  return border;
+}
+
 // Output pixels per tile: kMR, or one fewer where that divides the pixels with less left over
 // (a 7x7 map: 49 pixels in 7 groups of 7, not 7 groups of 8 with the last one 1/8 full).
 template <class T>
@@ -269,33 +298,11 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
       for (int m = 0; m < MR; ++m) px[m] = x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
       located = grp;
     } else if (grp != located) {
-      // The pixels' input windows: the first located by division, the others by stepping along
-      // the row (divisions per pixel cost as much as the arithmetic of a 16-channel 1x1 layer).
-      int64_t img = pix0 / (s.oh * s.ow), oy = pix0 / s.ow % s.oh, ox = pix0 % s.ow;
-      border = false;
-      for (int m = 0; m < MR; ++m) {
-        const int64_t iy = oy * s.sh - s.ph, ix = ox * s.sw - s.pw;
-        if (padded) {
-          at[m] = {img, iy, ix};
-          border = border || iy < 0 || ix < 0 || iy + (s.kh - 1) * s.dh >= s.h ||
-                   ix + (s.kw - 1) * s.dw >= s.w;
-        } else {
-          px[m] = x + ((img * s.h + iy) * s.w + ix) * s.x_stride;
-        }
-        if (m + 1 >= valid) continue;  // the rest repeat the last valid pixel
-        if (++ox == s.ow) {
-          ox = 0;
-          if (++oy == s.oh) oy = 0, ++img;
-        }
-      }
-      if (padded)
+      border = locate_windows<float, MR>(x, s, pix0, valid, px, at);
+      if (border && PLANAR)
         for (int m = 0; m < MR; ++m) {
-          if (!border) {
-            px[m] = x + ((at[m].img * s.h + at[m].iy) * s.w + at[m].ix) * s.x_stride;
-          } else if (PLANAR) {
-            if (m < valid) conv_gather_planar(x, s, at[m], scratch.data() + m * win);
-            px[m] = scratch.data() + std::min(m, valid - 1) * win;
-          }
+          if (m < valid) conv_gather_planar(x, s, at[m], scratch.data() + m * win);
+          px[m] = scratch.data() + std::min(m, valid - 1) * win;
         }
       located = grp;
     }

@@ -46,7 +46,7 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
     st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
   }
   st.act = act;
-  if (bf16_pairs && !depthwise) st.pairs = pointwise_pairs(*ops_, isa_, w.data_ptr<float>(), s);
+  if (bf16_pairs && !depthwise) st.pairs = conv_pairs(*ops_, isa_, w.data_ptr<float>(), s);
   return st;
 }
 

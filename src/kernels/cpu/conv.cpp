@@ -178,8 +178,8 @@ at::Tensor channel_affine_nhwc(const at::Tensor& x, const float* scale, const fl
   return concat_affine_nhwc({x}, scale, shift, act);
 }
 
-std::vector<uint32_t> pointwise_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
-                                      const ConvShape& s) {
+std::vector<uint32_t> conv_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
+                                 const ConvShape& s) {
   std::vector<uint32_t> packed;
   if (s.c % 2 != 0 || ops.run_pairs == nullptr || !bf16_dot_supported(isa)) return packed;
   packed.resize(static_cast<size_t>(ops.pairs_packed_size(s)));
@@ -227,9 +227,8 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
   }
-  const bool pointwise = !depthwise_ && groups_ == 1 && kh_ == 1 && kw_ == 1 && g.sh == 1 &&
-                         g.sw == 1 && g.ph == 0 && g.pw == 0;
-  if (bf16_pairs && pointwise) pairs_ = pointwise_pairs(*ops_, isa, w.data_ptr<float>(), s);
+  if (bf16_pairs && !depthwise_ && groups_ == 1)
+    pairs_ = conv_pairs(*ops_, isa, w.data_ptr<float>(), s);
   if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
       (planar_kg_ = ops_->planar_group(k_)) > 0) {
     ConvShape ps;
@@ -240,23 +239,39 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   }
 }
 
+ConvShape DirectConv::shape_of(int64_t n, int64_t h, int64_t w) const {
+  ConvShape s;
+  s.n = n, s.c = c_, s.h = h, s.w = w;
+  s.k = k_, s.kh = kh_, s.kw = kw_;
+  s.sh = g_.sh, s.sw = g_.sw, s.ph = g_.ph, s.pw = g_.pw, s.dh = g_.dh, s.dw = g_.dw;
+  // The padded input minus the kernel's reach (negative: no output; C++ division truncates).
+  const int64_t spare_h = s.h + 2 * s.ph - s.dh * (s.kh - 1) - 1;
+  const int64_t spare_w = s.w + 2 * s.pw - s.dw * (s.kw - 1) - 1;
+  LOPPER_CHECK(spare_h >= 0 && spare_w >= 0,
+               "[kernels] the convolution's kernel reaches past its padded input [", n, ", ", c_,
+               ", ", h, ", ", w, "]");
+  s.oh = spare_h / s.sh + 1;
+  s.ow = spare_w / s.sw + 1;
+  return s;
+}
+
 at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residual,
                                 Activation act) const {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(takes_bf16() && x_in.dim() == 4 && x_in.size(1) == c_ && x_in.device().is_cpu(),
                "[kernels] the direct convolution takes bfloat16 [n, ", c_,
-               ", h, w] for a pointwise layer on a CPU with AVX512_BF16, got ", x_in.sizes());
+               ", h, w] for a dense layer of an even channel count on a CPU with AVX512_BF16, got ",
+               x_in.sizes());
   const at::Tensor x = x_in.contiguous(kCl);
-  ConvShape s;
-  s.n = x.size(0), s.c = c_, s.h = s.oh = x.size(2), s.w = s.ow = x.size(3), s.k = k_;
-  at::Tensor y = at::empty({s.n, k_, s.h, s.w}, x.options().memory_format(kCl));
+  ConvShape s = shape_of(x.size(0), x.size(2), x.size(3));
+  at::Tensor y = at::empty({s.n, k_, s.oh, s.ow}, x.options().memory_format(kCl));
   const at::Tensor r = residual_for(residual, y);  // bf16 too
   if (y.numel() == 0) return y;
   const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* rp = r.defined() ? reinterpret_cast<const uint16_t*>(r.data_ptr()) : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const SerialScope serial(s.n * s.h * s.w * k_ * c_ < kSerialMacs);
+  const SerialScope serial(s.n * s.oh * s.ow * k_ * c_ * kh_ * kw_ < kSerialMacs);
   const int64_t tiles = ops_->tiles(s, false);
   parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
     ops_->run_pairs(xp, pairs_.data(), nullptr, yp, nullptr, rp, s, e, t0, t1);
@@ -281,18 +296,8 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, A
       ldx == 0 && !depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && x_in.is_contiguous();
   const at::Tensor x = ldx > 0 || planar ? x_in : channels_last_layout(x_in);
   if (ldx == 0) ldx = c_;
-  ConvShape s;
-  s.n = x.size(0), s.c = c_, s.h = x.size(2), s.w = x.size(3);
+  ConvShape s = shape_of(x.size(0), x.size(2), x.size(3));
   s.x_stride = ldx;
-  s.k = k_, s.kh = kh_, s.kw = kw_;
-  s.sh = g_.sh, s.sw = g_.sw, s.ph = g_.ph, s.pw = g_.pw, s.dh = g_.dh, s.dw = g_.dw;
-  // The padded input minus the kernel's reach (negative: no output; C++ division truncates).
-  const int64_t spare_h = s.h + 2 * s.ph - s.dh * (s.kh - 1) - 1;
-  const int64_t spare_w = s.w + 2 * s.pw - s.dw * (s.kw - 1) - 1;
-  LOPPER_CHECK(spare_h >= 0 && spare_w >= 0,
-               "[kernels] the convolution's kernel reaches past its padded input ", x.sizes());
-  s.oh = spare_h / s.sh + 1;
-  s.ow = spare_w / s.sw + 1;
   at::Tensor y = at::empty({s.n, s.k, s.oh, s.ow}, x.options().memory_format(kCl));
   const float* xp = x.data_ptr<float>();
   // A planar input stays planar: the kernel reads the planes (ConvShape::c_stride) one image at a

@@ -37,10 +37,11 @@ at::Tensor concat_affine_nhwc(const std::vector<at::Tensor>& xs, const float* sc
 /// The distance between the adjacent pixels of x [n, c, h, w] when its pixels are evenly spaced in
 /// (n, h, w) order and its channels adjacent (channels-last, or a channel slice of it); 0 when not.
 int64_t pixel_stride(const at::Tensor& x);
-/// A pointwise weight w [s.k][s.c] packed in bf16 pairs of input channels for ops.run_pairs, or
-/// nothing where that kernel does not run it (an odd s.c, no bfloat16 dot product for `isa`).
-std::vector<uint32_t> pointwise_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
-                                      const ConvShape& s);
+/// A dense weight w [s.k][s.c][s.kh][s.kw] packed in bf16 pairs of input channels for
+/// ops.run_pairs, or nothing where that kernel does not run it (an odd s.c, no bfloat16 dot
+/// product for `isa`).
+std::vector<uint32_t> conv_pairs(const ConvIsaOps& ops, Isa isa, const float* w,
+                                 const ConvShape& s);
 /// Throws lopper::Error "[kernels] WHAT wants float32 [n, C, h, w], got ..." unless x is that:
 /// the input of the convolution kernel `what` ("the direct convolution") of `c` channels.
 void check_conv_input(const at::Tensor& x, int64_t c, const char* what);
@@ -66,7 +67,7 @@ class DirectConv {
   /// groups of 8 to 64 channels: copied a band of rows at a time, with the padding).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
-  /// Packs w (see takes) and its bias [k] (optional, float32); with `bf16_pairs`, a pointwise
+  /// Packs w (see takes) and its bias [k] (optional, float32); with `bf16_pairs`, a dense
   /// layer's weight a second time for bfloat16 inputs (takes_bf16), for a model run in bf16.
   DirectConv(const at::Tensor& w, const at::Tensor& bias, int64_t group, Geometry g,
              Isa isa = active_isa(), bool bf16_pairs = false);
@@ -86,16 +87,20 @@ class DirectConv {
   /// undefined or of y's shape. in_place: groups read in place even where gathers().
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act,
                  bool in_place = false) const;
-  /// Whether run also takes a bfloat16 x: a pointwise layer (1x1, stride 1, no padding, one
-  /// group) of an even channel count on a CPU with the bfloat16 dot product (AVX512_BF16), its
-  /// weight packed in bf16 pairs of input channels too (ConvIsaOps::run_pairs). y is bfloat16
-  /// then (sums, residual and activation in float32, rounded once), the residual read as bf16.
+  /// Whether run also takes a bfloat16 x: a dense layer (one group, not depthwise; any kernel,
+  /// stride, padding and dilation) of an even channel count on a CPU with the bfloat16 dot
+  /// product (AVX512_BF16), its weight packed in bf16 pairs of input channels too
+  /// (ConvIsaOps::run_pairs). y is bfloat16 then (sums, residual and activation in float32,
+  /// rounded once), the residual read as bf16.
   bool takes_bf16() const { return !pairs_.empty(); }
 
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
                   const Epilogue& e, bool in_place) const;
   at::Tensor run_bf16(const at::Tensor& x, const at::Tensor& residual, Activation act) const;
+  // The layer's shape for n images of h x w (its output's rows and columns computed); throws
+  // where the kernel reaches past the padded input.
+  ConvShape shape_of(int64_t n, int64_t h, int64_t w) const;
   // Groups of up to kGatherMaxChannels input channels: each band of a group's rows copied with its
   // padding into at most kGatherBytes, then run as an unpadded input (conv.cpp).
   static constexpr int64_t kGatherMaxChannels = 64;

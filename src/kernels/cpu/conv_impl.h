@@ -1157,30 +1157,32 @@ void narrow_tiles(const float* x, const float* packed, float* y, const float* re
 }
 
 #if LOPPER_SPARSE_ISA > 1
-// --- pointwise convolution of bfloat16 pixels on the bfloat16 dot product ---------------------
+// --- dense convolution of bfloat16 pixels on the bfloat16 dot product ------------------------
 //
-// The dense kernel's tiles (MR pixels x a block of NV vectors of output channels) for a 1x1
-// layer, the input channels taken in pairs: a pixel's two bf16 channels broadcast as one 32-bit
-// word, the weight packed as [blocks][c / 2][NB] words of two bf16 (channels 2p, 2p + 1), and one
+// The dense kernel's tiles (MR pixels x a block of NV vectors of output channels), the input
+// channels taken in pairs: a pixel's two bf16 channels broadcast as one 32-bit word, the weight
+// packed as [blocks][kh][kw][c / 2][NB] words of two bf16 (channels 2p, 2p + 1), and one
 // vdpbf16ps per vector adds both products: half the FMA-port instructions and broadcasts of the
 // float32 kernel on widened rows.
 inline int64_t pairs_packed_size(const ConvShape& s) {
   constexpr int NB = ConvTraits<Wide>::kNB;
-  return conv_blocks(s, NB) * NB * (s.c / 2);
+  return conv_blocks(s, NB) * NB * s.kh * s.kw * (s.c / 2);
 }
 
 inline void pack_pairs(const float* w, const ConvShape& s, uint32_t* packed) {
   constexpr int NB = ConvTraits<Wide>::kNB;
   const int64_t pairs = s.c / 2;
+  auto at = [&](int64_t k, int64_t c, int64_t i, int64_t j) {
+    return uint32_t(to_bf16(w[((k * s.c + c) * s.kh + i) * s.kw + j]));
+  };
   for (int64_t b = 0; b < conv_blocks(s, NB); ++b)
-    for (int64_t p = 0; p < pairs; ++p)
-      for (int64_t o = 0; o < NB; ++o) {
-        const int64_t k = b * NB + o;
-        packed[(b * pairs + p) * NB + o] = k < s.k
-                                               ? uint32_t(to_bf16(w[k * s.c + 2 * p])) |
-                                                     uint32_t(to_bf16(w[k * s.c + 2 * p + 1])) << 16
-                                               : 0u;
-      }
+    for (int64_t i = 0; i < s.kh; ++i)
+      for (int64_t j = 0; j < s.kw; ++j)
+        for (int64_t p = 0; p < pairs; ++p)
+          for (int64_t o = 0; o < NB; ++o) {
+            const int64_t k = b * NB + o;
+            *packed++ = k < s.k ? at(k, 2 * p, i, j) | at(k, 2 * p + 1, i, j) << 16 : 0u;
+          }
 }
 
 #pragma GCC push_options
@@ -1194,24 +1196,56 @@ struct PairOut {
   const uint16_t* r16;
 };
 
-template <int MR, int NV>
-inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t pairs, int valid,
+// A border tile of bf16 pixels: each tap of pixel m located from at[m] and checked, one outside
+// reading `zeros` (s.c of them).
+struct PairBorder {
+  const uint16_t* x;
+  const PixelAt* at;
+  const uint16_t* zeros;
+};
+
+// MR pixels x NV vectors of one block: pixel m's window starts at px[m] (every tap inside the
+// input), or, with `border`, each tap is located and checked. `row`: the values between input
+// rows.
+template <int MR, int NV, bool BORDER>
+inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t row, int valid,
                        int64_t pix0, int64_t kbase, const PairOut& out, const ConvShape& s,
-                       const Epilogue& e) {
+                       const Epilogue& e, const PairBorder* border) {
   using T = Wide;
   constexpr int NB = ConvTraits<T>::kNB;
+  const int64_t pairs = s.c / 2;
   __m512 acc[MR][NV];
   LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] =
       _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh w[NV];
-    LOPPER_UNROLL for (int v = 0; v < NV; ++v) w[v] =
-        (__m512bh)_mm512_loadu_si512(wb + p * NB + v * 16);
-    LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(bf16_pair(px[m] + 2 * p)));
-      LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xb, w[v]);
+  // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
+  // input and of the packed weight: one loop over it, as the float32 kernel's.
+  const bool runs = !BORDER && s.dw == 1 && s.x_stride == s.c;
+  const int64_t span = runs ? s.kw * pairs : pairs, taps = runs ? 1 : s.kw;
+  for (int64_t i = 0; i < s.kh; ++i)
+    for (int64_t j = 0; j < taps; ++j) {
+      const uint32_t* wt = wb + (i * s.kw + j) * pairs * NB;
+      const uint16_t* p[MR];
+      LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+        if constexpr (BORDER) {
+          const PixelAt& a = border->at[m];
+          const int64_t iy = a.iy + i * s.dh, ix = a.ix + j * s.dw;
+          p[m] = tap_inside(s, iy, ix) ? border->x + ((a.img * s.h + iy) * s.w + ix) * s.x_stride
+                                       : border->zeros;
+        } else {
+          p[m] = px[m] + i * s.dh * row + j * s.dw * s.x_stride;
+        }
+      }
+      for (int64_t q = 0; q < span; ++q) {
+        __m512bh w[NV];
+        LOPPER_UNROLL for (int v = 0; v < NV; ++v) w[v] =
+            (__m512bh)_mm512_loadu_si512(wt + q * NB + v * 16);
+        LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+          const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(bf16_pair(p[m] + 2 * q)));
+          LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] =
+              _mm512_dpbf16_ps(acc[m][v], xb, w[v]);
+        }
+      }
     }
-  }
   const int64_t left = s.k - kbase;
   int n[NV];
   __m512 b[NV];
@@ -1244,32 +1278,55 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t pa
   }
 }
 
-// Tiles [t0, t1) of tiles(s, false) of a pointwise convolution (1x1, stride 1, unpadded, s.c
-// even), numbered as conv_tiles numbers them.
+// Tiles [t0, t1) of tiles(s, false) of a dense convolution of bf16 pixels (s.c even; any kernel,
+// stride, padding and dilation), numbered as conv_tiles numbers them; the input read unpadded, as
+// conv_tiles reads it.
 template <int MR>
 void pair_tiles(const uint16_t* x, const uint32_t* packed, const PairOut& out, const ConvShape& s0,
                 const Epilogue& e, int64_t t0, int64_t t1) {
   constexpr int NB = ConvTraits<Wide>::kNB;
   const ConvShape s = with_strides(s0);
   const int64_t pixels = s.n * s.oh * s.ow, groups = (pixels + MR - 1) / MR;
-  const int64_t blocks = conv_blocks(s, NB), pairs = s.c / 2;
+  const int64_t blocks = conv_blocks(s, NB), wblock = s.kh * s.kw * (s.c / 2) * NB;
+  const int64_t row = s.w * s.x_stride;
   const bool pixel_major = conv_pixel_major(s);
+  const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  thread_local std::vector<uint16_t> zeros;
+  if (zeros.size() < size_t(s.c)) zeros.assign(size_t(s.c), 0);
   const uint16_t* px[MR];
+  PixelAt at[MR];
+  const PairBorder border_tile{x, at, zeros.data()};
+  bool border = false;
+  int64_t located = -1;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t b = blocks == 1 ? 0 : pixel_major ? t % blocks : t / groups;
     const int64_t grp = blocks == 1 ? t : pixel_major ? t / blocks : t % groups;
     const int64_t pix0 = grp * MR, kbase = b * NB;
     const int valid = int(std::min<int64_t>(MR, pixels - pix0));
-    LOPPER_UNROLL for (int m = 0; m < MR; ++m) px[m] =
-        x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
-    const uint32_t* wb = packed + b * pairs * NB;
+    if (grp != located) {
+      if (pointwise) {
+        LOPPER_UNROLL for (int m = 0; m < MR; ++m) px[m] =
+            x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
+      } else {
+        border = locate_windows<uint16_t, MR>(x, s, pix0, valid, px, at);
+      }
+      located = grp;
+    }
+    const uint32_t* wb = packed + b * wblock;
     const int64_t nv = (s.k - kbase + 15) / 16;
+    auto micro = [&](auto nvc) {
+      constexpr int NV = decltype(nvc)::value;
+      if (border)
+        pair_micro<MR, NV, true>(px, wb, row, valid, pix0, kbase, out, s, e, &border_tile);
+      else
+        pair_micro<MR, NV, false>(px, wb, row, valid, pix0, kbase, out, s, e, nullptr);
+    };
     if (nv >= 3)
-      pair_micro<MR, 3>(px, wb, pairs, valid, pix0, kbase, out, s, e);
+      micro(std::integral_constant<int, 3>{});
     else if (nv == 2)
-      pair_micro<MR, 2>(px, wb, pairs, valid, pix0, kbase, out, s, e);
+      micro(std::integral_constant<int, 2>{});
     else
-      pair_micro<MR, 1>(px, wb, pairs, valid, pix0, kbase, out, s, e);
+      micro(std::integral_constant<int, 1>{});
   }
 }
 

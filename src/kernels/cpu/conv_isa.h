@@ -132,12 +132,12 @@ struct ConvIsaOps {
   /// each, rows s.w floats), y channels-last (s.y_stride floats a pixel); s.sw 1 or 2.
   void (*planar_rows)(const float* x, const float* packed, int kg, float* y, const ConvShape& s,
                       const Epilogue& e, int64_t r0, int64_t r1);
-  /// A pointwise layer (1x1, stride 1, no padding; s.c even) of bfloat16 pixels (uint16 bits,
-  /// s.x_stride values apart) by the CPU's bfloat16 dot product: the weight w [k][c] packed by
-  /// pack_pairs in pairs of input channels rounded to bfloat16 (pairs_packed_size words), tiles as
-  /// run's (tiles(s, false)). y float32, or, where y is null, bfloat16 into y16 (rounded once
-  /// after the residual and the activation, by vcvtneps2bf16: a subnormal becomes zero); the
-  /// residual (or none) float32 or, in r16, bfloat16.
+  /// A dense convolution (s.c even; any kernel, stride, padding and dilation) of bfloat16 pixels
+  /// (uint16 bits, s.x_stride values apart) by the CPU's bfloat16 dot product: the weight w
+  /// [k][c][kh][kw] packed by pack_pairs in pairs of input channels rounded to bfloat16
+  /// (pairs_packed_size words), tiles as run's (tiles(s, false)). y float32, or, where y is null,
+  /// bfloat16 into y16 (rounded once after the residual and the activation, by vcvtneps2bf16: a
+  /// subnormal becomes zero); the residual (or none) float32 or, in r16, bfloat16.
   /// Null where the table's ISA has none; call run_pairs only where bf16_dot_supported().
   int64_t (*pairs_packed_size)(const ConvShape& s);
   void (*pack_pairs)(const float* w, const ConvShape& s, uint32_t* packed);

@@ -440,6 +440,18 @@ TEST(SparseKernels, Bf16ColsMatchesDenseAten) {
     }
   }
   EXPECT_GT(checked, 150);
+  // Subnormal results rounded as ATen rounds them (vcvtneps2bf16 would make them zeros): outputs
+  // whose weight rows are all zero give the bias, here subnormal.
+  {
+    at::Tensor w = at::randn({24, 16}, gen);
+    w.narrow(0, 0, 8).zero_();
+    const at::Tensor bias = at::rand({24}, gen) * 1e-39;
+    const kc::SparseWeight sw(w, {1, 1}, bias, true);
+    const at::Tensor y = sw.linear_bf16(at::randn({32, 16}, gen).to(at::kBFloat16), {}, isa);
+    const at::Tensor want = bias.narrow(0, 0, 8).to(at::kBFloat16).expand({32, 8});
+    EXPECT_TRUE(at::equal(y.narrow(1, 0, 8), want));
+    EXPECT_GT(at::count_nonzero(want).item<int64_t>(), 0);
+  }
   // Refusals: float32 x, the wrong k, a weight packed without pairs.
   const kc::SparseWeight sw(at::randn({8, 16}), {1, 1}, {}, true);
   EXPECT_THROW(sw.linear_bf16(at::randn({4, 16}), {}, isa), lopper::Error);
@@ -803,6 +815,19 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
     ++checked;
   }
   EXPECT_GE(checked, 75);
+  // Subnormal results rounded as ATen rounds them (vcvtneps2bf16 would make them zeros): a zero
+  // weight passes a subnormal bf16 residual through, bit for bit.
+  {
+    kc::DirectConv::Geometry same;
+    same.ph = same.pw = 1;
+    const kc::DirectConv zero(at::zeros({16, 16, 3, 3}), {}, 1, same, isa, true);
+    const auto cl = at::MemoryFormat::ChannelsLast;
+    const at::Tensor res = (at::rand({1, 16, 5, 5}, gen) * 1e-39).to(at::kBFloat16).contiguous(cl);
+    const at::Tensor y =
+        zero.run(at::randn({1, 16, 5, 5}, gen).to(at::kBFloat16).contiguous(cl), res, {});
+    EXPECT_TRUE(at::equal(y, res));
+    EXPECT_GT(at::count_nonzero(res).item<int64_t>(), 0);
+  }
   // An odd channel count, groups, a depthwise layer: float32 only.
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 3, 3}), {}, 1, {}, isa, true).takes_bf16());

@@ -1273,7 +1273,7 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t ro
         o = T::add(o, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
       }
       o = activate<T>(o, e);
-      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, (__m256i)_mm512_cvtneps_pbh(o));
+      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, T::bf16_bits(o));
     }
   }
 }

@@ -136,8 +136,8 @@ struct ConvIsaOps {
   /// (uint16 bits, s.x_stride values apart) by the CPU's bfloat16 dot product: the weight w
   /// [k][c][kh][kw] packed by pack_pairs in pairs of input channels rounded to bfloat16
   /// (pairs_packed_size words), tiles as run's (tiles(s, false)). y float32, or, where y is null,
-  /// bfloat16 into y16 (rounded once after the residual and the activation, by vcvtneps2bf16: a
-  /// subnormal becomes zero); the residual (or none) float32 or, in r16, bfloat16.
+  /// bfloat16 into y16 (rounded once after the residual and the activation, as to_bf16 rounds); the
+  /// residual (or none) float32 or, in r16, bfloat16.
   /// Null where the table's ISA has none; call run_pairs only where bf16_dot_supported().
   int64_t (*pairs_packed_size)(const ConvShape& s);
   void (*pack_pairs)(const float* w, const ConvShape& s, uint32_t* packed);

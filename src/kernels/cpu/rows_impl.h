@@ -401,11 +401,10 @@ void attention_dot_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, fl
     int64_t j = 0;
     for (; j + 16 <= a.sk; j += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + j)));
+                          Wide::bf16_bits(_mm512_loadu_ps(row + j)));
     if (j < a.sk) {
       const __mmask16 mk = __mmask16((1u << (a.sk - j)) - 1);
-      _mm256_mask_storeu_epi16(out + j, mk,
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, row + j)));
+      _mm256_mask_storeu_epi16(out + j, mk, Wide::bf16_bits(_mm512_maskz_loadu_ps(mk, row + j)));
     }
     if (a.sk % 2 != 0) out[a.sk] = 0;
   }

@@ -845,7 +845,7 @@ inline void cols_bf16_panel(const PairView& w, int64_t br, const uint16_t* xt, i
       for (int h = 0; h < 2; ++h) {
         const __m512 sums = _mm512_permutex2var_ps(lo, h == 0 ? first : second, hi);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v + 16 * h),
-                            (__m256i)_mm512_cvtneps_pbh(activate<Wide>(_mm512_add_ps(sums, b), e)));
+                            Wide::bf16_bits(activate<Wide>(_mm512_add_ps(sums, b), e)));
       }
     }
   }

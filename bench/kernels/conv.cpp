@@ -57,10 +57,16 @@ void counters(benchmark::State& state, const ConvArgs& a) {
       benchmark::Counter(2.0 * a.macs(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_ConvOnednn(benchmark::State& state) {
+// oneDNN's convolution of the layer, float32 or (bf16) bf16 weight and channels-last activations.
+void onednn_conv(benchmark::State& state, bool bf16) {
   const ConvArgs a(state);
   at::manual_seed(7);
-  const at::Tensor w = a.weight(), b = at::randn({a.k}), x = a.input();
+  at::Tensor w = a.weight(), x = a.input();
+  const at::Tensor b = at::randn({a.k});
+  if (bf16) {
+    w = w.to(at::kBFloat16);
+    x = x.to(at::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
+  }
   const at::Tensor packed = lopper::ops::onednn::pack_conv2d_weight(
       w, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, x.sizes());
   lopper::ops::onednn::PostOp relu;
@@ -70,6 +76,8 @@ void BM_ConvOnednn(benchmark::State& state) {
         x, packed, b, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, relu));
   counters(state, a);
 }
+
+void BM_ConvOnednn(benchmark::State& state) { onednn_conv(state, false); }
 
 void BM_ConvLopper(benchmark::State& state) {
   const ConvArgs a(state);
@@ -109,20 +117,7 @@ void BM_ConvLopperCold(benchmark::State& state) {
 // bf16 in and out (--precision bf16): oneDNN's bf16 convolution, and lopper's direct one on the
 // CPU's bfloat16 dot product (pairs of input channels; skipped without AVX512_BF16 or for an odd
 // channel count or groups).
-void BM_ConvOnednnBf16(benchmark::State& state) {
-  const ConvArgs a(state);
-  at::manual_seed(7);
-  const at::Tensor w = a.weight().to(at::kBFloat16), b = at::randn({a.k});
-  const at::Tensor x = a.input().to(at::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor packed = lopper::ops::onednn::pack_conv2d_weight(
-      w, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, x.sizes());
-  lopper::ops::onednn::PostOp relu;
-  relu.attr = "relu";
-  for (auto _ : state)
-    benchmark::DoNotOptimize(lopper::ops::onednn::conv2d(
-        x, packed, b, {a.pad(), a.pad()}, {a.stride, a.stride}, {1, 1}, a.group, relu));
-  counters(state, a);
-}
+void BM_ConvOnednnBf16(benchmark::State& state) { onednn_conv(state, true); }
 
 void BM_ConvLopperBf16(benchmark::State& state) {
   const ConvArgs a(state);

@@ -195,11 +195,19 @@ inline void conv_micro(const float* const* px, const float* wb, const ConvShape&
 // `valid` repeat the last valid one), x's element type E: each window's first tap in at[m], and,
 // where no tap of any window falls in the padding, its address in px[m]. Returns whether one does
 // (a border group: px is not set). The first pixel is located by division, the others by stepping
-// along the row (divisions per pixel cost as much as the arithmetic of a 16-channel 1x1 layer).
+// along the row (divisions per pixel cost as much as the arithmetic of a 16-channel 1x1 layer);
+// in a 1x1 layer of stride 1 without padding (the pointwise layers) output pixel p reads input
+// pixel p, located without either and at not set (perf: 8% of a 32 -> 32 layer's time went to
+// divisions and spilled cursors, per tile of 8 pixels x 32 multiply-adds).
 template <class E, int MR>
 inline bool locate_windows(const E* x, const ConvShape& s, int64_t pix0, int valid, const E** px,
                            PixelAt* at) {
   const bool padded = s.ph > 0 || s.pw > 0;
+  if (s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && !padded) {
+    LOPPER_UNROLL
+    for (int m = 0; m < MR; ++m) px[m] = x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
+    return false;
+  }
   int64_t img = pix0 / (s.oh * s.ow), oy = pix0 / s.ow % s.oh, ox = pix0 % s.ow;
   bool border = false;
   for (int m = 0; m < MR; ++m) {
@@ -218,6 +226,16 @@ inline bool locate_windows(const E* x, const ConvShape& s, int64_t pix0, int val
     for (int m = 0; m < MR; ++m)
       px[m] = x + ((at[m].img * s.h + at[m].iy) * s.w + at[m].ix) * s.x_stride;
   return border;
+}
+
+// Tile t of a dense convolution: its block of output channels and its group of pixels, in the
+// order conv_pixel_major gives (blocks and groups: their counts).
+struct TileAt {
+  int64_t block, group;
+};
+inline TileAt conv_tile_at(int64_t t, int64_t blocks, int64_t groups, bool pixel_major) {
+  if (blocks == 1) return {0, t};
+  return pixel_major ? TileAt{t % blocks, t / blocks} : TileAt{t / groups, t % groups};
 }
 
 // Output pixels per tile: kMR, or one fewer where that divides the pixels with less left over
@@ -271,10 +289,6 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
   const int64_t row = s.w * s.x_stride, wblock = s.kh * s.kw * s.c * NB;
   const bool pixel_major = conv_pixel_major(s);
   const bool padded = s.ph > 0 || s.pw > 0;
-  // A 1x1 convolution of stride 1 without padding (the pointwise layers): output pixel p reads
-  // input pixel p, no division nor stepping along rows (perf: 8% of a 32 -> 32 layer's time went
-  // to divisions and spilled cursors, per tile of 8 pixels x 32 multiply-adds).
-  const bool pointwise = !PLANAR && s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && !padded;
   // A border tile's zeros (s.c of them), or, from a planar input, its gathered windows
   // ([kh][kw][c] each, read as a packed input of 1 x kw pixels a row).
   thread_local std::vector<float> scratch;
@@ -289,15 +303,10 @@ void conv_tiles(const float* x, const float* packed, float* y, const float* res,
   bool border = false;   // whether the located group touches the padding
   int64_t located = -1;  // the group whose windows px (or at) holds
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t b = blocks == 1 ? 0 : pixel_major ? t % blocks : t / groups;
-    const int64_t grp = blocks == 1 ? t : pixel_major ? t / blocks : t % groups;
+    const auto [b, grp] = conv_tile_at(t, blocks, groups, pixel_major);
     const int64_t pix0 = grp * MR, kbase = b * NB;
     const int valid = int(std::min<int64_t>(MR, pixels - pix0));
-    if (pointwise && grp != located) {
-      LOPPER_UNROLL
-      for (int m = 0; m < MR; ++m) px[m] = x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
-      located = grp;
-    } else if (grp != located) {
+    if (grp != located) {
       border = locate_windows<float, MR>(x, s, pix0, valid, px, at);
       if (border && PLANAR)
         for (int m = 0; m < MR; ++m) {
@@ -1290,7 +1299,6 @@ void pair_tiles(const uint16_t* x, const uint32_t* packed, const PairOut& out, c
   const int64_t blocks = conv_blocks(s, NB), wblock = s.kh * s.kw * (s.c / 2) * NB;
   const int64_t row = s.w * s.x_stride;
   const bool pixel_major = conv_pixel_major(s);
-  const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   thread_local std::vector<uint16_t> zeros;
   if (zeros.size() < size_t(s.c)) zeros.assign(size_t(s.c), 0);
   const uint16_t* px[MR];
@@ -1299,17 +1307,11 @@ void pair_tiles(const uint16_t* x, const uint32_t* packed, const PairOut& out, c
   bool border = false;
   int64_t located = -1;
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t b = blocks == 1 ? 0 : pixel_major ? t % blocks : t / groups;
-    const int64_t grp = blocks == 1 ? t : pixel_major ? t / blocks : t % groups;
+    const auto [b, grp] = conv_tile_at(t, blocks, groups, pixel_major);
     const int64_t pix0 = grp * MR, kbase = b * NB;
     const int valid = int(std::min<int64_t>(MR, pixels - pix0));
     if (grp != located) {
-      if (pointwise) {
-        LOPPER_UNROLL for (int m = 0; m < MR; ++m) px[m] =
-            x + (pix0 + std::min(m, valid - 1)) * s.x_stride;
-      } else {
-        border = locate_windows<uint16_t, MR>(x, s, pix0, valid, px, at);
-      }
+      border = locate_windows<uint16_t, MR>(x, s, pix0, valid, px, at);
       located = grp;
     }
     const uint32_t* wb = packed + b * wblock;

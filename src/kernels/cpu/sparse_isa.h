@@ -94,8 +94,7 @@ struct SparseIsaOps {
   /// As cols, for bfloat16 xt (uint16 bits; ncols a multiple of 32; k + 1 rows, the last zero)
   /// and a weight in pairs, two products per lane summed in float32 by vdpbf16ps; yt bfloat16,
   /// rounded as to_bf16 rounds (ties to even, a subnormal kept). With transpose16, null where the
-  /// table's ISA has none. Call them
-  /// only where bf16_dot_supported().
+  /// table's ISA has none. Call them only where bf16_dot_supported().
   void (*cols_bf16)(const PairView& w, int64_t br0, int64_t br1, const uint16_t* xt, int64_t ldx,
                     int64_t ncols, uint16_t* yt, int64_t ldy, int64_t y_row0, const Epilogue& e);
   /// dst[j][i] = src[i][j] for i < rows, j < cols, of 16-bit values.

@@ -211,7 +211,8 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
   groups_ = depthwise_ ? 1 : group;
   ConvShape s;
   s.c = c_ / groups_, s.k = k_ / groups_, s.kh = kh_, s.kw = kw_;
-  narrow_ = groups_ > 1 && s.c == s.k && ops_->narrow_takes(s.c);
+  // (the narrow kernel locates its taps' rows in an array of kDwMaxTaps, as the depthwise one)
+  narrow_ = groups_ > 1 && s.c == s.k && kh_ <= kDwMaxTaps && ops_->narrow_takes(s.c);
   if (narrow_) {  // one packing of all groups, several to a vector
     s.k = k_;
     packed_.resize(static_cast<size_t>(ops_->narrow_packed_size(s)));

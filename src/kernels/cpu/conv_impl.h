@@ -1067,8 +1067,8 @@ inline void narrow_indices(typename T::I* idx) {
 // kernel row is loaded and permuted once and serves the three output pixels that read it (OB + 2
 // columns for OB pixels, not 3 * OB); otherwise each pixel's taps in turn.
 template <class T, int G, int OB, bool K3S1>
-void narrow_row(const float* x, const float* packed, float* yrow, const float* rrow,
-                const ConvShape& s, const Epilogue& e, int64_t img, int64_t oy, int64_t v) {
+void narrow_row(const float* const* rows, const float* packed, float* yrow, const float* rrow,
+                const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t v) {
   constexpr int W = T::W;
   using V = typename T::V;
   typename T::I idx[G];
@@ -1083,10 +1083,8 @@ void narrow_row(const float* x, const float* packed, float* yrow, const float* r
     V acc[OB];
     LOPPER_UNROLL
     for (int m = 0; m < OB; ++m) acc[m] = bias;
-    for (int64_t ky = 0; ky < s.kh; ++ky) {
-      const int64_t iy = oy * s.sh - s.ph + ky * s.dh;
-      if (iy < 0 || iy >= s.h) continue;
-      const float* xrow = x + (img * s.h + iy) * s.w * s.x_stride + c0;
+    for (int64_t ky = i0; ky < i1; ++ky) {
+      const float* xrow = rows[ky] + c0;
       const float* wk = wv0 + ky * s.kw * G * W;
       if constexpr (K3S1) {
         LOPPER_UNROLL
@@ -1134,20 +1132,20 @@ void narrow_row(const float* x, const float* packed, float* yrow, const float* r
 // One output row x vector of groups of g channels, for g in {G, 2G, ...} up to 8 that the vector
 // holds whole (the 3x3 stride-1 path where it applies); false for any other g.
 template <class T, int G, int OB>
-bool narrow_row_of(int64_t g, bool s1_3x3, const float* x, const float* packed, float* yrow,
-                   const float* rrow, const ConvShape& s, const Epilogue& e, int64_t img,
-                   int64_t oy, int64_t v) {
+bool narrow_row_of(int64_t g, bool s1_3x3, const float* const* rows, const float* packed,
+                   float* yrow, const float* rrow, const ConvShape& s, const Epilogue& e,
+                   int64_t i0, int64_t i1, int64_t v) {
   if constexpr (G < T::W) {
     if (g == G) {
       if (s1_3x3)
-        narrow_row<T, G, OB, true>(x, packed, yrow, rrow, s, e, img, oy, v);
+        narrow_row<T, G, OB, true>(rows, packed, yrow, rrow, s, e, i0, i1, v);
       else
-        narrow_row<T, G, OB, false>(x, packed, yrow, rrow, s, e, img, oy, v);
+        narrow_row<T, G, OB, false>(rows, packed, yrow, rrow, s, e, i0, i1, v);
       return true;
     }
   }
   if constexpr (G < 8)
-    return narrow_row_of<T, 2 * G, OB>(g, s1_3x3, x, packed, yrow, rrow, s, e, img, oy, v);
+    return narrow_row_of<T, 2 * G, OB>(g, s1_3x3, rows, packed, yrow, rrow, s, e, i0, i1, v);
   return false;
 }
 
@@ -1158,10 +1156,14 @@ void narrow_tiles(const float* x, const float* packed, float* y, const float* re
   const int64_t nv = narrow_vectors(s, T::W);
   constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
   const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
+  const float* rows[kDwMaxTaps];
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t / nv, v = t % nv, img = row / s.oh, oy = row % s.oh;
-    narrow_row_of<T, 2, OB>(g, s1_3x3, x, packed, y + row * s.ow * s.y_stride,
-                            res ? res + row * s.ow * s.r_stride : nullptr, s, e, img, oy, v);
+    const auto [i0, i1] = taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);
+    for (int64_t i = i0; i < i1; ++i)
+      rows[i] = x + (img * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
+    narrow_row_of<T, 2, OB>(g, s1_3x3, rows, packed, y + row * s.ow * s.y_stride,
+                            res ? res + row * s.ow * s.r_stride : nullptr, s, e, i0, i1, v);
   }
 }
 

@@ -157,54 +157,56 @@ void BM_ConvWinograd(benchmark::State& state) {
 void conv_shapes(benchmark::internal::Benchmark* b) {
   // side, c, k, kernel, stride, groups
   const int64_t layers[][6] = {
-      {224, 3, 32, 3, 2, 1},     // first layer (MobileNetV2)
-      {112, 32, 32, 3, 1, 0},    // depthwise
-      {112, 32, 16, 1, 1, 1},    // projection
-      {112, 16, 96, 1, 1, 1},    // expansion
-      {56, 144, 144, 3, 1, 0},   // depthwise
-      {112, 96, 96, 3, 2, 0},    // depthwise stride 2 (MobileNetV2's block 2)
-      {56, 144, 144, 3, 2, 0},   // depthwise stride 2 (MobileNetV2's block 4)
-      {56, 144, 24, 1, 1, 1},    // projection
-      {56, 24, 144, 1, 1, 1},    // expansion
-      {14, 384, 64, 1, 1, 1},    // projection
-      {14, 64, 384, 1, 1, 1},    // expansion
-      {14, 384, 384, 3, 1, 0},   // depthwise
-      {7, 1152, 1152, 5, 1, 0},  // depthwise 5x5 (MnasNet): no interior run of four pixels
-      {28, 240, 240, 5, 1, 0},   // depthwise 5x5 (MnasNet, EfficientNet) on a larger map
-      {7, 960, 160, 1, 1, 1},    // projection
-      {7, 320, 1280, 1, 1, 1},   // last pointwise
-      {56, 64, 64, 3, 1, 1},     // ResNet-18 3x3
-      {28, 128, 128, 3, 1, 1},   // ResNet-18 3x3
-      {7, 512, 512, 3, 1, 1},    // ResNet-18 3x3
-      {56, 72, 12, 1, 1, 1},     // pruned: 144 -> 72 expansion, 24 -> 12 projection
-      {56, 12, 72, 1, 1, 1},     // pruned expansion
-      {56, 72, 72, 3, 1, 0},     // pruned depthwise
-      {56, 29, 29, 3, 1, 1},     // pruned ResNet 3x3, odd channels
-      {28, 61, 61, 3, 1, 1},     // pruned ResNet 3x3, odd channels
-      {14, 64, 16, 3, 1, 1},     // pruned DenseNet 3x3, block 3
-      {7, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 4
-      {112, 32, 32, 3, 2, 2},    // RegNetX-400MF grouped 3x3 (16 channels a group), stride 2
-      {112, 64, 64, 3, 2, 4},    // RegNetX-800MF grouped 3x3, stride 2
-      {28, 64, 64, 3, 1, 4},     // RegNetX-400MF grouped 3x3, stage 2
-      {14, 160, 160, 3, 1, 10},  // RegNetX-400MF grouped 3x3, stage 3
-      {7, 400, 400, 3, 1, 25},   // RegNetX-400MF grouped 3x3, stage 4
-      {14, 288, 288, 3, 1, 18},  // RegNetX-800MF grouped 3x3, stage 3
-      {112, 32, 32, 1, 1, 1},    // RegNetX-400MF block 1's first 1x1, after the first layer
-      {224, 3, 24, 3, 2, 1},     // first layer (MnasNet 0.75)
-      {112, 24, 24, 3, 1, 0},    // depthwise (MnasNet 0.75)
-      {112, 24, 16, 1, 1, 1},    // projection (MnasNet 0.75)
-      {56, 72, 24, 1, 1, 1},     // projection, 24 outputs: 1.5 vectors (MnasNet 0.75)
-      {56, 24, 72, 1, 1, 1},     // expansion, 72 outputs: 4.5 vectors (MnasNet 0.75)
-      {14, 432, 72, 1, 1, 1},    // projection (MnasNet 0.75)
-      {56, 128, 256, 1, 1, 1},   // ResNeXt-50's layer 1 1x1 (ResNet-50's: 64 -> 256)
-      {56, 256, 128, 1, 1, 1},   // ResNeXt-50's layer 1 1x1, the block's first
-      {28, 512, 256, 1, 1, 1},   // ResNeXt-50's layer 2 1x1, the block's first
-      {28, 256, 512, 1, 1, 1},   // ResNeXt-50's layer 2 1x1, the block's last
-      {14, 1024, 512, 1, 1, 1},  // ResNeXt-50's layer 3 1x1, the block's first
-      {28, 256, 256, 3, 1, 32},  // ResNeXt-50's layer 2 grouped 3x3 (8 channels a group)
-      {56, 128, 128, 3, 2, 1},   // ResNet-50's layer 2 first 3x3, stride 2
-      {14, 256, 256, 3, 1, 1},   // ResNet's layer 3 3x3
-      {14, 512, 512, 3, 1, 32},  // ResNeXt-50's layer 3 grouped 3x3 (16 channels a group)
+      {224, 3, 32, 3, 2, 1},      // first layer (MobileNetV2)
+      {112, 32, 32, 3, 1, 0},     // depthwise
+      {112, 32, 16, 1, 1, 1},     // projection
+      {112, 16, 96, 1, 1, 1},     // expansion
+      {56, 144, 144, 3, 1, 0},    // depthwise
+      {112, 96, 96, 3, 2, 0},     // depthwise stride 2 (MobileNetV2's block 2)
+      {56, 144, 144, 3, 2, 0},    // depthwise stride 2 (MobileNetV2's block 4)
+      {56, 144, 24, 1, 1, 1},     // projection
+      {56, 24, 144, 1, 1, 1},     // expansion
+      {14, 384, 64, 1, 1, 1},     // projection
+      {14, 64, 384, 1, 1, 1},     // expansion
+      {14, 384, 384, 3, 1, 0},    // depthwise
+      {7, 1152, 1152, 5, 1, 0},   // depthwise 5x5 (MnasNet): no interior run of four pixels
+      {28, 240, 240, 5, 1, 0},    // depthwise 5x5 (MnasNet, EfficientNet) on a larger map
+      {7, 960, 160, 1, 1, 1},     // projection
+      {7, 320, 1280, 1, 1, 1},    // last pointwise
+      {56, 64, 64, 3, 1, 1},      // ResNet-18 3x3
+      {28, 128, 128, 3, 1, 1},    // ResNet-18 3x3
+      {7, 512, 512, 3, 1, 1},     // ResNet-18 3x3
+      {56, 72, 12, 1, 1, 1},      // pruned: 144 -> 72 expansion, 24 -> 12 projection
+      {56, 12, 72, 1, 1, 1},      // pruned expansion
+      {56, 72, 72, 3, 1, 0},      // pruned depthwise
+      {56, 29, 29, 3, 1, 1},      // pruned ResNet 3x3, odd channels
+      {28, 61, 61, 3, 1, 1},      // pruned ResNet 3x3, odd channels
+      {14, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 3
+      {7, 64, 16, 3, 1, 1},       // pruned DenseNet 3x3, block 4
+      {112, 32, 32, 3, 2, 2},     // RegNetX-400MF grouped 3x3 (16 channels a group), stride 2
+      {112, 64, 64, 3, 2, 4},     // RegNetX-800MF grouped 3x3, stride 2
+      {28, 64, 64, 3, 1, 4},      // RegNetX-400MF grouped 3x3, stage 2
+      {14, 160, 160, 3, 1, 10},   // RegNetX-400MF grouped 3x3, stage 3
+      {7, 400, 400, 3, 1, 25},    // RegNetX-400MF grouped 3x3, stage 4
+      {14, 288, 288, 3, 1, 18},   // RegNetX-800MF grouped 3x3, stage 3
+      {112, 32, 32, 1, 1, 1},     // RegNetX-400MF block 1's first 1x1, after the first layer
+      {224, 3, 24, 3, 2, 1},      // first layer (MnasNet 0.75)
+      {112, 24, 24, 3, 1, 0},     // depthwise (MnasNet 0.75)
+      {112, 24, 16, 1, 1, 1},     // projection (MnasNet 0.75)
+      {56, 72, 24, 1, 1, 1},      // projection, 24 outputs: 1.5 vectors (MnasNet 0.75)
+      {56, 24, 72, 1, 1, 1},      // expansion, 72 outputs: 4.5 vectors (MnasNet 0.75)
+      {14, 432, 72, 1, 1, 1},     // projection (MnasNet 0.75)
+      {56, 128, 256, 1, 1, 1},    // ResNeXt-50's layer 1 1x1 (ResNet-50's: 64 -> 256)
+      {56, 256, 128, 1, 1, 1},    // ResNeXt-50's layer 1 1x1, the block's first
+      {28, 512, 256, 1, 1, 1},    // ResNeXt-50's layer 2 1x1, the block's first
+      {28, 256, 512, 1, 1, 1},    // ResNeXt-50's layer 2 1x1, the block's last
+      {14, 1024, 512, 1, 1, 1},   // ResNeXt-50's layer 3 1x1, the block's first
+      {56, 128, 128, 3, 1, 32},   // ResNeXt-50's layer 1 grouped 3x3 (4 channels a group)
+      {28, 256, 256, 3, 1, 32},   // ResNeXt-50's layer 2 grouped 3x3 (8 channels a group)
+      {56, 128, 128, 3, 2, 1},    // ResNet-50's layer 2 first 3x3, stride 2
+      {14, 256, 256, 3, 1, 1},    // ResNet's layer 3 3x3
+      {14, 512, 512, 3, 1, 32},   // ResNeXt-50's layer 3 grouped 3x3 (16 channels a group)
+      {7, 1024, 1024, 3, 1, 32},  // ResNeXt-50's layer 4 grouped 3x3 (32 channels a group)
   };
   for (const auto& l : layers)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});

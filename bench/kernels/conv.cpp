@@ -290,6 +290,80 @@ void block_shapes(benchmark::internal::Benchmark* b) {
       ->UseRealTime();
 }
 
+// ResNeXt's bottleneck (1x1 reduction, ReLU; grouped 3x3 of `width` channels a group, ReLU; 1x1
+// expansion, the residual added and ReLU where the stride is 1 and the channels match): lopper's
+// three kernels layer by layer against the same three in one pass (kernels/cpu/chain.h).
+// Arguments: image side, block input channels, middle channels, output channels, grouped
+// stride, channels a group, batch.
+struct BottleneckArgs {
+  int64_t side, c, m, k, stride, width, batch;
+  explicit BottleneckArgs(const benchmark::State& s)
+      : side(s.range(0)),
+        c(s.range(1)),
+        m(s.range(2)),
+        k(s.range(3)),
+        stride(s.range(4)),
+        width(s.range(5)),
+        batch(s.range(6)) {}
+  bool residual() const { return stride == 1 && c == k; }
+  kc::DirectConv::Geometry grouped() const {
+    kc::DirectConv::Geometry g;
+    g.sh = g.sw = stride, g.ph = g.pw = 1;
+    return g;
+  }
+  at::Tensor input() const {
+    return at::randn({batch, c, side, side}).contiguous(at::MemoryFormat::ChannelsLast);
+  }
+};
+
+kc::Activation relu() {
+  kc::Activation a;
+  a.kind = kc::Activation::kRelu;
+  return a;
+}
+
+void BM_BottleneckLayers(benchmark::State& state) {
+  const BottleneckArgs a(state);
+  at::manual_seed(7);
+  const kc::DirectConv reduce(at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), 1, {});
+  const kc::DirectConv grouped(at::randn({a.m, a.width, 3, 3}), at::randn({a.m}), a.m / a.width,
+                               a.grouped());
+  const kc::DirectConv expand(at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), 1, {});
+  const at::Tensor x = a.input(), res = a.residual() ? x : at::Tensor();
+  for (auto _ : state)
+    benchmark::DoNotOptimize(
+        expand.run(grouped.run(reduce.run(x, {}, relu()), {}, relu()), res, relu()));
+}
+
+void BM_BottleneckChain(benchmark::State& state) {
+  const BottleneckArgs a(state);
+  at::manual_seed(7);
+  const at::Tensor w = at::randn({a.m, a.width, 3, 3});
+  const kc::ConvChain::Pointwise reduce{at::randn({a.m, a.c, 1, 1}), at::randn({a.m}), relu()};
+  const kc::ConvChain::Pointwise expand{at::randn({a.k, a.m, 1, 1}), at::randn({a.k}), relu()};
+  if (!kc::ConvChain::takes(&reduce, w, &expand)) {
+    state.SkipWithError("no narrow-group kernel for these groups on this CPU");
+    return;
+  }
+  const kc::ConvChain chain(reduce, w, at::randn({a.m}), a.grouped(), relu(), expand);
+  const at::Tensor x = a.input(), res = a.residual() ? x : at::Tensor();
+  for (auto _ : state) benchmark::DoNotOptimize(chain.run(x, res));
+}
+
+void bottleneck_shapes(benchmark::internal::Benchmark* b) {
+  const int64_t blocks[][6] = {
+      {56, 256, 128, 256, 1, 4},  // ResNeXt-50 32x4d layer1.1
+      {56, 256, 256, 512, 2, 8},  // layer2.0 (grouped stride 2)
+      {28, 512, 256, 512, 1, 8},  // layer2.1
+      {28, 512, 128, 512, 1, 4},  // layer2.1 with half its grouped channels pruned away
+  };
+  for (const auto& l : blocks)
+    for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});
+  b->ArgNames({"side", "c", "m", "k", "stride", "width", "batch"})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
 }  // namespace
 
 BENCHMARK(BM_ConvOnednn)->Apply(conv_shapes);
@@ -300,4 +374,6 @@ BENCHMARK(BM_ConvLopperBf16)->Apply(conv_shapes);
 BENCHMARK(BM_ConvWinograd)->Apply(conv_shapes);
 BENCHMARK(BM_BlockLayers)->Apply(block_shapes);
 BENCHMARK(BM_BlockChain)->Apply(block_shapes);
+BENCHMARK(BM_BottleneckLayers)->Apply(bottleneck_shapes);
+BENCHMARK(BM_BottleneckChain)->Apply(bottleneck_shapes);
 BENCHMARK(BM_BlockChainBf16)->Apply(block_shapes);

@@ -298,10 +298,10 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
 }
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise
-// [-> 1x1 projection] convolutions (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 both
-// ways are timed once on the real input: lopper's one pass over the rows (kernels/cpu/chain.h) and
-// the body layer by layer (each convolution with its own kernel choice); anywhere else the body
-// runs.
+// (or a ResNeXt bottleneck's narrow-grouped) [-> 1x1 projection] convolutions
+// (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 both ways are timed once on the real
+// input: lopper's one pass over the rows (kernels/cpu/chain.h) and the body layer by layer (each
+// convolution with its own kernel choice); anywhere else the body runs.
 struct ChainState {
   std::shared_ptr<const kernels::cpu::ConvChain> chain;  // null: layer by layer
   bool decided = false;
@@ -328,6 +328,8 @@ std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body, b
     const at::Tensor w = tensor(n, 1), b = tensor(n, 2);
     if (!w.defined() || w.dim() != 4) return nullptr;
     if (attrs.attr_int("group", 1) > 1) {
+      if (attrs.attr_int("group", 1) * w.size(1) != w.size(0))
+        return nullptr;  // channels in != out
       dw = &n;
       const auto strides = attrs.attr_ints("strides", {1, 1});
       const auto pads = attrs.attr_ints("pads", {0, 0, 0, 0});

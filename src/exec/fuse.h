@@ -14,9 +14,10 @@ namespace lopper::exec {
 /// and grouped-query attention's repeat of key/value heads into the MatMul reading it
 /// (ai.lopper.GroupedMatMul); a channel shuffle (Reshape to 5-D, Transpose, Reshape back) and the
 /// channel Concat it alone reads into ai.lopper.ChannelShuffle; an inverted residual's 1x1
-/// expansion, depthwise and 1x1 projection convolutions (two or three of them) into
-/// ai.lopper.ConvChain, the convolutions kept as its "body" subgraph. `opset` is the model's
-/// default-domain opset (Clip's bounds moved from attributes to inputs in opset 11).
+/// expansion, depthwise and 1x1 projection convolutions (two or three of them), or a ResNeXt
+/// bottleneck's with its grouped middle one, into ai.lopper.ConvChain, the convolutions kept as its
+/// "body" subgraph. `opset` is the model's default-domain opset (Clip's bounds moved from
+/// attributes to inputs in opset 11).
 ir::Graph fuse_for_inference(const ir::Graph& g, int64_t opset);
 
 }  // namespace lopper::exec

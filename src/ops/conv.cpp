@@ -98,8 +98,8 @@ void conv_forward(OpContext& c) {
 }
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise
-// [-> 1x1 projection] convolutions (exec/fusion/fuse_conv_chain.cpp): the body's output, run as
-// one pass or layer by layer (exec/conv_kernels.h).
+// (or narrow-grouped) [-> 1x1 projection] convolutions (exec/fusion/fuse_conv_chain.cpp): the
+// body's output, run as one pass or layer by layer (exec/conv_kernels.h).
 void conv_chain_forward(OpContext& c) {
   const ir::Attribute* a = c.node().attr("body");
   c.check(a && a->g, "needs its 'body' graph");

@@ -1251,6 +1251,63 @@ TEST(Exec, InvertedResidualChainsMatchAten) {
                        {"lopper-chain", "lopper-direct", "onednn-conv,onednn-linear", "aten", ""});
 }
 
+// ResNeXt's bottlenecks fused into ai.lopper.ConvChain: 1x1 reduction (ReLU) -> grouped 3x3 of 4
+// channels a group (ReLU) -> 1x1 expansion + residual -> ReLU; and 1x1 -> grouped 3x3 of 2
+// channels a group, stride 2 -> 1x1 alone. The one pass, the layers one by one under each forced
+// kernel list, and the timed choice against ATen; a grouped middle of 3 channels a group (no
+// narrow kernel) is not fused.
+TEST(Exec, ResNeXtBottleneckChainsMatchAten) {
+  at::manual_seed(31);
+  ir::Model m = image_model({2, 16, 9, 11});
+  ir::Graph& g = m.graph;
+  auto init = initializer_adder(g);
+  init("wr", at::randn({16, 16, 1, 1}) * 0.3);
+  init("br", at::randn({16}) * 0.1);
+  init("wg", at::randn({16, 4, 3, 3}) * 0.3);
+  init("bg", at::randn({16}) * 0.1);
+  init("wx", at::randn({16, 16, 1, 1}) * 0.3);
+  init("wr2", at::randn({8, 16, 1, 1}) * 0.3);
+  init("wg2", at::randn({8, 2, 3, 3}) * 0.3);
+  init("wx2", at::randn({12, 8, 1, 1}) * 0.3);
+  init("wr3", at::randn({6, 16, 1, 1}) * 0.3);
+  init("wg3", at::randn({6, 3, 3, 3}) * 0.3);
+  init("wx3", at::randn({5, 6, 1, 1}) * 0.3);
+  auto pads = [](int64_t p) { return ints_attr("pads", {p, p, p, p}); };
+  g.nodes = {
+      node("Conv", {"x", "wr", "br"}, {"r"}),
+      node("Relu", {"r"}, {"r1"}),
+      node("Conv", {"r1", "wg", "bg"}, {"gc"}, {int_attr("group", 4), pads(1)}),
+      node("Relu", {"gc"}, {"g1"}),
+      node("Conv", {"g1", "wx"}, {"p"}),
+      node("Add", {"p", "x"}, {"s"}),
+      node("Relu", {"s"}, {"y1"}),
+      node("Conv", {"y1", "wr2"}, {"r2"}),
+      node("Relu", {"r2"}, {"r21"}),
+      node("Conv", {"r21", "wg2"}, {"g2"},
+           {int_attr("group", 4), pads(1), ints_attr("strides", {2, 2})}),
+      node("Conv", {"g2", "wx2"}, {"y2"}),
+      node("Conv", {"y1", "wr3"}, {"r3"}),
+      node("Conv", {"r3", "wg3"}, {"g3"}, {int_attr("group", 2), pads(1)}),
+      node("Conv", {"g3", "wx3"}, {"y3"}),
+  };
+  name_outputs(g, 3);
+  int chains = 0;
+  const ir::Graph fused = exec::fuse_for_inference(g, 17);
+  for (const auto& n : fused.nodes) chains += n.op_type == "ConvChain";
+  EXPECT_EQ(chains, 2);
+  const at::Tensor x = at::randn({2, 16, 9, 11});
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  const at::Tensor r1 = at::relu(at::conv2d(x, w("wr"), w("br")));
+  const at::Tensor g1 = at::relu(at::conv2d(r1, w("wg"), w("bg"), 1, 1, 1, 4));
+  const at::Tensor y1 = at::relu(at::conv2d(g1, w("wx")) + x);
+  const at::Tensor r2 = at::relu(at::conv2d(y1, w("wr2")));
+  const at::Tensor y2 = at::conv2d(at::conv2d(r2, w("wg2"), {}, 2, 1, 1, 4), w("wx2"));
+  const at::Tensor y3 =
+      at::conv2d(at::conv2d(at::conv2d(y1, w("wr3")), w("wg3"), {}, 1, 1, 1, 2), w("wx3"));
+  expect_outputs_match(m, x, {y1, y2, y3},
+                       {"lopper-chain", "lopper-direct,lopper-grouped", "onednn-conv", "aten", ""});
+}
+
 // A network's first layer: an NCHW input of a few channels, padded straight from its planes by
 // lopper's direct kernel; 1 to 4 channels, strides 1 and 2, against ATen.
 TEST(Exec, FirstLayerOfFewChannelsMatchesAten) {

@@ -247,23 +247,26 @@ TEST(Fusion, FusesChannelShuffle) {
   expect_untouched(make({0, 1, 2, 4, 3}), "fuse_channel_shuffle");
 }
 
-// An inverted residual's 1x1 -> depthwise 3x3 -> 1x1 -> ConvChain; with a full 3x3 convolution in
-// the middle there is no chain.
+// An inverted residual's 1x1 -> depthwise 3x3 -> 1x1 -> ConvChain, and a ResNeXt bottleneck's,
+// its middle one in groups of 2 channels; with a full 3x3 convolution in the middle, or groups of
+// 3 channels (no narrow kernel), there is no chain.
 TEST(Fusion, FusesTheConvChain) {
-  auto make = [](bool depthwise) {
+  auto make = [](int64_t width) {  // the middle convolution's channels a group
     ir::Model m = model({{"x", {1, 4, 6, 6}}});
     add(m, "we", at::randn({6, 4, 1, 1}));
-    add(m, "wd", at::randn({6, depthwise ? 1 : 6, 3, 3}));
+    add(m, "wd", at::randn({6, width, 3, 3}));
     add(m, "bd", at::randn({6}));
     add(m, "wp", at::randn({3, 6, 1, 1}));
     m.graph.nodes = {node("Conv", {"x", "we"}, {"e"}),
                      node("Conv", {"e", "wd", "bd"}, {"d"},
-                          {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", depthwise ? 6 : 1)}),
+                          {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", 6 / width)}),
                      node("Conv", {"d", "wp"}, {"y1"})};
     return m;
   };
-  expect_rewrite(make(true), "fuse_conv_chain", {"ai.lopper.ConvChain"});
-  expect_untouched(make(false), "fuse_conv_chain");
+  expect_rewrite(make(1), "fuse_conv_chain", {"ai.lopper.ConvChain"});
+  expect_rewrite(make(2), "fuse_conv_chain", {"ai.lopper.ConvChain"});
+  expect_untouched(make(6), "fuse_conv_chain");
+  expect_untouched(make(3), "fuse_conv_chain");
 }
 
 // GELU written out with Erf -> Gelu; with another factor than one half it is no GELU.

@@ -846,7 +846,7 @@ static at::Tensor chain_reference(const at::Tensor& x,
                                   const at::Tensor& dw, const at::Tensor& dw_b,
                                   const kc::DirectConv::Geometry& g, const kc::Activation& dw_act,
                                   const std::optional<kc::ConvChain::Pointwise>& project,
-                                  const at::Tensor& res, int64_t m) {
+                                  const at::Tensor& res, int64_t groups) {
   auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
   at::Tensor ref = x;
   if (expand)
@@ -854,7 +854,7 @@ static at::Tensor chain_reference(const at::Tensor& x,
         at::convolution(ref, d(expand->w), d(expand->b), {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1),
         expand->act);
   ref = at::convolution(ref, d(dw), d(dw_b), {g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw}, false,
-                        {0, 0}, m);
+                        {0, 0}, groups);
   if (!project) {
     if (res.defined()) ref = ref + res;
     return activation_reference(ref, dw_act);
@@ -865,24 +865,33 @@ static at::Tensor chain_reference(const at::Tensor& x,
   return activation_reference(ref, project->act);
 }
 
-// The inverted residual's chain (expansion, depthwise, projection; any two of them) against
-// ATen's three convolutions in float64: random geometries (strides, padding, dilation, kernels up
-// to 5x5, maps smaller than the kernel's reach skipped), odd channel counts, batches of 1 to 3
-// (bands of rows per image and images per thread), 1 and 2 threads, each stage's activation, bias
-// or none, residual or none.
+// The inverted residual's chain (expansion, depthwise, projection; any two of them) and the
+// ResNeXt bottleneck's (the middle convolution in groups of 2, 4 or 8 channels, the narrow-group
+// kernel's, up to 11 groups: vectors of channels filled in part) against ATen's three
+// convolutions in float64: random geometries (strides, padding, dilation, kernels up to 5x5, maps
+// smaller than the kernel's reach skipped), odd channel counts, batches of 1 to 3 (bands of rows
+// per image and images per thread), 1 and 2 threads, each stage's activation, bias or none,
+// residual or none.
 TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
   std::mt19937 rng(13);
   at::Generator gen = at::detail::createCPUGenerator(13);
   const int threads = at::get_num_threads();
-  int cases = 0, pair_cases = 0;
+  int cases = 0, pair_cases = 0, narrow_cases = 0;
   for (kc::Isa isa : isas()) {
-    for (int it = 0; it < 120; ++it) {
-      // Every 7th case the depthwise convolution alone (a bf16 layer run row by row).
+    for (int it = 0; it < 160; ++it) {
+      // Every 7th case the middle convolution alone (a bf16 layer run row by row).
       const bool alone = it % 7 == 3;
       const bool has_expand = !alone && it % 3 != 2, has_project = !alone && it % 3 != 1;
       const int64_t n = 1 + rng() % 3, h = 1 + rng() % 13, w = 1 + rng() % 20;
-      const int64_t c = std::vector<int64_t>{3, 8, 16, 24}[rng() % 4];
-      const int64_t m = has_expand ? std::vector<int64_t>{5, 16, 48, 72}[rng() % 4] : c;
+      // Every 4th case a grouped middle convolution of `width` channels a group.
+      const int64_t width = it % 4 == 1 ? std::vector<int64_t>{2, 4, 8}[rng() % 3] : 1;
+      int64_t c = std::vector<int64_t>{3, 8, 16, 24}[rng() % 4];
+      int64_t m = has_expand ? std::vector<int64_t>{5, 16, 48, 72}[rng() % 4] : c;
+      if (width > 1) {
+        m = width * (1 + rng() % 11);
+        if (!has_expand) c = m;
+      }
+      const int64_t groups = m / width;
       const int64_t k = std::vector<int64_t>{7, 16, 24}[rng() % 3];
       int64_t kh = 1 + rng() % 5, kw = 1 + rng() % 5;
       kc::DirectConv::Geometry g;
@@ -900,7 +909,7 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       if (has_expand)
         expand = kc::ConvChain::Pointwise{bf16_exact(at::randn({m, c, 1, 1}, gen)), bias(m),
                                           random_activation(rng)};
-      const at::Tensor dw = at::randn({m, 1, kh, kw}, gen), dw_b = bias(m);
+      const at::Tensor dw = at::randn({m, width, kh, kw}, gen), dw_b = bias(m);
       const kc::Activation dw_act = random_activation(rng);
       if (has_project)
         project = kc::ConvChain::Pointwise{bf16_exact(at::randn({k, m, 1, 1}, gen)), bias(k),
@@ -908,8 +917,14 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       const int64_t out_c = has_project ? k : m;
       const at::Tensor x = at::randn({n, c, h, w}, gen);
       const at::Tensor res = rng() % 2 ? at::randn({n, out_c, oh, ow}, gen) : at::Tensor();
-      ASSERT_TRUE(kc::ConvChain::takes(expand ? &*expand : nullptr, dw,
-                                       project ? &*project : nullptr, alone));
+      // The narrow kernel takes groups narrower than the ISA's vector, dividing it.
+      const bool taken = width == 1 || kc::conv_isa_ops(isa).narrow_takes(width);
+      ASSERT_EQ(kc::ConvChain::takes(expand ? &*expand : nullptr, dw, project ? &*project : nullptr,
+                                     alone, isa),
+                taken)
+          << kc::isa_name(isa) << " case " << it << " width " << width;
+      if (!taken) continue;
+      narrow_cases += width > 1;
       const kc::ConvChain chain(expand, dw, dw_b, g, dw_act, project, isa, true);
       at::set_num_threads(1 + it % 2);
       const at::Tensor y = chain.run(x, res);
@@ -930,16 +945,17 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : at::Tensor(); };
       if (chain.pairs()) {
         const at::Tensor refb =
-            chain_reference(d(xb), expand, dw, dw_b, g, dw_act, project, d(rb), m);
+            chain_reference(d(xb), expand, dw, dw_b, g, dw_act, project, d(rb), groups);
         EXPECT_LT(nmse(yb, refb), 1e-4) << kc::isa_name(isa) << " bf16 pairs case " << it;
         ++pair_cases;
       }
       const at::Tensor ref =
-          chain_reference(x.to(at::kDouble), expand, dw, dw_b, g, dw_act, project, d(res), m);
-      const std::string what =
-          std::string(kc::isa_name(isa)) + " case " + std::to_string(it) + " " + std::to_string(n) +
-          "x" + std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) + " m " +
-          std::to_string(m) + " kernel " + std::to_string(kh) + "x" + std::to_string(kw);
+          chain_reference(x.to(at::kDouble), expand, dw, dw_b, g, dw_act, project, d(res), groups);
+      const std::string what = std::string(kc::isa_name(isa)) + " case " + std::to_string(it) +
+                               " " + std::to_string(n) + "x" + std::to_string(c) + "x" +
+                               std::to_string(h) + "x" + std::to_string(w) + " m " +
+                               std::to_string(m) + " groups " + std::to_string(groups) +
+                               " kernel " + std::to_string(kh) + "x" + std::to_string(kw);
       ASSERT_EQ(y.sizes(), ref.sizes()) << what;
       ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(),
@@ -948,7 +964,8 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
       ++cases;
     }
   }
-  EXPECT_GT(cases, 200);
+  EXPECT_GT(cases, 250);
+  if (isas().size() > 1) EXPECT_GT(narrow_cases, 40);
   if (kc::bf16_dot_supported(kc::Isa::kAvx512)) EXPECT_GT(pair_cases, 20);
   // One convolution alone is not a chain; a projection must read the depthwise channels.
   const at::Tensor dw = at::randn({8, 1, 3, 3});
@@ -956,6 +973,11 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
   const kc::ConvChain::Pointwise wrong{at::randn({4, 6, 1, 1}), {}, {}};
   EXPECT_FALSE(kc::ConvChain::takes(nullptr, dw, &wrong));
   EXPECT_FALSE(kc::ConvChain::takes(&wrong, dw, nullptr));
+  // Groups of 3 channels (no narrow kernel), or 4 channels a group that do not divide 6.
+  const kc::ConvChain::Pointwise six{at::randn({6, 6, 1, 1}), {}, {}};
+  EXPECT_FALSE(kc::ConvChain::takes(&six, at::randn({6, 3, 3, 3}), &six));
+  EXPECT_FALSE(kc::ConvChain::takes(&six, at::randn({6, 4, 3, 3}), &six));
+  EXPECT_THROW(kc::ConvChain(six, at::randn({6, 3, 3, 3}), {}, {}, {}, six), lopper::Error);
 }
 
 // Each ISA's NHWC max pooling against ATen's max_pool2d: random geometries, odd channel counts,

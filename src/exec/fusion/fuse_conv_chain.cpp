@@ -1,5 +1,6 @@
 // An inverted residual's convolutions, [1x1 expansion ->] depthwise [-> 1x1 projection] (at least
-// two), each read only by the next -> ai.lopper.ConvChain(x [, residual]) whose "body" attribute
+// two), or a ResNeXt bottleneck's, its middle one grouped (a few channels a group), each read only
+// by the next -> ai.lopper.ConvChain(x [, residual]) whose "body" attribute
 // holds the convolutions themselves and their weights: the op runs them in one pass over the rows,
 // or runs the body layer by layer where that is faster or its kernels do not apply (ops/conv.cpp).
 #include <algorithm>
@@ -53,9 +54,13 @@ bool fuse_conv_chain(ir::Graph& g, int64_t opset) {
     if (!r.live(i)) continue;
     const ir::Node& dw = g.nodes[i];
     const ir::Initializer* dww = conv_weight(r, dw);
-    if (!dww || dww->value.size(1) != 1 || group_of(dw) != dww->value.size(0) || group_of(dw) < 2)
+    if (!dww) continue;
+    // Depthwise (one channel a group), or groups of 2, 4 or 8 channels in and out (ResNeXt's
+    // first two stages, the narrow-group kernel's): as many channels in as out.
+    const int64_t m = dww->value.size(0), width = dww->value.size(1);
+    if (group_of(dw) < 2 || group_of(dw) * width != m ||
+        !(width == 1 || width == 2 || width == 4 || width == 8))
       continue;
-    const int64_t m = dww->value.size(0);
     std::optional<size_t> expand, project;
     if (auto p = r.producer(dw.inputs[0]); p && r.single(dw.inputs[0])) {
       const auto* w = pointwise(r, g.nodes[*p], false);

@@ -36,7 +36,8 @@ bool fuse_concat_norm(ir::Graph& g, int64_t opset);
 /// A channel shuffle ([Concat ->] Reshape to 5-D -> Transpose -> Reshape) ->
 /// ai.lopper.ChannelShuffle.
 bool fuse_channel_shuffle(ir::Graph& g, int64_t opset);
-/// An inverted residual's [1x1 ->] depthwise [-> 1x1] convolutions -> ai.lopper.ConvChain.
+/// An inverted residual's [1x1 ->] depthwise [-> 1x1] convolutions, or a ResNeXt bottleneck's
+/// with a grouped middle one of 2, 4 or 8 channels a group -> ai.lopper.ConvChain.
 bool fuse_conv_chain(ir::Graph& g, int64_t opset);
 /// GELU written out with Erf -> Gelu.
 bool fuse_gelu(ir::Graph& g, int64_t opset);

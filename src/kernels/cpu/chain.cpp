@@ -21,12 +21,13 @@ bool pointwise_weight(const at::Tensor& w) {
 }  // namespace
 
 bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
-                      bool alone) {
+                      bool alone, Isa isa) {
   if (!alone && (expand != nullptr) + (project != nullptr) < 1) return false;
-  if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() || dw.size(1) != 1 ||
-      dw.size(0) < 1 || dw.size(2) > kDwMaxTaps)
+  if (dw.dim() != 4 || dw.scalar_type() != at::kFloat || !dw.device().is_cpu() || dw.size(0) < 1 ||
+      dw.size(1) < 1 || dw.size(2) > kDwMaxTaps)
     return false;
-  const int64_t m = dw.size(0);
+  const int64_t m = dw.size(0), g = dw.size(1);
+  if (g > 1 && !(m % g == 0 && conv_isa_ops(isa).narrow_takes(g))) return false;
   if (expand && !(pointwise_weight(expand->w) && expand->w.size(0) == m)) return false;
   return !project || (pointwise_weight(project->w) && project->w.size(1) == m);
 }
@@ -50,6 +51,23 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
   return st;
 }
 
+ConvChain::Stage ConvChain::pack_narrow(const at::Tensor& w_in, const at::Tensor& b,
+                                        Activation act) const {
+  const at::Tensor w = w_in.contiguous();
+  Stage st;
+  st.c = st.k = w.size(0);
+  ConvShape s;
+  s.c = w.size(1), s.k = st.k, s.kh = w.size(2), s.kw = w.size(3);
+  st.packed.resize(ops_->narrow_packed_size(s));
+  ops_->narrow_pack(w.data_ptr<float>(), s, st.packed.data());
+  if (b.defined()) {
+    const at::Tensor bc = b.to(at::kFloat).contiguous();
+    st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
+  }
+  st.act = act;
+  return st;
+}
+
 bool ConvChain::pairs() const {
   return (expand_ && !expand_->pairs.empty()) || (project_ && !project_->pairs.empty());
 }
@@ -57,11 +75,12 @@ bool ConvChain::pairs() const {
 ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w,
                      const at::Tensor& dw_b, DirectConv::Geometry g, Activation dw_act,
                      const std::optional<Pointwise>& project, Isa isa, bool bf16_pairs)
-    : ops_(&conv_isa_ops(isa)), isa_(isa), kh_(dw_w.size(2)), kw_(dw_w.size(3)), g_(g) {
-  LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr, true),
+    : ops_(&conv_isa_ops(isa)), isa_(isa), g_(g) {
+  LOPPER_CHECK(takes(expand ? &*expand : nullptr, dw_w, project ? &*project : nullptr, true, isa),
                "[kernels] the convolution chain does not take these weights");
+  group_width_ = dw_w.size(1), kh_ = dw_w.size(2), kw_ = dw_w.size(3);
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false, bf16_pairs);
-  dw_ = pack(dw_w, dw_b, dw_act, true, false);
+  dw_ = group_width_ == 1 ? pack(dw_w, dw_b, dw_act, true, false) : pack_narrow(dw_w, dw_b, dw_act);
   if (project) project_ = pack(project->w, project->b, project->act, false, bf16_pairs);
 }
 
@@ -114,6 +133,15 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   if (expand_) ds.w = w + 2 * pw, ds.pw = 0;
   const int64_t mid_floats = project_ ? ow * m : 0;
   const int64_t cp = (m + ops_->width - 1) / ops_->width * ops_->width;
+  // One output row of the middle convolution (its kernel rows [i0, i1) in rows).
+  auto middle_row = [&](const float* const* rows, float* out, const float* res, int64_t i0,
+                        int64_t i1) {
+    if (group_width_ == 1)
+      ops_->dw_row(rows, dw_.packed.data(), out, res, ds, de, i0, i1, 0, cp);
+    else
+      ops_->narrow_row(rows, dw_.packed.data(), out, res, ds, group_width_, de, i0, i1, 0,
+                       cp / ops_->width);
+  };
   // Bands of output rows: one per image when the images keep the threads busy, else each image
   // split in as many as the threads (each band makes again the few expanded rows it shares with
   // the band above).
@@ -207,9 +235,9 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           res = rrow;
         }
         if (!project_) {
-          ops_->dw_row(rows, dw_.packed.data(), out, res, ds, de, i0, i1, 0, cp);
+          middle_row(rows, out, res, i0, i1);
         } else {
-          ops_->dw_row(rows, dw_.packed.data(), mid, nullptr, ds, de, i0, i1, 0, cp);
+          middle_row(rows, mid, nullptr, i0, i1);
           if (project_pairs) {
             narrow_span(mid, mid16, ow * m);
             ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,

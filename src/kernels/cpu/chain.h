@@ -1,9 +1,11 @@
-// An inverted residual's convolutions in one pass over the image's rows (internal): MobileNetV2's,
-// MnasNet's, EfficientNet's and MobileNetV3's pointwise expansion, depthwise convolution and
-// pointwise projection. Layer by layer, the expanded activation (six times the block's channels)
-// goes to memory and back twice; here each thread runs a band of output rows, makes the expanded
-// rows its depthwise rows read into a ring of kernel-height rows, and sends each depthwise row
-// straight through the projection, so that the wide activations stay in L1 and L2.
+// An inverted residual's or a ResNeXt bottleneck's convolutions in one pass over the image's rows
+// (internal): MobileNetV2's, MnasNet's, EfficientNet's and MobileNetV3's pointwise expansion,
+// depthwise convolution and pointwise projection, and ResNeXt's 1x1 reduction, grouped 3x3
+// convolution of a few channels a group (the narrow-group kernel's) and 1x1 expansion. Layer by
+// layer, the middle activations go to memory and back twice; here each thread runs a band of
+// output rows, makes the rows the middle convolution reads into a ring of kernel-height rows, and
+// sends each of its output rows straight through the last 1x1 convolution, so that the middle
+// activations stay in L1 and L2.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,12 +24,13 @@ class ConvChain {
     at::Tensor w, b;
     Activation act;
   };
-  /// Whether the kernels take the chain: at least two of the three convolutions (`alone`: the
-  /// depthwise one may be alone, a bf16 layer run row by row), float32 CPU weights, the depthwise
-  /// one w [m, 1, kh, kw] (kh at most kDwMaxTaps) between an expansion to m channels and a
-  /// projection from them.
+  /// Whether the kernels of `isa` take the chain: at least two of the three convolutions
+  /// (`alone`: the middle one may be alone, a bf16 layer run row by row), float32 CPU weights,
+  /// the middle one w [m, g, kh, kw] (kh at most kDwMaxTaps) of m / g groups between an
+  /// expansion to m channels and a projection from them: depthwise (g = 1), or groups of g
+  /// channels in and out that the narrow-group kernel runs (ConvIsaOps::narrow_takes).
   static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
-                    bool alone = false);
+                    bool alone = false, Isa isa = active_isa());
 
   /// `bf16_pairs`: the 1x1 stages' weights packed a second time for bf16 rows (pairs()), for a
   /// model run in bf16.
@@ -54,11 +57,13 @@ class ConvChain {
   };
   Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise,
              bool bf16_pairs) const;
+  Stage pack_narrow(const at::Tensor& w, const at::Tensor& b, Activation act) const;
 
   const ConvIsaOps* ops_;
   Isa isa_;
   std::optional<Stage> expand_, project_;
-  Stage dw_;
+  Stage dw_;                 // the middle convolution
+  int64_t group_width_ = 1;  // its channels a group: 1 (depthwise), or the narrow kernel's
   int64_t kh_ = 1, kw_ = 1;
   DirectConv::Geometry g_;
 };

@@ -1149,21 +1149,31 @@ bool narrow_row_of(int64_t g, bool s1_3x3, const float* const* rows, const float
   return false;
 }
 
+// Vectors [v0, v1) of one output row (s: the shape with its strides explicit).
+template <class T>
+void narrow_vectors_of_row(const float* const* rows, const float* packed, float* yrow,
+                           const float* rrow, const ConvShape& s, int64_t g, const Epilogue& e,
+                           int64_t i0, int64_t i1, int64_t v0, int64_t v1) {
+  constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
+  const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
+  for (int64_t v = v0; v < v1; ++v)
+    narrow_row_of<T, 2, OB>(g, s1_3x3, rows, packed, yrow, rrow, s, e, i0, i1, v);
+}
+
 template <class T>
 void narrow_tiles(const float* x, const float* packed, float* y, const float* res,
                   const ConvShape& s0, int64_t g, const Epilogue& e, int64_t t0, int64_t t1) {
   const ConvShape s = with_strides(s0);
   const int64_t nv = narrow_vectors(s, T::W);
-  constexpr int OB = T::W >= 16 ? 8 : 4;  // accumulators beside G weights and G indices
-  const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
   const float* rows[kDwMaxTaps];
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t row = t / nv, v = t % nv, img = row / s.oh, oy = row % s.oh;
     const auto [i0, i1] = taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);
     for (int64_t i = i0; i < i1; ++i)
       rows[i] = x + (img * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.x_stride;
-    narrow_row_of<T, 2, OB>(g, s1_3x3, rows, packed, y + row * s.ow * s.y_stride,
-                            res ? res + row * s.ow * s.r_stride : nullptr, s, e, i0, i1, v);
+    narrow_vectors_of_row<T>(rows, packed, y + row * s.ow * s.y_stride,
+                             res ? res + row * s.ow * s.r_stride : nullptr, s, g, e, i0, i1, v,
+                             v + 1);
   }
 }
 
@@ -1436,6 +1446,11 @@ const ConvIsaOps LOPPER_CONV_OPS_NAME = {
     [](const float* x, const float* packed, float* y, const float* residual, const ConvShape& s,
        int64_t g, const Epilogue& e, int64_t t0,
        int64_t t1) { narrow_tiles<Wide>(x, packed, y, residual, s, g, e, t0, t1); },
+    [](const float* const* rows, const float* packed, float* yrow, const float* rrow,
+       const ConvShape& s, int64_t g, const Epilogue& e, int64_t i0, int64_t i1, int64_t v0,
+       int64_t v1) {
+      narrow_vectors_of_row<Wide>(rows, packed, yrow, rrow, with_strides(s), g, e, i0, i1, v0, v1);
+    },
     [](int64_t k) { return Wide::W >= 8 ? planar_group<Wide>(k) : 0; },
     planar_pack,
     [](const float* x, const float* packed, int kg, float* y, const ConvShape& s, const Epilogue& e,

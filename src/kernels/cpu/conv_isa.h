@@ -122,6 +122,12 @@ struct ConvIsaOps {
   /// as for run), g channels a group.
   void (*narrow_run)(const float* x, const float* packed, float* y, const float* residual,
                      const ConvShape& s, int64_t g, const Epilogue& e, int64_t t0, int64_t t1);
+  /// One output row of it, vectors [v0, v1) of output channels: rows[i] the input row of kernel
+  /// row i for i in [i0, i1), yrow and rrow (null: none) the output row and its residual, as for
+  /// dw_row (s.n, s.h, s.oh and s.ph are not read).
+  void (*narrow_row)(const float* const* rows, const float* packed, float* yrow, const float* rrow,
+                     const ConvShape& s, int64_t g, const Epilogue& e, int64_t i0, int64_t i1,
+                     int64_t v0, int64_t v1);
   /// A dense convolution of a planar input (a network's first layer) vectorised over output
   /// pixels: the output channels a pass for s.k of them, 0 where this ISA has no such kernel.
   int (*planar_group)(int64_t k);  /// w [k][c][kh][kw] (ONNX's OIHW) -> packed, kg channels a pass:

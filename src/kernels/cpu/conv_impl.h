@@ -1062,6 +1062,29 @@ inline void narrow_indices(typename T::I* idx) {
   }
 }
 
+// Lane o of the result: channel i of the group of G that lane o belongs to, x[o - o % G + i].
+// Groups of 2 or 4 lie inside the 128-bit lanes: an in-lane permute by an immediate (vpermilps, one
+// cycle and no index register), else the cross-lane permute by idx[i].
+template <class T, int G>
+inline typename T::V group_channel(typename T::V xv, const typename T::I* idx, int i) {
+  if constexpr (T::W >= 8 && G == 4) {
+    switch (i) {
+      case 0:
+        return T::template permute_in_lanes<0x00>(xv);
+      case 1:
+        return T::template permute_in_lanes<0x55>(xv);
+      case 2:
+        return T::template permute_in_lanes<0xAA>(xv);
+      default:
+        return T::template permute_in_lanes<0xFF>(xv);
+    }
+  } else if constexpr (T::W >= 8 && G == 2) {
+    return i == 0 ? T::template permute_in_lanes<0xA0>(xv) : T::template permute_in_lanes<0xF5>(xv);
+  } else {
+    return T::permute(idx[i], xv);
+  }
+}
+
 // One output row x one vector of groups of G channels. K3S1: a 3x3 kernel of stride 1 without
 // dilation (every grouped layer of a ResNeXt but a stage's first), where each input column of a
 // kernel row is loaded and permuted once and serves the three output pixels that read it (OB + 2
@@ -1087,6 +1110,14 @@ void narrow_row(const float* const* rows, const float* packed, float* yrow, cons
       const float* xrow = rows[ky] + c0;
       const float* wk = wv0 + ky * s.kw * G * W;
       if constexpr (K3S1) {
+        // Groups of up to 4: the kernel row's 3G weight vectors held in registers (beside OB
+        // accumulators and G permuted columns), not loaded again for each column.
+        constexpr int kHeld = G <= 4 ? 3 * G : 1;
+        V wr[kHeld];
+        if constexpr (G <= 4) {
+          LOPPER_UNROLL
+          for (int q = 0; q < 3 * G; ++q) wr[q] = T::load(wk + q * W);
+        }
         LOPPER_UNROLL
         for (int cc = 0; cc < OB + 2; ++cc) {
           const int64_t ix = ox0 - s.pw + cc;
@@ -1094,14 +1125,18 @@ void narrow_row(const float* const* rows, const float* packed, float* yrow, cons
           const V xv = load_x(xrow + ix * s.x_stride);
           V p[G];
           LOPPER_UNROLL
-          for (int i = 0; i < G; ++i) p[i] = T::permute(idx[i], xv);
+          for (int i = 0; i < G; ++i) p[i] = group_channel<T, G>(xv, idx, i);
           LOPPER_UNROLL
           for (int kx = 0; kx < 3; ++kx) {
             const int m = cc - kx;  // the output pixel that reads this column through tap kx
             if (m < 0 || m >= OB) continue;
             LOPPER_UNROLL
-            for (int i = 0; i < G; ++i)
-              acc[m] = T::fma(p[i], T::load(wk + (kx * G + i) * W), acc[m]);
+            for (int i = 0; i < G; ++i) {
+              if constexpr (G <= 4)
+                acc[m] = T::fma(p[i], wr[kx * G + i], acc[m]);
+              else
+                acc[m] = T::fma(p[i], T::load(wk + (kx * G + i) * W), acc[m]);
+            }
           }
         }
       } else {
@@ -1116,7 +1151,8 @@ void narrow_row(const float* const* rows, const float* packed, float* yrow, cons
             if (m >= np || ix < 0 || ix >= s.w) continue;
             const V xv = load_x(xrow + ix * s.x_stride);
             LOPPER_UNROLL
-            for (int i = 0; i < G; ++i) acc[m] = T::fma(T::permute(idx[i], xv), wv[i], acc[m]);
+            for (int i = 0; i < G; ++i)
+              acc[m] = T::fma(group_channel<T, G>(xv, idx, i), wv[i], acc[m]);
           }
         }
       }

@@ -35,6 +35,10 @@ struct Scalar {
   static constexpr int W = 1;
   static I load_index(const int32_t* p) { return *p; }
   static V permute(I, V v) { return v; }  // one lane: lane 0 is the only index
+  template <int IMM>
+  static V permute_in_lanes(V v) {
+    return v;
+  }
   static V zero() { return 0.f; }
   static V set1(float a) { return a; }
   static V load(const float* p) { return *p; }
@@ -102,6 +106,11 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
   static V permute(I idx, V v) { return _mm256_permutevar8x32_ps(v, idx); }  // lane l: v[idx[l]]
+  // Within each 128-bit lane of 4 floats, element j = element (IMM >> 2j) & 3 (vpermilps).
+  template <int IMM>
+  static V permute_in_lanes(V v) {
+    return _mm256_permute_ps(v, IMM);
+  }
   static __m256i lanes(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
@@ -188,6 +197,10 @@ struct V16 {        // 16 floats (AVX-512F)
   static constexpr int W = 16;
   static I load_index(const int32_t* p) { return _mm512_loadu_si512(p); }
   static V permute(I idx, V v) { return _mm512_permutexvar_ps(idx, v); }  // lane l: v[idx[l]]
+  template <int IMM>
+  static V permute_in_lanes(V v) {
+    return _mm512_permute_ps(v, IMM);
+  }
   static __mmask16 lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float a) { return _mm512_set1_ps(a); }

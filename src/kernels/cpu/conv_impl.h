@@ -1124,8 +1124,18 @@ void narrow_row(const float* const* rows, const float* packed, float* yrow, cons
           if (ix < 0 || ix >= s.w) continue;
           const V xv = load_x(xrow + ix * s.x_stride);
           V p[G];
-          LOPPER_UNROLL
-          for (int i = 0; i < G; ++i) p[i] = group_channel<T, G>(xv, idx, i);
+          if constexpr (G == 8 && T::W == 16) {
+            const V a = T::template shuffle_lanes<0xA0>(xv),
+                    b = T::template shuffle_lanes<0xF5>(xv);
+            LOPPER_UNROLL
+            for (int i = 0; i < 4; ++i) {
+              p[i] = group_channel<T, 4>(a, idx, i);
+              p[4 + i] = group_channel<T, 4>(b, idx, i);
+            }
+          } else {
+            LOPPER_UNROLL
+            for (int i = 0; i < G; ++i) p[i] = group_channel<T, G>(xv, idx, i);
+          }
           LOPPER_UNROLL
           for (int kx = 0; kx < 3; ++kx) {
             const int m = cc - kx;  // the output pixel that reads this column through tap kx

@@ -201,6 +201,11 @@ struct V16 {        // 16 floats (AVX-512F)
   static V permute_in_lanes(V v) {
     return _mm512_permute_ps(v, IMM);
   }
+  // 128-bit lane j of the result: lane (IMM >> 2j) & 3 of v (vshuff32x4).
+  template <int IMM>
+  static V shuffle_lanes(V v) {
+    return _mm512_shuffle_f32x4(v, v, IMM);
+  }
   static __mmask16 lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float a) { return _mm512_set1_ps(a); }

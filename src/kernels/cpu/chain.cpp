@@ -33,38 +33,25 @@ bool ConvChain::takes(const Pointwise* expand, const at::Tensor& dw, const Point
 }
 
 ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Activation act,
-                                 bool depthwise, bool bf16_pairs) const {
+                                 bool middle, bool bf16_pairs) const {
   const at::Tensor w = w_in.contiguous();
+  const bool narrow = middle && group_width_ > 1, depthwise = middle && !narrow;
   Stage st;
   st.k = w.size(0);
-  st.c = depthwise ? st.k : w.size(1);
+  st.c = middle ? st.k : w.size(1);
   ConvShape s;
-  s.c = st.c, s.k = st.k, s.kh = w.size(2), s.kw = w.size(3);
-  st.packed.resize(ops_->packed_size(s, depthwise));
-  ops_->pack(w.data_ptr<float>(), s, depthwise, st.packed.data());
+  s.c = narrow ? group_width_ : st.c, s.k = st.k, s.kh = w.size(2), s.kw = w.size(3);
+  st.packed.resize(narrow ? ops_->narrow_packed_size(s) : ops_->packed_size(s, depthwise));
+  if (narrow)
+    ops_->narrow_pack(w.data_ptr<float>(), s, st.packed.data());
+  else
+    ops_->pack(w.data_ptr<float>(), s, depthwise, st.packed.data());
   if (b.defined()) {
     const at::Tensor bc = b.to(at::kFloat).contiguous();
     st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
   }
   st.act = act;
-  if (bf16_pairs && !depthwise) st.pairs = conv_pairs(*ops_, isa_, w.data_ptr<float>(), s);
-  return st;
-}
-
-ConvChain::Stage ConvChain::pack_narrow(const at::Tensor& w_in, const at::Tensor& b,
-                                        Activation act) const {
-  const at::Tensor w = w_in.contiguous();
-  Stage st;
-  st.c = st.k = w.size(0);
-  ConvShape s;
-  s.c = w.size(1), s.k = st.k, s.kh = w.size(2), s.kw = w.size(3);
-  st.packed.resize(ops_->narrow_packed_size(s));
-  ops_->narrow_pack(w.data_ptr<float>(), s, st.packed.data());
-  if (b.defined()) {
-    const at::Tensor bc = b.to(at::kFloat).contiguous();
-    st.bias.assign(bc.data_ptr<float>(), bc.data_ptr<float>() + st.k);
-  }
-  st.act = act;
+  if (bf16_pairs && !middle) st.pairs = conv_pairs(*ops_, isa_, w.data_ptr<float>(), s);
   return st;
 }
 
@@ -80,7 +67,7 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
                "[kernels] the convolution chain does not take these weights");
   group_width_ = dw_w.size(1), kh_ = dw_w.size(2), kw_ = dw_w.size(3);
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false, bf16_pairs);
-  dw_ = group_width_ == 1 ? pack(dw_w, dw_b, dw_act, true, false) : pack_narrow(dw_w, dw_b, dw_act);
+  dw_ = pack(dw_w, dw_b, dw_act, true, false);
   if (project) project_ = pack(project->w, project->b, project->act, false, bf16_pairs);
 }
 

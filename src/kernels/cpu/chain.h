@@ -55,9 +55,9 @@ class ConvChain {
     Activation act;
     int64_t c = 0, k = 0;
   };
-  Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool depthwise,
+  // A 1x1 stage, or (`middle`) the middle one: depthwise, or narrow groups (group_width_ > 1).
+  Stage pack(const at::Tensor& w, const at::Tensor& b, Activation act, bool middle,
              bool bf16_pairs) const;
-  Stage pack_narrow(const at::Tensor& w, const at::Tensor& b, Activation act) const;
 
   const ConvIsaOps* ops_;
   Isa isa_;

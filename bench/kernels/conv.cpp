@@ -294,18 +294,10 @@ void block_shapes(benchmark::internal::Benchmark* b) {
 // expansion, the residual added and ReLU where the stride is 1 and the channels match): lopper's
 // three kernels layer by layer against the same three in one pass (kernels/cpu/chain.h).
 // Arguments: image side, block input channels, middle channels, output channels, grouped
-// stride, channels a group, batch.
-struct BottleneckArgs {
-  int64_t side, c, m, k, stride, width, batch;
-  explicit BottleneckArgs(const benchmark::State& s)
-      : side(s.range(0)),
-        c(s.range(1)),
-        m(s.range(2)),
-        k(s.range(3)),
-        stride(s.range(4)),
-        width(s.range(5)),
-        batch(s.range(6)) {}
-  bool residual() const { return stride == 1 && c == k; }
+// stride, batch, channels a group.
+struct BottleneckArgs : BlockArgs {
+  int64_t width;
+  explicit BottleneckArgs(const benchmark::State& s) : BlockArgs(s), width(s.range(6)) {}
   kc::DirectConv::Geometry grouped() const {
     kc::DirectConv::Geometry g;
     g.sh = g.sw = stride, g.ph = g.pw = 1;
@@ -358,8 +350,8 @@ void bottleneck_shapes(benchmark::internal::Benchmark* b) {
       {28, 512, 128, 512, 1, 4},  // layer2.1 with half its grouped channels pruned away
   };
   for (const auto& l : blocks)
-    for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], l[5], batch});
-  b->ArgNames({"side", "c", "m", "k", "stride", "width", "batch"})
+    for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], batch, l[5]});
+  b->ArgNames({"side", "c", "m", "k", "stride", "batch", "width"})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }

@@ -207,8 +207,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   };
   auto direct = [&](bool in_place) {  // in_place: a grouped layer's groups not copied first
     const kernels::cpu::Activation act = fused_activation(post);
-    // A bf16 pointwise layer on the CPU's bfloat16 dot product where it has one: x, the residual
-    // and y bf16 as they are.
+    // A bf16 layer on the CPU's bfloat16 dot product where it has one (dense, or groups of an
+    // even channel count): x, the residual and y bf16 as they are.
     if (bf16 && st.direct->takes_bf16())
       return finish_activation(st.direct->run(in, other_cl, act, in_place), post, act);
     at::Tensor y = st.direct->run(widen_bf16(in), widen_bf16(other_cl), act, in_place);
@@ -240,7 +240,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
           w32, b32, g.group, dg, kernels::cpu::active_isa(), bf16);
       cands.push_back({st.direct->name(), as_direct});
       kinds.push_back(K::kDirect);
-      if (st.direct->gathers()) {
+      // (a bf16 layer on the dot product runs its groups in place either way)
+      if (st.direct->gathers() && !(bf16 && st.direct->takes_bf16())) {
         cands.push_back({"lopper-grouped-in-place", as_direct_in_place});
         kinds.push_back(K::kDirectInPlace);
       }

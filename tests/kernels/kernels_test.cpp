@@ -745,13 +745,13 @@ TEST(DenseConvKernels, EveryIsaAndGeometryMatchesAtenConvolution) {
   EXPECT_FALSE(kc::DirectConv::takes(at::randn({8, 8, 3, 3}).to(at::kDouble), 1, 8));
 }
 
-// A bf16 dense layer on the bfloat16 dot product (DirectConv::takes_bf16: bf16 in, residual and
-// out) against ATen's convolution in float64 on the same bf16 values (the weight exact in bf16,
-// as a bf16 model's) rounded to bf16: 1x1, 3x3, 5x5 and 7x1 kernels, strides 1 and 2, padding
-// (tiles that touch it and tiles that do not), dilation; channel counts around the 48-channel
-// blocks and vector tails, maps of a few pixels to many (tiles of 7 and 8 pixels, a partial last
-// one), batches, bias, residual and every activation; NaN and infinities as ATen's; an empty
-// batch. Layers it does not take keep float32 only.
+// A bf16 dense or grouped layer on the bfloat16 dot product (DirectConv::takes_bf16: bf16 in,
+// residual and out) against ATen's convolution in float64 on the same bf16 values (the weight exact
+// in bf16, as a bf16 model's) rounded to bf16: 1x1, 3x3, 5x5 and 7x1 kernels, strides 1 and 2,
+// padding (tiles that touch it and tiles that do not), dilation; channel counts around the
+// 48-channel blocks and vector tails, maps of a few pixels to many (tiles of 7 and 8 pixels, a
+// partial last one), batches, bias, residual and every activation; NaN and infinities as ATen's; an
+// empty batch. Layers it does not take keep float32 only.
 TEST(DenseConvKernels, DenseBf16MatchesAten) {
   const kc::Isa isa = kc::Isa::kAvx512;
   if (!has_bf16_dot()) GTEST_SKIP();
@@ -766,19 +766,26 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
   int checked = 0;
   for (int it = 0; it < 90; ++it) {
     const Window win = windows[it % windows.size()];
-    const int64_t c = std::vector<int64_t>{2, 8, 16, 24, 64, 130}[rng() % 6];
-    const int64_t k = std::vector<int64_t>{1, 7, 16, 24, 48, 50, 97}[rng() % 7];
+    // Every third case grouped: 2 to 4 groups of an even channel count in (not the narrow
+    // kernel's 2, 4 or 8 in and out), each group on its slice of the channels in place.
+    const int64_t groups = it % 3 == 2 ? 2 + rng() % 3 : 1;
+    int64_t c = std::vector<int64_t>{2, 8, 16, 24, 64, 130}[rng() % 6];
+    int64_t k = std::vector<int64_t>{1, 7, 16, 24, 48, 50, 97}[rng() % 7];
+    if (groups > 1) {
+      c = groups * std::vector<int64_t>{6, 10, 16, 32}[rng() % 4];
+      k = groups * std::vector<int64_t>{5, 16, 24}[rng() % 3];
+    }
     const int64_t n = 1 + rng() % 2, h = 1 + rng() % 9, w = 1 + rng() % 17;
     const int64_t reach_h = (win.kh - 1) * win.dil + 1, reach_w = (win.kw - 1) * win.dil + 1;
     if (h + 2 * win.pad < reach_h || w + 2 * win.pad < reach_w) continue;  // no output
     kc::DirectConv::Geometry g;
     g.sh = g.sw = win.stride, g.ph = g.pw = win.pad, g.dh = g.dw = win.dil;
     const at::Tensor wt =
-        (at::randn({k, c, win.kh, win.kw}, gen) / win.kh).to(at::kBFloat16).to(at::kFloat);
+        (at::randn({k, c / groups, win.kh, win.kw}, gen) / win.kh).to(at::kBFloat16).to(at::kFloat);
     const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
-    const kc::DirectConv conv(wt, bias, 1, g, isa, true);
+    const kc::DirectConv conv(wt, bias, groups, g, isa, true);
     ASSERT_TRUE(conv.takes_bf16());
-    ASSERT_FALSE(kc::DirectConv(wt, bias, 1, g, isa).takes_bf16());  // packed for float32 only
+    ASSERT_FALSE(kc::DirectConv(wt, bias, groups, g, isa).takes_bf16());  // float32 only
     at::Tensor x = at::randn({n, c, h, w}, gen);
     if (it % 5 == 0) {  // non-finite inputs
       x.view(-1)[0] = NAN;
@@ -788,17 +795,18 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
     at::Tensor ref = at::convolution(xb.to(at::kDouble), wt.to(at::kDouble),
                                      bias.defined() ? bias.to(at::kDouble) : at::Tensor(),
                                      {win.stride, win.stride}, {win.pad, win.pad},
-                                     {win.dil, win.dil}, false, {0, 0}, 1);
+                                     {win.dil, win.dil}, false, {0, 0}, groups);
     const at::Tensor res = rng() % 2 ? at::randn(ref.sizes(), gen).to(at::kBFloat16) : at::Tensor();
     const kc::Activation act = random_activation(rng);
     const at::Tensor y = conv.run(xb, res, act);
     if (res.defined()) ref = ref + res.to(at::kDouble);
     ref = activation_reference(ref, act);
     const std::string what = "case " + std::to_string(it) + " " + std::to_string(c) + " -> " +
-                             std::to_string(k) + " " + std::to_string(h) + "x" + std::to_string(w) +
-                             " kernel " + std::to_string(win.kh) + "x" + std::to_string(win.kw) +
-                             " stride " + std::to_string(win.stride) + " pad " +
-                             std::to_string(win.pad) + " dilation " + std::to_string(win.dil);
+                             std::to_string(k) + " groups " + std::to_string(groups) + " " +
+                             std::to_string(h) + "x" + std::to_string(w) + " kernel " +
+                             std::to_string(win.kh) + "x" + std::to_string(win.kw) + " stride " +
+                             std::to_string(win.stride) + " pad " + std::to_string(win.pad) +
+                             " dilation " + std::to_string(win.dil);
     ASSERT_EQ(y.scalar_type(), at::kBFloat16) << what;
     ASSERT_EQ(y.sizes(), ref.sizes()) << what;
     ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
@@ -828,9 +836,10 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
     EXPECT_TRUE(at::equal(y, res));
     EXPECT_GT(at::count_nonzero(res).item<int64_t>(), 0);
   }
-  // An odd channel count, groups, a depthwise layer: float32 only.
+  // An odd channel count (a group's too), narrow groups, a depthwise layer: float32 only.
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 3, 3}), {}, 1, {}, isa, true).takes_bf16());
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 3, 3, 3}), {}, 2, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 4, 1, 1}), {}, 2, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 1, 3, 3}), {}, 8, {}, isa, true).takes_bf16());
   const kc::DirectConv odd(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true);

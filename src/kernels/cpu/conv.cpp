@@ -228,8 +228,21 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
     const at::Tensor b = bias.to(at::kFloat).contiguous();
     bias_.assign(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
   }
-  if (bf16_pairs && !depthwise_ && groups_ == 1)
-    pairs_ = conv_pairs(*ops_, isa, w.data_ptr<float>(), s);
+  // bf16 pairs: a dense layer's weight, or each group's in turn (groups of an even channel count
+  // the narrow kernel does not run; none at all where a group's count is odd).
+  if (bf16_pairs && !depthwise_ && !narrow_) {
+    const int64_t group_floats = s.k * s.c * kh_ * kw_;  // one group's OIHW weight
+    for (int64_t q = 0; q < groups_; ++q) {
+      const std::vector<uint32_t> p =
+          conv_pairs(*ops_, isa, w.data_ptr<float>() + q * group_floats, s);
+      if (p.empty()) {
+        pairs_.clear();
+        break;
+      }
+      pairs_group_ = static_cast<int64_t>(p.size());
+      pairs_.insert(pairs_.end(), p.begin(), p.end());
+    }
+  }
   if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
       (planar_kg_ = ops_->planar_group(k_)) > 0) {
     ConvShape ps;
@@ -261,7 +274,8 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(takes_bf16() && x_in.dim() == 4 && x_in.size(1) == c_ && x_in.device().is_cpu(),
                "[kernels] the direct convolution takes bfloat16 [n, ", c_,
-               ", h, w] for a dense layer of an even channel count on a CPU with AVX512_BF16, got ",
+               ", h, w] for a dense or grouped layer of an even channel count a group on a CPU "
+               "with AVX512_BF16, got ",
                x_in.sizes());
   const at::Tensor x = x_in.contiguous(kCl);
   ConvShape s = shape_of(x.size(0), x.size(2), x.size(3));
@@ -272,10 +286,29 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* rp = r.defined() ? reinterpret_cast<const uint16_t*>(r.data_ptr()) : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const SerialScope serial(s.n * s.oh * s.ow * k_ * c_ * kh_ * kw_ < kSerialMacs);
-  const int64_t tiles = ops_->tiles(s, false);
-  parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
-    ops_->run_pairs(xp, pairs_.data(), nullptr, yp, nullptr, rp, s, e, t0, t1);
+  const SerialScope serial(s.n * s.oh * s.ow * k_ * (c_ / groups_) * kh_ * kw_ < kSerialMacs);
+  if (groups_ == 1) {
+    const int64_t tiles = ops_->tiles(s, false);
+    parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {
+      ops_->run_pairs(xp, pairs_.data(), nullptr, yp, nullptr, rp, s, e, t0, t1);
+    });
+    return y;
+  }
+  // Groups: each a dense convolution of its slice of every pixel, read and written in place (the
+  // whole tensor's channel strides); the threads split the tiles of every group.
+  ConvShape g = s;
+  g.c = c_ / groups_, g.k = k_ / groups_;
+  g.x_stride = c_, g.y_stride = k_, g.r_stride = k_;
+  const int64_t tiles = ops_->tiles(g, false), all = tiles * groups_;
+  parallel_steal(all, steal_grain(all), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1;) {
+      const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
+      Epilogue eq = e;
+      if (eq.bias) eq.bias += q * g.k;
+      ops_->run_pairs(xp + q * g.c, pairs_.data() + q * pairs_group_, nullptr, yp + q * g.k,
+                      nullptr, rp ? rp + q * g.k : nullptr, g, eq, t - q * tiles, end - q * tiles);
+      t = end;
+    }
   });
   return y;
 }

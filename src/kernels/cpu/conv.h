@@ -67,8 +67,9 @@ class DirectConv {
   /// groups of 8 to 64 channels: copied a band of rows at a time, with the padding).
   static bool takes(const at::Tensor& w, int64_t group, int64_t in_channels);
 
-  /// Packs w (see takes) and its bias [k] (optional, float32); with `bf16_pairs`, a dense
-  /// layer's weight a second time for bfloat16 inputs (takes_bf16), for a model run in bf16.
+  /// Packs w (see takes) and its bias [k] (optional, float32); with `bf16_pairs`, a dense or
+  /// grouped layer's weight a second time for bfloat16 inputs (takes_bf16), for a model run in
+  /// bf16.
   DirectConv(const at::Tensor& w, const at::Tensor& bias, int64_t group, Geometry g,
              Isa isa = active_isa(), bool bf16_pairs = false);
 
@@ -87,11 +88,12 @@ class DirectConv {
   /// undefined or of y's shape. in_place: groups read in place even where gathers().
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual, Activation act,
                  bool in_place = false) const;
-  /// Whether run also takes a bfloat16 x: a dense layer (one group, not depthwise; any kernel,
-  /// stride, padding and dilation) of an even channel count on a CPU with the bfloat16 dot
-  /// product (AVX512_BF16), its weight packed in bf16 pairs of input channels too
-  /// (ConvIsaOps::run_pairs). y is bfloat16 then (sums, residual and activation in float32,
-  /// rounded once), the residual read as bf16.
+  /// Whether run also takes a bfloat16 x: a dense layer (any kernel, stride, padding and
+  /// dilation) of an even channel count, or a grouped one (not depthwise, not narrow groups) of
+  /// an even channel count a group, each group run in place on its slice of the channels, on a
+  /// CPU with the bfloat16 dot product (AVX512_BF16), its weight packed in bf16 pairs of input
+  /// channels too (ConvIsaOps::run_pairs). y is bfloat16 then (sums, residual and activation in
+  /// float32, rounded once), the residual read as bf16; in_place does not apply.
   bool takes_bf16() const { return !pairs_.empty(); }
 
  private:
@@ -126,6 +128,7 @@ class DirectConv {
   std::vector<float> planar_packed_;
   int planar_kg_ = 0;
   std::vector<uint32_t> pairs_;  // takes_bf16(): the weight in bf16 pairs of input channels
+  int64_t pairs_group_ = 0;      // words of one group's pairs (groups_ > 1)
 };
 
 }  // namespace lopper::kernels::cpu

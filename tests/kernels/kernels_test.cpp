@@ -975,6 +975,30 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
   }
   EXPECT_GT(cases, 250);
   if (isas().size() > 1) EXPECT_GT(narrow_cases, 40);
+  // A bf16 bottleneck whose narrow groups (2, 4 and 8 channels; strides 1 and 2) run on the dot
+  // product too, end to end with no activation to hide an error: ATen's convolutions in float64
+  // on the same bf16 values, the weights exact in bf16 (what is left: the expanded rows and the
+  // middle row rounded to bf16).
+  if (kc::bf16_dot_supported(kc::Isa::kAvx512)) {
+    auto exact = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+    for (int64_t width : {2, 4, 8})
+      for (int64_t stride : {1, 2}) {
+        const int64_t c = 16, m = width * 5, k = 24;
+        kc::DirectConv::Geometry g;
+        g.sh = g.sw = stride, g.ph = g.pw = 1;
+        const kc::ConvChain::Pointwise reduce{
+            exact(at::randn({m, c, 1, 1}, gen)), at::randn({m}, gen), {}};
+        const kc::ConvChain::Pointwise expand{
+            exact(at::randn({k, m, 1, 1}, gen)), at::randn({k}, gen), {}};
+        const at::Tensor mid = exact(at::randn({m, width, 3, 3}, gen)), mid_b = at::randn({m}, gen);
+        const kc::ConvChain chain(reduce, mid, mid_b, g, {}, expand, kc::Isa::kAvx512, true);
+        ASSERT_TRUE(chain.pairs());
+        const at::Tensor xb = at::randn({2, c, 9, 13}, gen).to(at::kBFloat16);
+        const at::Tensor ref =
+            chain_reference(xb.to(at::kDouble), reduce, mid, mid_b, g, {}, expand, {}, m / width);
+        EXPECT_LT(nmse(chain.run(xb, {}), ref), 1e-4) << "width " << width << " stride " << stride;
+      }
+  }
   if (kc::bf16_dot_supported(kc::Isa::kAvx512)) EXPECT_GT(pair_cases, 20);
   // One convolution alone is not a chain; a projection must read the depthwise channels.
   const at::Tensor dw = at::randn({8, 1, 3, 3});

@@ -68,6 +68,14 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
   group_width_ = dw_w.size(1), kh_ = dw_w.size(2), kw_ = dw_w.size(3);
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false, bf16_pairs);
   dw_ = pack(dw_w, dw_b, dw_act, true, false);
+  // Narrow groups in a bf16 model: the middle weight in bf16 pairs too, for bf16 rows (pairs()).
+  if (bf16_pairs && group_width_ > 1 && ops_->narrow_pack_pairs && bf16_dot_supported(isa)) {
+    const at::Tensor wc = dw_w.contiguous();
+    ConvShape s;
+    s.c = group_width_, s.k = dw_.k, s.kh = kh_, s.kw = kw_;
+    dw_pairs_.resize(static_cast<size_t>(ops_->narrow_pairs_size(s)));
+    ops_->narrow_pack_pairs(wc.data_ptr<float>(), s, dw_pairs_.data());
+  }
   if (project) project_ = pack(project->w, project->b, project->act, false, bf16_pairs);
 }
 
@@ -143,6 +151,10 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   const bool expand_pairs = bf16 && expand_ && !expand_->pairs.empty();
   const bool project_pairs = bf16 && project_ && !project_->pairs.empty();
   const int64_t mid16_floats = project_pairs ? (ow * m + 1) / 2 : 0;
+  // Narrow groups with both 1x1 stages on the dot product: the ring holds the expanded rows in
+  // bf16 (half its floats used) and the middle stage multiplies them by the bfloat16 dot product
+  // into the projection's bf16 input row, no widening or rounding between the stages.
+  const bool mid_pairs = expand_pairs && project_pairs && !dw_pairs_.empty();
   const float* xp = bf16 ? nullptr : x.data_ptr<float>();
   const auto* xp16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr()) : nullptr;
   const float* rp = r.defined() && !bf16 ? r.data_ptr<float>() : nullptr;
@@ -160,12 +172,20 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
     float* yrow = xin + in_floats;  // bf16: one output row, then its residual
     float* rrow = yrow + (bf16 ? ow * k : 0);
     auto* mid16 = reinterpret_cast<uint16_t*>(yrow + out_floats);
+    auto* ring16 = reinterpret_cast<uint16_t*>(ring);  // mid_pairs: rows of row_floats values
     for (int64_t q = 0; q < (expand_ ? span : 0); ++q) {
+      if (mid_pairs) {
+        uint16_t* row = ring16 + q * row_floats;
+        std::fill(row, row + pw * m, uint16_t(0));
+        std::fill(row + (pw + w) * m, row + row_floats, uint16_t(0));
+        continue;
+      }
       float* row = ring + q * row_floats;
       std::fill(row, row + pw * m, 0.f);
       std::fill(row + (pw + w) * m, row + row_floats, 0.f);
     }
     const float* rows[kDwMaxTaps];
+    const uint16_t* rows16[kDwMaxTaps];
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t img = u / bands, band = u % bands;
       const int64_t r0 = oh * band / bands, r1 = oh * (band + 1) / bands;
@@ -203,7 +223,11 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
           // before the window, no longer read.
           for (int64_t row = std::max({made + 1, first, int64_t{0}}); row <= iy; ++row) {
             float* dst = ring + row % span * row_floats + pw * m;
-            if (expand_pairs)
+            if (mid_pairs)
+              ops_->run_pairs(ximg16 + row * in_row, expand_->pairs.data(), nullptr,
+                              ring16 + row % span * row_floats + pw * m, nullptr, nullptr, es, ee,
+                              0, e_tiles);
+            else if (expand_pairs)
               ops_->run_pairs(ximg16 + row * in_row, expand_->pairs.data(), dst, nullptr, nullptr,
                               nullptr, es, ee, 0, e_tiles);
             else
@@ -212,6 +236,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
             made = row;
           }
           rows[i] = ring + iy % span * row_floats;
+          rows16[i] = ring16 + iy % span * row_floats;
         }
         const int64_t out_row = (img * oh + oy) * ow;
         // The output row and its residual row (k channels a pixel: m without a projection).
@@ -223,6 +248,11 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
         }
         if (!project_) {
           middle_row(rows, out, res, i0, i1);
+        } else if (mid_pairs) {
+          ops_->narrow_row_pairs(rows16, dw_pairs_.data(), mid16, ds, group_width_, de, i0, i1, 0,
+                                 cp / ops_->width);
+          ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,
+                          p_tiles);
         } else {
           middle_row(rows, mid, nullptr, i0, i1);
           if (project_pairs) {

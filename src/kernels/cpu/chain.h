@@ -44,7 +44,8 @@ class ConvChain {
   at::Tensor run(const at::Tensor& x, const at::Tensor& residual) const;
   /// Whether a bfloat16 run multiplies by the CPU's bfloat16 dot product (AVX512_BF16): each 1x1
   /// stage with an even count of input channels, on its bf16 input rows (the projection's, the
-  /// depthwise output, rounded to bf16 first), weights rounded to bf16. Otherwise, and in the
+  /// middle stage's output, rounded to bf16 first), weights rounded to bf16; a narrow-group middle
+  /// stage too where both 1x1 stages do (the expanded rows kept in bf16). Otherwise, and in the
   /// other stages, bf16 rows are widened on the way in and rounded on the way out.
   bool pairs() const;
 
@@ -62,8 +63,9 @@ class ConvChain {
   const ConvIsaOps* ops_;
   Isa isa_;
   std::optional<Stage> expand_, project_;
-  Stage dw_;                 // the middle convolution
-  int64_t group_width_ = 1;  // its channels a group: 1 (depthwise), or the narrow kernel's
+  Stage dw_;                        // the middle convolution
+  std::vector<uint32_t> dw_pairs_;  // narrow groups: its weight in bf16 pairs, for bf16 rows
+  int64_t group_width_ = 1;         // its channels a group: 1 (depthwise), or the narrow kernel's
   int64_t kh_ = 1, kw_ = 1;
   DirectConv::Geometry g_;
 };

@@ -1400,10 +1400,129 @@ void run_pairs(const uint16_t* x, const uint32_t* packed, float* y, uint16_t* y1
     pair_tiles<ConvTraits<Wide>::kMR - 1>(x, packed, out, s, e, t0, t1);
 }
 
+// --- narrow groups of bfloat16 rows on the bfloat16 dot product ------------------------------
+//
+// The narrow-group kernel's row (groups of G = 2, 4 or 8 channels in and out, whole groups to a
+// vector of 16 output channels) on bf16 input rows. The 16 input channels at a vector's channels
+// are 8 words of two bf16; lane o (group o / G) takes word (o / G) * G / 2 + p for its group's pair
+// p, one vpermd a pair: half the permutes and multiply-adds of the float32 kernel. Packed weight:
+// [vector][kh][kw][p][16] words, lane o's pair (w[o][2p], w[o][2p + 1]) rounded to bf16. The
+// output row bf16, rounded once after the bias and activation.
+inline int64_t narrow_pairs_size(const ConvShape& s) {
+  return narrow_vectors(s, 16) * s.kh * s.kw * (s.c / 2) * 16;
+}
+
+inline void narrow_pack_pairs(const float* w, const ConvShape& s, uint32_t* out) {
+  const int64_t g = s.c;
+  for (int64_t v = 0; v < narrow_vectors(s, 16); ++v)
+    for (int64_t i = 0; i < s.kh; ++i)
+      for (int64_t j = 0; j < s.kw; ++j)
+        for (int64_t p = 0; p < g / 2; ++p)
+          for (int64_t l = 0; l < 16; ++l) {
+            const int64_t o = v * 16 + l;
+            auto at = [&](int64_t c) {
+              return uint32_t(to_bf16(w[((o * g + c) * s.kh + i) * s.kw + j]));
+            };
+            *out++ = o < s.k ? at(2 * p) | at(2 * p + 1) << 16 : 0u;
+          }
+}
+
+template <int G, int OB, bool K3S1>
+void narrow_pairs_row(const uint16_t* const* rows, const uint32_t* packed, uint16_t* yrow,
+                      const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t v) {
+  using T = Wide;
+  constexpr int P = G / 2;
+  __m512i idx[P];
+  LOPPER_UNROLL for (int p = 0; p < P; ++p) {
+    int32_t lanes[16];
+    for (int l = 0; l < 16; ++l) lanes[l] = l / G * P + p;
+    idx[p] = _mm512_loadu_si512(lanes);
+  }
+  const int64_t c0 = v * 16;
+  const int valid = int(std::min<int64_t>(16, s.k - c0));
+  const __mmask16 mk = __mmask16((1u << valid) - 1u);  // output lanes, and input channels
+  const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(mk, e.bias + c0) : T::zero();
+  const uint32_t* wv0 = packed + v * s.kh * s.kw * P * 16;
+  auto load_x = [&](const uint16_t* p) {
+    return _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mk, p));
+  };
+  for (int64_t ox0 = 0; ox0 < s.ow; ox0 += OB) {
+    const int np = int(std::min<int64_t>(OB, s.ow - ox0));
+    __m512 acc[OB];
+    LOPPER_UNROLL for (int m = 0; m < OB; ++m) acc[m] = bias;
+    for (int64_t ky = i0; ky < i1; ++ky) {
+      const uint16_t* xrow = rows[ky] + c0;
+      const uint32_t* wk = wv0 + ky * s.kw * P * 16;
+      if constexpr (K3S1) {
+        __m512bh wr[3 * P];
+        LOPPER_UNROLL for (int q = 0; q < 3 * P; ++q) wr[q] =
+            (__m512bh)_mm512_loadu_si512(wk + q * 16);
+        LOPPER_UNROLL for (int cc = 0; cc < OB + 2; ++cc) {
+          const int64_t ix = ox0 - s.pw + cc;
+          if (ix < 0 || ix >= s.w) continue;
+          const __m512i xv = load_x(xrow + ix * s.x_stride);
+          __m512bh pp[P];
+          LOPPER_UNROLL for (int p = 0; p < P; ++p) pp[p] =
+              (__m512bh)_mm512_permutexvar_epi32(idx[p], xv);
+          LOPPER_UNROLL for (int kx = 0; kx < 3; ++kx) {
+            const int m = cc - kx;  // the output pixel that reads this column through tap kx
+            if (m < 0 || m >= OB) continue;
+            LOPPER_UNROLL for (int p = 0; p < P; ++p) acc[m] =
+                _mm512_dpbf16_ps(acc[m], pp[p], wr[kx * P + p]);
+          }
+        }
+      } else {
+        for (int64_t kx = 0; kx < s.kw; ++kx) {
+          __m512bh wv[P];
+          LOPPER_UNROLL for (int p = 0; p < P; ++p) wv[p] =
+              (__m512bh)_mm512_loadu_si512(wk + (kx * P + p) * 16);
+          const int64_t ix0 = ox0 * s.sw - s.pw + kx * s.dw;
+          LOPPER_UNROLL for (int m = 0; m < OB; ++m) {
+            const int64_t ix = ix0 + m * s.sw;
+            if (m >= np || ix < 0 || ix >= s.w) continue;
+            const __m512i xv = load_x(xrow + ix * s.x_stride);
+            LOPPER_UNROLL for (int p = 0; p < P; ++p) acc[m] =
+                _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_permutexvar_epi32(idx[p], xv), wv[p]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < np; ++m)
+      _mm256_mask_storeu_epi16(yrow + (ox0 + m) * s.y_stride + c0, mk,
+                               T::bf16_bits(activate<T>(acc[m], e)));
+  }
+}
+
+template <int G>
+void narrow_pairs_vectors(const uint16_t* const* rows, const uint32_t* packed, uint16_t* yrow,
+                          const ConvShape& s, const Epilogue& e, int64_t i0, int64_t i1, int64_t v0,
+                          int64_t v1) {
+  const bool s1_3x3 = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1;
+  for (int64_t v = v0; v < v1; ++v) {
+    if (s1_3x3)
+      narrow_pairs_row<G, 8, true>(rows, packed, yrow, s, e, i0, i1, v);
+    else
+      narrow_pairs_row<G, 8, false>(rows, packed, yrow, s, e, i0, i1, v);
+  }
+}
+
+void narrow_row_pairs(const uint16_t* const* rows, const uint32_t* packed, uint16_t* yrow,
+                      const ConvShape& s0, int64_t g, const Epilogue& e, int64_t i0, int64_t i1,
+                      int64_t v0, int64_t v1) {
+  const ConvShape s = with_strides(s0);
+  if (g == 2)
+    narrow_pairs_vectors<2>(rows, packed, yrow, s, e, i0, i1, v0, v1);
+  else if (g == 4)
+    narrow_pairs_vectors<4>(rows, packed, yrow, s, e, i0, i1, v0, v1);
+  else if (g == 8)
+    narrow_pairs_vectors<8>(rows, packed, yrow, s, e, i0, i1, v0, v1);
+}
+
 #pragma GCC pop_options
-#define LOPPER_CONV_PAIRS pairs_packed_size, pack_pairs, run_pairs
+#define LOPPER_CONV_PAIRS \
+  pairs_packed_size, pack_pairs, run_pairs, narrow_pairs_size, narrow_pack_pairs, narrow_row_pairs
 #else
-#define LOPPER_CONV_PAIRS nullptr, nullptr, nullptr
+#define LOPPER_CONV_PAIRS nullptr, nullptr, nullptr, nullptr, nullptr, nullptr
 #endif
 
 }  // namespace

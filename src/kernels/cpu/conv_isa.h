@@ -150,6 +150,15 @@ struct ConvIsaOps {
   void (*run_pairs)(const uint16_t* x, const uint32_t* packed, float* y, uint16_t* y16,
                     const float* residual, const uint16_t* r16, const ConvShape& s,
                     const Epilogue& e, int64_t t0, int64_t t1);
+  /// The narrow-group row (narrow_row) on bf16 rows by the bfloat16 dot product, groups of 2, 4
+  /// or 8 channels: the weight w [k][g][kh][kw] (s.c: g, s.k: all channels) packed in bf16 pairs
+  /// of a group's input channels (narrow_pairs_size words); the output row bfloat16, rounded once
+  /// after the bias and activation; no residual. Null where run_pairs is.
+  int64_t (*narrow_pairs_size)(const ConvShape& s);
+  void (*narrow_pack_pairs)(const float* w, const ConvShape& s, uint32_t* packed);
+  void (*narrow_row_pairs)(const uint16_t* const* rows, const uint32_t* packed, uint16_t* yrow,
+                           const ConvShape& s, int64_t g, const Epilogue& e, int64_t i0, int64_t i1,
+                           int64_t v0, int64_t v1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

@@ -52,6 +52,11 @@ ConvChain::Stage ConvChain::pack(const at::Tensor& w_in, const at::Tensor& b, Ac
   }
   st.act = act;
   if (bf16_pairs && !middle) st.pairs = conv_pairs(*ops_, isa_, w.data_ptr<float>(), s);
+  // Narrow groups in a bf16 model: the middle weight in bf16 pairs too, for bf16 rows (pairs()).
+  if (bf16_pairs && narrow && ops_->narrow_pack_pairs && bf16_dot_supported(isa_)) {
+    st.pairs.resize(static_cast<size_t>(ops_->narrow_pairs_size(s)));
+    ops_->narrow_pack_pairs(w.data_ptr<float>(), s, st.pairs.data());
+  }
   return st;
 }
 
@@ -67,15 +72,7 @@ ConvChain::ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& d
                "[kernels] the convolution chain does not take these weights");
   group_width_ = dw_w.size(1), kh_ = dw_w.size(2), kw_ = dw_w.size(3);
   if (expand) expand_ = pack(expand->w, expand->b, expand->act, false, bf16_pairs);
-  dw_ = pack(dw_w, dw_b, dw_act, true, false);
-  // Narrow groups in a bf16 model: the middle weight in bf16 pairs too, for bf16 rows (pairs()).
-  if (bf16_pairs && group_width_ > 1 && ops_->narrow_pack_pairs && bf16_dot_supported(isa)) {
-    const at::Tensor wc = dw_w.contiguous();
-    ConvShape s;
-    s.c = group_width_, s.k = dw_.k, s.kh = kh_, s.kw = kw_;
-    dw_pairs_.resize(static_cast<size_t>(ops_->narrow_pairs_size(s)));
-    ops_->narrow_pack_pairs(wc.data_ptr<float>(), s, dw_pairs_.data());
-  }
+  dw_ = pack(dw_w, dw_b, dw_act, true, bf16_pairs);
   if (project) project_ = pack(project->w, project->b, project->act, false, bf16_pairs);
 }
 
@@ -154,7 +151,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   // Narrow groups with both 1x1 stages on the dot product: the ring holds the expanded rows in
   // bf16 (half its floats used) and the middle stage multiplies them by the bfloat16 dot product
   // into the projection's bf16 input row, no widening or rounding between the stages.
-  const bool mid_pairs = expand_pairs && project_pairs && !dw_pairs_.empty();
+  const bool mid_pairs = expand_pairs && project_pairs && !dw_.pairs.empty();
   const float* xp = bf16 ? nullptr : x.data_ptr<float>();
   const auto* xp16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr()) : nullptr;
   const float* rp = r.defined() && !bf16 ? r.data_ptr<float>() : nullptr;
@@ -249,7 +246,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
         if (!project_) {
           middle_row(rows, out, res, i0, i1);
         } else if (mid_pairs) {
-          ops_->narrow_row_pairs(rows16, dw_pairs_.data(), mid16, ds, group_width_, de, i0, i1, 0,
+          ops_->narrow_row_pairs(rows16, dw_.pairs.data(), mid16, ds, group_width_, de, i0, i1, 0,
                                  cp / ops_->width);
           ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,
                           p_tiles);

@@ -32,8 +32,8 @@ class ConvChain {
   static bool takes(const Pointwise* expand, const at::Tensor& dw, const Pointwise* project,
                     bool alone = false, Isa isa = active_isa());
 
-  /// `bf16_pairs`: the 1x1 stages' weights packed a second time for bf16 rows (pairs()), for a
-  /// model run in bf16.
+  /// `bf16_pairs`: the 1x1 stages' weights (and a narrow-group middle one's) packed a second time
+  /// for bf16 rows (pairs()), for a model run in bf16.
   ConvChain(const std::optional<Pointwise>& expand, const at::Tensor& dw_w, const at::Tensor& dw_b,
             DirectConv::Geometry g, Activation dw_act, const std::optional<Pointwise>& project,
             Isa isa = active_isa(), bool bf16_pairs = false);
@@ -52,7 +52,9 @@ class ConvChain {
  private:
   struct Stage {
     std::vector<float> packed, bias;
-    std::vector<uint32_t> pairs;  // a 1x1 stage for bf16 rows, where the CPU runs run_pairs
+    // bf16 pairs for bf16 rows, where the CPU has the dot product: a 1x1 stage's (run_pairs), a
+    // narrow-group middle stage's (narrow_row_pairs)
+    std::vector<uint32_t> pairs;
     Activation act;
     int64_t c = 0, k = 0;
   };
@@ -63,9 +65,8 @@ class ConvChain {
   const ConvIsaOps* ops_;
   Isa isa_;
   std::optional<Stage> expand_, project_;
-  Stage dw_;                        // the middle convolution
-  std::vector<uint32_t> dw_pairs_;  // narrow groups: its weight in bf16 pairs, for bf16 rows
-  int64_t group_width_ = 1;         // its channels a group: 1 (depthwise), or the narrow kernel's
+  Stage dw_;                 // the middle convolution
+  int64_t group_width_ = 1;  // its channels a group: 1 (depthwise), or the narrow kernel's
   int64_t kh_ = 1, kw_ = 1;
   DirectConv::Geometry g_;
 };

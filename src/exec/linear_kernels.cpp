@@ -144,8 +144,8 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   const bool cpu_f32 = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
                        st.weight.scalar_type() == at::kFloat &&
                        (!bias.defined() || bias.scalar_type() == at::kFloat);
-  // bfloat16 on the CPU: ATen, oneDNN with the weight packed once (where bf16 is native), or the
-  // bitmask format for a few rows.
+  // bfloat16 on the CPU: ATen, oneDNN with the weight packed once (where bf16 is native), or for
+  // a few rows lopper's GEMV and the bitmask format (on the CPU's bfloat16 dot product).
   const bool cpu_bf16 = x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
                         st.weight.scalar_type() == at::kBFloat16 &&
                         (!bias.defined() || bias.scalar_type() == at::kBFloat16);
@@ -162,7 +162,8 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
       kinds.push_back(K::kOnednn);
     }
-    if (cpu_f32 && x2.size(0) <= kFewRows) {
+    if (x2.size(0) <= kFewRows && (cpu_f32 || (cpu_bf16 && kernels::cpu::DenseGemv::takes_bf16(
+                                                               kernels::cpu::active_isa())))) {
       ch.gemv = std::make_shared<kernels::cpu::DenseGemv>(st.weight, kernels::cpu::active_isa());
       cands.push_back({"lopper-gemv", [&] { dense_gemv(x2, *ch.gemv, bias, post); }});
       kinds.push_back(K::kGemv);

@@ -958,14 +958,14 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output
-// rounded back (direct, winograd, depthwise, grouped, the inverted-residual chain); the bf16
-// pools, layer norm and attention. Where the CPU computes in bf16 natively, oneDNN's kernels run
-// the convolutions.
+// rounded back (direct, winograd, depthwise, grouped, the inverted-residual chain), and the GEMV
+// of a few rows on the bfloat16 dot product; the bf16 pools, layer norm and attention. Where the
+// CPU computes in bf16 natively, oneDNN's kernels run the convolutions.
 TEST(Exec, Bf16KernelsMatchAtenBf16) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
   const char* own =
       "lopper-winograd,lopper-direct,lopper-depthwise-rows,lopper-depthwise,lopper-grouped,"
-      "lopper-chain";
+      "lopper-chain,lopper-gemv";
   for (const char* stem :
        {"resnet18", "mobilenet_v2", "mobilenet_v3_small", "densenet121", "transformer_encoder"}) {
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
@@ -988,6 +988,9 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
       // mobilenet_v3_small's depthwise layers beside squeeze-and-excitation blocks, not chained
       if (forced == own && convs && std::string(stem) == "mobilenet_v3_small")
         EXPECT_GT(kernels("lopper-depthwise-rows"), 0);
+      // the classifier of a few images on lopper's bf16 GEMV (the bfloat16 dot product)
+      if (forced == own && convs && kernels::cpu::DenseGemv::takes_bf16(kernels::cpu::active_isa()))
+        EXPECT_GT(kernels("lopper-gemv"), 0);
       if (*forced && forced != own && convs) EXPECT_GT(kernels("onednn"), 0);
     }
   }

@@ -229,6 +229,76 @@ TEST(DenseGemv, EveryIsaAndShapeMatchesAten) {
             1e-10);
 }
 
+// lopper's dense GEMV on bfloat16 weights and x (pairs of inputs on vdpbf16ps) against ATen's
+// result on the same bfloat16 values in float64: rows 1 to 9, outputs around the 16-wide panels,
+// odd and even input counts (the last pair's partner zero), a strided x, bias float32 or bf16,
+// every activation, threads 1 and 2; NaN and infinities where ATen has them; subnormal sums kept
+// as ATen rounds them; an empty batch; refusals. Skipped on a CPU without the dot product.
+TEST(DenseGemv, Bf16MatchesAten) {
+  const kc::Isa isa = kc::Isa::kAvx512;
+  if (!has_bf16_dot()) GTEST_SKIP();
+  ASSERT_TRUE(kc::DenseGemv::takes_bf16(isa));
+  std::mt19937 rng(91);
+  at::Generator gen = at::detail::createCPUGenerator(17);
+  int checked = 0;
+  const int threads = at::get_num_threads();
+  for (int64_t m : {1, 2, 3, 4, 5, 9})
+    for (int64_t n : {1, 15, 16, 17, 130})
+      for (int64_t k : {1, 2, 7, 8, 9, 33, 100}) {
+        at::set_num_threads(1 + (checked % 2));
+        const at::Tensor w = at::randn({n, k}, gen).to(at::kBFloat16);
+        const at::Tensor xs = at::randn({m, k + 3}, gen).to(at::kBFloat16);
+        const at::Tensor x = checked % 3 ? xs.narrow(1, 0, k) : xs.narrow(1, 0, k).contiguous();
+        at::Tensor bias = rng() % 2 ? at::randn({n}, gen) : at::Tensor();
+        if (bias.defined() && rng() % 2) bias = bias.to(at::kBFloat16);
+        const kc::Activation act = random_activation(rng);
+        const at::Tensor y = kc::DenseGemv(w, isa).linear(x, bias, act);
+        const at::Tensor ref = reference(x, w, bias, act);
+        SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                     std::to_string(k) + " act " + std::to_string(act.kind));
+        ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+        ASSERT_EQ(y.sizes(), ref.sizes());
+        // float32 sums of exact products, rounded once to bfloat16
+        ASSERT_LT(nmse(y, ref), 1e-5);
+        ++checked;
+      }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 6 * 5 * 7);
+  // Non-finite inputs: NaN and infinities exactly where ATen's are.
+  for (int64_t k : {23, 24}) {
+    const at::Tensor w = at::randn({20, k}, gen).to(at::kBFloat16);
+    at::Tensor x = at::randn({4, k}, gen);
+    x[0][3] = NAN, x[1][5] = INFINITY, x[2][0] = -INFINITY, x[3][k - 1] = INFINITY;
+    x = x.to(at::kBFloat16);
+    const at::Tensor y = kc::DenseGemv(w, isa).linear(x, {}, {}).to(at::kDouble);
+    const at::Tensor ref = reference(x, w, {}, {});
+    EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << "k=" << k;
+    EXPECT_TRUE(at::equal(at::isinf(y), at::isinf(ref))) << "k=" << k;
+    EXPECT_TRUE(at::equal(y.masked_select(at::isinf(ref)), ref.masked_select(at::isinf(ref))));
+  }
+  // A subnormal result rounded as ATen rounds it (zero weight rows give the bias).
+  {
+    at::Tensor w = at::randn({24, 16}, gen);
+    w.narrow(0, 0, 8).zero_();
+    const at::Tensor bias = at::rand({24}, gen) * 1e-39;
+    const at::Tensor y = kc::DenseGemv(w.to(at::kBFloat16), isa)
+                             .linear(at::randn({2, 16}, gen).to(at::kBFloat16), bias, {});
+    const at::Tensor want = bias.narrow(0, 0, 8).to(at::kBFloat16).expand({2, 8});
+    EXPECT_TRUE(at::equal(y.narrow(1, 0, 8), want));
+    EXPECT_GT(at::count_nonzero(want).item<int64_t>(), 0);
+  }
+  const kc::DenseGemv g(at::randn({8, 16}).to(at::kBFloat16), isa);
+  EXPECT_EQ(g.linear(at::randn({0, 16}).to(at::kBFloat16), {}, {}).sizes(),
+            (std::vector<int64_t>{0, 8}));
+  // Refusals: float32 x for a bf16 weight, the wrong k, a bias of the wrong size; a bf16 weight
+  // on an ISA without the dot product.
+  EXPECT_THROW(g.linear(at::randn({1, 16}), {}, {}), lopper::Error);
+  EXPECT_THROW(g.linear(at::randn({1, 15}).to(at::kBFloat16), {}, {}), lopper::Error);
+  EXPECT_THROW(g.linear(at::randn({1, 16}).to(at::kBFloat16), at::randn({7}), {}), lopper::Error);
+  EXPECT_FALSE(kc::DenseGemv::takes_bf16(kc::Isa::kAvx2));
+  EXPECT_THROW(kc::DenseGemv(at::randn({8, 16}).to(at::kBFloat16), kc::Isa::kAvx2), lopper::Error);
+}
+
 TEST(ParallelSteal, EveryItemOnceAndAStalledThreadsShareTaken) {
   const int threads = at::get_num_threads();
   for (int t : {1, 2, 3})

@@ -567,10 +567,27 @@ at::Tensor MaskedWeight::linear(const at::Tensor& x_in, Activation act, Isa isa)
 }
 
 DenseGemv::DenseGemv(const at::Tensor& w_in, Isa isa) : isa_(isa) {
-  LOPPER_CHECK(w_in.dim() == 2 && w_in.scalar_type() == at::kFloat && w_in.device().is_cpu(),
-               "[kernels] DenseGemv: w must be a 2-D float32 CPU tensor");
+  LOPPER_CHECK(w_in.dim() == 2 && w_in.device().is_cpu() &&
+                   (w_in.scalar_type() == at::kFloat ||
+                    (w_in.scalar_type() == at::kBFloat16 && takes_bf16(isa))),
+               "[kernels] DenseGemv: w must be a 2-D float32 CPU tensor (bfloat16 where the CPU "
+               "has the bfloat16 dot product), got ",
+               w_in.scalar_type(), " ", w_in.sizes());
   const at::Tensor w = w_in.contiguous();
   n_ = w.size(0), k_ = w.size(1);
+  bf16_ = w.scalar_type() == at::kBFloat16;
+  if (bf16_) {
+    // [n, k] -> [panels][ceil(k / 2)][16] words of two bf16: inputs 2j and 2j + 1 of an output.
+    constexpr int64_t width = 16;
+    const int64_t panels = (n_ + width - 1) / width, pairs = (k_ + 1) / 2;
+    panels_ = at::constant_pad_nd(w, {0, 2 * pairs - k_, 0, panels * width - n_})
+                  .contiguous()
+                  .view(at::kInt)
+                  .view({panels, width, pairs})
+                  .transpose(1, 2)
+                  .contiguous();
+    return;
+  }
   const int64_t width = ops_of(isa).panel_width, panels = (n_ + width - 1) / width;
   // [n, k] -> [panels][k][W], the rows past n zero.
   panels_ = at::constant_pad_nd(w, {0, 0, 0, panels * width - n_})
@@ -579,24 +596,41 @@ DenseGemv::DenseGemv(const at::Tensor& w_in, Isa isa) : isa_(isa) {
                 .contiguous();
 }
 
+bool DenseGemv::takes_bf16(Isa isa) {
+  return bf16_dot_supported(isa) && ops_of(isa).dense_panels_bf16 != nullptr;
+}
+
 at::Tensor DenseGemv::linear(const at::Tensor& x_in, const at::Tensor& bias, Activation act) const {
-  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == k_ && x_in.scalar_type() == at::kFloat,
-               "[kernels] DenseGemv: x must be [m, ", k_, "] float32");
-  LOPPER_CHECK(!bias.defined() ||
-                   (bias.numel() == n_ && bias.is_contiguous() && bias.scalar_type() == at::kFloat),
-               "[kernels] DenseGemv: bias must be [", n_, "] float32");
+  const at::ScalarType type = bf16_ ? at::kBFloat16 : at::kFloat;
+  LOPPER_CHECK(x_in.dim() == 2 && x_in.size(1) == k_ && x_in.scalar_type() == type,
+               "[kernels] DenseGemv: x must be [m, ", k_, "] ", type, ", got ", x_in.scalar_type(),
+               " ", x_in.sizes());
+  LOPPER_CHECK(!bias.defined() || (bias.numel() == n_ && (bias.scalar_type() == at::kFloat ||
+                                                          bias.scalar_type() == type)),
+               "[kernels] DenseGemv: bias must be [", n_, "] float32 or ", type);
   const at::Tensor x = x_in.contiguous();
+  const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : bias;
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, n_}, x.options());
   if (m == 0 || n_ == 0) return y;
   const SparseIsaOps& ops = ops_of(isa_);
-  const Epilogue e = to_epilogue(act, bias.defined() ? bias.data_ptr<float>() : nullptr);
-  const float* pp = panels_.data_ptr<float>();
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  const Epilogue e = to_epilogue(act, b.defined() ? b.data_ptr<float>() : nullptr);
   // Runs of whole panels, as many per thread as keep the last ones short.
   const int64_t panels = panels_.size(0);
   const int64_t parts = std::min<int64_t>(panels, kPartsPerThread * at::get_num_threads());
+  if (bf16_) {
+    const auto* pp = reinterpret_cast<const uint32_t*>(panels_.data_ptr<int32_t>());
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+    run_parts(parts, [&](int64_t q) {
+      const int64_t q0 = panels * q / parts, q1 = panels * (q + 1) / parts;
+      if (q1 > q0) ops.dense_panels_bf16(pp, k_, q0, q1, xp, k_, m, yp, n_, n_, e);
+    });
+    return y;
+  }
+  const float* pp = panels_.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
   run_parts(parts, [&](int64_t q) {
     const int64_t q0 = panels * q / parts, q1 = panels * (q + 1) / parts;
     if (q1 > q0) ops.dense_panels(pp, k_, q0, q1, xp, k_, m, yp, n_, n_, e);

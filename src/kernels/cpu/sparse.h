@@ -165,15 +165,21 @@ class MaskedWeight {
 /// memory) to 0.94x and mobilenet_v3_small to 0.93x the time, batch 1, 2 threads.
 class DenseGemv {
  public:
+  /// w [n, k] float32, or bfloat16 where takes_bf16(isa): then packed in pairs of inputs, each
+  /// 32-bit word the two bf16 weights one vdpbf16ps multiplies ([n / 16][ceil(k / 2)][16]).
   DenseGemv(const at::Tensor& w, Isa isa);
-  /// y [m, n] = act(x [m, k] . w^T + bias): x float32 (rows strided or not), bias [n] float32 or
+  /// Whether `isa` runs a bfloat16 weight (the CPU's bfloat16 dot product, bf16_dot_supported).
+  static bool takes_bf16(Isa isa);
+  /// y [m, n] = act(x [m, k] . w^T + bias): x of the weight's type (rows strided or not), y of
+  /// x's (bf16: sums in float32, rounded once), bias [n] float32, of the weight's type or
   /// undefined; on the ISA the weight was packed for.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& bias, Activation act) const;
 
  private:
   Isa isa_;
+  bool bf16_ = false;
   int64_t n_, k_;
-  at::Tensor panels_;  // [n / W][k][W] float32
+  at::Tensor panels_;  // [n / W][k][W] float32, or [n / 16][ceil(k / 2)][16] int32 (bf16 pairs)
 };
 
 /// x in the standard (contiguous) layout. A channels-last 4-D float32 tensor (what lopper's

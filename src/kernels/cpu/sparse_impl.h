@@ -993,11 +993,104 @@ void dense_panels(const float* p, int64_t k, int64_t q0, int64_t q1, const float
   }
 }
 
+#if LOPPER_SPARSE_ISA > 1
+// --- dense_panels_bf16: a dense bfloat16 W times a few bfloat16 rows of x, by vdpbf16ps ---------
+//
+// A panel is [ceil(k / 2)][16] 32-bit words, each two bf16 weights of consecutive inputs for one
+// output: per pair of inputs one 64-byte load, and per row of x one broadcast of its two inputs
+// (a 32-bit word) and one vdpbf16ps adding both products to 16 float32 sums. Half the bytes of the
+// float32 panels for the same outputs: at batch 1 the product is the weight's read.
+#pragma GCC push_options
+#pragma GCC target("avx512bw,avx512bf16")
+
+// Row m of x's inputs 2j and 2j + 1 as one 32-bit word (the second zero past an odd k).
+inline int32_t x_pair(const uint16_t* x, int64_t j, int64_t k) {
+  if (2 * j + 1 < k) {
+    int32_t v;
+    std::memcpy(&v, x + 2 * j, sizeof(v));
+    return v;
+  }
+  return int32_t(x[2 * j]);
+}
+
+template <int MX>
+void dense_panels_bf16_mx(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
+                          int64_t ldx, uint16_t* y, int64_t ldy, int64_t n, const Epilogue& e) {
+  constexpr int64_t W = 16;
+  // Sums enough for vdpbf16ps's latency (6 cycles on Zen 4) at one load per step.
+  constexpr int U = MX == 1 ? 4 : 2;
+  const int64_t pairs = (k + 1) / 2, whole = k / 2;
+  for (int64_t q = q0; q < q1; ++q) {
+    const uint32_t* b = p + q * pairs * W;
+    __m512 acc[MX][U];
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+        _mm512_setzero_ps();
+    auto step = [&](int u, int64_t j, bool tail) __attribute__((always_inline)) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(b + j * W);
+      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+        int32_t xv;
+        if (tail) {
+          xv = x_pair(x + m * ldx, j, k);
+        } else {
+          std::memcpy(&xv, x + m * ldx + 2 * j, sizeof(xv));
+        }
+        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_set1_epi32(xv));
+      }
+    };
+    int64_t j = 0;
+    for (; j + U <= whole; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, j + u, false);
+    for (; j < pairs; ++j) step(0, j, true);
+    const int64_t o = q * W;
+    const int valid = int(std::min<int64_t>(W, n - o));
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+      __m512 sum = acc[m][0];
+      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
+      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
+    }
+  }
+}
+
+void dense_panels_bf16(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
+                       int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy, int64_t n,
+                       const Epilogue& e) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    const int64_t mx = std::min<int64_t>(4, rows - m);
+    const uint16_t* xm = x + m * ldx;
+    uint16_t* ym = y + m * ldy;
+    if (mx == 4)
+      dense_panels_bf16_mx<4>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
+    else if (mx == 3)
+      dense_panels_bf16_mx<3>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
+    else if (mx == 2)
+      dense_panels_bf16_mx<2>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
+    else
+      dense_panels_bf16_mx<1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
+  }
+}
+
+#pragma GCC pop_options
+#define LOPPER_DENSE_PANELS_BF16 dense_panels_bf16
+#else
+#define LOPPER_DENSE_PANELS_BF16 nullptr
+#endif
+
 }  // namespace
 
 extern const SparseIsaOps LOPPER_OPS_NAME;
-const SparseIsaOps LOPPER_OPS_NAME = {
-    LOPPER_OPS_LABEL, cols,    rows,        gather, dot, masked, LOPPER_MASKED_BF16, transpose,
-    LOPPER_COLS_BF16, Wide::W, dense_panels};
+const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL,
+                                      cols,
+                                      rows,
+                                      gather,
+                                      dot,
+                                      masked,
+                                      LOPPER_MASKED_BF16,
+                                      transpose,
+                                      LOPPER_COLS_BF16,
+                                      Wide::W,
+                                      dense_panels,
+                                      LOPPER_DENSE_PANELS_BF16};
 
 }  // namespace lopper::kernels::cpu

@@ -108,6 +108,14 @@ struct SparseIsaOps {
   void (*dense_panels)(const float* p, int64_t k, int64_t q0, int64_t q1, const float* x,
                        int64_t ldx, int64_t rows, float* y, int64_t ldy, int64_t n,
                        const Epilogue& e);
+  /// As dense_panels, for a bfloat16 w packed in pairs of inputs ([n / 16][ceil(k / 2)][16]
+  /// 32-bit words, each the bf16 weights of inputs 2j and 2j + 1 of one output, the second zero
+  /// past an odd k) and bfloat16 x and y (uint16 bits; y rounded as to_bf16 rounds), products
+  /// summed in float32 by vdpbf16ps. Null where the table's ISA has none; call it only where
+  /// bf16_dot_supported().
+  void (*dense_panels_bf16)(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
+                            int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy, int64_t n,
+                            const Epilogue& e);
 };
 
 extern const SparseIsaOps kScalarOps;

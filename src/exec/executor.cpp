@@ -493,6 +493,7 @@ struct Executor::Impl {
     ctx.grad_mode_ = opts.autograd;
     ctx.prepack_ = opts.prepack;
     ctx.weights_exceed_cache_ = weights_exceed_cache;
+    ctx.lowered_ = lowered();
     ctx.subgraph_runner_ = [this, env](const ir::Graph& g, const std::vector<at::Tensor>& in) {
       return run_graph(g, in, env);
     };

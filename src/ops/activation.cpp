@@ -149,10 +149,13 @@ void swiglu(OpContext& c) {
 }  // namespace
 
 // softmax(scale * x) along the last axis (op.h): lopper's row kernel for float32 on the CPU in
-// inference (kernels/cpu/rows.h: one pass of three over each row, the scale folded in), else
-// ATen's.
+// inference (kernels/cpu/rows.h: one pass of three over each row, the scale folded in), and for
+// bf16 in a model lowered to it (each row widened, rounded once), else ATen's.
+// NOTE: a decoding step of 8 LLaMA layers in bf16 spent 0.79 ms in its 8 softmaxes of [32, 257]
+// on the stepwise form (0.12 ms in float32).
 at::Tensor scaled_softmax(const OpContext& c, const at::Tensor& x, float scale) {
-  if (c.prepack() && x.scalar_type() == at::kFloat && x.device().is_cpu())
+  if (c.prepack() && x.device().is_cpu() &&
+      (x.scalar_type() == at::kFloat || (x.scalar_type() == at::kBFloat16 && c.lowered())))
     return kernels::cpu::softmax_last_axis(x, scale);
   return softmax_fn(scale == 1.f ? x : x * scale, -1);
 }

@@ -75,6 +75,10 @@ class OpContext : public AttrReader {
   /// True when the model's weights do not fit in the CPU's last-level cache: each layer's weights
   /// then come from memory at every run, and kernels are timed that way (kernel_choice.h).
   bool weights_exceed_cache() const { return weights_exceed_cache_; }
+  /// True when the executor runs a float32 model in a lower precision (ExecOptions::precision):
+  /// a 16-bit op may then compute in float32 and round once, as PyTorch's 16-bit ops do, where a
+  /// model typed in 16 bits follows ONNX's reference, which rounds after every step.
+  bool lowered() const { return lowered_; }
 
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].defined(); }
@@ -124,6 +128,7 @@ class OpContext : public AttrReader {
   bool grad_mode_ = false;
   bool prepack_ = true;
   bool weights_exceed_cache_ = false;
+  bool lowered_ = false;
 
  private:
   int64_t opset_;

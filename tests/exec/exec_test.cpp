@@ -1055,6 +1055,30 @@ TEST(Exec, Bf16PrecisionComputesInBf16AndReturnsFloat) {
   EXPECT_THROW(parse_precision("fp8"), Error);
 }
 
+// A float32 model lowered to bf16 (--precision bf16) softmaxes each bf16 row in float32 and
+// rounds once, as PyTorch's bf16 softmax does: the correctly rounded softmax of the bf16 scores
+// in all but a few elements (lopper's exp is within 2e-7), where ONNX's stepwise reference for a
+// model typed in bf16 (x - max, exp, sum and divide each rounded) is off in many.
+TEST(Exec, LoweredBf16SoftmaxRoundsOnce) {
+  at::manual_seed(3);
+  ir::Model m = image_model({4, 8, 257});
+  m.graph.nodes = {node("Softmax", {"x"}, {"y"}, {int_attr("axis", -1)})};
+  const at::Tensor x = at::randn({4, 8, 257}) * 3;
+  ExecOptions eo;
+  eo.precision = at::kBFloat16;
+  Executor exec(m, eo);
+  const at::Tensor got = exec.run({{"x", x}})[0];
+  ASSERT_EQ(got.scalar_type(), at::kFloat);
+  const at::Tensor x16 = x.to(at::kBFloat16);
+  const at::Tensor exact = at::softmax(x16.to(at::kDouble), -1).to(at::kBFloat16).to(at::kFloat);
+  const int64_t off = at::ne(got, exact).sum().item<int64_t>();
+  EXPECT_LE(off, x.numel() / 100) << off << " of " << x.numel() << " not the rounded softmax";
+  // the stepwise form, for scale
+  const at::Tensor e = at::exp(x16 - std::get<0>(at::max(x16, -1, true)));
+  const at::Tensor stepwise = (e / e.sum(-1, true)).to(at::kFloat);
+  EXPECT_GT(at::ne(stepwise, exact).sum().item<int64_t>(), 4 * std::max<int64_t>(off, 1));
+}
+
 // The executor's CPU allocator hands out the most recently freed block that fits (up to twice the
 // size asked for), so that the next layer writes into memory still in the caches; blocks under
 // 64 KiB and blocks too small or over twice the size are not reused.

@@ -1180,9 +1180,9 @@ TEST(DenseConvKernels, WinogradEveryIsaMatchesAtenConvolution) {
       lopper::Error);
 }
 
-// softmax(scale * x) along the last axis against ATen's in double: row lengths around the vector
-// widths (tails), scales of both signs, -inf entries (attention masks), a row of -inf only and a
-// NaN (both rows NaN, as ATen's), 1-2 threads.
+// softmax(scale * x) along the last axis against ATen's in double, float32 and bf16 rows: row
+// lengths around the vector widths (tails), scales of both signs, -inf entries (attention masks),
+// a row of -inf only and a NaN (both rows NaN, as ATen's), 1-2 threads.
 TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
   at::Generator gen = at::detail::createCPUGenerator(31);
   const int threads = at::get_num_threads();
@@ -1207,6 +1207,18 @@ TEST(RowKernels, SoftmaxEveryIsaMatchesAten) {
         EXPECT_TRUE(at::equal(y.isnan(), nan)) << what;
         EXPECT_LE((y.to(at::kDouble) - ref).masked_fill(nan, 0).abs().max().item<double>(), 1e-6)
             << what;
+        // bf16 rows: float32 arithmetic rounded once, as ATen's bf16 softmax; so within half a
+        // bf16 step of the exact softmax of the bf16 values (plus float32's error).
+        const at::Tensor x16 = x.to(at::kBFloat16);
+        at::set_num_threads(1 + cases % 2);
+        const at::Tensor y16 = kc::softmax_last_axis(x16, scale, isa);
+        at::set_num_threads(threads);
+        ASSERT_EQ(y16.scalar_type(), at::kBFloat16) << what;
+        const at::Tensor ref16 = at::softmax(x16.to(at::kDouble) * scale, -1);
+        const at::Tensor nan16 = ref16.isnan();
+        EXPECT_TRUE(at::equal(y16.isnan(), nan16)) << what << " bf16";
+        const at::Tensor err16 = (y16.to(at::kDouble) - ref16).abs() - ref16.abs() / 256 - 1e-6;
+        EXPECT_LE(err16.masked_fill(nan16, 0).max().item<double>(), 0) << what << " bf16";
         ++cases;
       }
   EXPECT_GT(cases, 50);

@@ -20,21 +20,37 @@ const RowsIsaOps& rows_ops(Isa isa) {
 }  // namespace
 
 at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
-  LOPPER_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
-               "[kernels] softmax wants a float32 CPU tensor, got ", x_in.scalar_type(), " ",
-               x_in.sizes(), " on ", x_in.device());
+  const at::ScalarType type = x_in.scalar_type();
+  LOPPER_CHECK(
+      x_in.dim() >= 1 && (type == at::kFloat || type == at::kBFloat16) && x_in.device().is_cpu(),
+      "[kernels] softmax wants a float32 or bfloat16 CPU tensor, got ", type, " ", x_in.sizes(),
+      " on ", x_in.device());
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
   if (x.numel() == 0 || n == 0) return y;
   const int64_t rows = x.numel() / n;
   const RowsIsaOps& ops = rows_ops(isa);
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  // About 16K floats a piece of work: small tensors stay on one thread.
+  // About 16K values a piece of work: small tensors stay on one thread.
   const int64_t grain = std::max<int64_t>(1, (16 << 10) / n);
-  at::parallel_for(0, rows, grain,
-                   [&](int64_t r0, int64_t r1) { ops.softmax(xp, yp, r0, r1, n, scale); });
+  if (type == at::kFloat) {
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, rows, grain,
+                     [&](int64_t r0, int64_t r1) { ops.softmax(xp, yp, r0, r1, n, scale); });
+    return y;
+  }
+  // A bf16 row widened into the thread's scratch, softmaxed there, rounded once into y.
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    float* row = thread_scratch(0, size_t(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      widen_span(xp + r * n, row, n);
+      ops.softmax(row, row, 0, 1, n, scale);
+      narrow_span(row, yp + r * n, n);
+    }
+  });
   return y;
 }
 

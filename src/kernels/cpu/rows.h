@@ -8,9 +8,10 @@
 
 namespace lopper::kernels::cpu {
 
-/// softmax(scale * x) along x's last axis for a float32 CPU tensor x (any rank >= 1); the rows are
-/// split between ATen's threads. Computed in float32 with lopper's vector exp (relative error below
-/// 2e-7); see rows_impl.h for NaN and -inf.
+/// softmax(scale * x) along x's last axis for a float32 or bfloat16 CPU tensor x (any rank >= 1);
+/// the rows are split between ATen's threads. Computed in float32 with lopper's vector exp
+/// (relative error below 2e-7), a bf16 row widened and its result rounded once; see rows_impl.h
+/// for NaN and -inf.
 at::Tensor softmax_last_axis(const at::Tensor& x, float scale, Isa isa = active_isa());
 
 /// Layer norm along x's last axis, y = (x - mean) / sqrt(var + eps) * gamma + beta, for a

@@ -610,8 +610,8 @@ TEST(Exec, FusionGroupsQueryHeadsWithoutRepeatingKeysAndValues) {
   struct Case {
     std::vector<int64_t> expand, merge, q;
   };
-  // Heads repeated (the grouped path, s = 1 and 3); a repeat of 1 and a reshape that does not
-  // merge the heads (both computed as the nodes did).
+  // Heads repeated (the grouped path, s = 1 and 3: lopper's few-rows product); a repeat of 1 and a
+  // reshape that does not merge the heads (both computed as the nodes did); fp32 and bf16.
   const Case cases[] = {{{1, 2, 4, 5, 4}, {1, 8, 5, 4}, {1, 8, 1, 4}},
                         {{1, 2, 4, 5, 4}, {0, 8, -1, 4}, {1, 8, 3, 4}},
                         {{1, 2, 1, 5, 4}, {1, 2, 5, 4}, {1, 2, 3, 4}},
@@ -630,6 +630,11 @@ TEST(Exec, FusionGroupsQueryHeadsWithoutRepeatingKeysAndValues) {
     at::Tensor want = Executor(m, plain).run(feeds)[0], got = Executor(m).run(feeds)[0];
     ASSERT_EQ(got.sizes(), want.sizes());
     EXPECT_LE(test::relative_max_diff(got, want), 1e-5);
+    // in bf16 (a decoded token's products on lopper's few-rows kernel) against ATen's bf16 ops
+    ExecOptions bf16;
+    bf16.precision = at::kBFloat16;
+    const at::Tensor got16 = Executor(m, bf16).run(feeds)[0];
+    EXPECT_LE(test::relative_max_diff(got16, aten_output(m, feeds, at::kBFloat16)), 2e-2);
   }
   // A repeated key read by another node as well stays a Reshape of its own.
   ir::Model m = grouped_attention_model({1, 2, 4, 5, 4}, {1, 8, 5, 4});

@@ -1333,6 +1333,59 @@ TEST(RowKernels, ScaledAttentionEveryIsaMatchesAten) {
       std::exception);
 }
 
+// The few-rows product (a decoded token's attention products) against ATen's in float64: b as
+// keys transposed (rows contiguous: K^T of a cache), as values (columns contiguous), and strided
+// both ways; a as rows of a wider tensor and transposed; 1 to 16 rows, one and many heads, key
+// counts around the vector widths, 1 and 2 threads, every ISA; float32 and bfloat16 (sums in
+// float32, rounded once); refusals.
+TEST(RowKernels, FewRowsProductEveryIsaMatchesAten) {
+  at::Generator gen = at::detail::createCPUGenerator(41);
+  const int threads = at::get_num_threads();
+  int checked = 0;
+  for (kc::Isa isa : isas())
+    for (auto [heads, m, k, n] : std::vector<std::array<int64_t, 4>>{
+             {4, 8, 64, 257}, {4, 8, 257, 64}, {1, 1, 5, 3}, {6, 16, 17, 33}, {2, 3, 64, 1000}})
+      for (int layout = 0; layout < 3; ++layout) {
+        at::set_num_threads(1 + checked % 2);
+        const at::Tensor wide = at::randn({heads, m, k + 5}, gen);
+        const at::Tensor a = layout == 2 ? at::randn({heads, k, m}, gen).transpose(1, 2)
+                                         : wide.narrow(2, 2, k);  // strided rows
+        at::Tensor b;
+        if (layout == 0)
+          b = at::randn({heads, n, k}, gen).transpose(1, 2);  // K^T: rows contiguous
+        else if (layout == 1)
+          b = at::randn({heads, k, n}, gen);  // V: columns contiguous
+        else
+          b = at::randn({heads, k, 2 * n}, gen).narrow(2, 0, 2 * n - 1).slice(2, 0, 2 * n, 2);
+        const std::string what = std::string(kc::isa_name(isa)) + " heads " +
+                                 std::to_string(heads) + " m " + std::to_string(m) + " k " +
+                                 std::to_string(k) + " n " + std::to_string(n) + " layout " +
+                                 std::to_string(layout);
+        const at::Tensor y = kc::few_rows_product(a, b, isa);
+        const at::Tensor ref = at::matmul(a.to(at::kDouble), b.to(at::kDouble));
+        ASSERT_EQ(y.sizes(), ref.sizes()) << what;
+        EXPECT_LT(nmse(y, ref), 1e-10) << what;
+        const at::Tensor a16 = a.to(at::kBFloat16), b16 = b.to(at::kBFloat16);
+        const at::Tensor y16 = kc::few_rows_product(a16, b16, isa);
+        ASSERT_EQ(y16.scalar_type(), at::kBFloat16) << what;
+        const at::Tensor ref16 = at::matmul(a16.to(at::kDouble), b16.to(at::kDouble));
+        // float32 sums rounded once: within half a bf16 step of the exact product, plus float32's
+        // error on the sum
+        const at::Tensor err = (y16.to(at::kDouble) - ref16).abs() - ref16.abs() / 256;
+        EXPECT_LE(err.max().item<double>(), 1e-5 * (1 + ref16.abs().max().item<double>()))
+            << what << " bf16";
+        ++checked;
+      }
+  at::set_num_threads(threads);
+  EXPECT_GE(checked, 15);
+  // Refusals: more rows than a few, mixed types, shapes that do not chain.
+  EXPECT_THROW(kc::few_rows_product(at::randn({2, 17, 4}), at::randn({2, 4, 5})), lopper::Error);
+  EXPECT_THROW(kc::few_rows_product(at::randn({2, 3, 4}), at::randn({2, 4, 5}).to(at::kBFloat16)),
+               lopper::Error);
+  EXPECT_THROW(kc::few_rows_product(at::randn({2, 3, 4}), at::randn({2, 5, 5})), lopper::Error);
+  EXPECT_THROW(kc::few_rows_product(at::randn({2, 3, 4}), at::randn({3, 4, 5})), lopper::Error);
+}
+
 TEST(DenseConvKernels, MaxPoolEveryIsaMatchesAten) {
   std::mt19937 rng(11);
   at::Generator gen = at::detail::createCPUGenerator(11);

@@ -141,4 +141,38 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   return a.bf16 ? narrow_to_bf16(y) : y;
 }
 
+at::Tensor few_rows_product(const at::Tensor& a_in, const at::Tensor& b, Isa isa) {
+  const at::ScalarType type = a_in.scalar_type();
+  for (const at::Tensor* t : {&a_in, &b})
+    LOPPER_CHECK(t->dim() == 3 && (type == at::kFloat || type == at::kBFloat16) &&
+                     t->scalar_type() == type && t->device().is_cpu() && t->numel() > 0,
+                 "[kernels] few-rows product wants non-empty float32 or bfloat16 CPU [h, rows, "
+                 "cols] tensors of one type, got ",
+                 t->scalar_type(), " ", t->sizes(), " on ", t->device());
+  LOPPER_CHECK(
+      b.size(0) == a_in.size(0) && b.size(1) == a_in.size(2) && a_in.size(1) <= kFewRowsProduct,
+      "[kernels] few-rows product of a ", a_in.sizes(), " and b ", b.sizes(), " (at most ",
+      kFewRowsProduct, " rows of a)");
+  const at::Tensor& a = a_in;
+  const int64_t h = a.size(0), m = a.size(1), n = b.size(2);
+  at::Tensor y = at::empty({h, m, n}, a.options().dtype(at::kFloat));
+  AttnView v;
+  v.q = a.data_ptr(), v.kt = b.data_ptr(), v.y = y.data_ptr<float>();
+  v.bf16 = type == at::kBFloat16;
+  v.sq = m, v.d = a.size(2), v.sk = n;
+  v.q_hs = a.stride(0), v.q_rs = a.stride(1), v.q_cs = a.stride(2);
+  v.kt_hs = b.stride(0), v.kt_rs = b.stride(1), v.kt_cs = b.stride(2);
+  v.y_hs = y.stride(0), v.y_rs = y.stride(1);
+  const RowsIsaOps& ops = rows_ops(isa);
+  const size_t need = size_t(product_scratch(v));
+  // NOTE: a decoded token's products are a few microseconds a head: a second thread only for
+  // heads of 256K multiply-adds or more between them.
+  const int64_t grain = std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(1, m * v.d * n));
+  at::parallel_for(0, h, grain, [&](int64_t h0, int64_t h1) {
+    float* scratch = thread_scratch(0, need);
+    for (int64_t i = h0; i < h1; ++i) ops.product(v, i, scratch);
+  });
+  return v.bf16 ? narrow_to_bf16(y) : y;
+}
+
 }  // namespace lopper::kernels::cpu

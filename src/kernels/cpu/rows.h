@@ -32,4 +32,14 @@ at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                             float scale, Isa isa = active_isa());
 
+/// The most rows of `a` few_rows_product takes.
+inline constexpr int64_t kFewRowsProduct = 16;
+/// y[i] = a[i] b[i] for a [h, m, k] and b [h, k, n] (CPU, none empty, both float32 or both
+/// bfloat16, rows and columns at any strides; m at most kFewRowsProduct): y [h, m, n] of their
+/// type, sums in float32 (bf16 widened exactly, the result rounded once). For a decoded token's
+/// attention products (a few query rows a key/value head): each head's b packed once as float32,
+/// the product run on lopper's own tile kernel from L1/L2; the heads split between the threads
+/// where there is work enough for two.
+at::Tensor few_rows_product(const at::Tensor& a, const at::Tensor& b, Isa isa = active_isa());
+
 }  // namespace lopper::kernels::cpu

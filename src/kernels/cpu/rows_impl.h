@@ -279,6 +279,32 @@ void attention_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, float*
   attn_product<T>(s, skp, va, ldv, a.sk, r, a.dv, a.y + h * a.y_hs + r0 * a.y_rs, a.y_rs);
 }
 
+// y[h] = q[h] kt[h] (RowsIsaOps::product): kt packed by rows (its columns contiguous: a product
+// with v), by tiles (its rows contiguous: the keys of a product with K^T) or value by value.
+template <class T, bool kBf16>
+void product_head(const AttnView& a, int64_t h, float* scratch) {
+  const int64_t np = attn_round(a.sk);
+  float* bp = scratch;        // [d][np]
+  float* ap = bp + a.d * np;  // [sq][d]
+  const auto* kt = static_cast<const char*>(a.kt) + (kBf16 ? 2 : 4) * h * a.kt_hs;
+  const auto* q = static_cast<const char*>(a.q) + (kBf16 ? 2 : 4) * h * a.q_hs;
+  const float* qa = ap;
+  int64_t ldq = a.d;
+  if (!kBf16 && a.q_cs == 1)
+    qa = reinterpret_cast<const float*>(q), ldq = a.q_rs;
+  else if (a.q_cs == 1)
+    attn_pack_rows<kBf16>(q, a.q_rs, a.sq, a.d, ap, a.d);
+  else
+    attn_pack<kBf16>(q, a.q_rs, a.q_cs, a.sq, a.d, ap, a.d);
+  if (a.kt_cs == 1)
+    attn_pack_rows<kBf16>(kt, a.kt_rs, a.d, a.sk, bp, np);
+  else if (a.kt_rs == 1)
+    attn_pack_keys<kBf16>(kt, a.kt_cs, a.sk, a.d, bp, np);
+  else
+    attn_pack<kBf16>(kt, a.kt_rs, a.kt_cs, a.d, a.sk, bp, np);
+  attn_product<T>(qa, ldq, bp, np, a.d, a.sq, a.sk, a.y + h * a.y_hs, a.y_rs);
+}
+
 #if LOPPER_SPARSE_ISA > 1
 // --- attention on the bfloat16 dot product -----------------------------------------------------
 //
@@ -481,6 +507,13 @@ const RowsIsaOps LOPPER_ROWS_OPS_NAME = {
       else
         attention_block<Wide, false>(a, h, r0, r, scratch);
     },
-    LOPPER_ATTENTION_DOT, layer_norm_rows<Wide>};
+    LOPPER_ATTENTION_DOT,
+    layer_norm_rows<Wide>,
+    [](const AttnView& a, int64_t h, float* scratch) {
+      if (a.bf16)
+        product_head<Wide, true>(a, h, scratch);
+      else
+        product_head<Wide, false>(a, h, scratch);
+    }};
 
 }  // namespace lopper::kernels::cpu

@@ -39,6 +39,10 @@ struct RowsIsaOps {
   /// (contiguous rows; y may be x; beta may be null): mean and variance in two passes.
   void (*layer_norm)(const float* x, float* y, int64_t r0, int64_t r1, int64_t n,
                      const float* gamma, const float* beta, float eps);
+  /// y[h] = q[h] kt[h] for head h of `a` (its v and scale unused; all sq rows at once, a few), in
+  /// `scratch` (product_scratch(a) floats, aligned to 64 bytes): kt packed as float32, the rows
+  /// multiplied from L1/L2.
+  void (*product)(const AttnView& a, int64_t h, float* scratch);
 };
 
 /// Rows of the attention's packed keys, values and scores: whole lines (and whole vectors of
@@ -48,6 +52,11 @@ inline int64_t attn_round(int64_t n) { return (n + 15) / 16 * 16; }
 inline int64_t attention_scratch(const AttnView& a, int64_t r) {
   return a.d * attn_round(a.sk) + a.sk * attn_round(a.dv) + attn_round(r * a.d) +
          r * attn_round(a.sk);
+}
+
+/// The floats `product` needs.
+inline int64_t product_scratch(const AttnView& a) {
+  return a.d * attn_round(a.sk) + attn_round(a.sq * a.d);
 }
 
 extern const RowsIsaOps kRowsScalarOps;

@@ -29,6 +29,23 @@ bool channels_last_of_one_map(const std::vector<at::Tensor>& xs, at::ScalarType 
 
 namespace {
 
+// Items [t0, t1) of groups x tiles (group q's tiles numbered q * tiles on), each group's share one
+// call fn(q, its first tile, its end tile).
+template <class F>
+void for_group_tiles(int64_t tiles, int64_t t0, int64_t t1, F&& fn) {
+  for (int64_t t = t0; t < t1;) {
+    const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
+    fn(q, t - q * tiles, end - q * tiles);
+    t = end;
+  }
+}
+
+// Group q's epilogue: its k outputs' share of the bias.
+Epilogue group_epilogue(Epilogue e, int64_t q, int64_t k) {
+  if (e.bias) e.bias += q * k;
+  return e;
+}
+
 // y[p, k] = act(x[p, k] * scale[k] + shift[k]) for pixels [p0, p1) of c bfloat16 channels, x's
 // pixels ldx apart, y's ldy; act none or ReLU (NaN kept), rounded to nearest even once.
 // NOTE: plain loops the compiler vectorises, one build per ISA (memory-bound).
@@ -301,14 +318,10 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   g.x_stride = c_, g.y_stride = k_, g.r_stride = k_;
   const int64_t tiles = ops_->tiles(g, false), all = tiles * groups_;
   parallel_steal(all, steal_grain(all), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1;) {
-      const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
-      Epilogue eq = e;
-      if (eq.bias) eq.bias += q * g.k;
+    for_group_tiles(tiles, t0, t1, [&](int64_t q, int64_t q0, int64_t q1) {
       ops_->run_pairs(xp + q * g.c, pairs_.data() + q * pairs_group_, nullptr, yp + q * g.k,
-                      nullptr, rp ? rp + q * g.k : nullptr, g, eq, t - q * tiles, end - q * tiles);
-      t = end;
-    }
+                      nullptr, rp ? rp + q * g.k : nullptr, g, group_epilogue(e, q, g.k), q0, q1);
+    });
   });
   return y;
 }
@@ -448,11 +461,9 @@ void DirectConv::run_gathered(const float* xp, float* yp, const float* rp, const
       ConvShape g = s;
       g.n = 1, g.h = in_rows, g.w = cols, g.ph = g.pw = 0, g.oh = oy1 - oy0;
       g.x_stride = cg;
-      Epilogue eq = e;
-      if (eq.bias) eq.bias += q * kg;
       const int64_t at = (img * s.oh + oy0) * s.ow * k_ + q * kg;
-      ops_->run(b, packed_.data() + q * per_group, yp + at, rp ? rp + at : nullptr, g, false, eq, 0,
-                ops_->tiles(g, false));
+      ops_->run(b, packed_.data() + q * per_group, yp + at, rp ? rp + at : nullptr, g, false,
+                group_epilogue(e, q, kg), 0, ops_->tiles(g, false));
     }
   });
 }
@@ -481,10 +492,8 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
   }
   const int64_t tiles = ops_->tiles(s, false);
   auto run = [&](int64_t q, int64_t t0, int64_t t1) {
-    Epilogue eq = e;
-    if (eq.bias) eq.bias += q * s.k;
     ops_->run(xp + q * s.c, packed_.data() + q * per_group, yp + q * s.k,
-              rp ? rp + q * s.k : nullptr, s, false, eq, t0, t1);
+              rp ? rp + q * s.k : nullptr, s, false, group_epilogue(e, q, s.k), t0, t1);
   };
   if (tiles >= 8 * at::get_num_threads()) {
     constexpr int64_t kChunk = 4;  // tiles of one group per call
@@ -494,13 +503,8 @@ void DirectConv::run_groups(const float* xp, float* yp, const float* rp, const C
     });
     return;
   }
-  parallel_steal(tiles * groups_, steal_grain(tiles * groups_), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1;) {
-      const int64_t q = t / tiles, end = std::min(t1, (q + 1) * tiles);
-      run(q, t - q * tiles, end - q * tiles);
-      t = end;
-    }
-  });
+  parallel_steal(tiles * groups_, steal_grain(tiles * groups_),
+                 [&](int64_t t0, int64_t t1) { for_group_tiles(tiles, t0, t1, run); });
 }
 
 }  // namespace lopper::kernels::cpu

@@ -293,28 +293,31 @@ size_t forced(const std::vector<KernelCandidate>& cands) {
   return cands.size();
 }
 
-// The candidate to keep from times t: the fastest, except that on the CPU a kernel of lopper's
-// own within kOwnMargin of a faster library kernel (oneDNN, ATen) is kept instead.
+}  // namespace
+
 // NOTE: timed alone, a layer's candidates run on a warm input; in the model, between a producer
 // that just wrote the input and the next layer, oneDNN's convolutions ran slower than their lone
 // times said while lopper's direct kernels did not: MobileNetV2's first layer 0.36 vs 0.27 ms and
 // its 16->96 pointwise layer 0.36 vs 0.26 ms in the model, after lone times 3-7% apart the
 // other way.
 constexpr double kOwnMargin = 1.10;
-size_t keep_of(const std::vector<KernelCandidate>& cands, const std::vector<double>& t, bool gpu,
-               bool prefer_own) {
-  size_t best = 0;
-  for (size_t i = 0; i < cands.size(); ++i)
-    if (t[i] < t[best]) best = i;
-  auto own = [&](size_t i) { return cands[i].name.rfind("lopper-", 0) == 0; };
-  if (gpu || !prefer_own || own(best)) return best;
-  size_t own_best = cands.size();
-  for (size_t i = 0; i < cands.size(); ++i)
-    if (own(i) && (own_best == cands.size() || t[i] < t[own_best])) own_best = i;
-  return own_best < cands.size() && t[own_best] <= t[best] * kOwnMargin ? own_best : best;
+
+bool library_kernel(const std::string& name) {
+  return name == "aten" || name.rfind("onednn", 0) == 0;
 }
 
-}  // namespace
+size_t keep_of(const std::vector<std::string>& names, const std::vector<double>& t, bool gpu,
+               bool prefer_own) {
+  size_t best = 0;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (t[i] < t[best]) best = i;
+  auto own = [&](size_t i) { return !library_kernel(names[i]); };
+  if (gpu || !prefer_own || own(best)) return best;
+  size_t own_best = names.size();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (own(i) && (own_best == names.size() || t[i] < t[own_best])) own_best = i;
+  return own_best < names.size() && t[own_best] <= t[best] * kOwnMargin ? own_best : best;
+}
 
 void flush_kernel_choices() { ChoiceCache::get().flush(); }
 
@@ -404,7 +407,9 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
       d.timings.emplace_back(cands[i].name, t[i]);
       ms[cands[i].name] = t[i];
     }
-    best = keep_of(cands, t, input.is_cuda(), prefer_own);
+    std::vector<std::string> names;
+    for (const auto& cand : cands) names.push_back(cand.name);
+    best = keep_of(names, t, input.is_cuda(), prefer_own);
     if (!d.busy) ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
   }
   d.chosen = cands[best].name;

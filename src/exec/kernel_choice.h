@@ -20,7 +20,7 @@ namespace lopper::ops {
 
 /// The generation of lopper's kernels, part of every cached choice's key: bump it when a change
 /// makes a kernel materially faster or slower, so that choices timed before are timed again.
-inline constexpr int kKernelGeneration = 22;
+inline constexpr int kKernelGeneration = 23;
 
 struct KernelCandidate {
   std::string name;
@@ -43,6 +43,14 @@ struct KernelCandidate {
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
                      std::vector<std::string> refused = {}, bool prefer_own = true);
+
+/// Whether a kernel is a library's (ATen's, oneDNN's), not one of lopper's own: its name.
+bool library_kernel(const std::string& name);
+/// Of candidates `names` timed `t`, the one to keep: the fastest, except that on the CPU
+/// (`gpu` false, `prefer_own`) a kernel of lopper's own (its direct, Winograd, chain and GEMV
+/// kernels, its sparse formats) within 10% of a faster library kernel is kept instead.
+size_t keep_of(const std::vector<std::string>& names, const std::vector<double>& t, bool gpu,
+               bool prefer_own);
 
 /// Writes the choices timed since the last call to the cache file (Executor::run calls it after
 /// each run, and the process at its exit): a model's first run writes the file once, not once a

@@ -9,6 +9,7 @@
 
 #include "exec/allocator.h"
 #include "exec/fuse.h"
+#include "exec/kernel_choice.h"
 #include "exec/onednn.h"
 #include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
@@ -932,6 +933,27 @@ TEST(Exec, FewAndManyRowsChooseApart) {
 // Kernels are timed with the weights out of the caches when the model's weights outgrow the
 // last-level cache (a decoding LLM: each layer's weights come from memory at every step), in the
 // cache otherwise; the decision says which.
+// The kernel kept from the timings: the fastest, or on the CPU a kernel of lopper's own (its
+// direct, GEMV and chain kernels, and its sparse formats too) within 10% of a faster ATen or
+// oneDNN one; between lopper's own kernels the fastest; on a GPU, or where the candidates are
+// timed alike (prefer_own off), the fastest.
+TEST(Exec, KernelKeptIsTheFastestOrLoppersOwnWithinItsMargin) {
+  using ops::keep_of;
+  using V = std::vector<std::string>;
+  EXPECT_EQ(keep_of(V{"aten", "onednn", "lopper-gemv"}, {1.0, 0.9, 0.95}, false, true), 2u);
+  EXPECT_EQ(keep_of(V{"aten", "onednn", "lopper-gemv"}, {1.0, 0.9, 1.0}, false, true), 1u);
+  // a sparse format is lopper's own: kept within 10% of oneDNN
+  EXPECT_EQ(keep_of(V{"onednn", "bitmask"}, {1.0, 1.05}, false, true), 1u);
+  EXPECT_EQ(keep_of(V{"onednn", "csr-cols-bf16"}, {1.0, 1.05}, false, true), 1u);
+  // between two of lopper's own, the faster: no margin for one over the other
+  EXPECT_EQ(keep_of(V{"aten", "lopper-gemv", "bitmask"}, {2.0, 1.09, 1.0}, false, true), 2u);
+  EXPECT_EQ(keep_of(V{"onednn", "lopper-gemv", "bitmask"}, {1.0, 1.05, 1.08}, false, true), 1u);
+  EXPECT_EQ(keep_of(V{"onednn-conv", "lopper-direct"}, {1.0, 1.05}, true, true), 0u);  // GPU
+  EXPECT_EQ(keep_of(V{"layer-by-layer", "lopper-chain"}, {1.0, 1.05}, false, false), 0u);
+  EXPECT_TRUE(ops::library_kernel("onednn-linear"));
+  EXPECT_FALSE(ops::library_kernel("bitmask-8of16"));
+}
+
 TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
   const int64_t llc = last_level_cache_bytes();
   if (llc <= 0 || llc > (int64_t{64} << 20))

@@ -41,8 +41,16 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
   if (algos.empty() && rows > 0 && rows <= kMaxMaskedRows && density <= kMaxMaskedDensity) {
     auto masked = std::make_shared<const kc::MaskedWeight>(w_in, bias);
     masked_bytes = masked->bytes();
-    out.push_back(
-        {masked->fixed() ? "bitmask-8of16" : "bitmask", nullptr, kc::Algo::kRows, masked});
+    const char* name = masked->tile() == 16 ? "bitmask-2of4-panels"
+                       : masked->fixed()    ? "bitmask-8of16"
+                                            : "bitmask";
+    out.push_back({name, nullptr, kc::Algo::kRows, masked});
+    // NOTE: an unstructured bfloat16 weight in panels reads two streams in order instead of a
+    // few short ones but expands every 32 weights: faster from memory, slower from the caches
+    // (docs/kernels.md), so timing decides.
+    if (masked->tile() != 16 && masked->bf16() && kc::MaskedWeight::takes_panels(kc::active_isa()))
+      out.push_back({"bitmask-panels", nullptr, kc::Algo::kRows,
+                     std::make_shared<const kc::MaskedWeight>(w_in, bias, 16)});
   }
   // NOTE: a bfloat16 weight (--precision bf16) is offered the float32 formats too, packed from the
   // weight widened (exactly): its input is widened before and the output rounded after

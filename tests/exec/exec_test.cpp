@@ -871,12 +871,18 @@ TEST(Exec, BitmaskKernelRunsFewRowsInFloatAndBfloat16) {
         ExecOptions eo;
         eo.precision = precision;
         Executor exec(m, eo);
-        const at::Tensor got = run_forced(exec, feeds, "bitmask,bitmask-8of16");
+        const at::Tensor got =
+            run_forced(exec, feeds, "bitmask,bitmask-8of16,bitmask-panels,bitmask-2of4-panels");
         EXPECT_LE(test::relative_max_diff(got, want), precision == at::kFloat ? 1e-5 : 2e-2);
         EXPECT_EQ(
             chosen(exec,
                    [](const std::string& k) { return has(k, "bitmask") && has(k, "(forced)"); }),
             layers);
+        // A bfloat16 2:4 weight runs in panels where the CPU has the bfloat16 dot product.
+        const bool panels = precision == at::kBFloat16 && std::string(pattern) == "2:4" &&
+                            kernels::cpu::MaskedWeight::takes_panels(kernels::cpu::active_isa());
+        EXPECT_EQ(chosen(exec, [](const std::string& k) { return has(k, "-panels"); }),
+                  panels ? layers : 0);
       }
     }
   unsetenv("LOPPER_KERNEL_CACHE");

@@ -117,11 +117,14 @@ class SparseWeight {
 /// chunk of 16 holds 8 values (2:4, 4:8) are addressed without counting. Rows are stored in tiles
 /// of 4 (one stream of values for the 4 rows a kernel works at once: the CPU's prefetchers keep up
 /// with it where 4 short streams leave DRAM's bandwidth unused), except for the AVX-512 kernels,
-/// which take a row per tile.
+/// which take a row per tile. A bfloat16 weight can be packed in panels of 16 rows (tile 16), in
+/// the order of DenseGemv's bf16 panels with the zeros left out: per pair of inputs a 32-bit mask
+/// and the kept values, expanded to what one vdpbf16ps multiplies.
 class MaskedWeight {
  public:
   /// Packs w [n, k] (float32 or bfloat16, CPU; rows are outputs) and its bias [n] (optional) in
-  /// tiles of `tile` rows (1 or 4; 0: what `isa` takes, 4 unless it is AVX-512).
+  /// tiles of `tile` rows (1, 4, or 16 for bfloat16 panels; 0: what `isa` takes best: panels for
+  /// a bfloat16 2:4 weight where takes_panels(isa), else 4 unless it is AVX-512).
   MaskedWeight(const at::Tensor& w, const at::Tensor& bias = {}, int tile = 0,
                Isa isa = active_isa());
 
@@ -133,8 +136,11 @@ class MaskedWeight {
   /// Every 4 inputs keep exactly 2 (2:4).
   bool pairs() const { return view_.pairs; }
   int tile() const { return view_.tile; }
-  /// Whether `isa`'s kernels take this packing (AVX-512: a row per tile).
-  bool runs_on(Isa isa) const { return view_.tile == 1 || isa != Isa::kAvx512; }
+  /// Whether `isa` multiplies bfloat16 panels (tile 16) on the CPU's bfloat16 dot product.
+  static bool takes_panels(Isa isa);
+  /// Whether `isa`'s kernels take this packing (AVX-512: a row per tile or panels; panels run
+  /// anywhere, on the bfloat16 dot product where the CPU has it, else by a plain loop).
+  bool runs_on(Isa isa) const { return view_.tile != 4 || isa != Isa::kAvx512; }
   /// What a product reads of the weight: masks, offsets and values.
   int64_t bytes() const;
 
@@ -147,6 +153,7 @@ class MaskedWeight {
   MaskView view_;
   int64_t nonzeros_ = 0;
   std::vector<uint16_t> mask_;
+  std::vector<uint32_t> pmask_;  // tile 16: the panels' masks
   std::vector<int64_t> off_;
   std::vector<float> val_;       // float32 values (+32 readable past the end)
   std::vector<uint16_t> val16_;  // bfloat16 values (+32)
@@ -154,6 +161,11 @@ class MaskedWeight {
 
   /// Row boundaries (whole tiles) splitting the outputs into `parts` of near-equal work.
   std::vector<int64_t> split_rows(int64_t parts) const;
+  /// Packs the panels of a bfloat16 weight (tile 16).
+  void pack_panels(const uint16_t* w16);
+  /// y for panels (tile 16): on the bfloat16 dot product where `isa` has it and x is bfloat16,
+  /// else by a plain loop summing in float32.
+  at::Tensor linear_panels(const at::Tensor& x, Activation act, Isa isa) const;
 };
 
 /// A dense float32 weight [n, k] for products of a few rows of x (a classifier at batch 1, a

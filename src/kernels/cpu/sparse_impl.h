@@ -993,6 +993,47 @@ void dense_panels(const float* p, int64_t k, int64_t q0, int64_t q1, const float
   }
 }
 
+// --- masked_panels: a bfloat16 W in panels of 16 rows times float32 x, by a plain loop -----------
+//
+// For x not in bfloat16 or a CPU without the bfloat16 dot product (masked_panels_bf16 below is the
+// fast path). Every weight of a step multiplies, a zero one too, as a dense product's would (an
+// infinite input times a pruned weight is NaN in both).
+void masked_panels(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
+                   int64_t rows, float* y, int64_t ldy, const Epilogue& e) {
+  constexpr int64_t W = 16;
+  const int64_t k = w.k, steps = (k + 1) / 2;
+  const auto* val = static_cast<const uint16_t*>(w.val);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t valid = std::min<int64_t>(W, w.n - t * W);
+    for (int64_t m = 0; m < rows; ++m) {
+      float acc[W] = {};
+      int64_t at = w.off[t];
+      if (w.pairs) {  // 2:4: per 4 inputs each row's two kept ones
+        for (int64_t g = 0; g < k / 4; ++g) {
+          const uint32_t* ids = w.pmask + 2 * (t * (k / 4) + g);
+          const float* xg = x + m * ldx + 4 * g;
+          for (int64_t i = 0; i < W; ++i) {
+            const int* kept = kPairOf[(ids[i % 2] >> (4 * (i / 2))) & 15u];
+            acc[i] += from_bf16(val[at + 2 * i]) * xg[kept[0]] +
+                      from_bf16(val[at + 2 * i + 1]) * xg[kept[1]];
+          }
+          at += 32;
+        }
+      }
+      for (int64_t s = 0; !w.pairs && s < steps; ++s) {
+        const uint32_t bits = w.pmask[t * steps + s];
+        for (int64_t i = 0; i < W; ++i)
+          for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j) {
+            const float v = (bits >> (2 * i + j)) & 1u ? from_bf16(val[at++]) : 0.f;
+            acc[i] += v * x[m * ldx + 2 * s + j];
+          }
+      }
+      for (int64_t i = 0; i < valid; ++i)
+        y[m * ldy + t * W + i] = activate_scalar(acc[i] + (e.bias ? e.bias[t * W + i] : 0.f), e);
+    }
+  }
+}
+
 #if LOPPER_SPARSE_ISA > 1
 // --- dense_panels_bf16: a dense bfloat16 W times a few bfloat16 rows of x, by vdpbf16ps ---------
 //
@@ -1071,10 +1112,151 @@ void dense_panels_bf16(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, con
   }
 }
 
+// --- masked_panels_bf16: a bitmask-packed bfloat16 W in panels of 16 rows, by vdpbf16ps ----------
+//
+// The dense panels' order with the zeros left out: per pair of inputs, a 32-bit mask (bit 2i + j:
+// row i of the panel keeps input 2s + j) and the kept values packed, expanded as 16-bit lanes
+// (VBMI2) into the 16 words of two bf16 one vdpbf16ps multiplies by a broadcast pair of x. Each
+// panel is two runs of memory read in order (its masks and its values), as the dense panels are
+// one; the outputs come out a vector at a time, with no horizontal sum.
+#pragma GCC push_options
+#pragma GCC target("avx512bw,avx512vbmi2,avx512bf16")
+
+template <int MX>
+void masked_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint16_t* x,
+                           int64_t ldx, uint16_t* y, int64_t ldy, const Epilogue& e) {
+  constexpr int64_t W = 16;
+  // Sums enough for vdpbf16ps's latency (6 cycles on Zen 4).
+  constexpr int U = MX == 1 ? 4 : 2;
+  const int64_t k = w.k, steps = (k + 1) / 2, whole = k / 2;
+  const auto* val = static_cast<const uint16_t*>(w.val);
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint32_t* mk = w.pmask + t * steps;
+    int64_t at = w.off[t];
+    __m512 acc[MX][U];
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+        _mm512_setzero_ps();
+    auto step = [&](int u, int64_t s, bool tail) __attribute__((always_inline)) {
+      const uint32_t bits = mk[s];
+      __m512i packed = _mm512_loadu_si512(val + at);
+      asm("" : "+v"(packed));
+      const __m512bh wv = (__m512bh)_mm512_maskz_expand_epi16(bits, packed);
+      at += __builtin_popcount(bits);
+      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+        int32_t xv;
+        if (tail) {
+          xv = x_pair(x + m * ldx, s, k);
+        } else {
+          std::memcpy(&xv, x + m * ldx + 2 * s, sizeof(xv));
+        }
+        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_set1_epi32(xv));
+      }
+    };
+    int64_t s = 0;
+    for (; s + U <= whole; s += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, s + u, false);
+    for (; s < steps; ++s) step(0, s, s >= whole);
+    const int64_t o = t * W;
+    const int valid = int(std::min<int64_t>(W, w.n - o));
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+      __m512 sum = acc[m][0];
+      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
+      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
+    }
+  }
+}
+
+// 2:4 panels: no mask to expand and no count to follow. Per 4 inputs, the 16 rows' patterns
+// (4 bits each) select from a table in a register the bytes of x's 4 inputs each row multiplies
+// (vpermd, then vpshufb of the 4 inputs broadcast), and the step's 32 values are one load.
+template <int MX>
+void pairs_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint16_t* x, int64_t ldx,
+                          uint16_t* y, int64_t ldy, const Epilogue& e) {
+  constexpr int64_t W = 16;
+  constexpr int U = MX == 1 ? 4 : 2;
+  const int64_t groups = w.k / 4;
+  // Pattern p's bytes of the 4 inputs (8 bytes, in both halves of each 128-bit lane): the first
+  // kept input's 2 bytes, then the second's.
+  alignas(64) uint32_t bytes[W] = {};
+  for (int p = 0; p < 6; ++p) {
+    const uint32_t a = 2u * uint32_t(kPairOf[p][0]), b = 2u * uint32_t(kPairOf[p][1]);
+    bytes[p] = a | (a + 1) << 8 | b << 16 | (b + 1) << 24;
+  }
+  const __m512i table = _mm512_load_si512(bytes);
+  // Row i's pattern: the 64-bit word broadcast, 32-bit lane i holds half i % 2; shifted by its
+  // place, its low 4 bits (all vpermd reads) are the pattern.
+  const __m512i shifts = _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
+  const auto* val = static_cast<const uint16_t*>(w.val);
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint32_t* ids = w.pmask + 2 * t * groups;
+    const uint16_t* v = val + w.off[t];
+    __m512 acc[MX][U];
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+        _mm512_setzero_ps();
+    auto step = [&](int u, int64_t g) __attribute__((always_inline)) {
+      int64_t id;
+      std::memcpy(&id, ids + 2 * g, sizeof(id));
+      const __m512i pick =
+          _mm512_permutexvar_epi32(_mm512_srlv_epi32(_mm512_set1_epi64(id), shifts), table);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(v + 32 * g);
+      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+        int64_t xq;
+        std::memcpy(&xq, x + m * ldx + 4 * g, sizeof(xq));
+        const __m512i xv = _mm512_shuffle_epi8(_mm512_set1_epi64(xq), pick);
+        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)xv);
+      }
+    };
+    int64_t g = 0;
+    for (; g + U <= groups; g += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, g + u);
+    for (; g < groups; ++g) step(0, g);
+    const int64_t o = t * W;
+    const int valid = int(std::min<int64_t>(W, w.n - o));
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+      __m512 sum = acc[m][0];
+      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
+      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
+    }
+  }
+}
+
+void masked_panels_bf16(const MaskView& w, int64_t t0, int64_t t1, const uint16_t* x, int64_t ldx,
+                        int64_t rows, uint16_t* y, int64_t ldy, const Epilogue& e) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    const int64_t mx = std::min<int64_t>(4, rows - m);
+    const uint16_t* xm = x + m * ldx;
+    uint16_t* ym = y + m * ldy;
+    if (w.pairs) {
+      if (mx == 4)
+        pairs_panels_bf16_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
+      else if (mx == 3)
+        pairs_panels_bf16_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
+      else if (mx == 2)
+        pairs_panels_bf16_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
+      else
+        pairs_panels_bf16_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
+    } else if (mx == 4) {
+      masked_panels_bf16_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
+    } else if (mx == 3) {
+      masked_panels_bf16_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
+    } else if (mx == 2) {
+      masked_panels_bf16_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
+    } else {
+      masked_panels_bf16_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
+    }
+  }
+}
+
 #pragma GCC pop_options
 #define LOPPER_DENSE_PANELS_BF16 dense_panels_bf16
+#define LOPPER_MASKED_PANELS_BF16 masked_panels_bf16
 #else
 #define LOPPER_DENSE_PANELS_BF16 nullptr
+#define LOPPER_MASKED_PANELS_BF16 nullptr
 #endif
 
 }  // namespace
@@ -1091,6 +1273,8 @@ const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL,
                                       LOPPER_COLS_BF16,
                                       Wide::W,
                                       dense_panels,
-                                      LOPPER_DENSE_PANELS_BF16};
+                                      LOPPER_DENSE_PANELS_BF16,
+                                      masked_panels,
+                                      LOPPER_MASKED_PANELS_BF16};
 
 }  // namespace lopper::kernels::cpu

@@ -49,16 +49,28 @@ struct PairView {
 /// row holds half of a chunk's inputs: row i of tile t has chunk c's values at off[t] + 8 * tile *
 /// c + 8 * i (in a last chunk of q inputs: q / 2 * i), those of inputs 8h..8h+7 4h further on.
 /// The last tile's padding rows of a fixed or pairs weight repeat the last row's masks (values 0).
+/// Tiles of 16 rows (bfloat16) are panels with masks of their own (pmask, below).
 struct MaskView {
   int64_t n = 0, k = 0, chunks = 0;  // chunks = ceil(k / 16)
-  int tile = 1;                      // rows per tile: 1 or 4
+  int tile = 1;                      // rows per tile: 1, 4, or 16 (pmask)
   const uint16_t* mask = nullptr;    // [ceil(n / tile)][chunks][tile]
   const int64_t* off = nullptr;      // [ceil(n / tile) + 1]
   const void* val = nullptr;         // float32, or uint16 bfloat16 when bf16
   bool bf16 = false;
   int fixed = 0;
   bool pairs = false;
+  /// Tiles of 16 rows (bfloat16 only, masked_panels_bf16's; mask is null): per pair of inputs s
+  /// one 32-bit mask pmask[t * ceil(k / 2) + s] (bit 2i + j: row 16t + i keeps input 2s + j), and
+  /// the tile's kept values step by step in the mask's bit order from off[t], so that a step's
+  /// values expand to the 16 words of two bf16 one vdpbf16ps multiplies. With `pairs` (2:4),
+  /// per 4 inputs g instead: the 64-bit word pmask[2 (t * k / 4 + g)] (low half first) holds the
+  /// pattern of each row (kPairOf's index, 4 bits; row i's at bit 32 (i % 2) + 4 (i / 2)), and
+  /// the 32 values from off[t] + 32 g are the two kept weights of row i at 2i, 2i + 1.
+  const uint32_t* pmask = nullptr;
 };
+
+/// The 6 ways 2 of 4 inputs are kept (2:4), by index: the two inputs in order.
+constexpr int kPairOf[6][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2}, {1, 3}, {2, 3}};
 
 struct SparseIsaOps {
   const char* name;
@@ -116,6 +128,18 @@ struct SparseIsaOps {
   void (*dense_panels_bf16)(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
                             int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy, int64_t n,
                             const Epilogue& e);
+  /// y[m][r] = act(x[m, :k] . W[r, :k] + bias[r]) for m < rows and the rows of tiles [t0, t1) of
+  /// a bfloat16 W packed in panels of 16 rows (MaskView::pmask), float32 x and y, by a plain loop
+  /// (every ISA).
+  void (*masked_panels)(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
+                        int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// As masked_panels, for bfloat16 x and y (uint16 bits; y
+  /// rounded as to_bf16 rounds), each panel read once for up to 4 rows of x, products summed in
+  /// float32 by vdpbf16ps. Null where the table's ISA has none; call it only where
+  /// bf16_dot_supported().
+  void (*masked_panels_bf16)(const MaskView& w, int64_t t0, int64_t t1, const uint16_t* x,
+                             int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy,
+                             const Epilogue& e);
 };
 
 extern const SparseIsaOps kScalarOps;

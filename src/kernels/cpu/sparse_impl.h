@@ -1054,6 +1054,42 @@ inline int32_t x_pair(const uint16_t* x, int64_t j, int64_t k) {
   return int32_t(x[2 * j]);
 }
 
+// The 16 outputs from o (of n) of MX rows of x: each row's U partial sums added, the bias added,
+// activated, rounded to bf16 and stored.
+template <int MX, int U>
+inline void store_panel_bf16(__m512 (&acc)[MX][U], int64_t o, int64_t n, uint16_t* y, int64_t ldy,
+                             const Epilogue& e) {
+  const int valid = int(std::min<int64_t>(16, n - o));
+  const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+  const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+  LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+    __m512 sum = acc[m][0];
+    LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+    const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
+    _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
+  }
+}
+
+// f(std::integral_constant<int, MX>{}, m) for rows m .. m + MX - 1 of x, 4 rows at a time.
+template <class F>
+inline void four_rows_at_a_time(int64_t rows, F&& f) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    switch (std::min<int64_t>(4, rows - m)) {
+      case 4:
+        f(std::integral_constant<int, 4>{}, m);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{}, m);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>{}, m);
+        break;
+      default:
+        f(std::integral_constant<int, 1>{}, m);
+    }
+  }
+}
+
 template <int MX>
 void dense_panels_bf16_mx(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
                           int64_t ldx, uint16_t* y, int64_t ldy, int64_t n, const Epilogue& e) {
@@ -1081,35 +1117,17 @@ void dense_panels_bf16_mx(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, 
     int64_t j = 0;
     for (; j + U <= whole; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, j + u, false);
     for (; j < pairs; ++j) step(0, j, true);
-    const int64_t o = q * W;
-    const int valid = int(std::min<int64_t>(W, n - o));
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-      __m512 sum = acc[m][0];
-      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
-      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
-      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
-    }
+    store_panel_bf16<MX, U>(acc, q * W, n, y, ldy, e);
   }
 }
 
 void dense_panels_bf16(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, const uint16_t* x,
                        int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy, int64_t n,
                        const Epilogue& e) {
-  for (int64_t m = 0; m < rows; m += 4) {
-    const int64_t mx = std::min<int64_t>(4, rows - m);
-    const uint16_t* xm = x + m * ldx;
-    uint16_t* ym = y + m * ldy;
-    if (mx == 4)
-      dense_panels_bf16_mx<4>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
-    else if (mx == 3)
-      dense_panels_bf16_mx<3>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
-    else if (mx == 2)
-      dense_panels_bf16_mx<2>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
-    else
-      dense_panels_bf16_mx<1>(p, k, q0, q1, xm, ldx, ym, ldy, n, e);
-  }
+  four_rows_at_a_time(rows, [&](auto mx, int64_t m) {
+    dense_panels_bf16_mx<decltype(mx)::value>(p, k, q0, q1, x + m * ldx, ldx, y + m * ldy, ldy, n,
+                                              e);
+  });
 }
 
 // --- masked_panels_bf16: a bitmask-packed bfloat16 W in panels of 16 rows, by vdpbf16ps ----------
@@ -1155,16 +1173,7 @@ void masked_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint
     int64_t s = 0;
     for (; s + U <= whole; s += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, s + u, false);
     for (; s < steps; ++s) step(0, s, s >= whole);
-    const int64_t o = t * W;
-    const int valid = int(std::min<int64_t>(W, w.n - o));
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-      __m512 sum = acc[m][0];
-      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
-      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
-      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
-    }
+    store_panel_bf16<MX, U>(acc, t * W, w.n, y, ldy, e);
   }
 }
 
@@ -1211,44 +1220,19 @@ void pairs_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint1
     int64_t g = 0;
     for (; g + U <= groups; g += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, g + u);
     for (; g < groups; ++g) step(0, g);
-    const int64_t o = t * W;
-    const int valid = int(std::min<int64_t>(W, w.n - o));
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-      __m512 sum = acc[m][0];
-      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
-      const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
-      _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
-    }
+    store_panel_bf16<MX, U>(acc, t * W, w.n, y, ldy, e);
   }
 }
 
 void masked_panels_bf16(const MaskView& w, int64_t t0, int64_t t1, const uint16_t* x, int64_t ldx,
                         int64_t rows, uint16_t* y, int64_t ldy, const Epilogue& e) {
-  for (int64_t m = 0; m < rows; m += 4) {
-    const int64_t mx = std::min<int64_t>(4, rows - m);
-    const uint16_t* xm = x + m * ldx;
-    uint16_t* ym = y + m * ldy;
-    if (w.pairs) {
-      if (mx == 4)
-        pairs_panels_bf16_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
-      else if (mx == 3)
-        pairs_panels_bf16_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
-      else if (mx == 2)
-        pairs_panels_bf16_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
-      else
-        pairs_panels_bf16_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
-    } else if (mx == 4) {
-      masked_panels_bf16_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
-    } else if (mx == 3) {
-      masked_panels_bf16_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
-    } else if (mx == 2) {
-      masked_panels_bf16_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
-    } else {
-      masked_panels_bf16_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
-    }
-  }
+  four_rows_at_a_time(rows, [&](auto mx, int64_t m) {
+    constexpr int MX = decltype(mx)::value;
+    if (w.pairs)
+      pairs_panels_bf16_mx<MX>(w, t0, t1, x + m * ldx, ldx, y + m * ldy, ldy, e);
+    else
+      masked_panels_bf16_mx<MX>(w, t0, t1, x + m * ldx, ldx, y + m * ldy, ldy, e);
+  });
 }
 
 #pragma GCC pop_options

@@ -45,10 +45,10 @@ std::vector<SparseCandidate> sparse_candidates(const at::Tensor& w_in, const at:
                        : masked->fixed()    ? "bitmask-8of16"
                                             : "bitmask";
     out.push_back({name, nullptr, kc::Algo::kRows, masked});
-    // NOTE: an unstructured bfloat16 weight in panels reads two streams in order instead of a
-    // few short ones but expands every 32 weights: faster from memory, slower from the caches
-    // (docs/kernels.md), so timing decides.
-    if (masked->tile() != 16 && masked->bf16() && kc::MaskedWeight::takes_panels(kc::active_isa()))
+    // NOTE: a weight in panels (bfloat16 unstructured, float32 any pattern) reads two streams in
+    // order instead of a few short ones but expands every 32 or 16 weights: faster from memory,
+    // slower from the caches (docs/kernels.md), so timing decides.
+    if (masked->tile() != 16 && kc::MaskedWeight::takes_panels(kc::active_isa(), masked->bf16()))
       out.push_back({"bitmask-panels", nullptr, kc::Algo::kRows,
                      std::make_shared<const kc::MaskedWeight>(w_in, bias, 16)});
   }

@@ -534,8 +534,8 @@ TEST(SparseKernels, Bf16ColsMatchesDenseAten) {
 // The bitmask format (MaskedWeight) for the decode regime: every ISA x float32 and bfloat16
 // weights x float32 and bfloat16 activations against ATen's dense result, odd sizes (k not a
 // multiple of 16 or 8), 0% and 100%, empty rows and inputs, 2:4 weights (addressed without
-// counting), batches 1 to 33, rows in tiles of 1 and 4 (AVX-512: 1 only, 4 refused), bfloat16
-// weights in panels of 16 rows (every ISA: the bfloat16 dot product where the CPU has it).
+// counting), batches 1 to 33, rows in tiles of 1 and 4 (AVX-512: 1 only, 4 refused), panels of
+// 16 rows (every ISA: AVX-512 or the bfloat16 dot product where the CPU has it, else a plain loop).
 TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
   std::mt19937 rng(4321);
   at::Generator gen = at::detail::createCPUGenerator(7);
@@ -576,13 +576,9 @@ TEST(SparseKernels, MaskedEveryIsaAndDtypeMatchesDenseAten) {
           at::Tensor bias = c.bias ? at::randn({c.n}, gen) : at::Tensor();
           at::Tensor x = at::randn({c.m, c.k}, gen).to(xt);
           at::Tensor ref = reference(x, w, bias, c.act);
-          // Rows in tiles of 1 and of 4 (the last tile padded when 4 does not divide n), and a
-          // bfloat16 weight's panels of 16 rows.
+          // Rows in tiles of 1 and of 4 (the last tile padded when 4 does not divide n), and
+          // panels of 16 rows.
           for (int tile : {1, 4, 16}) {
-            if (tile == 16 && wt != at::kBFloat16) {
-              ASSERT_THROW(kc::MaskedWeight(w, bias, tile), lopper::Error);
-              continue;
-            }
             kc::MaskedWeight mw(w, bias, tile);
             SCOPED_TRACE(describe(c, isa, kc::BlockShape{}, kc::Algo::kRows) +
                          " masked tile=" + std::to_string(tile) + " w=" + c10::toString(wt) +
@@ -1584,8 +1580,9 @@ TEST(EveryKernel, KeepsNanAndInfAsAtenAndTakesEmptyBatches) {
           EXPECT_EQ(mw.linear(x.narrow(0, 0, 0), act, isa).size(0), 0) << tag;
         }
         if (m <= 16) {
-          // bfloat16 panels, x in float32 (the plain loop) and in bfloat16 (the dot product):
-          // NaN exactly where ATen's dense product has it.
+          // Panels: float32 (AVX-512 or the plain loop), bfloat16 with x in float32 (the plain
+          // loop) and in bfloat16 (the dot product): NaN exactly where ATen's dense product has it.
+          same_nans(kc::MaskedWeight(w, b, 16).linear(x, act, isa), ref, tag + " panels");
           const at::Tensor w16 = w.to(at::kBFloat16);
           const kc::MaskedWeight mp(w16, b, 16, isa);
           for (const at::Tensor& xi : {x, x.to(at::kBFloat16)}) {
@@ -1684,13 +1681,13 @@ TEST(SparseKernels, PackingCountsAndRefusals) {
     for (kc::Isa isa : isas()) {
       const int rows = isa == kc::Isa::kAvx512 ? 1 : 4;
       EXPECT_EQ(kc::MaskedWeight(w24, {}, 0, isa).tile(),
-                kc::MaskedWeight::takes_panels(isa) ? 16 : rows);
+                kc::MaskedWeight::takes_panels(isa, true) ? 16 : rows);
       EXPECT_EQ(kc::MaskedWeight(w24.to(at::kFloat), {}, 0, isa).tile(), rows);
       EXPECT_EQ(kc::MaskedWeight(at::ones({5, 16}, at::kBFloat16), {}, 0, isa).tile(), rows);
     }
   }
-  // Panels of 16 rows hold bfloat16 weights only, and run on every ISA.
-  EXPECT_THROW(kc::MaskedWeight(at::zeros({4, 16}), {}, 16), lopper::Error);
+  // Panels of 16 rows run on every ISA.
+  EXPECT_TRUE(kc::MaskedWeight(at::zeros({4, 16}), {}, 16).runs_on(kc::Isa::kAvx512));
   EXPECT_TRUE(
       kc::MaskedWeight(at::zeros({4, 16}, at::kBFloat16), {}, 16).runs_on(kc::Isa::kAvx512));
   EXPECT_TRUE(kc::MaskedWeight(at::zeros({4, 16}, at::kBFloat16), {}, 16).runs_on(kc::Isa::kAvx2));

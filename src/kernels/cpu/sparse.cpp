@@ -414,12 +414,10 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
       w_in.sizes());
   const bool bf16 = w_in.scalar_type() == at::kBFloat16;
   // NOTE: 0 where panels may win is decided once the pattern is known (2:4: panels).
-  const bool panels_if_pairs = tile == 0 && bf16 && takes_panels(isa);
+  const bool panels_if_pairs = tile == 0 && bf16 && takes_panels(isa, true);
   if (tile == 0) tile = isa == Isa::kAvx512 ? 1 : 4;
-  LOPPER_CHECK(tile == 1 || tile == 4 || (tile == 16 && bf16),
-               "[kernels] masked weight: tiles of 1 or 4 rows (16: a bfloat16 weight's panels), "
-               "not ",
-               tile, " for ", w_in.scalar_type());
+  LOPPER_CHECK(tile == 1 || tile == 4 || tile == 16,
+               "[kernels] masked weight: tiles of 1 or 4 rows (16: panels), not ", tile);
   const at::Tensor w = w_in.to(at::kCPU).contiguous();
   const int64_t n = w.size(0), k = w.size(1), chunks = ceil_div(k, 16), tiles = ceil_div(n, tile);
   view_.n = n, view_.k = k, view_.chunks = chunks, view_.tile = tile;
@@ -457,7 +455,7 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
   if (panels_if_pairs && view_.pairs) tile = view_.tile = 16;
   if (tile == 16) {
     mask_.clear();
-    pack_panels(w16);
+    pack_panels(w32, w16);
   } else {
     // The last tile's padding rows of a weight addressed without counting hold as many values as
     // its rows (the last row's pattern, zeros).
@@ -507,9 +505,32 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
   view_.val = view_.bf16 ? static_cast<const void*>(val16_.data()) : val_.data();
 }
 
-void MaskedWeight::pack_panels(const uint16_t* w16) {
+void MaskedWeight::pack_panels(const uint32_t* w32, const uint16_t* w16) {
   constexpr int64_t W = 16;
   const int64_t n = view_.n, k = view_.k, steps = (k + 1) / 2, tiles = ceil_div(n, W);
+  if (!w16) {
+    // float32: per pair of inputs, each input's 16 rows (bit 16j + i), values input by input.
+    pmask_.assign(size_t(tiles * steps), 0);
+    off_.assign(size_t(tiles + 1), 0);
+    val_.assign(size_t(nonzeros_) + 32, 0.f);
+    int64_t at = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      for (int64_t s = 0; s < steps; ++s) {
+        uint32_t m = 0;
+        for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j)
+          for (int64_t i = 0; i < W && t * W + i < n; ++i) {
+            const uint32_t v = w32[(t * W + i) * k + 2 * s + j];
+            if ((v & 0x7fffffffu) != 0) {
+              m |= 1u << (16 * j + i);
+              std::memcpy(&val_[size_t(at++)], &v, sizeof(float));
+            }
+          }
+        pmask_[size_t(t * steps + s)] = m;
+      }
+      off_[size_t(t + 1)] = at;
+    }
+    return;
+  }
   if (view_.pairs) {
     // 2:4: per 4 inputs each row's pattern and its two values (padding rows: pattern 0, zeros).
     const int64_t groups = k / 4;
@@ -596,7 +617,8 @@ int64_t MaskedWeight::bytes() const {
          values * (view_.bf16 ? 2 : 4);
 }
 
-bool MaskedWeight::takes_panels(Isa isa) {
+bool MaskedWeight::takes_panels(Isa isa, bool bf16) {
+  if (!bf16) return ops_of(isa).masked_panels_f32 != nullptr;
   return bf16_dot_supported(isa) && ops_of(isa).masked_panels_bf16 != nullptr;
 }
 
@@ -611,7 +633,8 @@ at::Tensor MaskedWeight::linear_panels(const at::Tensor& x_in, Activation act, I
   auto tiles = [&](int64_t q) {
     return std::pair<int64_t, int64_t>{bounds[size_t(q)] / W, ceil_div(bounds[size_t(q + 1)], W)};
   };
-  if (x_in.scalar_type() == at::kBFloat16 && bf16_dot_supported(isa) && ops.masked_panels_bf16) {
+  if (view_.bf16 && x_in.scalar_type() == at::kBFloat16 && bf16_dot_supported(isa) &&
+      ops.masked_panels_bf16) {
     const at::Tensor x = x_in.contiguous();
     at::Tensor y = at::empty({m, n}, x.options());
     if (m == 0 || n == 0) return y;
@@ -628,9 +651,12 @@ at::Tensor MaskedWeight::linear_panels(const at::Tensor& x_in, Activation act, I
   if (m > 0 && n > 0) {
     const float* xp = x.data_ptr<float>();
     float* yp = y.data_ptr<float>();
+    // float32 on its vectorised kernel where the ISA has one, else the plain loop.
+    const auto kernel =
+        !view_.bf16 && ops.masked_panels_f32 ? ops.masked_panels_f32 : ops.masked_panels;
     run_parts(parts, [&](int64_t q) {
       const auto [t0, t1] = tiles(q);
-      ops.masked_panels(view_, t0, t1, xp, view_.k, m, yp, n, e);
+      kernel(view_, t0, t1, xp, view_.k, m, yp, n, e);
     });
   }
   return x_in.scalar_type() == at::kFloat ? y : y.to(x_in.scalar_type());

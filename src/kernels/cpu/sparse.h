@@ -136,8 +136,9 @@ class MaskedWeight {
   /// Every 4 inputs keep exactly 2 (2:4).
   bool pairs() const { return view_.pairs; }
   int tile() const { return view_.tile; }
-  /// Whether `isa` multiplies bfloat16 panels (tile 16) on the CPU's bfloat16 dot product.
-  static bool takes_panels(Isa isa);
+  /// Whether `isa` has a vectorised kernel for panels (tile 16): bfloat16 ones on the CPU's
+  /// bfloat16 dot product, float32 ones (AVX-512).
+  static bool takes_panels(Isa isa, bool bf16);
   /// Whether `isa`'s kernels take this packing (AVX-512: a row per tile or panels; panels run
   /// anywhere, on the bfloat16 dot product where the CPU has it, else by a plain loop).
   bool runs_on(Isa isa) const { return view_.tile != 4 || isa != Isa::kAvx512; }
@@ -161,8 +162,8 @@ class MaskedWeight {
 
   /// Row boundaries (whole tiles) splitting the outputs into `parts` of near-equal work.
   std::vector<int64_t> split_rows(int64_t parts) const;
-  /// Packs the panels of a bfloat16 weight (tile 16).
-  void pack_panels(const uint16_t* w16);
+  /// Packs the panels (tile 16) of a bfloat16 weight (w16) or a float32 one (w32).
+  void pack_panels(const uint32_t* w32, const uint16_t* w16);
   /// y for panels (tile 16): on the bfloat16 dot product where `isa` has it and x is bfloat16,
   /// else by a plain loop summing in float32.
   at::Tensor linear_panels(const at::Tensor& x, Activation act, Isa isa) const;

@@ -1003,12 +1003,13 @@ void masked_panels(const MaskView& w, int64_t t0, int64_t t1, const float* x, in
   constexpr int64_t W = 16;
   const int64_t k = w.k, steps = (k + 1) / 2;
   const auto* val = static_cast<const uint16_t*>(w.val);
+  const bool pairs = w.pairs && w.bf16;  // float32 panels are bitmasks, 2:4 or not
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t valid = std::min<int64_t>(W, w.n - t * W);
     for (int64_t m = 0; m < rows; ++m) {
       float acc[W] = {};
       int64_t at = w.off[t];
-      if (w.pairs) {  // 2:4: per 4 inputs each row's two kept ones
+      if (pairs) {  // 2:4: per 4 inputs each row's two kept ones
         for (int64_t g = 0; g < k / 4; ++g) {
           const uint32_t* ids = w.pmask + 2 * (t * (k / 4) + g);
           const float* xg = x + m * ldx + 4 * g;
@@ -1020,11 +1021,20 @@ void masked_panels(const MaskView& w, int64_t t0, int64_t t1, const float* x, in
           at += 32;
         }
       }
-      for (int64_t s = 0; !w.pairs && s < steps; ++s) {
+      for (int64_t s = 0; !pairs && w.bf16 && s < steps; ++s) {
         const uint32_t bits = w.pmask[t * steps + s];
         for (int64_t i = 0; i < W; ++i)
           for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j) {
             const float v = (bits >> (2 * i + j)) & 1u ? from_bf16(val[at++]) : 0.f;
+            acc[i] += v * x[m * ldx + 2 * s + j];
+          }
+      }
+      const auto* v32 = static_cast<const float*>(w.val);
+      for (int64_t s = 0; !w.bf16 && s < steps; ++s) {
+        const uint32_t bits = w.pmask[t * steps + s];
+        for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j)
+          for (int64_t i = 0; i < W; ++i) {
+            const float v = (bits >> (16 * j + i)) & 1u ? v32[at++] : 0.f;
             acc[i] += v * x[m * ldx + 2 * s + j];
           }
       }
@@ -1033,6 +1043,74 @@ void masked_panels(const MaskView& w, int64_t t0, int64_t t1, const float* x, in
     }
   }
 }
+
+#if LOPPER_SPARSE_ISA > 1
+// --- masked_panels_f32: a bitmask-packed float32 W in panels of 16 rows -------------------------
+//
+// Per input, the 16 rows' kept values expanded to a vector (vexpandps) and multiplied by x's input
+// broadcast: two runs of memory per panel read in order, as the bf16 panels.
+template <int MX>
+void masked_panels_f32_mx(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
+                          float* y, int64_t ldy, const Epilogue& e) {
+  constexpr int64_t W = 16;
+  constexpr int U = MX == 1 ? 4 : 2;
+  const int64_t k = w.k, steps = (k + 1) / 2, whole = k / 2;
+  const auto* val = static_cast<const float*>(w.val);
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint32_t* mk = w.pmask + t * steps;
+    int64_t at = w.off[t];
+    __m512 acc[MX][U];
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+        _mm512_setzero_ps();
+    auto step = [&](int u, int64_t s, bool tail) __attribute__((always_inline)) {
+      const uint32_t bits = mk[s], lo = bits & 0xffffu, hi = bits >> 16;
+      const __m512 v0 =
+          _mm512_maskz_expand_ps(static_cast<__mmask16>(lo), _mm512_loadu_ps(val + at));
+      at += __builtin_popcount(lo);
+      const __m512 v1 =
+          _mm512_maskz_expand_ps(static_cast<__mmask16>(hi), _mm512_loadu_ps(val + at));
+      at += __builtin_popcount(hi);
+      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+        const float* xm = x + m * ldx + 2 * s;
+        acc[m][u] = _mm512_fmadd_ps(v0, _mm512_set1_ps(xm[0]), acc[m][u]);
+        if (!tail) acc[m][u] = _mm512_fmadd_ps(v1, _mm512_set1_ps(xm[1]), acc[m][u]);
+      }
+    };
+    int64_t s = 0;
+    for (; s + U <= whole; s += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, s + u, false);
+    for (; s < steps; ++s) step(0, s, s >= whole);
+    const int64_t o = t * W;
+    const int valid = int(std::min<int64_t>(W, w.n - o));
+    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+      __m512 sum = acc[m][0];
+      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+      _mm512_mask_storeu_ps(y + m * ldy + o, vm, activate<V16>(_mm512_add_ps(sum, bias), e));
+    }
+  }
+}
+
+void masked_panels_f32(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
+                       int64_t rows, float* y, int64_t ldy, const Epilogue& e) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    const int64_t mx = std::min<int64_t>(4, rows - m);
+    const float* xm = x + m * ldx;
+    float* ym = y + m * ldy;
+    if (mx == 4)
+      masked_panels_f32_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
+    else if (mx == 3)
+      masked_panels_f32_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
+    else if (mx == 2)
+      masked_panels_f32_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
+    else
+      masked_panels_f32_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
+  }
+}
+#define LOPPER_MASKED_PANELS_F32 masked_panels_f32
+#else
+#define LOPPER_MASKED_PANELS_F32 nullptr
+#endif
 
 #if LOPPER_SPARSE_ISA > 1
 // --- dense_panels_bf16: a dense bfloat16 W times a few bfloat16 rows of x, by vdpbf16ps ---------
@@ -1259,6 +1337,7 @@ const SparseIsaOps LOPPER_OPS_NAME = {LOPPER_OPS_LABEL,
                                       dense_panels,
                                       LOPPER_DENSE_PANELS_BF16,
                                       masked_panels,
+                                      LOPPER_MASKED_PANELS_F32,
                                       LOPPER_MASKED_PANELS_BF16};
 
 }  // namespace lopper::kernels::cpu

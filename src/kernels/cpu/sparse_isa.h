@@ -59,10 +59,11 @@ struct MaskView {
   bool bf16 = false;
   int fixed = 0;
   bool pairs = false;
-  /// Tiles of 16 rows (bfloat16 only, masked_panels_bf16's; mask is null): per pair of inputs s
-  /// one 32-bit mask pmask[t * ceil(k / 2) + s] (bit 2i + j: row 16t + i keeps input 2s + j), and
-  /// the tile's kept values step by step in the mask's bit order from off[t], so that a step's
-  /// values expand to the 16 words of two bf16 one vdpbf16ps multiplies. With `pairs` (2:4),
+  /// Tiles of 16 rows (panels; mask is null): per pair of inputs s one 32-bit mask pmask[t *
+  /// ceil(k / 2) + s] and the tile's kept values step by step in the mask's bit order from off[t].
+  /// bfloat16: bit 2i + j, row 16t + i keeps input 2s + j, so that a step's values expand to the
+  /// 16 words of two bf16 one vdpbf16ps multiplies; float32: bit 16j + i, a vector of 16 rows'
+  /// values per input. With `pairs` (2:4),
   /// per 4 inputs g instead: the 64-bit word pmask[2 (t * k / 4 + g)] (low half first) holds the
   /// pattern of each row (kPairOf's index, 4 bits; row i's at bit 32 (i % 2) + 4 (i / 2)), and
   /// the 32 values from off[t] + 32 g are the two kept weights of row i at 2i, 2i + 1.
@@ -129,10 +130,14 @@ struct SparseIsaOps {
                             int64_t ldx, int64_t rows, uint16_t* y, int64_t ldy, int64_t n,
                             const Epilogue& e);
   /// y[m][r] = act(x[m, :k] . W[r, :k] + bias[r]) for m < rows and the rows of tiles [t0, t1) of
-  /// a bfloat16 W packed in panels of 16 rows (MaskView::pmask), float32 x and y, by a plain loop
-  /// (every ISA).
+  /// a W packed in panels of 16 rows (MaskView::pmask), float32 x and y, by a plain loop (every
+  /// ISA).
   void (*masked_panels)(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
                         int64_t rows, float* y, int64_t ldy, const Epilogue& e);
+  /// As masked_panels, for a float32 W, vectorised (each panel read once for up to 4 rows of x).
+  /// Null where the table's ISA has none.
+  void (*masked_panels_f32)(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
+                            int64_t rows, float* y, int64_t ldy, const Epilogue& e);
   /// As masked_panels, for bfloat16 x and y (uint16 bits; y
   /// rounded as to_bf16 rounds), each panel read once for up to 4 rows of x, products summed in
   /// float32 by vdpbf16ps. Null where the table's ISA has none; call it only where

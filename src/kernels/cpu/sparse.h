@@ -117,14 +117,15 @@ class SparseWeight {
 /// chunk of 16 holds 8 values (2:4, 4:8) are addressed without counting. Rows are stored in tiles
 /// of 4 (one stream of values for the 4 rows a kernel works at once: the CPU's prefetchers keep up
 /// with it where 4 short streams leave DRAM's bandwidth unused), except for the AVX-512 kernels,
-/// which take a row per tile. A bfloat16 weight can be packed in panels of 16 rows (tile 16), in
-/// the order of DenseGemv's bf16 panels with the zeros left out: per pair of inputs a 32-bit mask
-/// and the kept values, expanded to what one vdpbf16ps multiplies.
+/// which take a row per tile. A weight can be packed in panels of 16 rows (tile 16), in the order
+/// of DenseGemv's panels with the zeros left out: per pair of inputs a 32-bit mask and the kept
+/// values, expanded to what one vdpbf16ps (bfloat16) or two FMAs (float32) multiply; a bfloat16
+/// 2:4 weight in panels holds per 4 inputs each row's pattern and its two values, no mask.
 class MaskedWeight {
  public:
   /// Packs w [n, k] (float32 or bfloat16, CPU; rows are outputs) and its bias [n] (optional) in
-  /// tiles of `tile` rows (1, 4, or 16 for bfloat16 panels; 0: what `isa` takes best: panels for
-  /// a bfloat16 2:4 weight where takes_panels(isa), else 4 unless it is AVX-512).
+  /// tiles of `tile` rows (1, 4, or 16 for panels; 0: what `isa` takes best: panels for a
+  /// bfloat16 2:4 weight where takes_panels(isa, true), else 4 unless it is AVX-512).
   MaskedWeight(const at::Tensor& w, const at::Tensor& bias = {}, int tile = 0,
                Isa isa = active_isa());
 
@@ -164,8 +165,8 @@ class MaskedWeight {
   std::vector<int64_t> split_rows(int64_t parts) const;
   /// Packs the panels (tile 16) of a bfloat16 weight (w16) or a float32 one (w32).
   void pack_panels(const uint32_t* w32, const uint16_t* w16);
-  /// y for panels (tile 16): on the bfloat16 dot product where `isa` has it and x is bfloat16,
-  /// else by a plain loop summing in float32.
+  /// y for panels (tile 16): bfloat16 on the bfloat16 dot product where `isa` has it and x is
+  /// bfloat16, float32 on its AVX-512 kernel, else by a plain loop summing in float32.
   at::Tensor linear_panels(const at::Tensor& x, Activation act, Isa isa) const;
 };
 

@@ -1045,6 +1045,26 @@ void masked_panels(const MaskView& w, int64_t t0, int64_t t1, const float* x, in
 }
 
 #if LOPPER_SPARSE_ISA > 1
+// f(std::integral_constant<int, MX>{}, m) for rows m .. m + MX - 1 of x, 4 rows at a time.
+template <class F>
+inline void four_rows_at_a_time(int64_t rows, F&& f) {
+  for (int64_t m = 0; m < rows; m += 4) {
+    switch (std::min<int64_t>(4, rows - m)) {
+      case 4:
+        f(std::integral_constant<int, 4>{}, m);
+        break;
+      case 3:
+        f(std::integral_constant<int, 3>{}, m);
+        break;
+      case 2:
+        f(std::integral_constant<int, 2>{}, m);
+        break;
+      default:
+        f(std::integral_constant<int, 1>{}, m);
+    }
+  }
+}
+
 // --- masked_panels_f32: a bitmask-packed float32 W in panels of 16 rows -------------------------
 //
 // Per input, the 16 rows' kept values expanded to a vector (vexpandps) and multiplied by x's input
@@ -1093,19 +1113,9 @@ void masked_panels_f32_mx(const MaskView& w, int64_t t0, int64_t t1, const float
 
 void masked_panels_f32(const MaskView& w, int64_t t0, int64_t t1, const float* x, int64_t ldx,
                        int64_t rows, float* y, int64_t ldy, const Epilogue& e) {
-  for (int64_t m = 0; m < rows; m += 4) {
-    const int64_t mx = std::min<int64_t>(4, rows - m);
-    const float* xm = x + m * ldx;
-    float* ym = y + m * ldy;
-    if (mx == 4)
-      masked_panels_f32_mx<4>(w, t0, t1, xm, ldx, ym, ldy, e);
-    else if (mx == 3)
-      masked_panels_f32_mx<3>(w, t0, t1, xm, ldx, ym, ldy, e);
-    else if (mx == 2)
-      masked_panels_f32_mx<2>(w, t0, t1, xm, ldx, ym, ldy, e);
-    else
-      masked_panels_f32_mx<1>(w, t0, t1, xm, ldx, ym, ldy, e);
-  }
+  four_rows_at_a_time(rows, [&](auto mx, int64_t m) {
+    masked_panels_f32_mx<decltype(mx)::value>(w, t0, t1, x + m * ldx, ldx, y + m * ldy, ldy, e);
+  });
 }
 #define LOPPER_MASKED_PANELS_F32 masked_panels_f32
 #else
@@ -1145,26 +1155,6 @@ inline void store_panel_bf16(__m512 (&acc)[MX][U], int64_t o, int64_t n, uint16_
     LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
     const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
     _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
-  }
-}
-
-// f(std::integral_constant<int, MX>{}, m) for rows m .. m + MX - 1 of x, 4 rows at a time.
-template <class F>
-inline void four_rows_at_a_time(int64_t rows, F&& f) {
-  for (int64_t m = 0; m < rows; m += 4) {
-    switch (std::min<int64_t>(4, rows - m)) {
-      case 4:
-        f(std::integral_constant<int, 4>{}, m);
-        break;
-      case 3:
-        f(std::integral_constant<int, 3>{}, m);
-        break;
-      case 2:
-        f(std::integral_constant<int, 2>{}, m);
-        break;
-      default:
-        f(std::integral_constant<int, 1>{}, m);
-    }
   }
 }
 

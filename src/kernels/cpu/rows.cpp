@@ -17,6 +17,23 @@ namespace {
 const RowsIsaOps& rows_ops(Isa isa) {
   return for_isa(isa, kRowsAvx512Ops, kRowsAvx2Ops, kRowsScalarOps);
 }
+
+// f(row, row) on each of `rows` bf16 rows of n values: the row widened into the thread's scratch
+// (in L1), run there in float32 and rounded once into y.
+template <class F>
+void for_each_bf16_row(const at::Tensor& x, at::Tensor& y, int64_t rows, int64_t n, int64_t grain,
+                       F&& f) {
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    float* row = thread_scratch(0, size_t(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      widen_span(xp + r * n, row, n);
+      f(row);
+      narrow_span(row, yp + r * n, n);
+    }
+  });
+}
 }  // namespace
 
 at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
@@ -40,17 +57,9 @@ at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
                      [&](int64_t r0, int64_t r1) { ops.softmax(xp, yp, r0, r1, n, scale); });
     return y;
   }
-  // A bf16 row widened into the thread's scratch, softmaxed there, rounded once into y.
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    float* row = thread_scratch(0, size_t(n));
-    for (int64_t r = r0; r < r1; ++r) {
-      widen_span(xp + r * n, row, n);
-      ops.softmax(row, row, 0, 1, n, scale);
-      narrow_span(row, yp + r * n, n);
-    }
-  });
+  // A bf16 row softmaxed in float32, rounded once into y.
+  for_each_bf16_row(x, y, rows, n, grain,
+                    [&](float* row) { ops.softmax(row, row, 0, 1, n, scale); });
   return y;
 }
 
@@ -83,18 +92,9 @@ at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
     });
     return y;
   }
-  // NOTE: a bf16 row widened into the thread's scratch (in L1), normalised there and rounded into
-  // y: the arithmetic as in float32, one rounding.
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    float* row = thread_scratch(0, size_t(n));
-    for (int64_t r = r0; r < r1; ++r) {
-      widen_span(xp + r * n, row, n);
-      ops.layer_norm(row, row, 0, 1, n, gp, bp, eps);
-      narrow_span(row, yp + r * n, n);
-    }
-  });
+  // NOTE: a bf16 row normalised in float32: the arithmetic as in float32, one rounding.
+  for_each_bf16_row(x, y, rows, n, grain,
+                    [&](float* row) { ops.layer_norm(row, row, 0, 1, n, gp, bp, eps); });
   return y;
 }
 

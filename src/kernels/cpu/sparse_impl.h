@@ -1065,6 +1065,28 @@ inline void four_rows_at_a_time(int64_t rows, F&& f) {
   }
 }
 
+// MX rows' U partial sums of one panel, set to zero.
+template <int MX, int U>
+__attribute__((always_inline)) inline void zero_sums(__m512 (&acc)[MX][U]) {
+  LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
+      _mm512_setzero_ps();
+}
+
+// The 16 outputs from o (of n) of MX rows of x: each row's U partial sums added, the bias added and
+// activated; store(m, vm, v) writes row m's vector v (vm: its lanes within n).
+template <int MX, int U, class Store>
+inline void finish_panel(__m512 (&acc)[MX][U], int64_t o, int64_t n, const Epilogue& e,
+                         Store&& store) {
+  const int valid = int(std::min<int64_t>(16, n - o));
+  const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
+  const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
+  LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+    __m512 sum = acc[m][0];
+    LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
+    store(m, vm, activate<V16>(_mm512_add_ps(sum, bias), e));
+  }
+}
+
 // --- masked_panels_f32: a bitmask-packed float32 W in panels of 16 rows -------------------------
 //
 // Per input, the 16 rows' kept values expanded to a vector (vexpandps) and multiplied by x's input
@@ -1080,8 +1102,7 @@ void masked_panels_f32_mx(const MaskView& w, int64_t t0, int64_t t1, const float
     const uint32_t* mk = w.pmask + t * steps;
     int64_t at = w.off[t];
     __m512 acc[MX][U];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
-        _mm512_setzero_ps();
+    zero_sums(acc);
     auto step = [&](int u, int64_t s, bool tail) __attribute__((always_inline)) {
       const uint32_t bits = mk[s], lo = bits & 0xffffu, hi = bits >> 16;
       const __m512 v0 =
@@ -1100,14 +1121,9 @@ void masked_panels_f32_mx(const MaskView& w, int64_t t0, int64_t t1, const float
     for (; s + U <= whole; s += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, s + u, false);
     for (; s < steps; ++s) step(0, s, s >= whole);
     const int64_t o = t * W;
-    const int valid = int(std::min<int64_t>(W, w.n - o));
-    const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-      __m512 sum = acc[m][0];
-      LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
-      _mm512_mask_storeu_ps(y + m * ldy + o, vm, activate<V16>(_mm512_add_ps(sum, bias), e));
-    }
+    finish_panel(acc, o, w.n, e, [&](int m, __mmask16 vm, __m512 v) {
+      _mm512_mask_storeu_ps(y + m * ldy + o, vm, v);
+    });
   }
 }
 
@@ -1142,20 +1158,31 @@ inline int32_t x_pair(const uint16_t* x, int64_t j, int64_t k) {
   return int32_t(x[2 * j]);
 }
 
-// The 16 outputs from o (of n) of MX rows of x: each row's U partial sums added, the bias added,
-// activated, rounded to bf16 and stored.
+// acc[m][u] += wv times row m of x's inputs 2j and 2j + 1, for MX rows (tail: the last pair, whose
+// second input is zero past an odd k).
+template <int MX, int U>
+__attribute__((always_inline)) inline void multiply_pair(__m512 (&acc)[MX][U], int u, __m512bh wv,
+                                                         const uint16_t* x, int64_t ldx, int64_t j,
+                                                         int64_t k, bool tail) {
+  LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
+    int32_t xv;
+    if (tail) {
+      xv = x_pair(x + m * ldx, j, k);
+    } else {
+      std::memcpy(&xv, x + m * ldx + 2 * j, sizeof(xv));
+    }
+    acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_set1_epi32(xv));
+  }
+}
+
+// The 16 outputs from o (of n) of MX rows of x, finished (finish_panel), rounded to bf16 and
+// stored.
 template <int MX, int U>
 inline void store_panel_bf16(__m512 (&acc)[MX][U], int64_t o, int64_t n, uint16_t* y, int64_t ldy,
                              const Epilogue& e) {
-  const int valid = int(std::min<int64_t>(16, n - o));
-  const __mmask16 vm = static_cast<__mmask16>((1u << valid) - 1u);
-  const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(vm, e.bias + o) : _mm512_setzero_ps();
-  LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-    __m512 sum = acc[m][0];
-    LOPPER_UNROLL for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[m][u]);
-    const __m256i out = V16::bf16_bits(activate<V16>(_mm512_add_ps(sum, bias), e));
-    _mm256_mask_storeu_epi16(y + m * ldy + o, vm, out);
-  }
+  finish_panel(acc, o, n, e, [&](int m, __mmask16 vm, __m512 v) {
+    _mm256_mask_storeu_epi16(y + m * ldy + o, vm, V16::bf16_bits(v));
+  });
 }
 
 template <int MX>
@@ -1168,19 +1195,9 @@ void dense_panels_bf16_mx(const uint32_t* p, int64_t k, int64_t q0, int64_t q1, 
   for (int64_t q = q0; q < q1; ++q) {
     const uint32_t* b = p + q * pairs * W;
     __m512 acc[MX][U];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
-        _mm512_setzero_ps();
+    zero_sums(acc);
     auto step = [&](int u, int64_t j, bool tail) __attribute__((always_inline)) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(b + j * W);
-      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-        int32_t xv;
-        if (tail) {
-          xv = x_pair(x + m * ldx, j, k);
-        } else {
-          std::memcpy(&xv, x + m * ldx + 2 * j, sizeof(xv));
-        }
-        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_set1_epi32(xv));
-      }
+      multiply_pair(acc, u, (__m512bh)_mm512_loadu_si512(b + j * W), x, ldx, j, k, tail);
     };
     int64_t j = 0;
     for (; j + U <= whole; j += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, j + u, false);
@@ -1220,23 +1237,14 @@ void masked_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint
     const uint32_t* mk = w.pmask + t * steps;
     int64_t at = w.off[t];
     __m512 acc[MX][U];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
-        _mm512_setzero_ps();
+    zero_sums(acc);
     auto step = [&](int u, int64_t s, bool tail) __attribute__((always_inline)) {
       const uint32_t bits = mk[s];
       __m512i packed = _mm512_loadu_si512(val + at);
       asm("" : "+v"(packed));
       const __m512bh wv = (__m512bh)_mm512_maskz_expand_epi16(bits, packed);
       at += __builtin_popcount(bits);
-      LOPPER_UNROLL for (int m = 0; m < MX; ++m) {
-        int32_t xv;
-        if (tail) {
-          xv = x_pair(x + m * ldx, s, k);
-        } else {
-          std::memcpy(&xv, x + m * ldx + 2 * s, sizeof(xv));
-        }
-        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], wv, (__m512bh)_mm512_set1_epi32(xv));
-      }
+      multiply_pair(acc, u, wv, x, ldx, s, k, tail);
     };
     int64_t s = 0;
     for (; s + U <= whole; s += U) LOPPER_UNROLL for (int u = 0; u < U; ++u) step(u, s + u, false);
@@ -1270,8 +1278,7 @@ void pairs_panels_bf16_mx(const MaskView& w, int64_t t0, int64_t t1, const uint1
     const uint32_t* ids = w.pmask + 2 * t * groups;
     const uint16_t* v = val + w.off[t];
     __m512 acc[MX][U];
-    LOPPER_UNROLL for (int m = 0; m < MX; ++m) LOPPER_UNROLL for (int u = 0; u < U; ++u) acc[m][u] =
-        _mm512_setzero_ps();
+    zero_sums(acc);
     auto step = [&](int u, int64_t g) __attribute__((always_inline)) {
       int64_t id;
       std::memcpy(&id, ids + 2 * g, sizeof(id));

@@ -64,6 +64,47 @@ void for_each_block(const float* w, int64_t n, int64_t k, BlockShape b, F&& f) {
   }
 }
 
+// A dense row-major [n, k] weight of 32-bit (float32) or 16-bit (bf16) words as masked panels of
+// 16 rows: per panel and step of two inputs, one 32-bit mask and the kept values in the order the
+// kernel expands them: input by input (bit 16j + i) when input_major, else row by row (bit 2i + j).
+// Zero is either sign's; values gets 32 readable words past the last (the kernels load a vector's
+// worth at every step).
+template <class T, class V>
+void pack_mask_steps(const T* w, int64_t n, int64_t k, bool input_major,
+                     std::vector<uint32_t>& pmask, std::vector<int64_t>& off,
+                     std::vector<V>& values, int64_t nonzeros) {
+  static_assert(sizeof(T) == sizeof(V));
+  constexpr int64_t W = 16;
+  constexpr T kMagnitude = std::numeric_limits<T>::max() >> 1;
+  const int64_t steps = (k + 1) / 2, tiles = ceil_div(n, W);
+  pmask.assign(size_t(tiles * steps), 0);
+  off.assign(size_t(tiles + 1), 0);
+  values.assign(size_t(nonzeros) + 32, V{});
+  int64_t at = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t s = 0; s < steps; ++s) {
+      uint32_t m = 0;
+      auto take = [&](int64_t i, int64_t j) {
+        if (t * W + i >= n || 2 * s + j >= k) return;
+        const T v = w[(t * W + i) * k + 2 * s + j];
+        if ((v & kMagnitude) != 0) {
+          m |= 1u << (input_major ? 16 * j + i : 2 * i + j);
+          std::memcpy(&values[size_t(at++)], &v, sizeof(v));
+        }
+      };
+      if (input_major) {
+        for (int64_t j = 0; j < 2; ++j)
+          for (int64_t i = 0; i < W; ++i) take(i, j);
+      } else {
+        for (int64_t i = 0; i < W; ++i)
+          for (int64_t j = 0; j < 2; ++j) take(i, j);
+      }
+      pmask[size_t(t * steps + s)] = m;
+    }
+    off[size_t(t + 1)] = at;
+  }
+}
+
 }  // namespace
 
 bool isa_supported(Isa isa) {
@@ -507,28 +548,10 @@ MaskedWeight::MaskedWeight(const at::Tensor& w_in, const at::Tensor& bias, int t
 
 void MaskedWeight::pack_panels(const uint32_t* w32, const uint16_t* w16) {
   constexpr int64_t W = 16;
-  const int64_t n = view_.n, k = view_.k, steps = (k + 1) / 2, tiles = ceil_div(n, W);
+  const int64_t n = view_.n, k = view_.k, tiles = ceil_div(n, W);
   if (!w16) {
     // float32: per pair of inputs, each input's 16 rows (bit 16j + i), values input by input.
-    pmask_.assign(size_t(tiles * steps), 0);
-    off_.assign(size_t(tiles + 1), 0);
-    val_.assign(size_t(nonzeros_) + 32, 0.f);
-    int64_t at = 0;
-    for (int64_t t = 0; t < tiles; ++t) {
-      for (int64_t s = 0; s < steps; ++s) {
-        uint32_t m = 0;
-        for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j)
-          for (int64_t i = 0; i < W && t * W + i < n; ++i) {
-            const uint32_t v = w32[(t * W + i) * k + 2 * s + j];
-            if ((v & 0x7fffffffu) != 0) {
-              m |= 1u << (16 * j + i);
-              std::memcpy(&val_[size_t(at++)], &v, sizeof(float));
-            }
-          }
-        pmask_[size_t(t * steps + s)] = m;
-      }
-      off_[size_t(t + 1)] = at;
-    }
+    pack_mask_steps(w32, n, k, true, pmask_, off_, val_, nonzeros_);
     return;
   }
   if (view_.pairs) {
@@ -559,26 +582,8 @@ void MaskedWeight::pack_panels(const uint32_t* w32, const uint16_t* w16) {
     off_[size_t(tiles)] = tiles * groups * 32;
     return;
   }
-  pmask_.assign(size_t(tiles * steps), 0);
-  off_.assign(size_t(tiles + 1), 0);
-  // +32: the kernel loads 32 values at every step.
-  val16_.assign(size_t(nonzeros_) + 32, 0);
-  int64_t at = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    for (int64_t s = 0; s < steps; ++s) {
-      uint32_t m = 0;
-      for (int64_t i = 0; i < W && t * W + i < n; ++i)
-        for (int64_t j = 0; j < 2 && 2 * s + j < k; ++j) {
-          const uint16_t v = w16[(t * W + i) * k + 2 * s + j];
-          if ((v & 0x7fffu) != 0) {
-            m |= 1u << (2 * i + j);
-            val16_[size_t(at++)] = v;
-          }
-        }
-      pmask_[size_t(t * steps + s)] = m;
-    }
-    off_[size_t(t + 1)] = at;
-  }
+  // bf16: per pair of inputs, the 16 rows' two (bit 2i + j), values row by row.
+  pack_mask_steps(w16, n, k, false, pmask_, off_, val16_, nonzeros_);
 }
 
 namespace {

@@ -259,8 +259,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       // transformed weight matrices): it wins on the 3x3 layers of wide enough maps.
       using kernels::cpu::WinogradConv;
       if (WinogradConv::takes(w32, g.group, dg) &&
-          WinogradConv::pays(g.group,
-                             WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]))) {
+          WinogradConv::pays(g.group, WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]),
+                             bf16 && st.direct->takes_bf16())) {
         st.winograd = std::make_shared<const WinogradConv>(w32, b32, g.group, dg);
         cands.push_back({WinogradConv::kName, as_winograd});
         kinds.push_back(K::kWinograd);

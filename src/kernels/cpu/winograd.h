@@ -46,11 +46,16 @@ class WinogradConv {
   ///   too: 128 channels 0.20 vs 0.32 ms);
   /// - grouped, at least 128 (a group's product is a sliver: RegNet's 14x14x288 in groups of 16
   ///   was 0.08 vs 0.09 ms alone, 0.21 vs 0.11 in the model; with a cold cache, 64 tiles lost and
-  ///   98 tied, 196 won by 1.2x and batch 32's 512 by 1.35x).
-  static bool pays(int64_t group, int64_t tiles) {
-    return tiles >= (group > 1 ? kMinGroupedTiles : kMinTiles);
+  ///   98 tied, 196 won by 1.2x and batch 32's 512 by 1.35x);
+  /// - dense in a bf16 model whose other kernels run on the CPU's bfloat16 dot product (`bf16_dot`:
+  ///   twice the float32 rate on a weight of half the bytes, where Winograd's stays float32), at
+  ///   least 32: ResNet-18's 14x14 256-channel layers (16 tiles) took 0.75-0.85 ms in the model
+  ///   against oneDNN's bf16 0.53 after 0.46 against 0.54 alone; its 28x28 128-channel ones (49)
+  ///   0.50 against 0.54 in the model (AMD EPYC Zen 4, batch 1).
+  static bool pays(int64_t group, int64_t tiles, bool bf16_dot = false) {
+    return tiles >= (group > 1 ? kMinGroupedTiles : bf16_dot ? kMinTilesBf16 : kMinTiles);
   }
-  static constexpr int64_t kMinTiles = 16, kMinGroupedTiles = 128;
+  static constexpr int64_t kMinTiles = 16, kMinTilesBf16 = 32, kMinGroupedTiles = 128;
 
   /// y [n, k, oh, ow] (channels-last, x's type) = act(conv(x) + bias + residual) for x [n, c, h,
   /// w] float32 (read in place when channels-last or a channel slice of it) or bfloat16 (widened as

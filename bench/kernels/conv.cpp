@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include "exec/onednn.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/chain.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/winograd.h"
@@ -152,6 +153,18 @@ void BM_ConvWinograd(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));
   counters(state, a);  // the direct convolution's arithmetic per second (what it replaces)
   state.SetLabel(kc::isa_name(kc::active_isa()));
+}
+
+// A first layer's input (3 planes of 224x224, batch 1) made channels-last, as the layer's oneDNN
+// candidate reads it: ATen's strided copy (`aten` 1) or lopper's interleave (0); bf16 or float32.
+void BM_FewChannelsLast(benchmark::State& state) {
+  const bool aten = state.range(0) != 0, bf16 = state.range(1) != 0;
+  at::manual_seed(7);
+  at::Tensor x = at::randn({1, 3, 224, 224});
+  if (bf16) x = x.to(at::kBFloat16);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(aten ? x.contiguous(at::MemoryFormat::ChannelsLast)
+                                  : kc::few_channels_last(x));
 }
 
 void conv_shapes(benchmark::internal::Benchmark* b) {
@@ -369,3 +382,8 @@ BENCHMARK(BM_BlockChain)->Apply(block_shapes);
 BENCHMARK(BM_BottleneckLayers)->Apply(bottleneck_shapes);
 BENCHMARK(BM_BottleneckChain)->Apply(bottleneck_shapes);
 BENCHMARK(BM_BlockChainBf16)->Apply(block_shapes);
+BENCHMARK(BM_FewChannelsLast)
+    ->ArgsProduct({{1, 0}, {1, 0}})
+    ->ArgNames({"aten", "bf16"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();

@@ -1454,6 +1454,34 @@ TEST(Bf16Convert, MatchesAtenAndKeepsTheLayout) {
   EXPECT_TRUE(kc::widen_bf16(f).is_same(f));  // float32 passes through
 }
 
+// An image's few planes (1 to 4 channels) in channels-last layout, float32 and bf16, bit for bit
+// ATen's copy (NaN kept); more channels, another type, a view that is not contiguous: undefined
+// (the caller copies as before).
+TEST(Bf16Convert, FewChannelsLastMatchesAten) {
+  at::Generator gen = at::detail::createCPUGenerator(15);
+  for (const int64_t c : {1, 2, 3, 4})
+    for (const auto type : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::to_string(c) + " channels " + std::string(c10::toString(type)));
+      at::Tensor x = at::randn({2, c, 37, 29}, gen);
+      x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, NAN);
+      x = x.to(type);
+      const at::Tensor y = kc::few_channels_last(x);
+      ASSERT_TRUE(y.defined());
+      EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+      EXPECT_EQ(y.scalar_type(), type);
+      const at::Tensor want = x.contiguous(at::MemoryFormat::ChannelsLast);
+      EXPECT_TRUE(at::equal(y.nan_to_num(0), want.nan_to_num(0)));
+      EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(want)));
+      // the same bytes in memory: channel fastest
+      EXPECT_TRUE(at::equal(y.permute({0, 2, 3, 1}).contiguous().nan_to_num(0),
+                            x.permute({0, 2, 3, 1}).contiguous().nan_to_num(0)));
+    }
+  EXPECT_FALSE(kc::few_channels_last(at::randn({1, 5, 4, 4})).defined());
+  EXPECT_FALSE(kc::few_channels_last(at::randn({1, 3, 4, 4}, at::kDouble)).defined());
+  EXPECT_FALSE(kc::few_channels_last(at::randn({2, 6, 4, 4}).slice(1, 0, 3)).defined());
+  EXPECT_FALSE(kc::few_channels_last(at::randn({3, 4, 4})).defined());
+}
+
 // The in-place bf16 ReLU and clip (after a oneDNN primitive) give ATen's relu_ and clamp_: NaN
 // stays NaN, -Inf and +Inf go where ATen puts them; a float32 or strided tensor is left to ATen.
 TEST(Bf16Convert, ReluAndClampMatchAten) {

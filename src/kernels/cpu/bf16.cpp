@@ -113,6 +113,67 @@ bool clamp_bf16_(const at::Tensor& y, float lo, float hi) {
   return true;
 }
 
+namespace {
+
+// y[p][c] = x[c][p] for pixels p0 <= p < p1 of C planes of hw values: an image's few channels
+// (a first layer's RGB) from planes to channels-last, T 16 or 32 bits.
+template <int C, class T>
+__attribute__((always_inline)) inline void interleave(const T* x, int64_t hw, T* y, int64_t p0,
+                                                      int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int c = 0; c < C; ++c) y[p * C + c] = x[c * hw + p];
+}
+
+template <class T>
+void interleave_any(const T* x, int64_t c, int64_t hw, T* y, int64_t p0, int64_t p1) {
+  switch (c) {
+    case 1:
+      return interleave<1>(x, hw, y, p0, p1);
+    case 2:
+      return interleave<2>(x, hw, y, p0, p1);
+    case 3:
+      return interleave<3>(x, hw, y, p0, p1);
+    default:
+      return interleave<4>(x, hw, y, p0, p1);
+  }
+}
+
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void interleave16(
+    const uint16_t* x, int64_t c, int64_t hw, uint16_t* y, int64_t p0, int64_t p1) {
+  interleave_any(x, c, hw, y, p0, p1);
+}
+
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void interleave32(
+    const uint32_t* x, int64_t c, int64_t hw, uint32_t* y, int64_t p0, int64_t p1) {
+  interleave_any(x, c, hw, y, p0, p1);
+}
+
+}  // namespace
+
+at::Tensor few_channels_last(const at::Tensor& x) {
+  if (!x.defined() || x.dim() != 4 || !x.device().is_cpu() || !x.is_contiguous() ||
+      x.size(1) > kFewChannels || x.size(1) < 1 ||
+      (x.scalar_type() != at::kFloat && x.scalar_type() != at::kBFloat16))
+    return {};
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t c = x.size(1), hw = x.size(2) * x.size(3), per_image = c * hw;
+  const bool wide = x.scalar_type() == at::kFloat;
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  auto* dst = static_cast<char*>(y.data_ptr());
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    const int64_t at_image = i * per_image * x.element_size();
+    at::parallel_for(0, hw, kGrain / c, [&](int64_t p0, int64_t p1) {
+      if (wide)
+        interleave32(reinterpret_cast<const uint32_t*>(src + at_image), c, hw,
+                     reinterpret_cast<uint32_t*>(dst + at_image), p0, p1);
+      else
+        interleave16(reinterpret_cast<const uint16_t*>(src + at_image), c, hw,
+                     reinterpret_cast<uint16_t*>(dst + at_image), p0, p1);
+    });
+  }
+  return y;
+}
+
 at::Tensor narrow_to_bf16(const at::Tensor& y) {
   if (!y.defined() || y.scalar_type() != at::kFloat) return y;
   if (!y.device().is_cpu() || !dense(y)) return y.to(at::kBFloat16);

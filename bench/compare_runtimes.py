@@ -11,7 +11,8 @@ its default precision (bf16 on a CPU with bf16 arithmetic: AMX or AVX512_BF16) a
 runtimes take turns in every round.
 
 Usage: bench/compare_runtimes.py --lopper build/lopper [--threads 2] [--batches 1,32] [--rounds 3]
-       [--models resnet18,resnet50,mobilenet_v2,densenet121,vit_b_16,bert_encoder] [--bf16]
+       [--models resnet18,resnet50,mobilenet_v2,densenet121,efficientnet_b0,vit_b_16,bert_encoder]
+       [--bf16]
        [--openvino .venv-openvino/bin/python | none] [--out docs/bench-runtimes.json]
 """
 
@@ -50,6 +51,7 @@ MODELS = {
     "resnet50": lambda: (torchvision.models.resnet50(), (3, 224, 224)),
     "mobilenet_v2": lambda: (torchvision.models.mobilenet_v2(), (3, 224, 224)),
     "densenet121": lambda: (torchvision.models.densenet121(), (3, 224, 224)),
+    "efficientnet_b0": lambda: (torchvision.models.efficientnet_b0(), (3, 224, 224)),
     "vit_b_16": lambda: (torchvision.models.vit_b_16(), (3, 224, 224)),
     "bert_encoder": bert_encoder,
 }

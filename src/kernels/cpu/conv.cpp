@@ -303,7 +303,7 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* rp = r.defined() ? reinterpret_cast<const uint16_t*>(r.data_ptr()) : nullptr;
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const SerialScope serial(s.n * s.oh * s.ow * k_ * (c_ / groups_) * kh_ * kw_ < kSerialMacs);
+  const SerialScope serial(s.n * s.oh * s.ow * k_ * (c_ / groups_) * kh_ * kw_ < kSerialMacsBf16);
   if (groups_ == 1) {
     const int64_t tiles = ops_->tiles(s, false);
     parallel_steal(tiles, steal_grain(tiles), [&](int64_t t0, int64_t t1) {

@@ -113,9 +113,9 @@ class DirectConv {
   // planes, not made channels-last.
   static constexpr int64_t kPlanarChannels = 4;
   // Layers of fewer multiply-adds run on the calling thread alone. On the bfloat16 dot product
-  // (twice float32's rate) handing half to another thread cost about 4 us (AMD EPYC Zen 4, two
-  // threads; 1.6-2.1 us in float32): 7x7 64 -> 16 3x3 (451 K) took 4.96 us on one thread and 6.76
-  // on two, 14x14 64 -> 16 1x1 (200 K) 3.06 and 5.40; 14x14 3x3 (1.8 M) 18.8 and 14.8.
+  // (twice float32's rate) the bound is higher: 7x7 64 -> 16 3x3 (451 K) took 5.0-5.2 us on one
+  // thread and 4.3-6.9 on two across runs of BM_ConvLopperBf16 (AMD EPYC Zen 4), 14x14 1x1 (200 K)
+  // 3.1 and 5.4; 14x14 3x3 (1.8 M) 18.8 and 11.6-15.7.
   static constexpr int64_t kSerialMacs = 1 << 16, kSerialMacsBf16 = 1 << 19;
 
   const ConvIsaOps* ops_;

@@ -1527,13 +1527,17 @@ TEST(DenseConvKernels, Bf16PoolsMatchAten) {
     if (it % 4 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, NAN);
     if (it % 5 == 0) x.view(-1).index_put_({at::randint(x.numel(), {3}, gen)}, -INFINITY);
     const at::Tensor xl = x.contiguous(at::MemoryFormat::ChannelsLast);
-    const at::Tensor y = kc::max_pool2d_nhwc(xl, {kh, kw}, {sh, sw}, {ph, pw}, {dh, 1},
-                                             {spare_h / sh + 1, spare_w / sw + 1});
     const at::Tensor ref = at::max_pool2d(x, {kh, kw}, {sh, sw}, {ph, pw}, {dh, 1}, false);
-    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
-    ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
-    ASSERT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << "case " << it;
-    ASSERT_TRUE(at::equal(y.nan_to_num(0), ref.nan_to_num(0))) << "case " << it;
+    for (const kc::Isa isa : {kc::Isa::kScalar, kc::Isa::kAvx2, kc::Isa::kAvx512}) {
+      if (!kc::isa_supported(isa)) continue;
+      const at::Tensor y = kc::max_pool2d_nhwc(xl, {kh, kw}, {sh, sw}, {ph, pw}, {dh, 1},
+                                               {spare_h / sh + 1, spare_w / sw + 1}, isa);
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+      ASSERT_TRUE(at::equal(at::isnan(y), at::isnan(ref))) << kc::isa_name(isa) << " case " << it;
+      ASSERT_TRUE(at::equal(y.nan_to_num(0), ref.nan_to_num(0)))
+          << kc::isa_name(isa) << " case " << it;
+    }
     const at::Tensor m = kc::mean_over_pixels_nhwc(xl);
     const at::Tensor mref = x.to(at::kFloat).mean({2, 3}, true);
     ASSERT_EQ(m.scalar_type(), at::kBFloat16);

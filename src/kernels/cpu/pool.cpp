@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -14,14 +16,18 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/sparse.h"
 
+// NOTE: GCC 12's own AVX-512 headers start from deliberately undefined vectors (as vec_impl.h).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace lopper::kernels::cpu {
 
 namespace {
 
 // Max pooling of bfloat16 output rows [row0, row1): each tap's channels widened to float (exact),
 // compared, and the winner's bits stored back (exact too; a NaN stays the same NaN).
-// NOTE: plain loops the compiler vectorises, one build per ISA; a tap is a few loads, a max and a
-// blend per 16 channels: the pool is memory-bound.
+// NOTE: plain loops the compiler vectorises, one build per ISA: the kernel of CPUs without
+// AVX-512 BW (max_pool_bf16_rows_avx512 below otherwise).
 __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void max_pool_bf16_rows(
     const uint16_t* x, uint16_t* y, const ConvShape& s, int64_t row0, int64_t row1) {
   constexpr int64_t kChunk = 64;
@@ -51,11 +57,61 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void ma
   }
 }
 
+// The same with AVX-512 (BW for the 16-bit lanes): 64 channels a step held in four vectors across
+// the window's taps, each tap's 16 channels widened by a zero-extend and a shift, the winner kept
+// by a compare mask (greater, or NaN: the loop above's rule, so the same NaN wins), and its top 16
+// bits stored. GCC's build of the loop above kept the 64 maxima in memory between taps: ResNet's
+// 3x3/2 pool of 112x112x64 took 0.11 ms in the model against OpenVINO's 0.06.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_pool_bf16_rows_avx512(
+    const uint16_t* x, uint16_t* y, const ConvShape& s, int64_t row0, int64_t row1) {
+  constexpr int kVectors = 4;
+  for (int64_t row = row0; row < row1; ++row) {
+    const int64_t n = row / s.oh, oy = row % s.oh;
+    const auto [i0, i1] = taps_inside(oy * s.sh - s.ph, s.kh, s.dh, s.h);
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      const auto [j0, j1] = taps_inside(ox * s.sw - s.pw, s.kw, s.dw, s.w);
+      uint16_t* yp = y + ((n * s.oh + oy) * s.ow + ox) * s.c;
+      for (int64_t c0 = 0; c0 < s.c; c0 += 16 * kVectors) {
+        __mmask16 lanes[kVectors];
+        __m512 m[kVectors];
+        for (int v = 0; v < kVectors; ++v) {
+          const int64_t left = std::clamp<int64_t>(s.c - c0 - 16 * v, 0, 16);
+          lanes[v] = static_cast<__mmask16>((1u << left) - 1u);
+          m[v] = _mm512_set1_ps(-__builtin_inff());
+        }
+        for (int64_t i = i0; i < i1; ++i) {
+          const uint16_t* xr = x + (n * s.h + oy * s.sh - s.ph + i * s.dh) * s.w * s.c + c0;
+          for (int64_t j = j0; j < j1; ++j) {
+            const uint16_t* xp = xr + (ox * s.sw - s.pw + j * s.dw) * s.c;
+            for (int v = 0; v < kVectors; ++v) {
+              const __m256i h = _mm256_maskz_loadu_epi16(lanes[v], xp + 16 * v);
+              const __m512 val =
+                  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+              const __mmask16 take = _mm512_cmp_ps_mask(val, m[v], _CMP_GT_OQ) |
+                                     _mm512_cmp_ps_mask(val, val, _CMP_UNORD_Q);
+              m[v] = _mm512_mask_mov_ps(m[v], take, val);
+            }
+          }
+        }
+        for (int v = 0; v < kVectors; ++v)
+          _mm256_mask_storeu_epi16(
+              yp + c0 + 16 * v, lanes[v],
+              _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(m[v]), 16)));
+      }
+    }
+  }
+}
+
+bool avx512bw() {
+  static const bool has = isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
 }  // namespace
 
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                            at::IntArrayRef pad_begin, at::IntArrayRef dilation,
-                           at::IntArrayRef out_size) {
+                           at::IntArrayRef out_size, Isa isa) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const int64_t kh = kernel[0], kw = kernel[1], sh = stride[0], sw = stride[1];
   const int64_t ph = pad_begin[0], pw = pad_begin[1], dh = dilation[0], dw = dilation[1];
@@ -70,11 +126,16 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntA
   if (x.scalar_type() == at::kBFloat16) {
     const auto* in = reinterpret_cast<const uint16_t*>(xc.data_ptr());
     auto* out = reinterpret_cast<uint16_t*>(y.data_ptr());
-    parallel_steal(n * oh, steal_grain(n * oh),
-                   [&](int64_t begin, int64_t end) { max_pool_bf16_rows(in, out, s, begin, end); });
+    const bool wide = isa == Isa::kAvx512 && avx512bw();
+    parallel_steal(n * oh, steal_grain(n * oh), [&](int64_t begin, int64_t end) {
+      if (wide)
+        max_pool_bf16_rows_avx512(in, out, s, begin, end);
+      else
+        max_pool_bf16_rows(in, out, s, begin, end);
+    });
     return y;
   }
-  const ConvIsaOps& ops = conv_isa_ops(active_isa());
+  const ConvIsaOps& ops = conv_isa_ops(isa);
   const float* in = xc.data_ptr<float>();
   float* out = y.data_ptr<float>();
   // One task per output row (n, oy); channels a vector at a time.

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/cpu/sparse.h"
+
 namespace lopper::kernels::cpu {
 
 /// 2-D max pooling of a float32 or bfloat16 channels-last [N, C, H, W] tensor into `out_size`
@@ -11,9 +13,10 @@ namespace lopper::kernels::cpu {
 /// taken). The result is channels-last too. NaN propagates as in ONNX's reference. NOTE: ATen's CPU
 /// max_pool2d always computes the argmax indices as well, which costs it 4-5x on the large early
 /// layers of CNNs; inference needs only the values.
+/// `isa`: the kernels' instruction set (tests run every one the CPU has).
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                            at::IntArrayRef pad_begin, at::IntArrayRef dilation,
-                           at::IntArrayRef out_size);
+                           at::IntArrayRef out_size, Isa isa = active_isa());
 
 /// The per-channel mean over the pixels of a float32 or bfloat16 channels-last [N, C, H, W] CPU
 /// tensor, [N, C, 1, 1], in one pass with the channels innermost (ATen's mean over H and W of this

@@ -18,7 +18,7 @@ const RowsIsaOps& rows_ops(Isa isa) {
   return for_isa(isa, kRowsAvx512Ops, kRowsAvx2Ops, kRowsScalarOps);
 }
 
-// f(row, row) on each of `rows` bf16 rows of n values: the row widened into the thread's scratch
+// f(row) on each of `rows` bf16 rows of n values: the row widened into the thread's scratch
 // (in L1), run there in float32 and rounded once into y.
 template <class F>
 void for_each_bf16_row(const at::Tensor& x, at::Tensor& y, int64_t rows, int64_t n, int64_t grain,

@@ -146,13 +146,9 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   // lopper's direct kernel reads a channel slice of a channels-last tensor, or a first layer's
   // NCHW input, in place (kernels/cpu/conv.h); the other kernels read channels-last, made in
   // their own candidate below: its copy is part of the time they are chosen on.
-  // NOTE: an image's few planes (a first layer's input) by lopper's interleave: a bf16 3x224x224
-  // image 14 us against ATen's strided copy's 37 (BM_FewChannelsLast, AMD EPYC Zen 4, 2 threads).
-  auto channels_last = [&] {
-    if (in.is_contiguous(at::MemoryFormat::ChannelsLast)) return in;
-    const at::Tensor few = kernels::cpu::few_channels_last(in);
-    return few.defined() ? few : in.contiguous(at::MemoryFormat::ChannelsLast);
-  };
+  // NOTE: by lopper's copies (an image's few planes, a first layer's input, interleaved: a bf16
+  // 3x224x224 image 14 us against ATen's strided copy's 37; BM_FewChannelsLast, AMD EPYC Zen 4).
+  auto channels_last = [&] { return kernels::cpu::channels_last_layout(in); };
   std::vector<int64_t> out_shape = {in.size(0), w.size(0)};
   for (size_t i = 0; i < 2; ++i)
     out_shape.push_back((in.size(2 + i) + 2 * padding[i] - g.dilations[i] * (g.kernel[i] - 1) - 1) /

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <limits>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/bf16_bits.h"
 #include "kernels/cpu/parallel.h"
 #include "lopper/error.h"
@@ -823,6 +824,7 @@ at::Tensor residual_for(const at::Tensor& residual, const at::Tensor& y) {
 at::Tensor channels_last_layout(const at::Tensor& x, Isa isa) {
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   if (x.is_contiguous(kCl)) return x;
+  if (const at::Tensor few = few_channels_last(x); few.defined()) return few;
   if (!float_cpu_4d(x) || !x.is_contiguous()) return x.contiguous(kCl);
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(kCl));
   transpose_images(x.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1),

@@ -202,9 +202,10 @@ class DenseGemv {
 /// x.contiguous().
 at::Tensor standard_layout(const at::Tensor& x, Isa isa = active_isa());
 
-/// x channels-last (what lopper's convolutions read): a 4-D float32 CPU tensor in the standard
-/// layout by the same transposes (an image's c rows of 64 pixels at a time, out as 64 pixels of
-/// c channels); any other tensor: x.contiguous(ChannelsLast).
+/// x channels-last (what lopper's convolutions read): an image of a few planes, float32 or bf16, by
+/// few_channels_last (bf16.h); a 4-D float32 CPU tensor in the standard layout by the same
+/// transposes (an image's c rows of 64 pixels at a time, out as 64 pixels of c channels); any
+/// other tensor: x.contiguous(ChannelsLast).
 at::Tensor channels_last_layout(const at::Tensor& x, Isa isa = active_isa());
 /// A convolution's residual for its output `y`: of y's type (float32, or bfloat16 for a kernel
 /// that writes bf16 rows), channels-last; undefined when `residual` is. Throws lopper::Error when

@@ -10,8 +10,8 @@ reorders, lopper's fused bodies) are listed unmatched, with their times, so the 
 two runs alternate for --rounds rounds and each node's time is its median over the rounds.
 
 Per-node times are the figures inside one process; set side by side, they say which layers to look
-at (the targets are set on whole-model times: compare_runtimes.py, structured.py). This VM's
-phases move whole runs by 10-50%, so only nodes measured in the same round compare.
+at (the targets are set on whole-model times: compare_runtimes.py, structured.py). A shared
+machine's phases can move whole runs by 10-50%, so only nodes measured in the same round compare.
 
 Usage: .venv/bin/python bench/node_times.py MODEL.onnx --shape 1x3x224x224 [--lopper build/lopper]
        [--precision bf16|fp32] [--threads 2] [--rounds 3] [--iters 50] [--top 25]

@@ -15,7 +15,10 @@ machine's phases can move whole runs by 10-50%, so only nodes measured in the sa
 
 Usage: .venv/bin/python bench/node_times.py MODEL.onnx --shape 1x3x224x224 [--lopper build/lopper]
        [--precision bf16|fp32] [--threads 2] [--rounds 3] [--iters 50] [--top 25]
-       [--openvino .venv-openvino/bin/python] [--json out.json]
+       [--openvino .venv-openvino/bin/python] [--json out.json] [--depth 2]
+--depth N sums the nodes of each block, named by the first N parts of their names
+(/features/features.2 at 2): where lopper runs a block's layers as one fused body and OpenVINO as
+several nodes, the blocks still compare.
 --precision fp32 sets OpenVINO to f32; bf16 leaves OpenVINO at its default (bf16 where the CPU has
 bf16 arithmetic).
 """
@@ -67,6 +70,21 @@ def openvino_nodes(a, python):
     return times, j["median_ms"], kernels, j.get("precision", "")
 
 
+def by_block(times, kernels, depth):
+    """times and kernels summed per block: a name's first `depth` parts ('/a/b/c' -> '/a/b' at 2);
+    a block's kernels listed once each, by time."""
+    def block(name):
+        return "/".join(name.split("/")[:depth + 1]) if name.startswith("/") else name
+    summed, spent = {}, {}
+    for n, ms in times.items():
+        summed[block(n)] = summed.get(block(n), 0.0) + ms
+        k = kernels.get(n)
+        if k:
+            spent.setdefault(block(n), {})[k] = spent.get(block(n), {}).get(k, 0.0) + ms
+    names = {b: "+".join(sorted(ks, key=lambda k: -ks[k])) for b, ks in spent.items()}
+    return summed, names
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -79,6 +97,8 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="rows of the table (the largest gaps)")
     ap.add_argument("--openvino", default=openvino_peer.DEFAULT_PYTHON)
     ap.add_argument("--json", default="", help="write every node's times here")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="sum each block's nodes, a block named by the first N parts of the names")
     a = ap.parse_args()
     if not os.path.isfile(a.model):
         sys.exit(f"node_times: no model at {a.model}")
@@ -86,6 +106,8 @@ def main():
         sys.exit(f"node_times: bad --shape '{a.shape}' (expected e.g. 1x3x224x224)")
     if a.rounds < 1 or a.iters < 1 or a.threads < 1:
         sys.exit("node_times: --rounds, --iters and --threads must be at least 1")
+    if a.depth < 0:
+        sys.exit("node_times: --depth must be 0 (each node) or more")
     python, why = openvino_peer.resolve(a.openvino)
     if python is None:
         sys.exit(f"node_times: OpenVINO {why}")
@@ -107,6 +129,9 @@ def main():
         return {n: statistics.median(t.get(n, 0.0) for t in rounds) for n in names}
 
     lp, ov = median_of(lp_rounds), median_of(ov_rounds)
+    if a.depth:
+        lp, lp_kernels = by_block(lp, lp_kernels, a.depth)
+        ov, ov_kernels = by_block(ov, ov_kernels, a.depth)
     both = sorted(set(lp) & set(ov), key=lambda n: ov[n] - lp[n])
     print(f"\n{os.path.basename(a.model)}  {a.precision} (OpenVINO {ov_precision}), {a.threads} "
           f"threads, medians of {a.rounds} rounds: lopper {statistics.median(lp_total):.3f} ms, "

@@ -116,8 +116,8 @@ void BM_ConvLopperCold(benchmark::State& state) {
 }
 
 // bf16 in and out (--precision bf16): oneDNN's bf16 convolution, and lopper's direct one on the
-// CPU's bfloat16 dot product (pairs of input channels; skipped without AVX512_BF16 or for an odd
-// channel count or groups).
+// CPU's bfloat16 dot product (pairs of input channels, or of a first layer's kernel row's taps;
+// skipped without AVX512_BF16 or for an odd channel count or groups).
 void BM_ConvOnednnBf16(benchmark::State& state) { onednn_conv(state, true); }
 
 void BM_ConvLopperBf16(benchmark::State& state) {
@@ -129,7 +129,9 @@ void BM_ConvLopperBf16(benchmark::State& state) {
     state.SkipWithError("no bfloat16 dot product, an odd channel count, or groups");
     return;
   }
-  const at::Tensor x = a.input().to(at::kBFloat16).contiguous(at::MemoryFormat::ChannelsLast);
+  // (a first layer's few planes NCHW, as a model gets them: the kernel reads them in place)
+  const at::Tensor x16 = a.input().to(at::kBFloat16);
+  const at::Tensor x = a.c <= 4 ? x16 : x16.contiguous(at::MemoryFormat::ChannelsLast);
   kc::Activation relu;
   relu.kind = kc::Activation::kRelu;
   for (auto _ : state) benchmark::DoNotOptimize(conv.run(x, {}, relu));
@@ -171,6 +173,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
   // side, c, k, kernel, stride, groups
   const int64_t layers[][6] = {
       {224, 3, 32, 3, 2, 1},      // first layer (MobileNetV2)
+      {224, 3, 64, 7, 2, 1},      // first layer (ResNet, DenseNet)
       {112, 32, 32, 3, 1, 0},     // depthwise
       {112, 32, 16, 1, 1, 1},     // projection
       {112, 16, 96, 1, 1, 1},     // expansion

@@ -908,7 +908,8 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
     EXPECT_TRUE(at::equal(y, res));
     EXPECT_GT(at::count_nonzero(res).item<int64_t>(), 0);
   }
-  // An odd channel count (a group's too), narrow groups, a depthwise layer: float32 only.
+  // An odd channel count past a first layer's 4 (a group's too), narrow groups, a depthwise
+  // layer: float32 only.
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 5, 3, 3}), {}, 1, {}, isa, true).takes_bf16());
   EXPECT_FALSE(kc::DirectConv(at::randn({8, 3, 3, 3}), {}, 2, {}, isa, true).takes_bf16());
@@ -919,6 +920,82 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
   // A map the kernel does not fit: the one-line error, in bf16 as in float32.
   const kc::DirectConv big(at::randn({8, 8, 5, 5}), {}, 1, {}, isa, true);
   EXPECT_THROW(big.run(at::randn({1, 8, 3, 3}).to(at::kBFloat16), {}, {}), lopper::Error);
+}
+
+// A bf16 first layer of 1-4 planes (a bf16 model's input, NCHW) by its kernel rows' taps in bf16
+// pairs (DirectConv::takes_bf16 for any channel count up to 4), against ATen's convolution in
+// float64 on the same bf16 values rounded to bf16: odd and even kernel widths (the last tap of an
+// odd one paired with a zero), strides 1 to 4, padding, dilation along rows, output rows of fewer
+// pixels than a tile and not a multiple of it, 1 to 97 output channels (partial blocks of 32 and
+// vectors of 16), bias and every activation. An infinity right past a pixel's window (read with
+// its odd tap's pair, weighed by zero) leaves that pixel finite, as in ATen. A channels-last input
+// or a residual runs in float32 and agrees too.
+TEST(DenseConvKernels, PlanarBf16MatchesAten) {
+  const kc::Isa isa = kc::Isa::kAvx512;
+  if (!has_bf16_dot()) GTEST_SKIP();
+  std::mt19937 rng(73);
+  at::Generator gen = at::detail::createCPUGenerator(73);
+  struct Window {
+    int64_t kh, kw, sh, sw, ph, pw, dh;
+  };
+  const std::vector<Window> windows = {
+      {3, 3, 2, 2, 1, 1, 1}, {7, 7, 2, 2, 3, 3, 1}, {1, 1, 1, 1, 0, 0, 1}, {5, 5, 1, 1, 2, 2, 1},
+      {3, 3, 1, 1, 0, 0, 1}, {4, 4, 4, 4, 0, 0, 1}, {3, 3, 1, 2, 2, 1, 2}, {2, 3, 2, 1, 0, 1, 1}};
+  int checked = 0;
+  for (int it = 0; it < 64; ++it) {
+    const Window win = windows[it % windows.size()];
+    const int64_t c = 1 + rng() % 4;
+    const int64_t k = std::vector<int64_t>{1, 16, 24, 32, 40, 64, 97}[rng() % 7];
+    const int64_t n = 1 + rng() % 2, h = 1 + rng() % 20, w = 1 + rng() % 40;
+    if (h + 2 * win.ph < (win.kh - 1) * win.dh + 1 || w + 2 * win.pw < win.kw) continue;
+    kc::DirectConv::Geometry g;
+    g.sh = win.sh, g.sw = win.sw, g.ph = win.ph, g.pw = win.pw, g.dh = win.dh;
+    const at::Tensor wt =
+        (at::randn({k, c, win.kh, win.kw}, gen) / win.kh).to(at::kBFloat16).to(at::kFloat);
+    const at::Tensor bias = rng() % 2 ? at::randn({k}, gen) : at::Tensor();
+    const kc::DirectConv conv(wt, bias, 1, g, isa, true);
+    ASSERT_TRUE(conv.takes_bf16());
+    at::Tensor x = at::randn({n, c, h, w}, gen);
+    if (it % 4 == 0) {  // an infinity where the odd last tap's pair reads past a window
+      x[0][0][h / 2][std::min<int64_t>(w - 1, win.kw - win.pw)] = INFINITY;
+      x.view(-1)[x.numel() - 1] = NAN;
+    }
+    const at::Tensor xb = x.to(at::kBFloat16);
+    at::Tensor ref =
+        at::convolution(xb.to(at::kDouble), wt.to(at::kDouble),
+                        bias.defined() ? bias.to(at::kDouble) : at::Tensor(), {win.sh, win.sw},
+                        {win.ph, win.pw}, {win.dh, 1}, false, {0, 0}, 1);
+    const kc::Activation act = random_activation(rng);
+    const std::string what = "case " + std::to_string(it) + " " + std::to_string(c) + " -> " +
+                             std::to_string(k) + " " + std::to_string(h) + "x" + std::to_string(w) +
+                             " kernel " + std::to_string(win.kh) + "x" + std::to_string(win.kw) +
+                             " stride " + std::to_string(win.sh) + "," + std::to_string(win.sw);
+    // planes as they come; channels-last; planes with a residual (the last two in float32)
+    for (int form = 0; form < 3; ++form) {
+      const at::Tensor in = form == 1 ? xb.contiguous(at::MemoryFormat::ChannelsLast) : xb;
+      const at::Tensor res =
+          form == 2 ? at::randn(ref.sizes(), gen).to(at::kBFloat16) : at::Tensor();
+      at::Tensor want = res.defined() ? ref + res.to(at::kDouble) : ref;
+      want = activation_reference(want, act);
+      const at::Tensor y = conv.run(in, res, act);
+      const std::string where = what + " form " + std::to_string(form);
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16) << where;
+      ASSERT_EQ(y.sizes(), want.sizes()) << where;
+      ASSERT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << where;
+      EXPECT_TRUE(at::equal(at::isnan(y), at::isnan(want))) << where;
+      const at::Tensor finite = at::isfinite(want);
+      EXPECT_TRUE(at::equal(at::isfinite(y), finite)) << where;
+      EXPECT_LT(nmse(y.masked_select(finite), want.to(at::kBFloat16).masked_select(finite)), 1e-8)
+          << where;
+    }
+    EXPECT_EQ(conv.run(xb.narrow(0, 0, 0), {}, act).size(0), 0) << what;
+    ++checked;
+  }
+  EXPECT_GE(checked, 50);
+  // Dilation along a row is not taken for bf16 planes: float32 only.
+  kc::DirectConv::Geometry wide;
+  wide.dw = 2;
+  EXPECT_FALSE(kc::DirectConv(at::randn({8, 3, 3, 3}), {}, 1, wide, isa, true).takes_bf16());
 }
 
 // The chain's three convolutions by ATen in float64 (x and res float64).

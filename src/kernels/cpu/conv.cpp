@@ -260,6 +260,14 @@ DirectConv::DirectConv(const at::Tensor& w_in, const at::Tensor& bias, int64_t g
       pairs_.insert(pairs_.end(), p.begin(), p.end());
     }
   }
+  // A planar first layer in a bf16 model: its kernel rows' taps in bf16 pairs, for bf16 planes.
+  if (bf16_pairs && !depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && g.dw == 1 &&
+      kh_ <= kDwMaxTaps && ops_->planar_pack_pairs != nullptr && bf16_dot_supported(isa)) {
+    ConvShape ps;
+    ps.c = c_, ps.k = k_, ps.kh = kh_, ps.kw = kw_;
+    planar_pairs_.resize(static_cast<size_t>(ops_->planar_pairs_size(ps)));
+    ops_->planar_pack_pairs(w.data_ptr<float>(), ps, planar_pairs_.data());
+  }
   if (!depthwise_ && groups_ == 1 && c_ <= kPlanarChannels && (g.sw == 1 || g.sw == 2) &&
       (planar_kg_ = ops_->planar_group(k_)) > 0) {
     ConvShape ps;
@@ -291,9 +299,28 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
   LOPPER_CHECK(takes_bf16() && x_in.dim() == 4 && x_in.size(1) == c_ && x_in.device().is_cpu(),
                "[kernels] the direct convolution takes bfloat16 [n, ", c_,
-               ", h, w] for a dense or grouped layer of an even channel count a group on a CPU "
-               "with AVX512_BF16, got ",
-               x_in.sizes());
+               ", h, w] for a dense or grouped layer of an even channel count a group, or a "
+               "first layer of up to ",
+               kPlanarChannels, " channels, on a CPU with AVX512_BF16, got ", x_in.sizes());
+  if (!planar_pairs_.empty() && !residual.defined() && x_in.is_contiguous()) {
+    // A first layer's planes: each output row from its padded input rows, bf16 in and out.
+    const ConvShape s = shape_of(x_in.size(0), x_in.size(2), x_in.size(3));
+    at::Tensor y = at::empty({s.n, k_, s.oh, s.ow}, x_in.options().memory_format(kCl));
+    if (y.numel() == 0) return y;
+    ConvShape ps = s;
+    ps.c_stride = s.h * s.w;
+    const Epilogue e = to_epilogue(act, bias_.empty() ? nullptr : bias_.data());
+    const auto* xp = reinterpret_cast<const uint16_t*>(x_in.data_ptr());
+    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+    const int64_t rows = s.n * s.oh;
+    const SerialScope serial(rows * s.ow * k_ * c_ * kh_ * kw_ < kSerialMacsBf16);
+    parallel_steal(rows, steal_grain(rows), [&](int64_t r0, int64_t r1) {
+      ops_->planar_pairs_rows(xp, planar_pairs_.data(), yp, ps, e, r0, r1);
+    });
+    return y;
+  }
+  if (pairs_.empty())  // a first layer's channels-last input, or a residual: in float32
+    return narrow_to_bf16(run(widen_bf16(x_in), widen_bf16(residual), act));
   const at::Tensor x = x_in.contiguous(kCl);
   ConvShape s = shape_of(x.size(0), x.size(2), x.size(3));
   at::Tensor y = at::empty({s.n, k_, s.oh, s.ow}, x.options().memory_format(kCl));

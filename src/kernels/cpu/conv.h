@@ -94,7 +94,10 @@ class DirectConv {
   /// CPU with the bfloat16 dot product (AVX512_BF16), its weight packed in bf16 pairs of input
   /// channels too (ConvIsaOps::run_pairs). y is bfloat16 then (sums, residual and activation in
   /// float32, rounded once), the residual read as bf16; in_place does not apply.
-  bool takes_bf16() const { return !pairs_.empty(); }
+  /// A first layer of up to kPlanarChannels channels (any count, dense, no dilation along rows)
+  /// takes bfloat16 too: its NCHW planes by its kernel rows' taps in bf16 pairs
+  /// (ConvIsaOps::planar_pairs_rows); a channels-last input or a residual widened to float32.
+  bool takes_bf16() const { return !pairs_.empty() || !planar_pairs_.empty(); }
 
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
@@ -130,8 +133,10 @@ class DirectConv {
   // none).
   std::vector<float> planar_packed_;
   int planar_kg_ = 0;
-  std::vector<uint32_t> pairs_;  // takes_bf16(): the weight in bf16 pairs of input channels
-  int64_t pairs_group_ = 0;      // words of one group's pairs (groups_ > 1)
+  std::vector<uint32_t> pairs_;  // the weight in bf16 pairs of input channels
+  // a first layer's weight in bf16 pairs of a kernel row's taps (ConvIsaOps::planar_pairs_rows)
+  std::vector<uint32_t> planar_pairs_;
+  int64_t pairs_group_ = 0;  // words of one group's pairs (groups_ > 1)
 };
 
 }  // namespace lopper::kernels::cpu

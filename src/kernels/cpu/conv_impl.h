@@ -1518,11 +1518,137 @@ void narrow_row_pairs(const uint16_t* const* rows, const uint32_t* packed, uint1
     narrow_pairs_vectors<8>(rows, packed, yrow, s, e, i0, i1, v0, v1);
 }
 
+// --- a planar first layer of bfloat16 planes on the bfloat16 dot product ----------------------
+//
+// A network's first layer (3 planes in, a bf16 model's input) has too few channels to pair: here
+// a kernel row's taps are paired instead. Along a padded input row, taps j and j + 1 of output
+// pixel ox are the two adjacent bf16 at sw * ox + j: one 32-bit word, broadcast as is, whatever
+// the stride. A (plane, kernel row) gives (kw + 1) / 2 words a pixel, the last of an odd kw with
+// its second half zeroed (its weight is zero, but the value there belongs to the next tap of a
+// neighbour, and an infinity times zero would make the sum NaN). Tiles of MR pixels x NV vectors of
+// a block of 32 output channels, weight packed [block][plane][kernel row][pair][32] words; 3x3:
+// 18 vdpbf16ps a pixel and vector for 27 products (7x7: 84 for 147), against 27 float32 FMAs, and
+// the output rounded to bf16 in the kernel.
+constexpr int kPlanarPairsBlock = 32;
+
+inline int64_t planar_pairs_size(const ConvShape& s) {
+  const int64_t blocks = (s.k + kPlanarPairsBlock - 1) / kPlanarPairsBlock;
+  return blocks * s.c * s.kh * ((s.kw + 1) / 2) * kPlanarPairsBlock;
+}
+
+inline void planar_pack_pairs(const float* w, const ConvShape& s, uint32_t* out) {
+  const int64_t blocks = (s.k + kPlanarPairsBlock - 1) / kPlanarPairsBlock, jp = (s.kw + 1) / 2;
+  auto at = [&](int64_t k, int64_t c, int64_t i, int64_t j) {
+    return k < s.k && j < s.kw ? uint32_t(to_bf16(w[((k * s.c + c) * s.kh + i) * s.kw + j])) : 0u;
+  };
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t c = 0; c < s.c; ++c)
+      for (int64_t i = 0; i < s.kh; ++i)
+        for (int64_t p = 0; p < jp; ++p)
+          for (int64_t o = 0; o < kPlanarPairsBlock; ++o) {
+            const int64_t k = b * kPlanarPairsBlock + o;
+            *out++ = at(k, c, i, 2 * p) | at(k, c, i, 2 * p + 1) << 16;
+          }
+}
+
+// MR pixels from ox0 of one output row x NV vectors of block kb: rows[r] the padded input rows
+// (nr of them, each the weights' (plane, kernel row) wrow[r]), yp the row's first pixel.
+template <int MR, int NV>
+inline void planar_pairs_tile(const uint16_t* const* rows, const uint32_t* const* wrow, int64_t nr,
+                              int64_t jp, bool odd, int64_t ox0, int valid, int64_t kbase,
+                              uint16_t* yp, const ConvShape& s, const Epilogue& e) {
+  using T = Wide;
+  const int64_t left = s.k - kbase;
+  __m512 acc[MR][NV];
+  LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+    const int n = int(std::clamp<int64_t>(left - v * 16, 0, 16));
+    const __m512 b = e.bias ? T::loadm(e.bias + kbase + v * 16, n) : T::zero();
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m) acc[m][v] = b;
+  }
+  const __m512i low = _mm512_set1_epi32(0xFFFF);
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint16_t* row = rows[r] + s.sw * ox0;
+    const uint32_t* wr = wrow[r];
+    for (int64_t p = 0; p < jp; ++p) {
+      __m512bh w[NV];
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) w[v] =
+          (__m512bh)_mm512_loadu_si512(wr + p * kPlanarPairsBlock + v * 16);
+      const bool half = odd && p == jp - 1;
+      LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+        __m512i xw = _mm512_set1_epi32(int(bf16_pair(row + s.sw * m + 2 * p)));
+        if (half) xw = _mm512_and_si512(xw, low);
+        LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] =
+            _mm512_dpbf16_ps(acc[m][v], (__m512bh)xw, w[v]);
+      }
+    }
+  }
+  LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
+    if (m >= valid) break;
+    LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+      const int n = int(std::clamp<int64_t>(left - v * 16, 0, 16));
+      if (n == 0) continue;
+      _mm256_mask_storeu_epi16(yp + (ox0 + m) * s.y_stride + kbase + v * 16,
+                               __mmask16((1u << n) - 1u), T::bf16_bits(activate<T>(acc[m][v], e)));
+    }
+  }
+}
+
+// Output rows [r0, r1) of the s.n * s.oh rows of y16 (bf16 channels-last, s.y_stride values a
+// pixel) from x16's bf16 planes (image after image, s.c planes of s.c_stride values, rows s.w
+// values), packed by planar_pack_pairs; any stride, kernel and padding, dilation in rows only
+// (s.dw 1). Each (plane, kernel row) of an output row is copied with its padding first.
+void planar_pairs_rows(const uint16_t* x, const uint32_t* packed, uint16_t* y, const ConvShape& s0,
+                       const Epilogue& e, int64_t r0, int64_t r1) {
+  constexpr int MR = 8;
+  const ConvShape s = with_strides(s0);
+  const int64_t jp = (s.kw + 1) / 2, owp = (s.ow + MR - 1) / MR * MR;
+  const int64_t len = s.sw * (owp - 1) + 2 * jp;  // the last tile's last word's end
+  const int64_t per_block = s.c * s.kh * jp * kPlanarPairsBlock;
+  thread_local std::vector<uint16_t> buf;
+  buf.resize(static_cast<size_t>(s.c * s.kh * len));
+  const uint16_t* rows[4 * kDwMaxTaps];
+  const uint32_t* wrow[4 * kDwMaxTaps];
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t img = r / s.oh, oy = r % s.oh;
+    int64_t nr = 0;
+    for (int64_t c = 0; c < s.c; ++c)
+      for (int64_t i = 0; i < s.kh; ++i) {
+        const int64_t iy = oy * s.sh - s.ph + i * s.dh;
+        if (iy < 0 || iy >= s.h) continue;  // a padding row adds nothing
+        uint16_t* row = buf.data() + (c * s.kh + i) * len;
+        const uint16_t* src = x + (img * s.c + c) * s.c_stride + iy * s.w;
+        const int64_t lead = std::min(s.pw, len), body = std::min(s.w, len - lead);
+        std::fill(row, row + lead, uint16_t(0));
+        std::copy(src, src + body, row + lead);
+        std::fill(row + lead + body, row + len, uint16_t(0));
+        rows[nr] = row;
+        wrow[nr++] = packed + (c * s.kh + i) * jp * kPlanarPairsBlock;
+      }
+    uint16_t* yrow = y + r * s.ow * s.y_stride;
+    for (int64_t kbase = 0; kbase < s.k; kbase += kPlanarPairsBlock) {
+      if (kbase > 0)
+        for (int64_t q = 0; q < nr; ++q) wrow[q] += per_block;
+      const bool two = s.k - kbase > 16;
+      for (int64_t ox0 = 0; ox0 < s.ow; ox0 += MR) {
+        const int valid = int(std::min<int64_t>(MR, s.ow - ox0));
+        if (two)
+          planar_pairs_tile<MR, 2>(rows, wrow, nr, jp, s.kw % 2 == 1, ox0, valid, kbase, yrow, s,
+                                   e);
+        else
+          planar_pairs_tile<MR, 1>(rows, wrow, nr, jp, s.kw % 2 == 1, ox0, valid, kbase, yrow, s,
+                                   e);
+      }
+    }
+  }
+}
+
 #pragma GCC pop_options
-#define LOPPER_CONV_PAIRS \
-  pairs_packed_size, pack_pairs, run_pairs, narrow_pairs_size, narrow_pack_pairs, narrow_row_pairs
+#define LOPPER_CONV_PAIRS                                                         \
+  pairs_packed_size, pack_pairs, run_pairs, narrow_pairs_size, narrow_pack_pairs, \
+      narrow_row_pairs, planar_pairs_size, planar_pack_pairs, planar_pairs_rows
 #else
-#define LOPPER_CONV_PAIRS nullptr, nullptr, nullptr, nullptr, nullptr, nullptr
+#define LOPPER_CONV_PAIRS \
+  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr
 #endif
 
 }  // namespace

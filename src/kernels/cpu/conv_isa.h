@@ -159,6 +159,15 @@ struct ConvIsaOps {
   void (*narrow_row_pairs)(const uint16_t* const* rows, const uint32_t* packed, uint16_t* yrow,
                            const ConvShape& s, int64_t g, const Epilogue& e, int64_t i0, int64_t i1,
                            int64_t v0, int64_t v1);
+  /// A planar first layer (planar_rows) of bfloat16 planes by the bfloat16 dot product, a kernel
+  /// row's taps in pairs: the weight w [k][c][kh][kw] packed by planar_pack_pairs
+  /// (planar_pairs_size words, rounded to bf16); output rows [r0, r1) of y16, bf16 channels-last,
+  /// rounded once after the bias and activation; any stride, padding and kernel, s.dw 1, no
+  /// residual. Null where run_pairs is.
+  int64_t (*planar_pairs_size)(const ConvShape& s);
+  void (*planar_pack_pairs)(const float* w, const ConvShape& s, uint32_t* packed);
+  void (*planar_pairs_rows)(const uint16_t* x, const uint32_t* packed, uint16_t* y16,
+                            const ConvShape& s, const Epilogue& e, int64_t r0, int64_t r1);
 };
 
 extern const ConvIsaOps kConvScalarOps;

@@ -1253,7 +1253,16 @@ inline void pack_pairs(const float* w, const ConvShape& s, uint32_t* packed) {
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512bw,avx512bf16")
+#pragma GCC target("avx512bw,avx512dq,avx512bf16")
+
+// v rounded to bf16 as to_bf16 rounds (V16::bf16_bits), by vcvtneps2bf16 where that agrees: it
+// rounds to nearest even as to_bf16 does but takes a subnormal as zero and keeps a NaN's sign and
+// payload, so a vector holding either (vfpclassps: QNaN 0x01, denormal 0x20, SNaN 0x80) goes the
+// long way.
+inline __m256i round_bf16(__m512 v) {
+  if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xA1) != 0, 0)) return Wide::bf16_bits(v);
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
 
 // Where a tile's results go: float32 y or bf16 y16, a float32 or bf16 residual (or none).
 struct PairOut {
@@ -1340,7 +1349,7 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t ro
         o = T::add(o, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
       }
       o = activate<T>(o, e);
-      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, T::bf16_bits(o));
+      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, round_bf16(o));
     }
   }
 }
@@ -1489,7 +1498,7 @@ void narrow_pairs_row(const uint16_t* const* rows, const uint32_t* packed, uint1
     }
     for (int m = 0; m < np; ++m)
       _mm256_mask_storeu_epi16(yrow + (ox0 + m) * s.y_stride + c0, mk,
-                               T::bf16_bits(activate<T>(acc[m], e)));
+                               round_bf16(activate<T>(acc[m], e)));
   }
 }
 
@@ -1588,7 +1597,7 @@ inline void planar_pairs_tile(const uint16_t* const* rows, const uint32_t* const
       const int n = int(std::clamp<int64_t>(left - v * 16, 0, 16));
       if (n == 0) continue;
       _mm256_mask_storeu_epi16(yp + (ox0 + m) * s.y_stride + kbase + v * 16,
-                               __mmask16((1u << n) - 1u), T::bf16_bits(activate<T>(acc[m][v], e)));
+                               __mmask16((1u << n) - 1u), round_bf16(activate<T>(acc[m][v], e)));
     }
   }
 }

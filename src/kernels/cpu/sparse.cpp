@@ -139,7 +139,7 @@ Epilogue to_epilogue(const Activation& a, const float* bias) {
 bool bf16_dot_supported(Isa isa) {
   static const bool cpu = __builtin_cpu_supports("avx512bf16") &&
                           __builtin_cpu_supports("avx512vbmi2") &&
-                          __builtin_cpu_supports("avx512bw");
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
   return isa == Isa::kAvx512 && cpu && ops_of(isa).masked_bf16 != nullptr;
 }
 

@@ -25,7 +25,8 @@ const Ops& for_isa(Isa isa, const Ops& avx512, const Ops& avx2, const Ops& scala
 Isa active_isa();
 bool isa_supported(Isa isa);
 /// Whether the CPU has the bfloat16 dot product the bitmask kernel uses for bfloat16 weights and
-/// activations (AVX512_BF16 and AVX512_VBMI2), and the active ISA is AVX-512.
+/// activations (AVX512_BF16 and AVX512_VBMI2; AVX512_DQ, which every such CPU has, for the
+/// rounding check of the convolutions' bf16 outputs), and the active ISA is AVX-512.
 bool bf16_dot_supported(Isa isa);
 const char* isa_name(Isa isa);
 

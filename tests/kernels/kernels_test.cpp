@@ -8,9 +8,12 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <mutex>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -331,6 +334,21 @@ TEST(ParallelSteal, EveryItemOnceAndAStalledThreadsShareTaken) {
     }
   });
   EXPECT_GT(by_first.load(), kItems / 2 + kItems / 4);
+  // Chunks of at most `grain`, shrinking as a share empties (half of what is left, down to an
+  // eighth of it) so that the threads finish together: 1000 items in chunks of 64 end in chunks
+  // of under 32, none under 8 but the one that empties a share (one a thread).
+  {
+    std::mutex m;
+    std::vector<int64_t> sizes;
+    kc::parallel_steal(1000, 64, [&](int64_t b, int64_t e) {
+      const std::lock_guard<std::mutex> lock(m);
+      sizes.push_back(e - b);
+    });
+    EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}), 1000);
+    EXPECT_LE(*std::max_element(sizes.begin(), sizes.end()), 64);
+    EXPECT_LT(*std::min_element(sizes.begin(), sizes.end()), 32);
+    EXPECT_LE(std::count_if(sizes.begin(), sizes.end(), [](int64_t z) { return z < 8; }), 2);
+  }
   // A SerialScope keeps the work on the calling thread, in one call; nested, the outer one holds.
   {
     const kc::SerialScope serial(true);

@@ -18,14 +18,15 @@ struct alignas(64) Share {
 
 uint64_t pack(uint64_t front, uint64_t back) { return front | back << 32; }
 
-// Takes up to `grain` items from the front (or back) of s into [*begin, *end); false when none is
-// left.
+// Takes up to `grain` items from the front (or back) of s into [*begin, *end), fewer as the share
+// empties (half of what is left, down to an eighth of `grain`); false when none is left.
 bool take(Share& s, bool front, int64_t grain, int64_t* begin, int64_t* end) {
   uint64_t old = s.bounds.load(std::memory_order_relaxed);
-  const uint64_t g = static_cast<uint64_t>(grain);
+  const uint64_t full = static_cast<uint64_t>(grain), least = std::max<uint64_t>(1, full / 8);
   for (;;) {
     const uint64_t f = old & 0xffffffffu, b = old >> 32;
     if (f >= b) return false;
+    const uint64_t g = std::min(full, std::max(least, (b - f + 1) / 2));
     const uint64_t cut = front ? std::min(b, f + g) : (b - f > g ? b - g : f);
     const uint64_t now = front ? pack(cut, b) : pack(f, cut);
     if (s.bounds.compare_exchange_weak(old, now, std::memory_order_acq_rel)) {

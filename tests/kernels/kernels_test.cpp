@@ -1613,8 +1613,7 @@ TEST(DenseConvKernels, Bf16PoolsMatchAten) {
   at::Generator gen = at::detail::createCPUGenerator(12);
   for (int it = 0; it < 110; ++it) {
     const int64_t n = 1 + rng() % 2, h = 1 + rng() % 13, w = 1 + rng() % 13;
-    const int64_t c =
-        std::vector<int64_t>{1, 7, 16, 17, 32, 40, 48, 63, 64, 65, 130}[rng() % 11];
+    const int64_t c = std::vector<int64_t>{1, 7, 16, 17, 32, 40, 48, 63, 64, 65, 130}[rng() % 11];
     const int64_t kh = 1 + rng() % 3, kw = 1 + rng() % 3, sh = 1 + rng() % 2, sw = 1 + rng() % 2;
     const int64_t ph = rng() % (kh / 2 + 1), pw = rng() % (kw / 2 + 1), dh = 1 + rng() % 2;
     const int64_t spare_h = h + 2 * ph - dh * (kh - 1) - 1, spare_w = w + 2 * pw - (kw - 1) - 1;

@@ -197,6 +197,7 @@ void conv_shapes(benchmark::internal::Benchmark* b) {
       {56, 72, 72, 3, 1, 0},      // pruned depthwise
       {56, 29, 29, 3, 1, 1},      // pruned ResNet 3x3, odd channels
       {28, 61, 61, 3, 1, 1},      // pruned ResNet 3x3, odd channels
+      {28, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 2
       {14, 64, 16, 3, 1, 1},      // pruned DenseNet 3x3, block 3
       {7, 64, 16, 3, 1, 1},       // pruned DenseNet 3x3, block 4
       {112, 32, 32, 3, 2, 2},     // RegNetX-400MF grouped 3x3 (16 channels a group), stride 2

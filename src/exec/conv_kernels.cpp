@@ -262,7 +262,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       using kernels::cpu::WinogradConv;
       if (WinogradConv::takes(w32, g.group, dg) &&
           WinogradConv::pays(g.group, WinogradConv::tiles(in.size(0), out_shape[2], out_shape[3]),
-                             bf16 && st.direct->takes_bf16())) {
+                             bf16 && st.direct->takes_bf16(), w.size(0))) {
         st.winograd = std::make_shared<const WinogradConv>(w32, b32, g.group, dg);
         cands.push_back({WinogradConv::kName, as_winograd});
         kinds.push_back(K::kWinograd);

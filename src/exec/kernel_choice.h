@@ -20,7 +20,7 @@ namespace lopper::ops {
 
 /// The generation of lopper's kernels, part of every cached choice's key: bump it when a change
 /// makes a kernel materially faster or slower, so that choices timed before are timed again.
-inline constexpr int kKernelGeneration = 26;
+inline constexpr int kKernelGeneration = 27;
 
 struct KernelCandidate {
   std::string name;

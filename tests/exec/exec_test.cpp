@@ -965,14 +965,15 @@ TEST(Exec, KernelKeptIsTheFastestOrLoppersOwnWithinItsMargin) {
 // Winograd's F(4x4, 3x3) is offered where its 36 transformed float32 weight matrices are read for
 // enough tiles: 16 (a 14x14 map of one image) in float32; 32 in bf16 where the other kernels run
 // on the CPU's bfloat16 dot product (twice float32's rate on half the weight's bytes), so a 14x14
-// map is not offered it there and a 28x28 one (49 tiles) is, of 32 outputs (not 16: a pruned
-// DenseNet's 3x3 layers lost to the direct kernel in the model).
+// map is not offered it there, and of at least 4096 tiles x outputs: a 28x28 map (49 tiles) of 96
+// outputs is, of 32 not (DenseNet's 3x3 layers lost to the direct kernel in the model), a 56x56
+// one (196 tiles) of 32 is.
 TEST(Exec, WinogradOfferedWhereItPaysInFloatAndBfloat16) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
   const bool dot =
       kernels::cpu::bf16_dot_supported(kernels::cpu::active_isa()) && ops::onednn::bf16_native();
-  for (const int64_t side : {14, 28})
-    for (const int64_t k : {16, 32})
+  for (const int64_t side : {14, 28, 56})
+    for (const int64_t k : {32, 96})
       for (const bool bf16 : {false, true}) {
         SCOPED_TRACE(std::to_string(side) + " -> " + std::to_string(k) +
                      (bf16 ? " bf16" : " fp32"));
@@ -990,14 +991,14 @@ TEST(Exec, WinogradOfferedWhereItPaysInFloatAndBfloat16) {
         const at::Tensor want = at::relu(
             at::conv2d(x, m.graph.initializers[0].value, m.graph.initializers[1].value, 1, 1));
         EXPECT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), bf16 ? 2e-2 : 1e-5);
-        ASSERT_EQ(exec.kernel_decisions().size(), 1u);
+        const std::vector<KernelDecision> decisions = exec.kernel_decisions();  // a copy
+        ASSERT_EQ(decisions.size(), 1u);
         bool offered = false;
-        for (const auto& [name, ms] : exec.kernel_decisions()[0].timings)
-          offered |= name == "lopper-winograd";
+        for (const auto& [name, ms] : decisions[0].timings) offered |= name == "lopper-winograd";
         // without a native bf16 path a bf16 model's convolution runs ATen's op: no candidates
         if (bf16 && !ops::onednn::bf16_native()) continue;
-        // bf16 on the dot product: maps of 32 tiles or more, and 32 outputs or more
-        EXPECT_EQ(offered, (side == 28 && k == 32) || !bf16 || !dot);
+        // bf16 on the dot product: maps of 32 tiles or more, 4096 tiles x outputs or more
+        EXPECT_EQ(offered, (side == 28 && k == 96) || side == 56 || !bf16 || !dot);
       }
   unsetenv("LOPPER_KERNEL_CACHE");
 }
@@ -1023,7 +1024,7 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
                                       at::matmul(x, m.graph.initializers[0].value)),
               1e-4);
     ASSERT_EQ(exec.kernel_decisions().size(), 1u);
-    const KernelDecision& d = exec.kernel_decisions()[0];
+    const KernelDecision d = exec.kernel_decisions()[0];  // a copy: the vector is a temporary
     EXPECT_GE(d.timings.size(), 2u);
     EXPECT_EQ(d.cold, bytes > llc) << bytes << " bytes of weights, " << llc << " of cache";
   }

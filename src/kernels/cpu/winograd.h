@@ -51,16 +51,19 @@ class WinogradConv {
   ///   twice the float32 rate on a weight of half the bytes, where Winograd's stays float32), at
   ///   least 32: ResNet-18's 14x14 256-channel layers (16 tiles) took 0.75-0.85 ms in the model
   ///   against oneDNN's bf16 0.53 after 0.46 against 0.54 alone; its 28x28 128-channel ones (49)
-  ///   0.50 against 0.54 in the model (AMD EPYC Zen 4, batch 1); and of at least 32 output
-  ///   channels (`outputs`): a structured-pruned DenseNet's 28x28 64 -> 16 layers (49 tiles) took
-  ///   0.0376 ms alone against the direct kernel's 0.0396, and in the model 0.046-0.07 against
-  ///   0.041-0.043 (its twelve: 0.56-0.85 ms against 0.49-0.52 over four runs).
+  ///   0.50 against 0.54 in the model (AMD EPYC Zen 4, batch 1); and at least 4096 tiles x
+  ///   output channels (`outputs`). Alone, Winograd won DenseNet-121's 28x28 128 -> 32 layers
+  ///   (49 x 32) 0.10 ms against the direct kernel's 0.13, and lost them in the model: 0.157-0.174
+  ///   against 0.141-0.149 (three runs with each forced); a structured-pruned DenseNet's 64 -> 16
+  ///   (49 x 16) likewise (0.0376 against 0.0396 alone, 0.046-0.07 against 0.041-0.043 in the
+  ///   model); DenseNet-121's 56x56 128 -> 32 layers (196 x 32) and ResNet's 28x28 128 -> 128
+  ///   (49 x 128) kept their lead in the model.
   static bool pays(int64_t group, int64_t tiles, bool bf16_dot = false, int64_t outputs = 0) {
-    if (bf16_dot && group == 1 && outputs < kMinOutputsBf16) return false;
+    if (bf16_dot && group == 1 && tiles * outputs < kMinTileOutputsBf16) return false;
     return tiles >= (group > 1 ? kMinGroupedTiles : bf16_dot ? kMinTilesBf16 : kMinTiles);
   }
   static constexpr int64_t kMinTiles = 16, kMinTilesBf16 = 32, kMinGroupedTiles = 128;
-  static constexpr int64_t kMinOutputsBf16 = 32;
+  static constexpr int64_t kMinTileOutputsBf16 = 4096;
 
   /// y [n, k, oh, ow] (channels-last, x's type) = act(conv(x) + bias + residual) for x [n, c, h,
   /// w] float32 (read in place when channels-last or a channel slice of it) or bfloat16 (widened as

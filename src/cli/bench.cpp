@@ -39,6 +39,8 @@ nlohmann::json explain_json(const std::vector<KernelDecision>& decisions) {
   for (const auto& d : decisions) {
     nlohmann::json t = nlohmann::json::object();
     for (const auto& [name, ms] : d.timings) t[name] = ms;
+    nlohmann::json in_model = nlohmann::json::object();
+    for (const auto& [name, ms] : d.in_model) in_model[name] = ms;
     layers.push_back({{"node", d.node},
                       {"op", d.op},
                       {"weight_shape", d.weight_shape},
@@ -50,6 +52,7 @@ nlohmann::json explain_json(const std::vector<KernelDecision>& decisions) {
                       {"busy", d.busy},
                       {"own_within_margin", faster_than_chosen(d) != nullptr},
                       {"ms", t},
+                      {"in_model_ms", in_model},
                       {"refused", d.refused}});
   }
   return {{"isa", cpu_isa()}, {"layers", layers}};
@@ -63,8 +66,8 @@ void print_explain(const std::vector<KernelDecision>& decisions) {
   }
   std::cout << fmt::format(
       "\nkernel choice per layer (sparse kernels: {}; {} of {} from the cache; "
-      "* = chosen (the fastest, or lopper's own within 10% of it), ms = best of up to 15 rounds "
-      "on the layer's input{})\n",
+      "* = chosen (the fastest, or lopper's own within 10% of it; or of the two in a trial, the "
+      "faster in the model), ms = best of up to 15 rounds on the layer's input{})\n",
       cpu_isa(), cached, decisions.size(),
       cold ? ", weights read from memory: the model's outgrow the last-level cache" : "");
   std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", "layer", "op", "weight",
@@ -79,7 +82,11 @@ void print_explain(const std::vector<KernelDecision>& decisions) {
     for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
     if (d.busy)
       std::cout << fmt::format("{:<40}   timed while the machine ran slow: not cached\n", "");
-    if (const auto* best = faster_than_chosen(d))
+    if (d.in_model.size() == 2)
+      std::cout << fmt::format("{:<40}   in the model, taking turns: {} {:.3f}, {} {:.3f}\n", "",
+                               d.in_model[0].first, d.in_model[0].second, d.in_model[1].first,
+                               d.in_model[1].second);
+    else if (const auto* best = faster_than_chosen(d))
       std::cout << fmt::format(
           "{:<40}   lopper's own kept: {:.0f}% slower than {} timed alone, within its 10% "
           "margin\n",

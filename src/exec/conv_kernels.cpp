@@ -1,7 +1,10 @@
 // The kernels a convolution can run, and the choice between them (see conv_kernels.h).
 #include "exec/conv_kernels.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <initializer_list>
+#include <optional>
 #include <string_view>
 
 #include "exec/kernel_choice.h"
@@ -32,6 +35,8 @@ struct ConvState {
     kWinograd,
     kDwRows  // a bf16 depthwise layer as a chain of one: bf16 rows in and out
   } kernel = Kernel::kUndecided;
+  Kernel rival = Kernel::kUndecided;  // the runner-up while it and `kernel` take turns
+  InModelTrial trial;
 };
 
 // A 2-D convolution on a GPU (inference, constant weight), by cuDNN in one of three forms, timed
@@ -128,6 +133,21 @@ at::Tensor conv2d_cuda(OpContext& c, const at::Tensor& in, const at::Tensor& w, 
 }
 
 using kernels::cpu::widen_bf16;  // a bf16 tensor widened to float32; anything else as it is
+
+// Frees what neither the chosen kernel nor its rival in a trial runs.
+void release_unused(ConvState& st) {
+  using K = ConvState::Kernel;
+  auto kept = [&](std::initializer_list<K> kinds) {
+    for (K k : kinds)
+      if (st.kernel == k || st.rival == k) return true;
+    return false;
+  };
+  if (!kept({K::kConv})) st.packed.reset();
+  if (!kept({K::kLinear})) st.packed_linear.reset();
+  if (!kept({K::kDirect, K::kDirectInPlace})) st.direct.reset();
+  if (!kept({K::kWinograd})) st.winograd.reset();
+  if (!kept({K::kDwRows})) st.dw_rows.reset();
+}
 
 at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   const at::Tensor &in = l.in, &w = l.w, &b = l.b, &other = l.other;
@@ -227,6 +247,14 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     return finish_activation(st.dw_rows->run(in, other_cl), post, act);
   };
   using K = ConvState::Kernel;
+  auto dispatch = [&](K kind) {
+    if (kind == K::kSparse) return as_sparse(st.sparse);
+    if (kind == K::kDirect) return as_direct();
+    if (kind == K::kDirectInPlace) return as_direct_in_place();
+    if (kind == K::kWinograd) return as_winograd();
+    if (kind == K::kDwRows) return as_dw_rows();
+    return kind == K::kLinear ? as_linear() : as_conv();
+  };
   if (st.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
     std::vector<K> kinds{K::kConv};
@@ -283,21 +311,32 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
           {pointwise_shape ? sc.name : sc.name + "-im2col", [&as_sparse, sc] { as_sparse(sc); }});
       kinds.push_back(K::kSparse);
     }
-    size_t best = choose_kernel(c, cands, w, in);
+    // NOTE: the sparse candidates keep one chosen format; the others take part in a trial in the
+    // model where their lone times are close (see InModelTrial).
+    const KernelChoice choice =
+        choose_kernel_in_model(c, cands, w, in, [&](size_t i) { return kinds[i] != K::kSparse; });
+    const size_t best = choice.best;
     st.kernel = kinds[best];
+    if (choice.rival != KernelChoice::kNone) {
+      st.rival = kinds[choice.rival];
+      st.trial = InModelTrial(choice, cands[best].name, cands[choice.rival].name);
+    }
     if (st.kernel == K::kSparse) st.sparse = sparse[best - (cands.size() - sparse.size())];
-    if (st.kernel != K::kConv) st.packed.reset();
-    if (st.kernel != K::kLinear) st.packed_linear.reset();
-    if (st.kernel != K::kDirect && st.kernel != K::kDirectInPlace) st.direct.reset();
-    if (st.kernel != K::kWinograd) st.winograd.reset();
-    if (st.kernel != K::kDwRows) st.dw_rows.reset();
+    release_unused(st);
+    return dispatch(st.kernel);  // the choosing call: not part of the trial
   }
-  if (st.kernel == K::kSparse) return as_sparse(st.sparse);
-  if (st.kernel == K::kDirect) return as_direct();
-  if (st.kernel == K::kDirectInPlace) return as_direct_in_place();
-  if (st.kernel == K::kWinograd) return as_winograd();
-  if (st.kernel == K::kDwRows) return as_dw_rows();
-  return st.kernel == ConvState::Kernel::kLinear ? as_linear() : as_conv();
+  if (!st.trial.active()) return dispatch(st.kernel);
+  const K run = st.trial.rival_next() ? st.rival : st.kernel;
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor y = dispatch(run);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (const std::optional<bool> rival_won = st.trial.record(c, ms)) {
+    if (*rival_won) st.kernel = st.rival;
+    st.rival = K::kUndecided;
+    release_unused(st);
+  }
+  return y;
 }
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise

@@ -327,9 +327,28 @@ std::optional<bool> kernel_forced(const std::string& name) {
   return forced({{name, {}}}) == 0;
 }
 
-size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
-                     const at::Tensor& weight, const at::Tensor& input,
-                     std::vector<std::string> refused, bool prefer_own) {
+namespace {
+
+// choose_kernel's work: the choice, its cache entry, its decision record, and each candidate's
+// lone time where known (timed now or cached; empty otherwise), and whether a trial in the model
+// already settled a cached choice.
+struct Chosen {
+  KernelChoice choice;
+  std::vector<double> ms;
+  bool settled = false;
+};
+
+Chosen choose(OpContext& c, const std::vector<KernelCandidate>& cands, const at::Tensor& weight,
+              const at::Tensor& input, std::vector<std::string> refused, bool prefer_own) {
+  Chosen out;
+  auto report = [&](KernelDecision& d, size_t best) {
+    out.choice.best = best;
+    if (c.decisions_) {
+      out.choice.decision = c.decisions_->size();
+      c.decisions_->push_back(std::move(d));
+    }
+    return out;
+  };
   KernelDecision d;
   d.refused = std::move(refused);
   d.node = c.node().label();
@@ -343,14 +362,12 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
 
   if (cands.size() == 1) {  // nothing to choose: no timing, no cache entry
     d.chosen = cands[0].name;
-    if (c.decisions_) c.decisions_->push_back(std::move(d));
-    return 0;
+    return report(d, 0);
   }
   size_t best = forced(cands);
   if (best < cands.size()) {
     d.chosen = cands[best].name + " (forced)";
-    if (c.decisions_) c.decisions_->push_back(std::move(d));
-    return best;
+    return report(d, best);
   }
   // NOTE: the kernels' generation is part of the machine: choices timed with older kernels are
   // not reused after an upgrade that changed them.
@@ -375,10 +392,20 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     for (size_t i = 0; i < cands.size(); ++i)
       if (cands[i].name == chosen) best = i;
     d.cached = best < cands.size();
-    if (d.cached && hit->contains("ms") && (*hit)["ms"].is_object())
-      for (const auto& k : cands)
-        if ((*hit)["ms"].contains(k.name) && (*hit)["ms"][k.name].is_number())
-          d.timings.emplace_back(k.name, (*hit)["ms"][k.name].get<double>());
+    if (d.cached && hit->contains("ms") && (*hit)["ms"].is_object()) {
+      const nlohmann::json& ms = (*hit)["ms"];
+      out.ms.assign(cands.size(), 0.0);
+      for (size_t i = 0; i < cands.size(); ++i)
+        if (ms.contains(cands[i].name) && ms[cands[i].name].is_number()) {
+          out.ms[i] = ms[cands[i].name].get<double>();
+          d.timings.emplace_back(cands[i].name, out.ms[i]);
+        }
+    }
+    if (d.cached && hit->contains("in_model") && (*hit)["in_model"].is_object()) {
+      out.settled = true;
+      for (const auto& [name, ms] : (*hit)["in_model"].items())
+        if (ms.is_number()) d.in_model.emplace_back(name, ms.get<double>());
+    }
   }
   if (best == cands.size()) {
     // NOTE: the machine's speed probed before and after the timing, against the best probe this
@@ -410,11 +437,79 @@ size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
     std::vector<std::string> names;
     for (const auto& cand : cands) names.push_back(cand.name);
     best = keep_of(names, t, input.is_cuda(), prefer_own);
-    if (!d.busy) ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
+    out.ms = t;
+    if (!d.busy) {
+      ChoiceCache::get().put(machine, key, {{"kernel", cands[best].name}, {"ms", ms}});
+      out.choice.machine = machine, out.choice.key = key;
+    }
+  } else {
+    out.choice.machine = machine, out.choice.key = key;
   }
   d.chosen = cands[best].name;
-  if (c.decisions_) c.decisions_->push_back(std::move(d));
-  return best;
+  return report(d, best);
+}
+
+}  // namespace
+
+size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
+                     const at::Tensor& weight, const at::Tensor& input,
+                     std::vector<std::string> refused, bool prefer_own) {
+  return choose(c, cands, weight, input, std::move(refused), prefer_own).choice.best;
+}
+
+KernelChoice choose_kernel_in_model(OpContext& c, const std::vector<KernelCandidate>& cands,
+                                    const at::Tensor& weight, const at::Tensor& input,
+                                    const std::function<bool(size_t)>& triable,
+                                    std::vector<std::string> refused) {
+  Chosen out = choose(c, cands, weight, input, std::move(refused), true);
+  KernelChoice& ch = out.choice;
+  // LOPPER_KERNEL_TRIAL=off: no trials; =all: every runner-up is tried, whatever its lone time
+  // (tests, and comparing the choices end to end).
+  const char* env = std::getenv("LOPPER_KERNEL_TRIAL");
+  const std::string mode = env ? env : "";
+  if (mode == "off" || out.settled || out.ms.size() != cands.size() || !triable(ch.best)) return ch;
+  size_t rival = KernelChoice::kNone;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (i != ch.best && out.ms[i] > 0 &&
+        (rival == KernelChoice::kNone || out.ms[i] < out.ms[rival]))
+      rival = i;
+  if (rival != KernelChoice::kNone && triable(rival) && out.ms[ch.best] > 0 &&
+      (mode == "all" || out.ms[rival] <= kTrialMargin * out.ms[ch.best]))
+    ch.rival = rival;
+  return ch;
+}
+
+InModelTrial::InModelTrial(KernelChoice choice, std::string best, std::string rival)
+    : choice_(std::move(choice)),
+      best_name_(std::move(best)),
+      rival_name_(std::move(rival)),
+      active_(choice_.rival != KernelChoice::kNone) {}
+
+std::optional<bool> InModelTrial::record(OpContext& c, double ms) {
+  if (!active_) return std::nullopt;
+  (turn_++ % 2 == 1 ? rival_ : best_).push_back(ms);
+  if (static_cast<int>(rival_.size()) < kTrialCalls) return std::nullopt;
+  active_ = false;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  const double b = median(best_), r = median(rival_);
+  const bool rival_won = r < b;
+  const std::string& winner = rival_won ? rival_name_ : best_name_;
+  if (c.decisions_ && choice_.decision < c.decisions_->size()) {
+    KernelDecision& d = (*c.decisions_)[choice_.decision];
+    d.in_model = {{best_name_, b}, {rival_name_, r}};
+    d.chosen = winner;
+  }
+  if (!choice_.key.empty()) {
+    std::optional<nlohmann::json> entry = ChoiceCache::get().find(choice_.machine, choice_.key);
+    nlohmann::json value = entry ? *entry : nlohmann::json::object();
+    value["kernel"] = winner;
+    value["in_model"] = {{best_name_, b}, {rival_name_, r}};
+    ChoiceCache::get().put(choice_.machine, choice_.key, value);
+  }
+  return rival_won;
 }
 
 }  // namespace lopper::ops

@@ -3,7 +3,9 @@
 // model loads without timing the second time:
 //   $LOPPER_CACHE_DIR, else $XDG_CACHE_HOME/lopper, else $HOME/.cache/lopper: kernels.json
 // LOPPER_KERNEL_CACHE=off turns the cache off (every load times its candidates);
-// LOPPER_FORCE_KERNEL=name[,name...] runs the first listed kernel a layer has, untimed. A choice
+// LOPPER_FORCE_KERNEL=name[,name...] runs the first listed kernel a layer has, untimed;
+// LOPPER_KERNEL_TRIAL=off turns the trials in the model off (InModelTrial), =all tries every
+// runner-up. A choice
 // timed while the machine ran slow (a fixed probe before or after the timing more than 1.3x the
 // fastest this machine has run) is used for that run and not cached; LOPPER_CHOICE_BUSY=1 / 0
 // takes every timing as busy / idle instead of probing (tests).
@@ -20,7 +22,7 @@ namespace lopper::ops {
 
 /// The generation of lopper's kernels, part of every cached choice's key: bump it when a change
 /// makes a kernel materially faster or slower, so that choices timed before are timed again.
-inline constexpr int kKernelGeneration = 27;
+inline constexpr int kKernelGeneration = 28;
 
 struct KernelCandidate {
   std::string name;
@@ -43,6 +45,53 @@ struct KernelCandidate {
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
                      std::vector<std::string> refused = {}, bool prefer_own = true);
+
+/// choose_kernel's choice, and the runner-up to try in the model where it timed alone within
+/// kTrialMargin of the chosen one (InModelTrial).
+struct KernelChoice {
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t best = 0;
+  size_t rival = kNone;
+  std::string machine, key;  // the choice's cache entry (empty: not cached)
+  size_t decision = kNone;   // its record in the executor's decisions
+};
+
+/// choose_kernel, with a trial in the model: where `triable(i)` for the chosen candidate and the
+/// fastest other one, and that one's lone time is within kTrialMargin of the chosen one's, the
+/// result names it as `rival`. A choice from the cache that a trial already settled has none.
+KernelChoice choose_kernel_in_model(OpContext& c, const std::vector<KernelCandidate>& cands,
+                                    const at::Tensor& weight, const at::Tensor& input,
+                                    const std::function<bool(size_t)>& triable,
+                                    std::vector<std::string> refused = {});
+inline constexpr double kTrialMargin = 1.35;
+
+/// The chosen kernel and its rival taking turns on a layer's calls in the model, each call timed
+/// where it runs: timed alone, on a warm input with its weight in cache, a kernel can win a layer
+/// it loses in the model, where its input was just written by the layer before and its weights
+/// and scratch come from further out (a bf16 DenseNet's 28x28 3x3 layers: Winograd 0.10 ms
+/// alone against the direct kernel's 0.13, 0.16-0.17 against 0.14-0.15 in the model).
+class InModelTrial {
+ public:
+  InModelTrial() = default;
+  /// A trial of choice.best against choice.rival (named `best` and `rival`), or none where the
+  /// choice has no rival.
+  InModelTrial(KernelChoice choice, std::string best, std::string rival);
+  bool active() const { return active_; }
+  /// Whether the layer's next call runs the rival (the two alternate, the chosen one first).
+  bool rival_next() const { return turn_ % 2 == 1; }
+  /// Records the time of the call just run (ms). After kTrialCalls calls of each, ends the trial:
+  /// reports the medians in the layer's decision (KernelDecision::in_model, `chosen`), caches the
+  /// winner, and returns whether the rival won; until then nothing.
+  std::optional<bool> record(OpContext& c, double ms);
+  static constexpr int kTrialCalls = 4;
+
+ private:
+  KernelChoice choice_;
+  std::string best_name_, rival_name_;
+  std::vector<double> best_, rival_;
+  int turn_ = 0;
+  bool active_ = false;
+};
 
 /// Whether a kernel is a library's (ATen's, oneDNN's), not one of lopper's own: its name.
 bool library_kernel(const std::string& name);

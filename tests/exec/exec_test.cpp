@@ -962,6 +962,64 @@ TEST(Exec, KernelKeptIsTheFastestOrLoppersOwnWithinItsMargin) {
   EXPECT_FALSE(ops::library_kernel("bitmask-8of16"));
 }
 
+// A layer's chosen kernel and its runner-up take turns on its next calls in the model, each call
+// timed where it runs, and the faster there is kept (InModelTrial): every call's output is right
+// during the trial; the decision gives both medians and names the faster one chosen; a model loaded
+// again takes the settled choice from the cache without a new trial. LOPPER_KERNEL_TRIAL=all tries
+// every runner-up (the test cannot make two kernels' lone times close), =off none.
+TEST(Exec, RunnerUpTriedInTheModelAndTheFasterThereKept) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);  // the choices kept in this process only
+  setenv("LOPPER_CHOICE_BUSY", "0", 1);     // every timing taken as idle: cached
+  constexpr int kCalls = 1 + 2 * ops::InModelTrial::kTrialCalls;  // the choice, then the trial
+  for (const char* mode : {"off", "all"}) {
+    SCOPED_TRACE(mode);
+    setenv("LOPPER_KERNEL_TRIAL", mode, 1);
+    at::manual_seed(mode[1] == 'f' ? 41 : 43);  // a weight of its own: not in the cache yet
+    ir::Model m = image_model({1, 16, 28, 28});
+    auto init = initializer_adder(m.graph);
+    init("w", at::randn({24, 16, 3, 3}) * 0.2);
+    init("b", at::randn({24}));
+    m.graph.nodes = {node("Conv", {"x", "w", "b"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1})}),
+                     node("Relu", {"c"}, {"y"})};
+    const at::Tensor x = at::randn({1, 16, 28, 28});
+    const at::Tensor want =
+        at::relu(at::conv2d(x, m.graph.initializers[0].value, m.graph.initializers[1].value, 1, 1));
+    Executor exec(m);
+    for (int i = 0; i < kCalls; ++i)
+      ASSERT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+    const std::vector<KernelDecision> d = exec.kernel_decisions();
+    ASSERT_EQ(d.size(), 1u);
+    ASSERT_GE(d[0].timings.size(), 2u);
+    if (std::string(mode) == "off") {
+      EXPECT_TRUE(d[0].in_model.empty());
+      continue;
+    }
+    ASSERT_EQ(d[0].in_model.size(), 2u);
+    const auto& [first, first_ms] = d[0].in_model[0];
+    const auto& [second, second_ms] = d[0].in_model[1];
+    EXPECT_NE(first, second);
+    EXPECT_GT(first_ms, 0);
+    EXPECT_GT(second_ms, 0);
+    EXPECT_EQ(d[0].chosen, second_ms < first_ms ? second : first);
+    // Loaded again: the settled choice and its medians from the cache, no new trial.
+    Executor again(m);
+    for (int i = 0; i < kCalls; ++i)
+      ASSERT_LE(test::relative_max_diff(again.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+    const std::vector<KernelDecision> d2 = again.kernel_decisions();
+    ASSERT_EQ(d2.size(), 1u);
+    EXPECT_TRUE(d2[0].cached);
+    EXPECT_EQ(d2[0].chosen, d[0].chosen);
+    auto sorted = [](std::vector<std::pair<std::string, double>> v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    EXPECT_EQ(sorted(d2[0].in_model), sorted(d[0].in_model));  // the cache keeps them by name
+  }
+  unsetenv("LOPPER_KERNEL_TRIAL");
+  unsetenv("LOPPER_CHOICE_BUSY");
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // Winograd's F(4x4, 3x3) is offered where its 36 transformed float32 weight matrices are read for
 // enough tiles: 16 (a 14x14 map of one image) in float32; 32 in bf16 where the other kernels run
 // on the CPU's bfloat16 dot product (twice float32's rate on half the weight's bytes), so a 14x14

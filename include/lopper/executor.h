@@ -85,6 +85,7 @@ struct KernelDecision {
   // they were within a margin alone and took turns on the layer's next calls; `chosen` is the
   // faster there. Empty: no such trial.
   std::vector<std::pair<std::string, double>> in_model;
+  bool in_trial = false;  // that trial is under way: the layer's next calls still take turns
 };
 
 class Executor {

@@ -474,8 +474,11 @@ KernelChoice choose_kernel_in_model(OpContext& c, const std::vector<KernelCandid
         (rival == KernelChoice::kNone || out.ms[i] < out.ms[rival]))
       rival = i;
   if (rival != KernelChoice::kNone && triable(rival) && out.ms[ch.best] > 0 &&
-      (mode == "all" || out.ms[rival] <= kTrialMargin * out.ms[ch.best]))
+      (mode == "all" || out.ms[rival] <= kTrialMargin * out.ms[ch.best])) {
     ch.rival = rival;
+    if (c.decisions_ && ch.decision < c.decisions_->size())
+      (*c.decisions_)[ch.decision].in_trial = true;
+  }
   return ch;
 }
 
@@ -501,6 +504,7 @@ std::optional<bool> InModelTrial::record(OpContext& c, double ms) {
     KernelDecision& d = (*c.decisions_)[choice_.decision];
     d.in_model = {{best_name_, b}, {rival_name_, r}};
     d.chosen = winner;
+    d.in_trial = false;
   }
   if (!choice_.key.empty()) {
     std::optional<nlohmann::json> entry = ChoiceCache::get().find(choice_.machine, choice_.key);

@@ -985,11 +985,16 @@ TEST(Exec, RunnerUpTriedInTheModelAndTheFasterThereKept) {
     const at::Tensor want =
         at::relu(at::conv2d(x, m.graph.initializers[0].value, m.graph.initializers[1].value, 1, 1));
     Executor exec(m);
-    for (int i = 0; i < kCalls; ++i)
+    for (int i = 0; i < kCalls; ++i) {
       ASSERT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+      // under way from the choice until the trial's last call
+      if (std::string(mode) == "all" && i + 1 < kCalls)
+        EXPECT_TRUE(exec.kernel_decisions()[0].in_trial) << "call " << i;
+    }
     const std::vector<KernelDecision> d = exec.kernel_decisions();
     ASSERT_EQ(d.size(), 1u);
     ASSERT_GE(d[0].timings.size(), 2u);
+    EXPECT_FALSE(d[0].in_trial);
     if (std::string(mode) == "off") {
       EXPECT_TRUE(d[0].in_model.empty());
       continue;

@@ -1560,8 +1560,8 @@ inline void planar_pack_pairs(const float* w, const ConvShape& s, uint32_t* out)
           }
 }
 
-// MR pixels from ox0 of one output row x NV vectors of block kb: rows[r] the padded input rows
-// (nr of them, each the weights' (plane, kernel row) wrow[r]), yp the row's first pixel.
+// MR pixels from ox0 of one output row x NV vectors from output channel kbase: rows[r] the padded
+// input rows (nr of them, each the weights' (plane, kernel row) wrow[r]), yp the row's first pixel.
 template <int MR, int NV>
 inline void planar_pairs_tile(const uint16_t* const* rows, const uint32_t* const* wrow, int64_t nr,
                               int64_t jp, bool odd, int64_t ox0, int valid, int64_t kbase,

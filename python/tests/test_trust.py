@@ -95,7 +95,7 @@ def test_a_count_past_int64_is_a_value_error(amount):
 
 # --- empty batches ----------------------------------------------------------------------------
 
-KERNELS = ["", "lopper-winograd", "lopper-direct", "onednn-conv", "lopper-gemv", "onednn",
+KERNELS = ["", "lopper-winograd", "lopper-direct", "onednn-conv", "onednn-direct", "lopper-gemv", "onednn",
            "aten"]
 
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 
+#include "dnnl/conv.h"
 #include "exec/kernel_choice.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/bf16.h"
@@ -25,6 +26,8 @@ struct ConvState {
   std::shared_ptr<const kernels::cpu::DirectConv> direct;      // lopper's own dense kernel
   std::shared_ptr<const kernels::cpu::WinogradConv> winograd;  // and its 3x3 F(4x4, 3x3)
   std::shared_ptr<const kernels::cpu::ConvChain> dw_rows;      // bf16 depthwise, row by row
+  // oneDNN's primitive called directly, one per input shape seen (the last few)
+  std::vector<std::shared_ptr<const dnnl::Conv>> primitives;
   enum class Kernel {
     kUndecided,
     kConv,
@@ -33,7 +36,8 @@ struct ConvState {
     kDirect,
     kDirectInPlace,  // lopper's grouped kernel, the groups read in place (not copied)
     kWinograd,
-    kDwRows  // a bf16 depthwise layer as a chain of one: bf16 rows in and out
+    kDwRows,  // a bf16 depthwise layer as a chain of one: bf16 rows in and out
+    kPrimitive
   } kernel = Kernel::kUndecided;
   Kernel rival = Kernel::kUndecided;  // the runner-up while it and `kernel` take turns
   InModelTrial trial;
@@ -147,6 +151,59 @@ void release_unused(ConvState& st) {
   if (!kept({K::kDirect, K::kDirectInPlace})) st.direct.reset();
   if (!kept({K::kWinograd})) st.winograd.reset();
   if (!kept({K::kDwRows})) st.dw_rows.reset();
+  if (!kept({K::kPrimitive})) st.primitives.clear();
+}
+
+// The activation oneDNN computes inside the primitive (the NaN-safe part of `post`), or nullopt
+// where the direct primitive has no form of it.
+std::optional<std::pair<dnnl::Eltwise, float>> primitive_eltwise(const onednn::PostOp& post) {
+  const onednn::PostOp p = onednn::in_primitive(post);
+  using E = dnnl::Eltwise;
+  if (p.attr == "none") return std::pair{E::kNone, 0.f};
+  if (p.attr == "leaky_relu") return std::pair{E::kLeakyRelu, float(p.scalars.at(0))};
+  if (p.attr == "sigmoid") return std::pair{E::kLogistic, 0.f};
+  if (p.attr == "tanh") return std::pair{E::kTanh, 0.f};
+  if (p.attr == "gelu" && p.algorithm == "none") return std::pair{E::kGeluErf, 0.f};
+  if (p.attr == "gelu" && p.algorithm == "tanh") return std::pair{E::kGeluTanh, 0.f};
+  if (p.attr == "hardswish") return std::pair{E::kHardswish, 0.f};
+  if (p.attr == "swish") return std::pair{E::kSwish, 0.f};
+  return std::nullopt;
+}
+
+// The direct primitive for a layer's input shape: made on the first call with that shape (the
+// last four shapes kept), nullptr where oneDNN makes none for it (the reason in `why`).
+std::shared_ptr<const dnnl::Conv> primitive_for(ConvState& st, const Conv2dLayer& l, bool residual,
+                                                std::string* why) {
+  const at::Tensor& in = l.in;
+  const auto act = primitive_eltwise(l.post);
+  if (!act) {
+    if (why) *why = "oneDNN's primitive has no NaN-safe form of " + l.post.attr;
+    return nullptr;
+  }
+  dnnl::ConvSpec s;
+  s.n = in.size(0), s.c = in.size(1), s.h = in.size(2), s.w = in.size(3);
+  s.k = l.w.size(0), s.kh = l.g.kernel[0], s.kw = l.g.kernel[1];
+  s.sh = l.g.strides[0], s.sw = l.g.strides[1], s.ph = l.padding[0], s.pw = l.padding[1];
+  s.dh = l.g.dilations[0], s.dw = l.g.dilations[1], s.groups = l.g.group;
+  s.bf16 = in.scalar_type() == at::kBFloat16;
+  s.bias = l.b.defined();
+  s.residual = residual;
+  s.act = act->first, s.alpha = act->second;
+  for (const auto& p : st.primitives) {
+    const dnnl::ConvSpec& o = p->spec();
+    if (o.n == s.n && o.h == s.h && o.w == s.w && o.residual == s.residual) return p;
+  }
+  try {
+    const at::Tensor w = l.w.contiguous();
+    const at::Tensor b = s.bias ? l.b.contiguous() : at::Tensor();
+    auto p = std::make_shared<const dnnl::Conv>(s, w.data_ptr(), s.bias ? b.data_ptr() : nullptr);
+    if (st.primitives.size() == 4) st.primitives.erase(st.primitives.begin());
+    st.primitives.push_back(p);
+    return p;
+  } catch (const std::exception& e) {
+    if (why) *why = first_line(e.what());
+    return nullptr;
+  }
 }
 
 at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
@@ -238,6 +295,21 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   };
   auto as_direct = [&] { return direct(false); };
   auto as_direct_in_place = [&] { return direct(true); };
+  // oneDNN's primitive called directly: channels-last in and out, the residual and the NaN-safe
+  // part of the activation inside it, the rest in place after.
+  auto as_primitive = [&] {
+    auto prim = primitive_for(st, l, fused_add, nullptr);
+    if (!prim) return as_conv();  // a new input shape oneDNN makes no primitive for
+    at::Tensor x = channels_last();
+    if (!x.is_contiguous(at::MemoryFormat::ChannelsLast))
+      x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    at::Tensor y = at::empty(out_shape, in.options().memory_format(at::MemoryFormat::ChannelsLast));
+    at::Tensor scratch =
+        at::empty({int64_t(prim->scratchpad_bytes())}, in.options().dtype(at::kByte));
+    prim->run(x.data_ptr(), fused_add ? other_cl.data_ptr() : nullptr, y.data_ptr(),
+              scratch.data_ptr());
+    return onednn::after_primitive(y, post);
+  };
   auto as_winograd = [&] {  // bf16: read and written as it is (widened and rounded in the kernel)
     const kernels::cpu::Activation act = fused_activation(post);
     return finish_activation(st.winograd->run(in, other_cl, act), post, act);
@@ -253,11 +325,24 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     if (kind == K::kDirectInPlace) return as_direct_in_place();
     if (kind == K::kWinograd) return as_winograd();
     if (kind == K::kDwRows) return as_dw_rows();
+    if (kind == K::kPrimitive) return as_primitive();
     return kind == K::kLinear ? as_linear() : as_conv();
   };
   if (st.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{{"onednn-conv", as_conv}};
     std::vector<K> kinds{K::kConv};
+    std::vector<std::string> refused;
+    // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
+    // dnnl/conv.h): 23-27 us less a call.
+    if (dnnl::available() && (!fused_add || other_cl.scalar_type() == in.scalar_type())) {
+      std::string why;
+      if (primitive_for(st, l, fused_add, &why)) {
+        cands.push_back({"onednn-direct", as_primitive});
+        kinds.push_back(K::kPrimitive);
+      } else {
+        refused.push_back("onednn-direct: " + why);
+      }
+    }
     // NOTE: lopper's own direct and depthwise kernels: no blocked layout to convert to and from,
     // no primitive to look up per call; they win on small images and on the odd channel counts
     // structured pruning leaves.
@@ -313,8 +398,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     }
     // NOTE: the sparse candidates keep one chosen format; the others take part in a trial in the
     // model where their lone times are close (see InModelTrial).
-    const KernelChoice choice =
-        choose_kernel_in_model(c, cands, w, in, [&](size_t i) { return kinds[i] != K::kSparse; });
+    const KernelChoice choice = choose_kernel_in_model(
+        c, cands, w, in, [&](size_t i) { return kinds[i] != K::kSparse; }, std::move(refused));
     const size_t best = choice.best;
     st.kernel = kinds[best];
     if (choice.rival != KernelChoice::kNone) {

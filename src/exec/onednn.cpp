@@ -31,6 +31,8 @@ at::Tensor call(const c10::OperatorHandle& h, torch::jit::Stack stack) {
   return stack.back().toTensor();
 }
 
+}  // namespace
+
 // NOTE: oneDNN's ReLU (slope 0), clip (hardtanh) and hardsigmoid post-ops take max/min with the
 // value as the first operand, which turns a NaN into 0 or a bound: a model fed NaN would give
 // plausible numbers where ONNX Runtime and PyTorch give NaN. Those run after the primitive, in
@@ -54,8 +56,6 @@ at::Tensor after_primitive(at::Tensor y, const PostOp& p) {
                : y.clamp_(p.scalars[0], p.scalars[1]);
   return at::hardsigmoid_(y);
 }
-
-}  // namespace
 
 PostOp post_op_of(const AttrReader& c) {
   PostOp p;

@@ -29,6 +29,13 @@ struct PostOp {
 PostOp post_op_of(const AttrReader& node);
 /// The same activation with plain ATen ops (any device, autograd).
 at::Tensor apply_unfused(const at::Tensor& y, const PostOp& post);
+/// Whether oneDNN's own form of the activation turns a NaN into a number (ReLU, clip, hardsigmoid):
+/// those run after the primitive instead.
+bool drops_nan(const PostOp& p);
+/// The part of `p` a oneDNN primitive computes: nothing where it would drop a NaN.
+PostOp in_primitive(const PostOp& p);
+/// `y`, a primitive's output, after the part of `p` the primitive did not compute (in place).
+at::Tensor after_primitive(at::Tensor y, const PostOp& p);
 
 /// True when the CPU computes in bfloat16 natively (AVX512_BF16; every CPU with AMX has it too):
 /// oneDNN's bf16 primitives then run at twice fp32's rate (AMX tiles where present). Without it

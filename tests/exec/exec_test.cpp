@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "dnnl/conv.h"
 #include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "exec/kernel_choice.h"
@@ -414,8 +415,8 @@ TEST(Exec, ResidualConvBiasMovesIntoTheFusedConvolution) {
   plain.fuse = false;
   Executor a(m, plain);
   EXPECT_LE(test::relative_max_diff(a.run({{"x", x}})[0], want), 1e-5);
-  for (const char* forced :
-       {"lopper-direct", "lopper-winograd", "onednn-conv,onednn-linear", "aten", ""}) {
+  for (const char* forced : {"lopper-direct", "lopper-winograd", "onednn-conv,onednn-linear",
+                             "onednn-direct", "aten", ""}) {
     ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
     Executor b(m);
     for (int run = 0; run < 2; ++run)  // the first run chooses kernels, the second runs them
@@ -488,7 +489,8 @@ TEST(Exec, GatedAndHardActivationsFuseIntoTheConvolution) {
   const at::Tensor want = a.run({{"x", x}})[0];
   EXPECT_LE(test::relative_max_diff(d.run({{"x", x}})[0], want), 1e-5);
   // Each convolution kernel in turn: lopper's own (the activations in its epilogue), oneDNN's.
-  for (const char* forced : {"lopper-direct,lopper-depthwise", "onednn-conv,onednn-linear", ""}) {
+  for (const char* forced :
+       {"lopper-direct,lopper-depthwise", "onednn-conv,onednn-linear", "onednn-direct", ""}) {
     ::setenv("LOPPER_FORCE_KERNEL", forced, 1);
     Executor b(m);
     for (int run = 0; run < 2; ++run)  // the first run chooses kernels, the second runs them
@@ -1097,6 +1099,70 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// oneDNN's convolution primitive called directly (dnnl/conv.h) against ATen's convolution: plain,
+// strided, grouped, depthwise, dilated and first layers; with and without bias and residual;
+// every activation it computes inside; float32 and bf16; a NaN in the input comes out where ATen's
+// gives one (and only there). Skipped where oneDNN's library is not at hand.
+TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
+  if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
+  at::manual_seed(29);
+  struct Case {
+    int64_t n, c, h, w, k, kh, kw, s, p, d, groups;
+  };
+  const Case cases[] = {{2, 8, 9, 7, 16, 3, 3, 1, 1, 1, 1},
+                        {1, 16, 12, 12, 24, 1, 1, 1, 0, 1, 1},
+                        {1, 12, 11, 10, 12, 3, 3, 2, 1, 1, 12},
+                        {2, 6, 10, 10, 9, 3, 3, 1, 2, 2, 3},
+                        {1, 3, 15, 15, 8, 7, 7, 2, 3, 1, 1}};
+  using E = dnnl::Eltwise;
+  const std::pair<E, std::function<at::Tensor(const at::Tensor&)>> acts[] = {
+      {E::kNone, [](const at::Tensor& t) { return t; }},
+      {E::kLeakyRelu, [](const at::Tensor& t) { return at::leaky_relu(t, 0.1); }},
+      {E::kLogistic, [](const at::Tensor& t) { return at::sigmoid(t); }},
+      {E::kTanh, [](const at::Tensor& t) { return at::tanh(t); }},
+      {E::kGeluErf, [](const at::Tensor& t) { return at::gelu(t); }},
+      {E::kGeluTanh, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
+      {E::kHardswish, [](const at::Tensor& t) { return at::hardswish(t); }},
+      {E::kSwish, [](const at::Tensor& t) { return at::silu(t); }}};
+  int i = 0;
+  for (bool bf16 : {false, true})
+    for (const Case& k : cases)
+      for (const auto& [act, ref] : acts) {
+        ++i;
+        const bool bias = i % 2, residual = i % 3 == 0;
+        const auto type = bf16 ? at::kBFloat16 : at::kFloat;
+        dnnl::ConvSpec s;
+        s.n = k.n, s.c = k.c, s.h = k.h, s.w = k.w, s.k = k.k, s.kh = k.kh, s.kw = k.kw;
+        s.sh = s.sw = k.s, s.ph = s.pw = k.p, s.dh = s.dw = k.d, s.groups = k.groups;
+        s.bf16 = bf16, s.bias = bias, s.residual = residual, s.act = act, s.alpha = 0.1f;
+        SCOPED_TRACE(::testing::Message()
+                     << "case " << i << (bf16 ? " bf16" : " f32") << " c " << k.c << " k " << k.k
+                     << " groups " << k.groups << " act " << int(act));
+        const at::Tensor w = (at::randn({k.k, k.c / k.groups, k.kh, k.kw}) * 0.3).to(type);
+        const at::Tensor b = at::randn({k.k}).to(type);
+        at::Tensor x = at::randn({k.n, k.c, k.h, k.w});
+        if (!bf16) x[0][0][k.h / 2][k.w / 2] = NAN;  // one value: a patch of the output NaN
+        x = x.to(type).contiguous(at::MemoryFormat::ChannelsLast);
+        const std::vector<int64_t> out = {k.n, k.k, s.out_h(), s.out_w()};
+        const at::Tensor r = at::randn(out).to(type).contiguous(at::MemoryFormat::ChannelsLast);
+        const dnnl::Conv conv(s, w.data_ptr(), b.data_ptr());
+        at::Tensor y = at::empty(out, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+        at::Tensor scratch = at::empty({int64_t(conv.scratchpad_bytes()) + 1}, at::kByte);
+        conv.run(x.data_ptr(), residual ? r.data_ptr() : nullptr, y.data_ptr(), scratch.data_ptr());
+        at::Tensor want =
+            at::conv2d(x.to(at::kFloat), w.to(at::kFloat), bias ? b.to(at::kFloat) : at::Tensor(),
+                       k.s, k.p, k.d, k.groups);
+        if (residual) want = want + r.to(at::kFloat);
+        want = ref(want);
+        const at::Tensor got = y.to(at::kFloat);
+        EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want)))
+            << "NaN where ATen has none, or not";
+        const at::Tensor ok = at::isfinite(want);
+        EXPECT_LE(test::relative_max_diff(got.masked_select(ok), want.masked_select(ok)),
+                  bf16 ? 2e-2 : 1e-5);
+      }
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output
@@ -1113,7 +1179,8 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));
     const NamedTensors feeds = fixture_feeds(m, stem);
     const at::Tensor want = aten_output(m, feeds, at::kBFloat16);
-    for (const char* forced : {"", "onednn-conv,onednn-linear,onednn", own}) {
+    for (const char* forced :
+         {"", "onednn-conv,onednn-linear,onednn", "onednn-direct,onednn-linear,onednn", own}) {
       SCOPED_TRACE(std::string(stem) + " forced: " + forced);
       ExecOptions eo;
       eo.precision = at::kBFloat16;
@@ -1134,6 +1201,9 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
       if (forced == own && convs && kernels::cpu::DenseGemv::takes_bf16(kernels::cpu::active_isa()))
         EXPECT_GT(kernels("lopper-gemv"), 0);
       if (*forced && forced != own && convs) EXPECT_GT(kernels("onednn"), 0);
+      // oneDNN's primitives called directly, where its library is at hand
+      if (starts_with(forced, "onednn-direct") && convs && dnnl::available())
+        EXPECT_GT(kernels("onednn-direct"), 0);
     }
   }
   unsetenv("LOPPER_KERNEL_CACHE");

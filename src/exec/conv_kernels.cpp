@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-#include "dnnl/conv.h"
+#include "dnnl/primitives.h"
 #include "exec/kernel_choice.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/bf16.h"
@@ -154,28 +154,12 @@ void release_unused(ConvState& st) {
   if (!kept({K::kPrimitive})) st.primitives.clear();
 }
 
-// The activation oneDNN computes inside the primitive (the NaN-safe part of `post`), or nullopt
-// where the direct primitive has no form of it.
-std::optional<std::pair<dnnl::Eltwise, float>> primitive_eltwise(const onednn::PostOp& post) {
-  const onednn::PostOp p = onednn::in_primitive(post);
-  using E = dnnl::Eltwise;
-  if (p.attr == "none") return std::pair{E::kNone, 0.f};
-  if (p.attr == "leaky_relu") return std::pair{E::kLeakyRelu, float(p.scalars.at(0))};
-  if (p.attr == "sigmoid") return std::pair{E::kLogistic, 0.f};
-  if (p.attr == "tanh") return std::pair{E::kTanh, 0.f};
-  if (p.attr == "gelu" && p.algorithm == "none") return std::pair{E::kGeluErf, 0.f};
-  if (p.attr == "gelu" && p.algorithm == "tanh") return std::pair{E::kGeluTanh, 0.f};
-  if (p.attr == "hardswish") return std::pair{E::kHardswish, 0.f};
-  if (p.attr == "swish") return std::pair{E::kSwish, 0.f};
-  return std::nullopt;
-}
-
 // The direct primitive for a layer's input shape: made on the first call with that shape (the
 // last four shapes kept), nullptr where oneDNN makes none for it (the reason in `why`).
 std::shared_ptr<const dnnl::Conv> primitive_for(ConvState& st, const Conv2dLayer& l, bool residual,
                                                 std::string* why) {
   const at::Tensor& in = l.in;
-  const auto act = primitive_eltwise(l.post);
+  const auto act = onednn::direct_eltwise(l.post);
   if (!act) {
     if (why) *why = "oneDNN's primitive has no NaN-safe form of " + l.post.attr;
     return nullptr;
@@ -333,7 +317,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     std::vector<K> kinds{K::kConv};
     std::vector<std::string> refused;
     // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
-    // dnnl/conv.h): 23-27 us less a call.
+    // dnnl/primitives.h): 23-27 us less a call.
     if (dnnl::available() && (!fused_add || other_cl.scalar_type() == in.scalar_type())) {
       std::string why;
       if (primitive_for(st, l, fused_add, &why)) {

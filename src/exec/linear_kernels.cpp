@@ -6,6 +6,7 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/library.h"
 #include "kernels/cuda/sparse_gemv.h"  // kMaxRows
+#include "lopper/memory.h"             // first_line
 
 namespace lopper::ops {
 namespace {
@@ -21,7 +22,8 @@ struct LinearState {
     kSparse,
     kCudaSparse,
     kCudaSemi,
-    kGemv
+    kGemv,
+    kDirect                       // oneDNN's matrix-product primitive called directly
   } kernel = Kernel::kUndecided;  // CUDA
   // The CPU's choice, made apart for products of a few rows (decoding a token: the bitmask
   // format's regime) and of more (a prompt, a batch): a model that runs both keeps the best of
@@ -30,9 +32,53 @@ struct LinearState {
     at::Tensor packed;                              // oneDNN's layout of the weight
     std::shared_ptr<kernels::cpu::DenseGemv> gemv;  // lopper's panels of the weight
     SparseCandidate sparse;
+    // oneDNN's primitive, one per row count seen (the last four)
+    std::vector<std::shared_ptr<const dnnl::Linear>> direct;
     Kernel kernel = Kernel::kUndecided;
   } few, many;
 };
+
+// The direct primitive for x2's rows: made on the first call with that many (the last four kept),
+// nullptr where oneDNN makes none (the reason in `why`).
+std::shared_ptr<const dnnl::Linear> direct_for(LinearState::CpuChoice& ch, const at::Tensor& weight,
+                                               const at::Tensor& x2, const at::Tensor& bias,
+                                               const onednn::PostOp& post, std::string* why) {
+  const auto act = onednn::direct_eltwise(post);
+  if (!act) {
+    if (why) *why = "oneDNN's primitive has no NaN-safe form of " + post.attr;
+    return nullptr;
+  }
+  for (const auto& d : ch.direct)
+    if (d->spec().m == x2.size(0)) return d;
+  dnnl::LinearSpec s;
+  s.m = x2.size(0), s.k = weight.size(1), s.n = weight.size(0);
+  s.bf16 = x2.scalar_type() == at::kBFloat16;
+  s.bias = bias.defined();
+  s.act = act->first, s.alpha = act->second;
+  try {
+    const at::Tensor b = s.bias ? bias.contiguous() : at::Tensor();
+    auto d =
+        std::make_shared<const dnnl::Linear>(s, weight.data_ptr(), s.bias ? b.data_ptr() : nullptr);
+    if (ch.direct.size() == 4) ch.direct.erase(ch.direct.begin());
+    ch.direct.push_back(d);
+    return d;
+  } catch (const std::exception& e) {
+    if (why) *why = first_line(e.what());
+    return nullptr;
+  }
+}
+
+// y = act(x2 . w^T + bias) by the direct primitive (the NaN-dropping part of act after it).
+at::Tensor direct_linear(LinearState::CpuChoice& ch, const at::Tensor& weight, const at::Tensor& x2,
+                         const at::Tensor& bias, const onednn::PostOp& post) {
+  auto d = direct_for(ch, weight, x2, bias, post, nullptr);
+  if (!d) return onednn::apply_unfused(at::linear(x2, weight, bias), post);
+  const at::Tensor x = x2.contiguous();
+  at::Tensor y = at::empty({x.size(0), weight.size(0)}, x.options());
+  at::Tensor scratch = at::empty({int64_t(d->scratchpad_bytes())}, x.options().dtype(at::kByte));
+  d->run(x.data_ptr(), y.data_ptr(), scratch.data_ptr());
+  return onednn::after_primitive(y, post);
+}
 
 // Rows up to which a product counts as "a few" (LinearState::few): the bitmask format's limit.
 constexpr int64_t kFewRows = 16;
@@ -162,6 +208,18 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
       kinds.push_back(K::kOnednn);
     }
+    std::vector<std::string> refused;
+    // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
+    // dnnl/primitives.h).
+    if (onednn::usable(x) && onednn::usable(st.weight) && dnnl::available()) {
+      std::string why;
+      if (direct_for(ch, st.weight, x2, bias, post, &why)) {
+        cands.push_back({"onednn-direct", [&] { direct_linear(ch, st.weight, x2, bias, post); }});
+        kinds.push_back(K::kDirect);
+      } else {
+        refused.push_back("onednn-direct: " + why);
+      }
+    }
     if (x2.size(0) <= kFewRows && (cpu_f32 || (cpu_bf16 && kernels::cpu::DenseGemv::takes_bf16(
                                                                kernels::cpu::active_isa())))) {
       ch.gemv = std::make_shared<kernels::cpu::DenseGemv>(st.weight, kernels::cpu::active_isa());
@@ -173,16 +231,19 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       cands.push_back({sc.name, [&x2, &post, sc] { run_sparse_linear(sc, x2, post); }});
       kinds.push_back(K::kSparse);
     }
-    size_t best = choose_kernel(c, cands, st.weight, x2);
+    size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
     ch.kernel = kinds[best];
     if (ch.kernel == K::kSparse) ch.sparse = sparse[best - (cands.size() - sparse.size())];
     if (ch.kernel != K::kOnednn) ch.packed.reset();
+    if (ch.kernel != K::kDirect) ch.direct.clear();
     if (ch.kernel != K::kGemv) ch.gemv.reset();
   }
   at::Tensor y;
   if (ch.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   if (ch.kernel == K::kOnednn) {
     y = onednn::linear(x2.contiguous(), ch.packed, bias, post);
+  } else if (ch.kernel == K::kDirect) {
+    y = direct_linear(ch, st.weight, x2, bias, post);
   } else if (ch.kernel == K::kGemv) {
     y = dense_gemv(x2, *ch.gemv, bias, post);
   } else {

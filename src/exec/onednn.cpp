@@ -57,6 +57,20 @@ at::Tensor after_primitive(at::Tensor y, const PostOp& p) {
   return at::hardsigmoid_(y);
 }
 
+std::optional<std::pair<dnnl::Eltwise, float>> direct_eltwise(const PostOp& post) {
+  const PostOp p = in_primitive(post);
+  using E = dnnl::Eltwise;
+  if (p.attr == "none") return std::pair{E::kNone, 0.f};
+  if (p.attr == "leaky_relu") return std::pair{E::kLeakyRelu, float(p.scalars.at(0))};
+  if (p.attr == "sigmoid") return std::pair{E::kLogistic, 0.f};
+  if (p.attr == "tanh") return std::pair{E::kTanh, 0.f};
+  if (p.attr == "gelu" && p.algorithm == "none") return std::pair{E::kGeluErf, 0.f};
+  if (p.attr == "gelu" && p.algorithm == "tanh") return std::pair{E::kGeluTanh, 0.f};
+  if (p.attr == "hardswish") return std::pair{E::kHardswish, 0.f};
+  if (p.attr == "swish") return std::pair{E::kSwish, 0.f};
+  return std::nullopt;
+}
+
 PostOp post_op_of(const AttrReader& c) {
   PostOp p;
   std::string act = c.attr_string("activation", "");

@@ -6,9 +6,12 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "dnnl/primitives.h"
 #include "ops/op.h"
 
 namespace lopper::ops::onednn {
@@ -36,6 +39,9 @@ bool drops_nan(const PostOp& p);
 PostOp in_primitive(const PostOp& p);
 /// `y`, a primitive's output, after the part of `p` the primitive did not compute (in place).
 at::Tensor after_primitive(at::Tensor y, const PostOp& p);
+/// in_primitive(p) as the directly called primitives' activation (dnnl/primitives.h) and its
+/// slope, or nullopt where they have no form of it.
+std::optional<std::pair<dnnl::Eltwise, float>> direct_eltwise(const PostOp& p);
 
 /// True when the CPU computes in bfloat16 natively (AVX512_BF16; every CPU with AMX has it too):
 /// oneDNN's bf16 primitives then run at twice fp32's rate (AMX tiles where present). Without it

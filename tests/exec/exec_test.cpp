@@ -8,7 +8,7 @@
 #include <functional>
 #include <random>
 
-#include "dnnl/conv.h"
+#include "dnnl/primitives.h"
 #include "exec/allocator.h"
 #include "exec/fuse.h"
 #include "exec/kernel_choice.h"
@@ -1099,8 +1099,8 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
-// oneDNN's convolution primitive called directly (dnnl/conv.h) against ATen's convolution: plain,
-// strided, grouped, depthwise, dilated and first layers; with and without bias and residual;
+// oneDNN's convolution primitive called directly (dnnl/primitives.h) against ATen's convolution:
+// plain, strided, grouped, depthwise, dilated and first layers; with and without bias and residual;
 // every activation it computes inside; float32 and bf16; a NaN in the input comes out where ATen's
 // gives one (and only there). Skipped where oneDNN's library is not at hand.
 TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
@@ -1163,6 +1163,51 @@ TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
       }
 }
 
+// oneDNN's matrix-product primitive called directly against ATen's linear: one row (a decoded
+// token), a few and a prompt's many; with and without bias; every activation it computes inside;
+// float32 and bf16; a NaN in the input comes out only in its row.
+TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
+  if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
+  at::manual_seed(31);
+  using E = dnnl::Eltwise;
+  const std::pair<E, std::function<at::Tensor(const at::Tensor&)>> acts[] = {
+      {E::kNone, [](const at::Tensor& t) { return t; }},
+      {E::kLeakyRelu, [](const at::Tensor& t) { return at::leaky_relu(t, 0.1); }},
+      {E::kGeluErf, [](const at::Tensor& t) { return at::gelu(t); }},
+      {E::kGeluTanh, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
+      {E::kSwish, [](const at::Tensor& t) { return at::silu(t); }},
+      {E::kTanh, [](const at::Tensor& t) { return at::tanh(t); }}};
+  int i = 0;
+  for (bool bf16 : {false, true})
+    for (int64_t m : {1, 5, 128})
+      for (const auto& [act, ref] : acts) {
+        ++i;
+        const auto type = bf16 ? at::kBFloat16 : at::kFloat;
+        dnnl::LinearSpec s;
+        s.m = m, s.k = 40 + i, s.n = 24 + 3 * i, s.bf16 = bf16, s.bias = i % 2, s.act = act;
+        s.alpha = 0.1f;
+        SCOPED_TRACE(::testing::Message() << "case " << i << (bf16 ? " bf16" : " f32") << " m " << m
+                                          << " act " << int(act));
+        const at::Tensor w = (at::randn({s.n, s.k}) * 0.3).to(type);
+        const at::Tensor b = at::randn({s.n}).to(type);
+        at::Tensor x = at::randn({m, s.k});
+        if (!bf16 && m > 1) x[m - 1][s.k / 2] = NAN;  // the last row NaN
+        x = x.to(type);
+        const dnnl::Linear lin(s, w.data_ptr(), b.data_ptr());
+        at::Tensor y = at::empty({m, s.n}, x.options());
+        at::Tensor scratch = at::empty({int64_t(lin.scratchpad_bytes()) + 1}, at::kByte);
+        lin.run(x.data_ptr(), y.data_ptr(), scratch.data_ptr());
+        const at::Tensor want = ref(at::linear(x.to(at::kFloat), w.to(at::kFloat),
+                                               s.bias ? b.to(at::kFloat) : at::Tensor()));
+        const at::Tensor got = y.to(at::kFloat);
+        EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want)))
+            << "NaN where ATen has none, or not";
+        const at::Tensor ok = at::isfinite(want);
+        EXPECT_LE(test::relative_max_diff(got.masked_select(ok), want.masked_select(ok)),
+                  bf16 ? 2e-2 : 1e-5);
+      }
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output
@@ -1202,7 +1247,8 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
         EXPECT_GT(kernels("lopper-gemv"), 0);
       if (*forced && forced != own && convs) EXPECT_GT(kernels("onednn"), 0);
       // oneDNN's primitives called directly, where its library is at hand
-      if (starts_with(forced, "onednn-direct") && convs && dnnl::available())
+      if (starts_with(forced, "onednn-direct") && dnnl::available() &&
+          (convs || (std::string(stem) == "transformer_encoder" && ops::onednn::bf16_native())))
         EXPECT_GT(kernels("onednn-direct"), 0);
     }
   }

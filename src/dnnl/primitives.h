@@ -1,8 +1,8 @@
-// oneDNN's convolution primitives called directly: made once per layer, run with a handful of C
-// calls. libtorch carries oneDNN inside, reachable only through ATen's mkldnn ops, which build a
-// descriptor, hash it and look the primitive up in a cache at every call: 23-27 us a call on top
-// of the primitive's own time (AMD EPYC Zen 4, 2 threads, bf16; a 14x14 384->64 1x1 layer took
-// 47 us through ATen and 24 us here), as much as a small layer's arithmetic.
+// oneDNN's convolution and matrix-product primitives called directly: made once per layer, run with
+// a handful of C calls. libtorch carries oneDNN inside, reachable only through ATen's mkldnn ops,
+// which build a descriptor, hash it and look the primitive up in a cache at every call: 23-27 us a
+// call on top of the primitive's own time (AMD EPYC Zen 4, 2 threads, bf16; a 14x14 384->64 1x1
+// layer took 47 us through ATen and 24 us here), as much as a small layer's arithmetic.
 //
 // The library is the PyPI wheel onednn-cpu-gomp (oneDNN 3.2 built on GNU OpenMP: it shares the
 // libgomp libtorch loaded, so one thread pool), loaded when first asked for: without it lopper runs
@@ -63,6 +63,36 @@ class Conv {
  private:
   struct Impl;
   ConvSpec spec_;
+  std::string impl_;
+  std::unique_ptr<Impl> p_;
+};
+
+struct LinearSpec {
+  int64_t m = 0, k = 0, n = 0;  // y [m, n] = x [m, k] . w^T, w [n, k]
+  bool bf16 = false;            // x, w, bias and y all bf16 (else float32)
+  bool bias = false;            // a bias [n]
+  Eltwise act = Eltwise::kNone;
+  float alpha = 0.f;
+};
+
+/// A linear layer's matrix-product primitive for one row count, its weight reordered once.
+class Linear {
+ public:
+  /// `weight` [n, k] contiguous, `bias` [n], in the spec's type; throws as Conv's does.
+  Linear(const LinearSpec& spec, const void* weight, const void* bias);
+  ~Linear();
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+
+  const LinearSpec& spec() const { return spec_; }
+  size_t scratchpad_bytes() const;
+  const std::string& implementation() const { return impl_; }
+  /// y [m, n] (rows contiguous) = act(x [m, k] . w^T + bias).
+  void run(const void* x, void* y, void* scratch) const;
+
+ private:
+  struct Impl;
+  LinearSpec spec_;
   std::string impl_;
   std::unique_ptr<Impl> p_;
 };

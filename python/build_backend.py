@@ -6,7 +6,7 @@ environment has no torch; installing one there is several GB and could be anothe
 this backend asks the target interpreter itself, outside pip's isolation, where its torch is,
 runs CMake on the target lopper_python (Release, Ninja, ccache: the project's own build), and
 packs the package folder the build writes (BUILD/python/lopper) into a wheel that requires that
-torch version (and numpy). The rest of the metadata is pyproject.toml's [project]; the version is
+torch version (and numpy, and the oneDNN wheel lopper loads at run time). The rest of the metadata is pyproject.toml's [project]; the version is
 CMakeLists.txt's.
 
 The CMake build folder (pip -C build-dir=DIR, or --config-settings build-dir=DIR):
@@ -142,6 +142,9 @@ def _metadata(project, torch=None):
         public = torch["version"].split("+")[0]  # the local label (+cu130) is checked at import
         lines.append(f"Requires-Dist: torch=={public}")
     lines.append("Requires-Dist: numpy")
+    # oneDNN on GNU OpenMP, whose primitives lopper calls directly (loaded at run time where
+    # present: the package runs without it, slower where oneDNN's kernels win)
+    lines.append("Requires-Dist: onednn-cpu-gomp==2023.2.0")
     readme = SOURCE / project.get("readme", "README.md")
     lines.append("Description-Content-Type: text/markdown")
     return "\n".join(lines) + "\n\n" + readme.read_text()

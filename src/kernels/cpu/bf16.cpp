@@ -7,14 +7,14 @@
 namespace lopper::kernels::cpu {
 
 // NOTE: plain loops the compiler vectorises, one build per ISA.
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void widen_span(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void widen_span(
     const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = from_bf16(x[i]);
 }
 
 namespace {
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void narrow_portable(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void narrow_portable(
     const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
 }
@@ -59,8 +59,8 @@ void narrow_span(const float* x, uint16_t* y, int64_t n) {
 
 namespace {
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void relu_span(uint16_t* y,
-                                                                                        int64_t n) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void relu_span(uint16_t* y,
+                                                                                   int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = y[i];
     // negative (sign bit) and not NaN (exponent all ones, mantissa nonzero) -> +0
@@ -70,8 +70,10 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void re
 
 // A value of y is a bf16 already: it is kept bit for bit or becomes a bound's rounding, chosen
 // per element without a rounding in the loop, so the loop vectorises.
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void clamp_span(
-    uint16_t* y, int64_t n, float lo, float hi) {
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void clamp_span(uint16_t* y,
+                                                                                    int64_t n,
+                                                                                    float lo,
+                                                                                    float hi) {
   const uint16_t lo_bits = to_bf16(lo), hi_bits = to_bf16(hi);
   for (int64_t i = 0; i < n; ++i) {
     const float v = from_bf16(y[i]);
@@ -141,12 +143,12 @@ void interleave_any(const T* x, int64_t c, int64_t hw, T* y, int64_t p0, int64_t
   }
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void interleave16(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void interleave16(
     const uint16_t* x, int64_t c, int64_t hw, uint16_t* y, int64_t p0, int64_t p1) {
   interleave_any(x, c, hw, y, p0, p1);
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void interleave32(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void interleave32(
     const uint32_t* x, int64_t c, int64_t hw, uint32_t* y, int64_t p0, int64_t p1) {
   interleave_any(x, c, hw, y, p0, p1);
 }

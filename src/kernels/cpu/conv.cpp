@@ -49,7 +49,7 @@ Epilogue group_epilogue(Epilogue e, int64_t q, int64_t k) {
 // y[p, k] = act(x[p, k] * scale[k] + shift[k]) for pixels [p0, p1) of c bfloat16 channels, x's
 // pixels ldx apart, y's ldy; act none or ReLU (NaN kept), rounded to nearest even once.
 // NOTE: plain loops the compiler vectorises, one build per ISA (memory-bound).
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void affine_bf16(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void affine_bf16(
     const uint16_t* x, int64_t ldx, uint16_t* y, int64_t ldy, const float* scale,
     const float* shift, int64_t c, int64_t p0, int64_t p1, bool relu) {
   for (int64_t p = p0; p < p1; ++p) {

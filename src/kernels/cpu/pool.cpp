@@ -28,7 +28,7 @@ namespace {
 // compared, and the winner's bits stored back (exact too; a NaN stays the same NaN).
 // NOTE: plain loops the compiler vectorises, one build per ISA: the kernel of CPUs without
 // AVX-512 BW (max_pool_bf16_rows_avx512 below otherwise).
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void max_pool_bf16_rows(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void max_pool_bf16_rows(
     const uint16_t* x, uint16_t* y, const ConvShape& s, int64_t row0, int64_t row1) {
   constexpr int64_t kChunk = 64;
   float m[kChunk];

@@ -92,7 +92,7 @@ Api load() {
     tried += (tried.empty() ? "" : "; ") + std::string(dlerror());
   }
   if (!handle) {
-    api.error = "oneDNN's library (the onednn-cpu-gomp wheel) was not found: " + tried;
+    api.error = "oneDNN's library (the onednn-cpu-gomp wheel) could not be loaded: " + tried;
     return api;
   }
 #define LOPPER_DNNL_LOOKUP(f)                                  \

@@ -318,6 +318,7 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     std::vector<std::string> refused;
     // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
     // dnnl/primitives.h): 23-27 us less a call.
+    onednn::note_direct_unavailable(refused);
     if (dnnl::available() && (!fused_add || other_cl.scalar_type() == in.scalar_type())) {
       std::string why;
       if (primitive_for(st, l, fused_add, &why)) {

@@ -211,6 +211,7 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
     std::vector<std::string> refused;
     // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
     // dnnl/primitives.h).
+    if (onednn::usable(x) && onednn::usable(st.weight)) onednn::note_direct_unavailable(refused);
     if (onednn::usable(x) && onednn::usable(st.weight) && dnnl::available()) {
       std::string why;
       if (direct_for(ch, st.weight, x2, bias, post, &why)) {

@@ -71,6 +71,12 @@ std::optional<std::pair<dnnl::Eltwise, float>> direct_eltwise(const PostOp& post
   return std::nullopt;
 }
 
+void note_direct_unavailable(std::vector<std::string>& refused) {
+  if (dnnl::available()) return;
+  const std::string why = dnnl::unavailable_reason();
+  if (why != "LOPPER_DNNL_LIBRARY=off") refused.push_back("onednn-direct: " + why);
+}
+
 PostOp post_op_of(const AttrReader& c) {
   PostOp p;
   std::string act = c.attr_string("activation", "");

@@ -42,6 +42,9 @@ at::Tensor after_primitive(at::Tensor y, const PostOp& p);
 /// in_primitive(p) as the directly called primitives' activation (dnnl/primitives.h) and its
 /// slope, or nullopt where they have no form of it.
 std::optional<std::pair<dnnl::Eltwise, float>> direct_eltwise(const PostOp& p);
+/// Where oneDNN's library is not at hand, why (for a layer's refused candidates; nothing when
+/// LOPPER_DNNL_LIBRARY=off asked for that).
+void note_direct_unavailable(std::vector<std::string>& refused);
 
 /// True when the CPU computes in bfloat16 natively (AVX512_BF16; every CPU with AMX has it too):
 /// oneDNN's bf16 primitives then run at twice fp32's rate (AMX tiles where present). Without it

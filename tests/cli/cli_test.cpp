@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dnnl/primitives.h"
 #include "exec/kernel_choice.h"
 #include "lopper/executor.h"
 #include "lopper/npy.h"
@@ -252,6 +253,46 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   unsetenv("LOPPER_ISA");
   unsetenv("LOPPER_CACHE_DIR");
   unsetenv("LOPPER_CHOICE_BUSY");
+}
+
+// oneDNN's primitives called directly are a candidate where its library loads, none with
+// LOPPER_DNNL_LIBRARY=off, and where the library named is missing or not a library, lopper runs
+// as before and says why beside the layer's choice.
+TEST(Cli, BenchOffersOneDnnDirectWhereItsLibraryLoads) {
+  TempDir dir;
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  std::ofstream(dir / "not-a-library.so") << "text";
+  const std::string bench =
+      "bench " + fixture("mlp.ts.onnx") + " --iters 2 --warmup 0 --explain --json --threads 1";
+  auto layers = [&](const char* library) {
+    if (library)
+      setenv("LOPPER_DNNL_LIBRARY", library, 1);
+    else
+      unsetenv("LOPPER_DNNL_LIBRARY");
+    auto r = lopper_cli(bench);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out).at("kernels").at("layers");
+  };
+  auto offered = [](const nlohmann::json& l) { return l.at("ms").contains("onednn-direct"); };
+  auto refused = [](const nlohmann::json& l) {
+    for (const auto& why : l.at("refused"))
+      if (why.get<std::string>().rfind("onednn-direct: ", 0) == 0) return why.get<std::string>();
+    return std::string();
+  };
+  if (lopper::dnnl::available())
+    for (const auto& l : layers(nullptr)) EXPECT_TRUE(offered(l)) << l.dump();
+  for (const auto& l : layers("off")) {
+    EXPECT_FALSE(offered(l)) << l.dump();
+    EXPECT_EQ(refused(l), "") << l.dump();
+  }
+  const std::string missing = dir / "missing/libdnnl.so.3", text = dir / "not-a-library.so";
+  for (const std::string& path : {missing, text})
+    for (const auto& l : layers(path.c_str())) {
+      EXPECT_FALSE(offered(l)) << l.dump();
+      EXPECT_NE(refused(l).find("could not be loaded: " + path), std::string::npos) << l.dump();
+    }
+  unsetenv("LOPPER_DNNL_LIBRARY");
+  unsetenv("LOPPER_KERNEL_CACHE");
 }
 
 // The cache keeps the current kernel generation's choices only, and at most kMaxChoices a machine

@@ -1,4 +1,4 @@
-"""The language model of issue 20's quality benchmark (bench/llm_quality.py): corpus, tokenizer,
+"""The language model of the one-shot pruning quality benchmark (bench/llm_quality.py): corpus, tokenizer,
 training, export and evaluation, all cached.
 
 Corpus: Jane Austen's six completed novels (Sense and Sensibility, Pride and Prejudice, Mansfield

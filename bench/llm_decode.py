@@ -1,5 +1,5 @@
 """One decoding step of a pruned LLaMA-style model on the CPU, batch 1: lopper's sparse kernels
-against the dense model in lopper, ONNX Runtime and PyTorch (issue 21).
+against the dense model in lopper, ONNX Runtime and PyTorch.
 
 The model is transformers' LlamaForCausalLM with TinyLlama-1.1B's width (hidden 2048, MLP 5632,
 32 heads, 4 KV heads, vocabulary 32000) and --layers decoder layers (default 8: 0.54B parameters,

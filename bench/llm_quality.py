@@ -1,4 +1,4 @@
-"""One-shot LLM pruning quality (issue 20, item 5): held-out perplexity, wall time and peak memory of
+"""One-shot LLM pruning quality: held-out perplexity, wall time and peak memory of
 lopper's magnitude, Wanda and SparseGPT, with and without OWL, beside llm-compressor on the same
 model and the same tokens.
 
@@ -116,7 +116,7 @@ def last_line(text):
 
 
 def lopper_command(lopper, model, out, method, amount, owl, calib, threads):
-    """The lopper invocation of one job (the CLI of issue 20)."""
+    """The lopper invocation of one job (the one-shot CLI)."""
     cmd = [lopper, "prune", model, "-o", out, "--method", "l1" if method == "magnitude" else method]
     cmd += ["--pattern", amount] if ":" in amount else ["--amount", amount]
     if method != "magnitude" or owl:

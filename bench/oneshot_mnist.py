@@ -1,4 +1,4 @@
-"""One-shot pruning with no fine-tuning on Fashion-MNIST (issue 20, item 5): LeNet-300-100 pruned
+"""One-shot pruning with no fine-tuning on Fashion-MNIST: LeNet-300-100 pruned
 90% in one step by magnitude, Wanda and SparseGPT with lopper, test top-1 of each beside the dense
 model's: how much of the accuracy do SparseGPT's reconstruction and Wanda's activation-scaled
 scores keep, against magnitude, when nothing is retrained afterwards?

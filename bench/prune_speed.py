@@ -6,8 +6,8 @@ runs, in the same run and alternating, R rounds of
   * `lopper prune IN -o OUT --method l1 --scope global --amount A`  (load + prune + save)
   * optionally torch: load the same weights into nn.Linear layers and call
     torch.nn.utils.prune.global_unstructured(L1Unstructured) + prune.remove (no ONNX I/O at all)
-and reports median wall time and peak RSS (each child's own ru_maxrss, from wait4). The targets
-(issue 3): prune <= 2x convert in time, peak RSS <= 2.5x the weights' size.
+and reports median wall time and peak RSS (each child's own ru_maxrss, from wait4). The targets:
+prune <= 2x convert in time, peak RSS <= 2.5x the weights' size.
 
 Usage: bench/prune_speed.py --lopper build/lopper [--rounds 3] [--amount 0.9] [--torch]
        [--workdir /tmp/lopper-prune-speed] [--json docs/bench-prune-speed.json]

@@ -1,4 +1,4 @@
-"""Structured pruning of nn.Modules in Python: lopper.prune_structured vs Torch-Pruning (issue 19).
+"""Structured pruning of nn.Modules in Python: lopper.prune_structured vs Torch-Pruning.
 
 Every model is built once (random weights, fixed seed, eval mode) and deep-copied for each pruning,
 so every tool prunes the same weights; each prunes its copy in place, half the channels:

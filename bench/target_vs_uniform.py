@@ -1,4 +1,4 @@
-"""Pruning to a target vs uniform amounts, after the same fine-tune (issue 8): Fashion-MNIST test
+"""Pruning to a target vs uniform amounts, after the same fine-tune: Fashion-MNIST test
 top-1 of per-layer amounts chosen by `lopper prune --target-*` against one amount for every layer,
 at the same cost.
 

@@ -1,6 +1,6 @@
 // Google Benchmark: lopper's dense NHWC convolution kernels (direct, depthwise) against oneDNN's
 // convolution (weight reordered once, channels-last activations, bias and ReLU fused: what the
-// executor runs otherwise) on the layers of the models issue 22 is about: MobileNetV2's pointwise
+// executor runs otherwise) on the layers of the CNNs lopper is measured on: MobileNetV2's pointwise
 // and depthwise layers, ResNet's 3x3 (also by Winograd's F(4x4, 3x3)), RegNet's grouped 3x3, the
 // 3-channel first layer, and the odd channel counts a 50% structured pruning leaves. Part of
 // lopper_kernel_bench:

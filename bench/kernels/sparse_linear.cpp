@@ -134,7 +134,7 @@ BENCHMARK(BM_SparseBf16<8, 1>)->Name("bf16-bcsr8x1-cols")->Apply(sparse_shapes);
 
 namespace {
 
-// The decode regime (issue 21): a few rows of x against a weight far larger than the caches,
+// The decode regime: a few rows of x against a weight far larger than the caches,
 // unstructured 50% (random) or 2:4, float32 or bfloat16 weights; dense ATen in the same dtype.
 // Arguments: in, out, batch, sparsity (%; 24: 2:4), bf16 (0/1), tile (the bitmask format's rows
 // per tile: 1, 4, or 0: the active ISA's; dense ignores it).

@@ -1208,6 +1208,50 @@ TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
       }
 }
 
+// A layer on oneDNN's direct primitives keeps one primitive per input shape (the last four): a
+// dynamic batch and map size run 1, 2, 1, 3, 5, 6 and 2 images again (the first shapes evicted and
+// made anew), convolutions with a residual and ReLU6, and the classifier's matrix product, each
+// against ATen's ops.
+TEST(Exec, DirectPrimitivesFollowTheInputShape) {
+  if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
+  at::manual_seed(37);
+  ir::Model m = image_model({-1, 8, -1, -1});
+  ir::Graph& g = m.graph;
+  for (auto& d : g.inputs[0].type.dims)
+    if (!d.is_static()) d.param = "d";
+  g.inputs[0].type.dims[0].param = "n";
+  auto init = initializer_adder(g);
+  init("w1", at::randn({8, 8, 3, 3}) * 0.2);
+  init("b1", at::randn({8}));
+  init("w2", at::randn({12, 8, 1, 1}) * 0.3);
+  init("wl", at::randn({12, 5}));
+  init("lo", at::scalar_tensor(0.f));
+  init("hi", at::scalar_tensor(6.f));
+  g.nodes = {
+      node("Conv", {"x", "w1", "b1"}, {"c1"}, {ints_attr("pads", {1, 1, 1, 1})}),
+      node("Add", {"c1", "x"}, {"s"}),
+      node("Clip", {"s", "lo", "hi"}, {"r"}),
+      node("Conv", {"r", "w2"}, {"c2"}),
+      node("GlobalAveragePool", {"c2"}, {"p"}),
+      node("Flatten", {"p"}, {"f"}),
+      node("MatMul", {"f", "wl"}, {"y"}),
+  };
+  auto w = [&](const char* n) { return g.find_initializer(n)->value; };
+  setenv("LOPPER_FORCE_KERNEL", "onednn-direct", 1);
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  Executor e(m);
+  for (int64_t n : {1, 2, 1, 3, 5, 6, 2}) {
+    SCOPED_TRACE(::testing::Message() << n << " images");
+    const at::Tensor x = at::randn({n, 8, 5 + n, 7});
+    const at::Tensor r = at::clamp(at::conv2d(x, w("w1"), w("b1"), 1, 1) + x, 0, 6);
+    const at::Tensor want = at::matmul(at::conv2d(r, w("w2")).mean({2, 3}), w("wl"));
+    EXPECT_LE(test::relative_max_diff(e.run({{"x", x}})[0], want), 1e-5);
+  }
+  EXPECT_EQ(chosen(e, [](const std::string& k) { return starts_with(k, "onednn-direct"); }), 3);
+  unsetenv("LOPPER_FORCE_KERNEL");
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output

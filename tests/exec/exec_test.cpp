@@ -1099,6 +1099,35 @@ TEST(Exec, KernelsTimedColdWhenTheWeightsOutgrowTheCache) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+namespace {
+
+// The activations oneDNN's direct primitives compute inside (slope 0.1 for the leaky ReLU), each
+// with ATen's form of it.
+std::vector<std::pair<dnnl::Eltwise, std::function<at::Tensor(const at::Tensor&)>>>
+direct_activations() {
+  using E = dnnl::Eltwise;
+  return {{E::kNone, [](const at::Tensor& t) { return t; }},
+          {E::kLeakyRelu, [](const at::Tensor& t) { return at::leaky_relu(t, 0.1); }},
+          {E::kLogistic, [](const at::Tensor& t) { return at::sigmoid(t); }},
+          {E::kTanh, [](const at::Tensor& t) { return at::tanh(t); }},
+          {E::kGeluErf, [](const at::Tensor& t) { return at::gelu(t); }},
+          {E::kGeluTanh, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
+          {E::kHardswish, [](const at::Tensor& t) { return at::hardswish(t); }},
+          {E::kSwish, [](const at::Tensor& t) { return at::silu(t); }}};
+}
+
+// A direct primitive's output `y` against ATen's float32 `want`: NaN exactly where it has NaN, the
+// finite values to bf16's or float32's tolerance.
+void expect_direct_result(const at::Tensor& y, const at::Tensor& want, bool bf16) {
+  const at::Tensor got = y.to(at::kFloat);
+  EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want))) << "NaN where ATen has none, or not";
+  const at::Tensor ok = at::isfinite(want);
+  EXPECT_LE(test::relative_max_diff(got.masked_select(ok), want.masked_select(ok)),
+            bf16 ? 2e-2 : 1e-5);
+}
+
+}  // namespace
+
 // oneDNN's convolution primitive called directly (dnnl/primitives.h) against ATen's convolution:
 // plain, strided, grouped, depthwise, dilated and first layers; with and without bias and residual;
 // every activation it computes inside; float32 and bf16; a NaN in the input comes out where ATen's
@@ -1114,16 +1143,7 @@ TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
                         {1, 12, 11, 10, 12, 3, 3, 2, 1, 1, 12},
                         {2, 6, 10, 10, 9, 3, 3, 1, 2, 2, 3},
                         {1, 3, 15, 15, 8, 7, 7, 2, 3, 1, 1}};
-  using E = dnnl::Eltwise;
-  const std::pair<E, std::function<at::Tensor(const at::Tensor&)>> acts[] = {
-      {E::kNone, [](const at::Tensor& t) { return t; }},
-      {E::kLeakyRelu, [](const at::Tensor& t) { return at::leaky_relu(t, 0.1); }},
-      {E::kLogistic, [](const at::Tensor& t) { return at::sigmoid(t); }},
-      {E::kTanh, [](const at::Tensor& t) { return at::tanh(t); }},
-      {E::kGeluErf, [](const at::Tensor& t) { return at::gelu(t); }},
-      {E::kGeluTanh, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
-      {E::kHardswish, [](const at::Tensor& t) { return at::hardswish(t); }},
-      {E::kSwish, [](const at::Tensor& t) { return at::silu(t); }}};
+  const auto acts = direct_activations();
   int i = 0;
   for (bool bf16 : {false, true})
     for (const Case& k : cases)
@@ -1154,12 +1174,7 @@ TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
                        k.s, k.p, k.d, k.groups);
         if (residual) want = want + r.to(at::kFloat);
         want = ref(want);
-        const at::Tensor got = y.to(at::kFloat);
-        EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want)))
-            << "NaN where ATen has none, or not";
-        const at::Tensor ok = at::isfinite(want);
-        EXPECT_LE(test::relative_max_diff(got.masked_select(ok), want.masked_select(ok)),
-                  bf16 ? 2e-2 : 1e-5);
+        expect_direct_result(y, want, bf16);
       }
 }
 
@@ -1169,14 +1184,7 @@ TEST(DnnlConv, MatchesAtenOnEveryShapeTypeAndActivation) {
 TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
   if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
   at::manual_seed(31);
-  using E = dnnl::Eltwise;
-  const std::pair<E, std::function<at::Tensor(const at::Tensor&)>> acts[] = {
-      {E::kNone, [](const at::Tensor& t) { return t; }},
-      {E::kLeakyRelu, [](const at::Tensor& t) { return at::leaky_relu(t, 0.1); }},
-      {E::kGeluErf, [](const at::Tensor& t) { return at::gelu(t); }},
-      {E::kGeluTanh, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
-      {E::kSwish, [](const at::Tensor& t) { return at::silu(t); }},
-      {E::kTanh, [](const at::Tensor& t) { return at::tanh(t); }}};
+  const auto acts = direct_activations();
   int i = 0;
   for (bool bf16 : {false, true})
     for (int64_t m : {1, 5, 128})
@@ -1199,12 +1207,7 @@ TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
         lin.run(x.data_ptr(), y.data_ptr(), scratch.data_ptr());
         const at::Tensor want = ref(at::linear(x.to(at::kFloat), w.to(at::kFloat),
                                                s.bias ? b.to(at::kFloat) : at::Tensor()));
-        const at::Tensor got = y.to(at::kFloat);
-        EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want)))
-            << "NaN where ATen has none, or not";
-        const at::Tensor ok = at::isfinite(want);
-        EXPECT_LE(test::relative_max_diff(got.masked_select(ok), want.masked_select(ok)),
-                  bf16 ? 2e-2 : 1e-5);
+        expect_direct_result(y, want, bf16);
       }
 }
 

@@ -22,7 +22,7 @@ namespace lopper::ops {
 
 /// The generation of lopper's kernels, part of every cached choice's key: bump it when a change
 /// makes a kernel materially faster or slower, so that choices timed before are timed again.
-inline constexpr int kKernelGeneration = 29;
+inline constexpr int kKernelGeneration = 30;
 
 struct KernelCandidate {
   std::string name;

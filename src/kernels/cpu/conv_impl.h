@@ -1290,9 +1290,17 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t ro
   using T = Wide;
   constexpr int NB = ConvTraits<T>::kNB;
   const int64_t pairs = s.c / 2;
+  const int64_t left = s.k - kbase;
+  int n[NV];
+  // The sums start from the bias: one add less per output vector in the epilogue, which for a
+  // 1x1 layer of few input channels is as long as the products. (The bias vectors are not kept
+  // across the products: 24 sums, 3 weight vectors and a broadcast fill the 32 registers.)
   __m512 acc[MR][NV];
-  LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int v = 0; v < NV; ++v) acc[m][v] =
-      _mm512_setzero_ps();
+  LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+    n[v] = int(std::clamp<int64_t>(left - v * 16, 0, 16));
+    const __m512 b = e.bias ? T::loadm(e.bias + kbase + v * 16, n[v]) : T::zero();
+    LOPPER_UNROLL for (int m = 0; m < MR; ++m) acc[m][v] = b;
+  }
   // Without dilation and with packed pixels, a kernel row's taps x channels are one run of the
   // input and of the packed weight: one loop over it, as the float32 kernel's.
   const bool runs = !BORDER && s.dw == 1 && s.x_stride == s.c;
@@ -1322,34 +1330,43 @@ inline void pair_micro(const uint16_t* const* px, const uint32_t* wb, int64_t ro
         }
       }
     }
-  const int64_t left = s.k - kbase;
-  int n[NV];
-  __m512 b[NV];
-  LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
-    n[v] = int(std::clamp<int64_t>(left - v * 16, 0, 16));
-    b[v] = e.bias ? T::loadm(e.bias + kbase + v * 16, n[v]) : T::zero();
-  }
   LOPPER_UNROLL for (int m = 0; m < MR; ++m) {
     if (m >= valid) break;
     const int64_t pix = pix0 + m;
     const int64_t yo = pix * s.y_stride + kbase, ro = pix * s.r_stride + kbase;
+    if (out.y != nullptr) {
+      LOPPER_UNROLL for (int v = 0; v < NV; ++v) if (n[v] > 0) store_out<T>(
+          acc[m][v], n[v], out.y + yo + v * 16, out.res ? out.res + ro + v * 16 : nullptr, e);
+      continue;
+    }
+    __m512 o[NV];
     LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
-      if (n[v] == 0) continue;
-      if (out.y != nullptr) {
-        store_out<T>(T::add(acc[m][v], b[v]), n[v], out.y + yo + v * 16,
-                     out.res ? out.res + ro + v * 16 : nullptr, e);
-        continue;
-      }
       const __mmask16 mk = __mmask16((1u << n[v]) - 1u);
-      __m512 o = T::add(acc[m][v], b[v]);
-      if (out.res) o = T::add(o, _mm512_maskz_loadu_ps(mk, out.res + ro + v * 16));
+      o[v] = acc[m][v];
+      if (out.res) o[v] = T::add(o[v], _mm512_maskz_loadu_ps(mk, out.res + ro + v * 16));
       if (out.r16) {
         const __m512i r =
             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, out.r16 + ro + v * 16));
-        o = T::add(o, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+        o[v] = T::add(o[v], _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
       }
-      o = activate<T>(o, e);
-      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, mk, round_bf16(o));
+      o[v] = activate<T>(o[v], e);
+    }
+    int v0 = 0;
+    // Two full vectors (32 channels) rounded by one vcvtne2ps2bf16 and stored as one 64-byte
+    // row: half the conversions and stores (round_bf16's rule: a subnormal or NaN in either goes
+    // the long way).
+    if constexpr (NV >= 2) {
+      if (n[1] == 16 &&
+          __builtin_expect(
+              (_mm512_fpclass_ps_mask(o[0], 0xA1) | _mm512_fpclass_ps_mask(o[1], 0xA1)) == 0, 1)) {
+        _mm512_storeu_si512(out.y16 + yo, (__m512i)_mm512_cvtne2ps_pbh(o[1], o[0]));
+        v0 = 2;
+      }
+    }
+    LOPPER_UNROLL for (int v = 0; v < NV; ++v) {
+      if (v < v0 || n[v] == 0) continue;
+      _mm256_mask_storeu_epi16(out.y16 + yo + v * 16, __mmask16((1u << n[v]) - 1u),
+                               round_bf16(o[v]));
     }
   }
 }

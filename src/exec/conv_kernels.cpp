@@ -283,7 +283,12 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
   // part of the activation inside it, the rest in place after.
   auto as_primitive = [&] {
     auto prim = primitive_for(st, l, fused_add, nullptr);
-    if (!prim) return as_conv();  // a new input shape oneDNN makes no primitive for
+    if (!prim) {  // a new input shape oneDNN makes no primitive for: ATen's oneDNN op
+      if (!st.packed.defined())
+        st.packed =
+            onednn::pack_conv2d_weight(w, padding, g.strides, g.dilations, g.group, in.sizes());
+      return as_conv();
+    }
     at::Tensor x = channels_last();
     if (!x.is_contiguous(at::MemoryFormat::ChannelsLast))
       x = x.contiguous(at::MemoryFormat::ChannelsLast);

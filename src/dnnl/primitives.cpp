@@ -1,14 +1,12 @@
 // oneDNN's convolution and matrix-product primitives through its C API, the library loaded on
-// demand (see conv.h).
+// demand (see primitives.h).
 #include "dnnl/primitives.h"
 
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <stdexcept>
 #include <utility>
 #include <vector>

@@ -159,6 +159,12 @@ void release_unused(ConvState& st) {
 std::shared_ptr<const dnnl::Conv> primitive_for(ConvState& st, const Conv2dLayer& l, bool residual,
                                                 std::string* why) {
   const at::Tensor& in = l.in;
+  // (a layer's weight, geometry and activation are fixed: the input shape picks the primitive)
+  for (const auto& p : st.primitives) {
+    const dnnl::ConvSpec& o = p->spec();
+    if (o.n == in.size(0) && o.h == in.size(2) && o.w == in.size(3) && o.residual == residual)
+      return p;
+  }
   const auto act = onednn::direct_eltwise(l.post);
   if (!act) {
     if (why) *why = "oneDNN's primitive has no NaN-safe form of " + l.post.attr;
@@ -173,10 +179,6 @@ std::shared_ptr<const dnnl::Conv> primitive_for(ConvState& st, const Conv2dLayer
   s.bias = l.b.defined();
   s.residual = residual;
   s.act = act->first, s.alpha = act->second;
-  for (const auto& p : st.primitives) {
-    const dnnl::ConvSpec& o = p->spec();
-    if (o.n == s.n && o.h == s.h && o.w == s.w && o.residual == s.residual) return p;
-  }
   try {
     const at::Tensor w = l.w.contiguous();
     const at::Tensor b = s.bias ? l.b.contiguous() : at::Tensor();

@@ -43,13 +43,13 @@ struct LinearState {
 std::shared_ptr<const dnnl::Linear> direct_for(LinearState::CpuChoice& ch, const at::Tensor& weight,
                                                const at::Tensor& x2, const at::Tensor& bias,
                                                const onednn::PostOp& post, std::string* why) {
+  for (const auto& d : ch.direct)
+    if (d->spec().m == x2.size(0)) return d;
   const auto act = onednn::direct_eltwise(post);
   if (!act) {
     if (why) *why = "oneDNN's primitive has no NaN-safe form of " + post.attr;
     return nullptr;
   }
-  for (const auto& d : ch.direct)
-    if (d->spec().m == x2.size(0)) return d;
   dnnl::LinearSpec s;
   s.m = x2.size(0), s.k = weight.size(1), s.n = weight.size(0);
   s.bf16 = x2.scalar_type() == at::kBFloat16;
@@ -203,22 +203,22 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
     std::vector<KernelCandidate> cands{
         {"aten", [&] { onednn::apply_unfused(at::linear(x2, st.weight, bias), post); }}};
     std::vector<K> kinds{K::kAten};
+    std::vector<std::string> refused;
     if (onednn::usable(x) && onednn::usable(st.weight)) {  // fp32, or bf16 where native
       ch.packed = onednn::pack_linear_weight(st.weight, x2.size(0));
       cands.push_back({"onednn", [&] { onednn::linear(x2, ch.packed, bias, post); }});
       kinds.push_back(K::kOnednn);
-    }
-    std::vector<std::string> refused;
-    // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
-    // dnnl/primitives.h).
-    if (onednn::usable(x) && onednn::usable(st.weight)) onednn::note_direct_unavailable(refused);
-    if (onednn::usable(x) && onednn::usable(st.weight) && dnnl::available()) {
-      std::string why;
-      if (direct_for(ch, st.weight, x2, bias, post, &why)) {
-        cands.push_back({"onednn-direct", [&] { direct_linear(ch, st.weight, x2, bias, post); }});
-        kinds.push_back(K::kDirect);
-      } else {
-        refused.push_back("onednn-direct: " + why);
+      // NOTE: the same library without ATen's per-call descriptor, hashing and cache lookup (see
+      // dnnl/primitives.h).
+      onednn::note_direct_unavailable(refused);
+      if (dnnl::available()) {
+        std::string why;
+        if (direct_for(ch, st.weight, x2, bias, post, &why)) {
+          cands.push_back({"onednn-direct", [&] { direct_linear(ch, st.weight, x2, bias, post); }});
+          kinds.push_back(K::kDirect);
+        } else {
+          refused.push_back("onednn-direct: " + why);
+        }
       }
     }
     if (x2.size(0) <= kFewRows && (cpu_f32 || (cpu_bf16 && kernels::cpu::DenseGemv::takes_bf16(

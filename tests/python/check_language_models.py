@@ -17,6 +17,7 @@ usage: check_language_models.py LOPPER FIXTURES_DIR
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -257,6 +258,7 @@ for args, words in bad:
           f"bad data: {words!r} -> {p.stderr.strip()[:140]!r}")
 
 if failures:
-    print(f"\n{len(failures)} check(s) failed")
+    print(f"\n{len(failures)} check(s) failed; the files are kept in {TMP}")
     sys.exit(1)
+shutil.rmtree(TMP, ignore_errors=True)
 print("\nall language-model checks passed")

@@ -233,7 +233,7 @@ def main():
         assert "Chart is not defined" in p.errors and p.body.get("data-errors"), \
             f"a page without Chart.js went unnoticed: {p.errors!r}"
 
-    return cases.run([("prune --method l1 --report (top-1 on --data)", unstructured),
+    rc = cases.run([("prune --method l1 --report (top-1 on --data)", unstructured),
                       ("prune --structured channel --report", structured),
                       ("prune --target-params --data --report", target),
                       ("prune --target-params --sensitivity FILE --data --report",
@@ -242,6 +242,11 @@ def main():
                       ("train --schedule agp --report", train),
                       ("compare -o --report", compare),
                       ("control: a report without Chart.js shows its error", control)])
+    if rc:
+        print(f"the files are kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rc
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -23,6 +24,7 @@ namespace {
   X(dnnl_stream_create)                                                                   \
   X(dnnl_stream_destroy)                                                                  \
   X(dnnl_memory_desc_create_with_tag)                                                     \
+  X(dnnl_memory_desc_create_with_strides)                                                 \
   X(dnnl_memory_desc_destroy)                                                             \
   X(dnnl_memory_desc_get_size)                                                            \
   X(dnnl_primitive_attr_create)                                                           \
@@ -134,6 +136,16 @@ struct Md {
     int n = 0;
     for (int64_t x : dims) d[n++] = x;
     check(api().dnnl_memory_desc_create_with_tag(&md, n, d, type, tag), "a memory descriptor");
+  }
+  // dims at element strides (a plain layout, any order)
+  Md(std::initializer_list<int64_t> dims, dnnl_data_type_t type,
+     std::initializer_list<int64_t> strides) {
+    dnnl_dims_t d{}, st{};
+    int n = 0;
+    for (int64_t x : dims) d[n++] = x;
+    n = 0;
+    for (int64_t x : strides) st[n++] = x;
+    check(api().dnnl_memory_desc_create_with_strides(&md, n, d, type, st), "a memory descriptor");
   }
   Md(Md&& o) noexcept : md(std::exchange(o.md, nullptr)) {}
   Md& operator=(Md&& o) noexcept {
@@ -375,6 +387,94 @@ size_t Linear::scratchpad_bytes() const { return p_->held.scratchpad_bytes(); }
 
 void Linear::run(const void* x, void* y, void* scratch) const {
   p_->held.run(p_->src, x, p_->dst, y, scratch, nullptr, nullptr, "the matrix product");
+}
+
+namespace {
+
+// A primitive without weights of its own: its descriptor and itself.
+struct Plain {
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_primitive_t prim = nullptr;
+  Plain() = default;
+  Plain(const Plain&) = delete;
+  Plain& operator=(const Plain&) = delete;
+  ~Plain() {
+    if (prim) api().dnnl_primitive_destroy(prim);
+    if (pd) api().dnnl_primitive_desc_destroy(pd);
+  }
+  std::string finish() {
+    const char* impl = nullptr;
+    std::string name;
+    if (api().dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl)
+      name = impl;
+    check(api().dnnl_primitive_create(&prim, pd), "the primitive");
+    return name;
+  }
+  size_t scratchpad_bytes() const {
+    return api().dnnl_memory_desc_get_size(
+        api().dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+  }
+  // dst = src . weights, memory over the caller's buffers.
+  void run(const Md& src_md, const void* src, const Md& w_md, const void* w, const Md& dst_md,
+           void* dst, void* scratch, const char* what) const {
+    const Api& a = api();
+    Mem s(src_md.md, const_cast<void*>(src)), wm(w_md.md, const_cast<void*>(w)), d(dst_md.md, dst);
+    Mem pad(a.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), scratch);
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, s.m},
+                                    {DNNL_ARG_WEIGHTS, wm.m},
+                                    {DNNL_ARG_DST, d.m},
+                                    {DNNL_ARG_SCRATCHPAD, pad.m}};
+    check(a.dnnl_primitive_execute(prim, thread_stream(), 4, args), what);
+  }
+};
+
+}  // namespace
+
+struct AttentionProducts::Impl {
+  Md q, kt, s, p, v, y;
+  Plain first, second;
+};
+
+AttentionProducts::AttentionProducts(const AttentionSpec& s)
+    : spec_(s), p_(std::make_unique<Impl>()) {
+  if (!available()) throw std::runtime_error(unavailable_reason());
+  if (s.heads < 1 || s.sq < 1 || s.sk < 1 || s.d < 1 || s.dv < 1)
+    throw std::runtime_error("oneDNN: an empty attention");
+  const Api& a = api();
+  const dnnl_data_type_t type = s.bf16 ? dnnl_bf16 : dnnl_f32;
+  Impl& p = *p_;
+  const int64_t h = s.heads, hd = h * s.d, hdv = h * s.dv;
+  // NOTE: 4-D with a leading 1: oneDNN's brgemm matmul takes the heads of a row side by side only
+  // so (3-D views at the same strides fall back to its older gemm, never AMX).
+  p.q = Md({1, h, s.sq, s.d}, type, {s.sq * hd, s.d, hd, 1});
+  p.kt = Md({1, h, s.d, s.sk}, type, {s.sk * hd, s.d, 1, hd});  // K [sk, h, d] read transposed
+  p.s = Md({1, h, s.sq, s.sk}, dnnl_f32, dnnl_abcd);
+  p.p = Md({1, h, s.sq, s.sk}, type, dnnl_abcd);
+  p.v = Md({1, h, s.sk, s.dv}, type, {s.sk * hdv, s.dv, hdv, 1});
+  p.y = Md({1, h, s.sq, s.dv}, type, {s.sq * hdv, s.dv, hdv, 1});
+  const Attr attr(nullptr, Eltwise::kNone, 0.f);
+  check(a.dnnl_matmul_primitive_desc_create(&p.first.pd, a.engine, p.q.md, p.kt.md, nullptr, p.s.md,
+                                            attr.attr),
+        "a matrix-product primitive for the attention's scores");
+  check(a.dnnl_matmul_primitive_desc_create(&p.second.pd, a.engine, p.p.md, p.v.md, nullptr, p.y.md,
+                                            attr.attr),
+        "a matrix-product primitive for the attention's output");
+  impl_ = p.first.finish() + " / " + p.second.finish();
+}
+
+AttentionProducts::~AttentionProducts() = default;
+
+size_t AttentionProducts::scratchpad_bytes() const {
+  return std::max(p_->first.scratchpad_bytes(), p_->second.scratchpad_bytes());
+}
+
+void AttentionProducts::scores(const void* q, const void* k, float* scores, void* scratch) const {
+  p_->first.run(p_->q, q, p_->kt, k, p_->s, scores, scratch, "the attention's scores");
+}
+
+void AttentionProducts::output(const void* p, const void* v, void* y, void* scratch) const {
+  p_->second.run(p_->p, p, p_->v, v, p_->y, y, scratch, "the attention's output");
 }
 
 }  // namespace lopper::dnnl

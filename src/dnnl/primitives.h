@@ -97,4 +97,37 @@ class Linear {
   std::unique_ptr<Impl> p_;
 };
 
+struct AttentionSpec {
+  int64_t heads = 0, sq = 0, sk = 0, d = 0, dv = 0;
+  bool bf16 = false;  // Q, K, V, the probabilities and y bf16 (else float32); scores float32
+};
+
+/// An attention's two products for one shape, as batched matrix-product primitives over the heads:
+/// scores = Q . K^T and y = P . V, with Q [sq, heads, d], K [sk, heads, d], V [sk, heads, dv] and
+/// y [sq, heads, dv] packed (a row's heads side by side, the layout oneDNN's brgemm kernels take,
+/// AMX's where the CPU has it), scores [heads, sq, sk] float32 and P [heads, sq, sk] in the spec's
+/// type. The softmax between is the caller's. run calls may come from several threads at once.
+class AttentionProducts {
+ public:
+  /// Throws std::runtime_error naming the problem where oneDNN makes no primitive for the spec.
+  explicit AttentionProducts(const AttentionSpec& spec);
+  ~AttentionProducts();
+  AttentionProducts(const AttentionProducts&) = delete;
+  AttentionProducts& operator=(const AttentionProducts&) = delete;
+
+  const AttentionSpec& spec() const { return spec_; }
+  /// The bytes of scratch memory either product needs.
+  size_t scratchpad_bytes() const;
+  /// oneDNN's names for the two implementations, "scores / output".
+  const std::string& implementation() const { return impl_; }
+  void scores(const void* q, const void* k, float* scores, void* scratch) const;
+  void output(const void* p, const void* v, void* y, void* scratch) const;
+
+ private:
+  struct Impl;
+  AttentionSpec spec_;
+  std::string impl_;
+  std::unique_ptr<Impl> p_;
+};
+
 }  // namespace lopper::dnnl

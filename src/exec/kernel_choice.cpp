@@ -353,10 +353,11 @@ Chosen choose(OpContext& c, const std::vector<KernelCandidate>& cands, const at:
   d.refused = std::move(refused);
   d.node = c.node().label();
   d.op = c.node().op_type;
-  d.weight_shape = weight.sizes().vec();
+  if (weight.defined()) d.weight_shape = weight.sizes().vec();
   d.cold = !input.is_cuda() && c.weights_exceed_cache();
   d.input_shape = input.sizes().vec();
-  at::Tensor w = weight.to(at::kCPU).contiguous();  // hashed below
+  // hashed below (an op without a weight: an empty one)
+  at::Tensor w = weight.defined() ? weight.to(at::kCPU).contiguous() : at::empty({0});
   const int64_t numel = w.numel();
   d.sparsity = numel ? 1.0 - double(kernels::cpu::count_nonzero(w)) / double(numel) : 0.0;
 

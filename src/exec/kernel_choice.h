@@ -36,12 +36,12 @@ struct KernelCandidate {
 /// run: a layer's weights then come from memory at every run of the model, and a kernel that wins
 /// on a weight in cache (a dense one, twice the bytes of a 50% sparse one) can lose from memory.
 /// The cache key is the machine (CPU model, ISA, threads), the node, the weight's shape and values
-/// (hashed), the input's shape and type, the candidates' names and whether the timing was cold. The
-/// decision is reported to the executor (Executor::kernel_decisions).
-/// `refused` names the kernels that were considered but could not run here, each with why (they
-/// are reported with the decision). `prefer_own`: keep a kernel of lopper's own within 10% of a
-/// faster library kernel (see keep_of); off where the candidates are whole sequences of layers
-/// timed alike.
+/// (hashed; `weight` undefined for an op without one), the input's shape and type, the candidates'
+/// names and whether the timing was cold. The decision is reported to the executor
+/// (Executor::kernel_decisions). `refused` names the kernels that were considered but could not run
+/// here, each with why (they are reported with the decision). `prefer_own`: keep a kernel of
+/// lopper's own within 10% of a faster library kernel (see keep_of); off where the candidates are
+/// whole sequences of layers timed alike.
 size_t choose_kernel(OpContext& c, const std::vector<KernelCandidate>& cands,
                      const at::Tensor& weight, const at::Tensor& input,
                      std::vector<std::string> refused = {}, bool prefer_own = true);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 
+#include "exec/attention_kernels.h"
 #include "kernels/cpu/rows.h"
 #include "ops/op.h"
 
@@ -264,8 +265,9 @@ int64_t grouped_matmul_macs(const MacContext& m) {
 // scores and probabilities read by nothing else; a factor is the other input of a Mul that made Q
 // or Kt, a value computed in the graph). A factor of one element joins the scale; any other is
 // multiplied in. Inference on the CPU runs kernels::cpu::scaled_attention over the leading axes
-// (Q, Kt and V of one rank, 3 or more, the same leading sizes, all float32 or all bf16); anything
-// else, the three steps.
+// (Q, Kt and V of one rank, 3 or more, the same leading sizes, all float32 or all bf16), or
+// oneDNN's products where they time faster (exec/attention_kernels.h); anything else, the three
+// steps.
 void scaled_attention(OpContext& c) {
   float scale = c.attr_float("scale", 1.f);
   // NOTE: torch's export of MultiheadAttention scales Q and K by sqrt(1 / sqrt(d)) computed from
@@ -304,7 +306,7 @@ void scaled_attention(OpContext& c) {
     fused = kt.size(d) == q.size(d) && v.size(d) == q.size(d);
   if (!fused) return c.set_output(0, at::matmul(scaled_softmax(c, at::matmul(q, kt), scale), v));
   auto heads = [](const at::Tensor& x) { return x.dim() == 3 ? x : x.flatten(0, x.dim() - 3); };
-  at::Tensor y = kernels::cpu::scaled_attention(heads(q), heads(kt), heads(v), scale);
+  at::Tensor y = attention_by_kernel(c, heads(q), heads(kt), heads(v), scale);
   std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
   shape.back() = v.size(-1);
   c.set_output(0, y.view(shape));

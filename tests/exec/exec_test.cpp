@@ -13,6 +13,7 @@
 #include "exec/fuse.h"
 #include "exec/kernel_choice.h"
 #include "exec/onednn.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/sparse.h"
 #include "lopper/error.h"
 #include "lopper/executor.h"
@@ -1210,6 +1211,113 @@ TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
                                                s.bias ? b.to(at::kFloat) : at::Tensor()));
         expect_direct_result(y, want, bf16);
       }
+}
+
+// An attention's two products on oneDNN's primitives (dnnl/primitives.h) with lopper's softmax
+// between (kernels/cpu/rows.h), against ATen: many heads of a row, one query row, keys more than
+// queries, head sizes of Q and V apart; float32 and bf16 (bf16: the probabilities rounded once);
+// a NaN in one query comes out in that query's row of its head only.
+TEST(DnnlAttention, ProductsAndSoftmaxMatchAten) {
+  if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
+  at::manual_seed(41);
+  struct Case {
+    int64_t heads, sq, sk, d, dv;
+  };
+  const Case cases[] = {{12, 32, 32, 16, 16}, {2, 1, 13, 8, 8}, {3, 7, 19, 5, 6}};
+  for (bool bf16 : {false, ops::onednn::bf16_native()})
+    for (const Case& k : cases) {
+      SCOPED_TRACE(::testing::Message() << (bf16 ? "bf16" : "f32") << " heads " << k.heads << " sq "
+                                        << k.sq << " sk " << k.sk);
+      const auto type = bf16 ? at::kBFloat16 : at::kFloat;
+      dnnl::AttentionSpec s;
+      s.heads = k.heads, s.sq = k.sq, s.sk = k.sk, s.d = k.d, s.dv = k.dv, s.bf16 = bf16;
+      // packed: a row's heads side by side
+      at::Tensor q = at::randn({k.sq, k.heads, k.d});
+      if (!bf16) q[k.sq - 1][0][0] = NAN;
+      q = q.to(type);
+      const at::Tensor kk = at::randn({k.sk, k.heads, k.d}).to(type);
+      const at::Tensor v = at::randn({k.sk, k.heads, k.dv}).to(type);
+      const float scale = 0.3f;
+      const dnnl::AttentionProducts d(s);
+      at::Tensor scores = at::empty({k.heads, k.sq, k.sk});
+      at::Tensor scratch = at::empty({int64_t(d.scratchpad_bytes()) + 1}, at::kByte);
+      d.scores(q.data_ptr(), kk.data_ptr(), scores.data_ptr<float>(), scratch.data_ptr());
+      const at::Tensor qh = q.to(at::kFloat).transpose(0, 1),
+                       kh = kk.to(at::kFloat).transpose(0, 1);
+      const at::Tensor want_scores = at::matmul(qh, kh.transpose(1, 2));
+      expect_direct_result(scores, want_scores, false);
+      at::Tensor probs = bf16 ? at::empty({k.heads, k.sq, k.sk}, at::kBFloat16) : scores;
+      kernels::cpu::softmax_rows(scores.data_ptr<float>(), k.heads * k.sq, k.sk, scale,
+                                 bf16 ? reinterpret_cast<uint16_t*>(probs.data_ptr()) : nullptr);
+      at::Tensor y = at::empty({k.sq, k.heads, k.dv}, type);
+      d.output(probs.data_ptr(), v.data_ptr(), y.data_ptr(), scratch.data_ptr());
+      const at::Tensor want =
+          at::matmul(at::softmax(want_scores * scale, -1), v.to(at::kFloat).transpose(0, 1));
+      expect_direct_result(y.transpose(0, 1), want, bf16);
+    }
+}
+
+// An unmasked attention forced onto oneDNN's products (LOPPER_FORCE_KERNEL=onednn-direct) gives
+// ATen's result for each layout of Q, K and V the graph can hand it: the head views of one fused
+// projection (rows copied), per-head contiguous tensors (ATen's copy), and a row's heads side by
+// side (read as they are); the token count changes from run to run (one set of primitives per
+// shape, the last four kept).
+TEST(Exec, AttentionOnOneDnnFollowsLayoutAndShape) {
+  if (!dnnl::available()) GTEST_SKIP() << dnnl::unavailable_reason();
+  at::manual_seed(43);
+  setenv("LOPPER_FORCE_KERNEL", "onednn-direct", 1);
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  for (int layout = 0; layout < 3; ++layout) {
+    SCOPED_TRACE(::testing::Message() << "layout " << layout);
+    // 0: x [1, tokens, 3 x 2 heads x 6]; 1: x [2, 3 heads, tokens, 8]; 2: x [tokens, 2 heads, 6]
+    ir::Model m = image_model(layout == 0   ? std::vector<int64_t>{1, -1, 36}
+                              : layout == 1 ? std::vector<int64_t>{2, 3, -1, 8}
+                                            : std::vector<int64_t>{-1, 2, 6});
+    for (auto& dim : m.graph.inputs[0].type.dims)
+      if (!dim.is_static()) dim.param = "tokens";
+    ir::Graph& g = m.graph;
+    auto init = initializer_adder(g);
+    init("shape", at::tensor({1, -1, 3, 2, 6}, at::kLong));
+    for (int i = 0; i < 3; ++i) init("i" + std::to_string(i), at::scalar_tensor(i, at::kLong));
+    if (layout == 0)  // as torch exports MultiheadAttention: Gathers of one transposed projection
+      g.nodes = {node("Reshape", {"x", "shape"}, {"r"}),
+                 node("Transpose", {"r"}, {"t"}, {ints_attr("perm", {2, 0, 3, 1, 4})}),
+                 node("Gather", {"t", "i0"}, {"q"}),
+                 node("Gather", {"t", "i1"}, {"k"}),
+                 node("Gather", {"t", "i2"}, {"v"}),
+                 node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})})};
+    else if (layout == 1)
+      g.nodes = {node("Identity", {"x"}, {"q"}), node("Identity", {"x"}, {"v"}),
+                 node("Transpose", {"x"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})})};
+    else
+      g.nodes = {node("Transpose", {"x"}, {"q"}, {ints_attr("perm", {1, 0, 2})}),
+                 node("Identity", {"q"}, {"v"}),
+                 node("Transpose", {"x"}, {"kt"}, {ints_attr("perm", {1, 2, 0})})};
+    g.nodes.push_back(node("MatMul", {"q", "kt"}, {"s"}));
+    g.nodes.push_back(node("Softmax", {"s"}, {"p"}));
+    g.nodes.push_back(node("MatMul", {"p", "v"}, {"y"}));
+    Executor e(m);
+    for (int64_t tokens : {7, 1, 9, 3, 5, 7}) {
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens");
+      at::Tensor x, q, kt, v;
+      if (layout == 0) {
+        x = at::randn({1, tokens, 36});
+        const at::Tensor t = x.reshape({1, tokens, 3, 2, 6}).permute({2, 0, 3, 1, 4});
+        q = t[0], kt = t[1].transpose(-1, -2), v = t[2];
+      } else if (layout == 1) {
+        x = at::randn({2, 3, tokens, 8});
+        q = v = x, kt = x.transpose(-1, -2);
+      } else {
+        x = at::randn({tokens, 2, 6});
+        q = v = x.permute({1, 0, 2}), kt = x.permute({1, 2, 0});
+      }
+      const at::Tensor want = at::matmul(at::softmax(at::matmul(q, kt), -1), v);
+      EXPECT_LE(test::relative_max_diff(e.run({{"x", x}})[0], want), 1e-5);
+    }
+    EXPECT_EQ(chosen(e, [](const std::string& k) { return k == "onednn-direct (forced)"; }), 1);
+  }
+  unsetenv("LOPPER_FORCE_KERNEL");
+  unsetenv("LOPPER_KERNEL_CACHE");
 }
 
 // A layer on oneDNN's direct primitives keeps one primitive per input shape (the last four): a

@@ -63,6 +63,19 @@ at::Tensor softmax_last_axis(const at::Tensor& x_in, float scale, Isa isa) {
   return y;
 }
 
+void softmax_rows(float* s, int64_t rows, int64_t n, float scale, uint16_t* bf16, Isa isa) {
+  if (rows <= 0 || n <= 0) return;
+  const RowsIsaOps& ops = rows_ops(isa);
+  const int64_t grain = std::max<int64_t>(1, (16 << 10) / n);  // as softmax_last_axis
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    if (!bf16) return ops.softmax(s, s, r0, r1, n, scale);
+    for (int64_t r = r0; r < r1; ++r) {  // each row rounded while it is in L1
+      ops.softmax(s, s, r, r + 1, n, scale);
+      narrow_span(s + r * n, bf16 + r * n, n);
+    }
+  });
+}
+
 at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
                                 const at::Tensor& beta, float eps, Isa isa) {
   const at::ScalarType type = x.scalar_type();

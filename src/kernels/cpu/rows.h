@@ -14,6 +14,13 @@ namespace lopper::kernels::cpu {
 /// for NaN and -inf.
 at::Tensor softmax_last_axis(const at::Tensor& x, float scale, Isa isa = active_isa());
 
+/// s[r] = softmax(scale * s[r]) in place for `rows` contiguous float32 rows of n values, as
+/// softmax_last_axis computes it; where `bf16` is given, each result row is also rounded once
+/// into bf16's rows there (an attention's probabilities for a bf16 product). The rows are split
+/// between ATen's threads.
+void softmax_rows(float* s, int64_t rows, int64_t n, float scale, uint16_t* bf16,
+                  Isa isa = active_isa());
+
 /// Layer norm along x's last axis, y = (x - mean) / sqrt(var + eps) * gamma + beta, for a
 /// contiguous float32 or bfloat16 CPU tensor x (rank >= 1, last axis n) and gamma, beta [n] of x's
 /// type (beta may be undefined): y of x's type, computed in float32 (bf16 rows widened on the way

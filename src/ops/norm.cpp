@@ -230,24 +230,26 @@ TrailingNorm read_trailing_norm(OpContext& c, const at::Tensor& x) {
   return n;
 }
 
-void layer_norm(OpContext& c) {
-  const at::Tensor& x = c.input(0);
+// LayerNormalization of x with the node's scale and bias at inputs `scale_at` and `scale_at` + 1:
+// Y, and where `stats` the Mean and InvStdDev its outputs 1 and 2 ask for.
+void layer_norm_of(OpContext& c, const at::Tensor& x, size_t scale_at, bool stats) {
   const auto [ct, rank, axis, eps, dims] = read_trailing_norm(c, x);
   at::IntArrayRef normalized = x.sizes().slice(axis);
-  const at::Tensor& scale = c.input(1);
-  at::Tensor bias = c.has_input(2) ? c.input(2) : at::Tensor();
+  const at::Tensor& scale = c.input(scale_at);
+  at::Tensor bias = c.has_input(scale_at + 1) ? c.input(scale_at + 1) : at::Tensor();
+  const bool want_mean = stats && c.wants_output(1), want_rstd = stats && c.wants_output(2);
   // NOTE: a bfloat16 (or fp16) input computed in float32 (stash_type 1) is ATen's own mixed kernel:
   // statistics and normalisation in float32, the result rounded once. ONNX's function rounds the
   // normalised value before the scale and bias too; one rounding is the closer result. The general
   // path below took 20.9 of vit_b_16's 146 ms in bf16 (AMD EPYC Zen 4).
-  const bool mixed = ct == at::kFloat && !c.wants_output(1) && !c.wants_output(2) &&
+  const bool mixed = ct == at::kFloat && !want_mean && !want_rstd &&
                      (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
                      scale.scalar_type() == x.scalar_type() &&
                      (!bias.defined() || bias.scalar_type() == x.scalar_type());
   if ((ct == x.scalar_type() || mixed) && scale.sizes() == normalized &&
       (!bias.defined() || bias.sizes() == normalized)) {
     // One fused kernel when scale and bias have the normalized shape (what exporters write).
-    if (!c.wants_output(1) && !c.wants_output(2)) {
+    if (!want_mean && !want_rstd) {
       // NOTE: the last axis of a contiguous float32 or bf16 CPU tensor: lopper's rows kernel (a
       // 12-layer BERT encoder's 24 layer norms, seq 128: ATen 0.49 ms fp32, 0.88 ms bf16).
       if (normalized.size() == 1 && !c.grad_mode() && x.device().is_cpu() && x.is_contiguous() &&
@@ -261,19 +263,21 @@ void layer_norm(OpContext& c) {
     }
     auto [y, mean, rstd] = at::native_layer_norm(x, normalized, scale, bias, eps);
     c.set_output(0, y);
-    if (c.wants_output(1)) c.set_output(1, mean);
-    if (c.wants_output(2)) c.set_output(2, rstd);
+    if (want_mean) c.set_output(1, mean);
+    if (want_rstd) c.set_output(2, rstd);
     return;
   }
   at::Tensor xc = x.to(ct);
   auto [v, m] = at::var_mean(xc, dims, 0, true);
   at::Tensor inv = at::rsqrt(v + eps);
-  at::Tensor y = ((xc - m) * inv).to(x.scalar_type()) * c.input(1);
-  if (c.has_input(2)) y = y + c.input(2);
+  at::Tensor y = ((xc - m) * inv).to(x.scalar_type()) * scale;
+  if (bias.defined()) y = y + bias;
   c.set_output(0, y.to(x.scalar_type()));
-  if (c.wants_output(1)) c.set_output(1, m);
-  if (c.wants_output(2)) c.set_output(2, inv);
+  if (want_mean) c.set_output(1, m);
+  if (want_rstd) c.set_output(2, inv);
 }
+
+void layer_norm(OpContext& c) { layer_norm_of(c, c.input(0), 1, true); }
 
 void group_norm(OpContext& c) {
   const at::Tensor& x = c.input(0);

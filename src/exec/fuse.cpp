@@ -22,6 +22,7 @@ const std::vector<Pass>& passes() {
       {"fuse_rms_norm", fuse_rms_norm},
       {"fuse_scaled_softmax", fuse_scaled_softmax},
       {"fuse_attention", fuse_attention},
+      {"fuse_add_layer_norm", fuse_add_layer_norm},
   };
   return list;
 }

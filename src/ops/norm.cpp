@@ -279,6 +279,39 @@ void layer_norm_of(OpContext& c, const at::Tensor& x, size_t scale_at, bool stat
 
 void layer_norm(OpContext& c) { layer_norm_of(c, c.input(0), 1, true); }
 
+// ai.lopper.AddLayerNormalization(A, B, scale [, bias]), LayerNormalization's attributes: Y =
+// LayerNormalization(A + B) and, as its second output, A + B where anything else reads it (a
+// transformer's residual and its norm, fused for inference). On the CPU, for A and B of one shape
+// and type, float32 or bf16, normalised along the last axis: one pass over each row
+// (kernels::cpu::add_layer_norm_last_axis); anything else, the Add and the norm.
+void add_layer_norm(OpContext& c) {
+  const at::Tensor &a = c.input(0), &b = c.input(1);
+  const at::Tensor& scale = c.input(2);
+  const at::Tensor bias = c.has_input(3) ? c.input(3) : at::Tensor();
+  const int64_t rank = a.dim();
+  const bool last = rank >= 1 && normalize_axis(c, c.attr_int("axis", -1), rank) == rank - 1;
+  const at::ScalarType type = a.scalar_type();
+  const bool cpu = a.device().is_cpu() && b.device().is_cpu() && scale.device().is_cpu() &&
+                   (!bias.defined() || bias.device().is_cpu());
+  // stash_type float32 (the default): bf16 normalised in float32 and rounded once, as
+  // LayerNormalization's own kernel above
+  if (last && cpu && !c.grad_mode() && (type == at::kFloat || type == at::kBFloat16) &&
+      b.scalar_type() == type && a.sizes() == b.sizes() && a.is_contiguous() && b.is_contiguous() &&
+      stash_type_of(c, a) == at::kFloat && scale.scalar_type() == type &&
+      (!bias.defined() || bias.scalar_type() == type) && scale.dim() == 1 &&
+      scale.size(0) == a.size(-1) && (!bias.defined() || bias.sizes() == scale.sizes())) {
+    at::Tensor sum;
+    c.set_output(0, kernels::cpu::add_layer_norm_last_axis(a, b, scale, bias,
+                                                           float(c.attr_float("epsilon", 1e-5f)),
+                                                           c.wants_output(1) ? &sum : nullptr));
+    if (c.wants_output(1)) c.set_output(1, sum);
+    return;
+  }
+  const at::Tensor sum = at::add(a, b);
+  layer_norm_of(c, sum, 2, false);
+  if (c.wants_output(1)) c.set_output(1, sum);
+}
+
 void group_norm(OpContext& c) {
   const at::Tensor& x = c.input(0);
   c.check(x.dim() >= 2, "input must have rank >= 2, got ", x.dim());
@@ -459,6 +492,7 @@ void register_norm(OpTable& t) {
   });
   t.add({"ai.lopper", "FusedBatchNormalization", batch_norm});
   t.add({"ai.lopper", "FusedConcatNorm", fused_concat_norm});
+  t.add({"ai.lopper", "AddLayerNormalization", add_layer_norm});
 }
 
 }  // namespace lopper::ops

@@ -1213,6 +1213,53 @@ TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
       }
 }
 
+// A residual Add and the LayerNormalization after it, fused (AddLayerNormalization, one pass over
+// each row), give the unfused nodes' result bit for bit in float32 and in bf16 (the sum rounded to
+// bf16 first, as the Add rounds it): post-norm, and pre-norm with the sum a graph output too; a
+// NaN stays in its row; rows of 40 (a vector and a part) on 1 and 2 threads.
+TEST(Exec, AddLayerNormMatchesTheUnfusedNodes) {
+  at::manual_seed(47);
+  for (bool pre_norm : {false, true}) {
+    ir::Model m = image_model({3, 7, 40});
+    m.graph.inputs.push_back(m.graph.inputs[0]);
+    m.graph.inputs.back().name = "r";
+    name_outputs(m.graph, pre_norm ? 2 : 1);
+    auto init = initializer_adder(m.graph);
+    init("gamma", at::rand({40}) + 0.5);
+    init("beta", at::randn({40}));
+    m.graph.nodes = {node("Add", {"x", "r"}, {"s"}),
+                     node("LayerNormalization", {"s", "gamma", "beta"}, {"y1"})};
+    if (pre_norm) m.graph.nodes.push_back(node("Identity", {"s"}, {"y2"}));
+    at::Tensor x = at::randn({3, 7, 40}) * 3;
+    x[1][2][5] = NAN;
+    const at::Tensor r = at::randn({3, 7, 40});
+    for (auto precision : {at::kFloat, at::kBFloat16})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << (pre_norm ? "pre-norm " : "post-norm ")
+                                          << c10::toString(precision) << " " << threads);
+        const int before = at::get_num_threads();
+        at::set_num_threads(threads);
+        ExecOptions fused, plain;
+        fused.precision = plain.precision = precision;
+        plain.fuse = false;
+        Executor a(m, fused), b(m, plain);
+        int nodes = 0;
+        for (const auto& n : exec::fuse_for_inference(m.graph, 17).nodes)
+          nodes += n.op_type == "AddLayerNormalization";
+        EXPECT_EQ(nodes, 1);
+        const auto got = a.run({{"x", x}, {"r", r}}), want = b.run({{"x", x}, {"r", r}});
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(at::equal(at::isnan(got[i]), at::isnan(want[i]))) << "output " << i;
+          EXPECT_TRUE(at::equal(at::nan_to_num(got[i]), at::nan_to_num(want[i]))) << "output " << i;
+        }
+        EXPECT_TRUE(at::isnan(got[0][1][2]).all().item<bool>());  // the NaN's row
+        EXPECT_FALSE(at::isnan(got[0][1][3]).any().item<bool>());
+        at::set_num_threads(before);
+      }
+  }
+}
+
 // An attention's two products on oneDNN's primitives (dnnl/primitives.h) with lopper's softmax
 // between (kernels/cpu/rows.h), against ATen: many heads of a row, one query row, keys more than
 // queries, head sizes of Q and V apart; float32 and bf16 (bf16: the probabilities rounded once);

@@ -123,7 +123,7 @@ TEST(Fusion, ThePassListNamesEachPassOnce) {
     EXPECT_NE(p.apply, nullptr) << p.name;
     EXPECT_TRUE(names.insert(p.name).second) << p.name;
   }
-  EXPECT_EQ(names.size(), 14u);
+  EXPECT_EQ(names.size(), 15u);
 }
 
 // A Constant node and the Identity of an initializer become initializers; the Identity of a
@@ -343,6 +343,39 @@ TEST(Fusion, FusesRmsNorm) {
   expect_rewrite(make(17, -1), "fuse_rms_norm", {"RMSNormalization"});
   expect_rewrite(make(18, -1), "fuse_rms_norm", {"RMSNormalization"});
   expect_untouched(make(17, 1), "fuse_rms_norm");
+}
+
+// A residual Add normalised by a LayerNormalization -> AddLayerNormalization: post-norm (the
+// sum read by the norm alone; a bias and none), pre-norm (the sum also read by the next residual:
+// it is the fused node's second output), the norm over a middle axis (not the kernel's case: the
+// node computes it unfused); a norm of computed scale, or one whose mean is asked for, stays.
+TEST(Fusion, FusesAddLayerNorm) {
+  auto make = [](bool bias, bool pre_norm, int64_t axis, bool computed_scale, bool stats) {
+    ir::Model m = model({{"x", {2, 5, 8}}, {"r", {2, 5, 8}}}, pre_norm || stats ? 2 : 1);
+    const std::vector<int64_t> normalized =
+        axis == -1 ? std::vector<int64_t>{8} : std::vector<int64_t>{5, 8};
+    add(m, "gamma", at::rand(normalized) + 0.5);
+    add(m, "beta", at::randn(normalized));
+    std::vector<std::string> in{"s", computed_scale ? "g2" : "gamma"};
+    if (bias) in.push_back("beta");
+    m.graph.nodes = {node("Add", {"x", "r"}, {"s"})};
+    if (computed_scale) m.graph.nodes.push_back(node("Abs", {"gamma"}, {"g2"}));
+    std::vector<std::string> out{"y1"};
+    if (stats) out = {"y1", "y2"};
+    m.graph.nodes.push_back(node("LayerNormalization", in, out, {int_attr("axis", axis)}));
+    if (pre_norm) m.graph.nodes.push_back(node("Add", {"s", "y1"}, {"y2"}));
+    return m;
+  };
+  const char* fused = "ai.lopper.AddLayerNormalization";
+  expect_rewrite(make(true, false, -1, false, false), "fuse_add_layer_norm", {fused});
+  expect_rewrite(make(false, false, -1, false, false), "fuse_add_layer_norm", {fused});
+  expect_rewrite(make(true, true, -1, false, false), "fuse_add_layer_norm", {fused, "Add"});
+  expect_rewrite(make(true, false, 1, false, false), "fuse_add_layer_norm", {fused});
+  expect_untouched(make(true, false, -1, true, false), "fuse_add_layer_norm");
+  expect_untouched(make(true, false, -1, false, true), "fuse_add_layer_norm");
+  ir::Model pre = make(true, true, -1, false, false);
+  ASSERT_TRUE(pass("fuse_add_layer_norm").apply(pre.graph, 17));
+  EXPECT_EQ(pre.graph.nodes[0].outputs, (std::vector<std::string>{"y1", "s"}));
 }
 
 // Attention scores scaled by constants (the queries by one, the product divided by another) ->

@@ -53,5 +53,7 @@ bool fuse_rms_norm(ir::Graph& g, int64_t opset);
 bool fuse_scaled_softmax(ir::Graph& g, int64_t opset);
 /// MatMul(Softmax(MatMul(Q, Kt)), V) -> ai.lopper.ScaledAttention.
 bool fuse_attention(ir::Graph& g, int64_t opset);
+/// Add whose sum a LayerNormalization normalises -> ai.lopper.AddLayerNormalization.
+bool fuse_add_layer_norm(ir::Graph& g, int64_t opset);
 
 }  // namespace lopper::exec::fusion

@@ -111,6 +111,43 @@ at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
   return y;
 }
 
+at::Tensor add_layer_norm_last_axis(const at::Tensor& x, const at::Tensor& r,
+                                    const at::Tensor& gamma, const at::Tensor& beta, float eps,
+                                    at::Tensor* sum, Isa isa) {
+  const at::ScalarType type = x.scalar_type();
+  LOPPER_CHECK(
+      r.sizes() == x.sizes() && r.scalar_type() == type && r.device().is_cpu() && r.is_contiguous(),
+      "[kernels] the residual of a layer norm must be a contiguous CPU tensor of x's "
+      "shape and type, got ",
+      r.scalar_type(), " ", r.sizes(), " for ", type, " ", x.sizes());
+  LOPPER_CHECK(x.dim() >= 1 && (type == at::kFloat || type == at::kBFloat16) &&
+                   x.device().is_cpu() && x.is_contiguous(),
+               "[kernels] layer norm wants a contiguous float32 or bfloat16 CPU tensor, got ", type,
+               " ", x.sizes());
+  const int64_t n = x.size(-1);
+  LOPPER_CHECK(gamma.dim() == 1 && gamma.size(0) == n &&
+                   (!beta.defined() || (beta.dim() == 1 && beta.size(0) == n)),
+               "[kernels] layer norm's scale and bias must be [", n, "]");
+  at::Tensor y = at::empty_like(x);
+  if (sum) *sum = at::empty_like(x);
+  if (x.numel() == 0 || n == 0) return y;
+  const at::Tensor g = gamma.to(at::kFloat).contiguous();
+  const at::Tensor b = beta.defined() ? beta.to(at::kFloat).contiguous() : at::Tensor();
+  const float* gp = g.data_ptr<float>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const RowsIsaOps& ops = rows_ops(isa);
+  const int64_t rows = x.numel() / n;
+  const int64_t grain = std::max<int64_t>(1, (16 << 10) / n);  // as layer_norm_last_axis
+  const bool bf16 = type == at::kBFloat16;
+  const void *xp = x.data_ptr(), *rp = r.data_ptr();
+  void* yp = y.data_ptr();
+  void* sp = sum ? sum->data_ptr() : nullptr;
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    ops.add_layer_norm(xp, rp, yp, sp, r0, r1, n, gp, bp, eps, bf16, thread_scratch(0, size_t(n)));
+  });
+  return y;
+}
+
 at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v,
                             float scale, Isa isa) {
   const at::ScalarType type = q.scalar_type();

@@ -28,6 +28,14 @@ void softmax_rows(float* s, int64_t rows, int64_t n, float scale, uint16_t* bf16
 at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
                                 const at::Tensor& beta, float eps, Isa isa = active_isa());
 
+/// layer_norm_last_axis of x + r, for r of x's shape and type, contiguous (a transformer's
+/// residual and the norm after it in one pass over each row): the sum rounded to x's type first,
+/// as the Add it replaces rounds it, and written to `*sum` (a new tensor like x) where `sum` is
+/// given.
+at::Tensor add_layer_norm_last_axis(const at::Tensor& x, const at::Tensor& r,
+                                    const at::Tensor& gamma, const at::Tensor& beta, float eps,
+                                    at::Tensor* sum, Isa isa = active_isa());
+
 /// Attention, y[i] = softmax(scale * q[i] kt[i]) v[i] for each i of q [b, sq, d], kt [b, d, sk] and
 /// v [b, sk, dv] (CPU, none empty, all float32 or all bfloat16; rows and columns may be strided, as
 /// the head views of a fused QKV projection are): y [b, sq, dv] of their type, laid out as [sq, b,

@@ -493,6 +493,101 @@ void layer_norm_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n
   }
 }
 
+// y[r] = layer_norm(x[r] + res[r]) for rows [r0, r1) of n values, float32 or (kBf16) bf16 bits:
+// the sum rounded to the type and stored to `sum` where given, widened into `row` (n floats)
+// while its mean is summed; the variance from `row`; y normalised from it and stored (bf16:
+// rounded once). Three passes over a row in L1, where an Add and a layer norm make seven.
+template <class T, bool kBf16>
+void add_layer_norm_rows(const void* x, const void* res, void* y, void* sum, int64_t r0, int64_t r1,
+                         int64_t n, const float* g, const float* b, float eps, float* row) {
+  using V = typename T::V;
+  using E = std::conditional_t<kBf16, uint16_t, float>;
+  constexpr int64_t W = T::W;
+  const int64_t nw = n / W * W;
+  auto load = [](const E* p) {
+    if constexpr (kBf16)
+      return T::load_bf16(p);
+    else
+      return T::load(p);
+  };
+  auto scalar = [](const E* p, int64_t j) {
+    if constexpr (kBf16)
+      return from_bf16(p[j]);
+    else
+      return p[j];
+  };
+  for (int64_t r = r0; r < r1; ++r) {
+    const E* xr = static_cast<const E*>(x) + r * n;
+    const E* rr = static_cast<const E*>(res) + r * n;
+    E* yr = static_cast<E*>(y) + r * n;
+    E* sr = sum ? static_cast<E*>(sum) + r * n : nullptr;
+    // the sum at j, as the Add writes it, into row and (where asked) sum
+    auto add_at = [&](int64_t j) __attribute__((always_inline)) {
+      V v = T::add(load(xr + j), load(rr + j));
+      if constexpr (kBf16) {  // the Add's bf16 result: rounded, then widened exactly
+        alignas(64) uint16_t bits[W];
+        T::store_bf16(bits, v);
+        if (sr) T::store_bf16(sr + j, v);
+        v = T::load_bf16(bits);
+      } else if (sr) {
+        T::store(sr + j, v);
+      }
+      T::store(row + j, v);
+      return v;
+    };
+    // NOTE: the sums in layer_norm_rows' order (two accumulators, then one), so that the result is
+    // the unfused nodes' to the bit.
+    V s0 = T::zero(), s1 = T::zero();
+    int64_t j = 0;
+    for (; j + 2 * W <= nw; j += 2 * W) s0 = T::add(s0, add_at(j)), s1 = T::add(s1, add_at(j + W));
+    for (; j < nw; j += W) s0 = T::add(s0, add_at(j));
+    float total = T::hsum(T::add(s0, s1));
+    for (j = nw; j < n; ++j) {
+      float v = scalar(xr, j) + scalar(rr, j);
+      if constexpr (kBf16) {
+        const uint16_t bits = to_bf16(v);
+        if (sr) sr[j] = bits;
+        v = from_bf16(bits);
+      } else if (sr) {
+        sr[j] = v;
+      }
+      row[j] = v;
+      total += v;
+    }
+    const float mean = total / float(n);
+    const V vm = T::set1(mean);
+    s0 = T::zero(), s1 = T::zero();
+    for (j = 0; j + 2 * W <= nw; j += 2 * W) {
+      const V d0 = T::sub(T::load(row + j), vm), d1 = T::sub(T::load(row + j + W), vm);
+      s0 = T::fma(d0, d0, s0), s1 = T::fma(d1, d1, s1);
+    }
+    for (; j < nw; j += W) {
+      const V d = T::sub(T::load(row + j), vm);
+      s0 = T::fma(d, d, s0);
+    }
+    float var = T::hsum(T::add(s0, s1));
+    for (j = nw; j < n; ++j) var += (row[j] - mean) * (row[j] - mean);
+    const float rstd = 1.f / std::sqrt(var / float(n) + eps);
+    const V vr = T::set1(rstd);
+    for (j = 0; j < nw; j += W) {
+      const V v = T::mul(T::sub(T::load(row + j), vm), vr);
+      const V o = b ? T::fma(v, T::load(g + j), T::load(b + j)) : T::mul(v, T::load(g + j));
+      if constexpr (kBf16)
+        T::store_bf16(yr + j, o);
+      else
+        T::store(yr + j, o);
+    }
+    for (j = nw; j < n; ++j) {
+      const float v = (row[j] - mean) * rstd;
+      const float o = b ? std::fma(v, g[j], b[j]) : v * g[j];
+      if constexpr (kBf16)
+        yr[j] = to_bf16(o);
+      else
+        yr[j] = o;
+    }
+  }
+}
+
 }  // namespace
 
 extern const RowsIsaOps LOPPER_ROWS_OPS_NAME;
@@ -514,6 +609,13 @@ const RowsIsaOps LOPPER_ROWS_OPS_NAME = {
         product_head<Wide, true>(a, h, scratch);
       else
         product_head<Wide, false>(a, h, scratch);
+    },
+    [](const void* x, const void* res, void* y, void* sum, int64_t r0, int64_t r1, int64_t n,
+       const float* g, const float* b, float eps, bool bf16, float* row) {
+      if (bf16)
+        add_layer_norm_rows<Wide, true>(x, res, y, sum, r0, r1, n, g, b, eps, row);
+      else
+        add_layer_norm_rows<Wide, false>(x, res, y, sum, r0, r1, n, g, b, eps, row);
     }};
 
 }  // namespace lopper::kernels::cpu

@@ -43,6 +43,13 @@ struct RowsIsaOps {
   /// `scratch` (product_scratch(a) floats, aligned to 64 bytes): kt packed as float32, the rows
   /// multiplied from L1/L2.
   void (*product)(const AttnView& a, int64_t h, float* scratch);
+  /// y[r] = layer_norm(x[r] + res[r]) for rows [r0, r1) of n values, float32 or (`bf16`) bf16's
+  /// bits (contiguous rows): the sum rounded to the type first (the Add's result) and stored to
+  /// `sum` where it is not null; the arithmetic as layer_norm's, bf16's result rounded once;
+  /// `row` n floats of scratch.
+  void (*add_layer_norm)(const void* x, const void* res, void* y, void* sum, int64_t r0, int64_t r1,
+                         int64_t n, const float* gamma, const float* beta, float eps, bool bf16,
+                         float* row);
 };
 
 /// Rows of the attention's packed keys, values and scores: whole lines (and whole vectors of

@@ -230,6 +230,26 @@ TrailingNorm read_trailing_norm(OpContext& c, const at::Tensor& x) {
   return n;
 }
 
+// A layer norm's scale and bias (the node's inputs i and i + 1; bias undefined where absent) as
+// float32, what the CPU kernels read: a bf16 model's widened once and kept with the node where
+// they are initializers (two ATen ops on every call otherwise), as they are elsewhere.
+std::pair<at::Tensor, at::Tensor> float_params(OpContext& c, size_t i, const at::Tensor& scale,
+                                               const at::Tensor& bias) {
+  if (scale.scalar_type() == at::kFloat && (!bias.defined() || bias.scalar_type() == at::kFloat))
+    return {scale, bias};
+  if (!c.prepack() || !c.is_constant(i) || (bias.defined() && !c.is_constant(i + 1)))
+    return {scale, bias};
+  struct Widened {
+    at::Tensor scale, bias;
+  };
+  auto& st = c.state<Widened>();
+  if (!st.scale.defined()) {
+    st.scale = scale.to(at::kFloat).contiguous();
+    if (bias.defined()) st.bias = bias.to(at::kFloat).contiguous();
+  }
+  return {st.scale, st.bias};
+}
+
 // LayerNormalization of x with the node's scale and bias at inputs `scale_at` and `scale_at` + 1:
 // Y, and where `stats` the Mean and InvStdDev its outputs 1 and 2 ask for.
 void layer_norm_of(OpContext& c, const at::Tensor& x, size_t scale_at, bool stats) {
@@ -255,7 +275,8 @@ void layer_norm_of(OpContext& c, const at::Tensor& x, size_t scale_at, bool stat
       if (normalized.size() == 1 && !c.grad_mode() && x.device().is_cpu() && x.is_contiguous() &&
           (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
           scale.device().is_cpu() && (!bias.defined() || bias.device().is_cpu())) {
-        c.set_output(0, kernels::cpu::layer_norm_last_axis(x, scale, bias, float(eps)));
+        const auto [g, b] = float_params(c, scale_at, scale, bias);
+        c.set_output(0, kernels::cpu::layer_norm_last_axis(x, g, b, float(eps)));
         return;
       }
       c.set_output(0, at::layer_norm(x, normalized, scale, bias, eps));
@@ -301,7 +322,8 @@ void add_layer_norm(OpContext& c) {
       (!bias.defined() || bias.scalar_type() == type) && scale.dim() == 1 &&
       scale.size(0) == a.size(-1) && (!bias.defined() || bias.sizes() == scale.sizes())) {
     at::Tensor sum;
-    c.set_output(0, kernels::cpu::add_layer_norm_last_axis(a, b, scale, bias,
+    const auto [gf, bf] = float_params(c, 2, scale, bias);
+    c.set_output(0, kernels::cpu::add_layer_norm_last_axis(a, b, gf, bf,
                                                            float(c.attr_float("epsilon", 1e-5f)),
                                                            c.wants_output(1) ? &sum : nullptr));
     if (c.wants_output(1)) c.set_output(1, sum);

@@ -1216,7 +1216,8 @@ TEST(DnnlLinear, MatchesAtenOnEveryShapeTypeAndActivation) {
 // A residual Add and the LayerNormalization after it, fused (AddLayerNormalization, one pass over
 // each row), give the unfused nodes' result bit for bit in float32 and in bf16 (the sum rounded to
 // bf16 first, as the Add rounds it): post-norm, and pre-norm with the sum a graph output too; a
-// NaN stays in its row; rows of 40 (a vector and a part) on 1 and 2 threads.
+// NaN stays in its row; rows of 40 (a vector and a part) on 1 and 2 threads; a second run (the
+// bf16 scale and bias widened once, at the first).
 TEST(Exec, AddLayerNormMatchesTheUnfusedNodes) {
   at::manual_seed(47);
   for (bool pre_norm : {false, true}) {
@@ -1247,6 +1248,7 @@ TEST(Exec, AddLayerNormMatchesTheUnfusedNodes) {
         for (const auto& n : exec::fuse_for_inference(m.graph, 17).nodes)
           nodes += n.op_type == "AddLayerNormalization";
         EXPECT_EQ(nodes, 1);
+        a.run({{"x", x * 2}, {"r", r}});  // the second run reads what the first kept
         const auto got = a.run({{"x", x}, {"r", r}}), want = b.run({{"x", x}, {"r", r}});
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < got.size(); ++i) {

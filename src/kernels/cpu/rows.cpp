@@ -76,8 +76,10 @@ void softmax_rows(float* s, int64_t rows, int64_t n, float scale, uint16_t* bf16
   });
 }
 
-at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
-                                const at::Tensor& beta, float eps, Isa isa) {
+// A layer norm's checks of x, its scale and its bias; the scale and bias as float32 (a bf16
+// model's widened exactly).
+std::pair<at::Tensor, at::Tensor> checked_norm_params(const at::Tensor& x, const at::Tensor& gamma,
+                                                      const at::Tensor& beta) {
   const at::ScalarType type = x.scalar_type();
   LOPPER_CHECK(x.dim() >= 1 && (type == at::kFloat || type == at::kBFloat16) &&
                    x.device().is_cpu() && x.is_contiguous(),
@@ -87,11 +89,17 @@ at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
   LOPPER_CHECK(gamma.dim() == 1 && gamma.size(0) == n &&
                    (!beta.defined() || (beta.dim() == 1 && beta.size(0) == n)),
                "[kernels] layer norm's scale and bias must be [", n, "]");
+  return {gamma.to(at::kFloat).contiguous(),
+          beta.defined() ? beta.to(at::kFloat).contiguous() : at::Tensor()};
+}
+
+at::Tensor layer_norm_last_axis(const at::Tensor& x, const at::Tensor& gamma,
+                                const at::Tensor& beta, float eps, Isa isa) {
+  const at::ScalarType type = x.scalar_type();
+  const auto [g, b] = checked_norm_params(x, gamma, beta);
+  const int64_t n = x.size(-1);
   at::Tensor y = at::empty_like(x);
   if (x.numel() == 0 || n == 0) return y;
-  // Scale and bias as float32 (a bf16 model's are bf16: widened exactly).
-  const at::Tensor g = gamma.to(at::kFloat).contiguous();
-  const at::Tensor b = beta.defined() ? beta.to(at::kFloat).contiguous() : at::Tensor();
   const float* gp = g.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const RowsIsaOps& ops = rows_ops(isa);
@@ -120,19 +128,11 @@ at::Tensor add_layer_norm_last_axis(const at::Tensor& x, const at::Tensor& r,
       "[kernels] the residual of a layer norm must be a contiguous CPU tensor of x's "
       "shape and type, got ",
       r.scalar_type(), " ", r.sizes(), " for ", type, " ", x.sizes());
-  LOPPER_CHECK(x.dim() >= 1 && (type == at::kFloat || type == at::kBFloat16) &&
-                   x.device().is_cpu() && x.is_contiguous(),
-               "[kernels] layer norm wants a contiguous float32 or bfloat16 CPU tensor, got ", type,
-               " ", x.sizes());
+  const auto [g, b] = checked_norm_params(x, gamma, beta);
   const int64_t n = x.size(-1);
-  LOPPER_CHECK(gamma.dim() == 1 && gamma.size(0) == n &&
-                   (!beta.defined() || (beta.dim() == 1 && beta.size(0) == n)),
-               "[kernels] layer norm's scale and bias must be [", n, "]");
   at::Tensor y = at::empty_like(x);
   if (sum) *sum = at::empty_like(x);
   if (x.numel() == 0 || n == 0) return y;
-  const at::Tensor g = gamma.to(at::kFloat).contiguous();
-  const at::Tensor b = beta.defined() ? beta.to(at::kFloat).contiguous() : at::Tensor();
   const float* gp = g.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const RowsIsaOps& ops = rows_ops(isa);

@@ -449,16 +449,56 @@ void attention_dot_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, fl
 // Three passes over a row while it is in L1: the mean, the variance as the mean of the squared
 // deviations (two passes: no cancellation), then the normalised, scaled and shifted values. NaN or
 // an infinity in a row makes the row NaN, as ATen's.
+// The variance of a row of n floats about its mean (two accumulators, then one, as the mean's
+// sum), then y = (row - mean) / sqrt(var + eps) * g + b (b may be null), stored as E (bf16:
+// rounded once). Shared by the layer norms, so that a fused one gives the plain one's bits.
+template <class T, class E>
+void normalize_row(const float* row, E* y, int64_t n, float mean, const float* g, const float* b,
+                   float eps) {
+  using V = typename T::V;
+  constexpr int64_t W = T::W;
+  const int64_t nw = n / W * W;
+  const V vm = T::set1(mean);
+  V s0 = T::zero(), s1 = T::zero();
+  int64_t j = 0;
+  for (; j + 2 * W <= nw; j += 2 * W) {
+    const V d0 = T::sub(T::load(row + j), vm), d1 = T::sub(T::load(row + j + W), vm);
+    s0 = T::fma(d0, d0, s0), s1 = T::fma(d1, d1, s1);
+  }
+  for (; j < nw; j += W) {
+    const V d = T::sub(T::load(row + j), vm);
+    s0 = T::fma(d, d, s0);
+  }
+  float var = T::hsum(T::add(s0, s1));
+  for (j = nw; j < n; ++j) var += (row[j] - mean) * (row[j] - mean);
+  const float rstd = 1.f / std::sqrt(var / float(n) + eps);
+  const V vr = T::set1(rstd);
+  for (j = 0; j < nw; j += W) {
+    const V v = T::mul(T::sub(T::load(row + j), vm), vr);
+    const V o = b ? T::fma(v, T::load(g + j), T::load(b + j)) : T::mul(v, T::load(g + j));
+    if constexpr (std::is_same_v<E, uint16_t>)
+      T::store_bf16(y + j, o);
+    else
+      T::store(y + j, o);
+  }
+  for (j = nw; j < n; ++j) {
+    const float v = (row[j] - mean) * rstd;
+    const float o = b ? std::fma(v, g[j], b[j]) : v * g[j];
+    if constexpr (std::is_same_v<E, uint16_t>)
+      y[j] = to_bf16(o);
+    else
+      y[j] = o;
+  }
+}
+
 template <class T>
 void layer_norm_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, const float* g,
                      const float* b, float eps) {
   using V = typename T::V;
   constexpr int64_t W = T::W;
   const int64_t nw = n / W * W;
-  const int tail = int(n - nw);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * n;
-    float* yr = y + r * n;
     V s0 = T::zero(), s1 = T::zero();
     int64_t j = 0;
     for (; j + 2 * W <= nw; j += 2 * W)
@@ -466,30 +506,7 @@ void layer_norm_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n
     for (; j < nw; j += W) s0 = T::add(s0, T::load(xr + j));
     float sum = T::hsum(T::add(s0, s1));
     for (j = nw; j < n; ++j) sum += xr[j];
-    const float mean = sum / float(n);
-    const V vm = T::set1(mean);
-    s0 = T::zero(), s1 = T::zero();
-    for (j = 0; j + 2 * W <= nw; j += 2 * W) {
-      const V d0 = T::sub(T::load(xr + j), vm), d1 = T::sub(T::load(xr + j + W), vm);
-      s0 = T::fma(d0, d0, s0), s1 = T::fma(d1, d1, s1);
-    }
-    for (; j < nw; j += W) {
-      const V d = T::sub(T::load(xr + j), vm);
-      s0 = T::fma(d, d, s0);
-    }
-    float sq = T::hsum(T::add(s0, s1));
-    for (j = nw; j < n; ++j) sq += (xr[j] - mean) * (xr[j] - mean);
-    const float rstd = 1.f / std::sqrt(sq / float(n) + eps);
-    const V vr = T::set1(rstd);
-    for (j = 0; j < nw; j += W) {
-      const V v = T::mul(T::sub(T::load(xr + j), vm), vr);
-      T::store(yr + j, b ? T::fma(v, T::load(g + j), T::load(b + j)) : T::mul(v, T::load(g + j)));
-    }
-    if (tail > 0) {
-      const V v = T::mul(T::sub(T::loadm(xr + nw, tail), vm), vr);
-      const V gv = T::loadm(g + nw, tail);
-      T::storem(yr + nw, b ? T::fma(v, gv, T::loadm(b + nw, tail)) : T::mul(v, gv), tail);
-    }
+    normalize_row<T>(xr, y + r * n, n, sum / float(n), g, b, eps);
   }
 }
 
@@ -554,37 +571,7 @@ void add_layer_norm_rows(const void* x, const void* res, void* y, void* sum, int
       row[j] = v;
       total += v;
     }
-    const float mean = total / float(n);
-    const V vm = T::set1(mean);
-    s0 = T::zero(), s1 = T::zero();
-    for (j = 0; j + 2 * W <= nw; j += 2 * W) {
-      const V d0 = T::sub(T::load(row + j), vm), d1 = T::sub(T::load(row + j + W), vm);
-      s0 = T::fma(d0, d0, s0), s1 = T::fma(d1, d1, s1);
-    }
-    for (; j < nw; j += W) {
-      const V d = T::sub(T::load(row + j), vm);
-      s0 = T::fma(d, d, s0);
-    }
-    float var = T::hsum(T::add(s0, s1));
-    for (j = nw; j < n; ++j) var += (row[j] - mean) * (row[j] - mean);
-    const float rstd = 1.f / std::sqrt(var / float(n) + eps);
-    const V vr = T::set1(rstd);
-    for (j = 0; j < nw; j += W) {
-      const V v = T::mul(T::sub(T::load(row + j), vm), vr);
-      const V o = b ? T::fma(v, T::load(g + j), T::load(b + j)) : T::mul(v, T::load(g + j));
-      if constexpr (kBf16)
-        T::store_bf16(yr + j, o);
-      else
-        T::store(yr + j, o);
-    }
-    for (j = nw; j < n; ++j) {
-      const float v = (row[j] - mean) * rstd;
-      const float o = b ? std::fma(v, g[j], b[j]) : v * g[j];
-      if constexpr (kBf16)
-        yr[j] = to_bf16(o);
-      else
-        yr[j] = o;
-    }
+    normalize_row<T>(row, yr, n, total / float(n), g, b, eps);
   }
 }
 

@@ -81,6 +81,9 @@ struct KernelDecision {
   bool cold = false;    // timed with the weights out of the caches (the model's outgrow them)
   bool busy = false;    // timed while the machine ran slow: used for this run, not cached
   std::vector<std::string> refused;  // candidates that could not run here, each with why
+  // candidate -> the library's own name for what it runs (oneDNN's primitives: the ISA they use,
+  // AMX where the CPU has it), for the candidates that have one
+  std::vector<std::pair<std::string, std::string>> implementations;
   // The chosen kernel and its runner-up timed in the model (candidate -> median ms a call) where
   // they were within a margin alone and took turns on the layer's next calls; `chosen` is the
   // faster there. Empty: no such trial.

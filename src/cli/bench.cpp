@@ -41,6 +41,8 @@ nlohmann::json explain_json(const std::vector<KernelDecision>& decisions) {
     for (const auto& [name, ms] : d.timings) t[name] = ms;
     nlohmann::json in_model = nlohmann::json::object();
     for (const auto& [name, ms] : d.in_model) in_model[name] = ms;
+    nlohmann::json impls = nlohmann::json::object();
+    for (const auto& [name, impl] : d.implementations) impls[name] = impl;
     layers.push_back({{"node", d.node},
                       {"op", d.op},
                       {"weight_shape", d.weight_shape},
@@ -53,7 +55,8 @@ nlohmann::json explain_json(const std::vector<KernelDecision>& decisions) {
                       {"own_within_margin", faster_than_chosen(d) != nullptr},
                       {"ms", t},
                       {"in_model_ms", in_model},
-                      {"refused", d.refused}});
+                      {"refused", d.refused},
+                      {"implementations", impls}});
   }
   return {{"isa", cpu_isa()}, {"layers", layers}};
 }
@@ -84,6 +87,8 @@ void print_explain(const std::vector<KernelDecision>& decisions) {
       std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
                                shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
     for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
+    for (const auto& [name, impl] : d.implementations)
+      std::cout << fmt::format("{:<40}   {} runs {}\n", "", name, impl);
     if (d.busy)
       std::cout << fmt::format("{:<40}   timed while the machine ran slow: not cached\n", "");
     if (d.in_model.size() == 2)

@@ -122,7 +122,8 @@ at::Tensor attention_by_kernel(OpContext& c, const at::Tensor& q, const at::Tens
       else
         d = products_for(st, spec, &why);
       if (d) {
-        cands.push_back({"onednn-direct", [&, d] { direct_attention(*d, q, kt, v, scale); }});
+        cands.push_back({"onednn-direct", [&, d] { direct_attention(*d, q, kt, v, scale); },
+                         d->implementation()});
         kinds.push_back(K::kDirect);
       } else {
         refused.push_back("onednn-direct: " + why);

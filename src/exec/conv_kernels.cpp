@@ -328,8 +328,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     onednn::note_direct_unavailable(refused);
     if (dnnl::available() && (!fused_add || other_cl.scalar_type() == in.scalar_type())) {
       std::string why;
-      if (primitive_for(st, l, fused_add, &why)) {
-        cands.push_back({"onednn-direct", as_primitive});
+      if (auto prim = primitive_for(st, l, fused_add, &why)) {
+        cands.push_back({"onednn-direct", as_primitive, prim->implementation()});
         kinds.push_back(K::kPrimitive);
       } else {
         refused.push_back("onednn-direct: " + why);

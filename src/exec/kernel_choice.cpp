@@ -351,6 +351,8 @@ Chosen choose(OpContext& c, const std::vector<KernelCandidate>& cands, const at:
   };
   KernelDecision d;
   d.refused = std::move(refused);
+  for (const auto& k : cands)
+    if (!k.implementation.empty()) d.implementations.emplace_back(k.name, k.implementation);
   d.node = c.node().label();
   d.op = c.node().op_type;
   if (weight.defined()) d.weight_shape = weight.sizes().vec();

@@ -27,6 +27,9 @@ inline constexpr int kKernelGeneration = 30;
 struct KernelCandidate {
   std::string name;
   std::function<void()> run;
+  /// A library's own name for what the candidate runs (oneDNN's primitives: "brg:avx512_core_amx"),
+  /// reported with the decision; empty where there is none.
+  std::string implementation = {};
 };
 
 /// Returns the index of the fastest of `cands` (at least one) on the current input: a warm-up

@@ -213,8 +213,9 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       onednn::note_direct_unavailable(refused);
       if (dnnl::available()) {
         std::string why;
-        if (direct_for(ch, st.weight, x2, bias, post, &why)) {
-          cands.push_back({"onednn-direct", [&] { direct_linear(ch, st.weight, x2, bias, post); }});
+        if (auto d = direct_for(ch, st.weight, x2, bias, post, &why)) {
+          cands.push_back({"onednn-direct", [&] { direct_linear(ch, st.weight, x2, bias, post); },
+                           d->implementation()});
           kinds.push_back(K::kDirect);
         } else {
           refused.push_back("onednn-direct: " + why);

@@ -255,9 +255,10 @@ TEST(Cli, BenchExplainsKernelChoicesAndCachesThem) {
   unsetenv("LOPPER_CHOICE_BUSY");
 }
 
-// oneDNN's primitives called directly are a candidate where its library loads, none with
-// LOPPER_DNNL_LIBRARY=off, and where the library named is missing or not a library, lopper runs
-// as before and says why beside the layer's choice.
+// oneDNN's primitives called directly are a candidate where its library loads (the
+// implementation oneDNN picked named with the decision), none with LOPPER_DNNL_LIBRARY=off, and
+// where the library named is missing or not a library, lopper runs as before and says why beside
+// the layer's choice.
 TEST(Cli, BenchOffersOneDnnDirectWhereItsLibraryLoads) {
   TempDir dir;
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
@@ -279,11 +280,21 @@ TEST(Cli, BenchOffersOneDnnDirectWhereItsLibraryLoads) {
       if (why.get<std::string>().rfind("onednn-direct: ", 0) == 0) return why.get<std::string>();
     return std::string();
   };
+  // where offered, oneDNN's own name for the implementation it runs ("brg:avx512_core_amx" on a
+  // CPU with AMX) comes with the decision
+  auto implementation = [](const nlohmann::json& l) {
+    const auto& i = l.at("implementations");
+    return i.contains("onednn-direct") ? i.at("onednn-direct").get<std::string>() : "";
+  };
   if (lopper::dnnl::available())
-    for (const auto& l : layers(nullptr)) EXPECT_TRUE(offered(l)) << l.dump();
+    for (const auto& l : layers(nullptr)) {
+      EXPECT_TRUE(offered(l)) << l.dump();
+      EXPECT_NE(implementation(l), "") << l.dump();
+    }
   for (const auto& l : layers("off")) {
     EXPECT_FALSE(offered(l)) << l.dump();
     EXPECT_EQ(refused(l), "") << l.dump();
+    EXPECT_EQ(implementation(l), "") << l.dump();
   }
   const std::string missing = dir / "missing/libdnnl.so.3", text = dir / "not-a-library.so";
   for (const std::string& path : {missing, text})

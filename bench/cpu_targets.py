@@ -3,7 +3,8 @@ one machine: each target with its bound, the figures measured, and whether it ho
 
 The figures come from the four benchmarks' JSON files (their own runs, the runtimes taking turns
 round by round); --run makes the missing ones first, with the settings below, into --dir (about
-45 minutes on a 2-core machine). A target holds on the machine it was measured on: the CPU is
+45 minutes on a 2-core machine), and prints which of oneDNN's implementations the direct
+primitives run on ResNet-50 and BERT in bf16 (names ending in avx512_core_amx: AMX tiles). A target holds on the machine it was measured on: the CPU is
 named, and the bf16 targets differ with AMX.
 
   bf16 (lopper at --precision bf16 where that is faster than its fp32, against OpenVINO's default,
@@ -48,6 +49,25 @@ def commands(lopper, out):
         "decode": [PY, f"{bench}/llm_decode.py", "--lopper", lopper, "--rounds", "3", "--out",
                    out["decode"]],
     }
+
+
+def direct_implementations(lopper, models):
+    """{model: {oneDNN's implementation name: layers}} of each model's onednn-direct candidates in
+    bf16 (`lopper bench --explain --json`): where AMX runs, the names end in avx512_core_amx."""
+    found = {}
+    for m in models:
+        r = subprocess.run([lopper, "bench", m, "--precision", "bf16", "--iters", "2", "--warmup", "1",
+                            "--explain", "--json"], capture_output=True, text=True)
+        if r.returncode != 0:
+            found[os.path.basename(m)] = {f"failed: {r.stderr.strip()[-200:]}": 0}
+            continue
+        counts = {}
+        for layer in json.loads(r.stdout).get("kernels", {}).get("layers", []):
+            impl = layer.get("implementations", {}).get("onednn-direct")
+            if impl:
+                counts[impl] = counts.get(impl, 0) + 1
+        found[os.path.basename(m)] = counts
+    return found
 
 
 class Check:
@@ -165,6 +185,14 @@ def main():
             if r.returncode != 0:
                 print(f"[cpu-targets] {name} failed (exit {r.returncode}); its targets are not "
                       "measured", flush=True)
+    if a.run:  # which of oneDNN's implementations the direct primitives run (AMX's, where present)
+        fixtures = os.path.join(ROOT, "build", "fixtures")
+        models = [os.path.join(fixtures, f) for f in ("resnet50.ts.onnx", "bert.ts.onnx")]
+        for model, counts in direct_implementations(
+                a.lopper, [m for m in models if os.path.exists(m)]).items():
+            print(f"[cpu-targets] {model} in bf16, oneDNN's direct primitives: " +
+                  (", ".join(f"{impl} x{n}" for impl, n in sorted(counts.items())) or "none"),
+                  flush=True)
     data = {n: load(p, n) if os.path.exists(p) or getattr(a, n) else None for n, p in paths.items()}
     # The CPU each file was measured on (a target holds on the machine it was measured on).
     recorded = {n: (d.get("meta", {}).get("cpu") or d.get("cpu")) for n, d in data.items() if d}

@@ -105,6 +105,7 @@ at::Tensor attention_by_kernel(OpContext& c, const at::Tensor& q, const at::Tens
   auto own = [&] { return kernels::cpu::scaled_attention(q, kt, v, scale); };
   auto& st = c.state<AttentionState>();
   const dnnl::AttentionSpec spec = spec_of(q, kt, v);
+  const int64_t score_bytes = spec.heads * spec.sq * spec.sk * int64_t(sizeof(float));
   using K = AttentionState::Kernel;
   if (st.kernel == K::kUndecided) {
     std::vector<KernelCandidate> cands{{"lopper-attention", [&] { own(); }}};
@@ -113,10 +114,10 @@ at::Tensor attention_by_kernel(OpContext& c, const at::Tensor& q, const at::Tens
     onednn::note_direct_unavailable(refused);
     if (dnnl::available()) {
       std::string why;
-      const int64_t score_bytes = spec.heads * spec.sq * spec.sk * int64_t(sizeof(float));
       std::shared_ptr<const dnnl::AttentionProducts> d;
       if (!onednn::usable(q))
-        why = "bf16 without the CPU's bfloat16 arithmetic";
+        why = spec.bf16 ? "bf16 without the CPU's bfloat16 arithmetic"
+                        : "oneDNN does not take this input";
       else if (score_bytes > kMaxScoreBytes)
         why = "every head's scores (" + std::to_string(score_bytes >> 20) + " MB) at once";
       else
@@ -134,7 +135,8 @@ at::Tensor attention_by_kernel(OpContext& c, const at::Tensor& q, const at::Tens
     st.kernel = kinds[choose_kernel(c, cands, at::Tensor(), q, std::move(refused))];
     if (st.kernel != K::kDirect) st.direct.clear();
   }
-  if (st.kernel == K::kDirect)
+  // (a later, longer input whose scores outgrow the bound runs lopper's kernel)
+  if (st.kernel == K::kDirect && score_bytes <= kMaxScoreBytes)
     if (auto d = products_for(st, spec, nullptr)) return direct_attention(*d, q, kt, v, scale);
   return own();
 }

@@ -234,30 +234,55 @@ struct Attr {
   Attr& operator=(const Attr&) = delete;
 };
 
-// What a primitive of either kind holds: its descriptor and itself, the weight reordered into the
-// layout it reads, a copy of the bias.
-struct Held {
+// A primitive: its descriptor and itself (a primitive without weights of its own as it is).
+struct Plain {
   dnnl_primitive_desc_t pd = nullptr;
   dnnl_primitive_t prim = nullptr;
-  std::vector<uint8_t> bias_bytes;
-  std::unique_ptr<Mem> weights, bias;
-  Held() = default;
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-  ~Held() {
+  Plain() = default;
+  Plain(const Plain&) = delete;
+  Plain& operator=(const Plain&) = delete;
+  ~Plain() {
     if (prim) api().dnnl_primitive_destroy(prim);
     if (pd) api().dnnl_primitive_desc_destroy(pd);
   }
+  std::string finish() {
+    const char* impl = nullptr;
+    std::string name;
+    if (api().dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl)
+      name = impl;
+    check(api().dnnl_primitive_create(&prim, pd), "the primitive");
+    return name;
+  }
+  size_t scratchpad_bytes() const {
+    return api().dnnl_memory_desc_get_size(
+        api().dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+  }
+  // dst = src . weights, memory over the caller's buffers.
+  void run(const Md& src_md, const void* src, const Md& w_md, const void* w, const Md& dst_md,
+           void* dst, void* scratch, const char* what) const {
+    const Api& a = api();
+    Mem s(src_md.md, const_cast<void*>(src)), wm(w_md.md, const_cast<void*>(w)), d(dst_md.md, dst);
+    Mem pad(a.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), scratch);
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, s.m},
+                                    {DNNL_ARG_WEIGHTS, wm.m},
+                                    {DNNL_ARG_DST, d.m},
+                                    {DNNL_ARG_SCRATCHPAD, pad.m}};
+    check(a.dnnl_primitive_execute(prim, thread_stream(), 4, args), what);
+  }
+};
+
+// A convolution's or a linear layer's primitive: beside the primitive, the weight reordered into
+// the layout it reads and a copy of the bias (its run reads those, not the caller's).
+struct Held : Plain {
+  std::vector<uint8_t> bias_bytes;
+  std::unique_ptr<Mem> weights, bias;
   // After pd is made: the primitive, the implementation's name, the weight (plain in `plain`)
   // reordered once, the bias (`bytes` of it, plain as the primitive reads it) copied.
   std::string finish(const Md& plain, const void* weight, const Md& bias_md, const void* b,
                      size_t bytes) {
     const Api& a = api();
-    std::string name;
-    const char* impl = nullptr;
-    if (a.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-      name = impl;
-    check(a.dnnl_primitive_create(&prim, pd), "the primitive");
+    const std::string name = Plain::finish();
     const_dnnl_memory_desc_t w_md = a.dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     weights = std::make_unique<Mem>(w_md, DNNL_MEMORY_ALLOCATE);
     Mem from(plain.md, const_cast<void*>(weight));
@@ -277,10 +302,6 @@ struct Held {
       bias = std::make_unique<Mem>(bias_md.md, bias_bytes.data());
     }
     return name;
-  }
-  size_t scratchpad_bytes() const {
-    return api().dnnl_memory_desc_get_size(
-        api().dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
   }
   // Runs the primitive on src -> dst (memory over the caller's buffers), plus any extra argument.
   void run(const Md& src_md, const void* x, const Md& dst_md, void* y, void* scratch,
@@ -388,48 +409,6 @@ size_t Linear::scratchpad_bytes() const { return p_->held.scratchpad_bytes(); }
 void Linear::run(const void* x, void* y, void* scratch) const {
   p_->held.run(p_->src, x, p_->dst, y, scratch, nullptr, nullptr, "the matrix product");
 }
-
-namespace {
-
-// A primitive without weights of its own: its descriptor and itself.
-struct Plain {
-  dnnl_primitive_desc_t pd = nullptr;
-  dnnl_primitive_t prim = nullptr;
-  Plain() = default;
-  Plain(const Plain&) = delete;
-  Plain& operator=(const Plain&) = delete;
-  ~Plain() {
-    if (prim) api().dnnl_primitive_destroy(prim);
-    if (pd) api().dnnl_primitive_desc_destroy(pd);
-  }
-  std::string finish() {
-    const char* impl = nullptr;
-    std::string name;
-    if (api().dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-        impl)
-      name = impl;
-    check(api().dnnl_primitive_create(&prim, pd), "the primitive");
-    return name;
-  }
-  size_t scratchpad_bytes() const {
-    return api().dnnl_memory_desc_get_size(
-        api().dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
-  }
-  // dst = src . weights, memory over the caller's buffers.
-  void run(const Md& src_md, const void* src, const Md& w_md, const void* w, const Md& dst_md,
-           void* dst, void* scratch, const char* what) const {
-    const Api& a = api();
-    Mem s(src_md.md, const_cast<void*>(src)), wm(w_md.md, const_cast<void*>(w)), d(dst_md.md, dst);
-    Mem pad(a.dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), scratch);
-    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, s.m},
-                                    {DNNL_ARG_WEIGHTS, wm.m},
-                                    {DNNL_ARG_DST, d.m},
-                                    {DNNL_ARG_SCRATCHPAD, pad.m}};
-    check(a.dnnl_primitive_execute(prim, thread_stream(), 4, args), what);
-  }
-};
-
-}  // namespace
 
 struct AttentionProducts::Impl {
   Md q, kt, s, p, v, y;

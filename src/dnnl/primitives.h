@@ -100,6 +100,7 @@ class Linear {
 struct AttentionSpec {
   int64_t heads = 0, sq = 0, sk = 0, d = 0, dv = 0;
   bool bf16 = false;  // Q, K, V, the probabilities and y bf16 (else float32); scores float32
+  bool operator==(const AttentionSpec&) const = default;
 };
 
 /// An attention's two products for one shape, as batched matrix-product primitives over the heads:

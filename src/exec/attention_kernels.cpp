@@ -16,7 +16,6 @@
 #include "exec/kernel_choice.h"
 #include "exec/onednn.h"
 #include "kernels/cpu/rows.h"
-#include "lopper/memory.h"  // first_line
 
 namespace lopper::ops {
 namespace {
@@ -38,27 +37,15 @@ dnnl::AttentionSpec spec_of(const at::Tensor& q, const at::Tensor& kt, const at:
   return s;
 }
 
-bool same(const dnnl::AttentionSpec& a, const dnnl::AttentionSpec& b) {
-  return a.heads == b.heads && a.sq == b.sq && a.sk == b.sk && a.d == b.d && a.dv == b.dv &&
-         a.bf16 == b.bf16;
-}
-
 // oneDNN's products for this shape: made on its first call (the last four kept), nullptr where
 // oneDNN makes none (the reason in `why`).
 std::shared_ptr<const dnnl::AttentionProducts> products_for(AttentionState& st,
                                                             const dnnl::AttentionSpec& s,
                                                             std::string* why) {
   for (const auto& d : st.direct)
-    if (same(d->spec(), s)) return d;
-  try {
-    auto d = std::make_shared<const dnnl::AttentionProducts>(s);
-    if (st.direct.size() == 4) st.direct.erase(st.direct.begin());
-    st.direct.push_back(d);
-    return d;
-  } catch (const std::exception& e) {
-    if (why) *why = first_line(e.what());
-    return nullptr;
-  }
+    if (d->spec() == s) return d;
+  return onednn::make_kept(
+      st.direct, [&] { return std::make_shared<const dnnl::AttentionProducts>(s); }, why);
 }
 
 // x [b, r, c] as [r, b, c] packed (a row's heads side by side): x itself where it is laid out so

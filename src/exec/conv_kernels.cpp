@@ -179,17 +179,14 @@ std::shared_ptr<const dnnl::Conv> primitive_for(ConvState& st, const Conv2dLayer
   s.bias = l.b.defined();
   s.residual = residual;
   s.act = act->first, s.alpha = act->second;
-  try {
-    const at::Tensor w = l.w.contiguous();
-    const at::Tensor b = s.bias ? l.b.contiguous() : at::Tensor();
-    auto p = std::make_shared<const dnnl::Conv>(s, w.data_ptr(), s.bias ? b.data_ptr() : nullptr);
-    if (st.primitives.size() == 4) st.primitives.erase(st.primitives.begin());
-    st.primitives.push_back(p);
-    return p;
-  } catch (const std::exception& e) {
-    if (why) *why = first_line(e.what());
-    return nullptr;
-  }
+  return onednn::make_kept(
+      st.primitives,
+      [&] {
+        const at::Tensor w = l.w.contiguous();
+        const at::Tensor b = s.bias ? l.b.contiguous() : at::Tensor();
+        return std::make_shared<const dnnl::Conv>(s, w.data_ptr(), s.bias ? b.data_ptr() : nullptr);
+      },
+      why);
 }
 
 at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {

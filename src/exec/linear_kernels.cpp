@@ -6,7 +6,6 @@
 #include "kernels/cpu/sparse.h"
 #include "kernels/cuda/library.h"
 #include "kernels/cuda/sparse_gemv.h"  // kMaxRows
-#include "lopper/memory.h"             // first_line
 
 namespace lopper::ops {
 namespace {
@@ -55,17 +54,14 @@ std::shared_ptr<const dnnl::Linear> direct_for(LinearState::CpuChoice& ch, const
   s.bf16 = x2.scalar_type() == at::kBFloat16;
   s.bias = bias.defined();
   s.act = act->first, s.alpha = act->second;
-  try {
-    const at::Tensor b = s.bias ? bias.contiguous() : at::Tensor();
-    auto d =
-        std::make_shared<const dnnl::Linear>(s, weight.data_ptr(), s.bias ? b.data_ptr() : nullptr);
-    if (ch.direct.size() == 4) ch.direct.erase(ch.direct.begin());
-    ch.direct.push_back(d);
-    return d;
-  } catch (const std::exception& e) {
-    if (why) *why = first_line(e.what());
-    return nullptr;
-  }
+  return onednn::make_kept(
+      ch.direct,
+      [&] {
+        const at::Tensor b = s.bias ? bias.contiguous() : at::Tensor();
+        return std::make_shared<const dnnl::Linear>(s, weight.data_ptr(),
+                                                    s.bias ? b.data_ptr() : nullptr);
+      },
+      why);
 }
 
 // y = act(x2 . w^T + bias) by the direct primitive (the NaN-dropping part of act after it).

@@ -6,12 +6,14 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dnnl/primitives.h"
+#include "lopper/memory.h"  // first_line
 #include "ops/op.h"
 
 namespace lopper::ops::onednn {
@@ -42,6 +44,25 @@ at::Tensor after_primitive(at::Tensor y, const PostOp& p);
 /// in_primitive(p) as the directly called primitives' activation (dnnl/primitives.h) and its
 /// slope, or nullopt where they have no form of it.
 std::optional<std::pair<dnnl::Eltwise, float>> direct_eltwise(const PostOp& p);
+/// How many shapes' direct primitives a layer keeps (the newest): a dynamic batch or sequence
+/// length makes one per shape.
+inline constexpr size_t kKeptPrimitives = 4;
+/// A layer's direct primitive for a new shape, `make()`'s (which throws where oneDNN makes none),
+/// kept beside the layer's others in `kept` (the newest kKeptPrimitives); nullptr where make()
+/// throws, the reason's first line in `why`.
+template <class T, class Make>
+std::shared_ptr<const T> make_kept(std::vector<std::shared_ptr<const T>>& kept, Make&& make,
+                                   std::string* why) {
+  try {
+    std::shared_ptr<const T> p = make();
+    if (kept.size() == kKeptPrimitives) kept.erase(kept.begin());
+    kept.push_back(p);
+    return p;
+  } catch (const std::exception& e) {
+    if (why) *why = first_line(e.what());
+    return nullptr;
+  }
+}
 /// Where oneDNN's library is not at hand, why (for a layer's refused candidates; nothing when
 /// LOPPER_DNNL_LIBRARY=off asked for that).
 void note_direct_unavailable(std::vector<std::string>& refused);

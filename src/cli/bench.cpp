@@ -80,12 +80,11 @@ void print_explain(const std::vector<KernelDecision>& decisions) {
     for (const auto& [name, ms] : d.timings)
       cands += fmt::format("{}{} {:.3f}  ", name, name == d.chosen ? "*" : "", ms);
     std::string node = fit_name(d.node, 40);
-    if (d.weight_shape.empty())  // an op without a weight (attention)
-      std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", node, d.op, "-", "-",
-                               d.chosen, cands);
-    else
-      std::cout << fmt::format("{:<40} {:<12} {:<14} {:>7.1f}%  {:<18} {}\n", node, d.op,
-                               shape_string(d.weight_shape), 100.0 * d.sparsity, d.chosen, cands);
+    const bool weight = !d.weight_shape.empty();  // none: an attention
+    std::cout << fmt::format("{:<40} {:<12} {:<14} {:>8}  {:<18} {}\n", node, d.op,
+                             weight ? shape_string(d.weight_shape) : "-",
+                             weight ? fmt::format("{:.1f}%", 100.0 * d.sparsity) : "-", d.chosen,
+                             cands);
     for (const auto& why : d.refused) std::cout << fmt::format("{:<40}   not run: {}\n", "", why);
     for (const auto& [name, impl] : d.implementations)
       std::cout << fmt::format("{:<40}   {} runs {}\n", "", name, impl);

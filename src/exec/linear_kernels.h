@@ -1,8 +1,9 @@
 // Which kernel runs a linear layer (internal): Gemm, MatMul and FusedMatMul (src/ops/gemm.cpp) say
 // what they compute; a product by a constant weight runs on the kernel chosen here, per layer and
 // once, on its real input (exec/kernel_choice.h). On the CPU: ATen's BLAS, oneDNN with the weight
-// reordered, lopper's dense GEMV for a few rows and its sparse kernels for a sparse weight, chosen
-// apart for a few rows (a decoded token) and for more; on a GPU: cuBLAS, the 2:4 sparse tensor
+// reordered, lopper's dense GEMV for a few rows and its dense kernel (the 1x1 convolution's) for
+// more, and its sparse kernels for a sparse weight, chosen apart for a few rows (a decoded token)
+// and for more; on a GPU: cuBLAS, the 2:4 sparse tensor
 // cores, and lopper's sparse kernel for a skinny batch.
 #pragma once
 

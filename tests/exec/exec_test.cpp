@@ -1413,6 +1413,52 @@ TEST(Exec, DirectPrimitivesFollowTheInputShape) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// lopper's dense kernel runs a product of many rows as a 1x1 convolution over a map of those rows:
+// forced, in float32 and (on a CPU with the bfloat16 dot product) bf16, it gives ATen's result on
+// 18, 128 and 198 rows (whole and partial tiles of rows) of one layer, a bias and GELU fused into
+// a 96 -> 1000 product (a partial block of outputs) and ReLU after a 1000 -> 40 one (a single
+// partial block); a NaN row stays NaN through the ReLU, the other rows are untouched by it. A few
+// rows (a decoded token) are not its: their layers keep their own choice.
+TEST(Exec, DenseRowsKernelMatchesAten) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  at::manual_seed(41);
+  for (at::ScalarType precision : {at::kFloat, at::kBFloat16}) {
+    const bool bf16 = precision == at::kBFloat16;
+    if (bf16 && !kernels::cpu::bf16_dot_supported(kernels::cpu::active_isa())) continue;
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    ir::Model m = image_model({2, -1, 96});
+    m.opset_import = {{"", 20}};  // Gelu
+    m.graph.inputs[0].type.dims[1].param = "s";
+    auto init = initializer_adder(m.graph);
+    init("w1", at::randn({96, 1000}) * 0.1);
+    init("b1", at::randn({1000}));
+    init("w2", at::randn({1000, 40}) * 0.05);
+    m.graph.nodes = {node("MatMul", {"x", "w1"}, {"p1"}), node("Add", {"p1", "b1"}, {"a1"}),
+                     node("Gelu", {"a1"}, {"g1"}), node("MatMul", {"g1", "w2"}, {"p2"}),
+                     node("Relu", {"p2"}, {"y"})};
+    ExecOptions eo;
+    eo.precision = precision;
+    Executor exec(m, eo);
+    for (int64_t s : {9, 64, 99, 2}) {
+      SCOPED_TRACE(::testing::Message() << 2 * s << " rows");
+      at::Tensor x = at::randn({2, s, 96});
+      x[1][s / 2][7] = std::numeric_limits<float>::quiet_NaN();
+      const at::Tensor want = aten_output(m, {{"x", x}}, precision);
+      const at::Tensor got = run_forced(exec, {{"x", x}}, "lopper-dense");
+      ASSERT_EQ(got.sizes(), want.sizes());
+      EXPECT_TRUE(at::equal(at::isnan(got), at::isnan(want)));
+      EXPECT_TRUE(at::isnan(got[1][s / 2]).all().item<bool>());
+      EXPECT_LE(test::relative_max_diff(at::nan_to_num(got, 0), at::nan_to_num(want, 0)),
+                bf16 ? 2e-2 : 1e-5);
+    }
+    // the two layers' products of many rows forced onto it; of a few rows, not
+    int dense = 0;
+    for (const auto& d : exec.kernel_decisions()) dense += has(d.chosen, "lopper-dense");
+    EXPECT_EQ(dense, 2);
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output
@@ -1423,7 +1469,7 @@ TEST(Exec, Bf16KernelsMatchAtenBf16) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);
   const char* own =
       "lopper-winograd,lopper-direct,lopper-depthwise-rows,lopper-depthwise,lopper-grouped,"
-      "lopper-chain,lopper-gemv";
+      "lopper-chain,lopper-gemv,lopper-dense";
   for (const char* stem :
        {"resnet18", "mobilenet_v2", "mobilenet_v3_small", "densenet121", "transformer_encoder"}) {
     ir::Model m = onnx::load_model(fixture(std::string(stem) + ".ts.onnx"));

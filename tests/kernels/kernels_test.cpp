@@ -938,6 +938,19 @@ TEST(DenseConvKernels, DenseBf16MatchesAten) {
   // A map the kernel does not fit: the one-line error, in bf16 as in float32.
   const kc::DirectConv big(at::randn({8, 8, 5, 5}), {}, 1, {}, isa, true);
   EXPECT_THROW(big.run(at::randn({1, 8, 3, 3}).to(at::kBFloat16), {}, {}), lopper::Error);
+  // Its bf16 pairs alone (keep_bf16_only): the same bf16 result; a float32 x refused in one line.
+  // Where no pairs are packed (an odd channel count) the float32 packing stays.
+  {
+    const at::Tensor w = at::randn({24, 16, 1, 1}, gen), b = at::randn({24}, gen);
+    const at::Tensor x = at::randn({1, 16, 4, 5}, gen).to(at::kBFloat16);
+    kc::DirectConv both(w, b, 1, {}, isa, true), lean(w, b, 1, {}, isa, true);
+    lean.keep_bf16_only();
+    EXPECT_TRUE(at::equal(lean.run(x, {}, {}), both.run(x, {}, {})));
+    EXPECT_THROW(lean.run(x.to(at::kFloat), {}, {}), lopper::Error);
+    kc::DirectConv odd_lean(at::randn({8, 5, 1, 1}), {}, 1, {}, isa, true);
+    odd_lean.keep_bf16_only();
+    EXPECT_EQ(odd_lean.run(at::randn({1, 5, 3, 3}), {}, {}).size(1), 8);
+  }
 }
 
 // A bf16 first layer of 1-4 planes (a bf16 model's input, NCHW) by its kernel rows' taps in bf16

@@ -353,6 +353,12 @@ at::Tensor DirectConv::run_bf16(const at::Tensor& x_in, const at::Tensor& residu
   return y;
 }
 
+void DirectConv::keep_bf16_only() {
+  if (pairs_.empty()) return;
+  std::vector<float>().swap(packed_);
+  bf16_only_ = true;
+}
+
 bool DirectConv::gathers() const {
   return groups_ > 1 && !narrow_ && c_ / groups_ <= kGatherMaxChannels && g_.dh == 1 && g_.dw == 1;
 }
@@ -361,6 +367,10 @@ at::Tensor DirectConv::run(const at::Tensor& x_in, const at::Tensor& residual, A
                            bool in_place) const {
   if (x_in.scalar_type() == at::kBFloat16) return run_bf16(x_in, residual, act);
   constexpr auto kCl = at::MemoryFormat::ChannelsLast;
+  LOPPER_CHECK(!bf16_only_,
+               "[kernels] this direct convolution keeps its bf16 weight alone and "
+               "takes bfloat16 x, got ",
+               x_in.scalar_type());
   check_conv_input(x_in, c_, "the direct convolution");
   // A channel slice of a channels-last tensor (ShuffleNet's halves) is read in place, its pixels
   // ldx floats apart; so is an NCHW input of a few channels (a network's first layer, read from

@@ -98,6 +98,10 @@ class DirectConv {
   /// takes bfloat16 too: its NCHW planes by its kernel rows' taps in bf16 pairs
   /// (ConvIsaOps::planar_pairs_rows); a channels-last input or a residual widened to float32.
   bool takes_bf16() const { return !pairs_.empty() || !planar_pairs_.empty(); }
+  /// Frees the float32 packing of a dense or grouped layer whose bf16 pairs are packed (a layer
+  /// of a bf16 model, which runs bf16 x alone): a third of the memory the two packings hold. run()
+  /// then refuses a float32 x. Nothing changes where the pairs are not packed.
+  void keep_bf16_only();
 
  private:
   void run_groups(const float* x, float* y, const float* residual, const ConvShape& whole,
@@ -134,6 +138,7 @@ class DirectConv {
   std::vector<float> planar_packed_;
   int planar_kg_ = 0;
   std::vector<uint32_t> pairs_;  // the weight in bf16 pairs of input channels
+  bool bf16_only_ = false;       // keep_bf16_only(): packed_ freed
   // a first layer's weight in bf16 pairs of a kernel row's taps (ConvIsaOps::planar_pairs_rows)
   std::vector<uint32_t> planar_pairs_;
   int64_t pairs_group_ = 0;  // words of one group's pairs (groups_ > 1)

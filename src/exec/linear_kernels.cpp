@@ -1,6 +1,8 @@
 // The kernels a linear layer can run, and the choice between them (see linear_kernels.h).
 #include "exec/linear_kernels.h"
 
+#include <chrono>
+
 #include "exec/kernel_choice.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/conv.h"
@@ -37,6 +39,8 @@ struct LinearState {
     // oneDNN's primitive, one per row count seen (the last four)
     std::vector<std::shared_ptr<const dnnl::Linear>> direct;
     Kernel kernel = Kernel::kUndecided;
+    Kernel rival = Kernel::kUndecided;  // the runner-up in a trial in the model
+    InModelTrial trial;
   } few, many;
 };
 
@@ -212,6 +216,36 @@ at::Tensor dense_rows(const at::Tensor& x2, const kernels::cpu::DirectConv& d,
   return finish_activation(y, post, act);
 }
 
+// Frees the packed weights neither the chosen kernel nor its rival in a trial runs.
+void release_unused(LinearState::CpuChoice& ch) {
+  using K = LinearState::Kernel;
+  auto kept = [&](K k) { return ch.kernel == k || ch.rival == k; };
+  if (!kept(K::kOnednn)) ch.packed.reset();
+  if (!kept(K::kDirect)) ch.direct.clear();
+  if (!kept(K::kGemv)) ch.gemv.reset();
+  if (!kept(K::kDense)) ch.dense.reset();
+}
+
+// y [rows, N] = post(x2 . w^T + bias) on the CPU by kernel `kind` of the choice `ch`.
+at::Tensor run_cpu(LinearState::Kernel kind, LinearState::CpuChoice& ch, const LinearState& st,
+                   const at::Tensor& x2, const at::Tensor& bias, const onednn::PostOp& post) {
+  using K = LinearState::Kernel;
+  switch (kind) {
+    case K::kOnednn:
+      return onednn::linear(x2.contiguous(), ch.packed, bias, post);
+    case K::kDirect:
+      return direct_linear(ch, st.weight, x2, bias, post);
+    case K::kGemv:
+      return dense_gemv(x2, *ch.gemv, bias, post);
+    case K::kDense:
+      return dense_rows(x2, *ch.dense, post);
+    case K::kSparse:
+      return run_sparse_linear(ch.sparse, x2, post);
+    default:
+      return onednn::apply_unfused(at::linear(x2, st.weight, bias), post);
+  }
+}
+
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
 // CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN and (for a sparse weight) lopper's
 // sparse kernels on the layer's real input.
@@ -268,26 +302,31 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
       cands.push_back({sc.name, [&x2, &post, sc] { run_sparse_linear(sc, x2, post); }});
       kinds.push_back(K::kSparse);
     }
-    size_t best = choose_kernel(c, cands, st.weight, x2, std::move(refused));
+    // NOTE: the sparse candidates keep one chosen format; the others take part in a trial in the
+    // model where their lone times are close (see InModelTrial).
+    const KernelChoice choice = choose_kernel_in_model(
+        c, cands, st.weight, x2, [&](size_t i) { return kinds[i] != K::kSparse; },
+        std::move(refused));
+    const size_t best = choice.best;
     ch.kernel = kinds[best];
+    if (choice.rival != KernelChoice::kNone) {
+      ch.rival = kinds[choice.rival];
+      ch.trial = InModelTrial(choice, cands[best].name, cands[choice.rival].name);
+    }
     if (ch.kernel == K::kSparse) ch.sparse = sparse[best - (cands.size() - sparse.size())];
-    if (ch.kernel != K::kOnednn) ch.packed.reset();
-    if (ch.kernel != K::kDirect) ch.direct.clear();
-    if (ch.kernel != K::kGemv) ch.gemv.reset();
-    if (ch.kernel != K::kDense) ch.dense.reset();
+    release_unused(ch);
+    return unflatten_rows(run_cpu(ch.kernel, ch, st, x2, bias, post), x);  // not in the trial
   }
-  at::Tensor y;
-  if (ch.kernel == K::kAten) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
-  if (ch.kernel == K::kOnednn) {
-    y = onednn::linear(x2.contiguous(), ch.packed, bias, post);
-  } else if (ch.kernel == K::kDirect) {
-    y = direct_linear(ch, st.weight, x2, bias, post);
-  } else if (ch.kernel == K::kGemv) {
-    y = dense_gemv(x2, *ch.gemv, bias, post);
-  } else if (ch.kernel == K::kDense) {
-    y = dense_rows(x2, *ch.dense, post);
-  } else {
-    y = run_sparse_linear(ch.sparse, x2, post);
+  if (!ch.trial.active()) return unflatten_rows(run_cpu(ch.kernel, ch, st, x2, bias, post), x);
+  const K kind = ch.trial.rival_next() ? ch.rival : ch.kernel;
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor y = run_cpu(kind, ch, st, x2, bias, post);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (const std::optional<bool> rival_won = ch.trial.record(c, ms)) {
+    if (*rival_won) ch.kernel = ch.rival;
+    ch.rival = K::kUndecided;
+    release_unused(ch);
   }
   return unflatten_rows(y, x);
 }

@@ -970,62 +970,68 @@ TEST(Exec, KernelKeptIsTheFastestOrLoppersOwnWithinItsMargin) {
 // timed where it runs, and the faster there is kept (InModelTrial): every call's output is right
 // during the trial; the decision gives both medians and names the faster one chosen; a model loaded
 // again takes the settled choice from the cache without a new trial. LOPPER_KERNEL_TRIAL=all tries
-// every runner-up (the test cannot make two kernels' lone times close), =off none.
+// every runner-up (the test cannot make two kernels' lone times close), =off none. A convolution,
+// and a linear layer over 40 rows (a few rows make a choice of their own).
 TEST(Exec, RunnerUpTriedInTheModelAndTheFasterThereKept) {
   setenv("LOPPER_KERNEL_CACHE", "off", 1);  // the choices kept in this process only
   setenv("LOPPER_CHOICE_BUSY", "0", 1);     // every timing taken as idle: cached
   constexpr int kCalls = 1 + 2 * ops::InModelTrial::kTrialCalls;  // the choice, then the trial
-  for (const char* mode : {"off", "all"}) {
-    SCOPED_TRACE(mode);
-    setenv("LOPPER_KERNEL_TRIAL", mode, 1);
-    // a weight of this run's own: the kernel cache (a file when the process's first test found
-    // it on) may hold a settled trial of any weight an earlier run drew
-    at::manual_seed(std::random_device{}());
-    ir::Model m = image_model({1, 16, 28, 28});
-    auto init = initializer_adder(m.graph);
-    init("w", at::randn({24, 16, 3, 3}) * 0.2);
-    init("b", at::randn({24}));
-    m.graph.nodes = {node("Conv", {"x", "w", "b"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1})}),
-                     node("Relu", {"c"}, {"y"})};
-    const at::Tensor x = at::randn({1, 16, 28, 28});
-    const at::Tensor want =
-        at::relu(at::conv2d(x, m.graph.initializers[0].value, m.graph.initializers[1].value, 1, 1));
-    Executor exec(m);
-    for (int i = 0; i < kCalls; ++i) {
-      ASSERT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), 1e-5) << "call " << i;
-      // under way from the choice until the trial's last call
-      if (std::string(mode) == "all" && i + 1 < kCalls)
-        EXPECT_TRUE(exec.kernel_decisions()[0].in_trial) << "call " << i;
+  for (const bool conv : {true, false})
+    for (const char* mode : {"off", "all"}) {
+      SCOPED_TRACE(std::string(conv ? "conv " : "linear ") + mode);
+      setenv("LOPPER_KERNEL_TRIAL", mode, 1);
+      // a weight of this run's own: the kernel cache (a file when the process's first test found
+      // it on) may hold a settled trial of any weight an earlier run drew
+      at::manual_seed(std::random_device{}());
+      ir::Model m =
+          image_model(conv ? std::vector<int64_t>{1, 16, 28, 28} : std::vector<int64_t>{40, 64});
+      auto init = initializer_adder(m.graph);
+      init("w", conv ? at::randn({24, 16, 3, 3}) * 0.2 : at::randn({24, 64}) * 0.2);
+      init("b", at::randn({24}));
+      m.graph.nodes = {conv
+                           ? node("Conv", {"x", "w", "b"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1})})
+                           : node("Gemm", {"x", "w", "b"}, {"c"}, {int_attr("transB", 1)}),
+                       node("Relu", {"c"}, {"y"})};
+      const at::Tensor x = conv ? at::randn({1, 16, 28, 28}) : at::randn({40, 64});
+      const at::Tensor& w = m.graph.initializers[0].value;
+      const at::Tensor& b = m.graph.initializers[1].value;
+      const at::Tensor want = at::relu(conv ? at::conv2d(x, w, b, 1, 1) : at::linear(x, w, b));
+      Executor exec(m);
+      for (int i = 0; i < kCalls; ++i) {
+        ASSERT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+        // under way from the choice until the trial's last call
+        if (std::string(mode) == "all" && i + 1 < kCalls)
+          EXPECT_TRUE(exec.kernel_decisions()[0].in_trial) << "call " << i;
+      }
+      const std::vector<KernelDecision> d = exec.kernel_decisions();
+      ASSERT_EQ(d.size(), 1u);
+      ASSERT_GE(d[0].timings.size(), 2u);
+      EXPECT_FALSE(d[0].in_trial);
+      if (std::string(mode) == "off") {
+        EXPECT_TRUE(d[0].in_model.empty());
+        continue;
+      }
+      ASSERT_EQ(d[0].in_model.size(), 2u);
+      const auto& [first, first_ms] = d[0].in_model[0];
+      const auto& [second, second_ms] = d[0].in_model[1];
+      EXPECT_NE(first, second);
+      EXPECT_GT(first_ms, 0);
+      EXPECT_GT(second_ms, 0);
+      EXPECT_EQ(d[0].chosen, second_ms < first_ms ? second : first);
+      // Loaded again: the settled choice and its medians from the cache, no new trial.
+      Executor again(m);
+      for (int i = 0; i < kCalls; ++i)
+        ASSERT_LE(test::relative_max_diff(again.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+      const std::vector<KernelDecision> d2 = again.kernel_decisions();
+      ASSERT_EQ(d2.size(), 1u);
+      EXPECT_TRUE(d2[0].cached);
+      EXPECT_EQ(d2[0].chosen, d[0].chosen);
+      auto sorted = [](std::vector<std::pair<std::string, double>> v) {
+        std::sort(v.begin(), v.end());
+        return v;
+      };
+      EXPECT_EQ(sorted(d2[0].in_model), sorted(d[0].in_model));  // the cache keeps them by name
     }
-    const std::vector<KernelDecision> d = exec.kernel_decisions();
-    ASSERT_EQ(d.size(), 1u);
-    ASSERT_GE(d[0].timings.size(), 2u);
-    EXPECT_FALSE(d[0].in_trial);
-    if (std::string(mode) == "off") {
-      EXPECT_TRUE(d[0].in_model.empty());
-      continue;
-    }
-    ASSERT_EQ(d[0].in_model.size(), 2u);
-    const auto& [first, first_ms] = d[0].in_model[0];
-    const auto& [second, second_ms] = d[0].in_model[1];
-    EXPECT_NE(first, second);
-    EXPECT_GT(first_ms, 0);
-    EXPECT_GT(second_ms, 0);
-    EXPECT_EQ(d[0].chosen, second_ms < first_ms ? second : first);
-    // Loaded again: the settled choice and its medians from the cache, no new trial.
-    Executor again(m);
-    for (int i = 0; i < kCalls; ++i)
-      ASSERT_LE(test::relative_max_diff(again.run({{"x", x}})[0], want), 1e-5) << "call " << i;
-    const std::vector<KernelDecision> d2 = again.kernel_decisions();
-    ASSERT_EQ(d2.size(), 1u);
-    EXPECT_TRUE(d2[0].cached);
-    EXPECT_EQ(d2[0].chosen, d[0].chosen);
-    auto sorted = [](std::vector<std::pair<std::string, double>> v) {
-      std::sort(v.begin(), v.end());
-      return v;
-    };
-    EXPECT_EQ(sorted(d2[0].in_model), sorted(d[0].in_model));  // the cache keeps them by name
-  }
   unsetenv("LOPPER_KERNEL_TRIAL");
   unsetenv("LOPPER_CHOICE_BUSY");
   unsetenv("LOPPER_KERNEL_CACHE");

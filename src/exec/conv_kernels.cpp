@@ -472,7 +472,10 @@ std::shared_ptr<const kernels::cpu::ConvChain> chain_of(const ir::Graph& body, b
 
 std::optional<at::Tensor> conv2d_by_kernel(OpContext& c, const Conv2dLayer& l) {
   const at::Tensor &x = l.x, &b = l.b;
-  if (x.dim() != 4 || !c.prepack() || !c.is_constant(1) || (b.defined() && !c.is_constant(2)))
+  // (an empty weight, of no input or no output channels, is ATen's alone: oneDNN makes no
+  // primitive for it)
+  if (x.dim() != 4 || !c.prepack() || !c.is_constant(1) || (b.defined() && !c.is_constant(2)) ||
+      l.w.numel() == 0)
     return std::nullopt;
   // NOTE: inference on the CPU runs oneDNN with the weight reordered once and the activations in
   // channels-last layout (kept from one convolution to the next), the layout its kernels read

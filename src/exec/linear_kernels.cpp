@@ -260,7 +260,9 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
   const bool cpu_bf16 = x.device().is_cpu() && x.scalar_type() == at::kBFloat16 &&
                         st.weight.scalar_type() == at::kBFloat16 &&
                         (!bias.defined() || bias.scalar_type() == at::kBFloat16);
-  if (!cpu_f32 && !cpu_bf16) return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
+  // (an empty weight, of no inputs or no outputs, is ATen's alone: oneDNN makes no primitive)
+  if ((!cpu_f32 && !cpu_bf16) || st.weight.numel() == 0)
+    return onednn::apply_unfused(at::linear(x, st.weight, bias), post);
   at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
   using K = LinearState::Kernel;
   LinearState::CpuChoice& ch = x2.size(0) <= kFewRows ? st.few : st.many;

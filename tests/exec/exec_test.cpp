@@ -1465,6 +1465,42 @@ TEST(Exec, DenseRowsKernelMatchesAten) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// A hostile model's empty weights run on ATen (oneDNN makes no primitive for them, and said so in
+// an internal error): a product over no inputs gives its bias, a convolution of no input channels
+// ATen's empty output; one of no output channels is ATen's one-line error naming the node.
+TEST(Exec, EmptyWeightsRunOnAten) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  ir::Model empty = image_model({20, 0});
+  initializer_adder(empty.graph)("w", at::zeros({0, 8}));
+  initializer_adder(empty.graph)("b", at::arange(8, at::kFloat));
+  empty.graph.nodes = {node("MatMul", {"x", "w"}, {"p"}), node("Add", {"p", "b"}, {"y"})};
+  Executor none(empty);
+  const at::Tensor y = none.run({{"x", at::zeros({20, 0})}})[0];
+  EXPECT_TRUE(at::equal(y, at::arange(8, at::kFloat).expand({20, 8})));
+  for (const bool no_out : {false, true}) {
+    ir::Model m = image_model({1, no_out ? 4 : 0, 5, 5});
+    initializer_adder(m.graph)("w", at::zeros({no_out ? 0 : 8, no_out ? 4 : 0, 3, 3}));
+    m.graph.nodes = {node("Conv", {"x", "w"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})})};
+    Executor exec(m);
+    const at::Tensor x = at::zeros({1, no_out ? 4 : 0, 5, 5});
+    if (!no_out) {
+      const at::Tensor want = at::conv2d(x, m.graph.initializers[0].value, {}, 1, 1);
+      EXPECT_EQ(exec.run({{"x", x}})[0].sizes(), want.sizes());
+      continue;
+    }
+    try {
+      exec.run({{"x", x}});
+      ADD_FAILURE() << "a convolution of no output channels must be refused";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("node 'y' (Conv)"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_EQ(what.find("primitive"), std::string::npos) << what;
+    }
+  }
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output

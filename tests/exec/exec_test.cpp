@@ -1370,6 +1370,20 @@ TEST(Exec, AttentionOnOneDnnFollowsLayoutAndShape) {
       EXPECT_LE(test::relative_max_diff(e.run({{"x", x}})[0], want), 1e-5);
     }
     EXPECT_EQ(chosen(e, [](const std::string& k) { return k == "onednn-direct (forced)"; }), 1);
+    if (layout != 1) continue;
+    // Past 64 MB of scores (6 heads of 1700 x 1700 tokens: 66 MB) oneDNN's route, which holds
+    // them all at once, is not taken: a later, longer input runs lopper's kernel, and a first one
+    // does not offer it, saying why.
+    const at::Tensor x = at::randn({2, 3, 1700, 8});
+    const at::Tensor want = at::matmul(at::softmax(at::matmul(x, x.transpose(-1, -2)), -1), x);
+    EXPECT_LE(test::relative_max_diff(e.run({{"x", x}})[0], want), 1e-5);
+    Executor first_long(m);
+    EXPECT_LE(test::relative_max_diff(first_long.run({{"x", x}})[0], want), 1e-5);
+    const std::vector<KernelDecision> d = first_long.kernel_decisions();
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].chosen, "lopper-attention");
+    ASSERT_EQ(d[0].refused.size(), 1u);
+    EXPECT_EQ(d[0].refused[0], "onednn-direct: every head's scores (66 MB) at once");
   }
   unsetenv("LOPPER_FORCE_KERNEL");
   unsetenv("LOPPER_KERNEL_CACHE");

@@ -299,6 +299,8 @@ void block_shapes(benchmark::internal::Benchmark* b) {
       {28, 32, 192, 32, 1},   // features.5
       {14, 64, 384, 64, 1},   // features.8
       {7, 160, 960, 160, 1},  // features.15
+      {112, 8, 48, 12, 2},    // features.2 with half its channels removed (lopper's structured)
+      {56, 12, 72, 12, 1},    // features.3 likewise
   };
   for (const auto& l : blocks)
     for (int64_t batch : {1, 32}) b->Args({l[0], l[1], l[2], l[3], l[4], batch});

@@ -1,7 +1,6 @@
 // The kernels a convolution can run, and the choice between them (see conv_kernels.h).
 #include "exec/conv_kernels.h"
 
-#include <chrono>
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
@@ -400,17 +399,8 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
     return dispatch(st.kernel);  // the choosing call: not part of the trial
   }
   if (!st.trial.active()) return dispatch(st.kernel);
-  const K run = st.trial.rival_next() ? st.rival : st.kernel;
-  const auto t0 = std::chrono::steady_clock::now();
-  at::Tensor y = dispatch(run);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (const std::optional<bool> rival_won = st.trial.record(c, ms)) {
-    if (*rival_won) st.kernel = st.rival;
-    st.rival = K::kUndecided;
-    release_unused(st);
-  }
-  return y;
+  return st.trial.run_next(c, st.kernel, st.rival, K::kUndecided, dispatch,
+                           [&] { release_unused(st); });
 }
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise

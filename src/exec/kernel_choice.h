@@ -11,6 +11,7 @@
 // takes every timing as busy / idle instead of probing (tests).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -87,6 +88,23 @@ class InModelTrial {
   /// winner, and returns whether the rival won; until then nothing.
   std::optional<bool> record(OpContext& c, double ms);
   static constexpr int kTrialCalls = 4;
+  /// A layer's call during its trial: run(k) on the chosen kernel or the rival in turn, timed and
+  /// recorded; at the trial's end `kernel` becomes the rival where it won, `rival` becomes `none`
+  /// and release() frees what the kept kernel does not run. Returns run(k)'s result.
+  template <class K, class Run, class Release>
+  auto run_next(OpContext& c, K& kernel, K& rival, K none, Run&& run, Release&& release) {
+    const K k = rival_next() ? rival : kernel;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto y = run(k);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (const std::optional<bool> rival_won = record(c, ms)) {
+      if (*rival_won) kernel = rival;
+      rival = none;
+      release();
+    }
+    return y;
+  }
 
  private:
   KernelChoice choice_;

@@ -1,8 +1,6 @@
 // The kernels a linear layer can run, and the choice between them (see linear_kernels.h).
 #include "exec/linear_kernels.h"
 
-#include <chrono>
-
 #include "exec/kernel_choice.h"
 #include "exec/sparse_linear.h"
 #include "kernels/cpu/conv.h"
@@ -320,17 +318,11 @@ at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const 
     return unflatten_rows(run_cpu(ch.kernel, ch, st, x2, bias, post), x);  // not in the trial
   }
   if (!ch.trial.active()) return unflatten_rows(run_cpu(ch.kernel, ch, st, x2, bias, post), x);
-  const K kind = ch.trial.rival_next() ? ch.rival : ch.kernel;
-  const auto t0 = std::chrono::steady_clock::now();
-  at::Tensor y = run_cpu(kind, ch, st, x2, bias, post);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (const std::optional<bool> rival_won = ch.trial.record(c, ms)) {
-    if (*rival_won) ch.kernel = ch.rival;
-    ch.rival = K::kUndecided;
-    release_unused(ch);
-  }
-  return unflatten_rows(y, x);
+  return unflatten_rows(ch.trial.run_next(
+                            c, ch.kernel, ch.rival, K::kUndecided,
+                            [&](K kind) { return run_cpu(kind, ch, st, x2, bias, post); },
+                            [&] { release_unused(ch); }),
+                        x);
 }
 
 }  // namespace

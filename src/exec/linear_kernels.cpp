@@ -245,8 +245,9 @@ at::Tensor run_cpu(LinearState::Kernel kind, LinearState::CpuChoice& ch, const L
 }
 
 // y = x @ w^T + bias for x of any rank >= 2 with a constant weight w [N, K] (inference). On the
-// CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN and (for a sparse weight) lopper's
-// sparse kernels on the layer's real input.
+// CPU the kernel is chosen once, by timing ATen's BLAS, oneDNN, lopper's dense kernels and (for a
+// sparse weight) its sparse kernels on the layer's real input, a close runner-up then tried in the
+// model (InModelTrial).
 at::Tensor run_linear(OpContext& c, const at::Tensor& x, LinearState& st, const at::Tensor& bias,
                       const onednn::PostOp& post = {}) {
   if (x.is_cuda()) return run_linear_cuda(c, x, st, bias, post);

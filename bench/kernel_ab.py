@@ -72,7 +72,8 @@ def main():
         os.environ["LOPPER_FORCE_KERNEL"] = forced
         s = lopper.InferenceSession(a.model, threads=a.threads, precision=a.precision)
         feeds = feeds_for(s, rng)
-        for _ in range(3):  # the kernel choice, then warm
+        # the kernel choice, the trials in the model a default choice holds (1 + 2 x 4 calls), warm
+        for _ in range(12):
             s.run(None, feeds)
         sessions.append((s, feeds))
     del os.environ["LOPPER_FORCE_KERNEL"]

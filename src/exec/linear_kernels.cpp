@@ -195,8 +195,7 @@ std::shared_ptr<const kernels::cpu::DirectConv> dense_for(const at::Tensor& weig
   const at::Tensor w = weight.to(at::kFloat).view({weight.size(0), weight.size(1), 1, 1});
   if (!kernels::cpu::DirectConv::takes(w, 1, weight.size(1))) return nullptr;
   auto d = std::make_shared<kernels::cpu::DirectConv>(
-      w, bias.defined() ? bias.to(at::kFloat) : bias, 1, kernels::cpu::DirectConv::Geometry{},
-      kernels::cpu::active_isa(), bf16);
+      w, bias, 1, kernels::cpu::DirectConv::Geometry{}, kernels::cpu::active_isa(), bf16);
   if (!bf16) return d;
   if (!d->takes_bf16()) return nullptr;
   d->keep_bf16_only();  // the bf16 pairs alone: a bf16 weight of 2 bytes a value packed in 2

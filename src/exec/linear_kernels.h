@@ -3,8 +3,8 @@
 // once, on its real input (exec/kernel_choice.h). On the CPU: ATen's BLAS, oneDNN with the weight
 // reordered, lopper's dense GEMV for a few rows and its dense kernel (the 1x1 convolution's) for
 // more, and its sparse kernels for a sparse weight, chosen apart for a few rows (a decoded token)
-// and for more; on a GPU: cuBLAS, the 2:4 sparse tensor
-// cores, and lopper's sparse kernel for a skinny batch.
+// and for more; on a GPU: cuBLAS, the 2:4 sparse tensor cores, and lopper's sparse kernel for a
+// skinny batch.
 #pragma once
 
 #include <ATen/core/Tensor.h>

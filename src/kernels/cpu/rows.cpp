@@ -163,9 +163,18 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   // NOTE: y is written as [sq, b, dv], the heads of a query row side by side: what the Transpose
   // and Reshape after an attention read (MultiheadAttention's, transformers', torchvision's
   // exports), which then copy nothing (the copy took 55 us of each BERT layer).
-  at::Tensor y = at::empty({sq, b, dv}, q.options().dtype(at::kFloat)).permute({1, 0, 2});
+  const RowsIsaOps& ops = rows_ops(isa);
+  // bf16 on the CPU's bfloat16 dot product where it has one (AVX512_BF16), y rounded as it is
+  // stored; else widened, y in float32 rounded after.
+  const bool dot = type == at::kBFloat16 && ops.attention_dot != nullptr && bf16_dot_supported(isa);
+  at::Tensor y = at::empty({sq, b, dv}, q.options().dtype(dot ? at::kBFloat16 : at::kFloat))
+                     .permute({1, 0, 2});
   AttnView a;
-  a.q = q.data_ptr(), a.kt = kt.data_ptr(), a.v = v.data_ptr(), a.y = y.data_ptr<float>();
+  a.q = q.data_ptr(), a.kt = kt.data_ptr(), a.v = v.data_ptr();
+  if (dot)
+    a.y16 = reinterpret_cast<uint16_t*>(y.data_ptr());
+  else
+    a.y = y.data_ptr<float>();
   a.bf16 = type == at::kBFloat16;
   a.sq = sq, a.sk = sk, a.d = q.size(2), a.dv = dv, a.scale = scale;
   a.q_hs = q.stride(0), a.q_rs = q.stride(1), a.q_cs = q.stride(2);
@@ -175,11 +184,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
   // A block's scores: 128 KB at most; the threads take (head, block) items.
   const int64_t rows = std::clamp<int64_t>((32 << 10) / attn_round(sk), 1, sq);
   const int64_t blocks = (sq + rows - 1) / rows;
-  const RowsIsaOps& ops = rows_ops(isa);
-  // bf16 on the CPU's bfloat16 dot product where it has one (AVX512_BF16), else widened.
-  const auto block = a.bf16 && ops.attention_dot != nullptr && bf16_dot_supported(isa)
-                         ? ops.attention_dot
-                         : ops.attention;
+  const auto block = dot ? ops.attention_dot : ops.attention;
   const size_t need = size_t(attention_scratch(a, rows));
   parallel_steal(b * blocks, 1, [&](int64_t t0, int64_t t1) {
     float* scratch = thread_scratch(0, need);
@@ -188,7 +193,7 @@ at::Tensor scaled_attention(const at::Tensor& q, const at::Tensor& kt, const at:
       block(a, i, r0, std::min(rows, sq - r0), scratch);
     }
   });
-  return a.bf16 ? narrow_to_bf16(y) : y;
+  return a.bf16 && !dot ? narrow_to_bf16(y) : y;
 }
 
 at::Tensor few_rows_product(const at::Tensor& a_in, const at::Tensor& b, Isa isa) {

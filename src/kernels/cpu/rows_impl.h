@@ -19,49 +19,66 @@ namespace {
 
 // Softmax of each row in three passes over it (it stays in L1): the largest scaled value, the
 // exponentials of the scaled values minus it (stored) and their sum, then the products by the
-// sum's reciprocal. NaN anywhere in a row makes the row NaN (as ATen's); a row of -inf only is
-// NaN (0 / 0, as ATen's). exp_of clamps at -87.3: a value that far below the row's largest gets
-// e^-87.3 (1e-38) instead of 0.
+// sum's reciprocal. NaN anywhere in a row makes the row NaN (as ATen's): its exponential is NaN,
+// and so the sum and every product by its reciprocal, whatever the largest value came out as. A
+// row of -inf only is NaN (0 / 0, as ATen's). exp_of clamps at -87.3: a value that far below the
+// row's largest gets e^-87.3 (1e-38) instead of 0.
+
+// The largest of scale * x[j] for j < n (NaN possible where x has one): scale times x's largest
+// (smallest for a negative scale), equal to the largest product, as rounding is monotonic.
+template <class T>
+float scaled_row_max(const float* x, int64_t n, float scale) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const bool up = !(scale < 0);
+  const float start =
+      up ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  V m = T::set1(start);
+  int64_t j = 0;
+  if (up)
+    for (; j + W <= n; j += W) m = T::max(m, T::load(x + j));
+  else
+    for (; j + W <= n; j += W) m = T::min(m, T::load(x + j));
+  float e = j > 0 ? (up ? T::hmax(m) : -T::hmax(T::sub(T::zero(), m))) : start;
+  for (; j < n; ++j) e = up ? std::max(e, x[j]) : std::min(e, x[j]);
+  return e * scale;
+}
+
+// y[j] = e^(scale x[j] - mx) for j < n; returns their sum.
+template <class T>
+float exp_row(const float* x, float* y, int64_t n, float scale, float mx) {
+  using V = typename T::V;
+  constexpr int W = T::W;
+  const V s = T::set1(scale), neg = T::set1(-mx);
+  V sum = T::zero();
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    const V e = T::exp(T::fma(T::load(x + j), s, neg));
+    T::store(y + j, e);
+    sum = T::add(sum, e);
+  }
+  float total = T::hsum(sum);
+  if (j < n) {
+    const int left = int(n - j);
+    const V e = T::exp(T::fma(T::loadm(x + j, left), s, neg));
+    float lane[W];
+    T::store(lane, e);
+    for (int i = 0; i < left; ++i) total += lane[i];
+    T::storem(y + j, e, left);
+  }
+  return total;
+}
+
 template <class T>
 void softmax_rows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n, float scale) {
   using V = typename T::V;
   constexpr int W = T::W;
-  const V s = T::set1(scale);
-  const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
-    V m = T::set1(ninf);
-    int64_t j = 0;
-    for (; j + W <= n; j += W) m = T::max_nan(m, T::mul(T::load(xr + j), s));
-    float lanes[W];
-    T::store(lanes, m);
-    float mx = ninf;
-    for (int i = 0; i < W && mx == mx; ++i)  // the lanes' largest (a NaN kept)
-      if (lanes[i] > mx || lanes[i] != lanes[i]) mx = lanes[i];
-    for (; j < n && mx == mx; ++j) {
-      const float v = xr[j] * scale;
-      if (v > mx || v != v) mx = v;
-    }
-    const V vm = T::set1(mx);
-    V sum = T::zero();
-    j = 0;
-    for (; j + W <= n; j += W) {
-      const V e = T::exp(T::fma(T::load(xr + j), s, T::sub(T::zero(), vm)));
-      T::store(yr + j, e);
-      sum = T::add(sum, e);
-    }
-    float total = T::hsum(sum);
-    if (j < n) {
-      const int left = int(n - j);
-      const V e = T::exp(T::fma(T::loadm(xr + j, left), s, T::sub(T::zero(), vm)));
-      float lane[W];
-      T::store(lane, e);
-      for (int i = 0; i < left; ++i) total += lane[i];
-      T::storem(yr + j, e, left);
-    }
+    const float total = exp_row<T>(xr, yr, n, scale, scaled_row_max<T>(xr, n, scale));
     const V inv = T::set1(1.f / total);
-    j = 0;
+    int64_t j = 0;
     for (; j + W <= n; j += W) T::store(yr + j, T::mul(T::load(yr + j), inv));
     if (j < n) T::storem(yr + j, T::mul(T::loadm(yr + j, int(n - j)), inv), int(n - j));
   }
@@ -318,10 +335,11 @@ void product_head(const AttnView& a, int64_t h, float* scratch) {
 #pragma GCC target("avx512bw,avx512bf16")
 
 // c[m][0, NC*16) = sum over p < pn of the pair a[m * lda + 2p, +1] . the pairs b[p * ldb + (0,
-// NC*16)], m < MR; the last vector's store masked to `tail` lanes.
-template <int MR, int NC>
+// NC*16)], m < MR; the last vector's store masked to `tail` lanes. C float (the sums) or uint16_t
+// (the sums rounded to bfloat16, as to_bf16 rounds).
+template <int MR, int NC, class C>
 inline void dot_tile(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pn,
-                     float* c, int64_t ldc, int tail) {
+                     C* c, int64_t ldc, int tail) {
   __m512 acc[MR][NC];
   LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int n = 0; n < NC; ++n) acc[m][n] =
       _mm512_setzero_ps();
@@ -335,16 +353,26 @@ inline void dot_tile(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t 
     }
   }
   LOPPER_UNROLL for (int m = 0; m < MR; ++m) LOPPER_UNROLL for (int n = 0; n < NC; ++n) {
-    if (n == NC - 1 && tail != 16)
-      _mm512_mask_storeu_ps(c + m * ldc + n * 16, __mmask16((1u << tail) - 1), acc[m][n]);
-    else
-      _mm512_storeu_ps(c + m * ldc + n * 16, acc[m][n]);
+    const bool part = n == NC - 1 && tail != 16;
+    if constexpr (std::is_same_v<C, float>) {
+      if (part)
+        _mm512_mask_storeu_ps(c + m * ldc + n * 16, __mmask16((1u << tail) - 1), acc[m][n]);
+      else
+        _mm512_storeu_ps(c + m * ldc + n * 16, acc[m][n]);
+    } else {
+      const __m256i bits = Wide::bf16_bits(acc[m][n]);
+      if (part)
+        _mm256_mask_storeu_epi16(c + m * ldc + n * 16, __mmask16((1u << tail) - 1), bits);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + m * ldc + n * 16), bits);
+    }
   }
 }
 
 // c [rows][cols] = a [rows][2 pn] . b [pn][cols (whole vectors of pairs)], cols stored up to cols.
+template <class C>
 void dot_product(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pn,
-                 int64_t rows, int64_t cols, float* c, int64_t ldc) {
+                 int64_t rows, int64_t cols, C* c, int64_t ldc) {
   for_each_tile<6, 4, 16>(rows, cols, [&](int64_t m0, int64_t j0, auto mr, auto nc, int tail) {
     dot_tile<decltype(mr)::value, decltype(nc)::value>(a + m0 * lda, lda, b + j0, ldb, pn,
                                                        c + m0 * ldc + j0, ldc, tail);
@@ -420,22 +448,26 @@ void attention_dot_block(const AttnView& a, int64_t h, int64_t r0, int64_t r, fl
   dot_product(qa, ldq, kp, skp, d2, r, skp, s, skp);
   for (int64_t m = 0; m < r; ++m) {
     float* row = s + m * skp;
-    softmax_rows<Wide>(row, row, 0, 1, a.sk, a.scale);
-    // Rounded to bf16 into the row's first half, forwards (a vector's 32 bytes land at or before
-    // the 64 it was read from); zero to the end of the last pair.
+    // softmax_rows' exponentials, then their products by the sum's reciprocal rounded to bf16 into
+    // the row's first half, forwards (a vector's 32 bytes land at or before the 64 it was read
+    // from); zero to the end of the last pair.
+    const float total =
+        exp_row<Wide>(row, row, a.sk, a.scale, scaled_row_max<Wide>(row, a.sk, a.scale));
+    const __m512 inv = _mm512_set1_ps(1.f / total);
     auto* out = reinterpret_cast<uint16_t*>(row);
     int64_t j = 0;
     for (; j + 16 <= a.sk; j += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                          Wide::bf16_bits(_mm512_loadu_ps(row + j)));
+                          Wide::bf16_bits(_mm512_mul_ps(_mm512_loadu_ps(row + j), inv)));
     if (j < a.sk) {
       const __mmask16 mk = __mmask16((1u << (a.sk - j)) - 1);
-      _mm256_mask_storeu_epi16(out + j, mk, Wide::bf16_bits(_mm512_maskz_loadu_ps(mk, row + j)));
+      _mm256_mask_storeu_epi16(
+          out + j, mk, Wide::bf16_bits(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, row + j), inv)));
     }
     if (a.sk % 2 != 0) out[a.sk] = 0;
   }
   dot_product(reinterpret_cast<const uint16_t*>(s), 2 * skp, vp, dvp, sk2, r, a.dv,
-              a.y + h * a.y_hs + r0 * a.y_rs, a.y_rs);
+              a.y16 + h * a.y_hs + r0 * a.y_rs, a.y_rs);
 }
 
 #pragma GCC pop_options

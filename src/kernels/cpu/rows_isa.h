@@ -14,6 +14,8 @@ namespace lopper::kernels::cpu {
 struct AttnView {
   const void *q = nullptr, *kt = nullptr, *v = nullptr;
   float* y = nullptr;
+  // attention_dot: y in bfloat16 (rounded once), y_hs and y_rs its strides
+  uint16_t* y16 = nullptr;
   bool bf16 = false;
   int64_t sq = 0, sk = 0, d = 0, dv = 0;
   int64_t q_hs = 0, q_rs = 0, q_cs = 0;     // head, row (query), column (d)
@@ -32,8 +34,8 @@ struct RowsIsaOps {
   /// multiplied by v in registers and L1/L2.
   void (*attention)(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch);
   /// As attention for bfloat16 q, k and v, by the CPU's bfloat16 dot product (AVX512_BF16), the
-  /// softmaxed scores rounded to bfloat16 for the product with v; null where the table's ISA has
-  /// none. Call it only where bf16_dot_supported().
+  /// softmaxed scores rounded to bfloat16 for the product with v, and y written to y16; null
+  /// where the table's ISA has none. Call it only where bf16_dot_supported().
   void (*attention_dot)(const AttnView& a, int64_t h, int64_t r0, int64_t r, float* scratch);
   /// y[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta for rows [r0, r1) of n floats
   /// (contiguous rows; y may be x; beta may be null): mean and variance in two passes.

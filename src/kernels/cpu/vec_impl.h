@@ -69,6 +69,7 @@ struct Scalar {
   static V div(V a, V b) { return a / b; }
   static V exp(V x) { return std::exp(x); }
   static float hsum(V v) { return v; }
+  static float hmax(V v) { return v; }
 };
 
 #if LOPPER_SPARSE_ISA > 0
@@ -95,6 +96,7 @@ struct V4 {  // 4 floats (SSE registers, FMA3)
     return _mm_castsi128_ps(
         _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23));
   }
+  static V times_pow2(V p, V n) { return mul(p, pow2(n)); }  // p 2^n, n as pow2's
   static V exp(V x);
 };
 
@@ -179,11 +181,18 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static float hmax(V v) {  // a NaN lane may or may not come out
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V pow2(V n) {
     return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
+  static V times_pow2(V p, V n) { return mul(p, pow2(n)); }
   static V exp(V x);
 };
 #endif
@@ -287,6 +296,7 @@ struct V16 {        // 16 floats (AVX-512F)
   }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  static float hmax(V v) { return _mm512_reduce_max_ps(v); }  // a NaN lane may or may not come out
   static V round(V x) {
     return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
@@ -294,6 +304,8 @@ struct V16 {        // 16 floats (AVX-512F)
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }
+  // p 2^n (vscalefps: one instruction for pow2's three and the product, rounded alike)
+  static V times_pow2(V p, V n) { return _mm512_scalef_ps(p, n); }
   static V exp(V x);
 };
 using Wide = V16;  // the widest vector: columns of `cols`
@@ -325,7 +337,7 @@ inline typename T::V exp_of(typename T::V x) {
   p = T::fma(p, r, T::set1(0.5f));
   p = T::fma(p, r, T::set1(1.f));
   p = T::fma(p, r, T::set1(1.f));
-  return T::mul(p, T::pow2(n));
+  return T::times_pow2(p, n);
 }
 #if LOPPER_SPARSE_ISA > 0
 inline V4::V V4::exp(V x) { return exp_of<V4>(x); }

@@ -32,8 +32,8 @@ std::vector<int64_t> broadcast_shapes(const OpContext& c, const std::vector<int6
   for (size_t i = 0; i < n; ++i) {
     int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    c.check(x == y || x == 1 || y == 1, "shapes ", dims_str(a), " and ", dims_str(b),
-            " do not broadcast");
+    if (!(x == y || x == 1 || y == 1))
+      c.fail("shapes ", dims_str(a), " and ", dims_str(b), " do not broadcast");
     out[i] = x == 1 ? y : x;
   }
   return out;
@@ -146,8 +146,8 @@ void transpose(OpContext& c) {
   auto perm = c.attr_ints("perm");
   if (perm.empty())
     for (int64_t i = x.dim() - 1; i >= 0; --i) perm.push_back(i);
-  c.check(static_cast<int64_t>(perm.size()) == x.dim(), "perm ", dims_str(perm),
-          " does not match rank ", x.dim());
+  if (static_cast<int64_t>(perm.size()) != x.dim())
+    c.fail("perm ", dims_str(perm), " does not match rank ", x.dim());
   c.set_output(0, x.permute(perm));
 }
 
@@ -271,7 +271,7 @@ void split(OpContext& c) {
     c.check(s >= 0, "negative split ", s);
     total += s;
   }
-  c.check(total == dim, "split ", dims_str(split), " does not sum to ", dim);
+  if (total != dim) c.fail("split ", dims_str(split), " does not sum to ", dim);
   auto parts = at::split_with_sizes(x, split, axis);
   for (int64_t i = 0; i < n; ++i) c.set_output(i, parts[i]);
 }
@@ -307,7 +307,8 @@ void slice(OpContext& c) {
 
 void constant_of_shape(OpContext& c) {
   auto shape = to_int_vector(c.input(0));
-  for (int64_t d : shape) c.check(d >= 0, "negative dim in shape ", dims_str(shape));
+  for (int64_t d : shape)
+    if (d < 0) c.fail("negative dim in shape ", dims_str(shape));
   at::Tensor v = c.has_attr("value") ? c.attr_tensor("value")
                                      : at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
   c.check(v.numel() == 1, "value must hold one element");
@@ -623,27 +624,27 @@ void shape_channels(ChannelContext& c) {
 std::vector<int64_t> reshape_target(const AttrReader& c, const std::vector<int64_t>& sizes,
                                     std::vector<int64_t> shape, bool allowzero) {
   const int64_t rank = static_cast<int64_t>(sizes.size()), numel = numel_of(sizes);
+  if (!allowzero)  // (before the copies, so that the message gives the shape as written)
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (shape[i] == 0 && static_cast<int64_t>(i) >= rank)
+        c.fail("shape ", dims_str(shape), " copies dim ", i, " of a rank-", rank, " input");
   int64_t infer = -1, known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0 && !allowzero) {
-      c.check(static_cast<int64_t>(i) < rank, "shape ", dims_str(shape), " copies dim ", i,
-              " of a rank-", rank, " input");
-      shape[i] = sizes[i];
-    }
+    if (shape[i] == 0 && !allowzero) shape[i] = sizes[i];
     if (shape[i] == -1) {
-      c.check(infer < 0, "shape ", dims_str(shape), " has more than one -1");
+      if (infer >= 0) c.fail("shape ", dims_str(shape), " has more than one -1");
       infer = static_cast<int64_t>(i);
       continue;
     }
-    c.check(shape[i] >= 0, "shape ", dims_str(shape), " has a negative dim");
+    if (shape[i] < 0) c.fail("shape ", dims_str(shape), " has a negative dim");
     known *= shape[i];
   }
   if (infer >= 0) {
-    c.check(known != 0 && numel % known == 0, "cannot reshape ", dims_str(sizes), " to ",
-            dims_str(shape));
+    if (known == 0 || numel % known != 0)
+      c.fail("cannot reshape ", dims_str(sizes), " to ", dims_str(shape));
     shape[infer] = numel / known;
   }
-  c.check(numel_of(shape) == numel, "cannot reshape ", dims_str(sizes), " to ", dims_str(shape));
+  if (numel_of(shape) != numel) c.fail("cannot reshape ", dims_str(sizes), " to ", dims_str(shape));
   return shape;
 }
 

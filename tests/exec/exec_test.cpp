@@ -1515,6 +1515,42 @@ TEST(Exec, EmptyWeightsRunOnAten) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// The shape ops' refusals name the node and the shapes, in one line: a Reshape with two -1s, a
+// negative dim, a size that does not divide or match; a Transpose whose perm does not match the
+// rank; a Split that does not sum to the axis; an Expand that does not broadcast. Their messages
+// are built only when the check fails (a Reshape spent half its time building them).
+TEST(Exec, ShapeOpRefusalsNameTheShapes) {
+  auto refusal = [](ir::Node n, std::vector<int64_t> shape) {
+    ir::Model m = image_model({2, 6});
+    if (!shape.empty()) initializer_adder(m.graph)("s", at::tensor(shape, at::kLong));
+    m.graph.nodes = {std::move(n)};
+    try {
+      Executor(m).run({{"x", at::randn({2, 6})}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("ran");
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {refusal(node("Reshape", {"x", "s"}, {"y"}), {-1, -1}), "shape [-1,-1] has more than one -1"},
+      {refusal(node("Reshape", {"x", "s"}, {"y"}), {3, -5}), "shape [3,-5] has a negative dim"},
+      {refusal(node("Reshape", {"x", "s"}, {"y"}), {5, -1}), "cannot reshape [2,6] to [5,-1]"},
+      {refusal(node("Reshape", {"x", "s"}, {"y"}), {4, 4}), "cannot reshape [2,6] to [4,4]"},
+      {refusal(node("Reshape", {"x", "s"}, {"y"}), {0, 0, 0}),
+       "shape [0,0,0] copies dim 2 of a rank-2 input"},
+      {refusal(node("Transpose", {"x"}, {"y"}, {ints_attr("perm", {1, 0, 2})}), {}),
+       "perm [1,0,2] does not match rank 2"},
+      {refusal(node("Split", {"x", "s"}, {"y", "z"}, {int_attr("axis", 1)}), {2, 2}),
+       "split [2,2] does not sum to 6"},
+      {refusal(node("Expand", {"x", "s"}, {"y"}), {3, 6}),
+       "shapes [2,6] and [3,6] do not broadcast"}};
+  for (const auto& [what, want] : cases) {
+    EXPECT_NE(what.find(want), std::string::npos) << what;
+    EXPECT_NE(what.find("node 'y'"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
 // In bf16 on the CPU each kernel a layer can take gives the result of ATen's bf16 ops (the model
 // run op by op, unfused) within bf16's rounding: oneDNN's bf16 convolutions and matrix products
 // with the weights packed once; lopper's float32 kernels on the input widened and the output

@@ -339,8 +339,12 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
       kernels::cpu::DirectConv::Geometry dg;
       dg.sh = g.strides[0], dg.sw = g.strides[1], dg.ph = padding[0], dg.pw = padding[1];
       dg.dh = g.dilations[0], dg.dw = g.dilations[1];
-      st.direct = std::make_shared<const kernels::cpu::DirectConv>(
-          w32, b32, g.group, dg, kernels::cpu::active_isa(), bf16);
+      auto d = std::make_shared<kernels::cpu::DirectConv>(w32, b32, g.group, dg,
+                                                          kernels::cpu::active_isa(), bf16);
+      // NOTE: a bf16 layer on the bfloat16 dot product runs its bf16 pairs alone (its input's
+      // type is fixed by the graph): the float32 packing would only hold memory, twice the pairs'.
+      if (bf16 && d->takes_bf16()) d->keep_bf16_only();
+      st.direct = std::move(d);
       cands.push_back({st.direct->name(), as_direct});
       kinds.push_back(K::kDirect);
       // (a bf16 layer on the dot product runs its groups in place either way)

@@ -573,11 +573,9 @@ void add_layer_norm_rows(const void* x, const void* res, void* y, void* sum, int
     // the sum at j, as the Add writes it, into row and (where asked) sum
     auto add_at = [&](int64_t j) __attribute__((always_inline)) {
       V v = T::add(load(xr + j), load(rr + j));
-      if constexpr (kBf16) {  // the Add's bf16 result: rounded, then widened exactly
-        alignas(64) uint16_t bits[W];
-        T::store_bf16(bits, v);
-        if (sr) T::store_bf16(sr + j, v);
-        v = T::load_bf16(bits);
+      if constexpr (kBf16) {  // the Add's bf16 result: rounded, as a float exactly
+        v = T::round_bf16(v);
+        if (sr) T::store_bf16(sr + j, v);  // (exact: nothing left to round)
       } else if (sr) {
         T::store(sr + j, v);
       }

@@ -51,6 +51,11 @@ struct Scalar {
   }
   // W values rounded to bfloat16 at p (to_bf16: to nearest even, NaN a quiet NaN).
   static void store_bf16(uint16_t* p, V v) { *p = to_bf16(v); }
+  // v rounded to bfloat16 as store_bf16 rounds it, as a float (exactly the bf16 value).
+  static V round_bf16(V v) {
+    const uint16_t bits = to_bf16(v);
+    return load_bf16(&bits);
+  }
   static V loadm(const float* p, int n) { return n > 0 ? *p : 0.f; }
   static void store(float* p, V v) { *p = v; }
   static void storem(float* p, V v, int n) {
@@ -133,6 +138,12 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
+  static V round_bf16(V v) {  // as store_bf16 rounds it, as a float
+    alignas(32) uint16_t bits[8];
+    store_bf16(bits, v);
+    return load_bf16(bits);
+  }
+
   static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
@@ -235,6 +246,17 @@ struct V16 {        // 16 floats (AVX-512F)
   }
   static void store_bf16(uint16_t* p, V v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits(v));
+  }
+  // v rounded as bf16_bits rounds it, as a float (its low 16 bits zero), in registers.
+  static V round_bf16(V v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r =
+        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd),
+                         _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_set1_epi32(0x7FC00000));
+    return _mm512_castsi512_ps(r);
   }
   static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }

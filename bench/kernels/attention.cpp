@@ -8,6 +8,9 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
+#include <cmath>
+#include <string>
+
 #include "kernels/cpu/rows.h"
 
 namespace kc = lopper::kernels::cpu;

@@ -128,22 +128,22 @@ struct V8 {  // 8 floats (AVX2 + FMA3)
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  static void store_bf16(uint16_t* p, V v) {
+  // The 8 values' bfloat16 bits (to_bf16's rounding), one in the low half of each 32-bit lane.
+  static __m256i bf16_lanes(V v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(
+    const __m256i r = _mm256_srli_epi32(
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0),
-                           _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0),
+                              _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  }
+  static void store_bf16(uint16_t* p, V v) {
+    const __m256i r = bf16_lanes(v);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
-  static V round_bf16(V v) {  // as store_bf16 rounds it, as a float
-    alignas(32) uint16_t bits[8];
-    store_bf16(bits, v);
-    return load_bf16(bits);
-  }
-
+  // v rounded as store_bf16 rounds it, as a float (exactly the bf16 value).
+  static V round_bf16(V v) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_lanes(v), 16)); }
   static V loadm(const float* p, int n) { return _mm256_maskload_ps(p, lanes(n)); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm256_maskstore_ps(p, lanes(n), v); }
@@ -236,28 +236,21 @@ struct V16 {        // 16 floats (AVX-512F)
   }
   // The 16 values rounded to bfloat16 as to_bf16 rounds them (ties to even, a subnormal kept, a
   // NaN 0x7FC0 as c10::BFloat16's), not by vcvtneps2bf16, which takes a subnormal as zero.
-  static __m256i bf16_bits(V v) {
+  static __m256i bf16_bits(V v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+  // The same bits, one in the low half of each 32-bit lane.
+  static __m512i bf16_lanes(V v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(
+    const __m512i r = _mm512_srli_epi32(
         _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-    return _mm512_cvtepi32_epi16(r);
+    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                                 _mm512_set1_epi32(0x7FC0));
   }
   static void store_bf16(uint16_t* p, V v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits(v));
   }
   // v rounded as bf16_bits rounds it, as a float (its low 16 bits zero), in registers.
-  static V round_bf16(V v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r =
-        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd),
-                         _mm512_set1_epi32(int32_t(0xFFFF0000u)));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                              _mm512_set1_epi32(0x7FC00000));
-    return _mm512_castsi512_ps(r);
-  }
+  static V round_bf16(V v) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_lanes(v), 16)); }
   static V loadm(const float* p, int n) { return _mm512_maskz_loadu_ps(lanes(n), p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void storem(float* p, V v, int n) { _mm512_mask_storeu_ps(p, lanes(n), v); }

@@ -409,12 +409,17 @@ at::Tensor conv2d_cpu(OpContext& c, const Conv2dLayer& l) {
 
 // ai.lopper.ConvChain(x [, residual]), body: an inverted residual's [1x1 expansion ->] depthwise
 // (or a ResNeXt bottleneck's narrow-grouped) [-> 1x1 projection] convolutions
-// (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 both ways are timed once on the real
-// input: lopper's one pass over the rows (kernels/cpu/chain.h) and the body layer by layer (each
-// convolution with its own kernel choice); anywhere else the body runs.
+// (exec/fusion/fuse_conv_chain.cpp). On the CPU in float32 and bf16 both ways are timed once on
+// the real input, and take turns in the model where they timed close (InModelTrial): lopper's one
+// pass over the rows (kernels/cpu/chain.h) and the body layer by layer (each convolution with its
+// own kernel choice); anywhere else the body runs.
 struct ChainState {
+  enum class Way { kLayers, kChain, kNone };
   std::shared_ptr<const kernels::cpu::ConvChain> chain;  // null: layer by layer
   bool decided = false;
+  Way way = Way::kLayers;
+  Way rival = Way::kNone;  // the other way, while the two take turns in the model
+  InModelTrial trial;
 };
 
 // The one-pass chain of `body`'s convolutions, or null where its kernels do not take them (an
@@ -494,31 +499,48 @@ at::Tensor conv_chain_by_kernel(OpContext& c, const ir::Graph& body,
         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && c.prepack()))
     return layers();
   auto& st = c.state<ChainState>();
+  using Way = ChainState::Way;
   const at::Tensor residual = c.has_input(1) ? c.input(1) : at::Tensor();
+  auto run = [&](Way way) { return way == Way::kChain ? st.chain->run(x, residual) : layers(); };
+  // What the way kept does not run goes: the chain, or the layers' packed weights.
+  auto release = [&] {
+    if (st.way == Way::kChain)
+      c.release_subgraph_state(body);
+    else
+      st.chain.reset();
+  };
   if (!st.decided) {
     st.decided = true;
     // LOPPER_FORCE_KERNEL that does not name the chain forces the kernels of its layers.
     const std::optional<bool> forced = kernel_forced("lopper-chain");
     st.chain = forced.value_or(true) ? chain_of(body, x.scalar_type() == at::kBFloat16) : nullptr;
+    st.way = st.chain ? Way::kChain : Way::kLayers;
     if (st.chain && !forced) {
-      // NOTE: the chain gets the margin a lone kernel of lopper's own gets (kernel_choice.h):
-      // timed alone, the layers' expanded activation stays in the caches between them; in the
-      // model it did not. MobileNetV2's block 2 (16 -> 96 at 112x112, depthwise stride 2, 96 ->
-      // 24) timed 0.458 ms layer by layer and 0.499 as a chain alone, and took 0.64-0.71 ms
-      // layer by layer and 0.53 as a chain in the model.
+      // NOTE: timed alone, the layers' expanded activation stays in the caches between them; in
+      // the model it does not. MobileNetV2's block 2 (16 -> 96 at 112x112, depthwise stride 2,
+      // 96 -> 24) timed 0.53 ms both ways alone, and took 0.9-1.0 ms layer by layer in the model
+      // (AMD EPYC Zen 4): where the two ways time close alone, they take turns in the model
+      // (InModelTrial) and the faster there is kept.
       const ir::Node* dw = nullptr;
       for (const ir::Node& n : body.nodes)
         if (AttrReader(n).attr_int("group", 1) > 1) dw = &n;
       const std::vector<KernelCandidate> cands{
           {"layer-by-layer", [&] { layers(); }},
           {"lopper-chain", [&] { st.chain->run(x, residual); }}};
-      if (choose_kernel(c, cands, body.find_initializer(dw->inputs[1])->value, x, {}, true) == 0)
-        st.chain.reset();
-      else
-        c.release_subgraph_state(body);  // the layers' packed weights, timed above, go
+      const KernelChoice choice = choose_kernel_in_model(
+          c, cands, body.find_initializer(dw->inputs[1])->value, x, [](size_t) { return true; });
+      st.way = choice.best == 0 ? Way::kLayers : Way::kChain;
+      if (choice.rival != KernelChoice::kNone) {
+        st.rival = st.way == Way::kChain ? Way::kLayers : Way::kChain;
+        st.trial = InModelTrial(choice, cands[choice.best].name, cands[choice.rival].name);
+      } else {
+        release();
+      }
     }
+    return run(st.way);  // the choosing call: not part of the trial
   }
-  return st.chain ? st.chain->run(x, residual) : layers();
+  if (!st.trial.active()) return run(st.way);
+  return st.trial.run_next(c, st.way, st.rival, Way::kNone, run, release);
 }
 
 }  // namespace lopper::ops

@@ -1037,6 +1037,59 @@ TEST(Exec, RunnerUpTriedInTheModelAndTheFasterThereKept) {
   unsetenv("LOPPER_KERNEL_CACHE");
 }
 
+// An inverted residual fused to a ConvChain: lopper's one pass over the rows and the body layer by
+// layer take turns in the model the same way (timed alone, the layers' expanded activation stays
+// in the caches between them, in the model it does not); the output is right at every call,
+// during the trial and after it, when what the kept way does not run is freed.
+TEST(Exec, ConvChainAndItsLayersTakeTurnsInTheModel) {
+  setenv("LOPPER_KERNEL_CACHE", "off", 1);
+  setenv("LOPPER_CHOICE_BUSY", "0", 1);
+  setenv("LOPPER_KERNEL_TRIAL", "all", 1);
+  at::manual_seed(std::random_device{}());
+  ir::Model m = image_model({1, 16, 28, 28});
+  auto init = initializer_adder(m.graph);
+  init("we", at::randn({64, 16, 1, 1}) * 0.2);
+  init("be", at::randn({64}));
+  init("wd", at::randn({64, 1, 3, 3}) * 0.3);
+  init("bd", at::randn({64}));
+  init("wp", at::randn({16, 64, 1, 1}) * 0.1);
+  m.graph.nodes = {node("Conv", {"x", "we", "be"}, {"e"}),
+                   node("Relu", {"e"}, {"er"}),
+                   node("Conv", {"er", "wd", "bd"}, {"d"},
+                        {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", 64)}),
+                   node("Relu", {"d"}, {"dr"}),
+                   node("Conv", {"dr", "wp"}, {"p"}),
+                   node("Add", {"p", "x"}, {"y"})};
+  const at::Tensor x = at::randn({1, 16, 28, 28});
+  const auto& w = m.graph.initializers;
+  const at::Tensor e = at::relu(at::conv2d(x, w[0].value, w[1].value));
+  const at::Tensor d = at::relu(at::conv2d(e, w[2].value, w[3].value, 1, 1, 1, 64));
+  const at::Tensor want = at::conv2d(d, w[4].value) + x;
+  constexpr int kCalls = 1 + 2 * ops::InModelTrial::kTrialCalls + 2;  // choice, trial, after
+  Executor exec(m);
+  auto chain_decision = [&] {
+    for (const KernelDecision& k : exec.kernel_decisions())
+      if (k.op == "ConvChain") return k;
+    ADD_FAILURE() << "no decision for the chain";
+    return KernelDecision{};
+  };
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_LE(test::relative_max_diff(exec.run({{"x", x}})[0], want), 1e-5) << "call " << i;
+    if (i + 3 < kCalls) EXPECT_TRUE(chain_decision().in_trial) << "call " << i;
+  }
+  const KernelDecision k = chain_decision();
+  EXPECT_FALSE(k.in_trial);
+  ASSERT_EQ(k.in_model.size(), 2u);
+  std::vector<std::string> ways{k.in_model[0].first, k.in_model[1].first};
+  std::sort(ways.begin(), ways.end());
+  EXPECT_EQ(ways, (std::vector<std::string>{"layer-by-layer", "lopper-chain"}));
+  EXPECT_EQ(k.chosen, k.in_model[1].second < k.in_model[0].second ? k.in_model[1].first
+                                                                  : k.in_model[0].first);
+  unsetenv("LOPPER_KERNEL_TRIAL");
+  unsetenv("LOPPER_CHOICE_BUSY");
+  unsetenv("LOPPER_KERNEL_CACHE");
+}
+
 // Winograd's F(4x4, 3x3) is offered where its 36 transformed float32 weight matrices are read for
 // enough tiles: 16 (a 14x14 map of one image) in float32; 32 in bf16 where the other kernels run
 // on the CPU's bfloat16 dot product (twice float32's rate on half the weight's bytes), so a 14x14

@@ -143,10 +143,12 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   // the depthwise kernel's ring of kernel-height rows), and one output row (with its residual).
   const int64_t in_row = w * c;
   const int64_t in_floats = !bf16 ? 0 : expand_ ? in_row : span * in_row;
-  const int64_t out_floats = bf16 ? 2 * ow * k : 0;
-  // bf16 through the dot product: the projection's input row rounded to bf16.
+  // bf16 through the dot product: the projection's input row rounded to bf16; the projection
+  // writes its bf16 output rows itself and reads the bf16 residual as it is (no float32 output
+  // row to round, no residual row to widen).
   const bool expand_pairs = bf16 && expand_ && !expand_->pairs.empty();
   const bool project_pairs = bf16 && project_ && !project_->pairs.empty();
+  const int64_t out_floats = bf16 && !project_pairs ? 2 * ow * k : 0;
   const int64_t mid16_floats = project_pairs ? (ow * m + 1) / 2 : 0;
   // Narrow groups with both 1x1 stages on the dot product: the ring holds the expanded rows in
   // bf16 (half its floats used) and the middle stage multiplies them by the bfloat16 dot product
@@ -167,7 +169,7 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
     float* mid = ring + ring_floats;
     float* xin = mid + mid_floats;  // bf16: widened input rows
     float* yrow = xin + in_floats;  // bf16: one output row, then its residual
-    float* rrow = yrow + (bf16 ? ow * k : 0);
+    float* rrow = yrow + (out_floats ? ow * k : 0);
     auto* mid16 = reinterpret_cast<uint16_t*>(yrow + out_floats);
     auto* ring16 = reinterpret_cast<uint16_t*>(ring);  // mid_pairs: rows of row_floats values
     for (int64_t q = 0; q < (expand_ ? span : 0); ++q) {
@@ -239,7 +241,9 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
         // The output row and its residual row (k channels a pixel: m without a projection).
         float* out = bf16 ? yrow : yp + out_row * k;
         const float* res = rp ? rp + out_row * k : nullptr;
-        if (rp16) {
+        uint16_t* out16 = project_pairs ? yp16 + out_row * k : nullptr;
+        const uint16_t* res16 = project_pairs && rp16 ? rp16 + out_row * k : nullptr;
+        if (rp16 && !project_pairs) {
           widen_span(rp16 + out_row * k, rrow, ow * k);
           res = rrow;
         }
@@ -248,19 +252,19 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
         } else if (mid_pairs) {
           ops_->narrow_row_pairs(rows16, dw_.pairs.data(), mid16, ds, group_width_, de, i0, i1, 0,
                                  cp / ops_->width);
-          ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,
+          ops_->run_pairs(mid16, project_->pairs.data(), nullptr, out16, nullptr, res16, ps, pe, 0,
                           p_tiles);
         } else {
           middle_row(rows, mid, nullptr, i0, i1);
           if (project_pairs) {
             narrow_span(mid, mid16, ow * m);
-            ops_->run_pairs(mid16, project_->pairs.data(), out, nullptr, res, nullptr, ps, pe, 0,
-                            p_tiles);
+            ops_->run_pairs(mid16, project_->pairs.data(), nullptr, out16, nullptr, res16, ps, pe,
+                            0, p_tiles);
           } else {
             ops_->run(mid, project_->packed.data(), out, res, ps, false, pe, 0, p_tiles);
           }
         }
-        if (bf16) narrow_span(yrow, yp16 + out_row * k, ow * k);
+        if (bf16 && !project_pairs) narrow_span(yrow, yp16 + out_row * k, ow * k);
       }
     }
   });

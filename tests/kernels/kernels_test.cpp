@@ -1193,6 +1193,46 @@ TEST(DenseConvKernels, ConvChainEveryIsaMatchesAtenConvolutions) {
   EXPECT_THROW(kc::ConvChain(six, at::randn({6, 3, 3, 3}), {}, {}, {}, six), lopper::Error);
 }
 
+// The chain's output rows are shared among the threads with stealing (parallel_steal): a thread's
+// ring carries on from one chunk of rows to its next and starts again where a chunk does not
+// continue its last (another thread's share, rows taken from the back of a share, the next image).
+// Every row is the same arithmetic whoever makes it, so the output is the same bits with 1, 2, 3
+// and 4 threads, run after run: an inverted residual (stride 1 and 2, float32 and bf16) and a
+// narrow-group bottleneck, batches of 1 and 3.
+TEST(DenseConvKernels, ConvChainSameBitsWhateverTheThreads) {
+  at::Generator gen = at::detail::createCPUGenerator(29);
+  const int threads = at::get_num_threads();
+  for (const int64_t width : {1, 4})
+    for (const int64_t stride : {1, 2}) {
+      const int64_t c = 16, m = width == 1 ? 96 : 64, k = 24;
+      kc::DirectConv::Geometry g;
+      g.sh = g.sw = stride, g.ph = g.pw = 1;
+      const kc::ConvChain::Pointwise expand{at::randn({m, c, 1, 1}, gen), at::randn({m}, gen),
+                                            {}};
+      const kc::ConvChain::Pointwise project{at::randn({k, m, 1, 1}, gen), at::randn({k}, gen),
+                                             {}};
+      const at::Tensor mid = at::randn({m, width, 3, 3}, gen), mid_b = at::randn({m}, gen);
+      const kc::ConvChain chain(expand, mid, mid_b, g, {}, project, kc::active_isa(), true);
+      for (const int64_t n : {1, 3})
+        for (const bool bf16 : {false, true}) {
+          at::Tensor x = at::randn({n, c, 29, 23}, gen);
+          if (bf16) x = x.to(at::kBFloat16);
+          at::set_num_threads(1);
+          const at::Tensor want = chain.run(x, {});
+          for (int t = 2; t <= 4; ++t)
+            for (int rep = 0; rep < 10; ++rep) {
+              at::set_num_threads(t);
+              const at::Tensor y = chain.run(x, {});
+              at::set_num_threads(threads);
+              ASSERT_TRUE(at::equal(y, want)) << "groups of " << width << " stride " << stride
+                                              << " batch " << n << (bf16 ? " bf16" : " float32")
+                                              << " threads " << t << " run " << rep;
+            }
+        }
+    }
+  at::set_num_threads(threads);
+}
+
 // Each ISA's NHWC max pooling against ATen's max_pool2d: random geometries, odd channel counts,
 // NaN and -inf in the input (NaN propagates, as ONNX's reference does); and the executor's entry
 // point (the active ISA) on a channels-last tensor.

@@ -1207,10 +1207,8 @@ TEST(DenseConvKernels, ConvChainSameBitsWhateverTheThreads) {
       const int64_t c = 16, m = width == 1 ? 96 : 64, k = 24;
       kc::DirectConv::Geometry g;
       g.sh = g.sw = stride, g.ph = g.pw = 1;
-      const kc::ConvChain::Pointwise expand{at::randn({m, c, 1, 1}, gen), at::randn({m}, gen),
-                                            {}};
-      const kc::ConvChain::Pointwise project{at::randn({k, m, 1, 1}, gen), at::randn({k}, gen),
-                                             {}};
+      const kc::ConvChain::Pointwise expand{at::randn({m, c, 1, 1}, gen), at::randn({m}, gen), {}};
+      const kc::ConvChain::Pointwise project{at::randn({k, m, 1, 1}, gen), at::randn({k}, gen), {}};
       const at::Tensor mid = at::randn({m, width, 3, 3}, gen), mid_b = at::randn({m}, gen);
       const kc::ConvChain chain(expand, mid, mid_b, g, {}, project, kc::active_isa(), true);
       for (const int64_t n : {1, 3})
@@ -1224,9 +1222,9 @@ TEST(DenseConvKernels, ConvChainSameBitsWhateverTheThreads) {
               at::set_num_threads(t);
               const at::Tensor y = chain.run(x, {});
               at::set_num_threads(threads);
-              ASSERT_TRUE(at::equal(y, want)) << "groups of " << width << " stride " << stride
-                                              << " batch " << n << (bf16 ? " bf16" : " float32")
-                                              << " threads " << t << " run " << rep;
+              ASSERT_TRUE(at::equal(y, want))
+                  << "groups of " << width << " stride " << stride << " batch " << n
+                  << (bf16 ? " bf16" : " float32") << " threads " << t << " run " << rep;
             }
         }
     }

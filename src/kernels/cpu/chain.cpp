@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <vector>
 
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/conv_isa.h"
@@ -171,21 +170,17 @@ at::Tensor ConvChain::run(const at::Tensor& x_in, const at::Tensor& residual) co
   static std::atomic<uint64_t> runs{0};
   const uint64_t run = ++runs;
   parallel_steal(n * oh, steal_grain(n * oh), [&](int64_t u0, int64_t u1) {
-    // This thread's scratch and ring, kept across its chunks of this run: `next`, the output row
-    // (over all images) its ring continues at; -1: it starts again.
+    // Where this thread's ring is, kept across its chunks of this run (in its scratch, which the
+    // chain's stages do not use): `next`, the output row (over all images) the ring continues at;
+    // -1: it starts again.
     struct Worker {
       uint64_t run = 0;
-      std::vector<float> scratch;
       int64_t next = -1, made = -1, widened = -1;
     };
     thread_local Worker wk;
     const bool fresh = wk.run != run;
-    if (fresh) {
-      wk.run = run, wk.next = -1;
-      if (wk.scratch.size() < size_t(scratch_floats + 16)) wk.scratch.resize(scratch_floats + 16);
-    }
-    const auto addr = reinterpret_cast<uintptr_t>(wk.scratch.data());
-    float* ring = wk.scratch.data() + ((64 - addr % 64) % 64) / sizeof(float);  // 64-byte aligned
+    if (fresh) wk.run = run, wk.next = -1;
+    float* ring = thread_scratch(0, size_t(scratch_floats));
     float* mid = ring + ring_floats;
     float* xin = mid + mid_floats;  // bf16: widened input rows
     float* yrow = xin + in_floats;  // bf16: one output row, then its residual
